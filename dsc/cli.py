@@ -1,0 +1,217 @@
+"""The ``dsc`` command line. Thin: each command parses its arguments and makes one library call.
+
+Library errors (``DscError``) and OS errors become a one-line message and exit code 1 in one place,
+:meth:`DscGroup.invoke`; nothing a user can cause prints a traceback. Imports are lazy so that
+``dsc --help`` and ``dsc compile`` never load torch.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import DscError
+
+
+class DscGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DscError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:  # disk full, permissions, ...: the OS message names the file
+            raise click.ClickException(f"{type(e).__name__}: {e}") from None
+
+
+class SizeParam(click.ParamType):
+    """``224`` -> (224, 224); ``192,256`` or ``192x256`` -> (height 192, width 256)."""
+
+    name = "H[,W]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).replace("x", ",").split(",")
+        try:
+            nums = tuple(int(p) for p in parts)
+        except ValueError:
+            self.fail(f"{value!r} is not SIZE or HEIGHT,WIDTH (e.g. 224 or 192,256)", param, ctx)
+        if len(nums) == 1:
+            nums = nums * 2
+        if len(nums) != 2 or min(nums) < 1:
+            self.fail(f"{value!r} is not SIZE or HEIGHT,WIDTH with positive integers", param, ctx)
+        return nums
+
+
+class RGBParam(click.ParamType):
+    name = "R,G,B"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            rgb = tuple(int(v) for v in str(value).split(","))
+        except ValueError:
+            rgb = ()
+        if len(rgb) != 3 or any(not 0 <= v <= 255 for v in rgb):
+            self.fail(f"{value!r} is not three values 0..255 like 255,255,255", param, ctx)
+        return rgb
+
+
+def compile_options(f):
+    """Options every ``dsc compile <source>`` command shares."""
+    opts = [
+        click.option("--size", type=SizeParam(), default=None,
+                     help="Fixed shape: every image stored at SIZE x SIZE or HEIGHT,WIDTH."),
+        click.option("--resize", type=click.Choice(["stretch", "center-crop", "pad"]), default="center-crop",
+                     show_default=True, help="How --size is reached: stretch; resize the shorter side then "
+                     "centre-crop (torchvision Resize+CenterCrop); pad (letterbox, aspect kept)."),
+        click.option("--max-side", type=click.IntRange(min=1), default=None,
+                     help="Ragged: keep aspect, cap the longest side (no resize when neither this nor --size)."),
+        click.option("--mode", type=click.Choice(["RGB", "L"]), default="RGB", show_default=True,
+                     help="Stored colour mode: RGB (3 channels) or L (grayscale, 1 channel)."),
+        click.option("--fill", type=click.IntRange(0, 255), default=0, show_default=True,
+                     help="Pixel value of the letterbox padding (--resize pad)."),
+        click.option("--background", type=RGBParam(), default="255,255,255", show_default=True,
+                     help="Colour transparent pixels are composited over."),
+        click.option("--filter", "filter_", type=click.Choice(["bilinear", "bicubic", "lanczos", "nearest"]),
+                     default="bilinear", show_default=True, help="Resampling filter (antialiased)."),
+        click.option("--shard-size", type=click.IntRange(min=1), default=None,
+                     help="Samples per shard file (default: about 64 MiB of pixels)."),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="Worker processes (default: number of cores)."),
+        click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+                     help="fail: stop at the first bad input. skip: leave it out and record it in the manifest."),
+        click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing dsc dataset."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _options_from(kw: dict):
+    from .compiler import CompileOptions
+
+    if kw["size"] is not None and kw["max_side"] is not None:
+        raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
+    return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
+                          fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
+                          shard_size=kw["shard_size"], workers=kw["workers"], on_error=kw["on_error"],
+                          overwrite=kw["overwrite"], progress=not kw["quiet"])
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _describe_image(m) -> str:
+    im = m.image
+    if im.layout == "fixed":
+        return f"fixed {im.height}x{im.width}x{im.channels} uint8 ({im.mode}), resize {m.resize.policy}"
+    cap = f"longest side <= {m.resize.max_side}" if m.resize.max_side else "stored as decoded"
+    return f"ragged (h, w, {im.channels}) uint8 ({im.mode}), {cap}"
+
+
+def _report(report) -> None:
+    m = report.manifest
+    click.echo(f"compiled {m.num_samples} images into {report.path} ({_describe_image(m)}; "
+               f"{len(m.shards)} shards, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
+               f"{report.images_per_second:,.0f} img/s")
+    if report.skipped:
+        click.echo(f"skipped {len(report.skipped)} bad inputs (all recorded in the manifest; "
+                   f"list them with `dsc info {report.path} --skipped`):", err=True)
+        for s in report.skipped[:10]:
+            click.echo(f"  {s['key']}: {s['reason']}", err=True)
+        if len(report.skipped) > 10:
+            click.echo(f"  ... and {len(report.skipped) - 10} more", err=True)
+
+
+@click.group(cls=DscGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dsc")
+def main():
+    """dsc: compile image datasets once into memory-mappable shards; train with zero decoding."""
+
+
+@main.group(name="compile", cls=DscGroup)
+def compile_group():
+    """Compile a dataset: decode every image once into Zarr v3 shards at OUT."""
+
+
+@compile_group.command(name="imagefolder")
+@click.argument("src", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("out", type=click.Path(path_type=Path))
+@compile_options
+def compile_imagefolder_cmd(src: Path, out: Path, **kw):
+    """Compile a torchvision ImageFolder tree: SRC/<class>/<image>.
+
+    Classes are the sorted sub-folder names; images are the files with an image extension
+    (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). Hidden entries are ignored.
+    """
+    from .compiler import check_output, compile_dataset, scan_imagefolder
+
+    options = _options_from(kw)
+    check_output(out, options.overwrite)
+    scanned = scan_imagefolder(src)
+    for w in scanned.warnings:
+        click.echo(f"warning: {w}", err=True)
+    _report(compile_dataset(scanned, out, options))
+
+
+@main.command()
+@click.argument("dataset", required=False, type=click.Path(path_type=Path))
+@click.option("--env", "show_env", is_flag=True, help="Show the software dsc runs on (PIL build, libjpeg, torch).")
+@click.option("--skipped", is_flag=True, help="List every input left out at compile time, with the reason.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest (or environment) as JSON.")
+def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
+    """Describe a compiled DATASET: schema, counts, bytes, classes, shards, and the dsc + PIL build."""
+    from .env import environment, pil_build
+
+    if dataset is None and not show_env:
+        raise click.UsageError("give a DATASET, or --env for the environment")
+    if show_env:
+        env = environment()
+        if as_json:
+            click.echo(json.dumps(env, indent=2))
+        else:
+            for k, v in env.items():
+                click.echo(f"{k:16}{v}")
+        if dataset is None:
+            return
+    from .formats.layout import read_manifest
+    from .formats.zarr_v3 import check_file_size, node_dir
+
+    m = read_manifest(dataset)
+    if as_json:
+        click.echo(json.dumps(m.to_dict(), indent=2, ensure_ascii=False))
+        return
+    if skipped:
+        for s in m.skipped:
+            click.echo(f"{s['key']}\t{s['reason']}")
+        return
+    for spec in m.shards:
+        check_file_size(node_dir(dataset, spec.path), spec.nbytes)
+    pil = pil_build()
+    total = sum(s.nbytes for s in m.shards)
+    cls = ", ".join(m.classes[:12]) + (", ..." if len(m.classes) > 12 else "")
+    rows = [
+        ("dataset", str(dataset)),
+        ("format", f"dsc format v{m.format_version} (Zarr v3 group), written by dsc {m.dsc_version}"),
+        ("task", m.task),
+        ("samples", f"{m.num_samples:,} in {len(m.shards)} shards of up to {m.shard_size}"),
+        ("image", _describe_image(m)),
+        ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
+        ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
+        ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k != "options")),
+        ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
+        ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
+                   f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
+    ]
+    for k, v in rows:
+        click.echo(f"{k:10}{v}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,79 @@
+"""Resize policies: where a decoded (h, w) image lands in the stored sample.
+
+Each policy is a pure function of the decoded size and the options, returning a :class:`Plan` with
+the resize, crop or pad it needs and the affine map of coordinates (continuous pixel coordinates,
+corners at integers): ``x_stored = sx * x + tx``, ``y_stored = sy * y + ty``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+           "lanczos": Image.Resampling.LANCZOS, "nearest": Image.Resampling.NEAREST}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    resized: tuple[int, int]  # (h, w) after the resize (== decoded size when no resize)
+    out: tuple[int, int]  # (h, w) of the stored sample
+    crop: tuple[int, int] = (0, 0)  # (top, left) taken from the resized image (center-crop)
+    pad: tuple[int, int] = (0, 0)  # (top, left) where the resized image is placed (pad)
+
+    def affine(self, h: int, w: int) -> tuple[float, float, float, float]:
+        sx, sy = self.resized[1] / w, self.resized[0] / h
+        return (sx, sy, float(self.pad[1] - self.crop[1]), float(self.pad[0] - self.crop[0]))
+
+
+def _fit(h: int, w: int, th: int, tw: int, cover: bool) -> tuple[int, int]:
+    """Scale (h, w) so it covers (cover=True) or fits inside (th, tw), keeping aspect. The binding side
+    gets its target exactly; the other is truncated like torchvision's Resize (cover) or rounded (fit)."""
+    width_binds = (tw / w >= th / h) if cover else (tw / w <= th / h)
+    if width_binds:
+        other = int(tw * h / w) if cover else round(tw * h / w)
+        return (max(th, other) if cover else min(th, max(1, other))), tw
+    other = int(th * w / h) if cover else round(th * w / h)
+    return th, (max(tw, other) if cover else min(tw, max(1, other)))
+
+
+def plan_fixed(h: int, w: int, size: tuple[int, int], policy: str) -> Plan:
+    th, tw = size
+    if policy == "stretch":
+        return Plan(resized=(th, tw), out=(th, tw))
+    if policy == "center-crop":  # torchvision Resize(shorter side) + CenterCrop, generalised to (th, tw)
+        nh, nw = _fit(h, w, th, tw, cover=True)
+        return Plan(resized=(nh, nw), out=(th, tw),
+                    crop=(int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))))
+    if policy == "pad":  # letterbox: fit inside, centre, fill the rest
+        nh, nw = _fit(h, w, th, tw, cover=False)
+        return Plan(resized=(nh, nw), out=(th, tw), pad=((th - nh) // 2, (tw - nw) // 2))
+    raise ValueError(f"unknown resize policy {policy!r}")
+
+
+def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
+    if max_side is None or max(h, w) <= max_side:
+        return Plan(resized=(h, w), out=(h, w))
+    if w >= h:
+        nh, nw = max(1, round(h * max_side / w)), max_side
+    else:
+        nh, nw = max_side, max(1, round(w * max_side / h))
+    return Plan(resized=(nh, nw), out=(nh, nw))
+
+
+def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear") -> np.ndarray:
+    """Resize / crop / pad a decoded image per ``plan``; returns a C-contiguous (H, W, C) uint8 array."""
+    if (im.height, im.width) != plan.resized:
+        im = im.resize((plan.resized[1], plan.resized[0]), FILTERS[resample])
+    arr = np.asarray(im)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    oh, ow = plan.out
+    if plan.resized[0] < oh or plan.resized[1] < ow:  # letterbox: the image is smaller than the canvas
+        canvas = np.full((oh, ow, arr.shape[2]), fill, dtype=np.uint8)
+        top, left = plan.pad
+        canvas[top:top + arr.shape[0], left:left + arr.shape[1]] = arr
+        return canvas
+    top, left = plan.crop
+    return np.ascontiguousarray(arr[top:top + oh, left:left + ow])

@@ -1,0 +1,50 @@
+"""One error tree. Every dsc error derives from :class:`DscError` and from the built-in it
+resembles, so callers can catch what they expect (a missing dataset is also a FileNotFoundError).
+
+Messages name the file concerned and, where there is one, the fix. The CLI prints them as one line.
+"""
+from __future__ import annotations
+
+
+class DscError(Exception):
+    """Base of every error dsc raises on purpose."""
+
+
+class SourceError(DscError, ValueError):
+    """The input dataset cannot be compiled as given (missing folder, no classes, bad annotation...)."""
+
+
+class ImageDecodeError(SourceError):
+    """One input image could not be decoded. ``path`` names it, ``reason`` says why."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self):  # keep (path, reason) across process boundaries
+        return (type(self), (self.path, self.reason))
+
+
+class OutputExistsError(DscError, FileExistsError):
+    """The output path exists and ``overwrite`` was not given."""
+
+
+class CompileLockedError(DscError, BlockingIOError):
+    """Another compile is writing the same output right now."""
+
+
+class DatasetNotFoundError(DscError, FileNotFoundError):
+    """The path is not a dsc dataset (no dsc manifest in its zarr.json)."""
+
+
+class FormatVersionError(DscError, ValueError):
+    """The dataset was written by a newer dsc format version than this dsc reads."""
+
+
+class CorruptDatasetError(DscError, OSError):
+    """A dataset file is missing, truncated or inconsistent with the manifest."""
+
+
+class UnsafePathError(CorruptDatasetError):
+    """Dataset metadata names a path outside the dataset; dsc refuses to follow it."""

@@ -1,0 +1,52 @@
+"""Where each piece of a dataset lives, relative to its root. docs/FORMAT.md is the prose version."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import DatasetNotFoundError
+from .manifest import Manifest
+from .zarr_v3 import ZARR_JSON, read_json, write_group
+
+IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
+RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
+RAGGED_OFFSETS = "image/offsets"     # ragged: (N+1,) int64, global byte offsets (CSR)
+RAGGED_SHAPES = "image/shapes"       # ragged: (N, 3) int32 (h, w, c)
+LABEL = "label"                      # classification: (N,) int64
+KEYS = "keys"                        # (N,) string: source path / id of every sample
+TRANSFORM = "transform"              # group of per-sample geometry
+ORIG_SIZE = "transform/orig_size"    # (N, 2) int32 (h, w) of the decoded image, EXIF applied
+AFFINE = "transform/affine"          # (N, 4) float64 (sx, sy, tx, ty): stored = s * original + t
+EXIF_ORIENTATION = "transform/exif_orientation"  # (N,) uint8, EXIF orientation tag applied (1 = none)
+
+
+def fixed_shard_path(s: int) -> str:
+    """Shard s of the fixed image array: chunk (s, 0, 0, 0) of ``image``."""
+    return f"{IMAGE}/c/{s}/0/0/0"
+
+
+def ragged_shard_node(s: int) -> str:
+    return f"{RAGGED_VALUES}/{s}"
+
+
+def ragged_shard_path(s: int) -> str:
+    return f"{ragged_shard_node(s)}/c/0"
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write the root group with the manifest. Called last: its presence marks a complete dataset."""
+    write_group(root, "", {"dsc": manifest.to_dict()})
+
+
+def read_manifest(root: Path) -> Manifest:
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"{root}: no such dataset directory (compile one with `dsc compile`)")
+    try:
+        meta = read_json(root / ZARR_JSON)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{root} is not a dsc dataset: it has no zarr.json "
+                                   f"(an interrupted compile never leaves one)") from None
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    if meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
+        raise DatasetNotFoundError(f"{root} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
+    return Manifest.from_dict(attrs["dsc"])

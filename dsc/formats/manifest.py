@@ -1,0 +1,205 @@
+"""The manifest: everything a reader needs, stored in the root group's ``attributes["dsc"]``.
+
+Frozen, keyword-only dataclasses with ``to_dict`` / ``from_dict``; unknown keys are refused so a
+typo or a newer writer is caught instead of silently ignored. The manifest is written last: a
+directory without it is not a dataset.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import CorruptDatasetError, FormatVersionError
+from .zarr_v3 import check_node_path
+
+FORMAT_NAME = "dsc"
+FORMAT_VERSION = 1
+LAYOUTS = ("fixed", "ragged")
+RESIZE_POLICIES = ("stretch", "center-crop", "pad")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_keys(cls_name: str, d: dict, allowed: set[str], required: set[str]) -> None:
+    if not isinstance(d, dict):
+        raise CorruptDatasetError(f"manifest: {cls_name} must be an object, got {type(d).__name__}")
+    unknown = set(d) - allowed
+    if unknown:
+        raise CorruptDatasetError(f"manifest: unknown keys in {cls_name}: {sorted(unknown)}")
+    missing = required - set(d)
+    if missing:
+        raise CorruptDatasetError(f"manifest: missing keys in {cls_name}: {sorted(missing)}")
+
+
+def _positive_int(name: str, v: Any, allow_zero: bool = False) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
+        raise CorruptDatasetError(f"manifest: {name} must be a {'non-negative' if allow_zero else 'positive'} "
+                                  f"integer, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    """How images are stored. ``fixed``: one (N, H, W, C) array. ``ragged``: flat bytes per shard +
+    offsets + shapes."""
+
+    layout: str
+    channels: int
+    mode: str  # "RGB" or "L"
+    height: int | None = None  # fixed layout only
+    width: int | None = None
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise CorruptDatasetError(f"manifest: image.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.mode not in ("RGB", "L") or self.channels != (3 if self.mode == "RGB" else 1):
+            raise CorruptDatasetError(f"manifest: image mode {self.mode!r} with {self.channels} channels")
+        if self.layout == "fixed":
+            _positive_int("image.height", self.height)
+            _positive_int("image.width", self.width)
+        elif self.height is not None or self.width is not None:
+            raise CorruptDatasetError("manifest: a ragged image field has no fixed height/width")
+
+    @property
+    def sample_nbytes(self) -> int:
+        assert self.layout == "fixed"
+        return self.height * self.width * self.channels
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ImageSpec":
+        _check_keys("image", d, {"layout", "channels", "mode", "height", "width"}, {"layout", "channels", "mode"})
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResizeSpec:
+    """The geometric policy applied at compile time; per-sample scale/offset live in ``transform/``."""
+
+    policy: str | None  # stretch | center-crop | pad for fixed; None for ragged
+    size: tuple[int, int] | None = None  # (height, width) for fixed
+    max_side: int | None = None  # ragged: longest side capped at this (None: stored as decoded)
+    fill: int = 0  # pad value for the letterbox policy
+    filter: str = "bilinear"
+
+    def __post_init__(self):
+        if self.policy is not None and self.policy not in RESIZE_POLICIES:
+            raise CorruptDatasetError(f"manifest: resize.policy must be one of {RESIZE_POLICIES}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["size"] = list(self.size) if self.size else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ResizeSpec":
+        _check_keys("resize", d, {"policy", "size", "max_side", "fill", "filter"}, {"policy"})
+        d = dict(d)
+        if d.get("size") is not None:
+            d["size"] = tuple(d["size"])
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSpec:
+    """One shard file: where it is (relative to the dataset), how many samples, its size and hash."""
+
+    path: str
+    count: int
+    nbytes: int
+    sha256: str
+
+    def __post_init__(self):
+        check_node_path(self.path)
+        _positive_int("shard.count", self.count)
+        _positive_int("shard.nbytes", self.nbytes)
+        if not isinstance(self.sha256, str) or not _SHA256.match(self.sha256):
+            raise CorruptDatasetError(f"manifest: shard {self.path} has no valid sha256")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardSpec":
+        _check_keys("shard", d, {"path", "count", "nbytes", "sha256"}, {"path", "count", "nbytes", "sha256"})
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    format_version: int
+    dsc_version: str
+    task: str
+    num_samples: int
+    shard_size: int  # samples per shard; shard s holds samples [s*shard_size, (s+1)*shard_size)
+    image: ImageSpec
+    resize: ResizeSpec
+    shards: tuple[ShardSpec, ...]
+    classes: tuple[str, ...] = ()
+    source: dict = field(default_factory=dict)
+    skipped: tuple[dict, ...] = ()  # {"key": ..., "reason": ...} of inputs left out
+    format: str = FORMAT_NAME
+
+    def __post_init__(self):
+        if self.format != FORMAT_NAME:
+            raise CorruptDatasetError(f"manifest: format is {self.format!r}, expected {FORMAT_NAME!r}")
+        _positive_int("num_samples", self.num_samples)
+        _positive_int("shard_size", self.shard_size)
+        expect = -(-self.num_samples // self.shard_size)
+        if len(self.shards) != expect:
+            raise CorruptDatasetError(f"manifest: {len(self.shards)} shards listed, {expect} expected for "
+                                      f"{self.num_samples} samples in shards of {self.shard_size}")
+        for s, sh in enumerate(self.shards):
+            want = min(self.shard_size, self.num_samples - s * self.shard_size)
+            if sh.count != want:
+                raise CorruptDatasetError(f"manifest: shard {sh.path} holds {sh.count} samples, expected {want}")
+        if self.task not in ("classification", "detection", "images"):
+            raise CorruptDatasetError(f"manifest: unknown task {self.task!r}")
+
+    def shard_start(self, s: int) -> int:
+        return s * self.shard_size
+
+    def to_dict(self) -> dict:
+        return {
+            "format": self.format,
+            "format_version": self.format_version,
+            "dsc_version": self.dsc_version,
+            "task": self.task,
+            "num_samples": self.num_samples,
+            "shard_size": self.shard_size,
+            "image": self.image.to_dict(),
+            "resize": self.resize.to_dict(),
+            "classes": list(self.classes),
+            "shards": [s.to_dict() for s in self.shards],
+            "source": self.source,
+            "skipped": list(self.skipped),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        """Parse and validate. A newer format version is refused with the version named."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+            raise CorruptDatasetError("manifest: not a dsc manifest")
+        version = d.get("format_version")
+        if not isinstance(version, int):
+            raise CorruptDatasetError(f"manifest: format_version must be an integer, got {version!r}")
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"dataset format version {version} is newer than this dsc reads (version {FORMAT_VERSION}); "
+                f"upgrade dsc (pip install -U dsc)")
+        keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
+                "resize", "classes", "shards", "source", "skipped"}
+        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes"})
+        try:
+            return cls(
+                format=d["format"], format_version=version, dsc_version=str(d["dsc_version"]), task=d["task"],
+                num_samples=d["num_samples"], shard_size=d["shard_size"],
+                image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
+                shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]),
+                classes=tuple(str(c) for c in d.get("classes", ())),
+                source=dict(d.get("source", {})), skipped=tuple(d.get("skipped", ())),
+            )
+        except TypeError as e:
+            raise CorruptDatasetError(f"manifest: {e}") from None

@@ -1,0 +1,256 @@
+"""The subset of Zarr v3 that dsc writes and reads, implemented directly.
+
+dsc writes standard Zarr v3 nodes (any Zarr v3 reader opens them) but does not go through
+zarr-python on the hot path: writing the bytes directly is ~2.5x faster, keeps the bytes under our
+control (deterministic, no fill-value elision) and lets the runtime memory-map chunk files.
+
+What dsc uses:
+
+* groups (``zarr.json`` with ``node_type: group``);
+* "plain" arrays: one chunk holding the whole array, ``bytes`` codec (little endian), chunk key
+  ``c/0/.../0``. The chunk file is the array's raw C-order bytes;
+* "sharded" arrays: regular chunk grid whose chunk is a shard of ``K`` samples, ``sharding_indexed``
+  codec with one sample per inner chunk, inner codec ``bytes``, index ``bytes`` + ``crc32c`` at the
+  end. A shard holding ``c`` samples stores them back to back from offset 0, then ``K`` index entries;
+* string arrays: one chunk, ``vlen-utf8`` codec (zarr-python's variable-length string encoding).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import CorruptDatasetError, UnsafePathError
+
+ZARR_JSON = "zarr.json"
+EMPTY_ENTRY = 0xFFFF_FFFF_FFFF_FFFF  # index entry of an inner chunk that is not stored
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+# numpy dtype <-> zarr v3 data_type names for the dtypes dsc stores.
+_DTYPES = {
+    "uint8": "uint8", "int8": "int8", "uint16": "uint16", "int16": "int16",
+    "uint32": "uint32", "int32": "int32", "uint64": "uint64", "int64": "int64",
+    "float32": "float32", "float64": "float64", "bool": "bool",
+}
+
+
+def check_node_path(rel: str) -> str:
+    """Validate a dataset-relative node path ('image/values/3'): every part a plain name.
+
+    Metadata can never make dsc touch a path outside the dataset: no '..', no absolute paths,
+    no separators other than '/'.
+    """
+    parts = rel.split("/")
+    if not rel or any(not _NAME_RE.match(p) or p in (".", "..") for p in parts):
+        raise UnsafePathError(f"refusing node path {rel!r}: only plain names joined by '/' are allowed")
+    return rel
+
+
+def node_dir(root: Path, rel: str) -> Path:
+    return root.joinpath(*check_node_path(rel).split("/")) if rel else root
+
+
+def _bytes_codec(dtype: np.dtype) -> dict:
+    if dtype.itemsize == 1:
+        return {"name": "bytes"}
+    return {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def _le(arr: np.ndarray) -> np.ndarray:
+    dt = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
+    return np.ascontiguousarray(arr, dtype=dt)
+
+
+def _array_json(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int], codecs: list,
+                fill_value: Any, dimension_names: Sequence[str] | None, attributes: dict | None) -> dict:
+    meta = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [int(s) for s in shape],
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in chunk_shape]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill_value,
+        "codecs": codecs,
+        "attributes": attributes or {},
+    }
+    if dimension_names is not None:
+        meta["dimension_names"] = list(dimension_names)
+    return meta
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + fsync + rename), with a stable key order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise CorruptDatasetError(f"{path}: unreadable JSON ({e})") from None
+
+
+def write_group(root: Path, rel: str = "", attributes: dict | None = None) -> None:
+    write_json(node_dir(root, rel) / ZARR_JSON,
+               {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}})
+
+
+def chunk_key(ndim: int, first: int = 0) -> str:
+    """Key of the chunk at grid position (first, 0, ..., 0) with the default '/' encoding."""
+    return "/".join(["c", str(first)] + ["0"] * (ndim - 1))
+
+
+# ----------------------------------------------------------------------------- plain arrays
+def write_plain_array(root: Path, rel: str, data: np.ndarray,
+                      dimension_names: Sequence[str] | None = None) -> None:
+    """One chunk = the whole array, raw little-endian C-order bytes."""
+    data = _le(np.asarray(data))
+    if data.dtype.name not in _DTYPES:
+        raise TypeError(f"dtype {data.dtype} is not stored by dsc")
+    if data.ndim == 0 or 0 in data.shape:
+        raise ValueError(f"{rel}: dsc does not store empty arrays (shape {data.shape})")
+    d = node_dir(root, rel)
+    chunk = d / chunk_key(data.ndim)
+    chunk.parent.mkdir(parents=True, exist_ok=True)
+    with open(chunk, "wb") as f:
+        f.write(data.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    fill = False if data.dtype == np.bool_ else 0
+    write_json(d / ZARR_JSON, _array_json(data.shape, _DTYPES[data.dtype.name], data.shape,
+                                          [_bytes_codec(data.dtype)], fill, dimension_names, None))
+
+
+def plain_array_json(nbytes: int) -> dict:
+    """Metadata of a 1-D uint8 plain array of ``nbytes`` bytes (a ragged shard's values)."""
+    return _array_json([nbytes], "uint8", [nbytes], [{"name": "bytes"}], 0, ["byte"], None)
+
+
+def read_array_meta(root: Path, rel: str) -> dict:
+    path = node_dir(root, rel) / ZARR_JSON
+    try:
+        meta = read_json(path)
+    except FileNotFoundError:
+        raise CorruptDatasetError(f"{path} is missing; the dataset is incomplete. Recompile it.") from None
+    if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
+        raise CorruptDatasetError(f"{path}: not a Zarr v3 array")
+    return meta
+
+
+def read_plain_array(root: Path, rel: str, mmap: bool = False) -> np.ndarray:
+    """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
+    meta = read_array_meta(root, rel)
+    shape = tuple(meta["shape"])
+    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    codecs = meta.get("codecs", [])
+    if (meta["chunk_grid"]["configuration"]["chunk_shape"] != list(shape)
+            or len(codecs) != 1 or codecs[0].get("name") != "bytes"):
+        raise CorruptDatasetError(f"{node_dir(root, rel)}: expected one uncompressed chunk")
+    path = node_dir(root, rel) / chunk_key(len(shape))
+    expect = int(np.prod(shape)) * dtype.itemsize
+    check_file_size(path, expect)
+    if mmap:
+        return np.memmap(path, dtype=dtype, mode="c", shape=shape)
+    return np.fromfile(path, dtype=dtype).reshape(shape)
+
+
+def check_file_size(path: Path, expect: int) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CorruptDatasetError(f"{path} is missing; the dataset is damaged. Recompile it.") from None
+    if size != expect:
+        raise CorruptDatasetError(
+            f"{path} has {size} bytes, the manifest expects {expect}; the file is truncated or "
+            f"damaged. Recompile the dataset.")
+
+
+# ----------------------------------------------------------------------------- string arrays
+def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
+    """vlen-utf8: uint32 count, then for each item uint32 byte length + UTF-8 bytes."""
+    encoded = [v.encode("utf-8") for v in values]
+    parts = [struct.pack("<I", len(encoded))]
+    for b in encoded:
+        parts.append(struct.pack("<I", len(b)))
+        parts.append(b)
+    d = node_dir(root, rel)
+    chunk = d / chunk_key(1)
+    chunk.parent.mkdir(parents=True, exist_ok=True)
+    with open(chunk, "wb") as f:
+        f.write(b"".join(parts))
+        f.flush()
+        os.fsync(f.fileno())
+    n = len(encoded)
+    write_json(d / ZARR_JSON, _array_json([n], "string", [n], [{"name": "vlen-utf8", "configuration": {}}],
+                                          "", ["sample"], None))
+
+
+def read_string_array(root: Path, rel: str) -> list[str]:
+    meta = read_array_meta(root, rel)
+    path = node_dir(root, rel) / chunk_key(1)
+    try:
+        buf = path.read_bytes()
+    except FileNotFoundError:
+        raise CorruptDatasetError(f"{path} is missing; the dataset is damaged.") from None
+    try:
+        (n,) = struct.unpack_from("<I", buf, 0)
+        out, pos = [], 4
+        for _ in range(n):
+            (ln,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            out.append(buf[pos:pos + ln].decode("utf-8"))
+            pos += ln
+        if pos != len(buf) or n != meta["shape"][0]:
+            raise ValueError("length mismatch")
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise CorruptDatasetError(f"{path}: damaged string chunk ({e})") from None
+    return out
+
+
+# ----------------------------------------------------------------------------- sharded arrays
+def sharded_array_json(shape: Sequence[int], shard_len: int,
+                       dimension_names: Sequence[str] | None = None) -> dict:
+    """uint8 array (N, *sample) in shards of ``shard_len`` samples, one sample per inner chunk."""
+    sample = [int(s) for s in shape[1:]]
+    sharding = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": [1] + sample,
+            "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            "index_location": "end",
+        },
+    }
+    return _array_json(shape, "uint8", [shard_len] + sample, [sharding], 0, dimension_names, None)
+
+
+def shard_index(count: int, capacity: int, inner_nbytes: int) -> bytes:
+    """The index that ends a shard whose first ``count`` of ``capacity`` inner chunks are stored
+    back to back from offset 0: (offset, nbytes) uint64 pairs, empty slots all-ones, then crc32c."""
+    import google_crc32c
+
+    idx = np.full((capacity, 2), EMPTY_ENTRY, dtype="<u8")
+    idx[:count, 0] = np.arange(count, dtype="<u8") * inner_nbytes
+    idx[:count, 1] = inner_nbytes
+    raw = idx.tobytes()
+    return raw + struct.pack("<I", google_crc32c.value(raw))
+
+
+def shard_file_size(count: int, capacity: int, inner_nbytes: int) -> int:
+    return count * inner_nbytes + capacity * 16 + 4

@@ -1,0 +1,228 @@
+"""``dsc.open``: a compiled dataset as a map-style ``torch.utils.data.Dataset``, with zero decoding.
+
+Opening reads the manifest and the small index arrays (labels; offsets and shapes when ragged) and
+stats the shard files; it creates no per-sample Python object. Shard files are memory-mapped on first
+use (copy-on-write private mappings: page-cache backed, never written back), so samples are
+zero-copy views and a batch is one gather per run of samples in the same shard.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CorruptDatasetError
+from ..formats import Manifest
+from ..formats import layout as L
+from ..formats.zarr_v3 import check_file_size, node_dir, read_plain_array, read_string_array
+
+
+class SampleBatch(list):
+    """What ``Dataset.__getitems__`` returns: a list of per-sample dicts (what torch's
+    ``default_collate`` expects) whose tensors are views into one batched gather, and, indexed by a
+    field name, the batched tensors themselves: ``batch["image"]`` is (B, H, W, C)."""
+
+    def __init__(self, samples: list[dict], fields: dict[str, torch.Tensor]):
+        super().__init__(samples)
+        self.fields = fields
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.fields[key]
+        return super().__getitem__(key)
+
+
+def collate(batch):
+    """``collate_fn`` for torch's DataLoader: a :class:`SampleBatch` is already batched, so its fields
+    are returned with no second copy; anything else goes to ``default_collate``."""
+    if isinstance(batch, SampleBatch):
+        return batch.fields
+    return torch.utils.data.default_collate(batch)
+
+
+class Dataset(torch.utils.data.Dataset):
+    """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.manifest: Manifest = L.read_manifest(self.path)
+        m = self.manifest
+        self._n = m.num_samples
+        self._K = m.shard_size
+        self._fixed = m.image.layout == "fixed"
+        for spec in m.shards:
+            check_file_size(node_dir(self.path, spec.path), spec.nbytes)
+        self.labels: torch.Tensor | None = None
+        if m.task == "classification":
+            self.labels = torch.from_numpy(self._index_array(L.LABEL, (self._n,)))
+        if not self._fixed:
+            self._offsets = self._index_array(L.RAGGED_OFFSETS, (self._n + 1,))
+            self._shapes = self._index_array(L.RAGGED_SHAPES, (self._n, 3))
+            starts = self._offsets[np.minimum(np.arange(len(m.shards) + 1) * self._K, self._n)]
+            sizes = np.diff(starts)
+            recorded = np.array([s.nbytes for s in m.shards], np.int64)
+            if (np.any(np.diff(self._offsets) < 0) or self._offsets[0] != 0
+                    or not np.array_equal(sizes, recorded)):
+                raise CorruptDatasetError(f"{self.path}: image/offsets disagree with the shard sizes in the "
+                                          f"manifest; the dataset is damaged. Recompile it")
+            self._shard_starts = starts
+        self._maps: list[torch.Tensor | None] = [None] * len(m.shards)
+        self._keys: list[str] | None = None
+
+    def _index_array(self, rel: str, shape: tuple) -> np.ndarray:
+        arr = read_plain_array(self.path, rel)
+        if arr.shape != shape:
+            raise CorruptDatasetError(f"{self.path}/{rel} has shape {arr.shape}, expected {shape}")
+        return arr
+
+    # --------------------------------------------------------------------------- metadata
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.manifest.classes)}
+
+    @property
+    def keys(self) -> list[str]:
+        """Source path (relative to the source root) or id of every sample; loaded on first use."""
+        if self._keys is None:
+            keys = read_string_array(self.path, L.KEYS)
+            if len(keys) != self._n:
+                raise CorruptDatasetError(f"{self.path}/keys has {len(keys)} entries, expected {self._n}")
+            self._keys = keys
+        return self._keys
+
+    @property
+    def orig_sizes(self) -> np.ndarray:
+        """(N, 2) int32 (height, width) of each decoded source image, EXIF orientation applied."""
+        return self._index_array(L.ORIG_SIZE, (self._n, 2))
+
+    @property
+    def affine(self) -> np.ndarray:
+        """(N, 4) float64 (sx, sy, tx, ty): stored pixel coordinate = s * original + t."""
+        return self._index_array(L.AFFINE, (self._n, 4))
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        shape = (f"{m.image.height}x{m.image.width}x{m.image.channels}" if self._fixed
+                 else f"ragged x{m.image.channels}")
+        return f"dsc.Dataset({str(self.path)!r}, {self._n} samples, image {shape}, {len(m.shards)} shards)"
+
+    # --------------------------------------------------------------------------- storage
+    def _shard(self, s: int) -> torch.Tensor:
+        t = self._maps[s]
+        if t is None:
+            spec = self.manifest.shards[s]
+            path = node_dir(self.path, spec.path)
+            if self._fixed:
+                im = self.manifest.image
+                mm = np.memmap(path, np.uint8, "c", shape=(spec.count, im.height, im.width, im.channels))
+            else:
+                mm = np.memmap(path, np.uint8, "c", shape=(spec.nbytes,))
+            t = self._maps[s] = torch.from_numpy(mm)
+        return t
+
+    def __getstate__(self):  # DataLoader workers started by spawn re-map shards lazily
+        state = self.__dict__.copy()
+        state["_maps"] = [None] * len(self._maps)
+        return state
+
+    def _check_indices(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -self._n or idx.max() >= self._n):
+            bad = idx[(idx < -self._n) | (idx >= self._n)][0]
+            raise IndexError(f"index {bad} out of range for a dataset of {self._n} samples")
+        return np.where(idx < 0, idx + self._n, idx)
+
+    def _image(self, i: int) -> torch.Tensor:
+        s, j = divmod(i, self._K)
+        shard = self._shard(s)
+        if self._fixed:
+            return shard[j]
+        a = int(self._offsets[i] - self._shard_starts[s])
+        b = int(self._offsets[i + 1] - self._shard_starts[s])
+        return shard[a:b].view(*self._shapes[i].tolist())
+
+    def __getitem__(self, i: int) -> dict:
+        (i,) = self._check_indices(i).tolist()
+        sample = {"image": self._image(i)}
+        if self.labels is not None:
+            sample["label"] = int(self.labels[i])
+        return sample
+
+    # --------------------------------------------------------------------------- batches
+    def gather_images(self, idx: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Fixed layout: copy images ``idx`` into ``out`` (B, H, W, C) with one ``index_select`` per run
+        of consecutive indices that share a shard (sort the indices to make every shard one run)."""
+        im = self.manifest.image
+        if out is None:
+            out = torch.empty((len(idx), im.height, im.width, im.channels), dtype=torch.uint8)
+        shard_of = idx // self._K
+        local = torch.from_numpy(idx - shard_of * self._K)
+        cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            src = self._shard(int(shard_of[a]))
+            if b - a == 1:
+                out[a].copy_(src[int(local[a])])
+            else:
+                torch.index_select(src, 0, local[a:b], out=out[a:b])
+        return out
+
+    def pack_images(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ragged layout: (all bytes back to back, (B+1,) int64 offsets, (B, 3) int32 shapes)."""
+        sizes = self._offsets[idx + 1] - self._offsets[idx]
+        offsets = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        flat = torch.empty(int(offsets[-1]), dtype=torch.uint8)
+        for k, i in enumerate(idx.tolist()):
+            s = i // self._K
+            a = int(self._offsets[i] - self._shard_starts[s])
+            flat[offsets[k]:offsets[k + 1]].copy_(self._shard(s)[a:a + int(sizes[k])])
+        return flat, torch.from_numpy(offsets), torch.from_numpy(self._shapes[idx].copy())
+
+    def get_batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Batched fields for ``indices``, in that order. Fixed: ``image`` (B, H, W, C) uint8.
+        Ragged (packed): ``image`` flat uint8, ``image_offsets`` (B+1,), ``image_shapes`` (B, 3).
+        Classification adds ``label`` (B,) int64. ``index`` is always there."""
+        idx = self._check_indices(indices)
+        t_idx = torch.from_numpy(idx)
+        if self._fixed:
+            batch = {"image": self.gather_images(idx)}
+        else:
+            flat, offsets, shapes = self.pack_images(idx)
+            batch = {"image": flat, "image_offsets": offsets, "image_shapes": shapes}
+        if self.labels is not None:
+            batch["label"] = self.labels[t_idx]
+        batch["index"] = t_idx
+        return batch
+
+    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
+        """Batched fetch (torch's DataLoader calls it): one gather, then per-sample views of it."""
+        fields = self.get_batch(indices)
+        labels = fields["label"].tolist() if "label" in fields else None
+        samples = []
+        for k in range(len(fields["index"])):
+            if self._fixed:
+                image = fields["image"][k]
+            else:
+                o = fields["image_offsets"]
+                image = fields["image"][o[k]:o[k + 1]].view(*fields["image_shapes"][k].tolist())
+            sample = {"image": image}
+            if labels is not None:
+                sample["label"] = labels[k]
+            samples.append(sample)
+        return SampleBatch(samples, fields)
+
+
+def open(path: str | os.PathLike) -> Dataset:  # noqa: A001 - the public name is dsc.open
+    """Open a compiled dataset. Raises DatasetNotFoundError, FormatVersionError or CorruptDatasetError
+    with the path and the fix when the directory is not a complete, readable dsc dataset."""
+    return Dataset(path)
