@@ -177,7 +177,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
             click.echo(json.dumps(env, indent=2))
         else:
             for k, v in env.items():
-                click.echo(f"{k:16}{v}")
+                click.echo(f"{k:18}{v}")
         if dataset is None:
             return
     from .formats.layout import read_manifest

@@ -24,7 +24,8 @@ def make_scene(rng: np.random.Generator, height: int, width: int, noise: float =
     draw = ImageDraw.Draw(im)
     for _ in range(int(rng.integers(2, 6))):
         x0, y0 = rng.uniform(0, width * 0.8), rng.uniform(0, height * 0.8)
-        x1, y1 = x0 + rng.uniform(8, width * 0.5), y0 + rng.uniform(8, height * 0.5)
+        x1 = x0 + rng.uniform(min(8, width / 2), max(8, width / 2))
+        y1 = y0 + rng.uniform(min(8, height / 2), max(8, height / 2))
         color = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x1, y1], fill=color)
     return im

@@ -1,0 +1,83 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dsc.synthetic import make_scene
+
+# (relative path, kind) of every image the mixed ImageFolder holds, in torchvision order.
+MIXED_IMAGES = [
+    "cat/a_rgb.jpg", "cat/b_gray.jpg", "cat/c_exif6.jpg", "cat/d_exif3.jpg", "cat/e_tall.png", "cat/f_upper.JPG",
+    "cat/sub/g_nested.png",
+    "dog/a_rgba.png", "dog/b_palette_alpha.png", "dog/c_palette.png", "dog/d_gray16.png", "dog/e_bilevel.png",
+    "dog/f_cmyk.jpg", "dog/g_la.png", "dog/h_tiny.bmp", "dog/i_big.webp",
+]
+
+
+def _write_mixed(root: Path) -> None:
+    rng = np.random.default_rng(1)
+    scene = lambda h, w: make_scene(rng, h, w)  # noqa: E731
+    (root / "cat" / "sub").mkdir(parents=True)
+    (root / "dog").mkdir()
+    (root / "empty").mkdir()
+    (root / ".hidden").mkdir()
+    scene(90, 120).save(root / "cat/a_rgb.jpg", quality=90)
+    scene(150, 100).convert("L").save(root / "cat/b_gray.jpg")
+    for name, orient in (("c_exif6.jpg", 6), ("d_exif3.jpg", 3)):
+        exif = Image.Exif()
+        exif[0x0112] = orient
+        scene(70, 130).save(root / "cat" / name, exif=exif)
+    scene(200, 64).save(root / "cat/e_tall.png")
+    scene(80, 80).save(root / "cat/f_upper.JPG")
+    scene(60, 90).save(root / "cat/sub/g_nested.png")
+    rgba = scene(100, 100).convert("RGBA")
+    a = np.asarray(rgba).copy()
+    a[:, :50, 3] = 0
+    a[:, 50:70, 3] = 128
+    Image.fromarray(a, "RGBA").save(root / "dog/a_rgba.png")
+    pal = scene(64, 96).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    pal.save(root / "dog/b_palette_alpha.png", transparency=0)
+    pal.save(root / "dog/c_palette.png")
+    g16 = (np.linspace(0, 65535, 50 * 70).reshape(50, 70)).astype(np.uint16)
+    Image.fromarray(g16).save(root / "dog/d_gray16.png")
+    scene(40, 60).convert("1").save(root / "dog/e_bilevel.png")
+    scene(77, 55).convert("CMYK").save(root / "dog/f_cmyk.jpg")
+    scene(45, 45).convert("LA").save(root / "dog/g_la.png")
+    scene(1, 1).save(root / "dog/h_tiny.bmp")
+    scene(300, 420).save(root / "dog/i_big.webp", quality=80)
+    # Not samples: non-image files, hidden files, files in the root, a hidden class folder.
+    (root / "dog/readme.md").write_text("not an image")
+    scene(10, 10).save(root / "dog/.hidden.jpg")
+    (root / "empty/notes.txt").write_text("no images here")
+    scene(10, 10).save(root / ".hidden/x.jpg")
+    scene(10, 10).save(root / "root_level.jpg")
+    (root / "README.txt").write_text("root files are ignored")
+
+
+@pytest.fixture(scope="session")
+def mixed_src(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mixed") / "src"
+    root.mkdir()
+    _write_mixed(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def scenes_src(tmp_path_factory) -> Path:
+    """A plain ImageFolder of 3 classes x 12 JPEG scenes."""
+    from dsc.synthetic import write_imagefolder
+
+    root = tmp_path_factory.mktemp("scenes") / "src"
+    write_imagefolder(root, num_classes=3, per_class=12, size_range=(40, 120), seed=3)
+    return root
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    return tmp_path / "out.dsc"

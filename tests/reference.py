@@ -1,0 +1,91 @@
+"""Reference decode + resize, written independently of dsc's compiler from PIL primitives and the
+documented torchvision rules, so the tests compare dsc against the spec, not against itself."""
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+_TRANSPOSE = {2: [Image.Transpose.FLIP_LEFT_RIGHT], 3: [Image.Transpose.ROTATE_180],
+              4: [Image.Transpose.FLIP_TOP_BOTTOM], 5: [Image.Transpose.TRANSPOSE],
+              6: [Image.Transpose.ROTATE_270], 7: [Image.Transpose.TRANSVERSE], 8: [Image.Transpose.ROTATE_90]}
+
+
+def ref_decode(path, mode="RGB", background=(255, 255, 255)) -> Image.Image:
+    im = Image.open(path)
+    orientation = im.getexif().get(0x0112, 1)
+    im.load()
+    for op in _TRANSPOSE.get(orientation, []):
+        im = im.transpose(op)
+    if im.mode.startswith("I"):
+        im = Image.fromarray((np.asarray(im).astype(np.int64).clip(0, 65535) >> 8).astype(np.uint8), "L")
+    if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
+        im = Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im.convert("RGBA"))
+    if mode == "L" and im.mode not in ("L", "1"):
+        im = im.convert("RGB")
+    return im.convert(mode)
+
+
+def _arr(im):
+    a = np.asarray(im)
+    return a[:, :, None] if a.ndim == 2 else a
+
+
+def tv_resize_shorter(h, w, size):
+    """torchvision.transforms.functional._compute_resized_output_size for an int size."""
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    return new_h, new_w
+
+
+def ref_center_crop(im, th, tw):
+    h, w = im.height, im.width
+    if th == tw:
+        nh, nw = tv_resize_shorter(h, w, th)
+    else:
+        s = max(th / h, tw / w)
+        nh, nw = (th, max(tw, int(th * w / h))) if th / h >= tw / w else (max(th, int(tw * h / w)), tw)
+        assert abs(nh - h * s) < 1.01 and abs(nw - w * s) < 1.01
+    r = im.resize((nw, nh), Image.Resampling.BILINEAR)
+    top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
+    return _arr(r.crop((left, top, left + tw, top + th))), (nw / w, nh / h, -left, -top)
+
+
+def ref_stretch(im, th, tw):
+    return _arr(im.resize((tw, th), Image.Resampling.BILINEAR)), (tw / im.width, th / im.height, 0, 0)
+
+
+def ref_pad(im, th, tw, fill=0):
+    h, w = im.height, im.width
+    if tw / w <= th / h:
+        nw, nh = tw, min(th, max(1, round(h * tw / w)))
+    else:
+        nh, nw = th, min(tw, max(1, round(w * th / h)))
+    r = _arr(im.resize((nw, nh), Image.Resampling.BILINEAR))
+    out = np.full((th, tw, r.shape[2]), fill, np.uint8)
+    top, left = (th - nh) // 2, (tw - nw) // 2
+    out[top:top + nh, left:left + nw] = r
+    return out, (nw / w, nh / h, left, top)
+
+
+def ref_max_side(im, max_side):
+    h, w = im.height, im.width
+    if max_side is None or max(h, w) <= max_side:
+        return _arr(im), (1.0, 1.0, 0, 0)
+    if w >= h:
+        nh, nw = max(1, round(h * max_side / w)), max_side
+    else:
+        nh, nw = max_side, max(1, round(w * max_side / h))
+    return _arr(im.resize((nw, nh), Image.Resampling.BILINEAR)), (nw / w, nh / h, 0, 0)
+
+
+def reference(path, *, size=None, resize="center-crop", max_side=None, mode="RGB", fill=0):
+    im = ref_decode(path, mode)
+    if size is None:
+        return ref_max_side(im, max_side)
+    th, tw = size
+    if resize == "center-crop":
+        return ref_center_crop(im, th, tw)
+    if resize == "stretch":
+        return ref_stretch(im, th, tw)
+    return ref_pad(im, th, tw, fill)

@@ -1,0 +1,78 @@
+"""The CLI as a user meets it: one-line errors, non-zero exit codes, never a traceback."""
+import pytest
+from click.testing import CliRunner
+
+import dsc
+from dsc.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def test_compile_info_roundtrip(scenes_src, tmp_path):
+    out = tmp_path / "out"
+    r = run("compile", "imagefolder", scenes_src, out, "--size", "20,30", "--resize", "stretch", "-q")
+    assert r.exit_code == 0, r.output
+    assert "compiled 36 images" in r.output
+    assert dsc.open(out)[0]["image"].shape == (20, 30, 3)
+    r = run("info", out)
+    assert r.exit_code == 0
+    assert "fixed 20x30x3" in r.output and "class_00, class_01, class_02" in r.output
+    assert "Pillow" in r.output or "pillow-simd" in r.output
+
+
+def test_info_env_names_the_pil_build():
+    r = run("info", "--env")
+    assert r.exit_code == 0 and "pil_distribution" in r.output and "libjpeg_turbo" in r.output
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("missing", "no such directory"),
+    ("noclass", "no class folders"),
+    ("exists", "already exists"),
+    ("bad", "cannot decode image"),
+    ("both", "not both"),
+    ("size", "not SIZE"),
+])
+def test_errors_are_one_line(scenes_src, tmp_path, case, msg):
+    src, out = scenes_src, tmp_path / "out"
+    extra = ["--size", "8"]
+    if case == "missing":
+        src = tmp_path / "nope"
+    elif case == "noclass":
+        src = tmp_path / "empty"
+        src.mkdir()
+    elif case == "exists":
+        out.mkdir()
+    elif case == "bad":
+        import shutil
+
+        src = tmp_path / "src"
+        shutil.copytree(scenes_src, src)
+        (src / "class_01" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    elif case == "both":
+        extra += ["--max-side", "9"]
+    elif case == "size":
+        extra = ["--size", "big"]
+    r = run("compile", "imagefolder", src, out, "-q", *extra)
+    assert r.exit_code != 0
+    assert msg in r.output
+    if case == "bad":
+        assert "broken.png" in r.output
+
+
+def test_skip_prints_a_summary(scenes_src, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "class_01" / "broken.jpg").write_bytes(b"")
+    r = run("compile", "imagefolder", src, tmp_path / "out", "--size", "8", "--on-error", "skip", "-q")
+    assert r.exit_code == 0
+    assert "skipped 1 bad inputs" in r.output and "class_01/broken.jpg" in r.output
+    r = run("info", tmp_path / "out", "--skipped")
+    assert "class_01/broken.jpg" in r.output

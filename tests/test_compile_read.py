@@ -1,0 +1,153 @@
+"""Compile a real ImageFolder, read it back, compare with an independent PIL reference."""
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import dsc
+from conftest import MIXED_IMAGES, tree_bytes
+from reference import reference
+
+POLICIES = [
+    dict(size=(48, 48), resize="center-crop"),
+    dict(size=(40, 56), resize="center-crop"),
+    dict(size=(48, 64), resize="stretch"),
+    dict(size=(64, 48), resize="pad", fill=7),
+    dict(max_side=50),
+    dict(),  # ragged, stored exactly as decoded
+    dict(size=(32, 32), resize="pad", mode="L"),
+    dict(max_side=40, mode="L"),
+]
+
+
+@pytest.mark.parametrize("opts", POLICIES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "asis")
+def test_every_sample_matches_reference(mixed_src, out, opts):
+    dsc.compile_imagefolder(mixed_src, out, workers=2, shard_size=3, progress=False, **opts)
+    ds = dsc.open(out)
+    assert len(ds) == len(MIXED_IMAGES)
+    assert ds.keys == MIXED_IMAGES
+    affine = ds.affine
+    for i, key in enumerate(ds.keys):
+        want, want_affine = reference(mixed_src / key, **{k: v for k, v in opts.items()})
+        got = ds[i]["image"]
+        assert got.dtype == torch.uint8 and got.shape == want.shape, key
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=key)
+        np.testing.assert_allclose(affine[i], want_affine, rtol=1e-12, err_msg=key)
+    # The batched path returns the same samples in the requested order.
+    order = [5, 0, 15, 3, 3, 9]
+    batch = ds.__getitems__(order)
+    for k, i in enumerate(order):
+        assert torch.equal(batch[k]["image"], ds[i]["image"])
+        assert batch[k]["label"] == ds[i]["label"]
+    if "size" in opts:
+        assert batch["image"].shape == (len(order), *ds[0]["image"].shape)
+
+
+def test_labels_classes_and_zarr_without_dsc(mixed_src, out):
+    dsc.compile_imagefolder(mixed_src, out, size=32, progress=False)
+    ds = dsc.open(out)
+    assert ds.classes == ["cat", "dog", "empty"]  # the empty class keeps its index
+    assert ds.class_to_idx == {"cat": 0, "dog": 1, "empty": 2}
+    labels = [ds[i]["label"] for i in range(len(ds))]
+    assert labels == [ds.class_to_idx[k.split("/")[0]] for k in MIXED_IMAGES]
+    # zarr-python alone: same pixels, labels, keys.
+    g = zarr.open_group(out, mode="r")
+    assert g["image"].shape == (len(ds), 32, 32, 3)
+    np.testing.assert_array_equal(g["image"][:], np.stack([ds[i]["image"].numpy() for i in range(len(ds))]))
+    np.testing.assert_array_equal(g["label"][:], labels)
+    assert list(g["keys"][:]) == MIXED_IMAGES
+    assert g.attrs["dsc"]["num_samples"] == len(ds)
+    np.testing.assert_array_equal(g["image"][7], ds[7]["image"].numpy())  # single-sample random access
+
+
+def test_ragged_readable_with_zarr_alone(mixed_src, out):
+    dsc.compile_imagefolder(mixed_src, out, max_side=60, shard_size=4, progress=False)
+    ds = dsc.open(out)
+    g = zarr.open_group(out, mode="r")
+    offsets, shapes, K = g["image/offsets"][:], g["image/shapes"][:], g.attrs["dsc"]["shard_size"]
+    flat = np.concatenate([g[f"image/values/{s}"][:] for s in range(len(g.attrs["dsc"]["shards"]))])
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(flat[offsets[i]:offsets[i + 1]].reshape(shapes[i]), ds[i]["image"].numpy())
+
+
+@pytest.mark.parametrize("opts", [dict(size=(24, 24)), dict(max_side=30)], ids=["fixed", "ragged"])
+def test_deterministic_whatever_the_worker_count(scenes_src, tmp_path, opts):
+    a, b = tmp_path / "a", tmp_path / "b"
+    dsc.compile_imagefolder(scenes_src, a, workers=1, progress=False, **opts)
+    dsc.compile_imagefolder(scenes_src, b, workers=2, progress=False, **opts)
+    ta, tb = tree_bytes(a), tree_bytes(b)
+    assert ta.keys() == tb.keys()
+    assert ta == tb
+
+
+def _with_bad_files(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "class_00" / "img_00003.jpg").write_bytes(b"")  # zero bytes
+    data = (dst / "class_01" / "img_00004.jpg").read_bytes()
+    (dst / "class_01" / "img_00004.jpg").write_bytes(data[: len(data) // 2])  # truncated
+    (dst / "class_01" / "img_00005.jpg").write_text("this is text")
+    return ["class_00/img_00003.jpg", "class_01/img_00004.jpg", "class_01/img_00005.jpg"]
+
+
+@pytest.mark.parametrize("opts", [dict(size=(20, 20)), dict(max_side=25)], ids=["fixed", "ragged"])
+def test_skip_records_bad_inputs_and_keeps_shards_aligned(scenes_src, tmp_path, opts):
+    src = tmp_path / "src"
+    bad = _with_bad_files(scenes_src, src)
+    out = tmp_path / "out"
+    report = dsc.compile_imagefolder(src, out, on_error="skip", shard_size=5, workers=2, progress=False, **opts)
+    assert sorted(s["key"] for s in report.skipped) == bad
+    ds = dsc.open(out)
+    assert len(ds) == 36 - 3
+    assert [s.count for s in ds.manifest.shards] == [5] * 6 + [3]
+    assert sorted(s["key"] for s in ds.manifest.skipped) == bad
+    assert not set(bad) & set(ds.keys)
+    for i, key in enumerate(ds.keys):
+        want, _ = reference(src / key, **opts)
+        np.testing.assert_array_equal(ds[i]["image"].numpy(), want, err_msg=key)
+        assert ds[i]["label"] == int(key.split("/")[0][-2:])
+    if "size" in opts:  # zarr sees the same compacted array
+        g = zarr.open_group(out, mode="r")
+        np.testing.assert_array_equal(g["image"][31], ds[31]["image"].numpy())
+    assert not any(p.name.endswith(".partial") or p.name == "_compact" for p in out.rglob("*"))
+
+
+def test_fail_is_the_default_and_leaves_no_output(scenes_src, tmp_path):
+    src = tmp_path / "src"
+    _with_bad_files(scenes_src, src)
+    out = tmp_path / "out"
+    with pytest.raises(dsc.ImageDecodeError) as e:
+        dsc.compile_imagefolder(src, out, size=16, workers=2, progress=False)
+    assert "img_0000" in str(e.value) and "--on-error skip" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no OUT, no temp dir, no lock
+
+
+def test_overwrite_rules(scenes_src, tmp_path):
+    out = tmp_path / "out"
+    dsc.compile_imagefolder(scenes_src, out, size=8, progress=False)
+    with pytest.raises(dsc.OutputExistsError, match="--overwrite"):
+        dsc.compile_imagefolder(scenes_src, out, size=8, progress=False)
+    dsc.compile_imagefolder(scenes_src, out, size=12, progress=False, overwrite=True)
+    assert dsc.open(out)[0]["image"].shape == (12, 12, 3)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("do not delete")
+    with pytest.raises(dsc.OutputExistsError, match="not a dsc dataset"):
+        dsc.compile_imagefolder(scenes_src, precious, size=8, progress=False, overwrite=True)
+    assert (precious / "thesis.tex").exists()
+
+
+def test_concurrent_compile_is_refused(scenes_src, tmp_path):
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    fd = os.open(tmp_path / ".out.dsc-lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(dsc.CompileLockedError, match="another dsc compile"):
+            dsc.compile_imagefolder(scenes_src, out, size=8, progress=False)
+    finally:
+        os.close(fd)
+    assert not out.exists()
