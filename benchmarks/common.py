@@ -1,0 +1,33 @@
+"""Shared pieces of the benchmarks: data generation (cached under build/bench) and timing."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+BENCH_DIR = Path("build/bench")
+
+
+def scenes(num_classes: int = 8, per_class: int = 125, size_range=(300, 500)) -> Path:
+    """An ImageFolder of ImageNet-like JPEG scenes (generated once, reused across runs)."""
+    from dsc.synthetic import write_imagefolder
+
+    root = BENCH_DIR / f"scenes-{num_classes}x{per_class}-{size_range[0]}-{size_range[1]}"
+    if not (root / ".complete").exists():
+        write_imagefolder(root, num_classes, per_class, size_range=size_range, seed=0)
+        (root / ".complete").write_text("")
+    return root
+
+
+def best_of(fn, repeat: int = 3) -> float:
+    """Smallest wall time of ``repeat`` calls: the least disturbed by the shared machine's noise."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def row(name: str, rate: float, unit: str, baseline: float | None = None, extra: str = "") -> str:
+    ratio = f"{rate / baseline:8.2f}x" if baseline else " " * 9
+    return f"  {name:<44} {rate:>12,.0f} {unit:<6} {ratio}  {extra}"

@@ -1,0 +1,10 @@
+"""``make bench``: every benchmark, each printing rates beside a baseline measured in the same run."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_compile_read  # noqa: E402
+
+if __name__ == "__main__":
+    bench_compile_read.main()
