@@ -9,22 +9,9 @@ import shutil
 import numpy as np
 
 from common import BENCH_DIR, best_of, row, scenes
+from dsc.demo import pil_epoch_rate
 
 SIZE = 224
-
-
-def pil_epoch(paths) -> None:
-    """The classic pipeline per image: PIL decode, RGB, Resize(224) + CenterCrop(224), to array."""
-    from PIL import Image
-
-    for p in paths:
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            s = SIZE / min(w, h)
-            im = im.resize((max(SIZE, int(w * s)), max(SIZE, int(h * s))), Image.Resampling.BILINEAR)
-            l, t = (im.width - SIZE) // 2, (im.height - SIZE) // 2
-            np.asarray(im.crop((l, t, l + SIZE, t + SIZE)))
 
 
 def main() -> None:
@@ -35,8 +22,7 @@ def main() -> None:
     out = BENCH_DIR / "compile-out.dsc"
     print(f"compile + read: {len(paths)} JPEG scenes 300-500 px -> {SIZE}x{SIZE} center-crop")
 
-    pil_time = best_of(lambda: pil_epoch(paths[:300]), repeat=2) * len(paths) / 300
-    pil_rate = len(paths) / pil_time
+    pil_rate = max(pil_epoch_rate(paths[:300], SIZE) for _ in range(2))
     rates = {}
     for workers in (1, 2):
         def run():

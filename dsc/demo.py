@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 
-def _pil_epoch(paths: list[Path], size: int) -> float:
+def pil_epoch_rate(paths: list[Path], size: int) -> float:
     """Images/s of the classic input pipeline: PIL decode + Resize(size) + CenterCrop(size)."""
     from PIL import Image
 
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
             b = ds.get_batch(np.sort(order[a:a + batch_size]))
     dsc_rate = epochs * len(ds) / (time.perf_counter() - t0)
     sample = sorted(src.rglob("*.jpg"))[:200]
-    pil_rate = _pil_epoch(sample, args.size)
+    pil_rate = pil_epoch_rate(sample, args.size)
     print(f"[3/3] read back: batch {tuple(b['image'].shape)} {b['image'].dtype}, labels {b['label'][:8].tolist()}...")
     print(f"      dsc random-order epoch: {dsc_rate:,.0f} img/s "
           f"({dsc_rate * args.size * args.size * 3 / 1e9:.2f} GB/s)")
