@@ -19,7 +19,7 @@ _LAZY = {
     "environment": ("dsc.env", "environment"),
 }
 
-from .errors import (CompileLockedError, CorruptDatasetError, DatasetNotFoundError, DscError,  # noqa: E402
+from .errors import (CompileLockedError, CorruptDatasetError, DatasetNotFoundError, DscError, SampleError,  # noqa: E402,E501
                      FormatVersionError, ImageDecodeError, OutputExistsError, SourceError, UnsafePathError)
 
 
@@ -39,5 +39,5 @@ def __dir__():
 
 
 __all__ = ["__version__", *_LAZY, "DscError", "SourceError", "ImageDecodeError", "OutputExistsError",
-           "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
+           "SampleError", "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
            "UnsafePathError"]

@@ -14,8 +14,9 @@ class SourceError(DscError, ValueError):
     """The input dataset cannot be compiled as given (missing folder, no classes, bad annotation...)."""
 
 
-class ImageDecodeError(SourceError):
-    """One input image could not be decoded. ``path`` names it, ``reason`` says why."""
+class SampleError(SourceError):
+    """One input sample cannot be compiled (undecodable image, invalid box...). ``path`` names the
+    file (and the annotation), ``reason`` says why. Subject to the compile's ``on_error`` policy."""
 
     def __init__(self, path: str, reason: str):
         super().__init__(f"{path}: {reason}")
@@ -24,6 +25,10 @@ class ImageDecodeError(SourceError):
 
     def __reduce__(self):  # keep (path, reason) across process boundaries
         return (type(self), (self.path, self.reason))
+
+
+class ImageDecodeError(SampleError):
+    """One input image could not be decoded."""
 
 
 class OutputExistsError(DscError, FileExistsError):

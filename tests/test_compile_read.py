@@ -117,7 +117,7 @@ def test_fail_is_the_default_and_leaves_no_output(scenes_src, tmp_path):
     src = tmp_path / "src"
     _with_bad_files(scenes_src, src)
     out = tmp_path / "out"
-    with pytest.raises(dsc.ImageDecodeError) as e:
+    with pytest.raises(dsc.SampleError) as e:
         dsc.compile_imagefolder(src, out, size=16, workers=2, progress=False)
     assert "img_0000" in str(e.value) and "--on-error skip" in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no OUT, no temp dir, no lock

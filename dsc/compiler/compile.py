@@ -23,15 +23,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import (CompileLockedError, DscError, ImageDecodeError, OutputExistsError, SourceError)
+from ..errors import CompileLockedError, DscError, OutputExistsError, SampleError, SourceError
 from ..formats import FORMAT_VERSION, ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.manifest import RESIZE_POLICIES
 from ..formats.zarr_v3 import (node_dir, read_json, sharded_array_json, write_group, write_json,
                                write_plain_array, write_string_array)
+from .boxes import boxes_in_display_frame, to_stored
 from .decode import decode_image
 from .geometry import FILTERS, plan_fixed, plan_ragged, apply_plan
-from .sources.base import ScannedSource
+from .sources.base import Record, ScannedSource
 from .writer import FixedShardWriter, RaggedShardWriter
 
 SHARD_TARGET_BYTES = 64 << 20
@@ -112,10 +113,34 @@ class CompileReport:
 class _UnitTask:
     s: int
     start: int
-    paths: list[str]
+    records: list[Record]
     root: str
     options: CompileOptions
     shard_size: int
+
+
+@dataclass
+class _Objects:
+    """The stored objects of the samples of one unit, concatenated (box-offset layout)."""
+
+    counts: list = field(default_factory=list)  # boxes kept per sample
+    boxes: list = field(default_factory=list)  # (k, 4) float32 per sample
+    labels: list = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)  # name -> list of per-sample arrays
+    image_ids: list = field(default_factory=list)
+    frames: list = field(default_factory=list)
+    dropped: int = 0
+
+    def add(self, rec: Record, boxes: np.ndarray, keep: np.ndarray, frame: int) -> None:
+        t = rec.target
+        self.counts.append(int(keep.sum()))
+        self.boxes.append(boxes[keep])
+        self.labels.append(np.asarray(t.labels, np.int64)[keep])
+        for name, col in t.attrs.items():
+            self.attrs.setdefault(name, []).append(np.asarray(col)[keep])
+        self.image_ids.append(t.image_id)
+        self.frames.append(frame)
+        self.dropped += int((~keep).sum())
 
 
 @dataclass
@@ -128,6 +153,22 @@ class _UnitResult:
     orientation: np.ndarray  # (c,) uint8
     errors: list[tuple[int, str]]
     shard: ShardSpec | None
+    objects: _Objects | None = None
+
+
+def _compile_sample(rec: Record, o: CompileOptions, objects: _Objects | None):
+    """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError."""
+    im, orientation = decode_image(rec.path, o.mode, o.background)
+    h, w = im.height, im.width
+    plan = plan_fixed(h, w, o.size, o.resize) if o.size else plan_ragged(h, w, o.max_side)
+    affine = plan.affine(h, w)
+    if rec.target is not None:
+        boxes, frame = boxes_in_display_frame(rec.target, orientation, w, h)
+        stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
+    arr = apply_plan(im, plan, o.fill, o.filter)
+    if rec.target is not None:
+        objects.add(rec, stored, keep, frame)
+    return arr, (h, w), affine, orientation
 
 
 def _compile_unit(task: _UnitTask) -> _UnitResult:
@@ -137,34 +178,30 @@ def _compile_unit(task: _UnitTask) -> _UnitResult:
         writer = FixedShardWriter(root, task.s, task.shard_size, (*o.size, o.channels))
     else:
         writer = RaggedShardWriter(root, task.s)
+    objects = _Objects() if any(r.target is not None for r in task.records) else None
     kept, shapes, orig, affine, orient, errors = [], [], [], [], [], []
     try:
-        for j, path in enumerate(task.paths):
+        for j, rec in enumerate(task.records):
             try:
-                im, orientation = decode_image(path, o.mode, o.background)
-                h, w = im.height, im.width
-                plan = plan_fixed(h, w, o.size, o.resize) if o.size else plan_ragged(h, w, o.max_side)
-                arr = apply_plan(im, plan, o.fill, o.filter)
-            except ImageDecodeError as e:
-                errors.append((task.start + j, e.reason))
+                arr, hw, aff, orientation = _compile_sample(rec, o, objects)
+            except SampleError as e:
+                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
                 if o.on_error == "fail":
-                    writer.abort()
-                    return _UnitResult(task.s, np.zeros(0, np.int64), *(np.zeros((0, k)) for k in (3, 2, 4)),
-                                       np.zeros(0, np.uint8), errors, None)
+                    break
                 continue
             writer.write(arr)
             kept.append(task.start + j)
             shapes.append(arr.shape)
-            orig.append((h, w))
-            affine.append(plan.affine(h, w))
+            orig.append(hw)
+            affine.append(aff)
             orient.append(orientation)
-        shard = writer.close()
+        shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
     except BaseException:
         writer.abort()
         raise
     return _UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
                        np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
-                       np.asarray(orient, np.uint8), errors, shard)
+                       np.asarray(orient, np.uint8), errors, shard, objects)
 
 
 # ----------------------------------------------------------------------------- output staging
@@ -268,6 +305,10 @@ def _pool_context():
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
+def _stop(path: str, reason: str) -> SampleError:
+    return SampleError(path, f"{reason} (pass --on-error skip to leave bad inputs out and record them)")
+
+
 def _run_units(tasks: list[_UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
                scanned: ScannedSource):
     from tqdm import tqdm
@@ -281,11 +322,10 @@ def _run_units(tasks: list[_UnitTask], workers: int, progress: bool, total: int,
         for res in it:
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
-                raise ImageDecodeError(scanned.records[i].path,
-                                       f"{reason} (pass --on-error skip to leave bad inputs out and record them)")
+                raise _stop(scanned.records[i].path, reason)
             results[res.s] = res
             written += res.shard.nbytes if res.shard else 0
-            bar.update(len(tasks[res.s].paths))
+            bar.update(len(tasks[res.s].records))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
 
     with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
@@ -342,6 +382,31 @@ def _compact(tmp: Path, results: list[_UnitResult], options: CompileOptions, sha
     return specs
 
 
+def _write_objects(tmp: Path, results: list[_UnitResult], scanned: ScannedSource) -> dict:
+    """objects/offsets (N+1), objects/boxes (M, 4) float32, objects/labels (M,), per-box attributes,
+    image_id (N,) and transform/box_frame (N,). Returns the manifest's objects summary."""
+    parts = [r.objects for r in results if r.objects is not None and r.objects.counts]
+    cat = lambda name, shape, dtype: (np.concatenate([np.asarray(x, dtype).reshape(shape) for p in parts  # noqa
+                                                      for x in getattr(p, name)]) if parts
+                                      else np.zeros((0, *shape[1:]), dtype))
+    counts = np.asarray([c for p in parts for c in p.counts], np.int64)
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    write_group(tmp, L.OBJECTS)
+    write_plain_array(tmp, L.OBJ_OFFSETS, offsets, ["sample_edge"])
+    write_plain_array(tmp, L.OBJ_BOXES, cat("boxes", (-1, 4), np.float32), ["box", "xyxy"])
+    write_plain_array(tmp, L.OBJ_LABELS, cat("labels", (-1,), np.int64), ["box"])
+    for name, dtype in scanned.attributes.items():
+        col = np.concatenate([np.asarray(x, dtype) for p in parts for x in p.attrs.get(name, [])]) \
+            if parts else np.zeros(0, dtype)
+        write_plain_array(tmp, f"{L.OBJECTS}/{name}", col, ["box"])
+    write_plain_array(tmp, L.IMAGE_ID, np.asarray([i for p in parts for i in p.image_ids], np.int64), ["sample"])
+    write_plain_array(tmp, L.BOX_FRAME, np.asarray([f for p in parts for f in p.frames], np.uint8), ["sample"])
+    return {"num_boxes": int(offsets[-1]), "box_format": "xyxy", "attributes": dict(scanned.attributes),
+            "dropped_boxes": int(sum(p.dropped for p in parts)),
+            "images_without_boxes": int((counts == 0).sum())}
+
+
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
                     **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords."""
@@ -349,20 +414,24 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     t0 = time.perf_counter()
     out = Path(out)
     check_output(out, options.overwrite)
+    if scanned.invalid and options.on_error == "fail":
+        raise _stop(*scanned.invalid[0])
     records = scanned.records
     if not records:
-        raise SourceError(f"{scanned.root}: nothing to compile")
+        raise SourceError(f"{scanned.root}: nothing to compile"
+                          + (f"; all {len(scanned.invalid)} inputs are invalid" if scanned.invalid else ""))
     K = options.shard_size or default_shard_size(len(records), options)
     workers = options.workers or os.cpu_count() or 1
     with _Staging(out, options.overwrite) as staging:
         tmp = staging.tmp
-        tasks = [_UnitTask(s, start, [r.path for r in records[start:start + K]], str(tmp), options, K)
+        tasks = [_UnitTask(s, start, records[start:start + K], str(tmp), options, K)
                  for s, start in enumerate(range(0, len(records), K))]
         results, _ = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail", scanned)
-        skipped = tuple({"key": records[i].key, "reason": reason} for r in results for i, reason in r.errors)
+        skipped = tuple({"key": k, "reason": r} for k, r in scanned.invalid) + tuple(
+            {"key": records[i].key, "reason": reason} for r in results for i, reason in r.errors)
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:
-            raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be decoded; "
+            raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         shards = _compact(tmp, results, options, K)
         n = len(kept)
@@ -384,9 +453,9 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             write_plain_array(tmp, L.RAGGED_OFFSETS, offsets, ["sample_edge"])
             write_plain_array(tmp, L.RAGGED_SHAPES, shapes, ["sample", "axis"])
             resize = ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter)
-        labels = np.fromiter((records[i].label for i in kept), np.int64, count=n)
         if scanned.task == "classification":
-            write_plain_array(tmp, L.LABEL, labels, ["sample"])
+            write_plain_array(tmp, L.LABEL, np.fromiter((records[i].label for i in kept), np.int64, count=n), ["sample"])
+        objects = _write_objects(tmp, results, scanned) if scanned.task == "detection" else None
         write_string_array(tmp, L.KEYS, (records[i].key for i in kept))
         write_group(tmp, L.TRANSFORM)
         write_plain_array(tmp, L.ORIG_SIZE, cat("orig"), ["sample", "hw"])
@@ -397,6 +466,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         manifest = Manifest(
             format_version=FORMAT_VERSION, dsc_version=__version__, task=scanned.task, num_samples=n,
             shard_size=K, image=image, resize=resize, shards=tuple(shards), classes=scanned.classes,
+            category_ids=scanned.category_ids, objects=objects,
             source={**scanned.summary, "options": opts}, skipped=skipped)
         L.write_manifest(tmp, manifest)
         staging.publish()

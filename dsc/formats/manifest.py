@@ -138,6 +138,8 @@ class Manifest:
     resize: ResizeSpec
     shards: tuple[ShardSpec, ...]
     classes: tuple[str, ...] = ()
+    category_ids: tuple[int, ...] = ()  # original ids of a COCO source, sorted (label k -> category_ids[k])
+    objects: dict | None = None  # detection: num_boxes, box_format, attributes {name: dtype}, dropped_boxes
     source: dict = field(default_factory=dict)
     skipped: tuple[dict, ...] = ()  # {"key": ..., "reason": ...} of inputs left out
     format: str = FORMAT_NAME
@@ -157,6 +159,14 @@ class Manifest:
                 raise CorruptDatasetError(f"manifest: shard {sh.path} holds {sh.count} samples, expected {want}")
         if self.task not in ("classification", "detection", "images"):
             raise CorruptDatasetError(f"manifest: unknown task {self.task!r}")
+        if (self.task == "detection") != (self.objects is not None):
+            raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
+        if self.objects is not None:
+            attrs = self.objects.get("attributes", {})
+            if not isinstance(attrs, dict):
+                raise CorruptDatasetError("manifest: objects.attributes must be a mapping name -> dtype")
+            for name in attrs:
+                check_node_path(f"objects/{name}")
 
     def shard_start(self, s: int) -> int:
         return s * self.shard_size
@@ -172,6 +182,8 @@ class Manifest:
             "image": self.image.to_dict(),
             "resize": self.resize.to_dict(),
             "classes": list(self.classes),
+            "category_ids": list(self.category_ids),
+            "objects": self.objects,
             "shards": [s.to_dict() for s in self.shards],
             "source": self.source,
             "skipped": list(self.skipped),
@@ -190,8 +202,8 @@ class Manifest:
                 f"dataset format version {version} is newer than this dsc reads (version {FORMAT_VERSION}); "
                 f"upgrade dsc (pip install -U dsc)")
         keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
-                "resize", "classes", "shards", "source", "skipped"}
-        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes"})
+                "resize", "classes", "category_ids", "objects", "shards", "source", "skipped"}
+        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects"})
         try:
             return cls(
                 format=d["format"], format_version=version, dsc_version=str(d["dsc_version"]), task=d["task"],
@@ -199,6 +211,8 @@ class Manifest:
                 image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
                 shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]),
                 classes=tuple(str(c) for c in d.get("classes", ())),
+                category_ids=tuple(int(c) for c in d.get("category_ids", ())),
+                objects=d.get("objects"),
                 source=dict(d.get("source", {})), skipped=tuple(d.get("skipped", ())),
             )
         except TypeError as e:

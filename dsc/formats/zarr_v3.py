@@ -119,21 +119,23 @@ def chunk_key(ndim: int, first: int = 0) -> str:
 # ----------------------------------------------------------------------------- plain arrays
 def write_plain_array(root: Path, rel: str, data: np.ndarray,
                       dimension_names: Sequence[str] | None = None) -> None:
-    """One chunk = the whole array, raw little-endian C-order bytes."""
+    """One chunk = the whole array, raw little-endian C-order bytes. An array with no element has
+    chunk shape 1 along its empty axes and no chunk file (the Zarr spec's "chunk not stored")."""
     data = _le(np.asarray(data))
     if data.dtype.name not in _DTYPES:
         raise TypeError(f"dtype {data.dtype} is not stored by dsc")
-    if data.ndim == 0 or 0 in data.shape:
-        raise ValueError(f"{rel}: dsc does not store empty arrays (shape {data.shape})")
+    if data.ndim == 0:
+        raise ValueError(f"{rel}: dsc stores no 0-d arrays")
     d = node_dir(root, rel)
-    chunk = d / chunk_key(data.ndim)
-    chunk.parent.mkdir(parents=True, exist_ok=True)
-    with open(chunk, "wb") as f:
-        f.write(data.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+    if data.size:
+        chunk = d / chunk_key(data.ndim)
+        chunk.parent.mkdir(parents=True, exist_ok=True)
+        with open(chunk, "wb") as f:
+            f.write(data.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
     fill = False if data.dtype == np.bool_ else 0
-    write_json(d / ZARR_JSON, _array_json(data.shape, _DTYPES[data.dtype.name], data.shape,
+    write_json(d / ZARR_JSON, _array_json(data.shape, _DTYPES[data.dtype.name], [max(1, s) for s in data.shape],
                                           [_bytes_codec(data.dtype)], fill, dimension_names, None))
 
 
@@ -159,9 +161,11 @@ def read_plain_array(root: Path, rel: str, mmap: bool = False) -> np.ndarray:
     shape = tuple(meta["shape"])
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
     codecs = meta.get("codecs", [])
-    if (meta["chunk_grid"]["configuration"]["chunk_shape"] != list(shape)
+    if (meta["chunk_grid"]["configuration"]["chunk_shape"] != [max(1, s) for s in shape]
             or len(codecs) != 1 or codecs[0].get("name") != "bytes"):
         raise CorruptDatasetError(f"{node_dir(root, rel)}: expected one uncompressed chunk")
+    if 0 in shape:
+        return np.zeros(shape, dtype)
     path = node_dir(root, rel) / chunk_key(len(shape))
     expect = int(np.prod(shape)) * dtype.itemsize
     check_file_size(path, expect)

@@ -1,0 +1,130 @@
+"""COCO detection: an instances JSON (images, annotations, categories) + an images folder.
+
+Labels are contiguous (categories sorted by id -> 0..C-1) unless ``keep_category_ids``, which stores
+the original ids as labels. Original ids and names are kept in the manifest either way. ``bbox`` is
+[x, y, width, height] in pixels; ``iscrowd`` and ``area`` (as in the file: original pixels) are kept
+per box. Images are compiled in the order of the file's ``images`` list.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import SourceError
+from .base import Record, ScannedSource, Target
+from .imagefolder import is_image_file
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such annotation file") from None
+    except json.JSONDecodeError as e:
+        raise SourceError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SourceError(f"{path}: cannot read annotation file ({e})") from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path}: expected a JSON object with images, annotations and categories")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key), list):
+            raise SourceError(f"{path}: '{key}' must be a list (is this a COCO instances file?)")
+    return data
+
+
+def _int(path, what, obj, key):
+    v = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SourceError(f"{path}: {what} has no integer '{key}' (got {v!r})")
+    return v
+
+
+def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_empty: bool = True,
+              keep_category_ids: bool = False) -> ScannedSource:
+    ann_path, img_dir = Path(annotations), Path(images)
+    if not img_dir.is_dir():
+        raise SourceError(f"{img_dir}: no such images directory")
+    data = _load_json(ann_path)
+
+    cats = {}
+    for k, c in enumerate(data["categories"]):
+        cid = _int(ann_path, f"categories[{k}]", c, "id")
+        if cid in cats:
+            raise SourceError(f"{ann_path}: duplicate category id {cid}")
+        cats[cid] = str(c.get("name", cid))
+    if not cats:
+        raise SourceError(f"{ann_path}: no categories")
+    ids = sorted(cats)
+    if keep_category_ids:
+        if ids[0] < 0:
+            raise SourceError(f"{ann_path}: category id {ids[0]} is negative; cannot keep ids as labels")
+        label_of = {i: i for i in ids}
+        classes = tuple(cats.get(i, "") for i in range(ids[-1] + 1))
+    else:
+        label_of = {i: k for k, i in enumerate(ids)}
+        classes = tuple(cats[i] for i in ids)
+
+    images, order = {}, []
+    for k, im in enumerate(data["images"]):
+        iid = _int(ann_path, f"images[{k}]", im, "id")
+        if iid in images:
+            raise SourceError(f"{ann_path}: duplicate image id {iid} (images[{k}])")
+        name = im.get("file_name")
+        if not isinstance(name, str) or not name:
+            raise SourceError(f"{ann_path}: images[{k}] (id {iid}) has no file_name")
+        w, h = im.get("width"), im.get("height")
+        size = (w, h) if isinstance(w, int) and isinstance(h, int) else None
+        images[iid] = (name, size)
+        order.append(iid)
+
+    per_image: dict[int, list] = {iid: [] for iid in images}
+    for k, a in enumerate(data["annotations"]):
+        aid = a.get("id", f"#{k}") if isinstance(a, dict) else f"#{k}"
+        iid = _int(ann_path, f"annotation {aid}", a, "image_id")
+        if iid not in images:
+            raise SourceError(f"{ann_path}: annotation {aid} refers to image_id {iid}, which is not in 'images'")
+        cid = _int(ann_path, f"annotation {aid}", a, "category_id")
+        if cid not in cats:
+            raise SourceError(f"{ann_path}: annotation {aid} has category_id {cid}, which is not in 'categories'")
+        bbox = a.get("bbox")
+        if (not isinstance(bbox, list) or len(bbox) != 4
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
+            raise SourceError(f"{ann_path}: annotation {aid} has bbox {bbox!r}; expected [x, y, width, height]")
+        area = a.get("area", bbox[2] * bbox[3])
+        per_image[iid].append((bbox, label_of[cid], int(bool(a.get("iscrowd", 0))),
+                               float(area) if isinstance(area, (int, float)) else math.nan))
+
+    records, dropped_empty = [], 0
+    for iid in order:
+        name, size = images[iid]
+        anns = per_image[iid]
+        if not anns and not keep_empty:
+            dropped_empty += 1
+            continue
+        b = np.array([a[0] for a in anns], np.float64).reshape(-1, 4)
+        b[:, 2:] += b[:, :2]  # xywh -> xyxy
+        target = Target(boxes=b, labels=np.array([a[1] for a in anns], np.int64), image_id=iid,
+                        source=f"{ann_path} (image id {iid}, {name})", size=size,
+                        attrs={"iscrowd": np.array([a[2] for a in anns], np.uint8),
+                               "area": np.array([a[3] for a in anns], np.float32)})
+        records.append(Record(key=name, path=str(img_dir / name), target=target))
+    if not records:
+        raise SourceError(f"{ann_path}: no images to compile")
+
+    listed = {images[i][0] for i in order}
+    unlisted = sum(1 for p in img_dir.iterdir() if is_image_file(p.name) and p.name not in listed)
+    warnings = []
+    if unlisted:
+        warnings.append(f"{unlisted} image files in {img_dir} are not in {ann_path.name} and are not compiled")
+    return ScannedSource(
+        kind="coco", root=str(img_dir), task="detection", records=records, classes=classes,
+        category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
+        summary={"kind": "coco", "annotations": str(ann_path), "images": str(img_dir),
+                 "num_images": len(order), "num_annotations": len(data["annotations"]),
+                 "dropped_empty_images": dropped_empty, "unlisted_image_files": unlisted,
+                 "labels": "category_ids" if keep_category_ids else "contiguous"})

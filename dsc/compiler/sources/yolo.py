@@ -1,0 +1,139 @@
+"""YOLO (Ultralytics layout): ``data.yaml`` + ``images/<split>/`` + ``labels/<split>/``.
+
+``data.yaml`` gives ``path`` (the root, relative to the yaml's folder; default that folder), the split
+(``train: images/train``: a folder, a .txt list of image paths, or a list of those) and ``names`` (a
+list, or a mapping index -> name). Without a data.yaml, ``classes.txt`` (one name a line) and
+``images/<split>`` are used. The label file of ``.../images/.../x.jpg`` is ``.../labels/.../x.txt``, one
+object a line: ``class cx cy w h`` normalised to [0, 1] of the displayed image; a polygon line
+(``class x1 y1 x2 y2 ...``) becomes its bounding box. An image without a label file is a negative.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import SourceError
+from .base import Record, ScannedSource, Target
+from .imagefolder import is_image_file
+
+
+def _load_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SourceError(f"{path}{where}: malformed YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path}: expected a mapping with the split folders and 'names'")
+    return data
+
+
+def _names(yaml_path: Path, names) -> tuple[str, ...]:
+    if isinstance(names, list):
+        return tuple(str(n) for n in names)
+    if isinstance(names, dict) and all(isinstance(k, int) for k in names):
+        if sorted(names) != list(range(len(names))):
+            raise SourceError(f"{yaml_path}: 'names' keys must be 0..{len(names) - 1}")
+        return tuple(str(names[k]) for k in range(len(names)))
+    raise SourceError(f"{yaml_path}: 'names' must be a list or a mapping index -> name")
+
+
+def _image_files(entry: str, root: Path) -> list[Path]:
+    p = Path(entry)
+    p = p if p.is_absolute() else root / p
+    if p.is_dir():
+        return sorted(Path(d) / f for d, _, fs in os.walk(p, followlinks=True) for f in fs
+                      if is_image_file(f) and not f.startswith("."))
+    if p.suffix == ".txt" and p.is_file():
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line:
+                q = p.parent / line[2:] if line.startswith("./") else Path(line)
+                out.append(q if q.is_absolute() else root / q)
+        return out
+    raise SourceError(f"{p}: split entry is neither a folder of images nor a .txt list of images")
+
+
+def label_path(image: Path) -> Path:
+    s = str(image)
+    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    return Path(sb.join(s.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt")
+
+
+def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    boxes, labels = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            vals = [float(v) for v in parts]
+        except ValueError:
+            raise SourceError(f"{path}:{n}: expected 'class cx cy w h' numbers, got {line.strip()!r}") from None
+        cls = vals[0]
+        if len(vals) == 5:
+            cx, cy, w, h = vals[1:]
+            box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+        elif len(vals) >= 7 and len(vals) % 2 == 1:
+            xs, ys = vals[1::2], vals[2::2]
+            box = [min(xs), min(ys), max(xs), max(ys)]
+        else:
+            raise SourceError(f"{path}:{n}: expected 'class cx cy w h' (5 values) or a polygon, "
+                              f"got {len(vals)} values")
+        if cls != int(cls) or not 0 <= cls < num_classes:
+            raise SourceError(f"{path}:{n}: class {parts[0]} is not one of the {num_classes} classes in names")
+        boxes.append(box)
+        labels.append(int(cls))
+    return np.array(boxes, np.float64).reshape(-1, 4), np.array(labels, np.int64)
+
+
+def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os.PathLike | None = None,
+              classes_file: str | os.PathLike | None = None) -> ScannedSource:
+    root = Path(root)
+    yaml_path = Path(data_yaml) if data_yaml else root / "data.yaml"
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such directory")
+    if classes_file is None and yaml_path.is_file():
+        cfg = _load_yaml(yaml_path)
+        base = yaml_path.parent / cfg["path"] if cfg.get("path") else yaml_path.parent
+        base = base if base.is_dir() else root
+        if "names" not in cfg:
+            raise SourceError(f"{yaml_path}: no 'names' (the class names)")
+        classes = _names(yaml_path, cfg["names"])
+        if split not in cfg or cfg[split] is None:
+            avail = [k for k in ("train", "val", "test") if cfg.get(k)]
+            raise SourceError(f"{yaml_path}: no split {split!r} (it has: {', '.join(avail) or 'none'})")
+        entries = cfg[split] if isinstance(cfg[split], list) else [cfg[split]]
+        files = [f for e in entries for f in _image_files(str(e), base)]
+    else:
+        cf = Path(classes_file) if classes_file else root / "classes.txt"
+        if not cf.is_file():
+            raise SourceError(f"{root}: no data.yaml and no classes file ({cf}); give one of them")
+        classes = tuple(ln.strip() for ln in cf.read_text(encoding="utf-8").splitlines() if ln.strip())
+        base = root
+        files = _image_files(f"images/{split}", root)
+    if not files:
+        raise SourceError(f"{root}: split {split!r} has no images")
+    records, negatives = [], 0
+    for k, f in enumerate(files):
+        lp = label_path(f)
+        if lp.is_file():
+            boxes, labels = _parse_labels(lp, len(classes))
+        else:
+            boxes, labels = np.zeros((0, 4)), np.zeros(0, np.int64)
+            negatives += 1
+        key = Path(os.path.relpath(f, base)).as_posix()
+        records.append(Record(key=key, path=str(f), target=Target(
+            boxes=boxes, labels=labels, image_id=k, source=str(lp), normalized=True)))
+    warnings = [f"{negatives} images of split {split!r} have no label file and are kept as negatives"] \
+        if negatives else []
+    return ScannedSource(kind="yolo", root=str(base), task="detection", records=records, classes=classes,
+                         warnings=tuple(warnings),
+                         summary={"kind": "yolo", "root": str(base), "split": split, "num_images": len(files),
+                                  "images_without_labels": negatives})
