@@ -15,6 +15,11 @@ _LAZY = {
     "collate": ("dsc.runtime", "collate"),
     "compile_imagefolder": ("dsc.compiler", "compile_imagefolder"),
     "compile_dataset": ("dsc.compiler", "compile_dataset"),
+    "compile_coco": ("dsc.compiler", "compile_coco"),
+    "compile_yolo": ("dsc.compiler", "compile_yolo"),
+    "compile_voc": ("dsc.compiler", "compile_voc"),
+    "preview": ("dsc.runtime.preview", "preview"),
+    "boxes_to_original": ("dsc.formats.coords", "invert_affine"),
     "CompileOptions": ("dsc.compiler", "CompileOptions"),
     "environment": ("dsc.env", "environment"),
 }

@@ -115,11 +115,19 @@ def _describe_image(m) -> str:
     return f"ragged (h, w, {im.channels}) uint8 ({im.mode}), {cap}"
 
 
+def _describe_objects(m) -> str:
+    o = m.objects
+    return (f"{o['num_boxes']:,} boxes ({o['dropped_boxes']} dropped by the resize), "
+            f"{o['images_without_boxes']} images without boxes")
+
+
 def _report(report) -> None:
     m = report.manifest
     click.echo(f"compiled {m.num_samples} images into {report.path} ({_describe_image(m)}; "
                f"{len(m.shards)} shards, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
                f"{report.images_per_second:,.0f} img/s")
+    if m.objects is not None:
+        click.echo(f"objects: {_describe_objects(m)}")
     if report.skipped:
         click.echo(f"skipped {len(report.skipped)} bad inputs (all recorded in the manifest; "
                    f"list them with `dsc info {report.path} --skipped`):", err=True)
@@ -140,6 +148,25 @@ def compile_group():
     """Compile a dataset: decode every image once into Zarr v3 shards at OUT."""
 
 
+def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
+    """Shared by every ``dsc compile <source>``: validate options, refuse an existing OUT before a long
+    scan, print the source's warnings, compile, report."""
+    from .compiler import check_output, compile_dataset, drop_empty as drop
+
+    options = _options_from(kw)
+    check_output(out, options.overwrite)
+    scanned = scan()
+    if drop_empty:
+        scanned = drop(scanned)
+    for w in scanned.warnings:
+        click.echo(f"warning: {w}", err=True)
+    _report(compile_dataset(scanned, out, options))
+
+
+drop_empty_option = click.option("--drop-empty", is_flag=True,
+                                 help="Leave out images without boxes (kept as negatives by default).")
+
+
 @compile_group.command(name="imagefolder")
 @click.argument("src", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("out", type=click.Path(path_type=Path))
@@ -150,14 +177,75 @@ def compile_imagefolder_cmd(src: Path, out: Path, **kw):
     Classes are the sorted sub-folder names; images are the files with an image extension
     (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). Hidden entries are ignored.
     """
-    from .compiler import check_output, compile_dataset, scan_imagefolder
+    from .compiler import scan_imagefolder
 
-    options = _options_from(kw)
-    check_output(out, options.overwrite)
-    scanned = scan_imagefolder(src)
-    for w in scanned.warnings:
-        click.echo(f"warning: {w}", err=True)
-    _report(compile_dataset(scanned, out, options))
+    _compile(out, kw, lambda: scan_imagefolder(src))
+
+
+@compile_group.command(name="coco")
+@click.option("--annotations", required=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="COCO instances JSON (images, annotations, categories).")
+@click.option("--images", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Folder the JSON's file_name entries are relative to.")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--keep-category-ids", is_flag=True,
+              help="Store COCO's original category ids as labels (default: contiguous 0..C-1).")
+@drop_empty_option
+@compile_options
+def compile_coco_cmd(annotations: Path, images: Path, out: Path, keep_category_ids: bool, drop_empty: bool, **kw):
+    """Compile a COCO detection set: boxes follow every resize and EXIF rotation."""
+    from .compiler import scan_coco
+
+    _compile(out, kw, lambda: scan_coco(annotations, images, keep_category_ids), drop_empty)
+
+
+@compile_group.command(name="yolo")
+@click.argument("root", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--split", default="train", show_default=True, help="Split key of data.yaml (train, val, test).")
+@click.option("--data", "data_yaml", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="data.yaml (default: ROOT/data.yaml).")
+@click.option("--classes-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Class names, one a line, instead of data.yaml (images in ROOT/images/SPLIT).")
+@drop_empty_option
+@compile_options
+def compile_yolo_cmd(root: Path, out: Path, split: str, data_yaml, classes_file, drop_empty: bool, **kw):
+    """Compile a YOLO dataset (data.yaml + images/ + labels/, Ultralytics layout)."""
+    from .compiler import scan_yolo
+
+    _compile(out, kw, lambda: scan_yolo(root, split, data_yaml, classes_file), drop_empty)
+
+
+@compile_group.command(name="voc")
+@click.argument("root", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--split", default="trainval", show_default=True, help="ImageSets/Main/<split>.txt.")
+@click.option("--classes", default=None, help="Comma-separated class list (default: the sorted names found).")
+@drop_empty_option
+@compile_options
+def compile_voc_cmd(root: Path, out: Path, split: str, classes: str | None, drop_empty: bool, **kw):
+    """Compile a Pascal VOC split (Annotations/, JPEGImages/, ImageSets/Main/)."""
+    from .compiler import scan_voc
+
+    names = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
+    _compile(out, kw, lambda: scan_voc(root, split, names), drop_empty)
+
+
+@main.command(name="preview")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("preview.png"),
+              show_default=True, help="PNG to write.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True, help="Number of samples.")
+@click.option("--cols", type=click.IntRange(min=1), default=None, help="Grid columns (default: square).")
+@click.option("--cell", type=click.IntRange(min=16), default=256, show_default=True, help="Cell size in pixels.")
+@click.option("--seed", type=int, default=None, help="Draw a random sample with this seed (default: the first N).")
+def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
+    """Draw a grid of samples with boxes and class names (detection) or class names (classification)."""
+    from .runtime import open as open_dataset
+    from .runtime.preview import preview
+
+    path = preview(open_dataset(dataset), output, n=n, cols=cols, cell=cell, seed=seed)
+    click.echo(f"wrote {path}")
 
 
 @main.command()
@@ -204,6 +292,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         ("image", _describe_image(m)),
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
+        *([("objects", _describe_objects(m))] if m.objects is not None else []),
         ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k != "options")),
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"

@@ -48,3 +48,119 @@ def write_imagefolder(root: str | os.PathLike, num_classes: int = 4, per_class: 
             make_scene(rng, h, w).save(p, fmt, **({"quality": quality} if fmt == "JPEG" else {}))
             paths.append(p)
     return paths
+
+
+# ----------------------------------------------------------------------------- detection scenes
+DET_CATEGORIES = [(3, "cat"), (7, "dog"), (12, "bird")]  # non-contiguous ids, like COCO's
+BACKGROUND = (90, 90, 90)
+_COLORS = [(220, 40, 40), (40, 200, 60), (40, 80, 230), (240, 200, 30), (200, 40, 220), (30, 210, 210)]
+# PIL transpose that turns the displayed image into the stored raw pixels for each EXIF orientation
+_TO_RAW = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+           8: Image.Transpose.ROTATE_270}
+
+
+def _raw_box(box, disp_size, orientation):
+    """The box's frame in the raw pixels, found by transposing a mask (independent of dsc's formulas)."""
+    if orientation == 1:
+        return list(box)
+    mask = Image.new("L", disp_size, 0)
+    ImageDraw.Draw(mask).rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=255)
+    return list(mask.transpose(_TO_RAW[orientation]).getbbox())
+
+
+def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160)) -> list[dict]:
+    """Scene specs: flat background, non-overlapping solid rectangles exactly at integer boxes (xyxy,
+    displayed frame), various sizes and EXIF orientations, some crowd boxes, some images without boxes."""
+    rng = np.random.default_rng(seed)
+    scenes = []
+    for k in range(n):
+        w, h = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, 2))
+        boxes, labels, colors = [], [], []
+        if k % 5 != 4:  # every fifth image is a negative
+            for _ in range(int(rng.integers(1, 5))):
+                bw, bh = int(rng.integers(12, max(13, w // 2))), int(rng.integers(12, max(13, h // 2)))
+                x0, y0 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+                b = [x0, y0, x0 + bw, y0 + bh]
+                if all(b[2] + 3 <= o[0] or o[2] + 3 <= b[0] or b[3] + 3 <= o[1] or o[3] + 3 <= b[1] for o in boxes):
+                    boxes.append(b)
+                    labels.append(int(rng.integers(0, len(DET_CATEGORIES))))
+                    colors.append(_COLORS[len(colors) % len(_COLORS)])
+        orientation = [1, 6, 3, 8, 1, 5, 2, 1, 7, 4][k % 10]
+        scenes.append({"file": f"scene_{k:03d}.png", "width": w, "height": h, "boxes": boxes, "labels": labels,
+                       "colors": colors, "orientation": orientation, "iscrowd": [int(j == 1) for j in range(len(boxes))],
+                       # COCO files sometimes give the raw (un-rotated) size: then boxes are in the raw frame
+                       "raw_frame": orientation in (6, 8) and k % 3 == 0})
+    return scenes
+
+
+def _write_scene_image(scene: dict, path: Path) -> None:
+    im = Image.new("RGB", (scene["width"], scene["height"]), BACKGROUND)
+    draw = ImageDraw.Draw(im)
+    for b, c in zip(scene["boxes"], scene["colors"]):
+        draw.rectangle([b[0], b[1], b[2] - 1, b[3] - 1], fill=c)  # PIL's rectangle includes x1: cover [x0, x1)
+    o = scene["orientation"]
+    exif = Image.Exif()
+    if o != 1:
+        im = im.transpose(_TO_RAW[o])
+        exif[0x0112] = o
+    path.parent.mkdir(parents=True, exist_ok=True)
+    im.save(path, "PNG", exif=exif)
+
+
+def write_coco(root: str | os.PathLike, scenes: list[dict]) -> tuple[Path, Path]:
+    """images/ + annotations.json; returns (annotations, images folder)."""
+    import json
+
+    root = Path(root)
+    images, anns = [], []
+    for iid, s in enumerate(scenes, start=100):
+        _write_scene_image(s, root / "images" / s["file"])
+        w, h = s["width"], s["height"]
+        size = (h, w) if s["raw_frame"] else (w, h)  # raw size of a 90-degree orientation swaps the sides
+        images.append({"id": iid, "file_name": s["file"], "width": size[0], "height": size[1]})
+        for b, lab, crowd in zip(s["boxes"], s["labels"], s["iscrowd"]):
+            x0, y0, x1, y1 = _raw_box(b, (w, h), s["orientation"]) if s["raw_frame"] else b
+            anns.append({"id": len(anns) + 1, "image_id": iid, "category_id": DET_CATEGORIES[lab][0],
+                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": float((x1 - x0) * (y1 - y0)), "iscrowd": crowd})
+    ann_path = root / "annotations.json"
+    ann_path.write_text(json.dumps({"images": images, "annotations": anns,
+                                    "categories": [{"id": i, "name": n} for i, n in DET_CATEGORIES]}))
+    return ann_path, root / "images"
+
+
+def write_yolo(root: str | os.PathLike, scenes: list[dict], split: str = "train") -> Path:
+    root = Path(root)
+    for s in scenes:
+        _write_scene_image(s, root / "images" / split / s["file"])
+        lines = []
+        for b, lab in zip(s["boxes"], s["labels"]):
+            w, h = s["width"], s["height"]
+            lines.append(f"{lab} {(b[0] + b[2]) / 2 / w:.8f} {(b[1] + b[3]) / 2 / h:.8f} "
+                         f"{(b[2] - b[0]) / w:.8f} {(b[3] - b[1]) / h:.8f}")
+        if lines or s["file"] != scenes[-1]["file"]:  # the last negative has no label file at all
+            (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+            (root / "labels" / split / (Path(s["file"]).stem + ".txt")).write_text("\n".join(lines) + "\n")
+    names = "\n".join(f"  {k}: {n}" for k, (_, n) in enumerate(DET_CATEGORIES))
+    (root / "data.yaml").write_text(f"path: .\n{split}: images/{split}\nnames:\n{names}\n")
+    return root
+
+
+def write_voc(root: str | os.PathLike, scenes: list[dict], split: str = "trainval") -> Path:
+    root = Path(root)
+    ids = []
+    (root / "Annotations").mkdir(parents=True, exist_ok=True)
+    for s in scenes:
+        iid = Path(s["file"]).stem
+        ids.append(iid)
+        _write_scene_image(s, root / "JPEGImages" / s["file"])
+        objs = "".join(
+            f"<object><name>{DET_CATEGORIES[lab][1]}</name><difficult>{int(k == 0)}</difficult><truncated>0</truncated>"
+            f"<bndbox><xmin>{b[0] + 1}</xmin><ymin>{b[1] + 1}</ymin><xmax>{b[2]}</xmax><ymax>{b[3]}</ymax></bndbox>"
+            f"</object>" for k, (b, lab) in enumerate(zip(s["boxes"], s["labels"])))
+        (root / "Annotations" / f"{iid}.xml").write_text(
+            f"<annotation><filename>{s['file']}</filename><size><width>{s['width']}</width>"
+            f"<height>{s['height']}</height><depth>3</depth></size>{objs}</annotation>")
+    (root / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
+    (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    return root

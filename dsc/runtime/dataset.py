@@ -18,7 +18,9 @@ import torch
 from ..errors import CorruptDatasetError
 from ..formats import Manifest
 from ..formats import layout as L
+from ..formats.coords import invert_affine
 from ..formats.zarr_v3 import check_file_size, node_dir, read_plain_array, read_string_array
+from .objects import BOX_FORMS, gather_rows, packed_to_list, packed_to_padded
 
 
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
@@ -61,10 +63,21 @@ def collate(batch):
     return torch.utils.data.default_collate(batch)
 
 
-class Dataset(torch.utils.data.Dataset):
-    """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}``."""
+IMAGE_FORMS = ("packed", "padded")
 
-    def __init__(self, path: str | os.PathLike):
+
+class Dataset(torch.utils.data.Dataset):
+    """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification)
+    or ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
+    (detection). ``boxes`` picks the detection batch form (packed | padded | list) and ``images`` how
+    ragged images batch (packed bytes + shapes, or padded to the batch's largest + true sizes)."""
+
+    def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed"):
+        if boxes not in BOX_FORMS:
+            raise ValueError(f"boxes must be one of {BOX_FORMS}, got {boxes!r}")
+        if images not in IMAGE_FORMS:
+            raise ValueError(f"images must be one of {IMAGE_FORMS}, got {images!r}")
+        self.box_form, self.image_form = boxes, images
         self.path = Path(path)
         self.manifest: Manifest = L.read_manifest(self.path)
         m = self.manifest
@@ -87,8 +100,24 @@ class Dataset(torch.utils.data.Dataset):
                 raise CorruptDatasetError(f"{self.path}: image/offsets disagree with the shard sizes in the "
                                           f"manifest; the dataset is damaged. Recompile it")
             self._shard_starts = starts
+        self._objects: dict[str, torch.Tensor] = {}
+        if m.task == "detection":
+            self._load_objects()
         self._maps: list[torch.Tensor | None] = [None] * len(m.shards)
         self._keys: list[str] | None = None
+
+    def _load_objects(self) -> None:
+        n, obj = self._n, self.manifest.objects
+        M = int(obj["num_boxes"])
+        self._box_offsets = self._index_array(L.OBJ_OFFSETS, (n + 1,))
+        if self._box_offsets[0] != 0 or self._box_offsets[-1] != M or np.any(np.diff(self._box_offsets) < 0):
+            raise CorruptDatasetError(f"{self.path}/objects/offsets is not a valid box-offset index for {M} boxes")
+        self._objects = {"boxes": torch.from_numpy(self._index_array(L.OBJ_BOXES, (M, 4))),
+                         "labels": torch.from_numpy(self._index_array(L.OBJ_LABELS, (M,)))}
+        for name in obj.get("attributes", {}):
+            self._objects[name] = torch.from_numpy(self._index_array(f"{L.OBJECTS}/{name}", (M,)))
+        self._image_ids = torch.from_numpy(self._index_array(L.IMAGE_ID, (n,)))
+        self._orig = torch.from_numpy(self._index_array(L.ORIG_SIZE, (n, 2)))
 
     def _index_array(self, rel: str, shape: tuple) -> np.ndarray:
         arr = read_plain_array(self.path, rel)
@@ -174,7 +203,17 @@ class Dataset(torch.utils.data.Dataset):
         sample = {"image": self._image(i)}
         if self.labels is not None:
             sample["label"] = int(self.labels[i])
+        if self._objects:
+            a, b = int(self._box_offsets[i]), int(self._box_offsets[i + 1])
+            sample.update({name: col[a:b] for name, col in self._objects.items()})
+            sample["image_id"] = int(self._image_ids[i])
+            sample["orig_size"] = tuple(self._orig[i].tolist())
         return sample
+
+    def to_original(self, i: int, boxes) -> np.ndarray:
+        """Map xyxy boxes in sample ``i``'s stored pixels (e.g. predictions) to its source image's pixels
+        (EXIF orientation applied)."""
+        return invert_affine(np.asarray(boxes, np.float64), self.affine[i])
 
     # --------------------------------------------------------------------------- batches
     def gather_images(self, idx: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -206,19 +245,55 @@ class Dataset(torch.utils.data.Dataset):
             flat[offsets[k]:offsets[k + 1]].copy_(self._shard(s)[a:a + int(sizes[k])])
         return flat, torch.from_numpy(offsets), torch.from_numpy(self._shapes[idx].copy())
 
-    def get_batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Batched fields for ``indices``, in that order. Fixed: ``image`` (B, H, W, C) uint8.
-        Ragged (packed): ``image`` flat uint8, ``image_offsets`` (B+1,), ``image_shapes`` (B, 3).
-        Classification adds ``label`` (B,) int64. ``index`` is always there."""
+    def pad_images(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ragged layout: (B, max_h, max_w, C) zero-padded at the bottom/right, and (B, 2) true (h, w)."""
+        shapes = self._shapes[idx]
+        out = torch.zeros((len(idx), int(shapes[:, 0].max()), int(shapes[:, 1].max()), int(shapes[0, 2])),
+                          dtype=torch.uint8)
+        for k, i in enumerate(idx.tolist()):
+            h, w, _ = shapes[k]
+            out[k, :h, :w] = self._image(i)
+        return out, torch.from_numpy(shapes[:, :2].astype(np.int64))
+
+    def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None
+                  ) -> dict[str, torch.Tensor]:
+        """Batched fields for ``indices``, in that order.
+
+        Images: fixed -> ``image`` (B, H, W, C) uint8. Ragged, ``images="packed"`` -> ``image`` flat uint8,
+        ``image_offsets`` (B+1,), ``image_shapes`` (B, 3); ``images="padded"`` -> ``image``
+        (B, max_h, max_w, C) and ``image_sizes`` (B, 2). Classification adds ``label`` (B,).
+        Detection adds ``image_id`` (B,), ``orig_size`` (B, 2) and the objects in the chosen form:
+        ``packed`` -> ``boxes`` (M, 4), ``labels`` (M,), attributes (M,), ``box_offsets`` (B+1,);
+        ``padded`` -> (B, max_k, ...) columns + ``box_mask`` + ``box_counts``; ``list`` -> ``targets``.
+        ``index`` (B,) is always there."""
         idx = self._check_indices(indices)
         t_idx = torch.from_numpy(idx)
         if self._fixed:
             batch = {"image": self.gather_images(idx)}
+        elif (images or self.image_form) == "padded":
+            img, sizes = self.pad_images(idx)
+            batch = {"image": img, "image_sizes": sizes}
         else:
             flat, offsets, shapes = self.pack_images(idx)
             batch = {"image": flat, "image_offsets": offsets, "image_shapes": shapes}
         if self.labels is not None:
             batch["label"] = self.labels[t_idx]
+        if self._objects:
+            batch["image_id"] = self._image_ids[t_idx]
+            batch["orig_size"] = self._orig[t_idx]
+            rows, box_offsets = gather_rows(self._box_offsets, idx)
+            cols = {name: col[rows] for name, col in self._objects.items()}
+            form = boxes or self.box_form
+            if form == "packed":
+                batch.update(cols)
+                batch["box_offsets"] = box_offsets
+            elif form == "padded":
+                batch.update(packed_to_padded(box_offsets, cols))
+            else:
+                targets = packed_to_list(box_offsets, cols)
+                for t, iid in zip(targets, batch["image_id"].tolist()):
+                    t["image_id"] = iid
+                batch["targets"] = targets
         batch["index"] = t_idx
         return batch
 
@@ -226,21 +301,37 @@ class Dataset(torch.utils.data.Dataset):
         """Batched fetch (torch's DataLoader calls it): one gather, then per-sample views of it."""
         fields = self.get_batch(indices)
         labels = fields["label"].tolist() if "label" in fields else None
+        if self._objects:
+            box_offsets = fields.get("box_offsets")
+            if box_offsets is None:  # padded / list forms: per-sample views come from a packed gather
+                rows, box_offsets = gather_rows(self._box_offsets, fields["index"].numpy())
+                cols = {name: col[rows] for name, col in self._objects.items()}
+            else:
+                cols = {name: fields[name] for name in self._objects}
+            targets = packed_to_list(box_offsets, cols)
         samples = []
         for k in range(len(fields["index"])):
             if self._fixed:
                 image = fields["image"][k]
-            else:
+            elif "image_offsets" in fields:
                 o = fields["image_offsets"]
                 image = fields["image"][o[k]:o[k + 1]].view(*fields["image_shapes"][k].tolist())
+            else:
+                h, w = fields["image_sizes"][k].tolist()
+                image = fields["image"][k, :h, :w]
             sample = {"image": image}
             if labels is not None:
                 sample["label"] = labels[k]
+            if self._objects:
+                sample.update(targets[k])
+                sample["image_id"] = int(fields["image_id"][k])
+                sample["orig_size"] = tuple(fields["orig_size"][k].tolist())
             samples.append(sample)
         return SampleBatch(samples, fields)
 
 
-def open(path: str | os.PathLike) -> Dataset:  # noqa: A001 - the public name is dsc.open
-    """Open a compiled dataset. Raises DatasetNotFoundError, FormatVersionError or CorruptDatasetError
-    with the path and the fix when the directory is not a complete, readable dsc dataset."""
-    return Dataset(path)
+def open(path: str | os.PathLike, boxes: str = "packed", images: str = "packed") -> Dataset:  # noqa: A001
+    """Open a compiled dataset (the public name is ``dsc.open``). Raises DatasetNotFoundError,
+    FormatVersionError or CorruptDatasetError with the path and the fix when the directory is not a
+    complete, readable dsc dataset. ``boxes`` / ``images``: batch forms, see :class:`Dataset`."""
+    return Dataset(path, boxes=boxes, images=images)

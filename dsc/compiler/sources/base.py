@@ -1,7 +1,7 @@
 """The interface every source shares: scan the input into an ordered list of records."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -54,3 +54,10 @@ class ScannedSource:
     invalid: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
+
+
+def drop_empty(scanned: ScannedSource) -> ScannedSource:
+    """Leave out detection records without any box (by default they are kept as negatives)."""
+    records = [r for r in scanned.records if r.target is None or len(r.target.boxes)]
+    return replace(scanned, records=records,
+                   summary={**scanned.summary, "dropped_empty_images": len(scanned.records) - len(records)})

@@ -44,7 +44,7 @@ def _int(path, what, obj, key):
     return v
 
 
-def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_empty: bool = True,
+def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
               keep_category_ids: bool = False) -> ScannedSource:
     ann_path, img_dir = Path(annotations), Path(images)
     if not img_dir.is_dir():
@@ -99,13 +99,10 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_em
         per_image[iid].append((bbox, label_of[cid], int(bool(a.get("iscrowd", 0))),
                                float(area) if isinstance(area, (int, float)) else math.nan))
 
-    records, dropped_empty = [], 0
+    records = []
     for iid in order:
         name, size = images[iid]
         anns = per_image[iid]
-        if not anns and not keep_empty:
-            dropped_empty += 1
-            continue
         b = np.array([a[0] for a in anns], np.float64).reshape(-1, 4)
         b[:, 2:] += b[:, :2]  # xywh -> xyxy
         target = Target(boxes=b, labels=np.array([a[1] for a in anns], np.int64), image_id=iid,
@@ -126,5 +123,5 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_em
         category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
         summary={"kind": "coco", "annotations": str(ann_path), "images": str(img_dir),
                  "num_images": len(order), "num_annotations": len(data["annotations"]),
-                 "dropped_empty_images": dropped_empty, "unlisted_image_files": unlisted,
+                 "unlisted_image_files": unlisted,
                  "labels": "category_ids" if keep_category_ids else "contiguous"})

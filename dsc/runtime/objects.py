@@ -1,0 +1,67 @@
+"""Detection batches: the box-offset index, and the three batch forms users choose between.
+
+``packed`` (default): all boxes of the batch back to back, ``box_offsets`` (B+1,): image b owns rows
+``box_offsets[b]:box_offsets[b+1]``. No padding, one tensor per column, one host-to-device copy.
+``padded``: (B, max_k, ...) with ``box_mask`` and ``box_counts``; labels padded with -1.
+``list``: torchvision-style list of per-image target dicts (views of the packed tensors).
+All conversions are batched tensor ops with no Python loop per box.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+BOX_FORMS = ("packed", "padded", "list")
+PACKED_KEYS = ("boxes", "labels")  # plus the dataset's attribute columns
+
+
+def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row numbers of samples ``idx`` in the box columns, and the batch's (B+1,) box offsets."""
+    starts, counts = offsets[idx], offsets[idx + 1] - offsets[idx]
+    box_offsets = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(counts, out=box_offsets[1:])
+    rows = np.arange(box_offsets[-1], dtype=np.int64) - np.repeat(box_offsets[:-1] - starts, counts)
+    return torch.from_numpy(rows), torch.from_numpy(box_offsets)
+
+
+def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{name: (M, ...)} packed columns -> {name: (B, max_k, ...)} + ``box_mask`` (B, max_k) + ``box_counts``."""
+    counts = box_offsets[1:] - box_offsets[:-1]
+    B = len(counts)
+    K = int(counts.max()) if B else 0
+    sample = torch.repeat_interleave(torch.arange(B), counts)
+    slot = torch.arange(int(box_offsets[-1])) - box_offsets[:-1][sample]
+    out = {}
+    for name, col in columns.items():
+        fill = -1 if name == "labels" else 0
+        padded = torch.full((B, K, *col.shape[1:]), fill, dtype=col.dtype)
+        padded[sample, slot] = col
+        out[name] = padded
+    mask = torch.zeros((B, K), dtype=torch.bool)
+    mask[sample, slot] = True
+    out["box_mask"] = mask
+    out["box_counts"] = counts
+    return out
+
+
+def padded_to_packed(padded: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Inverse of :func:`packed_to_padded`: (box_offsets, {name: (M, ...)})."""
+    mask, counts = padded["box_mask"], padded["box_counts"]
+    box_offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=box_offsets[1:])
+    return box_offsets, {k: v[mask] for k, v in padded.items() if k not in ("box_mask", "box_counts")}
+
+
+def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Per-image target dicts whose tensors are views of the packed columns (torchvision's form)."""
+    o = box_offsets.tolist()
+    return [{name: col[o[b]:o[b + 1]] for name, col in columns.items()} for b in range(len(o) - 1)]
+
+
+def list_to_packed(targets: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    counts = torch.tensor([len(t["boxes"]) for t in targets], dtype=torch.int64)
+    box_offsets = torch.zeros(len(targets) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=box_offsets[1:])
+    names = [k for k in targets[0] if isinstance(targets[0][k], torch.Tensor) and targets[0][k].dim() > 0] \
+        if targets else []
+    return box_offsets, {k: torch.cat([t[k] for t in targets]) for k in names}

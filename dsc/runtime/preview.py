@@ -1,0 +1,70 @@
+"""``dsc preview``: a PNG grid of samples with their boxes and class names drawn (PIL ImageDraw).
+
+Each cell is ``cell`` x ``cell`` pixels plus a caption band; the sample is scaled to fit the cell
+(aspect kept) and drawn at the cell's top-left corner. Detection: every box is outlined in its class
+colour with the class name above it. Classification: the class name is written under the image.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CAPTION = 14
+PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
+           (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
+           (170, 110, 40), (255, 250, 200), (128, 0, 0), (170, 255, 195), (128, 128, 0), (255, 215, 180),
+           (0, 0, 128), (128, 128, 128)]
+
+
+def class_color(label: int) -> tuple[int, int, int]:
+    return PALETTE[label % len(PALETTE)]
+
+
+def grid_shape(n: int, cols: int | None = None) -> tuple[int, int]:
+    cols = cols or max(1, math.ceil(math.sqrt(n)))
+    return math.ceil(n / cols), cols
+
+
+def cell_origin(k: int, cols: int, cell: int) -> tuple[int, int]:
+    """(x, y) of the top-left pixel of cell k."""
+    return (k % cols) * cell, (k // cols) * (cell + CAPTION)
+
+
+def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, cell: int = 256,
+            indices=None, seed: int | None = None) -> Path:
+    """Write a grid of ``n`` samples (the first ones, ``indices``, or a random draw with ``seed``)."""
+    if indices is None:
+        n = min(n, len(ds))
+        indices = (np.random.default_rng(seed).choice(len(ds), n, replace=False) if seed is not None
+                   else np.arange(n))
+    indices = [int(i) for i in indices]
+    rows, cols = grid_shape(len(indices), cols)
+    canvas = Image.new("RGB", (cols * cell, rows * (cell + CAPTION)), (24, 24, 24))
+    draw = ImageDraw.Draw(canvas)
+    classes = ds.classes
+    name = lambda c: classes[c] if 0 <= c < len(classes) and classes[c] else str(c)  # noqa: E731
+    for k, i in enumerate(indices):
+        s = ds[i]
+        img = s["image"].numpy()
+        im = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).convert("RGB")
+        scale = min(cell / im.width, cell / im.height)
+        size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
+        ox, oy = cell_origin(k, cols, cell)
+        canvas.paste(im.resize(size, Image.Resampling.BILINEAR), (ox, oy))
+        if "boxes" in s:
+            for box, label in zip(s["boxes"].tolist(), s["labels"].tolist()):
+                x0, y0, x1, y1 = (ox + box[0] * scale, oy + box[1] * scale, ox + box[2] * scale, oy + box[3] * scale)
+                draw.rectangle([x0, y0, x1, y1], outline=class_color(label), width=2)
+                draw.text((x0 + 2, max(oy, y0 - 11)), name(label), fill=class_color(label))
+            caption = f"#{i} {len(s['boxes'])} boxes"
+        else:
+            caption = name(s["label"]) if "label" in s else f"#{i}"
+        draw.text((ox + 2, oy + cell + 1), caption, fill=(255, 255, 255))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(out, "PNG")
+    return out
