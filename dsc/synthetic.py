@@ -90,7 +90,7 @@ def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160)) -> list[d
         scenes.append({"file": f"scene_{k:03d}.png", "width": w, "height": h, "boxes": boxes, "labels": labels,
                        "colors": colors, "orientation": orientation, "iscrowd": [int(j == 1) for j in range(len(boxes))],
                        # COCO files sometimes give the raw (un-rotated) size: then boxes are in the raw frame
-                       "raw_frame": orientation in (6, 8) and k % 3 == 0})
+                       "raw_frame": orientation in (5, 6, 7, 8) and k < 10})
     return scenes
 
 
