@@ -69,7 +69,7 @@ def _raw_box(box, disp_size, orientation):
     return list(mask.transpose(_TO_RAW[orientation]).getbbox())
 
 
-def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160)) -> list[dict]:
+def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160), ext: str = ".png") -> list[dict]:
     """Scene specs: flat background, non-overlapping solid rectangles exactly at integer boxes (xyxy,
     displayed frame), various sizes and EXIF orientations, some crowd boxes, some images without boxes."""
     rng = np.random.default_rng(seed)
@@ -87,7 +87,7 @@ def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160)) -> list[d
                     labels.append(int(rng.integers(0, len(DET_CATEGORIES))))
                     colors.append(_COLORS[len(colors) % len(_COLORS)])
         orientation = [1, 6, 3, 8, 1, 5, 2, 1, 7, 4][k % 10]
-        scenes.append({"file": f"scene_{k:03d}.png", "width": w, "height": h, "boxes": boxes, "labels": labels,
+        scenes.append({"file": f"scene_{k:03d}{ext}", "width": w, "height": h, "boxes": boxes, "labels": labels,
                        "colors": colors, "orientation": orientation, "iscrowd": [int(j == 1) for j in range(len(boxes))],
                        # COCO files sometimes give the raw (un-rotated) size: then boxes are in the raw frame
                        "raw_frame": orientation in (5, 6, 7, 8) and k < 10})
@@ -95,7 +95,12 @@ def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160)) -> list[d
 
 
 def _write_scene_image(scene: dict, path: Path) -> None:
-    im = Image.new("RGB", (scene["width"], scene["height"]), BACKGROUND)
+    """PNG (lossless, for exact tests) or, by the file's extension, JPEG with noise (realistic sizes)."""
+    jpeg = path.suffix.lower() in (".jpg", ".jpeg")
+    if jpeg:
+        im = make_scene(np.random.default_rng(scene["width"] * 7919 + scene["height"]), scene["height"], scene["width"])
+    else:
+        im = Image.new("RGB", (scene["width"], scene["height"]), BACKGROUND)
     draw = ImageDraw.Draw(im)
     for b, c in zip(scene["boxes"], scene["colors"]):
         draw.rectangle([b[0], b[1], b[2] - 1, b[3] - 1], fill=c)  # PIL's rectangle includes x1: cover [x0, x1)
@@ -105,7 +110,7 @@ def _write_scene_image(scene: dict, path: Path) -> None:
         im = im.transpose(_TO_RAW[o])
         exif[0x0112] = o
     path.parent.mkdir(parents=True, exist_ok=True)
-    im.save(path, "PNG", exif=exif)
+    im.save(path, "JPEG" if jpeg else "PNG", exif=exif, **({"quality": 90} if jpeg else {}))
 
 
 def write_coco(root: str | os.PathLike, scenes: list[dict]) -> tuple[Path, Path]:
