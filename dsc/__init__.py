@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "open": ("dsc.runtime", "open"),
     "Dataset": ("dsc.runtime", "Dataset"),
+    "Loader": ("dsc.runtime", "Loader"),
     "SampleBatch": ("dsc.runtime", "SampleBatch"),
     "collate": ("dsc.runtime", "collate"),
     "compile_imagefolder": ("dsc.compiler", "compile_imagefolder"),

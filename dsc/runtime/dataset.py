@@ -10,7 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -64,6 +64,11 @@ def collate(batch):
 
 
 IMAGE_FORMS = ("packed", "padded")
+Allocator = Callable[[str, tuple, torch.dtype], torch.Tensor]
+
+
+def _empty(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -177,6 +182,21 @@ class Dataset(torch.utils.data.Dataset):
             self._maps[s] = t
         return t
 
+    def load_to_ram(self, progress: bool = True) -> None:
+        """Read every shard into process memory (``cache="ram"``): no page-cache eviction or page faults
+        during training, at the cost of the dataset's size in RAM per process."""
+        from tqdm import tqdm
+
+        m = self.manifest
+        with tqdm(total=sum(s.nbytes for s in m.shards), unit="B", unit_scale=True, desc="load to RAM",
+                  disable=not progress) as bar:
+            for s, spec in enumerate(m.shards):
+                mapped = self._shard(s)
+                buf = torch.empty_like(mapped)
+                buf.copy_(mapped)
+                self._maps[s] = buf
+                bar.update(spec.nbytes)
+
     def __getstate__(self):  # DataLoader workers started by spawn re-map shards lazily
         state = self.__dict__.copy()
         state["_maps"] = [None] * len(self._maps)
@@ -217,46 +237,58 @@ class Dataset(torch.utils.data.Dataset):
 
     # --------------------------------------------------------------------------- batches
     def gather_images(self, idx: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Fixed layout: copy images ``idx`` into ``out`` (B, H, W, C) with one ``index_select`` per run
-        of consecutive indices that share a shard (sort the indices to make every shard one run)."""
+        """Fixed layout: copy images ``idx`` into ``out`` (B, H, W, C) with one gather per run of
+        consecutive indices that share a shard (sort the indices to make every shard one run).
+
+        The gather is ``numpy.take(mode="clip")`` rather than ``torch.index_select``: it releases the GIL
+        and never enters torch's OpenMP pool, so loader threads scale (measured on 2 cores: 18 GB/s per
+        thread, where index_select from a second thread fell to 3 GB/s while the main thread's OpenMP
+        workers spun). ``mode="clip"`` also skips numpy's bounds-checked buffered path; the indices were
+        validated already."""
         im = self.manifest.image
         if out is None:
             out = torch.empty((len(idx), im.height, im.width, im.channels), dtype=torch.uint8)
+        dst = out.numpy()
         shard_of = idx // self._K
-        local = torch.from_numpy(idx - shard_of * self._K)
+        local = idx - shard_of * self._K
         cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
         for a, b in zip(cuts[:-1], cuts[1:]):
-            src = self._shard(int(shard_of[a]))
-            if b - a == 1:
-                out[a].copy_(src[int(local[a])])
-            else:
-                torch.index_select(src, 0, local[a:b], out=out[a:b])
+            np.take(self._shard(int(shard_of[a])).numpy(), local[a:b], axis=0, out=dst[a:b], mode="clip")
         return out
 
-    def pack_images(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def pack_images(self, idx: np.ndarray, alloc: Allocator = _empty) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ragged layout: (all bytes back to back, (B+1,) int64 offsets, (B, 3) int32 shapes)."""
         sizes = self._offsets[idx + 1] - self._offsets[idx]
-        offsets = np.zeros(len(idx) + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        flat = torch.empty(int(offsets[-1]), dtype=torch.uint8)
+        offsets = alloc("image_offsets", (len(idx) + 1,), torch.int64)
+        o = offsets.numpy()
+        o[0] = 0
+        np.cumsum(sizes, out=o[1:])
+        flat = alloc("image", (int(o[-1]),), torch.uint8)
+        dst = flat.numpy()
         for k, i in enumerate(idx.tolist()):
             s = i // self._K
             a = int(self._offsets[i] - self._shard_starts[s])
-            flat[offsets[k]:offsets[k + 1]].copy_(self._shard(s)[a:a + int(sizes[k])])
-        return flat, torch.from_numpy(offsets), torch.from_numpy(self._shapes[idx].copy())
+            dst[o[k]:o[k + 1]] = self._shard(s).numpy()[a:a + o[k + 1] - o[k]]
+        shapes = alloc("image_shapes", (len(idx), 3), torch.int32)
+        shapes.numpy()[:] = self._shapes[idx]
+        return flat, offsets, shapes
 
-    def pad_images(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad_images(self, idx: np.ndarray, alloc: Allocator = _empty) -> tuple[torch.Tensor, torch.Tensor]:
         """Ragged layout: (B, max_h, max_w, C) zero-padded at the bottom/right, and (B, 2) true (h, w)."""
         shapes = self._shapes[idx]
-        out = torch.zeros((len(idx), int(shapes[:, 0].max()), int(shapes[:, 1].max()), int(shapes[0, 2])),
-                          dtype=torch.uint8)
+        out = alloc("image", (len(idx), int(shapes[:, 0].max()), int(shapes[:, 1].max()), int(shapes[0, 2])),
+                    torch.uint8)
+        dst = out.numpy()
+        dst[:] = 0
         for k, i in enumerate(idx.tolist()):
             h, w, _ = shapes[k]
-            out[k, :h, :w] = self._image(i)
-        return out, torch.from_numpy(shapes[:, :2].astype(np.int64))
+            dst[k, :h, :w] = self._image(i).numpy()
+        sizes = alloc("image_sizes", (len(idx), 2), torch.int64)
+        sizes.numpy()[:] = shapes[:, :2]
+        return out, sizes
 
-    def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None
-                  ) -> dict[str, torch.Tensor]:
+    def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
+                  alloc: Allocator = _empty) -> dict[str, torch.Tensor]:
         """Batched fields for ``indices``, in that order.
 
         Images: fixed -> ``image`` (B, H, W, C) uint8. Ragged, ``images="packed"`` -> ``image`` flat uint8,
@@ -265,28 +297,33 @@ class Dataset(torch.utils.data.Dataset):
         Detection adds ``image_id`` (B,), ``orig_size`` (B, 2) and the objects in the chosen form:
         ``packed`` -> ``boxes`` (M, 4), ``labels`` (M,), attributes (M,), ``box_offsets`` (B+1,);
         ``padded`` -> (B, max_k, ...) columns + ``box_mask`` + ``box_counts``; ``list`` -> ``targets``.
-        ``index`` (B,) is always there."""
+        ``index`` (B,) is always there. ``alloc(name, shape, dtype)`` provides the output tensors (the
+        Loader passes its ring of reusable, pinned buffers); by default they are new tensors."""
         idx = self._check_indices(indices)
         t_idx = torch.from_numpy(idx)
         if self._fixed:
-            batch = {"image": self.gather_images(idx)}
+            im = self.manifest.image
+            batch = {"image": self.gather_images(idx, alloc("image", (len(idx), im.height, im.width, im.channels),
+                                                            torch.uint8))}
         elif (images or self.image_form) == "padded":
-            img, sizes = self.pad_images(idx)
+            img, sizes = self.pad_images(idx, alloc)
             batch = {"image": img, "image_sizes": sizes}
         else:
-            flat, offsets, shapes = self.pack_images(idx)
+            flat, offsets, shapes = self.pack_images(idx, alloc)
             batch = {"image": flat, "image_offsets": offsets, "image_shapes": shapes}
+        take = lambda name, src, rows: torch.index_select(  # noqa: E731
+            src, 0, rows, out=alloc(name, (len(rows), *src.shape[1:]), src.dtype))
         if self.labels is not None:
-            batch["label"] = self.labels[t_idx]
+            batch["label"] = take("label", self.labels, t_idx)
         if self._objects:
-            batch["image_id"] = self._image_ids[t_idx]
-            batch["orig_size"] = self._orig[t_idx]
+            batch["image_id"] = take("image_id", self._image_ids, t_idx)
+            batch["orig_size"] = take("orig_size", self._orig, t_idx)
             rows, box_offsets = gather_rows(self._box_offsets, idx)
-            cols = {name: col[rows] for name, col in self._objects.items()}
+            cols = {name: take(name, col, rows) for name, col in self._objects.items()}
             form = boxes or self.box_form
             if form == "packed":
                 batch.update(cols)
-                batch["box_offsets"] = box_offsets
+                batch["box_offsets"] = alloc("box_offsets", box_offsets.shape, torch.int64).copy_(box_offsets)
             elif form == "padded":
                 batch.update(packed_to_padded(box_offsets, cols))
             else:
@@ -294,7 +331,7 @@ class Dataset(torch.utils.data.Dataset):
                 for t, iid in zip(targets, batch["image_id"].tolist()):
                     t["image_id"] = iid
                 batch["targets"] = targets
-        batch["index"] = t_idx
+        batch["index"] = alloc("index", t_idx.shape, torch.int64).copy_(t_idx)
         return batch
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:

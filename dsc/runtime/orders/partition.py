@@ -1,0 +1,25 @@
+import numpy as np
+
+TAILS = ("pad", "drop")
+
+
+def partition(order: np.ndarray, rank: int, world_size: int, tail: str = "pad") -> np.ndarray:
+    """Rank ``rank``'s equal-size, contiguous part of the epoch's order.
+
+    Contiguous blocks (not every world_size-th sample) keep a quasi-random order's locality on each rank.
+    ``tail="pad"`` repeats the first samples so every rank gets ceil(N / world_size) (like torch's
+    DistributedSampler: a few samples are seen twice per epoch); ``"drop"`` cuts the last N % world_size
+    samples of the order (none is seen twice; which are dropped changes with the epoch's order).
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if tail not in TAILS:
+        raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
+    n = len(order)
+    if tail == "drop":
+        per = n // world_size
+    else:
+        per = -(-n // world_size)
+        if per * world_size > n:
+            order = np.concatenate([order, np.resize(order, per * world_size - n)])
+    return order[rank * per:(rank + 1) * per]
