@@ -31,3 +31,15 @@ def best_of(fn, repeat: int = 3) -> float:
 def row(name: str, rate: float, unit: str, baseline: float | None = None, extra: str = "") -> str:
     ratio = f"{rate / baseline:8.2f}x" if baseline else " " * 9
     return f"  {name:<44} {rate:>12,.0f} {unit:<6} {ratio}  {extra}"
+
+
+def compiled_224(n_classes: int = 16, per_class: int = 512) -> Path:
+    """A 224x224 fixed-shape dataset of n_classes*per_class samples (1.2 GB for 8192), compiled from small
+    JPEGs so that generating it takes seconds; for reader benchmarks."""
+    import dsc
+
+    out = BENCH_DIR / f"fixed224-{n_classes * per_class}.dsc"
+    if not out.exists():
+        src = scenes(n_classes, per_class, size_range=(48, 96))
+        dsc.compile_imagefolder(src, out, size=224, resize="stretch", progress=False)
+    return out

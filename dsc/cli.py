@@ -231,6 +231,22 @@ def compile_voc_cmd(root: Path, out: Path, split: str, classes: str | None, drop
     _compile(out, kw, lambda: scan_voc(root, split, names), drop_empty)
 
 
+@main.command(name="bench")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--order", type=click.Choice(["sequential", "random", "quasi_random"]), default="random",
+              show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="Loader threads.")
+@click.option("--prefetch", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True, help="Timed epochs (best is kept).")
+def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int):
+    """Loader images/s and GB/s beside the machine's copy limit and a PIL-decoding DataLoader."""
+    from .bench import run_bench
+
+    run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
+              epochs=epochs, echo=click.echo)
+
+
 @main.command(name="preview")
 @click.argument("dataset", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("preview.png"),

@@ -76,3 +76,11 @@ def test_skip_prints_a_summary(scenes_src, tmp_path):
     assert "skipped 1 bad inputs" in r.output and "class_01/broken.jpg" in r.output
     r = run("info", tmp_path / "out", "--skipped")
     assert "class_01/broken.jpg" in r.output
+
+
+def test_bench_prints_ratios(scenes_src, tmp_path):
+    out = tmp_path / "out"
+    dsc.compile_imagefolder(scenes_src, out, size=16, progress=False)
+    r = run("bench", out, "--batch-size", "8", "--epochs", "1")
+    assert r.exit_code == 0, r.output
+    assert "of the copy limit" in r.output and "dsc is" in r.output

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from ..errors import DscError
-from .dataset import Dataset
+from .dataset import IMAGE_FORMS, Dataset
+from .objects import BOX_FORMS
 from .orders import ORDERS, partition
 from .orders.partition import TAILS
 
@@ -93,6 +94,7 @@ class _EpochState:
         self.dataset = loader.dataset
         self.device = loader.device
         self.transforms = loader.transforms
+        self.forms = (loader.boxes, loader.images)
         self.seed, self.epoch = loader.seed, loader.epoch
         if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
             loader._ring = _Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
@@ -135,7 +137,8 @@ def _fill(state: _EpochState) -> None:
             s = j % len(ring.slots)
             if ring.copy_done[s] is not None:
                 ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
-            batch = state.dataset.get_batch(state.batch_indices(j), alloc=ring.allocator(s))
+            batch = state.dataset.get_batch(state.batch_indices(j), boxes=state.forms[0], images=state.forms[1],
+                                            alloc=ring.allocator(s))
             event = None
             if cuda:
                 with torch.cuda.stream(stream):
@@ -243,10 +246,10 @@ class Loader:
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None):
         if not isinstance(dataset, Dataset):
-            dataset = Dataset(dataset, boxes=boxes or "packed", images=images or "packed")
-        elif boxes or images:
-            dataset.box_form = boxes or dataset.box_form
-            dataset.image_form = images or dataset.image_form
+            dataset = Dataset(dataset)
+        if boxes not in (None, *BOX_FORMS) or images not in (None, *IMAGE_FORMS):
+            raise DscError(f"boxes must be one of {BOX_FORMS} and images one of {IMAGE_FORMS}")
+        self.boxes, self.images = boxes, images  # None: the dataset's own default form
         if order not in ORDERS:
             raise DscError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if batch_size < 1 or num_threads < 1 or prefetch < 1:
