@@ -37,9 +37,10 @@ class Normalize:
         if not img.is_floating_point():
             raise DscError("Normalize needs a float image: put T.ToFloat() before it")
         shape = (1, -1, 1, 1)
-        mean = torch.tensor(self.mean, dtype=img.dtype, device=img.device).view(shape)
-        std = torch.tensor(self.std, dtype=img.dtype, device=img.device).view(shape)
-        batch["image"] = img.sub(mean).div_(std)
+        scale = torch.tensor([1 / s for s in self.std], dtype=img.dtype, device=img.device).view(shape)
+        shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], dtype=img.dtype,
+                             device=img.device).view(shape)
+        batch["image"] = torch.addcmul(shift, img, scale)  # one pass: x / std - mean / std
         return batch
 
 

@@ -43,21 +43,25 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
     B, Hm, Wm, C = canvas.shape
     dev = canvas.device
     Md = M.to(dev, torch.float32)
+    w = src_sizes[:, 1].to(dev, torch.float32).view(B, 1, 1)
+    h = src_sizes[:, 0].to(dev, torch.float32).view(B, 1, 1)
     xo = (torch.arange(out_w, device=dev, dtype=torch.float32) + 0.5).view(1, 1, out_w)
     yo = (torch.arange(out_h, device=dev, dtype=torch.float32) + 0.5).view(1, out_h, 1)
     m = Md.view(B, 3, 3, 1, 1)
-    xi = m[:, 0, 0] * xo + m[:, 0, 1] * yo + m[:, 0, 2]
-    yi = m[:, 1, 0] * xo + m[:, 1, 1] * yo + m[:, 1, 2]
-    w = src_sizes[:, 1].to(dev, torch.float32).view(B, 1, 1)
-    h = src_sizes[:, 0].to(dev, torch.float32).view(B, 1, 1)
+    if bool((M[:, 0, 1] == 0).all() and (M[:, 1, 0] == 0).all()):  # axis-aligned: separable, (B,1,W) + (B,H,1)
+        xi, yi = m[:, 0, 0] * xo + m[:, 0, 2], m[:, 1, 1] * yo + m[:, 1, 2]
+    else:
+        xi = m[:, 0, 0] * xo + m[:, 0, 1] * yo + m[:, 0, 2]
+        yi = m[:, 1, 0] * xo + m[:, 1, 1] * yo + m[:, 1, 2]
     valid = (xi >= 0) & (xi <= w) & (yi >= 0) & (yi <= h)
-    xi = torch.minimum(torch.clamp(xi, min=0.5), w - 0.5)
-    yi = torch.minimum(torch.clamp(yi, min=0.5), h - 0.5)
-    grid = torch.stack([xi * (2.0 / Wm) - 1.0, yi * (2.0 / Hm) - 1.0], -1)
+    xi = torch.minimum(torch.clamp(xi, min=0.5), w - 0.5) * (2.0 / Wm) - 1.0
+    yi = torch.minimum(torch.clamp(yi, min=0.5), h - 0.5) * (2.0 / Hm) - 1.0
+    xi, yi = torch.broadcast_tensors(xi, yi)
+    grid = torch.stack([xi, yi], -1)
     out = F.grid_sample(canvas.permute(0, 3, 1, 2).float(), grid, mode="bilinear", padding_mode="border",
                         align_corners=False)
     if not bool(valid.all()):
-        out = torch.where(valid.unsqueeze(1), out, torch.full_like(out, fill))
+        out = torch.where(valid.expand(B, out_h, out_w).unsqueeze(1), out, torch.full_like(out, fill))
     if to_float:
         return out.div_(255.0)
     return out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
