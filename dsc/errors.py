@@ -39,6 +39,11 @@ class CompileLockedError(DscError, BlockingIOError):
     """Another compile is writing the same output right now."""
 
 
+class WriteError(DscError, OSError):
+    """Writing the output failed (disk full, file-size limit, permissions). Finished shards are kept:
+    free space and rerun the same command with ``--resume``."""
+
+
 class DatasetNotFoundError(DscError, FileNotFoundError):
     """The path is not a dsc dataset (no dsc manifest in its zarr.json)."""
 

@@ -120,7 +120,11 @@ def test_fail_is_the_default_and_leaves_no_output(scenes_src, tmp_path):
     with pytest.raises(dsc.SampleError) as e:
         dsc.compile_imagefolder(src, out, size=16, workers=2, progress=False)
     assert "img_0000" in str(e.value) and "--on-error skip" in str(e.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no OUT, no temp dir, no lock
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert "out" not in left and ".out.dsc-lock" not in left  # no OUT, no lock held
+    if ".out.dsc-tmp" in left:  # finished shards kept for --resume, never presented as a dataset
+        with pytest.raises(dsc.DatasetNotFoundError):
+            dsc.open(tmp_path / ".out.dsc-tmp")
 
 
 def test_overwrite_rules(scenes_src, tmp_path):

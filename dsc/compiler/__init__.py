@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 
-from .compile import CompileOptions, CompileReport, check_output, compile_dataset
+from .compile import compile_dataset
+from .options import CompileOptions, CompileReport
+from .staging import check_output
 from .sources import SOURCES, Record, ScannedSource, drop_empty, scan_coco, scan_imagefolder, scan_voc, scan_yolo
 
 

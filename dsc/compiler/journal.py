@@ -1,0 +1,109 @@
+"""The resume journal: which shards of an interrupted compile are finished, and proof of it.
+
+Inside the staging directory, ``.journal/plan.json`` fingerprints the inputs and options, and one
+``.journal/unit-<s>.json`` per finished unit holds the unit's result (sample metadata, boxes, the shard's
+size and SHA-256), written atomically after the shard file itself. ``--resume`` keeps a unit only if its
+journal entry exists, the plan matches, and the shard file re-hashes to the recorded SHA-256; every
+other unit is compiled again, so a resumed compile is byte-identical to an uninterrupted one.
+The journal is deleted before the dataset is published. It is JSON: no pickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DscError
+from ..formats.zarr_v3 import node_dir, read_json, write_json
+from .options import CompileOptions
+from .sources.base import ScannedSource
+from .units import UnitResult
+
+JOURNAL = ".journal"
+
+
+def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int) -> str:
+    """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets) and
+    the options (not workers, progress, overwrite or on_error, which never change a finished shard)."""
+    h = hashlib.sha256()
+    opts = {k: v for k, v in asdict(options).items() if k not in ("workers", "progress", "overwrite", "on_error",
+                                                                   "error_report", "resume")}
+    h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task}, sort_keys=True,
+                        default=str).encode())
+    for r in scanned.records:
+        h.update(f"{r.key}\0{r.path}\0{r.label}\0".encode())
+        t = r.target
+        if t is not None:
+            h.update(np.ascontiguousarray(t.boxes, np.float64).tobytes())
+            h.update(np.ascontiguousarray(t.labels, np.int64).tobytes())
+            h.update(f"{t.size}{t.normalized}{t.image_id}{sorted(t.attrs)}".encode())
+            for k in sorted(t.attrs):
+                h.update(np.ascontiguousarray(t.attrs[k]).tobytes())
+    return h.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Journal:
+    def __init__(self, staging_dir: Path, fingerprint: str, attr_dtypes: dict):
+        self.dir = staging_dir / JOURNAL
+        self.root = staging_dir
+        self.fingerprint = fingerprint
+        self.attr_dtypes = attr_dtypes
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint})
+
+    def check_plan(self) -> None:
+        """Refuse to resume a partial compile of other inputs or options."""
+        try:
+            plan = read_json(self.dir / "plan.json")
+        except FileNotFoundError:
+            return  # interrupted before any unit finished: nothing to keep
+        if plan.get("fingerprint") != self.fingerprint:
+            raise DscError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
+                           f"options; run without --resume to start over")
+
+    def record(self, result: UnitResult) -> None:
+        write_json(self.dir / f"unit-{result.s}.json", result.to_json())
+
+    def finished_units(self, num_units: int) -> dict[int, UnitResult]:
+        """Units whose journal entry exists and whose shard still hashes to what was recorded."""
+        done = {}
+        if not (self.dir / "plan.json").exists():
+            return done
+        for s in range(num_units):
+            entry = self.dir / f"unit-{s}.json"
+            if not entry.exists():
+                continue
+            try:
+                res = UnitResult.from_json(read_json(entry), self.attr_dtypes)
+            except (DscError, KeyError, TypeError, ValueError):
+                continue
+            if res.shard is not None:
+                path = node_dir(self.root, res.shard.path)
+                if not path.is_file() or path.stat().st_size != res.shard.nbytes \
+                        or _sha256_file(path) != res.shard.sha256:
+                    continue
+            done[s] = res
+        return done
+
+    def has_units(self) -> bool:
+        return self.dir.is_dir() and any(p.name.startswith("unit-") for p in self.dir.iterdir())
+
+    def remove(self) -> None:
+        if self.dir.exists():
+            for p in self.dir.iterdir():
+                p.unlink()
+            os.rmdir(self.dir)

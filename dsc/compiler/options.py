@@ -1,0 +1,101 @@
+"""What a compile is asked to do (CompileOptions) and what it did (CompileReport)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SourceError
+from ..formats import Manifest
+from ..formats.manifest import RESIZE_POLICIES
+from .geometry import FILTERS
+
+SHARD_TARGET_BYTES = 64 << 20
+ON_ERROR = ("fail", "skip")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions:
+    """How to compile. ``size`` (height, width) gives a fixed layout; otherwise images are ragged,
+    optionally capped at ``max_side``."""
+
+    size: tuple[int, int] | None = None
+    resize: str = "center-crop"
+    max_side: int | None = None
+    mode: str = "RGB"
+    fill: int = 0
+    background: tuple[int, int, int] = (255, 255, 255)
+    filter: str = "bilinear"
+    shard_size: int | None = None
+    workers: int | None = None
+    on_error: str = "fail"
+    error_report: str | None = None  # JSONL file: one {"key", "path", "reason"} line per skipped input
+    overwrite: bool = False
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.size is not None:
+            if isinstance(self.size, int):
+                object.__setattr__(self, "size", (self.size, self.size))
+            if len(self.size) != 2 or any(not isinstance(v, int) or v < 1 for v in self.size):
+                raise SourceError(f"size must be one positive int or (height, width), got {self.size!r}")
+            object.__setattr__(self, "size", tuple(self.size))
+            if self.max_side is not None:
+                raise SourceError("give either size (fixed shape) or max_side (ragged), not both")
+        if self.resize not in RESIZE_POLICIES:
+            raise SourceError(f"resize must be one of {', '.join(RESIZE_POLICIES)}, got {self.resize!r}")
+        if self.max_side is not None and (not isinstance(self.max_side, int) or self.max_side < 1):
+            raise SourceError(f"max_side must be a positive int, got {self.max_side!r}")
+        if self.mode not in ("RGB", "L"):
+            raise SourceError(f"mode must be RGB or L, got {self.mode!r}")
+        if not 0 <= self.fill <= 255:
+            raise SourceError(f"fill must be 0..255, got {self.fill}")
+        if len(self.background) != 3 or any(not 0 <= c <= 255 for c in self.background):
+            raise SourceError(f"background must be three values 0..255, got {self.background!r}")
+        if self.filter not in FILTERS:
+            raise SourceError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
+        if self.on_error not in ON_ERROR:
+            raise SourceError(f"on_error must be fail or skip, got {self.on_error!r}")
+        for name in ("shard_size", "workers"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise SourceError(f"{name} must be a positive int, got {v!r}")
+
+    @property
+    def layout(self) -> str:
+        return "fixed" if self.size is not None else "ragged"
+
+    @property
+    def channels(self) -> int:
+        return 3 if self.mode == "RGB" else 1
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    path: Path
+    manifest: Manifest
+    skipped: tuple[dict, ...]
+    warnings: tuple[str, ...]
+    seconds: float
+    bytes_written: int
+
+    resumed_units: int = 0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.manifest.num_samples / self.seconds if self.seconds > 0 else float("inf")
+
+
+def default_shard_size(num_records: int, options: CompileOptions) -> int:
+    """Samples per shard: ~64 MiB of pixels (a power of two in [1, 1024]), and small enough that a
+    small dataset still makes ~32 work units to balance across processes. Depends only on the input
+    count and options, never on the worker count, so output bytes do not either."""
+    if options.size is not None:
+        sample = options.size[0] * options.size[1] * options.channels
+    elif options.max_side is not None:
+        sample = options.max_side * options.max_side * options.channels // 2
+    else:
+        sample = 512 * 512 * options.channels
+    k = 1 << max(0, min(10, int(math.log2(max(1, SHARD_TARGET_BYTES // sample)))))
+    return max(1, min(k, max(8, -(-num_records // 32))))

@@ -1,0 +1,177 @@
+"""A work unit: decode, resize and write one shard (runs in a worker process), and its result.
+
+A unit's result is everything the driver needs to finish the dataset without touching the pixels
+again; it round-trips through JSON (``to_json`` / ``from_json``) for the resume journal.
+"""
+from __future__ import annotations
+
+import ctypes
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SampleError, WriteError
+from ..formats import ShardSpec
+from .boxes import boxes_in_display_frame, to_stored
+from .decode import decode_image
+from .geometry import apply_plan, plan_fixed, plan_ragged
+from .options import CompileOptions
+from .sources.base import Record
+from .writer import FixedShardWriter, RaggedShardWriter
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    s: int
+    start: int
+    records: list[Record]
+    root: str
+    options: CompileOptions
+    shard_size: int
+
+
+@dataclass
+class Objects:
+    """The stored objects of the samples of one unit, concatenated (box-offset layout)."""
+
+    counts: list = field(default_factory=list)  # boxes kept per sample
+    boxes: list = field(default_factory=list)  # (k, 4) float32 per sample
+    labels: list = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)  # name -> list of per-sample arrays
+    image_ids: list = field(default_factory=list)
+    frames: list = field(default_factory=list)
+    dropped: int = 0
+
+    def to_json(self) -> dict:
+        return {"counts": self.counts, "boxes": [b.tolist() for b in self.boxes],
+                "labels": [x.tolist() for x in self.labels],
+                "attrs": {k: [x.tolist() for x in v] for k, v in self.attrs.items()},
+                "image_ids": self.image_ids, "frames": self.frames, "dropped": self.dropped}
+
+    @classmethod
+    def from_json(cls, d: dict, attr_dtypes: dict) -> "Objects":
+        return cls(counts=list(d["counts"]), boxes=[np.asarray(b, np.float32).reshape(-1, 4) for b in d["boxes"]],
+                   labels=[np.asarray(x, np.int64) for x in d["labels"]],
+                   attrs={k: [np.asarray(x, attr_dtypes.get(k, "float64")) for x in v] for k, v in d["attrs"].items()},
+                   image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
+
+    def add(self, rec: Record, boxes: np.ndarray, keep: np.ndarray, frame: int) -> None:
+        t = rec.target
+        self.counts.append(int(keep.sum()))
+        self.boxes.append(boxes[keep])
+        self.labels.append(np.asarray(t.labels, np.int64)[keep])
+        for name, col in t.attrs.items():
+            self.attrs.setdefault(name, []).append(np.asarray(col)[keep])
+        self.image_ids.append(t.image_id)
+        self.frames.append(frame)
+        self.dropped += int((~keep).sum())
+
+
+@dataclass
+class UnitResult:
+    s: int
+    kept: np.ndarray  # global record indices stored, in order
+    shapes: np.ndarray  # (c, 3) int32
+    orig: np.ndarray  # (c, 2) int32
+    affine: np.ndarray  # (c, 4) float64
+    orientation: np.ndarray  # (c,) uint8
+    errors: list[tuple[int, str]]
+    shard: ShardSpec | None
+    objects: Objects | None = None
+
+    def to_json(self) -> dict:
+        """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
+        return {"s": self.s, "kept": self.kept.tolist(), "shapes": self.shapes.tolist(), "orig": self.orig.tolist(),
+                "affine": self.affine.tolist(), "orientation": self.orientation.tolist(),
+                "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
+                "objects": self.objects.to_json() if self.objects is not None else None}
+
+    @classmethod
+    def from_json(cls, d: dict, attr_dtypes: dict) -> "UnitResult":
+        return cls(s=int(d["s"]), kept=np.asarray(d["kept"], np.int64),
+                   shapes=np.asarray(d["shapes"], np.int32).reshape(-1, 3),
+                   orig=np.asarray(d["orig"], np.int32).reshape(-1, 2),
+                   affine=np.asarray(d["affine"], np.float64).reshape(-1, 4),
+                   orientation=np.asarray(d["orientation"], np.uint8),
+                   errors=[(int(i), str(r)) for i, r in d["errors"]],
+                   shard=ShardSpec.from_dict(d["shard"]) if d["shard"] else None,
+                   objects=Objects.from_json(d["objects"], attr_dtypes) if d["objects"] is not None else None)
+
+
+def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None):
+    """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError."""
+    im, orientation = decode_image(rec.path, o.mode, o.background)
+    h, w = im.height, im.width
+    plan = plan_fixed(h, w, o.size, o.resize) if o.size else plan_ragged(h, w, o.max_side)
+    affine = plan.affine(h, w)
+    if rec.target is not None:
+        boxes, frame = boxes_in_display_frame(rec.target, orientation, w, h)
+        stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
+    arr = apply_plan(im, plan, o.fill, o.filter)
+    if rec.target is not None:
+        objects.add(rec, stored, keep, frame)
+    return arr, (h, w), affine, orientation
+
+
+def compile_unit(task: UnitTask) -> UnitResult:
+    o = task.options
+    root = Path(task.root)
+    try:
+        return _compile_unit(task, o, root)
+    except OSError as e:
+        if isinstance(e, WriteError):
+            raise
+        raise _write_error(root, e) from None
+
+
+def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
+    if o.layout == "fixed":
+        writer = FixedShardWriter(root, task.s, task.shard_size, (*o.size, o.channels))
+    else:
+        writer = RaggedShardWriter(root, task.s)
+    objects = Objects() if any(r.target is not None for r in task.records) else None
+    kept, shapes, orig, affine, orient, errors = [], [], [], [], [], []
+    try:
+        for j, rec in enumerate(task.records):
+            try:
+                arr, hw, aff, orientation = compile_sample(rec, o, objects)
+            except SampleError as e:
+                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
+                if o.on_error == "fail":
+                    break
+                continue
+            try:
+                writer.write(arr)
+            except OSError as e:
+                raise _write_error(writer.path, e) from None
+            kept.append(task.start + j)
+            shapes.append(arr.shape)
+            orig.append(hw)
+            affine.append(aff)
+            orient.append(orientation)
+        try:
+            shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
+        except OSError as e:
+            raise _write_error(writer.path, e) from None
+    except BaseException:
+        writer.abort()
+        raise
+    return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
+                       np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
+                       np.asarray(orient, np.uint8), errors, shard, objects)
+
+
+def _write_error(path, e: OSError) -> WriteError:
+    return WriteError(f"writing {path} failed: {e.strerror or e} (disk full or a file-size limit?); finished "
+                      f"shards are kept: free space and rerun the same command with --resume")
+
+
+def worker_init() -> None:
+    """Pool initializer: die with the parent (Linux), so a killed compile leaves no orphan writing."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
