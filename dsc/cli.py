@@ -84,7 +84,12 @@ def compile_options(f):
                      help="Worker processes (default: number of cores)."),
         click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
                      help="fail: stop at the first bad input. skip: leave it out and record it in the manifest."),
+        click.option("--error-report", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                     help="Also write every skipped input as a JSON line {key, reason} to this file."),
         click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing dsc dataset."),
+        click.option("--resume", is_flag=True,
+                     help="Continue an interrupted compile of the same inputs and options: finished shards "
+                          "are verified (SHA-256) and kept, the rest compiled."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -100,7 +105,8 @@ def _options_from(kw: dict):
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
                           shard_size=kw["shard_size"], workers=kw["workers"], on_error=kw["on_error"],
-                          overwrite=kw["overwrite"], progress=not kw["quiet"])
+                          error_report=str(kw["error_report"]) if kw["error_report"] else None,
+                          overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"])
 
 
 def _mb(n: int) -> str:
@@ -123,6 +129,8 @@ def _describe_objects(m) -> str:
 
 def _report(report) -> None:
     m = report.manifest
+    if report.resumed_units:
+        click.echo(f"resumed: {report.resumed_units} finished shards verified and kept")
     click.echo(f"compiled {m.num_samples} images into {report.path} ({_describe_image(m)}; "
                f"{len(m.shards)} shards, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
                f"{report.images_per_second:,.0f} img/s")
@@ -160,7 +168,16 @@ def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
         scanned = drop(scanned)
     for w in scanned.warnings:
         click.echo(f"warning: {w}", err=True)
-    _report(compile_dataset(scanned, out, options))
+    warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
+    try:
+        report = compile_dataset(scanned, out, options, warn=warn)
+    except (DscError, OSError, KeyboardInterrupt):
+        partial = out.parent / f".{out.name}.dsc-tmp"
+        if partial.exists():
+            click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
+                       f"to continue, or without it to start over", err=True)
+        raise
+    _report(report)
 
 
 drop_empty_option = click.option("--drop-empty", is_flag=True,
@@ -229,6 +246,27 @@ def compile_voc_cmd(root: Path, out: Path, split: str, classes: str | None, drop
 
     names = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
     _compile(out, kw, lambda: scan_voc(root, split, names), drop_empty)
+
+
+@main.command(name="verify")
+@click.argument("dataset", type=click.Path(path_type=Path))
+def verify_cmd(dataset: Path):
+    """Re-hash every shard and file against the manifest and check every invariant.
+
+    Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
+    file and the samples affected)."""
+    from .formats.verify import verify
+
+    report = verify(dataset)
+    if report.ok:
+        click.echo(f"OK: {report.shards_checked} shards and {report.files_checked} files of {dataset} match the "
+                   f"manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
+        return
+    for p in report.problems:
+        click.echo(f"DAMAGED {p}")
+    n = len(report.damaged_samples)
+    raise click.ClickException(f"{dataset} is damaged: {len(report.problems)} problems"
+                               + (f", {n} samples affected" if n else "") + "; recompile it")
 
 
 @main.command(name="bench")

@@ -28,7 +28,8 @@ from ..formats import FORMAT_VERSION, ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.zarr_v3 import (node_dir, sharded_array_json, write_group, write_json, write_plain_array,
                                write_string_array)
-from .journal import Journal, fingerprint
+from ..formats.verify import file_checksums
+from .journal import JOURNAL, Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
 from .sources.base import ScannedSource
 from .staging import Staging, check_output
@@ -41,8 +42,10 @@ def _pool_context():
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
-def _stop(path: str, reason: str) -> SampleError:
-    return SampleError(path, f"{reason} (pass --on-error skip to leave bad inputs out and record them)")
+def _stop(key: str, path: str, reason: str) -> SampleError:
+    err = SampleError(path, f"{reason} (pass --on-error skip to leave bad inputs out and record them)")
+    err.key, err.bare_reason = key, reason
+    return err
 
 
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
@@ -59,7 +62,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
         for res in it:
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
-                raise _stop(scanned.records[i].path, reason)
+                raise _stop(scanned.records[i].key, scanned.records[i].path, reason)
             journal.record(res)
             results[res.s] = res
             written += res.shard.nbytes if res.shard else 0
@@ -161,7 +164,10 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     out = Path(out)
     check_output(out, options.overwrite)
     if scanned.invalid and options.on_error == "fail":
-        raise _stop(*scanned.invalid[0])
+        key, reason = scanned.invalid[0]
+        if options.error_report:
+            _write_error_report(options.error_report, ({"key": key, "reason": reason},))
+        raise _stop(key, key, reason)
     records = scanned.records
     if not records:
         raise SourceError(f"{scanned.root}: nothing to compile"
@@ -185,12 +191,14 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                                  scanned, journal, done)
         except SampleError as e:
             if options.error_report:
-                _write_error_report(options.error_report, ({"key": e.path, "reason": e.reason},))
+                _write_error_report(options.error_report, ({"key": e.key, "path": e.path, "reason": e.bare_reason},))
             raise
         skipped = tuple({"key": k, "reason": r} for k, r in scanned.invalid) + tuple(
             {"key": records[i].key, "reason": reason} for r in results for i, reason in r.errors)
         if options.error_report:
-            _write_error_report(options.error_report, skipped)
+            paths = {records[i].key: records[i].path for r in results for i, _ in r.errors}
+            _write_error_report(options.error_report, tuple({**d, "path": paths.get(d["key"], d["key"])}
+                                                            for d in skipped))
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
@@ -240,12 +248,15 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
     write_plain_array(tmp, L.ORIG_SIZE, cat("orig"), ["sample", "hw"])
     write_plain_array(tmp, L.AFFINE, cat("affine"), ["sample", "sx_sy_tx_ty"])
     write_plain_array(tmp, L.EXIF_ORIENTATION, cat("orientation"), ["sample"])
+    write_group(tmp, L.CHECKSUMS)
+    write_plain_array(tmp, L.SAMPLE_CRC32C, cat("crc"), ["sample"])
     opts = {k: v for k, v in asdict(options).items()
             if k not in ("workers", "overwrite", "progress", "resume", "error_report")}
     manifest = Manifest(
         format_version=FORMAT_VERSION, dsc_version=__version__, task=scanned.task, num_samples=n,
         shard_size=K, image=image, resize=resize, shards=tuple(shards), classes=scanned.classes,
         category_ids=scanned.category_ids, objects=objects,
-        source={**scanned.summary, "options": opts}, skipped=skipped)
+        source={**scanned.summary, "options": opts}, skipped=skipped,
+        files=file_checksums(tmp, {s.path for s in shards}))
     L.write_manifest(tmp, manifest)
     return manifest

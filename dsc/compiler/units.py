@@ -77,6 +77,7 @@ class UnitResult:
     orig: np.ndarray  # (c, 2) int32
     affine: np.ndarray  # (c, 4) float64
     orientation: np.ndarray  # (c,) uint8
+    crc: np.ndarray  # (c,) uint32 crc32c of each stored sample's bytes (lets verify name damaged samples)
     errors: list[tuple[int, str]]
     shard: ShardSpec | None
     objects: Objects | None = None
@@ -85,7 +86,7 @@ class UnitResult:
         """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
         return {"s": self.s, "kept": self.kept.tolist(), "shapes": self.shapes.tolist(), "orig": self.orig.tolist(),
                 "affine": self.affine.tolist(), "orientation": self.orientation.tolist(),
-                "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
+                "crc": self.crc.tolist(), "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
                 "objects": self.objects.to_json() if self.objects is not None else None}
 
     @classmethod
@@ -94,7 +95,7 @@ class UnitResult:
                    shapes=np.asarray(d["shapes"], np.int32).reshape(-1, 3),
                    orig=np.asarray(d["orig"], np.int32).reshape(-1, 2),
                    affine=np.asarray(d["affine"], np.float64).reshape(-1, 4),
-                   orientation=np.asarray(d["orientation"], np.uint8),
+                   orientation=np.asarray(d["orientation"], np.uint8), crc=np.asarray(d["crc"], np.uint32),
                    errors=[(int(i), str(r)) for i, r in d["errors"]],
                    shard=ShardSpec.from_dict(d["shard"]) if d["shard"] else None,
                    objects=Objects.from_json(d["objects"], attr_dtypes) if d["objects"] is not None else None)
@@ -132,7 +133,9 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
     else:
         writer = RaggedShardWriter(root, task.s)
     objects = Objects() if any(r.target is not None for r in task.records) else None
-    kept, shapes, orig, affine, orient, errors = [], [], [], [], [], []
+    import google_crc32c
+
+    kept, shapes, orig, affine, orient, crc, errors = [], [], [], [], [], [], []
     try:
         for j, rec in enumerate(task.records):
             try:
@@ -151,6 +154,7 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
             orig.append(hw)
             affine.append(aff)
             orient.append(orientation)
+            crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
         try:
             shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
         except OSError as e:
@@ -160,7 +164,7 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
         raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
                        np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
-                       np.asarray(orient, np.uint8), errors, shard, objects)
+                       np.asarray(orient, np.uint8), np.asarray(crc, np.uint32), errors, shard, objects)
 
 
 def _write_error(path, e: OSError) -> WriteError:

@@ -22,6 +22,8 @@ TRANSFORM = "transform"              # group of per-sample geometry
 ORIG_SIZE = "transform/orig_size"    # (N, 2) int32 (h, w) of the decoded image, EXIF applied
 AFFINE = "transform/affine"          # (N, 4) float64 (sx, sy, tx, ty): stored = s * original + t
 EXIF_ORIENTATION = "transform/exif_orientation"  # (N,) uint8, EXIF orientation tag applied (1 = none)
+CHECKSUMS = "checksums"              # group
+SAMPLE_CRC32C = "checksums/crc32c"   # (N,) uint32: crc32c of each sample's stored image bytes
 BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
                                      # 1: on the raw pixels (rotated with the image)
 
@@ -41,7 +43,7 @@ def ragged_shard_path(s: int) -> str:
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write the root group with the manifest. Called last: its presence marks a complete dataset."""
-    write_group(root, "", {"dsc": manifest.to_dict()})
+    write_group(root, "", {"dsc": {**manifest.to_dict(), "checksum": manifest.checksum()}})
 
 
 def read_manifest(root: Path) -> Manifest:

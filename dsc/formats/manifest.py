@@ -6,6 +6,8 @@ directory without it is not a dataset.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -142,6 +144,7 @@ class Manifest:
     objects: dict | None = None  # detection: num_boxes, box_format, attributes {name: dtype}, dropped_boxes
     source: dict = field(default_factory=dict)
     skipped: tuple[dict, ...] = ()  # {"key": ..., "reason": ...} of inputs left out
+    files: dict = field(default_factory=dict)  # every other file: relative path -> {"nbytes", "sha256"}
     format: str = FORMAT_NAME
 
     def __post_init__(self):
@@ -187,7 +190,13 @@ class Manifest:
             "shards": [s.to_dict() for s in self.shards],
             "source": self.source,
             "skipped": list(self.skipped),
+            "files": self.files,
         }
+
+    def checksum(self) -> str:
+        """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), stored beside it."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                                         ensure_ascii=False).encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
@@ -202,10 +211,11 @@ class Manifest:
                 f"dataset format version {version} is newer than this dsc reads (version {FORMAT_VERSION}); "
                 f"upgrade dsc (pip install -U dsc)")
         keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
-                "resize", "classes", "category_ids", "objects", "shards", "source", "skipped"}
-        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects"})
+                "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum"}
+        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
+                                                 "checksum"})
         try:
-            return cls(
+            m = cls(
                 format=d["format"], format_version=version, dsc_version=str(d["dsc_version"]), task=d["task"],
                 num_samples=d["num_samples"], shard_size=d["shard_size"],
                 image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
@@ -214,6 +224,13 @@ class Manifest:
                 category_ids=tuple(int(c) for c in d.get("category_ids", ())),
                 objects=d.get("objects"),
                 source=dict(d.get("source", {})), skipped=tuple(d.get("skipped", ())),
+                files=dict(d.get("files", {})),
             )
         except TypeError as e:
             raise CorruptDatasetError(f"manifest: {e}") from None
+        for rel in m.files:
+            check_node_path(rel)
+        if "checksum" in d and d["checksum"] != m.checksum():
+            raise CorruptDatasetError("manifest: its checksum does not match its content; the dataset's zarr.json "
+                                      "was damaged or edited. Recompile the dataset")
+        return m
