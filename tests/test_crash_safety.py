@@ -1,0 +1,249 @@
+"""Crash safety: SIGKILL at random points then --resume gives byte-identical shards; OUT is never
+presented before it is complete; a second compile into the same OUT is refused; a full disk gives a
+clear error and a resumable partial; verify detects every flipped byte and names the samples."""
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import dsc
+from conftest import tree_bytes
+from dsc.formats.verify import verify
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+
+
+@pytest.fixture(scope="module")
+def slow_src(tmp_path_factory):
+    """Enough JPEGs that a compile takes a couple of seconds on 2 cores."""
+    from dsc.synthetic import write_imagefolder
+
+    root = tmp_path_factory.mktemp("slow") / "src"
+    write_imagefolder(root, num_classes=4, per_class=60, size_range=(300, 420), seed=5, quality=92)
+    return root
+
+
+def compile_cmd(src, out, *extra):
+    return [sys.executable, "-m", "dsc.cli", "compile", "imagefolder", str(src), str(out), "--size", "96",
+            "--shard-size", "6", "--workers", "2", "-q", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference_tree(slow_src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "out"
+    subprocess.run(compile_cmd(slow_src, out), check=True, env=ENV)
+    return tree_bytes(out)
+
+
+def _units_done(out):
+    j = out.parent / f".{out.name}.dsc-tmp" / ".journal"
+    try:
+        return sum(1 for p in j.iterdir() if p.name.startswith("unit-"))
+    except FileNotFoundError:
+        return 0
+
+
+def _run_and_kill(cmd, out, after_units, whole_group=True, timeout=60.0):
+    """Start a compile, SIGKILL it once the journal holds ``after_units`` finished units."""
+    p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end and p.poll() is None:
+        if out.exists():  # the rename is the last step: if OUT exists it is complete
+            dsc.open(out)
+        if _units_done(out) >= after_units:
+            break
+        time.sleep(0.002)
+    if p.poll() is None:
+        if whole_group:
+            os.killpg(p.pid, signal.SIGKILL)  # power loss: the parent and its workers die at once
+        else:
+            p.send_signal(signal.SIGKILL)  # only the parent: its workers must follow (PR_SET_PDEATHSIG)
+    p.communicate()
+    return p.returncode
+
+
+def test_sigkill_at_random_points_then_resume_is_byte_identical(slow_src, reference_tree, tmp_path):
+    out = tmp_path / "out"
+    rng = np.random.default_rng(7)
+    kills = 0
+    targets = sorted(int(t) for t in rng.integers(1, 38, 4))
+    for attempt, target in enumerate(targets):
+        extra = ("--resume",) if attempt else ()
+        code = _run_and_kill(compile_cmd(slow_src, out, *extra), out, target, whole_group=attempt % 2 == 0)
+        if code == 0:
+            break
+        kills += 1
+        assert not out.exists(), "a killed compile must not leave OUT behind"
+        for _ in range(100):  # after a parent-only kill, its workers die with it and release the lock
+            if not any(p.name == ".out.dsc-lock" for p in tmp_path.iterdir()) or _lock_free(tmp_path):
+                break
+            time.sleep(0.05)
+    subprocess.run(compile_cmd(slow_src, out, "--resume"), check=True, env=ENV, capture_output=True)
+    assert kills >= 2, "the compile finished before the kills; the test did not test anything"
+    assert tree_bytes(out) == reference_tree
+    assert not (tmp_path / ".out.dsc-tmp").exists() and not (tmp_path / ".out.dsc-lock").exists()
+    assert verify(out).ok
+
+
+def _lock_free(d):
+    import fcntl
+
+    fd = os.open(d / ".out.dsc-lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_resume_refuses_other_options(slow_src, tmp_path):
+    out = tmp_path / "out"
+    assert _run_and_kill(compile_cmd(slow_src, out), out, 5) != 0
+    r = subprocess.run(compile_cmd(slow_src, out, "--resume", "--fill", "3"), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1 and "other inputs or options" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_second_compile_into_the_same_out_is_refused(slow_src, tmp_path):
+    out = tmp_path / "out"
+    slow = [*compile_cmd(slow_src, out)[:-7], "--size", "320", "--filter", "lanczos", "--shard-size", "4",
+            "--workers", "1", "-q"]  # about two seconds of work
+    first = subprocess.Popen(slow, env=ENV, stderr=subprocess.PIPE, text=True)
+    while _units_done(out) < 1 and first.poll() is None:
+        time.sleep(0.005)
+    second = subprocess.run(slow, env=ENV, capture_output=True, text=True)
+    still_running = first.poll() is None
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert still_running, "the first compile finished before the second started; nothing was tested"
+    assert second.returncode == 1 and "another dsc compile is writing" in second.stderr
+    assert "Traceback" not in second.stderr
+    ref = tmp_path / "ref"
+    subprocess.run([*slow[:5], str(slow_src), str(ref), *slow[7:]], env=ENV, check=True)
+    assert tree_bytes(out) == tree_bytes(ref)  # the first is unharmed
+
+
+def _limit_file_size(nbytes):
+    def pre():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return pre
+
+
+def test_file_size_limit_gives_a_clear_error(slow_src, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(compile_cmd(slow_src, out), env=ENV, capture_output=True, text=True,
+                       preexec_fn=_limit_file_size(100_000))  # every shard is larger than this
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "File too large" in r.stderr and "--resume" in r.stderr
+    assert not out.exists() and not (tmp_path / ".out.dsc-lock").exists()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()}); the file-size-limit test covers EFBIG")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_disk_full_gives_a_clear_error_and_a_resumable_partial(slow_src, reference_tree, tiny_disk):
+    out = tiny_disk / "out"
+    r = subprocess.run(compile_cmd(slow_src, out), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "No space left" in r.stderr and "--resume" in r.stderr
+    assert not out.exists()
+    journal = tiny_disk / ".out.dsc-tmp" / ".journal"
+    assert journal.is_dir() and any(p.name.startswith("unit-") for p in journal.iterdir())
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)  # space freed
+    r = subprocess.run(compile_cmd(slow_src, out, "--resume"), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(out) == reference_tree
+
+
+# ----------------------------------------------------------------------------- bit flips
+@pytest.fixture(scope="module")
+def datasets(scenes_src, tmp_path_factory):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    root = tmp_path_factory.mktemp("flip")
+    dsc.compile_imagefolder(scenes_src, root / "fixed", size=(16, 20), shard_size=5, progress=False)
+    dsc.compile_imagefolder(scenes_src, root / "ragged", max_side=24, shard_size=5, progress=False)
+    ann, images = write_coco(root / "coco", detection_scenes(8, seed=2))
+    dsc.compile_coco(ann, images, root / "det", size=48, resize="pad", shard_size=3, progress=False)
+    return root
+
+
+@pytest.mark.parametrize("name", ["fixed", "ragged", "det"])
+def test_verify_detects_every_flipped_byte(datasets, tmp_path, name):
+    src = datasets / name
+    assert verify(src).ok
+    m = dsc.open(src).manifest
+    targets = [s.path for s in m.shards] + [f for f in m.files if "/c/" in f]  # shards and index arrays
+    rng = np.random.default_rng(hash(name) % 2**32)
+    work = tmp_path / "d"
+    shutil.copytree(src, work)
+    for trial in range(40):
+        rel = targets[trial % len(targets)]
+        path = work / rel
+        data = bytearray(path.read_bytes())
+        pos = int(rng.integers(0, len(data)))
+        old = data[pos]
+        data[pos] ^= int(rng.integers(1, 256))
+        path.write_bytes(bytes(data))
+        report = verify(work)
+        assert not report.ok, f"flip at {rel}:{pos} went unnoticed"
+        assert any(p.file == rel for p in report.problems), (rel, [str(p) for p in report.problems])
+        spec = next((s for s in m.shards if s.path == rel), None)
+        if spec is not None:  # a shard: the damaged sample is named (or the Zarr index, past the samples)
+            s = m.shards.index(spec)
+            if m.image.layout == "fixed":
+                per = m.image.sample_nbytes
+                if pos < spec.count * per:
+                    assert s * m.shard_size + pos // per in report.damaged_samples
+                else:
+                    assert any("shard index" in p.what for p in report.problems)
+            else:
+                assert report.damaged_samples and all(s * m.shard_size <= i < s * m.shard_size + spec.count
+                                                      for i in report.damaged_samples)
+        data[pos] = old
+        path.write_bytes(bytes(data))
+    assert verify(work).ok
+
+
+def test_verify_cli_and_damaged_manifest(datasets, tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    work = tmp_path / "d"
+    shutil.copytree(datasets / "fixed", work)
+    r = CliRunner().invoke(main, ["verify", str(work)])
+    assert r.exit_code == 0 and r.output.startswith("OK:")
+    shard = work / "image/c/1/0/0/0"
+    data = bytearray(shard.read_bytes())
+    data[16 * 20 * 3 * 2 + 7] ^= 0x40  # sample 2 of shard 1 = sample 7
+    shard.write_bytes(bytes(data))
+    r = CliRunner().invoke(main, ["verify", str(work)])
+    assert r.exit_code == 1 and "image/c/1/0/0/0" in r.output and "samples 7" in r.output
+    meta = json.loads((work / "zarr.json").read_text())
+    meta["attributes"]["dsc"]["classes"][0] = "tampered"
+    (work / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(dsc.CorruptDatasetError, match="checksum"):
+        dsc.open(work)
+    meta["attributes"]["dsc"]["files"]["../../etc/passwd"] = {"nbytes": 1, "sha256": "0" * 64}
+    (work / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(dsc.UnsafePathError):
+        dsc.open(work)
