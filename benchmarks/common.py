@@ -43,3 +43,27 @@ def compiled_224(n_classes: int = 16, per_class: int = 512) -> Path:
         src = scenes(n_classes, per_class, size_range=(48, 96))
         dsc.compile_imagefolder(src, out, size=224, resize="stretch", progress=False)
     return out
+
+
+def imagenet_like(n: int = 240) -> Path:
+    """JPEGs with ImageNet's shape of sizes: most 500x375 (either orientation), a quarter large photos
+    (long side 800-1600), quality 90. Generated once."""
+    import numpy as np
+
+    from dsc.synthetic import make_scene
+
+    root = BENCH_DIR / f"imagenet-like-{n}"
+    if (root / ".complete").exists():
+        return root
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        if rng.random() < 0.75:
+            h, w = (375, 500) if rng.random() < 0.8 else (500, 375)
+        else:
+            w = int(rng.integers(800, 1601))
+            h = int(w * rng.uniform(0.6, 0.8))
+        d = root / f"class_{i % 8:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        make_scene(rng, h, w).save(d / f"img_{i:05d}.jpg", quality=90)
+    (root / ".complete").write_text("")
+    return root

@@ -78,6 +78,9 @@ def compile_options(f):
                      help="Colour transparent pixels are composited over."),
         click.option("--filter", "filter_", type=click.Choice(["bilinear", "bicubic", "lanczos", "nearest"]),
                      default="bilinear", show_default=True, help="Resampling filter (antialiased)."),
+        click.option("--draft", is_flag=True,
+                     help="JPEG draft decoding (DCT scaling by 1/2-1/8) when the output is at most half the "
+                          "source: much faster for large photos, not pixel-identical to a full decode."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
                      help="Samples per shard file (default: about 64 MiB of pixels)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -103,7 +106,7 @@ def _options_from(kw: dict):
     if kw["size"] is not None and kw["max_side"] is not None:
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
-                          fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
+                          fill=kw["fill"], background=kw["background"], filter=kw["filter_"], draft=kw["draft"],
                           shard_size=kw["shard_size"], workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
                           overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"])

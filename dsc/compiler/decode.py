@@ -37,13 +37,18 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
     return im
 
 
-def decode_image(path: str, mode: str = "RGB",
-                 background: tuple[int, int, int] = (255, 255, 255)) -> tuple[Image.Image, int]:
-    """Return (image in ``mode`` with EXIF orientation applied, the orientation tag that was applied).
+def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
+                 draft_for=None) -> tuple[Image.Image, int, tuple[int, int]]:
+    """Return (image in ``mode`` with EXIF orientation applied, the orientation tag that was applied,
+    the (height, width) of the full decoded image).
 
+    ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
+    then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
+    returned image is smaller than the full size. ``path`` may be a path or a binary file object.
     Any failure becomes :class:`ImageDecodeError` naming the file; PIL's decompression-bomb limit
     (``Image.MAX_IMAGE_PIXELS``) stays in force.
     """
+    name = path if isinstance(path, str) else getattr(path, "name", "<bytes>")
     try:
         with Image.open(path) as im:
             try:
@@ -52,17 +57,23 @@ def decode_image(path: str, mode: str = "RGB",
                 orientation = 1
             if orientation not in range(1, 9):
                 orientation = 1
+            swapped = orientation in (5, 6, 7, 8)
+            raw_w, raw_h = im.size
+            full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
+            if draft_for is not None and im.format == "JPEG":
+                need_h, need_w = draft_for(*full)
+                im.draft(im.mode, (need_h, need_w) if swapped else (need_w, need_h))
             im.load()
             if orientation != 1:
                 im = ImageOps.exif_transpose(im)
-            return _to_mode(im, mode, background), orientation
+            return _to_mode(im, mode, background), orientation, full
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:
-        raise ImageDecodeError(path, f"refused as a decompression bomb ({e}); raise PIL.Image.MAX_IMAGE_PIXELS "
+        raise ImageDecodeError(name, f"refused as a decompression bomb ({e}); raise PIL.Image.MAX_IMAGE_PIXELS "
                                      f"if the image is genuine") from None
     except MemoryError:
         raise
     except Exception as e:  # PIL raises many types for bad files: OSError, SyntaxError, ValueError, ...
         reason = str(e) or type(e).__name__
-        raise ImageDecodeError(path, f"cannot decode image: {reason}") from None
+        raise ImageDecodeError(name, f"cannot decode image: {reason}") from None

@@ -26,6 +26,7 @@ class CompileOptions:
     fill: int = 0
     background: tuple[int, int, int] = (255, 255, 255)
     filter: str = "bilinear"
+    draft: bool = False  # JPEG DCT-scaled decoding when the output is at most half the source (faster, not exact)
     shard_size: int | None = None
     workers: int | None = None
     on_error: str = "fail"

@@ -103,14 +103,16 @@ class UnitResult:
 
 def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError."""
-    im, orientation = decode_image(rec.path, o.mode, o.background)
-    h, w = im.height, im.width
-    plan = plan_fixed(h, w, o.size, o.resize) if o.size else plan_ragged(h, w, o.max_side)
+    planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
+        (lambda h, w: plan_ragged(h, w, o.max_side))
+    draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
+    im, orientation, (h, w) = decode_image(rec.path, o.mode, o.background, draft_for)
+    plan = planner(h, w)
     affine = plan.affine(h, w)
     if rec.target is not None:
         boxes, frame = boxes_in_display_frame(rec.target, orientation, w, h)
         stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
-    arr = apply_plan(im, plan, o.fill, o.filter)
+    arr = apply_plan(im, plan, o.fill, o.filter, full_size=(h, w))
     if rec.target is not None:
         objects.add(rec, stored, keep, frame)
     return arr, (h, w), affine, orientation
