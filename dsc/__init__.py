@@ -14,6 +14,8 @@ _LAZY = {
     "Loader": ("dsc.runtime", "Loader"),
     "SampleBatch": ("dsc.runtime", "SampleBatch"),
     "collate": ("dsc.runtime", "collate"),
+    "compile": ("dsc.compiler", "compile"),
+    "compile_table": ("dsc.compiler", "compile_table"),
     "compile_imagefolder": ("dsc.compiler", "compile_imagefolder"),
     "compile_dataset": ("dsc.compiler", "compile_dataset"),
     "compile_coco": ("dsc.compiler", "compile_coco"),

@@ -93,6 +93,9 @@ def compile_options(f):
         click.option("--resume", is_flag=True,
                      help="Continue an interrupted compile of the same inputs and options: finished shards "
                           "are verified (SHA-256) and kept, the rest compiled."),
+        click.option("--executor", default=None, metavar="ADDRESS",
+                     help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786); OUT must be on a "
+                          "filesystem the workers share. Needs dsc[dask]."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -109,7 +112,8 @@ def _options_from(kw: dict):
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"], draft=kw["draft"],
                           shard_size=kw["shard_size"], workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
-                          overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"])
+                          overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"],
+                          executor=kw["executor"])
 
 
 def _mb(n: int) -> str:
@@ -286,6 +290,25 @@ def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch
 
     run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
               epochs=epochs, echo=click.echo)
+
+
+@compile_group.command(name="table")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--image-column", default="image", show_default=True,
+              help="Column of encoded image bytes (or Hugging Face Image structs).")
+@click.option("--label-column", default="label", show_default=True, help="Integer class column.")
+@click.option("--no-label", is_flag=True, help="The table has no labels (images only).")
+@click.option("--key-column", default=None, help="Column stored as each sample's key (default: file#row).")
+@click.option("--classes", default=None, help="Comma-separated class names (default: the table's ClassLabel).")
+@compile_options
+def compile_table_cmd(path: Path, out: Path, image_column: str, label_column: str, no_label: bool,
+                      key_column, classes, **kw):
+    """Compile a Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table]."""
+    from .compiler import scan_table
+
+    names = [c.strip() for c in classes.split(",")] if classes else None
+    _compile(out, kw, lambda: scan_table(path, image_column, None if no_label else label_column, key_column, names))
 
 
 @main.command(name="preview")

@@ -34,7 +34,7 @@ def test_every_sample_matches_reference(mixed_src, out, opts):
         np.testing.assert_array_equal(got.numpy(), want, err_msg=key)
         np.testing.assert_allclose(affine[i], want_affine, rtol=1e-12, err_msg=key)
     # The batched path returns the same samples in the requested order.
-    order = [5, 0, 15, 3, 3, 9]
+    order = [5, 0, 14, 3, 3, 9]
     batch = ds.__getitems__(order)
     for k, i in enumerate(order):
         assert torch.equal(batch[k]["image"], ds[i]["image"])

@@ -6,7 +6,8 @@ import os
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .staging import check_output
-from .sources import SOURCES, Record, ScannedSource, drop_empty, scan_coco, scan_imagefolder, scan_voc, scan_yolo
+from .sources import (SOURCES, Record, ScannedSource, drop_empty, scan_coco, scan_dataset, scan_imagefolder,
+                      scan_table, scan_voc, scan_yolo)
 
 
 def compile_imagefolder(src: str | os.PathLike, out: str | os.PathLike, **options) -> CompileReport:
@@ -32,6 +33,23 @@ def compile_voc(root, out, split: str = "trainval", classes=None, drop_empty_ima
     return _compile(lambda: scan_voc(root, split, classes), out, drop_empty_images, options)
 
 
+def compile_table(path, out, image_column: str = "image", label_column: str | None = "label",
+                  key_column: str | None = None, classes=None, **options) -> CompileReport:
+    """Compile a Parquet / Arrow table of image bytes (needs pyarrow)."""
+    return _compile(lambda: scan_table(path, image_column, label_column, key_column, classes), out, False, options)
+
+
+def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A001 - dsc.compile
+    """Compile anything: an ImageFolder directory (str / path), or any map-style dataset or iterable of
+    ``(image, target)`` samples (see :mod:`dsc.compiler.sources.dataset`). Keywords: CompileOptions."""
+    if isinstance(source, (str, os.PathLike)):
+        return compile_imagefolder(source, out, **options)
+    opts = CompileOptions(**options)
+    check_output(out, opts.overwrite)
+    scanned, dataset = scan_dataset(source, classes=classes)
+    return compile_dataset(scanned, out, opts, dataset=dataset)
+
+
 def _compile(scan, out, drop_empty_images: bool, options: dict) -> CompileReport:
     opts = CompileOptions(**options)
     check_output(out, opts.overwrite)
@@ -39,5 +57,5 @@ def _compile(scan, out, drop_empty_images: bool, options: dict) -> CompileReport
     return compile_dataset(drop_empty(scanned) if drop_empty_images else scanned, out, opts)
 
 
-__all__ = ["compile_coco", "compile_yolo", "compile_voc", "CompileOptions", "CompileReport", "Record", "ScannedSource", "SOURCES", "check_output",
+__all__ = ["compile", "compile_table", "compile_coco", "compile_yolo", "compile_voc", "CompileOptions", "CompileReport", "Record", "ScannedSource", "SOURCES", "check_output",
            "compile_dataset", "compile_imagefolder", "scan_imagefolder"]

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,8 @@ from ..formats import layout as L
 from ..formats.zarr_v3 import (node_dir, sharded_array_json, write_group, write_json, write_plain_array,
                                write_string_array)
 from ..formats.verify import file_checksums
-from .journal import JOURNAL, Journal, fingerprint
+from .inputs import set_dataset
+from .journal import Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
 from .sources.base import ScannedSource
 from .staging import Staging, check_output
@@ -48,8 +49,26 @@ def _stop(key: str, path: str, reason: str) -> SampleError:
     return err
 
 
+def _dask_results(executor, todo: list[UnitTask]):
+    """Run units on a Dask cluster; yield results as they finish. Workers write to the shared filesystem."""
+    try:
+        from dask.distributed import Client, as_completed
+    except ImportError:
+        raise SourceError("--executor needs dask.distributed: pip install 'dsc[dask]'") from None
+    client = executor if isinstance(executor, Client) else Client(executor)
+    futures = client.map(compile_unit, todo, pure=False)
+    try:
+        for fut in as_completed(futures):
+            yield fut.result()
+    finally:
+        client.cancel(futures)
+        if client is not executor:
+            client.close()
+
+
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
-               scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult]) -> list[UnitResult]:
+               scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult], executor=None
+               ) -> list[UnitResult]:
     from tqdm import tqdm
 
     results: dict[int, UnitResult] = dict(done)
@@ -72,7 +91,9 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
               dynamic_ncols=True, smoothing=0.1) as bar:
         bar.update(sum(len(tasks[s].records) for s in done))
-        if workers == 1 or len(todo) <= 1:
+        if executor is not None and todo:
+            consume(_dask_results(executor, todo), bar)
+        elif workers == 1 or len(todo) <= 1:
             consume(map(compile_unit, todo), bar)
         elif todo:
             with _pool_context().Pool(min(workers, len(todo)), initializer=worker_init) as pool:
@@ -156,10 +177,17 @@ def _write_error_report(path: str, skipped: tuple[dict, ...]) -> None:
 
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
-                    warn=None, **kwargs) -> CompileReport:
+                    warn=None, dataset=None, **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
-    ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed)."""
+    ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
+    ``dataset``: the Python dataset of a dataset source (its items are fetched in the workers)."""
     options = options or CompileOptions(**kwargs)
+    if scanned.input.get("kind") == "dataset":
+        if options.executor is not None:
+            raise SourceError("a Python dataset compiles on local worker processes; drop --executor")
+        set_dataset(dataset)
+        if "fork" not in mp.get_all_start_methods():
+            options = replace(options, workers=1)  # the dataset reaches workers only by fork
     t0 = time.perf_counter()
     out = Path(out)
     check_output(out, options.overwrite)
@@ -179,7 +207,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         tmp = staging.tmp
         journal = Journal(tmp, fingerprint(scanned, options, K), dict(scanned.attributes))
         staging.keep_on_failure = journal.has_units
-        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), options, K)
+        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), options, K, scanned.input)
                  for s, start in enumerate(range(0, len(records), K))]
         done = {}
         if options.resume:
@@ -188,7 +216,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
-                                 scanned, journal, done)
+                                 scanned, journal, done, options.executor)
         except SampleError as e:
             if options.error_report:
                 _write_error_report(options.error_report, ({"key": e.key, "path": e.path, "reason": e.bare_reason},))
@@ -218,6 +246,14 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                          resumed_units=len(done))
 
 
+def _classes(scanned: ScannedSource, results: list[UnitResult]) -> tuple[str, ...]:
+    """The source's class names; for a dataset without them, the label values as text."""
+    if scanned.classes or scanned.task != "classification":
+        return scanned.classes
+    top = max((int(r.labels.max()) for r in results if len(r.labels)), default=-1)
+    return tuple(str(i) for i in range(top + 1))
+
+
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: list[UnitResult],
               kept: np.ndarray, shards: list[ShardSpec], K: int, skipped: tuple[dict, ...]) -> Manifest:
     """Index arrays, keys, per-sample geometry, objects; the manifest last."""
@@ -241,7 +277,7 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
         write_plain_array(tmp, L.RAGGED_SHAPES, shapes, ["sample", "axis"])
         resize = ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter)
     if scanned.task == "classification":
-        write_plain_array(tmp, L.LABEL, np.fromiter((records[i].label for i in kept), np.int64, count=n), ["sample"])
+        write_plain_array(tmp, L.LABEL, cat("labels"), ["sample"])
     objects = _write_objects(tmp, results, scanned) if scanned.task == "detection" else None
     write_string_array(tmp, L.KEYS, (records[i].key for i in kept))
     write_group(tmp, L.TRANSFORM)
@@ -250,11 +286,10 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
     write_plain_array(tmp, L.EXIF_ORIENTATION, cat("orientation"), ["sample"])
     write_group(tmp, L.CHECKSUMS)
     write_plain_array(tmp, L.SAMPLE_CRC32C, cat("crc"), ["sample"])
-    opts = {k: v for k, v in asdict(options).items()
-            if k not in ("workers", "overwrite", "progress", "resume", "error_report")}
+    opts = {**options.recorded(), "on_error": options.on_error}
     manifest = Manifest(
         format_version=FORMAT_VERSION, dsc_version=__version__, task=scanned.task, num_samples=n,
-        shard_size=K, image=image, resize=resize, shards=tuple(shards), classes=scanned.classes,
+        shard_size=K, image=image, resize=resize, shards=tuple(shards), classes=_classes(scanned, results),
         category_ids=scanned.category_ids, objects=objects,
         source={**scanned.summary, "options": opts}, skipped=skipped,
         files=file_checksums(tmp, {s.path for s in shards}))

@@ -37,6 +37,14 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
     return im
 
 
+def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where: str) -> Image.Image:
+    """An already decoded image (from a Python dataset) in the stored mode; errors name ``where``."""
+    try:
+        return _to_mode(im, mode, background)
+    except Exception as e:
+        raise ImageDecodeError(where, f"cannot convert image: {e}") from None
+
+
 def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
                  draft_for=None) -> tuple[Image.Image, int, tuple[int, int]]:
     """Return (image in ``mode`` with EXIF orientation applied, the orientation tag that was applied,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +29,11 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
     """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets) and
     the options (not workers, progress, overwrite or on_error, which never change a finished shard)."""
     h = hashlib.sha256()
-    opts = {k: v for k, v in asdict(options).items() if k not in ("workers", "progress", "overwrite", "on_error",
-                                                                   "error_report", "resume")}
+    opts = options.recorded()
     h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task}, sort_keys=True,
                         default=str).encode())
     for r in scanned.records:
-        h.update(f"{r.key}\0{r.path}\0{r.label}\0".encode())
+        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0".encode())
         t = r.target
         if t is not None:
             h.update(np.ascontiguousarray(t.boxes, np.float64).tobytes())

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import SourceError
@@ -34,6 +34,7 @@ class CompileOptions:
     overwrite: bool = False
     resume: bool = False
     progress: bool = True
+    executor: object = None  # a Dask scheduler address ("tcp://host:8786") or a dask.distributed Client
 
     def __post_init__(self):
         if self.size is not None:
@@ -62,6 +63,13 @@ class CompileOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise SourceError(f"{name} must be a positive int, got {v!r}")
+
+    RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error")
+
+    def recorded(self) -> dict:
+        """The options that decide the output's bytes (stored in the manifest, fingerprinted for resume);
+        how the compile runs (workers, executor, progress, resume...) is left out."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.RUNTIME_ONLY}
 
     @property
     def layout(self) -> str:

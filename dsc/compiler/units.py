@@ -15,10 +15,11 @@ import numpy as np
 from ..errors import SampleError, WriteError
 from ..formats import ShardSpec
 from .boxes import boxes_in_display_frame, to_stored
-from .decode import decode_image
+from .decode import decode_image, to_mode
+from .inputs import fetcher
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .options import CompileOptions
-from .sources.base import Record
+from .sources.base import Record, Target
 from .writer import FixedShardWriter, RaggedShardWriter
 
 
@@ -30,6 +31,7 @@ class UnitTask:
     root: str
     options: CompileOptions
     shard_size: int
+    input: dict = field(default_factory=lambda: {"kind": "file"})
 
 
 @dataclass
@@ -57,8 +59,7 @@ class Objects:
                    attrs={k: [np.asarray(x, attr_dtypes.get(k, "float64")) for x in v] for k, v in d["attrs"].items()},
                    image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
 
-    def add(self, rec: Record, boxes: np.ndarray, keep: np.ndarray, frame: int) -> None:
-        t = rec.target
+    def add(self, t: Target, boxes: np.ndarray, keep: np.ndarray, frame: int) -> None:
         self.counts.append(int(keep.sum()))
         self.boxes.append(boxes[keep])
         self.labels.append(np.asarray(t.labels, np.int64)[keep])
@@ -77,6 +78,7 @@ class UnitResult:
     orig: np.ndarray  # (c, 2) int32
     affine: np.ndarray  # (c, 4) float64
     orientation: np.ndarray  # (c,) uint8
+    labels: np.ndarray  # (c,) int64 class index per stored sample (-1: none)
     crc: np.ndarray  # (c,) uint32 crc32c of each stored sample's bytes (lets verify name damaged samples)
     errors: list[tuple[int, str]]
     shard: ShardSpec | None
@@ -86,7 +88,7 @@ class UnitResult:
         """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
         return {"s": self.s, "kept": self.kept.tolist(), "shapes": self.shapes.tolist(), "orig": self.orig.tolist(),
                 "affine": self.affine.tolist(), "orientation": self.orientation.tolist(),
-                "crc": self.crc.tolist(), "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
+                "labels": self.labels.tolist(), "crc": self.crc.tolist(), "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
                 "objects": self.objects.to_json() if self.objects is not None else None}
 
     @classmethod
@@ -95,27 +97,34 @@ class UnitResult:
                    shapes=np.asarray(d["shapes"], np.int32).reshape(-1, 3),
                    orig=np.asarray(d["orig"], np.int32).reshape(-1, 2),
                    affine=np.asarray(d["affine"], np.float64).reshape(-1, 4),
-                   orientation=np.asarray(d["orientation"], np.uint8), crc=np.asarray(d["crc"], np.uint32),
+                   orientation=np.asarray(d["orientation"], np.uint8),
+                   labels=np.asarray(d["labels"], np.int64), crc=np.asarray(d["crc"], np.uint32),
                    errors=[(int(i), str(r)) for i, r in d["errors"]],
                    shard=ShardSpec.from_dict(d["shard"]) if d["shard"] else None,
                    objects=Objects.from_json(d["objects"], attr_dtypes) if d["objects"] is not None else None)
 
 
-def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None):
-    """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError."""
+def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetch):
+    """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
+    Returns (pixels, decoded (h, w), affine, EXIF orientation, label)."""
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
-    draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
-    im, orientation, (h, w) = decode_image(rec.path, o.mode, o.background, draft_for)
+    item = fetch(rec)
+    if item.decoded:
+        im, orientation = to_mode(item.obj, o.mode, o.background, rec.key), 1
+        h, w = im.height, im.width
+    else:
+        draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
+        im, orientation, (h, w) = decode_image(item.obj, o.mode, o.background, draft_for)
     plan = planner(h, w)
     affine = plan.affine(h, w)
-    if rec.target is not None:
-        boxes, frame = boxes_in_display_frame(rec.target, orientation, w, h)
+    if item.target is not None:
+        boxes, frame = boxes_in_display_frame(item.target, orientation, w, h)
         stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
     arr = apply_plan(im, plan, o.fill, o.filter, full_size=(h, w))
-    if rec.target is not None:
-        objects.add(rec, stored, keep, frame)
-    return arr, (h, w), affine, orientation
+    if item.target is not None:
+        objects.add(item.target, stored, keep, frame)
+    return arr, (h, w), affine, orientation, item.label
 
 
 def compile_unit(task: UnitTask) -> UnitResult:
@@ -134,14 +143,15 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
         writer = FixedShardWriter(root, task.s, task.shard_size, (*o.size, o.channels))
     else:
         writer = RaggedShardWriter(root, task.s)
-    objects = Objects() if any(r.target is not None for r in task.records) else None
     import google_crc32c
 
-    kept, shapes, orig, affine, orient, crc, errors = [], [], [], [], [], [], []
+    objects = Objects()
+    kept, shapes, orig, affine, orient, labels, crc, errors = [], [], [], [], [], [], [], []
     try:
+        fetch = fetcher(task.records, task.input)
         for j, rec in enumerate(task.records):
             try:
-                arr, hw, aff, orientation = compile_sample(rec, o, objects)
+                arr, hw, aff, orientation, label = compile_sample(rec, o, objects, fetch)
             except SampleError as e:
                 errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
                 if o.on_error == "fail":
@@ -156,6 +166,7 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
             orig.append(hw)
             affine.append(aff)
             orient.append(orientation)
+            labels.append(label)
             crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
         try:
             shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
@@ -166,7 +177,8 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
         raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
                        np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
-                       np.asarray(orient, np.uint8), np.asarray(crc, np.uint32), errors, shard, objects)
+                       np.asarray(orient, np.uint8), np.asarray(labels, np.int64), np.asarray(crc, np.uint32),
+                       errors, shard, objects if objects.counts else None)
 
 
 def _write_error(path, e: OSError) -> WriteError:

@@ -34,6 +34,7 @@ class Record:
     path: str
     label: int = -1
     target: Target | None = None
+    row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +53,7 @@ class ScannedSource:
     category_ids: tuple[int, ...] = ()
     attributes: dict = field(default_factory=dict)
     invalid: tuple[tuple[str, str], ...] = ()
+    input: dict = field(default_factory=lambda: {"kind": "file"})  # see compiler/inputs.py
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
 

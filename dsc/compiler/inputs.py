@@ -1,0 +1,141 @@
+"""Where a record's pixels come from: a file, a row of a table of image bytes, or an item of a Python
+dataset. A work unit asks ``fetcher(records, spec)`` for a function record -> Item once, so a table unit
+reads its rows in one go and a dataset unit calls ``dataset[i]`` in the worker.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SampleError, SourceError
+from .sources.base import Record, Target
+
+_DATASET = None  # the map-style dataset of a dataset compile, set before the worker pool forks
+
+
+def set_dataset(dataset) -> None:
+    global _DATASET
+    _DATASET = dataset
+
+
+@dataclass
+class Item:
+    obj: object  # a path, a binary file object, or an already decoded PIL image
+    label: int
+    target: Target | None
+    decoded: bool = False
+
+
+def fetcher(records: list[Record], spec: dict):
+    kind = spec.get("kind", "file")
+    if kind == "file":
+        return lambda r: Item(r.path, r.label, r.target)
+    if kind == "table":
+        data = _table_rows(records, spec["column"])
+        return lambda r: Item(io.BytesIO(data[(r.path, r.row)]), r.label, r.target)
+    if kind == "dataset":
+        return lambda r: _dataset_item(_DATASET, r)
+    raise SourceError(f"unknown input kind {kind!r}")
+
+
+# ----------------------------------------------------------------------------- tables
+def _table_rows(records: list[Record], column: str) -> dict:
+    """{(file, row): image bytes} for the unit's rows, reading only the row groups / batches they need."""
+    by_file: dict[str, list[int]] = {}
+    for r in records:
+        by_file.setdefault(r.path, []).append(r.row)
+    out = {}
+    for path, rows in by_file.items():
+        lo, hi = min(rows), max(rows) + 1
+        values = read_table_column(path, column, lo, hi)
+        for row in rows:
+            out[(path, row)] = image_bytes(values[row - lo], path, row)
+    return out
+
+
+def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
+    """Rows [lo, hi) of one column of a Parquet or Arrow IPC file, as Python values."""
+    import pyarrow as pa
+
+    if path.endswith((".arrow", ".feather", ".ipc")):
+        with pa.memory_map(path) as src:
+            try:
+                table = pa.ipc.open_file(src).read_all()
+            except pa.ArrowInvalid:
+                src.seek(0)
+                table = pa.ipc.open_stream(src).read_all()
+        return table.column(column).slice(lo, hi - lo).to_pylist()
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    groups, start, first = [], 0, None
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if start < hi and start + n > lo:
+            groups.append(g)
+            first = start if first is None else first
+        start += n
+    table = pf.read_row_groups(groups, columns=[column])
+    return table.column(column).slice(lo - first, hi - lo).to_pylist()
+
+
+def image_bytes(value, path: str, row: int) -> bytes:
+    """Binary, or a Hugging Face Image struct {"bytes", "path"}."""
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value):
+        return bytes(value)
+    raise SampleError(f"{path} row {row}", "the image cell holds no image bytes")
+
+
+# ----------------------------------------------------------------------------- python datasets
+def _dataset_item(dataset, r: Record) -> Item:
+    where = f"dataset[{r.row}]"
+    try:
+        sample = dataset[r.row]
+    except Exception as e:  # the user's __getitem__ failed: a sample error, reported with the index
+        raise SampleError(where, f"__getitem__ raised {type(e).__name__}: {e}") from None
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise SampleError(where, "expected (image, target) from the dataset")
+    image, target = sample
+    return Item(to_pil(image, where), *_target(target, r, where), decoded=True)
+
+
+def to_pil(image, where: str):
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image
+    if hasattr(image, "detach"):  # a torch tensor: (C, H, W) as torchvision gives, or (H, W)
+        arr = image.detach().cpu().numpy()
+        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
+            arr = arr.transpose(1, 2, 0)
+    else:
+        arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        raise SampleError(where, f"image arrays must be uint8 (got {arr.dtype}); scale them to 0-255 first")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (3, 4)):
+        raise SampleError(where, f"image array of shape {arr.shape} is not (H, W), (H, W, 3|4) or (3|4, H, W)")
+    return Image.fromarray(np.ascontiguousarray(arr))
+
+
+def _target(target, r: Record, where: str):
+    if isinstance(target, dict):
+        boxes = np.asarray(_numpy(target.get("boxes", np.zeros((0, 4)))), np.float64).reshape(-1, 4)
+        labels = np.asarray(_numpy(target.get("labels", np.zeros(0))), np.int64).reshape(-1)
+        if len(labels) != len(boxes):
+            raise SampleError(where, f"{len(boxes)} boxes but {len(labels)} labels")
+        return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where)
+    try:
+        return int(_numpy(target)), None
+    except (TypeError, ValueError):
+        raise SampleError(where, f"target {target!r} is neither a class index nor a dict with boxes") from None
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x

@@ -1,0 +1,194 @@
+"""More sources and executors compile to the same bytes: a Parquet/Arrow table, a Python dataset, and a
+Dask cluster give the same shards as the equivalent local ImageFolder compile. Plus JPEG draft mode and
+the PIL build's resize against a float reference of the same filter."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import dsc
+from conftest import tree_bytes
+
+OPTS = dict(size=(24, 32), resize="center-crop", shard_size=5, progress=False)
+
+
+def shards_and_labels(path):
+    t = tree_bytes(Path(path))
+    return {k: v for k, v in t.items() if k.startswith(("image/", "label/", "transform/", "checksums/"))}
+
+
+@pytest.fixture(scope="module")
+def folder_ref(scenes_src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "folder"
+    dsc.compile_imagefolder(scenes_src, out, workers=2, **OPTS)
+    return out
+
+
+def _table(scenes_src, hf_struct=False):
+    import pyarrow as pa
+
+    keys = sorted(str(p.relative_to(scenes_src).as_posix()) for p in scenes_src.rglob("*.jpg"))
+    data = [(scenes_src / k).read_bytes() for k in keys]
+    labels = [int(k.split("/")[0][-2:]) for k in keys]
+    image = pa.array([{"bytes": d, "path": k} for d, k in zip(data, keys)]) if hf_struct else pa.array(data, pa.binary())
+    meta = {b"huggingface": json.dumps({"info": {"features": {
+        "image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["zero", "one", "two"]}}}}).encode()}
+    return pa.table({"image": image, "label": pa.array(labels, pa.int64()), "key": keys}).replace_schema_metadata(meta)
+
+
+def test_parquet_table_equals_imagefolder(scenes_src, folder_ref, tmp_path):
+    import pyarrow.parquet as pq
+
+    pq.write_table(_table(scenes_src), tmp_path / "train.parquet", row_group_size=7)  # units straddle groups
+    dsc.compile_table(tmp_path / "train.parquet", tmp_path / "out", key_column="key", workers=2, **OPTS)
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+    ds = dsc.open(tmp_path / "out")
+    assert ds.keys == dsc.open(folder_ref).keys
+    assert ds.classes == ["zero", "one", "two"]  # from the Hugging Face ClassLabel metadata
+
+
+def test_hf_image_structs_in_arrow_files_and_folders(scenes_src, folder_ref, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = _table(scenes_src, hf_struct=True)
+    (tmp_path / "data").mkdir()
+    pq.write_table(table.slice(0, 20), tmp_path / "data" / "train-00000-of-00002.parquet")
+    with pa.ipc.new_file(str(tmp_path / "data" / "train-00001-of-00002.arrow"), table.schema) as w:
+        w.write_table(table.slice(20))
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    r = CliRunner().invoke(main, ["compile", "table", str(tmp_path / "data"), str(tmp_path / "out"), "--size", "24,32",
+                                  "--shard-size", "5", "-q"])
+    assert r.exit_code == 0, r.output
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+    r = CliRunner().invoke(main, ["compile", "table", str(tmp_path / "data"), str(tmp_path / "o2"),
+                                  "--image-column", "picture", "-q"])
+    assert r.exit_code == 1 and "no column 'picture'" in r.output
+
+
+class FolderDataset(torch.utils.data.Dataset):
+    """What a user writes: PIL images and class indices (torchvision ImageFolder-like)."""
+
+    def __init__(self, root, as_array=False):
+        self.samples = sorted((str(p), int(p.parent.name[-2:])) for p in Path(root).rglob("*.jpg"))
+        self.classes = ["class_00", "class_01", "class_02"]
+        self.as_array = as_array
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+        if self.as_array == "tensor":
+            return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1), torch.tensor(label)
+        return (np.asarray(im) if self.as_array else im), label
+
+
+@pytest.mark.parametrize("as_array", [False, True, "tensor"], ids=["pil", "numpy", "tensor"])
+def test_torch_dataset_equals_imagefolder(scenes_src, folder_ref, tmp_path, as_array):
+    dsc.compile(FolderDataset(scenes_src, as_array), tmp_path / "out", workers=2, **OPTS)
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+    ds = dsc.open(tmp_path / "out")
+    assert ds.classes == ["class_00", "class_01", "class_02"] and ds.keys[0].endswith("img_00000.jpg")
+
+
+def test_iterable_and_detection_datasets(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = [(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8),
+                {"boxes": torch.tensor([[2.0, 3.0, 12.0, 15.0]]), "labels": torch.tensor([1])}) for _ in range(7)]
+    dsc.compile(iter(samples), tmp_path / "det", size=(40, 60), resize="stretch", progress=False)
+    ds = dsc.open(tmp_path / "det")
+    assert ds.manifest.task == "detection" and len(ds) == 7
+    np.testing.assert_allclose(ds[3]["boxes"].numpy(), [[4, 6, 24, 30]])
+    assert torch.equal(ds[0]["image"], torch.from_numpy(np.array(
+        Image.fromarray(samples[0][0]).resize((60, 40), Image.Resampling.BILINEAR))))
+    bad = [(np.zeros((4, 4), np.float32), 0)]
+    with pytest.raises(dsc.SampleError, match="uint8"):
+        dsc.compile(bad, tmp_path / "bad", size=4, progress=False)
+
+
+def test_dask_local_cluster_is_byte_identical(scenes_src, folder_ref, tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        from click.testing import CliRunner
+
+        from dsc.cli import main
+
+        r = CliRunner().invoke(main, ["compile", "imagefolder", str(scenes_src), str(tmp_path / "out"),
+                                      "--size", "24,32", "--shard-size", "5", "-q", "--executor", cluster.scheduler_address])
+        assert r.exit_code == 0, r.output
+    assert tree_bytes(tmp_path / "out") == tree_bytes(folder_ref)
+
+
+def test_draft_mode_is_close_and_keeps_geometry(tmp_path):
+    from dsc.synthetic import make_scene
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        exif = Image.Exif()
+        exif[0x0112] = 6 if i == 1 else 1
+        make_scene(rng, 900, 1300).save(src / f"{i}.jpg", quality=92, exif=exif)
+    full = dsc.compile_imagefolder(tmp_path / "src", tmp_path / "full", size=128, progress=False)
+    draft = dsc.compile_imagefolder(tmp_path / "src", tmp_path / "draft", size=128, draft=True, progress=False)
+    a, b = dsc.open(tmp_path / "full"), dsc.open(tmp_path / "draft")
+    np.testing.assert_array_equal(a.affine, b.affine)
+    np.testing.assert_array_equal(a.orig_sizes, b.orig_sizes)
+    for i in range(len(a)):
+        diff = np.abs(a[i]["image"].numpy().astype(int) - b[i]["image"].numpy().astype(int))
+        assert diff.mean() < 2.0 and np.percentile(diff, 99) <= 12, (i, diff.mean())
+    assert not np.array_equal(a[0]["image"].numpy(), b[0]["image"].numpy())  # draft did kick in
+    assert draft.manifest.source["options"]["draft"] is True
+
+
+def _pil_bilinear_reference(arr: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+    """PIL's antialiased bilinear resize, in float: horizontal pass, round to uint8, vertical pass."""
+    def weights(n_in, n_out):
+        scale = n_in / n_out
+        fs = max(scale, 1.0)
+        W = np.zeros((n_out, n_in))
+        for x in range(n_out):
+            c = (x + 0.5) * scale
+            lo, hi = max(0, int(c - fs + 0.5)), min(n_in, int(c + fs + 0.5))
+            k = np.arange(lo, hi)
+            w = np.clip(1 - np.abs((k - c + 0.5) / fs), 0, None)
+            W[x, lo:hi] = w / w.sum()
+        return W
+    x = arr.astype(np.float64)
+    h = np.einsum("xw,hwc->hxc", weights(arr.shape[1], out_w), x)
+    h = np.clip(np.round(h), 0, 255)
+    v = np.einsum("yh,hxc->yxc", weights(arr.shape[0], out_h), h)
+    return np.clip(np.round(v), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("size", [(37, 53), (160, 90), (300, 420)])
+def test_pil_build_resize_matches_a_float_reference(size):
+    """Pillow and pillow-simd resize within two levels (mean < 0.1) of the same mathematical filter, so
+    dsc's output is the same in meaning on either build (README: "Pillow or pillow-simd")."""
+    from dsc.synthetic import make_scene
+
+    im = make_scene(np.random.default_rng(1), 120, 160)
+    got = np.asarray(im.resize(size, Image.Resampling.BILINEAR)).astype(int)
+    ref = _pil_bilinear_reference(np.asarray(im), *size).astype(int)
+    diff = np.abs(got - ref)
+    assert diff.max() <= 2 and (diff > 1).mean() < 1e-3 and diff.mean() < 0.1, (diff.max(), diff.mean())
+
+
+def test_pillow_simd_is_reported():
+    from dsc.env import pil_build
+
+    build = pil_build()
+    if build["pil_distribution"] != "pillow-simd":
+        pytest.skip("pillow-simd is not installed here (make install-simd); Pillow is, and is tested above")
+    assert build["pil_version"].endswith(".post0") or "simd" in build["pil_distribution"]
