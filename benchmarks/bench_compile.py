@@ -34,9 +34,11 @@ def naive_loop(paths, out_dir: Path) -> float:
 def compile_run(src: Path, out: Path, workers: int, draft: bool) -> tuple[float, float]:
     """(images/s measured inside the compile, peak RSS in MB of the compile process tree)."""
     shutil.rmtree(out, ignore_errors=True)
-    code = ("import dsc, resource as R; r = dsc.compile_imagefolder(%r, %r, size=%d, resize='stretch', workers=%d, "
-            "draft=%r, progress=False); print(r.images_per_second, R.getrusage(R.RUSAGE_SELF).ru_maxrss, "
-            "R.getrusage(R.RUSAGE_CHILDREN).ru_maxrss)") % (str(src), str(out), SIZE, workers, draft)
+    # VmHWM, not RUSAGE_SELF: ru_maxrss survives exec, so it would report this benchmark's own peak
+    code = ("import dsc, resource as R, re; r = dsc.compile_imagefolder(%r, %r, size=%d, resize='stretch', workers=%d, "
+            "draft=%r, progress=False); hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]); "
+            "print(r.images_per_second, hwm, R.getrusage(R.RUSAGE_CHILDREN).ru_maxrss)") % (
+        str(src), str(out), SIZE, workers, draft)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "PYTHONPATH": os.getcwd()})
     rate, main_kib, worker_kib = r.stdout.split()[-3:]
