@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DscError
+from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource
@@ -41,14 +42,6 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
             h.update(f"{t.size}{t.normalized}{t.image_id}{sorted(t.attrs)}".encode())
             for k in sorted(t.attrs):
                 h.update(np.ascontiguousarray(t.attrs[k]).tobytes())
-    return h.hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -92,7 +85,7 @@ class Journal:
             if res.shard is not None:
                 path = node_dir(self.root, res.shard.path)
                 if not path.is_file() or path.stat().st_size != res.shard.nbytes \
-                        or _sha256_file(path) != res.shard.sha256:
+                        or sha256_file(path) != res.shard.sha256:
                     continue
             done[s] = res
         return done

@@ -21,7 +21,7 @@ from .manifest import Manifest
 from .zarr_v3 import ZARR_JSON, node_dir, read_plain_array, read_string_array, shard_index
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -40,7 +40,7 @@ def file_checksums(root: Path, exclude: set[str]) -> dict:
             rel = path.relative_to(root).as_posix()
             if rel == ZARR_JSON or rel in exclude or name.startswith(".") or name.endswith((".tmp", ".partial")):
                 continue
-            out[rel] = {"nbytes": path.stat().st_size, "sha256": _sha256(path)}
+            out[rel] = {"nbytes": path.stat().st_size, "sha256": sha256_file(path)}
     return out
 
 
@@ -103,7 +103,7 @@ def verify(path: str | os.PathLike) -> VerifyReport:
             P.append(Problem(rel, "missing"))
         elif p.stat().st_size != info["nbytes"]:
             P.append(Problem(rel, f"has {p.stat().st_size} bytes, the manifest says {info['nbytes']}"))
-        elif _sha256(p) != info["sha256"]:
+        elif sha256_file(p) != info["sha256"]:
             P.append(Problem(rel, "content does not match its SHA-256 in the manifest"))
         report.bytes_hashed += info["nbytes"]
 
