@@ -46,7 +46,7 @@ def compile_run(src: Path, out: Path, workers: int, draft: bool) -> tuple[float,
 
 
 def main() -> None:
-    src = imagenet_like()
+    src = imagenet_like(480)
     paths = sorted(src.rglob("*.jpg"))
     out = BENCH_DIR / "compile-scale.dsc"
     print(f"compile at scale: {len(paths)} ImageNet-like JPEGs (75% 500x375, 25% 800-1600 px) -> {SIZE}x{SIZE}")

@@ -60,6 +60,8 @@ def test_center_crop_is_slicing(fixed):
     assert torch.equal(out, b["image"][:, top:top + 20, left:left + 30])
     big = T.Compose([T.CenterCrop((60, 64))])(b)["image"]  # larger than the image: zero padded
     assert torch.equal(big[:, 6:54], b["image"]) and (big[:, :6] == 0).all() and (big[:, 54:] == 0).all()
+    odd = T.Compose([T.CenterCrop((51, 64))])(b)["image"]  # torchvision pads (51 - 48) // 2 = 1 on top
+    assert torch.equal(odd[:, 1:49], b["image"]) and (odd[:, :1] == 0).all() and (odd[:, 49:] == 0).all()
 
 
 @pytest.mark.parametrize("size", [(24, 40), (96, 100), (48, 20)])

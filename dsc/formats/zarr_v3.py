@@ -84,15 +84,16 @@ def _array_json(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int], co
     return meta
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + fsync + rename), with a stable key order."""
+def write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    """Write JSON atomically (temp file + rename; fsync first unless ``durable=False``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False, allow_nan=False)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -32,6 +32,7 @@ from .dataset import IMAGE_FORMS, Dataset
 from .objects import BOX_FORMS
 from .orders import ORDERS, partition
 from .orders.partition import TAILS
+from .orders.quasi_random import DEFAULT_WINDOW
 
 CACHES = ("page", "ram")
 
@@ -67,10 +68,13 @@ class _Ring:
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             numel = int(np.prod(shape)) if len(shape) else 1
             buf = slot.get(name)
-            if buf is None or buf.dtype != dtype or buf.numel() < numel or _storage_users(buf) > 1:
-                cap = numel if buf is None else max(numel, int(buf.numel() * 1.25))
-                buf = torch.empty(max(cap, 1), dtype=dtype, pin_memory=self.pin)
+            if buf is None or buf.dtype != dtype or _storage_users(buf) > 1:
+                buf = None  # first use, or the user still holds the last batch of this slot: leave it to them
+            elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom
+                buf = torch.empty(max(numel, int(buf.numel() * 1.25)), dtype=dtype, pin_memory=self.pin)
                 slot[name] = buf
+            if buf is None:
+                buf = slot[name] = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pin)
             return buf[:numel].view(shape)
 
         return alloc
@@ -87,6 +91,8 @@ class _EpochState:
         self.consumed = start
         self.results: dict[int, object] = {}
         self.stop = False
+        self.fatal: BaseException | None = None
+        self.superseded = False
         self.threads: list[threading.Thread] = []
         self.part = part
         self.batch_size = loader.batch_size
@@ -110,10 +116,10 @@ class _EpochState:
         with self.cond:
             self.stop = True
             self.cond.notify_all()
-        me = threading.current_thread()
+        if threading.current_thread() in self.threads:
+            return  # finalized from a filler thread (garbage collection): the threads exit on their own
         for t in self.threads:
-            if t is not me:
-                t.join()
+            t.join()
         self.results.clear()
         loader = self.loader()
         if self.consumed < self.end and loader is not None and loader._ring is self.ring:
@@ -122,6 +128,16 @@ class _EpochState:
 
 
 def _fill(state: _EpochState) -> None:
+    try:
+        _fill_jobs(state)
+    except BaseException as e:  # anything outside a batch (CUDA stream creation...): stop, tell the consumer
+        with state.cond:
+            state.fatal = e
+            state.stop = True
+            state.cond.notify_all()
+
+
+def _fill_jobs(state: _EpochState) -> None:
     cuda = state.device.type == "cuda"
     stream = torch.cuda.Stream(device=state.device) if cuda else None
     while True:
@@ -154,6 +170,7 @@ def _fill(state: _EpochState) -> None:
         with state.cond:
             state.results[j] = result
             state.cond.notify_all()
+        batch = result = None  # hold no reference to a ring slot while waiting for the next job
 
 
 def _to_device(batch, device):
@@ -178,8 +195,11 @@ def _record_stream(batch, stream) -> None:
 
 
 class _EpochIterator:
+    """One epoch of batches. Only one per Loader at a time: starting a new iteration closes the previous
+    one, which then raises instead of ending quietly."""
+
     def __init__(self, loader: "Loader", part: np.ndarray, start: int, end: int):
-        self._loader = loader
+        self._loader = loader  # `for b in Loader(...)` must keep the loader alive while it iterates
         self._state = state = _EpochState(loader, part, start, end)
         self._cursor = start
         self._finalizer = weakref.finalize(self, state.shutdown)
@@ -194,14 +214,22 @@ class _EpochIterator:
     def __next__(self):
         state = self._state
         j = self._cursor
-        if j >= state.end or state.stop:
+        if state.superseded:
+            raise DscError("this epoch's iterator was closed because a new iteration of the same Loader "
+                           "started; use one iterator per Loader at a time (or a second Loader)")
+        if j >= state.end or (state.stop and j not in state.results and state.fatal is None):
             self.close()
             raise StopIteration
         with state.cond:
             while j not in state.results:
+                if state.fatal is not None:
+                    raise DscError(f"the loader's threads failed: {state.fatal!r}") from state.fatal
+                if state.superseded:
+                    raise DscError("this epoch's iterator was closed because a new iteration of the same "
+                                   "Loader started; use one iterator per Loader at a time")
                 if state.stop:
                     raise StopIteration
-                state.cond.wait()
+                state.cond.wait(0.5)
             result = state.results.pop(j)
             state.consumed = j + 1
             state.cond.notify_all()
@@ -219,7 +247,8 @@ class _EpochIterator:
         self._loader._served = j + 1
         return batch
 
-    def close(self) -> None:
+    def close(self, superseded: bool = False) -> None:
+        self._state.superseded = self._state.superseded or superseded
         self._finalizer()
 
 
@@ -258,15 +287,25 @@ class Loader:
             raise DscError(f"cache must be one of {CACHES}, got {cache!r}")
         if tail not in TAILS:
             raise DscError(f"tail must be one of {TAILS}, got {tail!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise DscError(f"seed must be a non-negative int, got {seed!r}")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise DscError(f"window must be a positive int (shards), got {window!r}")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise DscError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         if not 0 <= self.rank < self.world_size:
             raise DscError(f"rank {self.rank} is not in [0, {self.world_size})")
+        if tail == "drop" and self.world_size > len(dataset):
+            raise DscError(f"tail='drop' with world_size {self.world_size} > {len(dataset)} samples leaves every "
+                           f"rank empty; use tail='pad'")
         self.dataset = dataset
         self.batch_size, self.order, self.seed, self.drop_last = batch_size, order, seed, drop_last
-        self.num_threads, self.prefetch, self.tail, self.window = num_threads, prefetch, tail, window
+        self.num_threads, self.prefetch, self.tail = num_threads, prefetch, tail
+        self.window = window if order == "quasi_random" else None
+        if order == "quasi_random" and window is None:
+            self.window = DEFAULT_WINDOW
         self.transforms = _compose(transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
         self.threads_used = max(1, min(num_threads, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -311,8 +350,8 @@ class Loader:
 
     # ------------------------------------------------------------------------ iteration
     def __iter__(self):
-        for it in list(self._iterators):  # one epoch in flight at a time
-            it.close()
+        for it in list(self._iterators):  # one epoch in flight at a time: an older iterator now raises
+            it.close(superseded=True)
         part = self.epoch_order()
         num_batches = len(self)
         if self.drop_last:
@@ -355,7 +394,8 @@ class Loader:
         return {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed, "order": self.order,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
-                "num_samples": len(self.dataset)}
+                "num_samples": len(self.dataset), "shard_size": self.dataset.manifest.shard_size,
+                "dataset": self.dataset.manifest.checksum()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
@@ -364,7 +404,7 @@ class Loader:
         defines the order (seed, order, window, batch_size, drop_last, world_size, rank, tail, dataset
         size) may not, and a mismatch is refused naming the field."""
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
-                    "num_samples"):
+                    "num_samples", "shard_size", "dataset"):
             mine = self.state_dict()[key]
             if key in state and state[key] != mine:
                 raise DscError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "

@@ -24,8 +24,14 @@ def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, tor
     return torch.from_numpy(rows), torch.from_numpy(box_offsets)
 
 
-def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """{name: (M, ...)} packed columns -> {name: (B, max_k, ...)} + ``box_mask`` (B, max_k) + ``box_counts``."""
+def _new(name, shape, dtype):
+    return torch.empty(shape, dtype=dtype)
+
+
+def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor], alloc=_new
+                     ) -> dict[str, torch.Tensor]:
+    """{name: (M, ...)} packed columns -> {name: (B, max_k, ...)} + ``box_mask`` (B, max_k) + ``box_counts``.
+    ``alloc(name, shape, dtype)`` provides the outputs (the Loader's pinned ring)."""
     counts = box_offsets[1:] - box_offsets[:-1]
     B = len(counts)
     K = int(counts.max()) if B else 0
@@ -33,14 +39,15 @@ def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]
     slot = torch.arange(int(box_offsets[-1])) - box_offsets[:-1][sample]
     out = {}
     for name, col in columns.items():
-        fill = -1 if name == "labels" else 0
-        padded = torch.full((B, K, *col.shape[1:]), fill, dtype=col.dtype)
+        padded = alloc(f"padded_{name}", (B, K, *col.shape[1:]), col.dtype)
+        padded.fill_(-1 if name == "labels" else 0)
         padded[sample, slot] = col
         out[name] = padded
-    mask = torch.zeros((B, K), dtype=torch.bool)
+    mask = alloc("box_mask", (B, K), torch.bool)
+    mask.fill_(False)
     mask[sample, slot] = True
     out["box_mask"] = mask
-    out["box_counts"] = counts
+    out["box_counts"] = alloc("box_counts", (B,), torch.int64).copy_(counts)
     return out
 
 

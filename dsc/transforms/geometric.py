@@ -63,15 +63,19 @@ class Resize(Geometric):
 
 
 class CenterCrop(Geometric):
-    """Crop the centre (torchvision: top = round((h - th) / 2)); a crop larger than the image pads."""
+    """Crop the centre (torchvision: top = round((h - th) / 2)); a crop larger than the image pads with
+    zeros, (th - h) // 2 of them on the top, like torchvision."""
 
     def __init__(self, size):
         self.size = size
 
     def plan(self, sizes, gen):
         th, tw = _size(self.size)
-        top = torch.round((sizes[:, 0].double() - th) / 2)
-        left = torch.round((sizes[:, 1].double() - tw) / 2)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        # inside the image: torchvision's round((h - th) / 2); a larger crop pads like torchvision, with
+        # (th - h) // 2 on the top / left
+        top = torch.where(h >= th, torch.round((h - th) / 2), -torch.div(th - h, 2, rounding_mode="floor"))
+        left = torch.where(w >= tw, torch.round((w - tw) / 2), -torch.div(tw - w, 2, rounding_mode="floor"))
         B = len(sizes)
         return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
 
