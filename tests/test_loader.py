@@ -238,3 +238,71 @@ def test_detection_and_ragged_batches(tmp_path):
                 assert torch.equal(b["boxes"], ref["boxes"])
     packed = dsc.Loader(ds, batch_size=4, images="packed")
     assert sum(int(b["box_offsets"][-1]) for b in packed) == ds.manifest.objects["num_boxes"]
+
+
+def _rss_anon_kb():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("RssAnon")).split()[1])
+
+
+def test_reading_does_not_copy_the_dataset_into_process_memory(scenes_src, tmp_path):
+    dsc.compile_imagefolder(scenes_src, tmp_path / "big", size=(256, 256), shard_size=12, progress=False)
+    ds = dsc.open(tmp_path / "big")  # 36 x 196 kB = 7 MB of pixels
+    before = _rss_anon_kb()
+    total = sum(int(ds[i]["image"][::16, ::16].sum()) for i in range(len(ds)))  # touch every shard
+    assert total > 0
+    assert _rss_anon_kb() - before < 2000, "mapped shards must stay page-cache pages, not private copies"
+
+
+def test_kept_batches_do_not_inflate_the_ring(fixed):
+    loader = dsc.Loader(fixed, batch_size=4, order="random", prefetch=1)
+    kept = [list(loader) for _ in range(3)]  # hold three epochs of batches
+    need = sum(b["image"].numel() for epoch in kept for b in epoch)
+    storages = {b["image"].untyped_storage().data_ptr(): b["image"].untyped_storage().nbytes()
+                for epoch in kept for b in epoch}
+    assert sum(storages.values()) <= need * 1.3
+
+
+def test_a_second_iteration_makes_the_first_raise(fixed):
+    loader = dsc.Loader(fixed, batch_size=4)
+    outer = iter(loader)
+    next(outer)
+    assert len(list(loader)) == len(loader)  # the new iteration runs a whole epoch
+    with pytest.raises(dsc.DscError, match="new iteration"):
+        next(outer)
+
+
+def test_a_thread_failure_outside_a_batch_reaches_the_consumer(fixed):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA to make stream creation fail")
+    loader = dsc.Loader(fixed, batch_size=4)
+    loader.device = torch.device("cuda")  # stream creation fails in the filler threads
+    t0 = time.monotonic()
+    with pytest.raises(dsc.DscError, match="threads failed"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 10
+    assert not loader_threads()
+
+
+def test_loader_argument_checks(fixed):
+    with pytest.raises(dsc.DscError, match="leaves every rank empty"):
+        dsc.Loader(fixed, batch_size=4, world_size=100, rank=0, tail="drop")
+    with pytest.raises(dsc.DscError, match="seed"):
+        dsc.Loader(fixed, batch_size=4, seed=-1)
+    with pytest.raises(dsc.DscError, match="window"):
+        dsc.Loader(fixed, batch_size=4, order="quasi_random", window=0)
+    a = dsc.Loader(fixed, batch_size=4, order="quasi_random")
+    b = dsc.Loader(fixed, batch_size=4, order="quasi_random", window=8)
+    b.load_state_dict(a.state_dict())  # the default window is the same order
+
+
+def test_resume_refuses_another_dataset(fixed, scenes_src, tmp_path):
+    dsc.compile_imagefolder(scenes_src, tmp_path / "other", size=(12, 10), shard_size=6, progress=False)
+    state = dsc.Loader(fixed, batch_size=4).state_dict()
+    with pytest.raises(dsc.DscError, match="shard_size"):
+        dsc.Loader(dsc.open(tmp_path / "other"), batch_size=4).load_state_dict(state)
+
+
+def test_empty_batch(fixed):
+    b = fixed.get_batch([])
+    assert b["image"].shape == (0, 12, 10, 3) and b["label"].shape == (0,)
