@@ -22,6 +22,7 @@ _LAZY = {
     "compile_yolo": ("dsc.compiler", "compile_yolo"),
     "compile_voc": ("dsc.compiler", "compile_voc"),
     "preview": ("dsc.runtime.preview", "preview"),
+    "verify": ("dsc.formats.verify", "verify"),
     "boxes_to_original": ("dsc.formats.coords", "invert_affine"),
     "CompileOptions": ("dsc.compiler", "CompileOptions"),
     "environment": ("dsc.env", "environment"),

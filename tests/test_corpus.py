@@ -230,3 +230,61 @@ def _unreadable(tmp_path):
         pytest.skip(f"cannot run as nobody here: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr
     assert "c/locked.png" in r.stdout and "Permission denied" in r.stdout
+
+
+def test_a_directory_reachable_twice_is_walked_once_whatever_the_listing_order(tmp_path):
+    for order in ("a_first", "link_first"):
+        root = tmp_path / order / "src"
+        (root / "cls").mkdir(parents=True)
+        if order == "link_first":
+            os.symlink(root / "cls" / "a", root / "cls" / "b")
+            (root / "cls" / "a").mkdir()
+        else:
+            (root / "cls" / "a").mkdir()
+            os.symlink(root / "cls" / "a", root / "cls" / "b")
+        scene().save(root / "cls" / "a" / "x.png")
+        from dsc.compiler import scan_imagefolder
+
+        assert [r.key for r in scan_imagefolder(root).records] == ["cls/a/x.png"], order
+
+
+def test_malformed_sources_never_print_tracebacks(tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+    from dsc.synthetic import detection_scenes, write_voc, write_yolo
+
+    scenes = detection_scenes(3, seed=1)
+    y = write_yolo(tmp_path / "y", scenes)
+    lbl = sorted((y / "labels" / "train").glob("*.txt"))[0]
+    lbl.write_text("nan 0.5 0.5 0.1 0.1\n")
+    v = write_voc(tmp_path / "v", scenes)
+    xml = sorted((v / "Annotations").glob("*.xml"))[0]
+    xml.write_text(xml.read_text().replace("<difficult>1</difficult>", "<difficult>maybe</difficult>"))
+    os.symlink(y / "images" / "train", y / "images" / "train" / "loop")  # a symlink loop in a YOLO split
+    bad_json = tmp_path / "bad.dsc"
+    bad_json.mkdir()
+    (bad_json / "zarr.json").write_text("[1, 2]")
+    cases = [
+        (["compile", "yolo", str(y), str(tmp_path / "o1"), "-q"], f"{lbl.name}:1: class nan"),
+        (["compile", "voc", str(v), str(tmp_path / "o2"), "-q"], "<difficult> is 'maybe'"),
+        (["info", str(bad_json)], "not a dsc dataset"),
+        (["verify", str(bad_json)], "not a dsc dataset"),
+        (["compile", "imagefolder", str(tmp_path), ".", "-q"], "not a name for a new dataset directory"),
+    ]
+    for args, needle in cases:
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and needle in r.output and "Traceback" not in r.output, (args, r.output)
+        assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
+    lbl.write_text("0 0.5 0.5 0.1 0.1\n")
+    from dsc.compiler import scan_yolo
+
+    assert len(scan_yolo(y).records) == 3  # the loop adds nothing
+
+
+def test_boxes_thinner_than_float32_are_dropped():
+    from dsc.compiler.boxes import to_stored
+
+    boxes = np.array([[1000.0, 0, 1000.00001, 10], [0, 0, 10, 10]])
+    stored, keep = to_stored(boxes, (1.0, 1.0, 0.0, 0.0), 2000, 2000)
+    assert keep.tolist() == [False, True] and stored.dtype == np.float32

@@ -247,3 +247,50 @@ def test_verify_cli_and_damaged_manifest(datasets, tmp_path):
     (work / "zarr.json").write_text(json.dumps(meta))
     with pytest.raises(dsc.UnsafePathError):
         dsc.open(work)
+
+
+def test_resume_under_fail_refuses_shards_that_skipped_inputs(scenes_src, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "class_00" / "img_00001.jpg").write_bytes(b"")
+    out = tmp_path / "out"
+    journal = tmp_path / ".out.dsc-tmp" / ".journal"
+    # a skip run killed after journaling the unit that left the bad input out; then resume under fail
+    p = subprocess.Popen([sys.executable, "-m", "dsc.cli", "compile", "imagefolder", str(src), str(out), "--size",
+                          "16", "--shard-size", "4", "--workers", "1", "--on-error", "skip", "-q"], env=ENV,
+                         start_new_session=True)
+    while p.poll() is None and _units_done(out) < 2:
+        time.sleep(0.001)
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    if out.exists():
+        pytest.skip("the compile finished before the kill")
+    assert journal.is_dir()
+    r = subprocess.run([sys.executable, "-m", "dsc.cli", "compile", "imagefolder", str(src), str(out), "--size", "16",
+                        "--shard-size", "4", "--workers", "1", "--resume", "-q"], env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1 and "img_00001.jpg" in r.stderr and "--on-error skip" in r.stderr
+    assert not out.exists()
+
+
+def test_resume_refuses_another_table_column(scenes_src, tmp_path):
+    """The resume fingerprint covers where pixels come from (here: which column of a table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dsc.compiler import scan_table
+    from dsc.compiler.journal import fingerprint
+    from dsc.compiler.options import CompileOptions
+    from dsc.formats.zarr_v3 import write_json
+
+    data = [f.read_bytes() for f in sorted(scenes_src.rglob("*.jpg"))]
+    pq.write_table(pa.table({"a": data, "b": data[::-1], "label": [0] * len(data)}), tmp_path / "t.parquet")
+    opts = CompileOptions(size=(8, 8), shard_size=4, workers=1, progress=False)
+    journal = tmp_path / ".out.dsc-tmp" / ".journal"
+    journal.mkdir(parents=True)  # a partial compile of column a
+    write_json(journal / "plan.json", {"fingerprint": fingerprint(scan_table(tmp_path / "t.parquet", "a"), opts, 4)})
+    with pytest.raises(dsc.DscError, match="other inputs or options"):
+        dsc.compile_table(tmp_path / "t.parquet", tmp_path / "out", image_column="b", size=(8, 8), shard_size=4,
+                          workers=1, progress=False, resume=True)
+    assert fingerprint(scan_table(tmp_path / "t.parquet", "a"), opts, 4) != \
+        fingerprint(scan_table(tmp_path / "t.parquet", "b"), opts, 4)

@@ -192,3 +192,39 @@ def test_pillow_simd_is_reported():
     if build["pil_distribution"] != "pillow-simd":
         pytest.skip("pillow-simd is not installed here (make install-simd); Pillow is, and is tested above")
     assert build["pil_version"].endswith(".post0") or "simd" in build["pil_distribution"]
+
+
+def test_arrow_ipc_units_read_their_batches(scenes_src, folder_ref, tmp_path):
+    import pyarrow as pa
+
+    table = _table(scenes_src)
+    with pa.ipc.new_file(str(tmp_path / "t.arrow"), table.schema) as w:
+        for a in range(0, table.num_rows, 4):  # many small record batches; shards straddle them
+            w.write_table(table.slice(a, 4))
+    dsc.compile_table(tmp_path / "t.arrow", tmp_path / "out", key_column="key", **OPTS)
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+
+
+def test_dask_client_object_and_resume_fingerprint(scenes_src, folder_ref, tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        dsc.compile_imagefolder(scenes_src, tmp_path / "out", executor=client, workers=2, **OPTS)
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+
+
+def test_python_dataset_targets_must_agree_with_the_task(tmp_path):
+    img = np.zeros((8, 8, 3), np.uint8)
+    det = [(img, {"boxes": [[0, 0, 4, 4]], "labels": [0]}), (img, 1)]
+    with pytest.raises(dsc.SampleError, match="class index .* in a detection dataset"):
+        dsc.compile(det, tmp_path / "a", size=8, progress=False, workers=1)
+    cls = [(img, 0), (img, {"boxes": [], "labels": []})]
+    with pytest.raises(dsc.SampleError, match="detection target"):
+        dsc.compile(cls, tmp_path / "b", size=8, progress=False, workers=1)
+    with pytest.raises(dsc.SampleError, match="label 5"):
+        dsc.compile([(img, 0), (img, 5)], tmp_path / "c", size=8, progress=False, workers=1, classes=["a", "b"])
+    with pytest.raises(dsc.SampleError, match="label -1"):
+        dsc.compile([(img, 0), (img, -1)], tmp_path / "d", size=8, progress=False, workers=1)
+    dsc.compile([(img, {"boxes": [[0, 0, 4, 4]], "labels": [2]})], tmp_path / "e", size=8, progress=False)
+    assert dsc.open(tmp_path / "e").classes == ["0", "1", "2"]  # names from the labels seen
+    assert dsc.verify(tmp_path / "e").ok

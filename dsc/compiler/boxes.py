@@ -71,8 +71,9 @@ def to_stored(boxes: np.ndarray, affine, out_w: int, out_h: int) -> tuple[np.nda
     b = apply_affine(boxes, affine)
     b[:, [0, 2]] = np.clip(b[:, [0, 2]], 0, out_w)
     b[:, [1, 3]] = np.clip(b[:, [1, 3]], 0, out_h)
+    b = b.astype(np.float32)  # decide on what is stored: a box thinner than a float32 step has no area
     keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
-    return b.astype(np.float32), keep
+    return b, keep
 
 
 def _fmt(b) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import SampleError, SourceError, WriteError
+from ..errors import DscError, SampleError, SourceError, WriteError
 from ..formats import FORMAT_VERSION, ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.zarr_v3 import (node_dir, sharded_array_json, write_group, write_json, write_plain_array,
@@ -88,16 +88,24 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             bar.update(len(tasks[res.s].records))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
 
-    with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
-              dynamic_ncols=True, smoothing=0.1) as bar:
-        bar.update(sum(len(tasks[s].records) for s in done))
-        if executor is not None and todo:
-            consume(_dask_results(executor, todo), bar)
-        elif workers == 1 or len(todo) <= 1:
-            consume(map(compile_unit, todo), bar)
-        elif todo:
-            with _pool_context().Pool(min(workers, len(todo)), initializer=worker_init) as pool:
+    # The pool forks before the progress bar exists: tqdm starts a monitor thread, and forking a process
+    # that has threads can deadlock the child.
+    pool = _pool_context().Pool(min(workers, len(todo)), initializer=worker_init) \
+        if executor is None and workers > 1 and len(todo) > 1 else None
+    try:
+        with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
+                  dynamic_ncols=True, smoothing=0.1) as bar:
+            bar.update(sum(len(tasks[s].records) for s in done))
+            if executor is not None and todo:
+                consume(_dask_results(executor, todo), bar)
+            elif pool is not None:
                 consume(pool.imap_unordered(compile_unit, todo), bar)
+            else:
+                consume(map(compile_unit, todo), bar)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
     return [results[s] for s in range(len(tasks))]
 
 
@@ -207,12 +215,17 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         tmp = staging.tmp
         journal = Journal(tmp, fingerprint(scanned, options, K), dict(scanned.attributes))
         staging.keep_on_failure = journal.has_units
-        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), options, K, scanned.input)
+        unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
+        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, scanned.input)
                  for s, start in enumerate(range(0, len(records), K))]
         done = {}
         if options.resume:
             journal.check_plan()
             done = journal.finished_units(len(tasks))
+            failed = [r for r in done.values() if r.errors]
+            if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
+                i, reason = min(e for r in failed for e in r.errors)
+                raise _stop(records[i].key, records[i].path, reason)
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
@@ -234,10 +247,9 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         try:
             shards = _compact(tmp, results, options, K)
             manifest = _finalize(tmp, scanned, options, results, kept, shards, K, skipped)
-            journal.remove()
-            staging.publish()
+            staging.publish(before_rename=journal.remove)
         except OSError as e:
-            if isinstance(e, WriteError):
+            if isinstance(e, DscError):
                 raise
             raise WriteError(f"writing {tmp} failed: {e.strerror or e} (disk full or a file-size limit?); "
                              f"finished shards are kept: free space and rerun with --resume") from None
@@ -248,9 +260,12 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
 
 def _classes(scanned: ScannedSource, results: list[UnitResult]) -> tuple[str, ...]:
     """The source's class names; for a dataset without them, the label values as text."""
-    if scanned.classes or scanned.task != "classification":
+    if scanned.classes or scanned.task not in ("classification", "detection"):
         return scanned.classes
-    top = max((int(r.labels.max()) for r in results if len(r.labels)), default=-1)
+    if scanned.task == "classification":
+        top = max((int(r.labels.max()) for r in results if len(r.labels)), default=-1)
+    else:
+        top = max((int(x.max()) for r in results if r.objects for x in r.objects.labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
 
 

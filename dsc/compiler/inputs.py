@@ -37,7 +37,7 @@ def fetcher(records: list[Record], spec: dict):
         data = _table_rows(records, spec["column"])
         return lambda r: Item(io.BytesIO(data[(r.path, r.row)]), r.label, r.target)
     if kind == "dataset":
-        return lambda r: _dataset_item(_DATASET, r)
+        return lambda r: _dataset_item(_DATASET, r, spec)
     raise SourceError(f"unknown input kind {kind!r}")
 
 
@@ -62,9 +62,20 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
 
     if path.endswith((".arrow", ".feather", ".ipc")):
         with pa.memory_map(path) as src:
-            try:
-                table = pa.ipc.open_file(src).read_all()
-            except pa.ArrowInvalid:
+            try:  # IPC file format: random access to the record batches that hold rows [lo, hi)
+                reader = pa.ipc.open_file(src)
+                out, start = [], 0
+                for b in range(reader.num_record_batches):
+                    batch = reader.get_batch(b)
+                    n = batch.num_rows
+                    if start < hi and start + n > lo:
+                        a = max(lo, start) - start
+                        out += batch.column(column).slice(a, min(hi, start + n) - start - a).to_pylist()
+                    start += n
+                    if start >= hi:
+                        break
+                return out
+            except pa.ArrowInvalid:  # IPC stream format (datasets' save_to_disk): sequential only
                 src.seek(0)
                 table = pa.ipc.open_stream(src).read_all()
         return table.column(column).slice(lo, hi - lo).to_pylist()
@@ -92,7 +103,8 @@ def image_bytes(value, path: str, row: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------- python datasets
-def _dataset_item(dataset, r: Record) -> Item:
+def _dataset_item(dataset, r: Record, spec: dict | None = None) -> Item:
+    """``spec``: {"task", "num_classes"} the items must agree with (the first item decides the task)."""
     where = f"dataset[{r.row}]"
     try:
         sample = dataset[r.row]
@@ -101,7 +113,19 @@ def _dataset_item(dataset, r: Record) -> Item:
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         raise SampleError(where, "expected (image, target) from the dataset")
     image, target = sample
-    return Item(to_pil(image, where), *_target(target, r, where), decoded=True)
+    label, tgt = _target(target, r, where)
+    if spec is not None:
+        task, n = spec.get("task"), spec.get("num_classes")
+        if task == "classification" and tgt is not None:
+            raise SampleError(where, "returned a detection target (a dict) in a classification dataset")
+        if task == "detection" and tgt is None:
+            raise SampleError(where, f"returned a class index ({label}) in a detection dataset; return a dict "
+                                     f"with boxes and labels")
+        labels = np.atleast_1d(tgt.labels if tgt is not None else label)
+        if len(labels) and (labels.min() < 0 or (n and labels.max() >= n)):
+            raise SampleError(where, f"label {int(labels.min() if labels.min() < 0 else labels.max())} is not a "
+                                     f"class index{f' in 0..{n - 1}' if n else ''}")
+    return Item(to_pil(image, where), label, tgt, decoded=True)
 
 
 def to_pil(image, where: str):

@@ -31,8 +31,8 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
     the options (not workers, progress, overwrite or on_error, which never change a finished shard)."""
     h = hashlib.sha256()
     opts = options.recorded()
-    h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task}, sort_keys=True,
-                        default=str).encode())
+    h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task, "kind": scanned.kind,
+                         "input": scanned.input}, sort_keys=True, default=str).encode())
     for r in scanned.records:
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0".encode())
         t = r.target
@@ -69,7 +69,7 @@ class Journal:
     def record(self, result: UnitResult) -> None:
         # No fsync: after a power loss a torn entry fails to parse, and an entry whose shard was not yet on
         # disk fails the SHA-256 check; either way the unit is compiled again.
-        write_json(self.dir / f"unit-{result.s}.json", result.to_json(), durable=False)
+        write_json(self.dir / f"unit-{result.s}.json", result.to_json())
 
     def finished_units(self, num_units: int) -> dict[int, UnitResult]:
         """Units whose journal entry exists and whose shard still hashes to what was recorded."""

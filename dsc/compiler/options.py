@@ -40,7 +40,7 @@ class CompileOptions:
         if self.size is not None:
             if isinstance(self.size, int):
                 object.__setattr__(self, "size", (self.size, self.size))
-            if len(self.size) != 2 or any(not isinstance(v, int) or v < 1 for v in self.size):
+            if len(self.size) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.size):
                 raise SourceError(f"size must be one positive int or (height, width), got {self.size!r}")
             object.__setattr__(self, "size", tuple(self.size))
             if self.max_side is not None:
@@ -51,9 +51,9 @@ class CompileOptions:
             raise SourceError(f"max_side must be a positive int, got {self.max_side!r}")
         if self.mode not in ("RGB", "L"):
             raise SourceError(f"mode must be RGB or L, got {self.mode!r}")
-        if not 0 <= self.fill <= 255:
+        if not isinstance(self.fill, int) or isinstance(self.fill, bool) or not 0 <= self.fill <= 255:
             raise SourceError(f"fill must be 0..255, got {self.fill}")
-        if len(self.background) != 3 or any(not 0 <= c <= 255 for c in self.background):
+        if len(self.background) != 3 or any(not isinstance(c, int) or not 0 <= c <= 255 for c in self.background):
             raise SourceError(f"background must be three values 0..255, got {self.background!r}")
         if self.filter not in FILTERS:
             raise SourceError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
@@ -61,7 +61,7 @@ class CompileOptions:
             raise SourceError(f"on_error must be fail or skip, got {self.on_error!r}")
         for name in ("shard_size", "workers"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise SourceError(f"{name} must be a positive int, got {v!r}")
 
     RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error")
@@ -97,8 +97,8 @@ class CompileReport:
 
 
 def default_shard_size(num_records: int, options: CompileOptions) -> int:
-    """Samples per shard: ~64 MiB of pixels (a power of two in [1, 1024]), and small enough that a
-    small dataset still makes ~32 work units to balance across processes. Depends only on the input
+    """Samples per shard: ~64 MiB of pixels (a power of two in [1, 1024]), lowered to ceil(N / 32) (not
+    below 8) so that a small dataset still makes ~32 work units to balance across processes. Depends only on the input
     count and options, never on the worker count, so output bytes do not either."""
     if options.size is not None:
         sample = options.size[0] * options.size[1] * options.channels

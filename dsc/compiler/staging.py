@@ -5,6 +5,7 @@ holds everything until the last step renames it to OUT, so OUT is a complete dat
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import shutil
@@ -28,16 +29,28 @@ class Staging:
         self._lock_fd: int | None = None
         self.published = False
 
+    def _lock(self) -> int:
+        """flock the lock file; the lock counts only if the file we locked is still the one at the path
+        (a finishing compile unlinks it: whoever locked the unlinked file retries on the new one)."""
+        while True:
+            fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise CompileLockedError(f"another dsc compile is writing {self.out} right now "
+                                         f"(lock {self._lock_path}); wait for it to finish") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self._lock_path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+
     def __enter__(self) -> "Staging":
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CompileLockedError(f"another dsc compile is writing {self.out} right now "
-                                     f"(lock {self._lock_path}); wait for it to finish") from None
-        self._lock_fd = fd
+        self._lock_fd = self._lock()
         if self.tmp.exists() and not self.resume:  # an interrupted compile's; we hold the lock, so it is stale
             self.warn(f"removing the partial output of an interrupted compile ({self.tmp}); "
                       f"pass --resume to continue it instead")
@@ -46,18 +59,28 @@ class Staging:
         shutil.rmtree(self.tmp / "_compact", ignore_errors=True)  # an interrupted compaction restarts
         return self
 
-    def publish(self) -> None:
+    def publish(self, before_rename=None) -> None:
+        """Flush everything to disk, then make the staging directory OUT in one rename (an atomic swap
+        with an existing OUT when overwriting, so OUT is never absent). ``before_rename`` runs after the
+        last check that can fail (it removes the resume journal)."""
         check_output(self.out, self.overwrite)
-        old = self.out.parent / f".{self.out.name}.dsc-old"
+        if before_rename is not None:
+            before_rename()
+        sync_filesystem(self.tmp)
         if self.out.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(self.out, old)
+            if not _exchange(self.tmp, self.out):  # no renameat2: two renames, OUT briefly absent
+                old = self.out.parent / f".{self.out.name}.dsc-old"
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(self.out, old)
+                os.rename(self.tmp, self.out)
+                self.tmp = old
+            self.published = True
+            fsync_dir(self.out.parent)
+            shutil.rmtree(self.tmp)  # the old dataset, now at the staging path
+            return
         os.rename(self.tmp, self.out)
         self.published = True
         fsync_dir(self.out.parent)
-        if old.exists():
-            shutil.rmtree(old)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.published:
@@ -73,6 +96,34 @@ class Staging:
                 pass
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    return False
+
+
+def sync_filesystem(path: Path) -> None:
+    """Make every file written under ``path`` durable: syncfs(2) on its filesystem (one call instead of
+    an fsync per file and directory), os.sync() where syncfs is missing."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            if ctypes.CDLL(None, use_errno=True).syncfs(fd) == 0:
+                return
+        except (OSError, AttributeError):
+            pass
+        os.sync()
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -86,12 +137,15 @@ def is_dsc_dataset(path: Path) -> bool:
         meta = read_json(path / "zarr.json")
     except (FileNotFoundError, NotADirectoryError, DscError):
         return False
-    return isinstance(meta.get("attributes"), dict) and "dsc" in meta["attributes"]
+    return isinstance(meta, dict) and isinstance(meta.get("attributes"), dict) and "dsc" in meta["attributes"]
 
 
 def check_output(out: Path, overwrite: bool) -> None:
     """Refuse an existing OUT unless overwrite; even then, only a dsc dataset or an empty directory."""
     out = Path(out)
+    if out.name in ("", ".", ".."):
+        raise OutputExistsError(f"{str(out)!r} is not a name for a new dataset directory; give OUT as a path "
+                                f"that ends in a new name, e.g. ./train.dsc")
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:

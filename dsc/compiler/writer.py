@@ -1,7 +1,8 @@
 """Shard writers: append samples in order, hash while writing, publish the file by rename on close.
 
-A shard file only ever appears under its final name complete and fsynced, so a crash leaves at
-most a ``.partial`` file behind. The same writers serve the workers (one shard each) and the
+A shard file only ever appears under its final name complete, so a crash leaves at most a ``.partial``
+file behind (and resume re-hashes every shard it keeps, so a shard torn by a power loss is redone).
+The whole dataset is flushed to disk with one syncfs before it is published. The same writers serve the workers (one shard each) and the
 compaction pass that closes the gaps left by skipped inputs.
 """
 from __future__ import annotations
@@ -46,8 +47,6 @@ class _ShardWriter:
             self.abort()
             return None
         self._finish()
-        self._f.flush()
-        os.fsync(self._f.fileno())
         self._f.close()
         os.replace(self._tmp, self.path)
         return ShardSpec(path=self.rel_path, count=self.count, nbytes=self.nbytes, sha256=self._hash.hexdigest())

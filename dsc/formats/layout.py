@@ -56,6 +56,6 @@ def read_manifest(root: Path) -> Manifest:
         raise DatasetNotFoundError(f"{root} is not a dsc dataset: it has no zarr.json "
                                    f"(an interrupted compile never leaves one)") from None
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    if meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
+    if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
         raise DatasetNotFoundError(f"{root} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
     return Manifest.from_dict(attrs["dsc"])

@@ -113,6 +113,10 @@ def verify(path: str | os.PathLike) -> VerifyReport:
     if ragged:
         offsets = _try(P, L.RAGGED_OFFSETS, lambda: read_plain_array(root, L.RAGGED_OFFSETS))
         shapes = _try(P, L.RAGGED_SHAPES, lambda: read_plain_array(root, L.RAGGED_SHAPES))
+        if offsets is not None and shapes is not None and (offsets.shape != (n + 1,) or shapes.shape != (n, 3)):
+            P.append(Problem(L.RAGGED_OFFSETS, f"offsets {offsets.shape} / shapes {shapes.shape} do not fit "
+                                               f"{n} samples"))
+            offsets = shapes = None
         if offsets is not None and shapes is not None:
             sizes = np.diff(offsets)
             bad = np.flatnonzero((sizes < 0) | (sizes != np.prod(shapes.astype(np.int64), axis=1))

@@ -84,16 +84,14 @@ def _array_json(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int], co
     return meta
 
 
-def write_json(path: Path, obj: Any, durable: bool = True) -> None:
-    """Write JSON atomically (temp file + rename; fsync first unless ``durable=False``)."""
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename), with a stable key order. Durability is the writer's
+    business: dsc flushes a whole dataset with one syncfs before publishing it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False, allow_nan=False)
         f.write("\n")
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -133,8 +131,6 @@ def write_plain_array(root: Path, rel: str, data: np.ndarray,
         chunk.parent.mkdir(parents=True, exist_ok=True)
         with open(chunk, "wb") as f:
             f.write(data.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
     fill = False if data.dtype == np.bool_ else 0
     write_json(d / ZARR_JSON, _array_json(data.shape, _DTYPES[data.dtype.name], [max(1, s) for s in data.shape],
                                           [_bytes_codec(data.dtype)], fill, dimension_names, None))
@@ -151,7 +147,7 @@ def read_array_meta(root: Path, rel: str) -> dict:
         meta = read_json(path)
     except FileNotFoundError:
         raise CorruptDatasetError(f"{path} is missing; the dataset is incomplete. Recompile it.") from None
-    if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
+    if not isinstance(meta, dict) or meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
         raise CorruptDatasetError(f"{path}: not a Zarr v3 array")
     return meta
 
@@ -160,6 +156,8 @@ def read_plain_array(root: Path, rel: str, mmap: bool = False) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
     meta = read_array_meta(root, rel)
     shape = tuple(meta["shape"])
+    if meta.get("data_type") not in _DTYPES.values():
+        raise CorruptDatasetError(f"{node_dir(root, rel)}: data_type {meta.get('data_type')!r} is not one dsc stores")
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
     codecs = meta.get("codecs", [])
     if (meta["chunk_grid"]["configuration"]["chunk_shape"] != [max(1, s) for s in shape]
@@ -199,8 +197,6 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
     chunk.parent.mkdir(parents=True, exist_ok=True)
     with open(chunk, "wb") as f:
         f.write(b"".join(parts))
-        f.flush()
-        os.fsync(f.fileno())
     n = len(encoded)
     write_json(d / ZARR_JSON, _array_json([n], "string", [n], [{"name": "vlen-utf8", "configuration": {}}],
                                           "", ["sample"], None))

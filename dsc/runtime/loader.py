@@ -2,8 +2,8 @@
 
 How a batch is made: the epoch's order (a pure function of seed, epoch, rank, world size) is cut
 into batches; a batch's indices are sorted by storage position, so each shard it touches is one
-contiguous run gathered by a single ``index_select`` straight into a slot of a ring of preallocated
-buffers (pinned when the device is CUDA). ``num_threads`` background threads fill slots up to
+contiguous run gathered by a single ``numpy.take`` (see ``Dataset.gather_images`` for why not
+``index_select``) straight into a slot of a ring of preallocated buffers (pinned when the device is CUDA). ``num_threads`` background threads fill slots up to
 ``prefetch`` batches ahead of the consumer; the copies release the GIL, and threads share memory, so
 nothing is pickled or copied twice.
 

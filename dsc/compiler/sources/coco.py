@@ -46,7 +46,7 @@ def _int(path, what, obj, key):
 
 def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
               keep_category_ids: bool = False) -> ScannedSource:
-    ann_path, img_dir = Path(annotations), Path(images)
+    ann_path, img_dir = Path(os.path.abspath(annotations)), Path(os.path.abspath(images))
     if not img_dir.is_dir():
         raise SourceError(f"{img_dir}: no such images directory")
     data = _load_json(ann_path)

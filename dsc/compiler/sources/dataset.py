@@ -37,5 +37,6 @@ def scan_dataset(dataset, classes=None, task: str | None = None) -> tuple[Scanne
     records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
     names = tuple(classes or getattr(dataset, "classes", None) or ())
     return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records,
-                         classes=tuple(str(c) for c in names), input={"kind": "dataset"},
+                         classes=tuple(str(c) for c in names),
+                         input={"kind": "dataset", "task": task, "num_classes": len(names) or None},
                          summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n}), dataset

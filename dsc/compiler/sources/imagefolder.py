@@ -31,17 +31,19 @@ def find_classes(root: Path) -> list[str]:
         return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
 
 
-def _walk_class(class_dir: Path) -> list[str]:
-    """Image files below class_dir in torchvision's order, following symlinks but never a loop."""
+def walk_images(top: Path) -> list[str]:
+    """Image files below ``top`` in torchvision's order (sorted walk, sorted names), following symlinks;
+    a directory reachable twice (a symlink loop or an alias) is walked once, at its first path in that
+    sorted order, so the result does not depend on the filesystem's listing order."""
     walked = []
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:  # a symlink back to a directory already walked
             dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         walked.append((dirpath, filenames))
     files = []
     for dirpath, filenames in sorted(walked):
@@ -60,10 +62,11 @@ def scan_imagefolder(src: str | os.PathLike) -> ScannedSource:
     classes = find_classes(root)
     if not classes:
         raise SourceError(f"{root} has no class folders: ImageFolder expects SRC/<class>/<image files>.")
+    root = Path(os.path.abspath(root))
     records: list[Record] = []
     warnings = []
     for idx, cls in enumerate(classes):
-        files = _walk_class(root / cls)
+        files = walk_images(root / cls)
         if not files:
             warnings.append(f"class {cls!r} ({root / cls}) has no image files; its index {idx} is kept")
         for f in files:

@@ -70,6 +70,7 @@ def _read_meta_columns(path: Path, columns: list[str]):
 def scan_table(path: str | os.PathLike, image_column: str = "image", label_column: str | None = "label",
                key_column: str | None = None, classes: list[str] | None = None) -> ScannedSource:
     _pyarrow()
+    path = os.path.abspath(path)
     files = table_files(path)
     records, names = [], None
     for f in files:
@@ -78,9 +79,9 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
         if image_column not in schema.names:
             raise SourceError(f"{f}: no column {image_column!r} (columns: {', '.join(schema.names)}); "
                               f"pass --image-column")
-        if label_column and label_column not in schema.names:
-            raise SourceError(f"{f}: no column {label_column!r} (columns: {', '.join(schema.names)}); "
-                              f"pass --label-column, or --no-label")
+        for col, flag in ((label_column, "--label-column, or --no-label"), (key_column, "--key-column")):
+            if col and col not in schema.names:
+                raise SourceError(f"{f}: no column {col!r} (columns: {', '.join(schema.names)}); pass {flag}")
         names = names or (_hf_class_names(schema, label_column) if label_column else None)
         labels = table.column(label_column).to_pylist() if label_column else [-1] * num_rows
         keys = table.column(key_column).to_pylist() if key_column else None
@@ -88,7 +89,7 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
             label = labels[row]
             if label is None or not isinstance(label, int):
                 raise SourceError(f"{f} row {row}: label {label!r} is not an integer class index")
-            key = str(keys[row]) if keys and keys[row] else f"{f.name}#{row}"
+            key = str(keys[row]) if keys and keys[row] not in (None, "") else f"{f.name}#{row}"
             records.append(Record(key=key, path=str(f), label=label, row=row))
     if not records:
         raise SourceError(f"{path}: the table has no rows")

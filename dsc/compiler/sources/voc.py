@@ -33,6 +33,19 @@ def _num(el, tag, path):
         raise SourceError(f"{path}: <{tag}> is {v!r}, not a number") from None
 
 
+def _flag(el, tag, path) -> int:
+    """A 0/1 field; absent, empty or "Unspecified" count as 0 (some VOC-style exports write those)."""
+    v = _text(el, tag, path, "0") or "0"
+    try:
+        return int(float(v) != 0)
+    except ValueError:
+        if v.lower() in ("unspecified", "false", "no"):
+            return 0
+        if v.lower() in ("true", "yes"):
+            return 1
+        raise SourceError(f"{path}: <{tag}> is {v!r}, expected 0 or 1") from None
+
+
 def _parse_xml(path: Path):
     try:
         tree = ET.parse(path)
@@ -49,12 +62,12 @@ def _parse_xml(path: Path):
             raise SourceError(f"{path}: <object> has no <bndbox>")
         box = [_num(bb, t, path) for t in ("xmin", "ymin", "xmax", "ymax")]
         objs.append((_text(obj, "name", path), [box[0] - 1, box[1] - 1, box[2], box[3]],
-                     int(_text(obj, "difficult", path, "0") or 0), int(_text(obj, "truncated", path, "0") or 0)))
+                     _flag(obj, "difficult", path), _flag(obj, "truncated", path)))
     return _text(root, "filename", path, ""), wh, objs
 
 
 def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None) -> ScannedSource:
-    root = Path(root)
+    root = Path(os.path.abspath(root))
     sets = root / "ImageSets" / "Main"
     split_file = sets / f"{split}.txt"
     if not split_file.is_file():

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import SourceError
 from .base import Record, ScannedSource, Target
-from .imagefolder import is_image_file
+from .imagefolder import walk_images
 
 
 def _load_yaml(path: Path) -> dict:
@@ -47,8 +47,7 @@ def _image_files(entry: str, root: Path) -> list[Path]:
     p = Path(entry)
     p = p if p.is_absolute() else root / p
     if p.is_dir():
-        return sorted(Path(d) / f for d, _, fs in os.walk(p, followlinks=True) for f in fs
-                      if is_image_file(f) and not f.startswith("."))
+        return [Path(f) for f in walk_images(p)]
     if p.suffix == ".txt" and p.is_file():
         out = []
         for line in p.read_text(encoding="utf-8").splitlines():
@@ -77,6 +76,8 @@ def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]
         except ValueError:
             raise SourceError(f"{path}:{n}: expected 'class cx cy w h' numbers, got {line.strip()!r}") from None
         cls = vals[0]
+        if not np.isfinite(cls) or cls != int(cls) or not 0 <= cls < num_classes:
+            raise SourceError(f"{path}:{n}: class {parts[0]} is not one of the {num_classes} classes in names")
         if len(vals) == 5:
             cx, cy, w, h = vals[1:]
             box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
@@ -86,8 +87,6 @@ def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]
         else:
             raise SourceError(f"{path}:{n}: expected 'class cx cy w h' (5 values) or a polygon, "
                               f"got {len(vals)} values")
-        if cls != int(cls) or not 0 <= cls < num_classes:
-            raise SourceError(f"{path}:{n}: class {parts[0]} is not one of the {num_classes} classes in names")
         boxes.append(box)
         labels.append(int(cls))
     return np.array(boxes, np.float64).reshape(-1, 4), np.array(labels, np.int64)
@@ -95,8 +94,8 @@ def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]
 
 def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os.PathLike | None = None,
               classes_file: str | os.PathLike | None = None) -> ScannedSource:
-    root = Path(root)
-    yaml_path = Path(data_yaml) if data_yaml else root / "data.yaml"
+    root = Path(os.path.abspath(root))
+    yaml_path = Path(os.path.abspath(data_yaml)) if data_yaml else root / "data.yaml"
     if not root.is_dir():
         raise SourceError(f"{root}: no such directory")
     if classes_file is None and yaml_path.is_file():
