@@ -43,8 +43,11 @@ class PILAugmented(torch.utils.data.Dataset):
 
 
 def rate_of(loader, limit=None) -> float:
+    """Images/s after the first batch (worker start-up and warm-up are not timed)."""
+    it = iter(loader)
+    next(it)
     t0, n = time.perf_counter(), 0
-    for b in loader:
+    for b in it:
         n += len(b["index"]) if isinstance(b, dict) else len(b)
         if limit and n >= limit:
             break
