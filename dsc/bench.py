@@ -108,7 +108,7 @@ class _PILSource(torch.utils.data.Dataset):
 
 def pil_dataloader_rate(ds, batch_size: int, limit: int = 1024) -> float | None:
     m = ds.manifest
-    root = Path(m.source.get("root", ""))
+    root = Path(m.source.get("images") or m.source.get("root") or "")  # COCO keys are relative to images/
     paths = [str(root / k) for k in ds.keys[:limit]]
     if m.image.layout != "fixed" or not paths or not Path(paths[0]).exists():
         return None
@@ -150,5 +150,6 @@ def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: i
     if pil:
         line("torch DataLoader(num_workers=2) + PIL decode/resize", pil, f"(baseline b) dsc is {rate / pil:,.0f}x")
     else:
-        echo("  (baseline b skipped: the source images are not where the manifest says, or ragged layout)")
+        echo("  (baseline b skipped: it decodes the source files again, and they are not found where the manifest "
+             "says, the source is a table or Python dataset, or the layout is ragged)")
     return {"loader": rate, "copy_limit": limit, "threaded_take": take, "pil_dataloader": pil, "gb_per_s": gb(rate)}

@@ -7,22 +7,27 @@ Library errors (``DscError``) and OS errors become a one-line message and exit c
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import DscError
+from .errors import CompileLockedError, DscError
 
 
 class DscGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # `dsc info OUT | head`: the reader left; stop quietly
+            sys.stdout = open(os.devnull, "w")
+            ctx.exit(0)
         except DscError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:  # disk full, permissions, ...: the OS message names the file
-            raise click.ClickException(f"{type(e).__name__}: {e}") from None
+            raise click.ClickException(str(e)) from None
 
 
 class SizeParam(click.ParamType):
@@ -82,7 +87,8 @@ def compile_options(f):
                      help="JPEG draft decoding (DCT scaling by 1/2-1/8) when the output is at most half the "
                           "source: much faster for large photos, not pixel-identical to a full decode."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
-                     help="Samples per shard file (default: about 64 MiB of pixels)."),
+                     help="Samples per shard file (default: about 64 MiB of pixels, fewer for small datasets so "
+                          "that there are ~32 shards to share among workers)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
                      help="Worker processes (default: number of cores)."),
         click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
@@ -117,7 +123,12 @@ def _options_from(kw: dict):
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+
+
+def _n(count: int, word: str) -> str:
+    """'1 shard', '3 shards'."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _describe_image(m) -> str:
@@ -130,21 +141,21 @@ def _describe_image(m) -> str:
 
 def _describe_objects(m) -> str:
     o = m.objects
-    return (f"{o['num_boxes']:,} boxes ({o['dropped_boxes']} dropped by the resize), "
-            f"{o['images_without_boxes']} images without boxes")
+    return (f"{_n(o['num_boxes'], 'box')[:-1] + ('es' if o['num_boxes'] != 1 else '')} "
+            f"({o['dropped_boxes']} dropped by the resize), {_n(o['images_without_boxes'], 'image')} without boxes")
 
 
 def _report(report) -> None:
     m = report.manifest
     if report.resumed_units:
-        click.echo(f"resumed: {report.resumed_units} finished shards verified and kept")
-    click.echo(f"compiled {m.num_samples} images into {report.path} ({_describe_image(m)}; "
-               f"{len(m.shards)} shards, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
+        click.echo(f"resumed: {_n(report.resumed_units, 'finished shard')} verified and kept")
+    click.echo(f"compiled {_n(m.num_samples, 'image')} into {report.path} ({_describe_image(m)}; "
+               f"{_n(len(m.shards), 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
                f"{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
         click.echo(f"objects: {_describe_objects(m)}")
     if report.skipped:
-        click.echo(f"skipped {len(report.skipped)} bad inputs (all recorded in the manifest; "
+        click.echo(f"skipped {_n(len(report.skipped), 'bad input')} (all recorded in the manifest; "
                    f"list them with `dsc info {report.path} --skipped`):", err=True)
         for s in report.skipped[:10]:
             click.echo(f"  {s['key']}: {s['reason']}", err=True)
@@ -178,9 +189,9 @@ def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     try:
         report = compile_dataset(scanned, out, options, warn=warn)
-    except (DscError, OSError, KeyboardInterrupt):
+    except (DscError, OSError, KeyboardInterrupt) as e:
         partial = out.parent / f".{out.name}.dsc-tmp"
-        if partial.exists():
+        if partial.exists() and not isinstance(e, CompileLockedError):  # a locked-out compile touched nothing
             click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
                        f"to continue, or without it to start over", err=True)
         raise
@@ -318,7 +329,8 @@ def compile_table_cmd(path: Path, out: Path, image_column: str, label_column: st
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True, help="Number of samples.")
 @click.option("--cols", type=click.IntRange(min=1), default=None, help="Grid columns (default: square).")
 @click.option("--cell", type=click.IntRange(min=16), default=256, show_default=True, help="Cell size in pixels.")
-@click.option("--seed", type=int, default=None, help="Draw a random sample with this seed (default: the first N).")
+@click.option("--seed", type=int, default=None,
+              help="Draw N random samples with this seed (default: the first N, often all of one class).")
 def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
     """Draw a grid of samples with boxes and class names (detection) or class names (classification)."""
     from .runtime import open as open_dataset
@@ -358,6 +370,8 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
     if skipped:
         for s in m.skipped:
             click.echo(f"{s['key']}\t{s['reason']}")
+        if not m.skipped:
+            click.echo("no input was skipped", err=True)
         return
     for spec in m.shards:
         check_file_size(node_dir(dataset, spec.path), spec.nbytes)
@@ -368,7 +382,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         ("dataset", str(dataset)),
         ("format", f"dsc format v{m.format_version} (Zarr v3 group), written by dsc {m.dsc_version}"),
         ("task", m.task),
-        ("samples", f"{m.num_samples:,} in {len(m.shards)} shards of up to {m.shard_size}"),
+        ("samples", f"{m.num_samples:,} in {_n(len(m.shards), 'shard')} of up to {m.shard_size}"),
         ("image", _describe_image(m)),
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),

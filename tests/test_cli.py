@@ -73,7 +73,7 @@ def test_skip_prints_a_summary(scenes_src, tmp_path):
     (src / "class_01" / "broken.jpg").write_bytes(b"")
     r = run("compile", "imagefolder", src, tmp_path / "out", "--size", "8", "--on-error", "skip", "-q")
     assert r.exit_code == 0
-    assert "skipped 1 bad inputs" in r.output and "class_01/broken.jpg" in r.output
+    assert "skipped 1 bad input " in r.output and "class_01/broken.jpg" in r.output
     r = run("info", tmp_path / "out", "--skipped")
     assert "class_01/broken.jpg" in r.output
 
@@ -84,3 +84,34 @@ def test_bench_prints_ratios(scenes_src, tmp_path):
     r = run("bench", out, "--batch-size", "8", "--epochs", "1")
     assert r.exit_code == 0, r.output
     assert "of the copy limit" in r.output and "dsc is" in r.output
+
+
+def test_user_mistakes_give_clean_messages(scenes_src, tmp_path):
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "readme.parquet").write_text("not a table")
+    r = run("compile", "table", tmp_path / "readme.parquet", tmp_path / "o1", "-q")
+    assert r.exit_code == 1 and "not a readable Parquet or Arrow file" in r.output
+    pq.write_table(pa.table({"image": [b"garbage"], "label": [0]}), tmp_path / "bad.parquet")
+    r = run("compile", "table", tmp_path / "bad.parquet", tmp_path / "o2", "-q")
+    assert r.exit_code == 1 and "bad.parquet row 0" in r.output and "BytesIO" not in r.output
+    r = run("compile", "imagefolder", scenes_src, tmp_path / "o3", "--size", "8", "-q", "--executor", "bogus")
+    assert r.exit_code == 1 and "cannot reach the Dask scheduler at 'bogus'" in r.output
+    out = tmp_path / "ds"
+    dsc.compile_imagefolder(scenes_src, out, size=8, progress=False)
+    r = run("preview", out, "-o", tmp_path / "missing" / "p.png")
+    assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "missing").exists()
+    p = subprocess.Popen([sys.executable, "-m", "dsc.cli", "info", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # like `dsc info OUT | head -0`
+    err = p.stderr.read().decode()
+    p.wait()
+    assert "Traceback" not in err and "Broken pipe" not in err
+    ds = dsc.open(out)
+    import torch
+
+    assert isinstance(ds.to_original(0, torch.tensor([[0.0, 0.0, 4.0, 4.0]])), torch.Tensor)

@@ -29,7 +29,7 @@ from ..formats import layout as L
 from ..formats.zarr_v3 import (node_dir, sharded_array_json, write_group, write_json, write_plain_array,
                                write_string_array)
 from ..formats.verify import file_checksums
-from .inputs import set_dataset
+from .inputs import set_dataset, where
 from .journal import Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
 from .sources.base import ScannedSource
@@ -44,7 +44,8 @@ def _pool_context():
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
-    err = SampleError(path, f"{reason} (pass --on-error skip to leave bad inputs out and record them)")
+    err = SampleError(path, f"{reason} (--on-error skip, or on_error='skip', leaves bad inputs out and "
+                            f"records them)")
     err.key, err.bare_reason = key, reason
     return err
 
@@ -55,7 +56,14 @@ def _dask_results(executor, todo: list[UnitTask]):
         from dask.distributed import Client, as_completed
     except ImportError:
         raise SourceError("--executor needs dask.distributed: pip install 'dsc[dask]'") from None
-    client = executor if isinstance(executor, Client) else Client(executor)
+    if isinstance(executor, Client):
+        client = executor
+    else:
+        try:
+            client = Client(executor, timeout="20s")
+        except (OSError, ValueError, TypeError) as e:
+            raise SourceError(f"cannot reach the Dask scheduler at {executor!r}: {e}; give its address as "
+                              f"tcp://host:8786") from None
     futures = client.map(compile_unit, todo, pure=False)
     try:
         for fut in as_completed(futures):
@@ -81,7 +89,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
         for res in it:
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
-                raise _stop(scanned.records[i].key, scanned.records[i].path, reason)
+                raise _stop(scanned.records[i].key, where(scanned.records[i]), reason)
             journal.record(res)
             results[res.s] = res
             written += res.shard.nbytes if res.shard else 0
@@ -225,7 +233,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             failed = [r for r in done.values() if r.errors]
             if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
                 i, reason = min(e for r in failed for e in r.errors)
-                raise _stop(records[i].key, records[i].path, reason)
+                raise _stop(records[i].key, where(records[i]), reason)
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
@@ -237,7 +245,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         skipped = tuple({"key": k, "reason": r} for k, r in scanned.invalid) + tuple(
             {"key": records[i].key, "reason": reason} for r in results for i, reason in r.errors)
         if options.error_report:
-            paths = {records[i].key: records[i].path for r in results for i, _ in r.errors}
+            paths = {records[i].key: where(records[i]) for r in results for i, _ in r.errors}
             _write_error_report(options.error_report, tuple({**d, "path": paths.get(d["key"], d["key"])}
                                                             for d in skipped))
         kept = np.concatenate([r.kept for r in results])

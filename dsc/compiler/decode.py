@@ -84,4 +84,6 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
         raise
     except Exception as e:  # PIL raises many types for bad files: OSError, SyntaxError, ValueError, ...
         reason = str(e) or type(e).__name__
+        if not isinstance(path, str):  # PIL names an in-memory file by its repr: say what it is instead
+            reason = reason.replace(repr(path), "(image bytes)")
         raise ImageDecodeError(name, f"cannot decode image: {reason}") from None

@@ -21,6 +21,13 @@ def set_dataset(dataset) -> None:
     _DATASET = dataset
 
 
+def where(r: Record) -> str:
+    """A record's origin for messages: its file, or its table row / dataset index."""
+    if r.row < 0:
+        return r.path
+    return f"{r.path} row {r.row}" if r.path else f"dataset[{r.row}]"
+
+
 @dataclass
 class Item:
     obj: object  # a path, a binary file object, or an already decoded PIL image
@@ -35,7 +42,12 @@ def fetcher(records: list[Record], spec: dict):
         return lambda r: Item(r.path, r.label, r.target)
     if kind == "table":
         data = _table_rows(records, spec["column"])
-        return lambda r: Item(io.BytesIO(data[(r.path, r.row)]), r.label, r.target)
+
+        def table_item(r: Record) -> Item:
+            buf = io.BytesIO(data[(r.path, r.row)])
+            buf.name = where(r)  # error messages name the table row
+            return Item(buf, r.label, r.target)
+        return table_item
     if kind == "dataset":
         return lambda r: _dataset_item(_DATASET, r, spec)
     raise SourceError(f"unknown input kind {kind!r}")
@@ -50,7 +62,10 @@ def _table_rows(records: list[Record], column: str) -> dict:
     out = {}
     for path, rows in by_file.items():
         lo, hi = min(rows), max(rows) + 1
-        values = read_table_column(path, column, lo, hi)
+        try:
+            values = read_table_column(path, column, lo, hi)
+        except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise SourceError(f"{path}: cannot read rows {lo}..{hi - 1} of column {column!r}: {e}") from None
         for row in rows:
             out[(path, row)] = image_bytes(values[row - lo], path, row)
     return out
@@ -123,8 +138,8 @@ def _dataset_item(dataset, r: Record, spec: dict | None = None) -> Item:
                                      f"with boxes and labels")
         labels = np.atleast_1d(tgt.labels if tgt is not None else label)
         if len(labels) and (labels.min() < 0 or (n and labels.max() >= n)):
-            raise SampleError(where, f"label {int(labels.min() if labels.min() < 0 else labels.max())} is not a "
-                                     f"class index{f' in 0..{n - 1}' if n else ''}")
+            bad = int(labels.min() if labels.min() < 0 else labels.max())
+            raise SampleError(where, f"label {bad} is not a class index ({f'0..{n - 1}' if n else 'labels are >= 0'})")
     return Item(to_pil(image, where), label, tgt, decoded=True)
 
 
@@ -133,12 +148,18 @@ def to_pil(image, where: str):
 
     if isinstance(image, Image.Image):
         return image
+    if not hasattr(image, "detach") and not isinstance(image, np.ndarray):
+        if not hasattr(image, "__array__") and not isinstance(image, (list, tuple)):
+            raise SampleError(where, f"expected a PIL image, a uint8 array or a uint8 tensor, got "
+                                     f"{type(image).__name__}")
     if hasattr(image, "detach"):  # a torch tensor: (C, H, W) as torchvision gives, or (H, W)
         arr = image.detach().cpu().numpy()
         if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
             arr = arr.transpose(1, 2, 0)
     else:
         arr = np.asarray(image)
+    if arr.dtype.kind not in "uifb":
+        raise SampleError(where, f"expected a PIL image, a uint8 array or a uint8 tensor, got {type(image).__name__}")
     if arr.dtype != np.uint8:
         raise SampleError(where, f"image arrays must be uint8 (got {arr.dtype}); scale them to 0-255 first")
     if arr.ndim == 3 and arr.shape[2] == 1:

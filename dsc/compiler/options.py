@@ -91,6 +91,10 @@ class CompileReport:
 
     resumed_units: int = 0
 
+    def __repr__(self) -> str:
+        return (f"CompileReport(path={str(self.path)!r}, samples={self.manifest.num_samples}, "
+                f"shards={len(self.manifest.shards)}, skipped={len(self.skipped)}, seconds={self.seconds:.2f})")
+
     @property
     def images_per_second(self) -> float:
         return self.manifest.num_samples / self.seconds if self.seconds > 0 else float("inf")

@@ -242,9 +242,11 @@ class Dataset(torch.utils.data.Dataset):
             sample["orig_size"] = tuple(self._orig[i].tolist())
         return sample
 
-    def to_original(self, i: int, boxes) -> np.ndarray:
+    def to_original(self, i: int, boxes):
         """Map xyxy boxes in sample ``i``'s stored pixels (e.g. predictions) to its source image's pixels
-        (EXIF orientation applied)."""
+        (EXIF orientation applied). A tensor in gives a tensor out (float64), an array an array."""
+        if isinstance(boxes, torch.Tensor):
+            return torch.from_numpy(invert_affine(boxes.detach().cpu().double().numpy(), self.affine[i]))
         return invert_affine(np.asarray(boxes, np.float64), self.affine[i])
 
     # --------------------------------------------------------------------------- batches

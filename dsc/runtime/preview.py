@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..errors import DscError
+
 CAPTION = 14
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
            (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
@@ -59,12 +61,16 @@ def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, ce
             for box, label in zip(s["boxes"].tolist(), s["labels"].tolist()):
                 x0, y0, x1, y1 = (ox + box[0] * scale, oy + box[1] * scale, ox + box[2] * scale, oy + box[3] * scale)
                 draw.rectangle([x0, y0, x1, y1], outline=class_color(label), width=2)
-                draw.text((x0 + 2, max(oy, y0 - 11)), name(label), fill=class_color(label))
+                tx, ty = x0 + 1, max(oy, y0 - 12)
+                l, t, r, b = draw.textbbox((tx, ty), name(label))
+                draw.rectangle([l - 1, t - 1, r + 1, b + 1], fill=class_color(label))  # readable on any box
+                draw.text((tx, ty), name(label), fill=(0, 0, 0))
             caption = f"#{i} {len(s['boxes'])} boxes"
         else:
             caption = name(s["label"]) if "label" in s else f"#{i}"
         draw.text((ox + 2, oy + cell + 1), caption, fill=(255, 255, 255))
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.parent.is_dir():
+        raise DscError(f"{out.parent}: no such directory for the preview PNG")
     canvas.save(out, "PNG")
     return out

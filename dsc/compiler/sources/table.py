@@ -75,7 +75,10 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
     records, names = [], None
     for f in files:
         wanted = [c for c in (label_column, key_column) if c]
-        schema, table, num_rows = _read_meta_columns(f, wanted)
+        try:
+            schema, table, num_rows = _read_meta_columns(f, wanted)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise SourceError(f"{f}: not a readable Parquet or Arrow file ({e})") from None
         if image_column not in schema.names:
             raise SourceError(f"{f}: no column {image_column!r} (columns: {', '.join(schema.names)}); "
                               f"pass --image-column")
@@ -99,7 +102,9 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
         names = tuple(str(i) for i in range(max(r.label for r in records) + 1))
     if label_column and any(not 0 <= r.label < len(names) for r in records):
         bad = next(r for r in records if not 0 <= r.label < len(names))
-        raise SourceError(f"{bad.path} row {bad.row}: label {bad.label} is not one of the {len(names)} classes")
+        raise SourceError(f"{bad.path} row {bad.row}: label {bad.label} is not a class index (0..{len(names) - 1})"
+                          if bad.label >= 0 else f"{bad.path} row {bad.row}: label {bad.label} is negative; "
+                          f"labels are class indices 0..C-1")
     return ScannedSource(kind="table", root=str(path), task="classification" if label_column else "images",
                          records=records, classes=names or (), input={"kind": "table", "column": image_column},
                          summary={"kind": "table", "root": str(path), "files": len(files), "rows": len(records),
