@@ -64,7 +64,7 @@ def test_ragged_readable_with_zarr_alone(mixed_src, out):
     dsc.compile_imagefolder(mixed_src, out, max_side=60, shard_size=4, progress=False)
     ds = dsc.open(out)
     g = zarr.open_group(out, mode="r")
-    offsets, shapes, K = g["image/offsets"][:], g["image/shapes"][:], g.attrs["dsc"]["shard_size"]
+    offsets, shapes = g["image/offsets"][:], g["image/shapes"][:]
     flat = np.concatenate([g[f"image/values/{s}"][:] for s in range(len(g.attrs["dsc"]["shards"]))])
     for i in range(len(ds)):
         np.testing.assert_array_equal(flat[offsets[i]:offsets[i + 1]].reshape(shapes[i]), ds[i]["image"].numpy())

@@ -168,7 +168,7 @@ def test_preview_draws_boxes_where_they_are(sources, tmp_path):
     for k in range(4):
         ox, oy = cell_origin(k, 2, 128)
         for box, label in zip(ds[k]["boxes"].tolist(), ds[k]["labels"].tolist()):
-            x0, y0, x1, y1 = (ox + box[0] * 2, oy + box[1] * 2, ox + box[2] * 2, oy + box[3] * 2)
+            x0, _, x1, y1 = (ox + box[0] * 2, oy + box[1] * 2, ox + box[2] * 2, oy + box[3] * 2)
             xm = int((x0 + x1) / 2)
             assert tuple(im[int(round(y1)), xm]) == class_color(label) or tuple(im[int(y1), xm]) == class_color(label)
             checked += 1

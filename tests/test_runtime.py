@@ -1,7 +1,6 @@
 """dsc.open: zero-copy samples, batched fetch, torch DataLoader, clear errors on damaged datasets."""
 import json
 
-import numpy as np
 import pytest
 import torch
 

@@ -2,7 +2,6 @@
 Dask cluster give the same shards as the equivalent local ImageFolder compile. Plus JPEG draft mode and
 the PIL build's resize against a float reference of the same filter."""
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +139,7 @@ def test_draft_mode_is_close_and_keeps_geometry(tmp_path):
         exif = Image.Exif()
         exif[0x0112] = 6 if i == 1 else 1
         make_scene(rng, 900, 1300).save(src / f"{i}.jpg", quality=92, exif=exif)
-    full = dsc.compile_imagefolder(tmp_path / "src", tmp_path / "full", size=128, progress=False)
+    dsc.compile_imagefolder(tmp_path / "src", tmp_path / "full", size=128, progress=False)
     draft = dsc.compile_imagefolder(tmp_path / "src", tmp_path / "draft", size=128, draft=True, progress=False)
     a, b = dsc.open(tmp_path / "full"), dsc.open(tmp_path / "draft")
     np.testing.assert_array_equal(a.affine, b.affine)

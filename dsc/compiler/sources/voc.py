@@ -89,7 +89,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
     names = sorted({o[0] for *_, objs in parsed for o in objs}) if classes is None else list(classes)
     index = {n: k for k, n in enumerate(names)}
     records = []
-    for k, (iid, xml, img, wh, objs) in enumerate(parsed):
+    for k, (_, xml, img, wh, objs) in enumerate(parsed):
         unknown = [o[0] for o in objs if o[0] not in index]
         if unknown:
             raise SourceError(f"{xml}: object class {unknown[0]!r} is not in the given classes")
