@@ -18,13 +18,15 @@ class SampleError(SourceError):
     """One input sample cannot be compiled (undecodable image, invalid box...). ``path`` names the
     file (and the annotation), ``reason`` says why. Subject to the compile's ``on_error`` policy."""
 
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path}: {reason}")
+    def __init__(self, path: str, reason: str, key: str | None = None, hint: str = ""):
+        super().__init__(f"{path}: {reason}{hint}")
         self.path = path
         self.reason = reason
+        self.key = key  # the sample's key in the dataset, when known
+        self.hint = hint
 
-    def __reduce__(self):  # keep (path, reason) across process boundaries
-        return (type(self), (self.path, self.reason))
+    def __reduce__(self):  # keep every field across process boundaries
+        return (type(self), (self.path, self.reason, self.key, self.hint))
 
 
 class ImageDecodeError(SampleError):
@@ -42,6 +44,12 @@ class CompileLockedError(DscError, BlockingIOError):
 class WriteError(DscError, OSError):
     """Writing the output failed (disk full, file-size limit, permissions). Finished shards are kept:
     free space and rerun the same command with ``--resume``."""
+
+    @classmethod
+    def writing(cls, path, e: OSError) -> "WriteError":
+        """The one message for a failed write of ``path``."""
+        return cls(f"writing {path} failed: {e.strerror or e} (disk full or a file-size limit?); finished "
+                   f"shards are kept: free space and rerun the same command with --resume")
 
 
 class DatasetNotFoundError(DscError, FileNotFoundError):

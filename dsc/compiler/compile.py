@@ -44,10 +44,9 @@ def _pool_context():
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
-    err = SampleError(path, f"{reason} (--on-error skip, or on_error='skip', leaves bad inputs out and "
-                            f"records them)")
-    err.key, err.bare_reason = key, reason
-    return err
+    """The error that stops a compile under on_error="fail"."""
+    return SampleError(path, reason, key=key,
+                       hint=" (--on-error skip, or on_error='skip', leaves bad inputs out and records them)")
 
 
 def _dask_results(executor, todo: list[UnitTask]):
@@ -186,10 +185,11 @@ def _write_objects(tmp: Path, results: list[UnitResult], scanned: ScannedSource)
             "images_without_boxes": int((counts == 0).sum())}
 
 
-def _write_error_report(path: str, skipped: tuple[dict, ...]) -> None:
+def _write_error_report(path: str, entries) -> None:
+    """JSON lines {key, path, reason} from (key, path, reason) triples."""
     with open(path, "w", encoding="utf-8") as f:
-        for s in skipped:
-            f.write(json.dumps(s, ensure_ascii=False) + "\n")
+        for key, where_, reason in entries:
+            f.write(json.dumps({"key": key, "path": where_, "reason": reason}, ensure_ascii=False) + "\n")
 
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
@@ -210,7 +210,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     if scanned.invalid and options.on_error == "fail":
         key, reason = scanned.invalid[0]
         if options.error_report:
-            _write_error_report(options.error_report, ({"key": key, "reason": reason},))
+            _write_error_report(options.error_report, [(key, key, reason)])
         raise _stop(key, key, reason)
     records = scanned.records
     if not records:
@@ -240,14 +240,13 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                                  scanned, journal, done, options.executor)
         except SampleError as e:
             if options.error_report:
-                _write_error_report(options.error_report, ({"key": e.key, "path": e.path, "reason": e.bare_reason},))
+                _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
             raise
-        skipped = tuple({"key": k, "reason": r} for k, r in scanned.invalid) + tuple(
-            {"key": records[i].key, "reason": reason} for r in results for i, reason in r.errors)
+        bad = [(k, k, r) for k, r in scanned.invalid] + [
+            (records[i].key, where(records[i]), reason) for r in results for i, reason in r.errors]
+        skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
         if options.error_report:
-            paths = {records[i].key: where(records[i]) for r in results for i, _ in r.errors}
-            _write_error_report(options.error_report, tuple({**d, "path": paths.get(d["key"], d["key"])}
-                                                            for d in skipped))
+            _write_error_report(options.error_report, bad)
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
@@ -259,8 +258,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         except OSError as e:
             if isinstance(e, DscError):
                 raise
-            raise WriteError(f"writing {tmp} failed: {e.strerror or e} (disk full or a file-size limit?); "
-                             f"finished shards are kept: free space and rerun with --resume") from None
+            raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings,
                          seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in shards),
                          resumed_units=len(done))

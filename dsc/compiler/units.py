@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SampleError, WriteError
+from ..errors import SampleError
 from ..formats import ShardSpec
 from .boxes import boxes_in_display_frame, to_stored
 from .decode import decode_image, to_mode
@@ -128,17 +128,10 @@ def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetc
 
 
 def compile_unit(task: UnitTask) -> UnitResult:
+    """Decode, resize and write shard ``task.s``. Bad inputs are recorded (or stop the unit under
+    on_error="fail"); write failures raise WriteError from the shard writer."""
     o = task.options
     root = Path(task.root)
-    try:
-        return _compile_unit(task, o, root)
-    except OSError as e:
-        if isinstance(e, WriteError):
-            raise
-        raise _write_error(root, e) from None
-
-
-def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
     if o.layout == "fixed":
         writer = FixedShardWriter(root, task.s, task.shard_size, (*o.size, o.channels))
     else:
@@ -157,10 +150,7 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
                 if o.on_error == "fail":
                     break
                 continue
-            try:
-                writer.write(arr)
-            except OSError as e:
-                raise _write_error(writer.path, e) from None
+            writer.write(arr)
             kept.append(task.start + j)
             shapes.append(arr.shape)
             orig.append(hw)
@@ -168,10 +158,7 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
             orient.append(orientation)
             labels.append(label)
             crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
-        try:
-            shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
-        except OSError as e:
-            raise _write_error(writer.path, e) from None
+        shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
     except BaseException:
         writer.abort()
         raise
@@ -179,11 +166,6 @@ def _compile_unit(task: UnitTask, o: CompileOptions, root: Path) -> UnitResult:
                        np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
                        np.asarray(orient, np.uint8), np.asarray(labels, np.int64), np.asarray(crc, np.uint32),
                        errors, shard, objects if objects.counts else None)
-
-
-def _write_error(path, e: OSError) -> WriteError:
-    return WriteError(f"writing {path} failed: {e.strerror or e} (disk full or a file-size limit?); finished "
-                      f"shards are kept: free space and rerun the same command with --resume")
 
 
 def worker_init() -> None:

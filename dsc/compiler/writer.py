@@ -13,24 +13,33 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import WriteError
 from ..formats import ShardSpec
 from ..formats.layout import fixed_shard_path, ragged_shard_node, ragged_shard_path
 from ..formats.zarr_v3 import ZARR_JSON, node_dir, plain_array_json, shard_index, write_json
 
 
 class _ShardWriter:
+    """Every OSError while writing becomes :class:`WriteError` naming the shard (disk full, limits)."""
+
     def __init__(self, root: Path, rel_path: str):
         self.rel_path = rel_path
         self.path = node_dir(root, rel_path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.path.with_name(self.path.name + ".partial")
-        self._f = open(self._tmp, "wb")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self._tmp, "wb")
+        except OSError as e:
+            raise WriteError.writing(self.path, e) from None
         self._hash = hashlib.sha256()
         self.count = 0
         self.nbytes = 0
 
     def _put(self, data: bytes | memoryview) -> None:
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise WriteError.writing(self.path, e) from None
         self._hash.update(data)
         self.nbytes += len(data)
 
@@ -47,12 +56,18 @@ class _ShardWriter:
             self.abort()
             return None
         self._finish()
-        self._f.close()
-        os.replace(self._tmp, self.path)
+        try:
+            self._f.close()
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            raise WriteError.writing(self.path, e) from None
         return ShardSpec(path=self.rel_path, count=self.count, nbytes=self.nbytes, sha256=self._hash.hexdigest())
 
     def abort(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:  # a full disk can fail the flush of what we are throwing away anyway
+            pass
         self._tmp.unlink(missing_ok=True)
 
 
