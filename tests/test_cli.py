@@ -115,3 +115,25 @@ def test_user_mistakes_give_clean_messages(scenes_src, tmp_path):
     import torch
 
     assert isinstance(ds.to_original(0, torch.tensor([[0.0, 0.0, 4.0, 4.0]])), torch.Tensor)
+
+
+def test_error_report_lists_bad_inputs(scenes_src, tmp_path):
+    import json
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "class_01" / "broken.jpg").write_bytes(b"")
+    (src / "class_02" / "text.png").write_text("no")
+    report = tmp_path / "errors.jsonl"
+    r = run("compile", "imagefolder", src, tmp_path / "out", "--size", "8", "--on-error", "skip",
+            "--error-report", report, "-q")
+    assert r.exit_code == 0
+    lines = [json.loads(ln) for ln in report.read_text().splitlines()]
+    assert [d["key"] for d in lines] == ["class_01/broken.jpg", "class_02/text.png"]
+    assert all(d["path"] == str(src / d["key"]) and "cannot identify" in d["reason"] for d in lines)
+    r = run("compile", "imagefolder", src, tmp_path / "out2", "--size", "8", "--workers", "1",
+            "--error-report", report, "-q")
+    assert r.exit_code == 1
+    (only,) = [json.loads(ln) for ln in report.read_text().splitlines()]
+    assert only["key"] == "class_01/broken.jpg" and "--on-error" not in only["reason"]
