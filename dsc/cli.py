@@ -177,20 +177,14 @@ def compile_group():
 def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
     """Shared by every ``dsc compile <source>``: validate options, refuse an existing OUT before a long
     scan, print the source's warnings, compile, report."""
-    from .compiler import check_output, compile_dataset, drop_empty as drop
+    from .compiler import compile_source
+    from .compiler.staging import staging_dir
 
-    options = _options_from(kw)
-    check_output(out, options.overwrite)
-    scanned = scan()
-    if drop_empty:
-        scanned = drop(scanned)
-    for w in scanned.warnings:
-        click.echo(f"warning: {w}", err=True)
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     try:
-        report = compile_dataset(scanned, out, options, warn=warn)
+        report = compile_source(scan, out, _options_from(kw), drop_empty, warn=warn)
     except (DscError, OSError, KeyboardInterrupt) as e:
-        partial = out.parent / f".{out.name}.dsc-tmp"
+        partial = staging_dir(out)
         if partial.exists() and not isinstance(e, CompileLockedError):  # a locked-out compile touched nothing
             click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
                        f"to continue, or without it to start over", err=True)

@@ -5,6 +5,7 @@ import os
 
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
+from .sources.dataset import as_map_style
 from .staging import check_output
 from .sources import (SOURCES, Record, ScannedSource, drop_empty, scan_coco, scan_dataset, scan_imagefolder,
                       scan_table, scan_voc, scan_yolo)
@@ -12,31 +13,34 @@ from .sources import (SOURCES, Record, ScannedSource, drop_empty, scan_coco, sca
 
 def compile_imagefolder(src: str | os.PathLike, out: str | os.PathLike, **options) -> CompileReport:
     """Compile a torchvision-style ImageFolder tree. Keywords are :class:`CompileOptions` fields."""
-    return _compile(lambda: scan_imagefolder(src), out, False, options)
+    return compile_source(lambda: scan_imagefolder(src), out, CompileOptions(**options))
 
 
 def compile_coco(annotations, images, out, keep_category_ids: bool = False, drop_empty_images: bool = False,
                  **options) -> CompileReport:
     """Compile a COCO detection set (instances JSON + images folder)."""
-    return _compile(lambda: scan_coco(annotations, images, keep_category_ids), out, drop_empty_images, options)
+    return compile_source(lambda: scan_coco(annotations, images, keep_category_ids), out, CompileOptions(**options),
+                          drop_empty_images)
 
 
 def compile_yolo(root, out, split: str = "train", data_yaml=None, classes_file=None,
                  drop_empty_images: bool = False, **options) -> CompileReport:
     """Compile a YOLO (Ultralytics layout) split."""
-    return _compile(lambda: scan_yolo(root, split, data_yaml, classes_file), out, drop_empty_images, options)
+    return compile_source(lambda: scan_yolo(root, split, data_yaml, classes_file), out, CompileOptions(**options),
+                          drop_empty_images)
 
 
 def compile_voc(root, out, split: str = "trainval", classes=None, drop_empty_images: bool = False,
                 **options) -> CompileReport:
     """Compile a Pascal VOC split."""
-    return _compile(lambda: scan_voc(root, split, classes), out, drop_empty_images, options)
+    return compile_source(lambda: scan_voc(root, split, classes), out, CompileOptions(**options), drop_empty_images)
 
 
 def compile_table(path, out, image_column: str = "image", label_column: str | None = "label",
                   key_column: str | None = None, classes=None, **options) -> CompileReport:
     """Compile a Parquet / Arrow table of image bytes (needs pyarrow)."""
-    return _compile(lambda: scan_table(path, image_column, label_column, key_column, classes), out, False, options)
+    return compile_source(lambda: scan_table(path, image_column, label_column, key_column, classes), out,
+                          CompileOptions(**options))
 
 
 def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A001 - dsc.compile
@@ -44,18 +48,25 @@ def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A00
     ``(image, target)`` samples (see :mod:`dsc.compiler.sources.dataset`). Keywords: CompileOptions."""
     if isinstance(source, (str, os.PathLike)):
         return compile_imagefolder(source, out, **options)
-    opts = CompileOptions(**options)
-    check_output(out, opts.overwrite)
-    scanned, dataset = scan_dataset(source, classes=classes)
-    return compile_dataset(scanned, out, opts, dataset=dataset)
+    dataset = as_map_style(source)  # an iterable becomes a list once, before the scan and the workers
+    return compile_source(lambda: scan_dataset(dataset, classes=classes)[0], out, CompileOptions(**options),
+                          dataset=dataset)
 
 
-def _compile(scan, out, drop_empty_images: bool, options: dict) -> CompileReport:
-    opts = CompileOptions(**options)
-    check_output(out, opts.overwrite)
+def compile_source(scan, out, options: CompileOptions, drop_empty_images: bool = False, warn=None,
+                   dataset=None) -> CompileReport:
+    """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
+    before a possibly long ``scan()``, hand the source's warnings to ``warn``, compile.
+    ``dataset``: the (map-style) Python dataset of a dataset source."""
+    check_output(out, options.overwrite)
     scanned = scan()
-    return compile_dataset(drop_empty(scanned) if drop_empty_images else scanned, out, opts)
+    if drop_empty_images:
+        scanned = drop_empty(scanned)
+    for w in scanned.warnings:
+        if warn is not None:
+            warn(w)
+    return compile_dataset(scanned, out, options, warn=warn, dataset=dataset)
 
 
-__all__ = ["compile", "compile_table", "compile_coco", "compile_yolo", "compile_voc", "CompileOptions", "CompileReport", "Record", "ScannedSource", "SOURCES", "check_output",
+__all__ = ["compile", "compile_source", "compile_table", "compile_coco", "compile_yolo", "compile_voc", "CompileOptions", "CompileReport", "Record", "ScannedSource", "SOURCES", "check_output",
            "compile_dataset", "compile_imagefolder", "scan_imagefolder"]

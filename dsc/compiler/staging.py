@@ -15,6 +15,11 @@ from ..errors import CompileLockedError, DscError, OutputExistsError
 from ..formats.zarr_v3 import read_json
 
 
+def staging_dir(out: Path) -> Path:
+    """Where a compile into ``out`` writes until it publishes: ``.OUT.dsc-tmp`` beside OUT."""
+    return out.parent / f".{out.name}.dsc-tmp"
+
+
 class Staging:
     """Exclusive lock on OUT, a private temporary directory beside it, and the final rename."""
 
@@ -24,7 +29,7 @@ class Staging:
         self.resume = resume
         self.warn = warn or (lambda msg: None)
         self.keep_on_failure = None  # callable: keep the staging directory when the compile fails?
-        self.tmp = out.parent / f".{out.name}.dsc-tmp"
+        self.tmp = staging_dir(out)
         self._lock_path = out.parent / f".{out.name}.dsc-lock"
         self._lock_fd: int | None = None
         self.published = False
