@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 
@@ -42,17 +41,14 @@ def copy_limit(ds, loader) -> float:
     ring = [torch.empty((loader.batch_size, im.height, im.width, im.channels), dtype=torch.uint8)
             for _ in range(slots)]
     batches = loader.batch_indices()
-    K = ds.manifest.shard_size
     shards = [ds._shard(s) for s in range(len(ds.manifest.shards))]
+    runs = [ds.shard_runs(idx) for idx in batches]
 
     def epoch():
-        for k, idx in enumerate(batches):
+        for k, batch_runs in enumerate(runs):
             out = ring[k % slots]
-            shard_of = idx // K
-            cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                torch.index_select(shards[shard_of[a]], 0, torch.from_numpy(idx[a:b] - shard_of[a] * K),
-                                   out=out[a:b])
+            for s, a, b, local in batch_runs:
+                torch.index_select(shards[s], 0, torch.from_numpy(local), out=out[a:b])
 
     epoch()
     return sum(len(b) for b in batches) / _best(epoch, 3)

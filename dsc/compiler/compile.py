@@ -130,7 +130,7 @@ def _compact(tmp: Path, results: list[UnitResult], options: CompileOptions, shar
     new_writer = (lambda s: FixedShardWriter(scratch, s, shard_size, (*options.size, options.channels))) if fixed \
         else (lambda s: RaggedShardWriter(scratch, s))
     writer = new_writer(s)
-    top = (lambda s: f"{L.IMAGE}/c/{s}") if fixed else L.ragged_shard_node
+    top = L.fixed_shard_node if fixed else L.ragged_shard_node
     for r in results[u0:]:
         if r.shard is None:
             continue

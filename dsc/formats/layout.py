@@ -28,9 +28,14 @@ BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated
                                      # 1: on the raw pixels (rotated with the image)
 
 
+def fixed_shard_node(s: int) -> str:
+    """The directory that holds shard s of the fixed image array."""
+    return f"{IMAGE}/c/{s}"
+
+
 def fixed_shard_path(s: int) -> str:
     """Shard s of the fixed image array: chunk (s, 0, 0, 0) of ``image``."""
-    return f"{IMAGE}/c/{s}/0/0/0"
+    return f"{fixed_shard_node(s)}/0/0/0"
 
 
 def ragged_shard_node(s: int) -> str:

@@ -112,12 +112,12 @@ class Dataset(torch.utils.data.Dataset):
                 raise CorruptDatasetError(f"{self.path}: image/offsets disagree with the shard sizes in the "
                                           f"manifest; the dataset is damaged. Recompile it")
             self._shard_starts = starts
+        self._affine = self._orig_sizes = None  # loaded on first use
         self._objects: dict[str, torch.Tensor] = {}
         if m.task == "detection":
             self._load_objects()
         self._maps: list[torch.Tensor | None] = [None] * len(m.shards)
         self._keys: list[str] | None = None
-        self._affine = self._orig_sizes = None  # loaded on first use
 
     def _load_objects(self) -> None:
         n, obj = self._n, self.manifest.objects
@@ -130,7 +130,7 @@ class Dataset(torch.utils.data.Dataset):
         for name in obj.get("attributes", {}):
             self._objects[name] = torch.from_numpy(self._index_array(f"{L.OBJECTS}/{name}", (M,)))
         self._image_ids = torch.from_numpy(self._index_array(L.IMAGE_ID, (n,)))
-        self._orig = torch.from_numpy(self._index_array(L.ORIG_SIZE, (n, 2)))
+        self._orig = torch.from_numpy(self.orig_sizes)  # read once, shared with the orig_sizes property
 
     def _index_array(self, rel: str, shape: tuple) -> np.ndarray:
         arr = read_plain_array(self.path, rel)
@@ -265,12 +265,16 @@ class Dataset(torch.utils.data.Dataset):
         if len(idx) == 0:
             return out
         dst = out.numpy()
+        for s, a, b, local in self.shard_runs(idx):
+            np.take(self._shard(s).numpy(), local, axis=0, out=dst[a:b], mode="clip")
+        return out
+
+    def shard_runs(self, idx: np.ndarray):
+        """(shard, start, end, local rows) for each run of consecutive ``idx`` in the same shard."""
         shard_of = idx // self._K
         local = idx - shard_of * self._K
         cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            np.take(self._shard(int(shard_of[a])).numpy(), local[a:b], axis=0, out=dst[a:b], mode="clip")
-        return out
+        return [(int(shard_of[a]), a, b, local[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
     def pack_images(self, idx: np.ndarray, alloc: Allocator = _empty) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ragged layout: (all bytes back to back, (B+1,) int64 offsets, (B, 3) int32 shapes)."""
