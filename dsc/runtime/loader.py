@@ -84,7 +84,8 @@ class _EpochState:
     """Shared between the consumer and the filler threads (the threads never reference the iterator,
     so dropping the iterator finalizes it and stops them)."""
 
-    def __init__(self, loader: "Loader", part: np.ndarray, start: int, end: int):
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
+        end = len(batches)
         self.cond = threading.Condition()
         self.next_job = start
         self.end = end
@@ -94,8 +95,7 @@ class _EpochState:
         self.fatal: BaseException | None = None
         self.superseded = False
         self.threads: list[threading.Thread] = []
-        self.part = part
-        self.batch_size = loader.batch_size
+        self.batches = batches
         self.prefetch = loader.prefetch
         self.dataset = loader.dataset
         self.device = loader.device
@@ -106,9 +106,6 @@ class _EpochState:
             loader._ring = _Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
         self.ring = loader._ring
         self.loader = weakref.ref(loader)
-
-    def batch_indices(self, j: int) -> np.ndarray:
-        return np.sort(self.part[j * self.batch_size:(j + 1) * self.batch_size])
 
     def shutdown(self) -> None:
         """Stop and join the threads. A finished epoch leaves its ring to the loader for the next one;
@@ -153,7 +150,7 @@ def _fill_jobs(state: _EpochState) -> None:
             s = j % len(ring.slots)
             if ring.copy_done[s] is not None:
                 ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
-            batch = state.dataset.get_batch(state.batch_indices(j), boxes=state.forms[0], images=state.forms[1],
+            batch = state.dataset.get_batch(state.batches[j], boxes=state.forms[0], images=state.forms[1],
                                             alloc=ring.allocator(s))
             event = None
             if cuda:
@@ -198,9 +195,10 @@ class _EpochIterator:
     """One epoch of batches. Only one per Loader at a time: starting a new iteration closes the previous
     one, which then raises instead of ending quietly."""
 
-    def __init__(self, loader: "Loader", part: np.ndarray, start: int, end: int):
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
         self._loader = loader  # `for b in Loader(...)` must keep the loader alive while it iterates
-        self._state = state = _EpochState(loader, part, start, end)
+        self._state = state = _EpochState(loader, batches, start)
+        end = state.end
         self._cursor = start
         self._finalizer = weakref.finalize(self, state.shutdown)
         for k in range(min(loader.threads_used, max(0, end - start))):
@@ -352,14 +350,10 @@ class Loader:
     def __iter__(self):
         for it in list(self._iterators):  # one epoch in flight at a time: an older iterator now raises
             it.close(superseded=True)
-        part = self.epoch_order()
-        num_batches = len(self)
-        if self.drop_last:
-            part = part[:num_batches * self.batch_size]
         start = self._resume.batches if self._resume is not None and self._resume.epoch == self.epoch else 0
         self._resume = None
         self._served = start
-        it = _EpochIterator(self, part, start, num_batches)
+        it = _EpochIterator(self, self.batch_indices(), start)
         self._iterators.add(it)
         return it
 
