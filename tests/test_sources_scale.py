@@ -227,3 +227,13 @@ def test_python_dataset_targets_must_agree_with_the_task(tmp_path):
     dsc.compile([(img, {"boxes": [[0, 0, 4, 4]], "labels": [2]})], tmp_path / "e", size=8, progress=False)
     assert dsc.open(tmp_path / "e").classes == ["0", "1", "2"]  # names from the labels seen
     assert dsc.verify(tmp_path / "e").ok
+
+
+def test_arrow_stream_files_as_datasets_save_to_disk_writes(scenes_src, folder_ref, tmp_path):
+    import pyarrow as pa
+
+    table = _table(scenes_src)
+    with pa.ipc.new_stream(str(tmp_path / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    dsc.compile_table(tmp_path / "data-00000-of-00001.arrow", tmp_path / "out", key_column="key", **OPTS)
+    assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)

@@ -70,6 +70,18 @@ def _table_rows(records: list[Record], column: str) -> dict:
     return out
 
 
+def read_ipc(path: str):
+    """A whole Arrow IPC file or stream as a table, memory-mapped (no copy of the bytes)."""
+    import pyarrow as pa
+
+    src = pa.memory_map(str(path))
+    try:
+        return pa.ipc.open_file(src).read_all()
+    except pa.ArrowInvalid:
+        src.seek(0)
+        return pa.ipc.open_stream(src).read_all()
+
+
 def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
     """Rows [lo, hi) of one column of a Parquet or Arrow IPC file, as Python values."""
     import pyarrow as pa
@@ -90,9 +102,8 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
                         break
                 return out
             except pa.ArrowInvalid:  # IPC stream format (datasets' save_to_disk): sequential only
-                src.seek(0)
-                table = pa.ipc.open_stream(src).read_all()
-        return table.column(column).slice(lo, hi - lo).to_pylist()
+                pass
+        return read_ipc(path).column(column).slice(lo, hi - lo).to_pylist()
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)

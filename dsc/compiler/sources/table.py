@@ -49,7 +49,7 @@ def _hf_class_names(schema, label_column: str):
 
 
 def _read_meta_columns(path: Path, columns: list[str]):
-    import pyarrow as pa
+    from ..inputs import read_ipc
 
     if path.suffix == ".parquet":
         pq = _pyarrow()
@@ -57,12 +57,7 @@ def _read_meta_columns(path: Path, columns: list[str]):
         schema = pf.schema_arrow
         have = [c for c in columns if c in schema.names]
         return schema, pf.read(columns=have) if have else None, pf.metadata.num_rows
-    with pa.memory_map(str(path)) as src:
-        try:
-            table = pa.ipc.open_file(src).read_all()
-        except pa.ArrowInvalid:
-            src.seek(0)
-            table = pa.ipc.open_stream(src).read_all()
+    table = read_ipc(str(path))
     have = [c for c in columns if c in table.schema.names]
     return table.schema, table.select(have) if have else None, table.num_rows
 
