@@ -137,3 +137,20 @@ def test_error_report_lists_bad_inputs(scenes_src, tmp_path):
     assert r.exit_code == 1
     (only,) = [json.loads(ln) for ln in report.read_text().splitlines()]
     assert only["key"] == "class_01/broken.jpg" and "--on-error" not in only["reason"]
+
+
+def test_cli_choices_match_the_library():
+    """The CLI spells its choices out (importing the library would slow `dsc --help`); they must not drift."""
+    import click
+
+    from dsc.cli import bench_cmd, compile_imagefolder_cmd
+    from dsc.compiler.geometry import FILTERS
+    from dsc.compiler.options import ON_ERROR
+    from dsc.formats.manifest import RESIZE_POLICIES
+    from dsc.runtime.orders import ORDERS
+
+    choices = {p.name: tuple(p.type.choices) for p in compile_imagefolder_cmd.params + bench_cmd.params
+               if isinstance(p.type, click.Choice)}
+    assert choices["resize"] == RESIZE_POLICIES and choices["on_error"] == ON_ERROR
+    assert set(choices["filter_"]) == set(FILTERS) and choices["mode"] == ("RGB", "L")
+    assert choices["order"] == tuple(ORDERS)

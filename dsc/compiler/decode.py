@@ -32,8 +32,9 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
         canvas = Image.new("RGBA", rgba.size, tuple(background) + (255,))
         im = Image.alpha_composite(canvas, rgba)
     if im.mode != mode:
-        im = im.convert("RGB").convert(mode) if mode == "L" and im.mode not in ("RGB", "RGBA", "L", "1") \
-            else im.convert(mode)
+        if mode == "L" and im.mode not in ("RGB", "RGBA", "L", "1"):
+            im = im.convert("RGB")  # CMYK, palette, YCbCr...: grey is the luma of the colours shown
+        im = im.convert(mode)
     return im
 
 
