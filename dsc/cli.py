@@ -354,8 +354,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
                 click.echo(f"{k:18}{v}")
         if dataset is None:
             return
-    from .formats.layout import read_manifest
-    from .formats.zarr_v3 import check_file_size, node_dir
+    from .formats.layout import check_shard_files, read_manifest
 
     m = read_manifest(dataset)
     if as_json:
@@ -367,8 +366,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    for spec in m.shards:
-        check_file_size(node_dir(dataset, spec.path), spec.nbytes)
+    check_shard_files(dataset, m)
     pil = pil_build()
     total = sum(s.nbytes for s in m.shards)
     cls = ", ".join(m.classes[:12]) + (", ..." if len(m.classes) > 12 else "")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ..errors import DatasetNotFoundError
 from .manifest import Manifest
-from .zarr_v3 import ZARR_JSON, read_json, write_group
+from .zarr_v3 import ZARR_JSON, check_file_size, node_dir, read_json, write_group
 
 IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
 RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
@@ -49,6 +49,12 @@ def ragged_shard_path(s: int) -> str:
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write the root group with the manifest. Called last: its presence marks a complete dataset."""
     write_group(root, "", {"dsc": {**manifest.to_dict(), "checksum": manifest.checksum()}})
+
+
+def check_shard_files(root: Path, manifest: Manifest) -> None:
+    """The cheap check every reader makes: each shard file exists with the size the manifest records."""
+    for spec in manifest.shards:
+        check_file_size(node_dir(root, spec.path), spec.nbytes)
 
 
 def read_manifest(root: Path) -> Manifest:

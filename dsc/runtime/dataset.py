@@ -19,7 +19,7 @@ from ..errors import CorruptDatasetError
 from ..formats import Manifest
 from ..formats import layout as L
 from ..formats.coords import invert_affine
-from ..formats.zarr_v3 import check_file_size, node_dir, read_plain_array, read_string_array
+from ..formats.zarr_v3 import node_dir, read_plain_array, read_string_array
 from .objects import BOX_FORMS, gather_rows, packed_to_list, packed_to_padded
 
 
@@ -96,8 +96,7 @@ class Dataset(torch.utils.data.Dataset):
         self._n = m.num_samples
         self._K = m.shard_size
         self._fixed = m.image.layout == "fixed"
-        for spec in m.shards:
-            check_file_size(node_dir(self.path, spec.path), spec.nbytes)
+        L.check_shard_files(self.path, m)
         self.labels: torch.Tensor | None = None
         if m.task == "classification":
             self.labels = torch.from_numpy(self._index_array(L.LABEL, (self._n,)))
