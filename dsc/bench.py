@@ -97,7 +97,7 @@ class _PILSource(torch.utils.data.Dataset):
         from .compiler.decode import decode_image
         from .compiler.geometry import apply_plan, plan_fixed
 
-        im, _, _ = decode_image(self.paths[i], self.m.image.mode)
+        im = decode_image(self.paths[i], self.m.image.mode).image
         plan = plan_fixed(im.height, im.width, self.m.resize.size, self.m.resize.policy)
         return torch.tensor(apply_plan(im, plan, self.m.resize.fill, self.m.resize.filter))
 

@@ -83,6 +83,10 @@ def compile_options(f):
                      help="Colour transparent pixels are composited over."),
         click.option("--filter", "filter_", type=click.Choice(["bilinear", "bicubic", "lanczos", "nearest"]),
                      default="bilinear", show_default=True, help="Resampling filter (antialiased)."),
+        click.option("--resizer", type=click.Choice(["pil", "torch"]), default="pil", show_default=True,
+                     help="pil: PIL's resize, exactly torchvision's Resize on PIL images. torch: torch's "
+                          "SIMD uint8 kernel (torchvision's Resize on tensors), about 3x faster; bilinear or "
+                          "bicubic; within one level of pil."),
         click.option("--draft", is_flag=True,
                      help="JPEG draft decoding (DCT scaling by 1/2-1/8) when the output is at most half the "
                           "source: much faster for large photos, not pixel-identical to a full decode."),
@@ -115,8 +119,9 @@ def _options_from(kw: dict):
     if kw["size"] is not None and kw["max_side"] is not None:
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
-                          fill=kw["fill"], background=kw["background"], filter=kw["filter_"], draft=kw["draft"],
-                          shard_size=kw["shard_size"], workers=kw["workers"], on_error=kw["on_error"],
+                          fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
+                          resizer=kw["resizer"], draft=kw["draft"], shard_size=kw["shard_size"],
+                          workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
                           overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"],
                           executor=kw["executor"])
@@ -132,10 +137,11 @@ def _n(count: int, word: str) -> str:
 
 
 def _describe_image(m) -> str:
-    im = m.image
+    im, r = m.image, m.resize
+    how = f"{r.filter} ({r.resizer}{', JPEG draft' if m.source.get('options', {}).get('draft') else ''})"
     if im.layout == "fixed":
-        return f"fixed {im.height}x{im.width}x{im.channels} uint8 ({im.mode}), resize {m.resize.policy}"
-    cap = f"longest side <= {m.resize.max_side}" if m.resize.max_side else "stored as decoded"
+        return f"fixed {im.height}x{im.width}x{im.channels} uint8 ({im.mode}), resize {r.policy}, {how}"
+    cap = f"longest side <= {r.max_side}, {how}" if r.max_side else "stored as decoded"
     return f"ragged (h, w, {im.channels}) uint8 ({im.mode}), {cap}"
 
 
@@ -350,8 +356,9 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         if as_json:
             click.echo(json.dumps(env, indent=2))
         else:
+            width = max(map(len, env)) + 2
             for k, v in env.items():
-                click.echo(f"{k:18}{v}")
+                click.echo(f"{k:{width}}{v}")
         if dataset is None:
             return
     from .formats.layout import check_shard_files, read_manifest

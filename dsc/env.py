@@ -41,4 +41,6 @@ def environment(with_torch: bool = True) -> dict:
         env["torch"] = torch.__version__
         env["cuda_available"] = torch.cuda.is_available()
         env["torch_threads"] = torch.get_num_threads()
+        cpu = getattr(torch.backends, "cpu", None)  # the kernels of --resizer torch: AVX2, AVX512 or DEFAULT
+        env["torch_cpu_capability"] = cpu.get_cpu_capability() if cpu is not None else None
     return env

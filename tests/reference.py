@@ -30,6 +30,19 @@ def _arr(im):
     return a[:, :, None] if a.ndim == 2 else a
 
 
+def ref_resize(im, nw, nh, resizer="pil") -> np.ndarray:
+    """torchvision's Resize(antialias=True): on a PIL image (resizer "pil") or on a uint8 CHW tensor
+    (resizer "torch"); an (H, W, C) array either way."""
+    if resizer == "pil":
+        return _arr(im.resize((nw, nh), Image.Resampling.BILINEAR))
+    import torch
+    import torch.nn.functional as F
+
+    chw = torch.from_numpy(_arr(im).copy()).permute(2, 0, 1).contiguous()
+    out = F.interpolate(chw[None], size=(nh, nw), mode="bilinear", antialias=True)[0]
+    return out.permute(1, 2, 0).numpy()
+
+
 def tv_resize_shorter(h, w, size):
     """torchvision.transforms.functional._compute_resized_output_size for an int size."""
     short, long = (w, h) if w <= h else (h, w)
@@ -38,7 +51,7 @@ def tv_resize_shorter(h, w, size):
     return new_h, new_w
 
 
-def ref_center_crop(im, th, tw):
+def ref_center_crop(im, th, tw, resizer="pil"):
     h, w = im.height, im.width
     if th == tw:
         nh, nw = tv_resize_shorter(h, w, th)
@@ -46,29 +59,29 @@ def ref_center_crop(im, th, tw):
         s = max(th / h, tw / w)
         nh, nw = (th, max(tw, int(th * w / h))) if th / h >= tw / w else (max(th, int(tw * h / w)), tw)
         assert abs(nh - h * s) < 1.01 and abs(nw - w * s) < 1.01
-    r = im.resize((nw, nh), Image.Resampling.BILINEAR)
+    r = ref_resize(im, nw, nh, resizer)
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
-    return _arr(r.crop((left, top, left + tw, top + th))), (nw / w, nh / h, -left, -top)
+    return np.ascontiguousarray(r[top:top + th, left:left + tw]), (nw / w, nh / h, -left, -top)
 
 
-def ref_stretch(im, th, tw):
-    return _arr(im.resize((tw, th), Image.Resampling.BILINEAR)), (tw / im.width, th / im.height, 0, 0)
+def ref_stretch(im, th, tw, resizer="pil"):
+    return ref_resize(im, tw, th, resizer), (tw / im.width, th / im.height, 0, 0)
 
 
-def ref_pad(im, th, tw, fill=0):
+def ref_pad(im, th, tw, fill=0, resizer="pil"):
     h, w = im.height, im.width
     if tw / w <= th / h:
         nw, nh = tw, min(th, max(1, round(h * tw / w)))
     else:
         nh, nw = th, min(tw, max(1, round(w * th / h)))
-    r = _arr(im.resize((nw, nh), Image.Resampling.BILINEAR))
+    r = ref_resize(im, nw, nh, resizer)
     out = np.full((th, tw, r.shape[2]), fill, np.uint8)
     top, left = (th - nh) // 2, (tw - nw) // 2
     out[top:top + nh, left:left + nw] = r
     return out, (nw / w, nh / h, left, top)
 
 
-def ref_max_side(im, max_side):
+def ref_max_side(im, max_side, resizer="pil"):
     h, w = im.height, im.width
     if max_side is None or max(h, w) <= max_side:
         return _arr(im), (1.0, 1.0, 0, 0)
@@ -76,16 +89,16 @@ def ref_max_side(im, max_side):
         nh, nw = max(1, round(h * max_side / w)), max_side
     else:
         nh, nw = max_side, max(1, round(w * max_side / h))
-    return _arr(im.resize((nw, nh), Image.Resampling.BILINEAR)), (nw / w, nh / h, 0, 0)
+    return ref_resize(im, nw, nh, resizer), (nw / w, nh / h, 0, 0)
 
 
-def reference(path, *, size=None, resize="center-crop", max_side=None, mode="RGB", fill=0):
+def reference(path, *, size=None, resize="center-crop", max_side=None, mode="RGB", fill=0, resizer="pil"):
     im = ref_decode(path, mode)
     if size is None:
-        return ref_max_side(im, max_side)
+        return ref_max_side(im, max_side, resizer)
     th, tw = size
     if resize == "center-crop":
-        return ref_center_crop(im, th, tw)
+        return ref_center_crop(im, th, tw, resizer)
     if resize == "stretch":
-        return ref_stretch(im, th, tw)
-    return ref_pad(im, th, tw, fill)
+        return ref_stretch(im, th, tw, resizer)
+    return ref_pad(im, th, tw, fill, resizer)

@@ -28,6 +28,7 @@ def test_compile_info_roundtrip(scenes_src, tmp_path):
 def test_info_env_names_the_pil_build():
     r = run("info", "--env")
     assert r.exit_code == 0 and "pil_distribution" in r.output and "libjpeg_turbo" in r.output
+    assert "torch_cpu_capability" in r.output  # the kernels --resizer torch runs on
 
 
 @pytest.mark.parametrize("case,msg", [
@@ -144,7 +145,7 @@ def test_cli_choices_match_the_library():
     import click
 
     from dsc.cli import bench_cmd, compile_imagefolder_cmd
-    from dsc.compiler.geometry import FILTERS
+    from dsc.compiler.resample import FILTERS, RESIZERS
     from dsc.compiler.options import ON_ERROR
     from dsc.formats.manifest import RESIZE_POLICIES
     from dsc.runtime.orders import ORDERS
@@ -153,4 +154,5 @@ def test_cli_choices_match_the_library():
                if isinstance(p.type, click.Choice)}
     assert choices["resize"] == RESIZE_POLICIES and choices["on_error"] == ON_ERROR
     assert set(choices["filter_"]) == set(FILTERS) and choices["mode"] == ("RGB", "L")
+    assert choices["resizer"] == RESIZERS
     assert choices["order"] == tuple(ORDERS)

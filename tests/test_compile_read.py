@@ -17,6 +17,10 @@ POLICIES = [
     dict(),  # ragged, stored exactly as decoded
     dict(size=(32, 32), resize="pad", mode="L"),
     dict(max_side=40, mode="L"),
+    dict(size=(48, 48), resize="center-crop", resizer="torch"),
+    dict(size=(64, 48), resize="pad", fill=7, resizer="torch"),
+    dict(max_side=50, resizer="torch"),
+    dict(size=(32, 40), resize="stretch", mode="L", resizer="torch"),
 ]
 
 

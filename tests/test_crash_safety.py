@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +295,42 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
                           workers=1, progress=False, resume=True)
     assert fingerprint(scan_table(tmp_path / "t.parquet", "a"), opts, 4) != \
         fingerprint(scan_table(tmp_path / "t.parquet", "b"), opts, 4)
+
+
+def test_a_worker_killed_mid_compile_is_an_error_not_a_hang(slow_src, reference_tree, tmp_path):
+    """The out-of-memory killer takes one worker: the compile stops with a message naming it (instead of
+    waiting forever for the lost shard, as multiprocessing.Pool would), and --resume finishes the job."""
+    out = tmp_path / "out"
+    p = subprocess.Popen(compile_cmd(slow_src, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    t_end = time.monotonic() + 60
+    while _units_done(out) < 3 and p.poll() is None and time.monotonic() < t_end:
+        time.sleep(0.002)
+    children = (Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split() if p.poll() is None else [])
+    if not children:
+        p.kill()
+        pytest.skip("the compile finished before a worker could be killed")
+    os.kill(int(children[0]), signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "died (exit code -9" in err and "--resume" in err and "Traceback" not in err, err
+    assert not out.exists()
+    subprocess.run(compile_cmd(slow_src, out, "--resume"), check=True, env=ENV, capture_output=True, timeout=120)
+    assert tree_bytes(out) == reference_tree
+
+
+def test_fail_fast_stops_never_hang(scenes_src, tmp_path):
+    """Stopping at a bad input kills the workers, maybe halfway through sending a result: repeated, in one
+    process, the stop must come back every time (a multiprocessing.Pool hung here, holding a dead worker's lock)."""
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "class_00" / "a_broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    code = ("import dsc\n"
+            "for i in range(12):\n"
+            "    try:\n"
+            f"        dsc.compile_imagefolder({str(src)!r}, {str(tmp_path)!r} + f'/o{{i}}', size=16, shard_size=1,\n"
+            "                                workers=2, progress=False)\n"
+            "    except dsc.SampleError:\n"
+            "        pass\n"
+            "    else:\n"
+            "        raise SystemExit('the bad input did not stop the compile')\n")
+    subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=120)

@@ -151,6 +151,58 @@ def test_draft_mode_is_close_and_keeps_geometry(tmp_path):
     assert draft.manifest.source["options"]["draft"] is True
 
 
+def test_draft_resamples_the_draft_as_the_full_image(tmp_path):
+    """A draft is the full image reduced 1/s, its last block column partly padding (1301 px / 4 = 325.25
+    columns of image in 326): resampled through PIL's box (0, 0, w/s, h/s), pixel for pixel, so that the
+    pixels sit where the recorded affine says. The torch resizer does the same within one level."""
+    from dsc.synthetic import make_scene
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    make_scene(np.random.default_rng(5), 899, 1301).save(src / "a.jpg", quality=92)
+    kw = dict(size=128, draft=True, progress=False)
+    a = dsc.open(dsc.compile_imagefolder(tmp_path / "src", tmp_path / "pil", **kw).path)
+    b = dsc.open(dsc.compile_imagefolder(tmp_path / "src", tmp_path / "torch", resizer="torch", **kw).path)
+    with Image.open(src / "a.jpg") as im:
+        nh, nw = 128, int(128 * 1301 / 899)  # torchvision's Resize(128) of 899x1301
+        mode, box = im.draft("RGB", (nw, nh))
+        assert im.size == (326, 225) and box[2] == 1301 / 4
+        im.load()
+        r = np.asarray(im.resize((nw, nh), Image.Resampling.BILINEAR, box=box))
+    left = int(round((nw - 128) / 2.0))
+    np.testing.assert_array_equal(a[0]["image"].numpy(), r[:, left:left + 128])
+    np.testing.assert_allclose(a.affine[0], (nw / 1301, nh / 899, -left, 0), rtol=1e-12)
+    diff = np.abs(a[0]["image"].numpy().astype(int) - b[0]["image"].numpy().astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.02, (diff.max(), (diff > 0).mean())
+
+
+@pytest.mark.parametrize("filter_", ["bilinear", "bicubic"])
+def test_torch_resizer_is_within_one_level_of_pil(mixed_src, tmp_path, filter_):
+    """The two resizers implement the same filter: at most one level apart, in few values (this set has
+    small and upscaled images, where more values round differently than in downscaled photos)."""
+    kw = dict(size=(40, 56), filter=filter_, progress=False)
+    a = dsc.open(dsc.compile_imagefolder(mixed_src, tmp_path / "pil", **kw).path)
+    b = dsc.open(dsc.compile_imagefolder(mixed_src, tmp_path / "torch", resizer="torch", **kw).path)
+    assert a.manifest.resize.resizer == "pil" and b.manifest.resize.resizer == "torch"
+    np.testing.assert_array_equal(a.affine, b.affine)
+    x, y = (np.stack([d[i]["image"].numpy() for i in range(len(d))]).astype(int) for d in (a, b))
+    diff = np.abs(x - y)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.05, (diff.max(), (diff > 0).mean())
+
+
+def test_torch_resizer_refuses_filters_it_lacks(scenes_src, tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    with pytest.raises(dsc.DscError, match="no antialiased lanczos"):
+        dsc.compile_imagefolder(scenes_src, tmp_path / "x", size=32, resizer="torch", filter="lanczos")
+    r = CliRunner().invoke(main, ["compile", "imagefolder", str(scenes_src), str(tmp_path / "y"), "--size", "32",
+                                  "--resizer", "torch", "--filter", "nearest"])
+    assert r.exit_code != 0 and "--resizer pil" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "y").exists()
+
+
 def _pil_bilinear_reference(arr: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
     """PIL's antialiased bilinear resize, in float: horizontal pass, round to uint8, vertical pass."""
     def weights(n_in, n_out):

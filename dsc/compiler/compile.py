@@ -32,15 +32,11 @@ from ..formats.verify import file_checksums
 from .inputs import set_dataset, where
 from .journal import Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
+from .pool import WorkerPool
 from .sources.base import ScannedSource
 from .staging import Staging, check_output
 from .units import UnitResult, UnitTask, compile_unit, worker_init
 from .writer import FixedShardWriter, RaggedShardWriter
-
-
-def _pool_context():
-    # fork starts workers in milliseconds; the compile path never starts threads before the pool.
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
@@ -97,7 +93,9 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
 
     # The pool forks before the progress bar exists: tqdm starts a monitor thread, and forking a process
     # that has threads can deadlock the child.
-    pool = _pool_context().Pool(min(workers, len(todo)), initializer=worker_init) \
+    if todo and todo[0].options.resizer == "torch" and executor is None:
+        import torch  # noqa: F401  (once here, before the fork, not once per worker)
+    pool = WorkerPool(min(workers, len(todo)), compile_unit, worker_init) \
         if executor is None and workers > 1 and len(todo) > 1 else None
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
@@ -106,13 +104,12 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             if executor is not None and todo:
                 consume(_dask_results(executor, todo), bar)
             elif pool is not None:
-                consume(pool.imap_unordered(compile_unit, todo), bar)
+                consume(pool.imap_unordered(todo), bar)
             else:
                 consume(map(compile_unit, todo), bar)
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.close()
     return [results[s] for s in range(len(tasks))]
 
 
@@ -287,7 +284,8 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
         image = ImageSpec(layout="fixed", channels=options.channels, mode=options.mode, height=h, width=w)
         write_json(node_dir(tmp, L.IMAGE) / "zarr.json",
                    sharded_array_json((n, h, w, options.channels), K, ["sample", "height", "width", "channel"]))
-        resize = ResizeSpec(policy=options.resize, size=options.size, fill=options.fill, filter=options.filter)
+        resize = ResizeSpec(policy=options.resize, size=options.size, fill=options.fill, filter=options.filter,
+                            resizer=options.resizer)
     else:
         image = ImageSpec(layout="ragged", channels=options.channels, mode=options.mode)
         write_group(tmp, L.IMAGE)
@@ -296,7 +294,8 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
         np.cumsum(np.prod(shapes.astype(np.int64), axis=1), out=offsets[1:])
         write_plain_array(tmp, L.RAGGED_OFFSETS, offsets, ["sample_edge"])
         write_plain_array(tmp, L.RAGGED_SHAPES, shapes, ["sample", "axis"])
-        resize = ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter)
+        resize = ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter,
+                            resizer=options.resizer)
     if scanned.task == "classification":
         write_plain_array(tmp, L.LABEL, cat("labels"), ["sample"])
     objects = _write_objects(tmp, results, scanned) if scanned.task == "detection" else None

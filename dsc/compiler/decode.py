@@ -11,6 +11,8 @@ Every PIL mode is handled explicitly:
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from PIL import Image, ImageOps
 
@@ -46,10 +48,16 @@ def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where:
         raise ImageDecodeError(where, f"cannot convert image: {e}") from None
 
 
+class Decoded(NamedTuple):
+    image: Image.Image  # in the stored mode, EXIF orientation applied
+    orientation: int  # the EXIF orientation tag that was applied (1: none)
+    full: tuple[int, int]  # (height, width) of the full image as displayed
+    scale: int = 1  # JPEG DCT scaling: ``image`` is the full image reduced 1/scale (its pixel x = full scale*x)
+
+
 def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
-                 draft_for=None) -> tuple[Image.Image, int, tuple[int, int]]:
-    """Return (image in ``mode`` with EXIF orientation applied, the orientation tag that was applied,
-    the (height, width) of the full decoded image).
+                 draft_for=None) -> Decoded:
+    """Decode one image file.
 
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
     then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
@@ -69,13 +77,16 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
             swapped = orientation in (5, 6, 7, 8)
             raw_w, raw_h = im.size
             full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
+            scale = 1
             if draft_for is not None and im.format == "JPEG":
                 need_h, need_w = draft_for(*full)
-                im.draft(im.mode, (need_h, need_w) if swapped else (need_w, need_h))
+                drafted = im.draft(im.mode, (need_h, need_w) if swapped else (need_w, need_h))
+                if drafted is not None:  # box = (0, 0, raw_w / scale, raw_h / scale)
+                    scale = round(raw_w / drafted[1][2])
             im.load()
             if orientation != 1:
                 im = ImageOps.exif_transpose(im)
-            return _to_mode(im, mode, background), orientation, full
+            return Decoded(_to_mode(im, mode, background), orientation, full, scale)
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:

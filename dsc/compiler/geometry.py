@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-           "lanczos": Image.Resampling.LANCZOS, "nearest": Image.Resampling.NEAREST}
+from .resample import resize
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,35 +62,28 @@ def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
 
 
 def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear",
-               full_size: tuple[int, int] | None = None) -> np.ndarray:
+               full_size: tuple[int, int] | None = None, draft_scale: int = 1, resizer: str = "pil") -> np.ndarray:
     """Resize / crop / pad a decoded image per ``plan``; returns a C-contiguous (H, W, C) uint8 array.
 
-    Resize-then-crop exactly as torchvision's Resize + CenterCrop (cropping inside PIL's resize with a
-    ``box`` would be faster but differs by one level in ~6% of pixels: the filter weights round
-    differently). ``full_size`` (h, w) is the size the plan was made for when ``im`` is a JPEG draft
-    (DCT-scaled) decode of it: then the kept region is resampled from the draft through a ``box`` in
-    draft coordinates (draft mode trades exactness for speed anyway)."""
+    Resize, then crop, exactly as torchvision's Resize + CenterCrop (cropping inside the resize would be
+    faster but differs by one level in ~6% of pixels: the filter weights round differently).
+    ``full_size`` (h, w) is the size the plan was made for when ``im`` is a JPEG draft, decoded with DCT
+    scaling by 1/``draft_scale``: the draft is resampled as the full image would be, its pixel x
+    standing for the full image's ``draft_scale * x`` (its last row and column may be partly padding)."""
     h, w = full_size or (im.height, im.width)
     nh, nw = plan.resized
     oh, ow = plan.out
-    letterbox = nh < oh or nw < ow
-    if (im.height, im.width) != (h, w):  # a draft: resample only what is kept, from the draft
-        top, left = (0, 0) if letterbox else plan.crop
-        rh, rw = (nh, nw) if letterbox else (oh, ow)
-        sy, sx = im.height / h, im.width / w
-        box = (left * w / nw * sx, top * h / nh * sy, (left + rw) * w / nw * sx, (top + rh) * h / nh * sy)
-        arr = np.asarray(im.resize((rw, rh), FILTERS[resample], box=box))
-        crop = (0, 0)
+    if draft_scale != 1:
+        arr = resize(im, (nh, nw), resample, resizer, scale=(nh * draft_scale / h, nw * draft_scale / w))
+    elif (nh, nw) != (h, w):
+        arr = resize(im, (nh, nw), resample, resizer)
     else:
-        if (nh, nw) != (h, w):
-            im = im.resize((nw, nh), FILTERS[resample])
         arr = np.asarray(im)
-        crop = plan.crop
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
-    if letterbox:
+        arr = arr[:, :, None] if arr.ndim == 2 else arr
+    if nh < oh or nw < ow:  # letterbox
         canvas = np.full((oh, ow, arr.shape[2]), fill, dtype=np.uint8)
         top, left = plan.pad
         canvas[top:top + arr.shape[0], left:left + arr.shape[1]] = arr
         return canvas
-    return np.ascontiguousarray(arr[crop[0]:crop[0] + oh, crop[1]:crop[1] + ow])
+    top, left = plan.crop
+    return np.ascontiguousarray(arr[top:top + oh, left:left + ow])

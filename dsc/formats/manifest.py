@@ -85,6 +85,7 @@ class ResizeSpec:
     max_side: int | None = None  # ragged: longest side capped at this (None: stored as decoded)
     fill: int = 0  # pad value for the letterbox policy
     filter: str = "bilinear"
+    resizer: str = "pil"  # pil: PIL's Image.resize; torch: torch's antialiased interpolate on uint8
 
     def __post_init__(self):
         if self.policy is not None and self.policy not in RESIZE_POLICIES:
@@ -97,7 +98,7 @@ class ResizeSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResizeSpec":
-        _check_keys("resize", d, {"policy", "size", "max_side", "fill", "filter"}, {"policy"})
+        _check_keys("resize", d, {"policy", "size", "max_side", "fill", "filter", "resizer"}, {"policy"})
         d = dict(d)
         if d.get("size") is not None:
             d["size"] = tuple(d["size"])

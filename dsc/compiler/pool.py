@@ -1,0 +1,120 @@
+"""The compile's worker processes: one pipe per worker, nothing shared between them.
+
+``multiprocessing.Pool`` was not used because of how it fails. Its workers share one result queue
+guarded by one lock: ``terminate()`` that kills a worker halfway through sending a result leaves the
+lock held, and the pool's own shutdown then waits for it forever (seen here when a fail-fast compile
+stopped). A worker that dies (the kernel's OOM killer, a segfault in a codec) leaves its task
+unanswered, and ``imap_unordered`` waits for it forever. Here each worker has its own pipe, so killing
+one breaks nothing shared, and the parent waits on the workers' exit sentinels as well as on their
+pipes, so a dead worker becomes an error that names it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import deque
+from multiprocessing.connection import wait
+
+from ..errors import DscError
+
+IN_FLIGHT = 2  # tasks sent to a worker ahead: it starts the next one while the parent takes the last result
+
+
+class WorkerDied(DscError, RuntimeError):
+    pass
+
+
+def _context():
+    # fork starts workers in milliseconds; the compile path never starts threads before the workers.
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def _serve(conn, fn, initializer) -> None:
+    if initializer is not None:
+        initializer()
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            reply = (True, fn(task))
+        except BaseException as e:  # noqa: BLE001  (sent to the parent, which raises it)
+            reply = (False, e)
+        try:
+            conn.send(reply)
+        except Exception as e:  # noqa: BLE001  (an exception that does not pickle)
+            conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}; and it could not be sent: {e}")))
+
+
+class WorkerPool:
+    """``WorkerPool(n, fn, initializer)``; ``imap_unordered(tasks)`` yields ``fn(task)`` as workers finish
+    them (a task's exception is raised in the parent); ``close()`` stops and reaps every worker."""
+
+    def __init__(self, processes: int, fn, initializer=None):
+        ctx = _context()
+        self._fn = fn
+        self._workers = []
+        try:
+            for _ in range(processes):
+                parent_end, child_end = ctx.Pipe()
+                p = ctx.Process(target=_serve, args=(child_end, fn, initializer), daemon=True,
+                                name=f"dsc-compile-{len(self._workers)}")
+                p.start()
+                child_end.close()
+                self._workers.append((p, parent_end))
+        except BaseException:
+            self.close()
+            raise
+
+    def imap_unordered(self, tasks):
+        todo = deque(tasks)
+        queued = {conn: 0 for _, conn in self._workers}
+        proc = {conn: p for p, conn in self._workers}
+        by_sentinel = {p.sentinel: conn for p, conn in self._workers}
+
+        def send_next(conn) -> None:
+            if todo:
+                try:
+                    conn.send(todo[0])
+                except OSError:  # its end of the pipe is closed: the worker is gone
+                    raise self._died(proc[conn]) from None
+                todo.popleft()
+                queued[conn] += 1
+
+        for _ in range(IN_FLIGHT):
+            for _, conn in self._workers:
+                send_next(conn)
+        while any(queued.values()):
+            busy = [c for c, n in queued.items() if n]
+            for ready in wait(busy + [s for s, c in by_sentinel.items() if queued[c]]):
+                conn = by_sentinel.get(ready, ready)
+                if ready in by_sentinel and conn.poll():
+                    continue  # dead, but its last result is still in the pipe: take that first
+                try:
+                    ok, value = conn.recv()
+                except (EOFError, OSError):
+                    raise self._died(proc[conn]) from None
+                queued[conn] -= 1
+                send_next(conn)
+                if not ok:
+                    raise value
+                yield value
+
+    @staticmethod
+    def _died(p) -> WorkerDied:
+        p.join(5)
+        how = {None: "still running", -9: "killed, often by the out-of-memory killer"}.get(p.exitcode, "")
+        return WorkerDied(f"compile worker {p.name} died (exit code {p.exitcode}{': ' + how if how else ''}); the "
+                          f"shards already written are kept: rerun with --resume")
+
+    def close(self) -> None:
+        """Stop every worker now (an unfinished task is abandoned) and reap them."""
+        for p, conn in self._workers:
+            if p.is_alive():
+                p.kill()
+            conn.close()
+        for p, _ in self._workers:
+            p.join()
+        self._workers = []
