@@ -334,3 +334,25 @@ def test_fail_fast_stops_never_hang(scenes_src, tmp_path):
             "    else:\n"
             "        raise SystemExit('the bad input did not stop the compile')\n")
     subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=120)
+
+
+def _echo_big(task: bytes) -> bytes:
+    return task[::-1] * 2
+
+
+def test_worker_pool_moves_big_tasks_and_results_without_deadlock():
+    """Tasks and results larger than a pipe's buffer (a COCO shard's records and boxes at a big shard size)
+    must not leave the parent and a worker each blocked sending to the other."""
+    import threading
+
+    from dsc.compiler.pool import WorkerPool
+
+    tasks = [bytes([i]) * 300_000 for i in range(7)]
+    pool = WorkerPool(2, _echo_big)
+    got = []
+    t = threading.Thread(target=lambda: got.extend(pool.imap_unordered(tasks)), daemon=True)
+    t.start()
+    t.join(60)
+    pool.close()
+    assert not t.is_alive(), "the worker pool deadlocked"
+    assert sorted(got) == sorted(_echo_big(x) for x in tasks)

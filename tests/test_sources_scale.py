@@ -176,10 +176,55 @@ def test_draft_resamples_the_draft_as_the_full_image(tmp_path):
     assert diff.max() <= 1 and (diff > 0).mean() < 0.02, (diff.max(), (diff > 0).mean())
 
 
+def test_orient_array_is_exif_transpose():
+    from PIL import ImageOps
+
+    from dsc.compiler.decode import orient_array
+
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    for o in range(1, 9):
+        raw = Image.fromarray(pixels)  # a new image each time: PIL caches the EXIF it read
+        exif = Image.Exif()
+        exif[0x0112] = o
+        raw.info["exif"] = exif.tobytes()
+        want = np.asarray(ImageOps.exif_transpose(raw))
+        assert want.shape == (pixels.shape[1], pixels.shape[0], 3) if o >= 5 else pixels.shape
+        np.testing.assert_array_equal(orient_array(pixels, o), want, err_msg=f"orientation {o}")
+
+
+@pytest.mark.parametrize("resizer", ["pil", "torch"])
+def test_draft_keeps_pixels_in_place_in_every_exif_orientation(tmp_path, resizer):
+    """A draft's partly-image last block must stay at the far edge: a draft flipped by its EXIF orientation
+    before resampling slid by up to 0.75 output pixels. Measured on ramps (value = position)."""
+    H, W = 601, 1001  # displayed; neither a multiple of 8
+    yy, xx = np.mgrid[0:H, 0:W]
+    shown = Image.fromarray(np.stack([xx * 255 / (W - 1), yy * 255 / (H - 1), np.full((H, W), 128.0)], -1)
+                            .round().astype(np.uint8))
+    undo = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+            8: Image.Transpose.ROTATE_270}
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    for o in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = o
+        (shown.transpose(undo[o]) if o in undo else shown).save(tmp_path / "src" / "c" / f"{o}.jpg", quality=100,
+                                                                  subsampling=0, exif=exif)
+    kw = dict(size=(64, 100), resize="stretch", resizer=resizer, progress=False)
+    full = dsc.open(dsc.compile_imagefolder(tmp_path / "src", tmp_path / "full", **kw).path)
+    draft = dsc.open(dsc.compile_imagefolder(tmp_path / "src", tmp_path / "draft", draft=True, **kw).path)
+    assert draft.manifest.source["options"]["draft"] and not np.array_equal(full[0]["image"], draft[0]["image"])
+    for i in range(8):
+        a, b = (d[i]["image"].numpy().astype(float) for d in (full, draft))
+        dx = (b[:, 5:-5, 0] - a[:, 5:-5, 0]).mean() / (255 * W / (W - 1) / 100)  # in output pixels
+        dy = (b[5:-5, :, 1] - a[5:-5, :, 1]).mean() / (255 * H / (H - 1) / 64)
+        assert abs(dx) < 0.15 and abs(dy) < 0.15, (full.keys[i], dx, dy)
+
+
 @pytest.mark.parametrize("filter_", ["bilinear", "bicubic"])
 def test_torch_resizer_is_within_one_level_of_pil(mixed_src, tmp_path, filter_):
     """The two resizers implement the same filter: at most one level apart, in few values (this set has
-    small and upscaled images, where more values round differently than in downscaled photos)."""
+    small and upscaled images, where more values round differently than in downscaled photos). Bicubic
+    can differ more at hard edges (see the next test); these images have none."""
     kw = dict(size=(40, 56), filter=filter_, progress=False)
     a = dsc.open(dsc.compile_imagefolder(mixed_src, tmp_path / "pil", **kw).path)
     b = dsc.open(dsc.compile_imagefolder(mixed_src, tmp_path / "torch", resizer="torch", **kw).path)
@@ -188,6 +233,21 @@ def test_torch_resizer_is_within_one_level_of_pil(mixed_src, tmp_path, filter_):
     x, y = (np.stack([d[i]["image"].numpy() for i in range(len(d))]).astype(int) for d in (a, b))
     diff = np.abs(x - y)
     assert diff.max() <= 1 and (diff > 0).mean() < 0.05, (diff.max(), (diff > 0).mean())
+
+
+def test_torch_bicubic_differs_more_only_at_hard_edges():
+    """The documented limit: on black-on-white shapes bicubic differs by up to 9 levels, in few values."""
+    from dsc.compiler.resample import resize
+
+    a = np.full((75, 90), 255, np.uint8)
+    a[20:40, 10:80] = 0
+    a[50:52, :] = 0
+    im = Image.fromarray(np.stack([a] * 3, -1))
+    for size in [(29, 74), (40, 45), (150, 180), (75, 30)]:
+        d = np.abs(resize(im, size, "bicubic", "pil").astype(int) - resize(im, size, "bicubic", "torch").astype(int))
+        assert d.max() <= 12 and (d > 1).mean() < 0.01, (size, d.max())
+        d = np.abs(resize(im, size, "bilinear", "pil").astype(int) - resize(im, size, "bilinear", "torch").astype(int))
+        assert d.max() <= 1, size
 
 
 def test_torch_resizer_refuses_filters_it_lacks(scenes_src, tmp_path):
@@ -289,3 +349,20 @@ def test_arrow_stream_files_as_datasets_save_to_disk_writes(scenes_src, folder_r
         w.write_table(table)
     dsc.compile_table(tmp_path / "data-00000-of-00001.arrow", tmp_path / "out", key_column="key", **OPTS)
     assert shards_and_labels(tmp_path / "out") == shards_and_labels(folder_ref)
+
+
+def test_torch_resize_runs_single_threaded_and_restores_the_count():
+    """Nested or concurrent units (a threaded Dask worker) share torch's process-wide thread count: the
+    first sets 1, the last restores the user's count."""
+    from dsc.compiler.resample import single_threaded
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with single_threaded("torch"):
+            with single_threaded("torch"):
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -53,6 +53,19 @@ class Decoded(NamedTuple):
     orientation: int  # the EXIF orientation tag that was applied (1: none)
     full: tuple[int, int]  # (height, width) of the full image as displayed
     scale: int = 1  # JPEG DCT scaling: ``image`` is the full image reduced 1/scale (its pixel x = full scale*x)
+    upright: bool = True  # False: a draft still in the file's orientation; resample it, then orient_array()
+
+
+def orient_array(arr: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply EXIF ``orientation`` to an (H, W[, C]) array: what ``ImageOps.exif_transpose`` does to an
+    image, as a view. A JPEG draft is resampled in the file's orientation and oriented afterwards: its
+    partly-image last block row and column must stay at the far edges for the draft's scale to be exact."""
+    if orientation in (5, 6, 7, 8):  # the axes swap: transpose, then flip as the orientation says
+        arr = arr.swapaxes(0, 1)
+        flips = {5: (), 6: (1,), 7: (0, 1), 8: (0,)}[orientation]
+    else:
+        flips = {1: (), 2: (1,), 3: (0, 1), 4: (0,)}[orientation]
+    return np.flip(arr, flips) if flips else arr
 
 
 def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
@@ -61,7 +74,8 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
 
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
     then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
-    returned image is smaller than the full size. ``path`` may be a path or a binary file object.
+    returned image is smaller than the full size, and left in the file's orientation (``upright`` False)
+    when its EXIF orientation is not 1. ``path`` may be a path or a binary file object.
     Any failure becomes :class:`ImageDecodeError` naming the file; PIL's decompression-bomb limit
     (``Image.MAX_IMAGE_PIXELS``) stays in force.
     """
@@ -84,9 +98,10 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
                 if drafted is not None:  # box = (0, 0, raw_w / scale, raw_h / scale)
                     scale = round(raw_w / drafted[1][2])
             im.load()
-            if orientation != 1:
+            if orientation != 1 and scale == 1:
                 im = ImageOps.exif_transpose(im)
-            return Decoded(_to_mode(im, mode, background), orientation, full, scale)
+            return Decoded(_to_mode(im, mode, background), orientation, full, scale,
+                           upright=orientation == 1 or scale == 1)
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from .decode import orient_array
 from .resample import resize
 
 
@@ -62,19 +63,28 @@ def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
 
 
 def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear",
-               full_size: tuple[int, int] | None = None, draft_scale: int = 1, resizer: str = "pil") -> np.ndarray:
+               full_size: tuple[int, int] | None = None, draft_scale: int = 1, resizer: str = "pil",
+               file_orientation: int = 1) -> np.ndarray:
     """Resize / crop / pad a decoded image per ``plan``; returns a C-contiguous (H, W, C) uint8 array.
 
     Resize, then crop, exactly as torchvision's Resize + CenterCrop (cropping inside the resize would be
     faster but differs by one level in ~6% of pixels: the filter weights round differently).
-    ``full_size`` (h, w) is the size the plan was made for when ``im`` is a JPEG draft, decoded with DCT
-    scaling by 1/``draft_scale``: the draft is resampled as the full image would be, its pixel x
-    standing for the full image's ``draft_scale * x`` (its last row and column may be partly padding)."""
+    ``full_size`` (h, w) is the displayed size the plan was made for when ``im`` is a JPEG draft, decoded
+    with DCT scaling by 1/``draft_scale``: the draft is resampled as the full image would be, its pixel x
+    standing for the full image's ``draft_scale * x`` (its last row and column may be partly padding). A
+    draft comes in the file's orientation: ``file_orientation`` (EXIF) is applied after resampling, which
+    keeps that padding at the far edges where the scale is exact."""
     h, w = full_size or (im.height, im.width)
     nh, nw = plan.resized
     oh, ow = plan.out
     if draft_scale != 1:
-        arr = resize(im, (nh, nw), resample, resizer, scale=(nh * draft_scale / h, nw * draft_scale / w))
+        s = draft_scale
+        swapped = file_orientation in (5, 6, 7, 8)
+        (fh, fw), (rh, rw) = ((w, h), (nw, nh)) if swapped else ((h, w), (nh, nw))  # in the file's orientation
+        arr = orient_array(resize(im, (rh, rw), resample, resizer, scale=(rh * s / fh, rw * s / fw)),
+                           file_orientation)
+    elif file_orientation != 1:
+        raise ValueError("only a JPEG draft comes in the file's orientation")
     elif (nh, nw) != (h, w):
         arr = resize(im, (nh, nw), resample, resizer)
     else:

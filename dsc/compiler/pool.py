@@ -7,17 +7,20 @@ stopped). A worker that dies (the kernel's OOM killer, a segfault in a codec) le
 unanswered, and ``imap_unordered`` waits for it forever. Here each worker has its own pipe, so killing
 one breaks nothing shared, and the parent waits on the workers' exit sentinels as well as on their
 pipes, so a dead worker becomes an error that names it.
+
+A worker holds one task at a time: the parent sends the next one only after taking the worker's result.
+(Queueing a second task while the worker runs can deadlock: a task too big for the pipe's buffer blocks
+the parent's send until the worker reads it, while the worker is blocked sending a result too big for
+the buffer, which the parent, stuck in its send, never reads.)
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 from collections import deque
 from multiprocessing.connection import wait
 
 from ..errors import DscError
-
-IN_FLIGHT = 2  # tasks sent to a worker ahead: it starts the next one while the parent takes the last result
-
 
 class WorkerDied(DscError, RuntimeError):
     pass
@@ -40,12 +43,13 @@ def _serve(conn, fn, initializer) -> None:
             return
         try:
             reply = (True, fn(task))
-        except BaseException as e:  # noqa: BLE001  (sent to the parent, which raises it)
+        except Exception as e:  # noqa: BLE001  (sent to the parent, which raises it)
+            try:
+                pickle.loads(pickle.dumps(e))  # some exceptions pickle but cannot be rebuilt
+            except Exception:  # noqa: BLE001
+                e = RuntimeError(f"{type(e).__name__}: {e}")
             reply = (False, e)
-        try:
-            conn.send(reply)
-        except Exception as e:  # noqa: BLE001  (an exception that does not pickle)
-            conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}; and it could not be sent: {e}")))
+        conn.send(reply)
 
 
 class WorkerPool:
@@ -83,9 +87,8 @@ class WorkerPool:
                 todo.popleft()
                 queued[conn] += 1
 
-        for _ in range(IN_FLIGHT):
-            for _, conn in self._workers:
-                send_next(conn)
+        for _, conn in self._workers:
+            send_next(conn)
         while any(queued.values()):
             busy = [c for c, n in queued.items() if n]
             for ready in wait(busy + [s for s, c in by_sentinel.items() if queued[c]]):
@@ -97,7 +100,7 @@ class WorkerPool:
                 except (EOFError, OSError):
                     raise self._died(proc[conn]) from None
                 queued[conn] -= 1
-                send_next(conn)
+                send_next(conn)  # before the caller handles the result: the worker waits only for this
                 if not ok:
                     raise value
                 yield value

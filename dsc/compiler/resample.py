@@ -4,7 +4,9 @@
   pixel. The default.
 * ``torch``: torch's ``interpolate(..., antialias=True)`` on uint8, which is what torchvision's ``Resize``
   does to tensors. On a CPU with AVX2 it runs fixed-point SIMD kernels (the pillow-simd algorithm), about
-  3x faster than stock Pillow here; it differs from PIL by at most one level in about 0.2% of the values.
+  3x faster than stock Pillow here. Bilinear differs from PIL by at most one level, in about 0.2% of the
+  values of a downscaled photo; bicubic likewise, except at hard edges (up to 9 levels measured on
+  black-on-white shapes), where the two kernels treat the filter's overshoot differently.
   Bilinear and bicubic only. Its bytes depend on torch's CPU kernel (``dsc info --env`` names it), as
   PIL's depend on Pillow or pillow-simd.
 
@@ -14,6 +16,7 @@ block column is only partly image maps exactly like the full image.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from contextlib import contextmanager
 
@@ -65,17 +68,30 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     return y.permute(0, 2, 3, 1)[0].numpy()[:h, :w]
 
 
+_threads_lock = threading.Lock()
+_threads_users = 0
+_threads_before = 1
+
+
 @contextmanager
 def single_threaded(resizer: str):
-    """Run torch's resize on one thread (a compile worker is one process per core); restores the count."""
+    """Run torch's resize on one thread (a compile worker is one process per core). torch's thread count
+    is process-wide: the first of concurrent units (a threaded Dask worker) sets it, the last restores it."""
+    global _threads_users, _threads_before
     if resizer != "torch":
         yield
         return
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    with _threads_lock:
+        if _threads_users == 0:
+            _threads_before = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _threads_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        with _threads_lock:
+            _threads_users -= 1
+            if _threads_users == 0:
+                torch.set_num_threads(_threads_before)

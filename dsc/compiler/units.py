@@ -112,17 +112,20 @@ def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetc
         (lambda h, w: plan_ragged(h, w, o.max_side))
     item = fetch(rec)
     if item.decoded:
-        im, orientation, scale = to_mode(item.obj, o.mode, o.background, rec.key), 1, 1
+        im, orientation, scale, pending = to_mode(item.obj, o.mode, o.background, rec.key), 1, 1, 1
         h, w = im.height, im.width
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
-        im, orientation, (h, w), scale = decode_image(item.obj, o.mode, o.background, draft_for)
+        dec = decode_image(item.obj, o.mode, o.background, draft_for)
+        im, orientation, (h, w), scale = dec.image, dec.orientation, dec.full, dec.scale
+        pending = 1 if dec.upright else orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)
     if item.target is not None:
         boxes, frame = boxes_in_display_frame(item.target, orientation, w, h)
         stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
-    arr = apply_plan(im, plan, o.fill, o.filter, full_size=(h, w), draft_scale=scale, resizer=o.resizer)
+    arr = apply_plan(im, plan, o.fill, o.filter, full_size=(h, w), draft_scale=scale, resizer=o.resizer,
+                     file_orientation=pending)
     if item.target is not None:
         objects.add(item.target, stored, keep, frame)
     return arr, (h, w), affine, orientation, item.label
