@@ -356,3 +356,43 @@ def test_worker_pool_moves_big_tasks_and_results_without_deadlock():
     pool.close()
     assert not t.is_alive(), "the worker pool deadlocked"
     assert sorted(got) == sorted(_echo_big(x) for x in tasks)
+
+
+class _Finalized:
+    """Cyclic garbage whose finalizer records the process that ran it."""
+
+    def __init__(self, marker):
+        self.marker, self.me = marker, self
+
+    def __del__(self):
+        with open(self.marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def _full_collection(_):
+    import gc
+
+    gc.collect()
+    return os.getpid()
+
+
+def test_workers_never_finalize_the_parents_garbage(tmp_path):
+    """Garbage the parent had not collected yet is not the workers' to finalize: a dropped dask Client's
+    __del__ run in a worker waited 40 s for an event-loop thread that fork does not copy."""
+    import gc
+
+    from dsc.compiler.pool import WorkerPool
+
+    marker = tmp_path / "finalized-in"
+    gc.disable()
+    try:
+        _Finalized(marker)  # unreachable at once, freed only by the collector
+        pool = WorkerPool(2, _full_collection)
+    finally:
+        gc.enable()
+    try:
+        workers = set(pool.imap_unordered([0, 1, 2, 3]))
+    finally:
+        pool.close()
+    gc.collect()
+    assert marker.read_text().split() == [str(os.getpid())] and str(os.getpid()) not in workers

@@ -59,6 +59,16 @@ def test_manifest_roundtrip():
     assert Manifest.from_dict(m.to_dict()) == m
 
 
+def test_manifest_resizer_defaults_to_pil_and_is_checked():
+    d = _manifest().to_dict()
+    assert d["resize"]["resizer"] == "pil"
+    del d["resize"]["resizer"]  # written before the torch resizer existed
+    assert Manifest.from_dict(d).resize.resizer == "pil"
+    d["resize"]["resizer"] = "magic"
+    with pytest.raises(CorruptDatasetError, match="resize.resizer"):
+        Manifest.from_dict(d)
+
+
 def test_manifest_refuses_unknown_keys_and_inconsistency():
     d = _manifest().to_dict()
     d["surprise"] = 1

@@ -15,6 +15,7 @@ the buffer, which the parent, stuck in its send, never reads.)
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import pickle
 from collections import deque
@@ -32,6 +33,10 @@ def _context():
 
 
 def _serve(conn, fn, initializer) -> None:
+    # Objects inherited through fork are the parent's: never collect them here. Garbage the parent had not
+    # collected yet would otherwise run its finalizers in the worker, where its threads do not exist (a
+    # dropped dask Client's __del__ waited 40 s here for its event loop).
+    gc.freeze()
     if initializer is not None:
         initializer()
     while True:

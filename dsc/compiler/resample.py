@@ -23,9 +23,10 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image
 
+from ..formats.manifest import RESIZERS
+
 FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
            "lanczos": Image.Resampling.LANCZOS, "nearest": Image.Resampling.NEAREST}
-RESIZERS = ("pil", "torch")
 TORCH_FILTERS = ("bilinear", "bicubic")
 
 

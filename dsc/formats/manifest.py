@@ -19,6 +19,7 @@ FORMAT_NAME = "dsc"
 FORMAT_VERSION = 1
 LAYOUTS = ("fixed", "ragged")
 RESIZE_POLICIES = ("stretch", "center-crop", "pad")
+RESIZERS = ("pil", "torch")  # who resampled: PIL's Image.resize or torch's interpolate
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -90,6 +91,8 @@ class ResizeSpec:
     def __post_init__(self):
         if self.policy is not None and self.policy not in RESIZE_POLICIES:
             raise CorruptDatasetError(f"manifest: resize.policy must be one of {RESIZE_POLICIES}")
+        if self.resizer not in RESIZERS:
+            raise CorruptDatasetError(f"manifest: resize.resizer must be one of {RESIZERS}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
