@@ -302,7 +302,7 @@ def test_a_worker_killed_mid_compile_is_an_error_not_a_hang(slow_src, reference_
     waiting forever for the lost shard, as multiprocessing.Pool would), and --resume finishes the job."""
     out = tmp_path / "out"
     p = subprocess.Popen(compile_cmd(slow_src, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, start_new_session=True)
     t_end = time.monotonic() + 60
     while _units_done(out) < 3 and p.poll() is None and time.monotonic() < t_end:
         time.sleep(0.002)
@@ -311,7 +311,11 @@ def test_a_worker_killed_mid_compile_is_an_error_not_a_hang(slow_src, reference_
         p.kill()
         pytest.skip("the compile finished before a worker could be killed")
     os.kill(int(children[0]), signal.SIGKILL)
-    _, err = p.communicate(timeout=60)
+    try:
+        _, err = p.communicate(timeout=60)
+    finally:  # a hung compile must not outlive the test
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # its own session: the compile and its workers
     assert p.returncode == 1 and "died (exit code -9" in err and "--resume" in err and "Traceback" not in err, err
     assert not out.exists()
     subprocess.run(compile_cmd(slow_src, out, "--resume"), check=True, env=ENV, capture_output=True, timeout=120)
