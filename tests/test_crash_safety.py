@@ -400,3 +400,59 @@ def test_workers_never_finalize_the_parents_garbage(tmp_path):
         pool.close()
     gc.collect()
     assert marker.read_text().split() == [str(os.getpid())] and str(os.getpid()) not in workers
+
+
+def _dies_after_returning(t):
+    import threading
+
+    if t == 3:  # dies just after its result is sent, before it takes another task
+        threading.Thread(target=lambda: (time.sleep(0.05), os.kill(os.getpid(), signal.SIGKILL)), daemon=True).start()
+    time.sleep(0.01)
+    return t
+
+
+def test_a_result_received_before_its_worker_died_is_kept():
+    """The finished unit still reaches the caller (and the resume journal) before WorkerDied."""
+    from dsc.compiler.pool import WorkerDied, WorkerPool
+
+    pool = WorkerPool(2, _dies_after_returning)
+    got = []
+    try:
+        with pytest.raises(WorkerDied, match="exit code -9"):
+            for r in pool.imap_unordered(range(6)):
+                got.append(r)
+                time.sleep(0.2)  # a slow consumer: the worker dies while the parent holds its result
+    finally:
+        pool.close()
+    assert 3 in got
+
+
+def test_workers_end_with_their_parent_even_without_pdeathsig(tmp_path):
+    """Workers hold no copy of the parent's pipe ends, so the parent's death closes their pipes and they
+    exit; PR_SET_PDEATHSIG (Linux only) is not needed for that."""
+    code = ("import os, time\n"
+            "from dsc.compiler.pool import WorkerPool\n"
+            "p = WorkerPool(2, abs)\n"
+            "assert sorted(p.imap_unordered([-1, -2])) == [1, 2]\n"
+            "print(' '.join(str(w.pid) for w, _ in p._workers), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(pids) == 2
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    t_end = time.monotonic() + 10
+    while any(map(alive, pids)) and time.monotonic() < t_end:
+        time.sleep(0.05)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived their parent"

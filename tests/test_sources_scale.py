@@ -352,8 +352,7 @@ def test_arrow_stream_files_as_datasets_save_to_disk_writes(scenes_src, folder_r
 
 
 def test_torch_resize_runs_single_threaded_and_restores_the_count():
-    """Nested or concurrent units (a threaded Dask worker) share torch's process-wide thread count: the
-    first sets 1, the last restores the user's count."""
+    """A unit runs torch single-threaded and gives the calling thread its count back, nested too."""
     from dsc.compiler.resample import single_threaded
 
     before = torch.get_num_threads()

@@ -32,11 +32,13 @@ def _context():
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
-def _serve(conn, fn, initializer) -> None:
+def _serve(conn, fn, initializer, inherited=()) -> None:
     # Objects inherited through fork are the parent's: never collect them here. Garbage the parent had not
     # collected yet would otherwise run its finalizers in the worker, where its threads do not exist (a
     # dropped dask Client's __del__ waited 40 s here for its event loop).
     gc.freeze()
+    for c in inherited:  # the parent's ends of the pipes (forked copies): with them closed here, a parent that
+        c.close()        # dies closes every pipe, and recv() below ends the worker even without PR_SET_PDEATHSIG
     if initializer is not None:
         initializer()
     while True:
@@ -68,7 +70,8 @@ class WorkerPool:
         try:
             for _ in range(processes):
                 parent_end, child_end = ctx.Pipe()
-                p = ctx.Process(target=_serve, args=(child_end, fn, initializer), daemon=True,
+                inherited = [c for _, c in self._workers] + [parent_end] if ctx.get_start_method() == "fork" else []
+                p = ctx.Process(target=_serve, args=(child_end, fn, initializer, inherited), daemon=True,
                                 name=f"dsc-compile-{len(self._workers)}")
                 p.start()
                 child_end.close()
@@ -105,9 +108,13 @@ class WorkerPool:
                 except (EOFError, OSError):
                     raise self._died(proc[conn]) from None
                 queued[conn] -= 1
-                send_next(conn)  # before the caller handles the result: the worker waits only for this
                 if not ok:
                     raise value
+                try:
+                    send_next(conn)  # before the caller handles the result: the worker waits only for this
+                except WorkerDied:
+                    yield value  # finished before the worker died: the caller keeps (journals) it
+                    raise
                 yield value
 
     @staticmethod

@@ -47,6 +47,26 @@ def _as_hwc(im: Image.Image | np.ndarray) -> np.ndarray:
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
+_quiet = threading.Lock()
+_warned = False
+
+
+def _from_readonly(arr: np.ndarray):
+    """``torch.from_numpy`` of PIL's read-only array (interpolate only reads it). torch warns about that
+    once per process: the first call hides the warning; ``catch_warnings`` is not thread-safe, so not
+    every call."""
+    global _warned
+    import torch
+
+    if _warned:
+        return torch.from_numpy(arr)
+    with _quiet, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(arr)
+        _warned = True
+    return t
+
+
 def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
            scale: tuple[float, float] | None = None) -> np.ndarray:
     """``im`` resampled to ``size``: an (H, W, C) uint8 array (a view, maybe not contiguous)."""
@@ -57,10 +77,7 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     import torch
     import torch.nn.functional as F
 
-    arr = _as_hwc(im)
-    with warnings.catch_warnings():  # PIL's array is read-only; interpolate only reads it
-        warnings.simplefilter("ignore", UserWarning)
-        x = torch.from_numpy(arr).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out
+    x = _from_readonly(_as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out
     if scale is None:
         y = F.interpolate(x, size=(h, w), mode=filter, antialias=True)
     else:  # output size = floor(input * scale): nudge up so that rounding never leaves it a pixel short
@@ -69,30 +86,18 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     return y.permute(0, 2, 3, 1)[0].numpy()[:h, :w]
 
 
-_threads_lock = threading.Lock()
-_threads_users = 0
-_threads_before = 1
-
-
 @contextmanager
 def single_threaded(resizer: str):
-    """Run torch's resize on one thread (a compile worker is one process per core). torch's thread count
-    is process-wide: the first of concurrent units (a threaded Dask worker) sets it, the last restores it."""
-    global _threads_users, _threads_before
+    """Run torch's resize on one thread (a compile worker is one process per core). torch's OpenMP thread
+    count belongs to the calling thread: set and restored here, in it."""
     if resizer != "torch":
         yield
         return
     import torch
 
-    with _threads_lock:
-        if _threads_users == 0:
-            _threads_before = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _threads_users += 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
-        with _threads_lock:
-            _threads_users -= 1
-            if _threads_users == 0:
-                torch.set_num_threads(_threads_before)
+        torch.set_num_threads(before)
