@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import SampleError
 from ..formats.coords import apply_affine
+from .decode import SWAPS_AXES
 from .sources.base import Target
 
 TOLERANCE_PX = 1.0  # boxes may overhang the image by this much (rounding in annotation tools); clipped
@@ -36,7 +37,7 @@ def raw_to_displayed(boxes: np.ndarray, orientation: int, raw_w: int, raw_h: int
 
 def boxes_in_display_frame(t: Target, orientation: int, disp_w: int, disp_h: int) -> tuple[np.ndarray, int]:
     """The target's boxes in displayed-image pixels, checked; returns (boxes, frame flag)."""
-    swapped = orientation in (5, 6, 7, 8)
+    swapped = orientation in SWAPS_AXES
     raw_w, raw_h = (disp_h, disp_w) if swapped else (disp_w, disp_h)
     boxes = np.asarray(t.boxes, np.float64).reshape(-1, 4)
     frame = FRAME_DISPLAYED

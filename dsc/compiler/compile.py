@@ -12,7 +12,6 @@ place at the end; the manifest is written last. OUT is a complete dataset or abs
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -32,7 +31,7 @@ from ..formats.verify import file_checksums
 from .inputs import set_dataset, where
 from .journal import Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
-from .pool import WorkerPool
+from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource
 from .staging import Staging, check_output
 from .units import UnitResult, UnitTask, compile_unit, worker_init
@@ -93,10 +92,11 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
 
     # The pool forks before the progress bar exists: tqdm starts a monitor thread, and forking a process
     # that has threads can deadlock the child.
-    if todo and todo[0].options.resizer == "torch" and executor is None:
-        import torch  # noqa: F401  (once here, before the fork, not once per worker)
-    pool = WorkerPool(min(workers, len(todo)), compile_unit, worker_init) \
-        if executor is None and workers > 1 and len(todo) > 1 else None
+    pool = None
+    if executor is None and workers > 1 and len(todo) > 1:
+        if todo[0].options.resizer == "torch":
+            import torch  # noqa: F401  (once here, before the fork, not once per worker)
+        pool = WorkerPool(min(workers, len(todo)), compile_unit, worker_init)
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
                   dynamic_ncols=True, smoothing=0.1) as bar:
@@ -199,7 +199,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         if options.executor is not None:
             raise SourceError("a Python dataset compiles on local worker processes; drop --executor")
         set_dataset(dataset)
-        if "fork" not in mp.get_all_start_methods():
+        if not CAN_FORK:
             options = replace(options, workers=1)  # the dataset reaches workers only by fork
     t0 = time.perf_counter()
     out = Path(out)

@@ -48,19 +48,26 @@ def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where:
         raise ImageDecodeError(where, f"cannot convert image: {e}") from None
 
 
+SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
+
+
 class Decoded(NamedTuple):
-    image: Image.Image  # in the stored mode, EXIF orientation applied
-    orientation: int  # the EXIF orientation tag that was applied (1: none)
+    image: Image.Image  # in the stored mode; EXIF orientation applied, except to a draft (see ``pending``)
+    orientation: int  # the image's EXIF orientation tag (1: upright)
     full: tuple[int, int]  # (height, width) of the full image as displayed
     scale: int = 1  # JPEG DCT scaling: ``image`` is the full image reduced 1/scale (its pixel x = full scale*x)
-    upright: bool = True  # False: a draft still in the file's orientation; resample it, then orient_array()
+
+    @property
+    def pending(self) -> int:
+        """The orientation still to apply, after resampling (``orient_array``): a draft keeps the file's."""
+        return self.orientation if self.scale != 1 else 1
 
 
 def orient_array(arr: np.ndarray, orientation: int) -> np.ndarray:
     """Apply EXIF ``orientation`` to an (H, W[, C]) array: what ``ImageOps.exif_transpose`` does to an
     image, as a view. A JPEG draft is resampled in the file's orientation and oriented afterwards: its
     partly-image last block row and column must stay at the far edges for the draft's scale to be exact."""
-    if orientation in (5, 6, 7, 8):  # the axes swap: transpose, then flip as the orientation says
+    if orientation in SWAPS_AXES:  # transpose, then flip as the orientation says
         arr = arr.swapaxes(0, 1)
         flips = {5: (), 6: (1,), 7: (0, 1), 8: (0,)}[orientation]
     else:
@@ -74,8 +81,7 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
 
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
     then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
-    returned image is smaller than the full size, and left in the file's orientation (``upright`` False)
-    when its EXIF orientation is not 1. ``path`` may be a path or a binary file object.
+    returned image is smaller than the full size and left in the file's orientation (``Decoded.pending``). ``path`` may be a path or a binary file object.
     Any failure becomes :class:`ImageDecodeError` naming the file; PIL's decompression-bomb limit
     (``Image.MAX_IMAGE_PIXELS``) stays in force.
     """
@@ -88,7 +94,7 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
                 orientation = 1
             if orientation not in range(1, 9):
                 orientation = 1
-            swapped = orientation in (5, 6, 7, 8)
+            swapped = orientation in SWAPS_AXES
             raw_w, raw_h = im.size
             full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
             scale = 1
@@ -100,8 +106,7 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
             im.load()
             if orientation != 1 and scale == 1:
                 im = ImageOps.exif_transpose(im)
-            return Decoded(_to_mode(im, mode, background), orientation, full, scale,
-                           upright=orientation == 1 or scale == 1)
+            return Decoded(_to_mode(im, mode, background), orientation, full, scale)
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:

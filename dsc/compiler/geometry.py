@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .decode import orient_array
-from .resample import resize
+from .decode import SWAPS_AXES, orient_array
+from .resample import as_hwc, resize
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bili
     oh, ow = plan.out
     if draft_scale != 1:
         s = draft_scale
-        swapped = file_orientation in (5, 6, 7, 8)
+        swapped = file_orientation in SWAPS_AXES
         (fh, fw), (rh, rw) = ((w, h), (nw, nh)) if swapped else ((h, w), (nh, nw))  # in the file's orientation
         arr = orient_array(resize(im, (rh, rw), resample, resizer, scale=(rh * s / fh, rw * s / fw)),
                            file_orientation)
@@ -88,8 +88,7 @@ def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bili
     elif (nh, nw) != (h, w):
         arr = resize(im, (nh, nw), resample, resizer)
     else:
-        arr = np.asarray(im)
-        arr = arr[:, :, None] if arr.ndim == 2 else arr
+        arr = as_hwc(im)
     if nh < oh or nw < ow:  # letterbox
         canvas = np.full((oh, ow, arr.shape[2]), fill, dtype=np.uint8)
         top, left = plan.pad

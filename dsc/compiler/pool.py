@@ -23,13 +23,17 @@ from multiprocessing.connection import wait
 
 from ..errors import DscError
 
+
 class WorkerDied(DscError, RuntimeError):
     pass
 
 
+CAN_FORK = "fork" in mp.get_all_start_methods()
+
+
 def _context():
     # fork starts workers in milliseconds; the compile path never starts threads before the workers.
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    return mp.get_context("fork" if CAN_FORK else "spawn")
 
 
 def _serve(conn, fn, initializer, inherited=()) -> None:
@@ -65,7 +69,6 @@ class WorkerPool:
 
     def __init__(self, processes: int, fn, initializer=None):
         ctx = _context()
-        self._fn = fn
         self._workers = []
         try:
             for _ in range(processes):
@@ -82,7 +85,7 @@ class WorkerPool:
 
     def imap_unordered(self, tasks):
         todo = deque(tasks)
-        queued = {conn: 0 for _, conn in self._workers}
+        busy = set()  # the workers holding a task (one each)
         proc = {conn: p for p, conn in self._workers}
         by_sentinel = {p.sentinel: conn for p, conn in self._workers}
 
@@ -93,13 +96,12 @@ class WorkerPool:
                 except OSError:  # its end of the pipe is closed: the worker is gone
                     raise self._died(proc[conn]) from None
                 todo.popleft()
-                queued[conn] += 1
+                busy.add(conn)
 
         for _, conn in self._workers:
             send_next(conn)
-        while any(queued.values()):
-            busy = [c for c, n in queued.items() if n]
-            for ready in wait(busy + [s for s, c in by_sentinel.items() if queued[c]]):
+        while busy:
+            for ready in wait([*busy, *(proc[c].sentinel for c in busy)]):
                 conn = by_sentinel.get(ready, ready)
                 if ready in by_sentinel and conn.poll():
                     continue  # dead, but its last result is still in the pipe: take that first
@@ -107,7 +109,7 @@ class WorkerPool:
                     ok, value = conn.recv()
                 except (EOFError, OSError):
                     raise self._died(proc[conn]) from None
-                queued[conn] -= 1
+                busy.discard(conn)
                 if not ok:
                     raise value
                 try:

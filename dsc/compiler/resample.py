@@ -42,7 +42,8 @@ def check(resizer: str, filter: str) -> str | None:
     return None
 
 
-def _as_hwc(im: Image.Image | np.ndarray) -> np.ndarray:
+def as_hwc(im: Image.Image | np.ndarray) -> np.ndarray:
+    """The pixels as an (H, W, C) array (a grayscale image gets C = 1)."""
     arr = np.asarray(im)
     return arr[:, :, None] if arr.ndim == 2 else arr
 
@@ -73,11 +74,11 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     h, w = size
     if resizer == "pil":
         box = None if scale is None else (0.0, 0.0, w / scale[1], h / scale[0])
-        return _as_hwc(im.resize((w, h), FILTERS[filter], box=box))
+        return as_hwc(im.resize((w, h), FILTERS[filter], box=box))
     import torch
     import torch.nn.functional as F
 
-    x = _from_readonly(_as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out
+    x = _from_readonly(as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out
     if scale is None:
         y = F.interpolate(x, size=(h, w), mode=filter, antialias=True)
     else:  # output size = floor(input * scale): nudge up so that rounding never leaves it a pixel short

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import SampleError
 from ..formats import ShardSpec
 from .boxes import boxes_in_display_frame, to_stored
-from .decode import decode_image, to_mode
+from .decode import Decoded, decode_image, to_mode
 from .inputs import fetcher
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .options import CompileOptions
@@ -112,20 +112,19 @@ def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetc
         (lambda h, w: plan_ragged(h, w, o.max_side))
     item = fetch(rec)
     if item.decoded:
-        im, orientation, scale, pending = to_mode(item.obj, o.mode, o.background, rec.key), 1, 1, 1
-        h, w = im.height, im.width
+        im = to_mode(item.obj, o.mode, o.background, rec.key)
+        dec = Decoded(im, 1, (im.height, im.width))
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
         dec = decode_image(item.obj, o.mode, o.background, draft_for)
-        im, orientation, (h, w), scale = dec.image, dec.orientation, dec.full, dec.scale
-        pending = 1 if dec.upright else orientation
+    (h, w), orientation = dec.full, dec.orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)
     if item.target is not None:
         boxes, frame = boxes_in_display_frame(item.target, orientation, w, h)
         stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
-    arr = apply_plan(im, plan, o.fill, o.filter, full_size=(h, w), draft_scale=scale, resizer=o.resizer,
-                     file_orientation=pending)
+    arr = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,
+                     resizer=o.resizer, file_orientation=dec.pending)
     if item.target is not None:
         objects.add(item.target, stored, keep, frame)
     return arr, (h, w), affine, orientation, item.label
@@ -134,6 +133,11 @@ def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetc
 def compile_unit(task: UnitTask) -> UnitResult:
     """Decode, resize and write shard ``task.s``. Bad inputs are recorded (or stop the unit under
     on_error="fail"); write failures raise WriteError from the shard writer."""
+    with single_threaded(task.options.resizer):
+        return _compile_unit(task)
+
+
+def _compile_unit(task: UnitTask) -> UnitResult:
     o = task.options
     root = Path(task.root)
     if o.layout == "fixed":
@@ -142,31 +146,30 @@ def compile_unit(task: UnitTask) -> UnitResult:
         writer = RaggedShardWriter(root, task.s)
     import google_crc32c
 
-    with single_threaded(o.resizer):
-        objects = Objects()
-        kept, shapes, orig, affine, orient, labels, crc, errors = [], [], [], [], [], [], [], []
-        try:
-            fetch = fetcher(task.records, task.input)
-            for j, rec in enumerate(task.records):
-                try:
-                    arr, hw, aff, orientation, label = compile_sample(rec, o, objects, fetch)
-                except SampleError as e:
-                    errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
-                    if o.on_error == "fail":
-                        break
-                    continue
-                writer.write(arr)
-                kept.append(task.start + j)
-                shapes.append(arr.shape)
-                orig.append(hw)
-                affine.append(aff)
-                orient.append(orientation)
-                labels.append(label)
-                crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
-            shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
-        except BaseException:
-            writer.abort()
-            raise
+    objects = Objects()
+    kept, shapes, orig, affine, orient, labels, crc, errors = [], [], [], [], [], [], [], []
+    try:
+        fetch = fetcher(task.records, task.input)
+        for j, rec in enumerate(task.records):
+            try:
+                arr, hw, aff, orientation, label = compile_sample(rec, o, objects, fetch)
+            except SampleError as e:
+                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
+                if o.on_error == "fail":
+                    break
+                continue
+            writer.write(arr)
+            kept.append(task.start + j)
+            shapes.append(arr.shape)
+            orig.append(hw)
+            affine.append(aff)
+            orient.append(orientation)
+            labels.append(label)
+            crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
+        shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
+    except BaseException:
+        writer.abort()
+        raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
                        np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
                        np.asarray(orient, np.uint8), np.asarray(labels, np.int64), np.asarray(crc, np.uint32),
