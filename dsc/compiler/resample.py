@@ -4,9 +4,9 @@
   pixel. The default.
 * ``torch``: torch's ``interpolate(..., antialias=True)`` on uint8, which is what torchvision's ``Resize``
   does to tensors. On a CPU with AVX2 it runs fixed-point SIMD kernels (the pillow-simd algorithm), about
-  3x faster than stock Pillow here. Bilinear differs from PIL by at most one level, in about 0.2% of the
+  3.5x faster than stock Pillow here. Bilinear differs from PIL by at most one level, in about 0.2% of the
   values of a downscaled photo; bicubic likewise, except at hard edges (up to 9 levels measured on
-  black-on-white shapes), where the two kernels treat the filter's overshoot differently.
+  black-on-white shapes).
   Bilinear and bicubic only. Its bytes depend on torch's CPU kernel (``dsc info --env`` names it), as
   PIL's depend on Pillow or pillow-simd.
 
