@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import CorruptDatasetError, FormatVersionError
@@ -21,6 +21,12 @@ LAYOUTS = ("fixed", "ragged")
 RESIZE_POLICIES = ("stretch", "center-crop", "pad")
 RESIZERS = ("pil", "torch")  # who resampled: PIL's Image.resize or torch's interpolate
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_fields(spec_cls, name: str, d: dict) -> None:
+    """``d`` has only the dataclass's fields as keys, and every field without a default."""
+    _check_keys(name, d, {f.name for f in fields(spec_cls)},
+                {f.name for f in fields(spec_cls) if f.default is MISSING and f.default_factory is MISSING})
 
 
 def _check_keys(cls_name: str, d: dict, allowed: set[str], required: set[str]) -> None:
@@ -73,7 +79,7 @@ class ImageSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImageSpec":
-        _check_keys("image", d, {"layout", "channels", "mode", "height", "width"}, {"layout", "channels", "mode"})
+        _check_fields(cls, "image", d)
         return cls(**d)
 
 
@@ -101,7 +107,7 @@ class ResizeSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResizeSpec":
-        _check_keys("resize", d, {"policy", "size", "max_side", "fill", "filter", "resizer"}, {"policy"})
+        _check_fields(cls, "resize", d)
         d = dict(d)
         if d.get("size") is not None:
             d["size"] = tuple(d["size"])
@@ -129,7 +135,7 @@ class ShardSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShardSpec":
-        _check_keys("shard", d, {"path", "count", "nbytes", "sha256"}, {"path", "count", "nbytes", "sha256"})
+        _check_fields(cls, "shard", d)
         return cls(**d)
 
 
