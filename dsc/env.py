@@ -17,7 +17,7 @@ def pil_build() -> dict:
     import PIL
     from PIL import features
 
-    simd = _dist_version("pillow-simd") or _dist_version("Pillow-SIMD")
+    simd = _dist_version("pillow-simd")  # importlib.metadata normalises the name (Pillow-SIMD too)
     return {
         "pil_distribution": "pillow-simd" if simd else "Pillow",
         "pil_version": PIL.__version__,

@@ -365,3 +365,26 @@ def test_torch_resize_runs_single_threaded_and_restores_the_count():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_skip_reasons_do_not_repeat_the_location(tmp_path):
+    """The report's path names the table row / dataset index; its reason must not say it again."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    jpeg = io.BytesIO()
+    Image.fromarray(img).save(jpeg, "JPEG")
+    pq.write_table(pa.table({"image": pa.array([jpeg.getvalue(), b"junk"], pa.binary()), "label": [0, 0]}),
+                   tmp_path / "t.parquet")
+    runs = {"dataset[1]": lambda **kw: dsc.compile([(img, 0), (np.zeros((2, 2), np.float32), 0)], **kw),
+            f"{tmp_path / 't.parquet'} row 1": lambda **kw: dsc.compile_table(tmp_path / "t.parquet", classes=["a"],
+                                                                              **kw)}
+    for k, (at, run) in enumerate(runs.items()):
+        report = tmp_path / f"{k}.jsonl"
+        r = run(out=tmp_path / f"o{k}", size=8, progress=False, workers=1, on_error="skip", error_report=str(report))
+        (entry,) = [json.loads(x) for x in report.read_text().splitlines()]
+        assert entry["path"] == at and at not in entry["reason"], entry
+        assert at not in r.skipped[0]["reason"], r.skipped[0]

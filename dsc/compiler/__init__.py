@@ -49,7 +49,7 @@ def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A00
     if isinstance(source, (str, os.PathLike)):
         return compile_imagefolder(source, out, **options)
     dataset = as_map_style(source)  # an iterable becomes a list once, before the scan and the workers
-    return compile_source(lambda: scan_dataset(dataset, classes=classes)[0], out, CompileOptions(**options),
+    return compile_source(lambda: scan_dataset(dataset, classes=classes), out, CompileOptions(**options),
                           dataset=dataset)
 
 

@@ -24,7 +24,11 @@ def where(r: Record) -> str:
     """A record's origin for messages: its file, or its table row / dataset index."""
     if r.row < 0:
         return r.path
-    return f"{r.path} row {r.row}" if r.path else f"dataset[{r.row}]"
+    return _table_row(r.path, r.row) if r.path else f"dataset[{r.row}]"
+
+
+def _table_row(path: str, row: int) -> str:
+    return f"{path} row {row}"
 
 
 @dataclass
@@ -102,8 +106,8 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
                         break
                 return out
             except pa.ArrowInvalid:  # IPC stream format (datasets' save_to_disk): sequential only
-                pass
-        return read_ipc(path).column(column).slice(lo, hi - lo).to_pylist()
+                src.seek(0)
+                return pa.ipc.open_stream(src).read_all().column(column).slice(lo, hi - lo).to_pylist()
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
@@ -124,33 +128,33 @@ def image_bytes(value, path: str, row: int) -> bytes:
         value = value.get("bytes")
     if isinstance(value, (bytes, bytearray, memoryview)) and len(value):
         return bytes(value)
-    raise SampleError(f"{path} row {row}", "the image cell holds no image bytes")
+    raise SampleError(_table_row(path, row), "the image cell holds no image bytes")
 
 
 # ----------------------------------------------------------------------------- python datasets
 def _dataset_item(dataset, r: Record, spec: dict | None = None) -> Item:
     """``spec``: {"task", "num_classes"} the items must agree with (the first item decides the task)."""
-    where = f"dataset[{r.row}]"
+    at = where(r)
     try:
         sample = dataset[r.row]
     except Exception as e:  # the user's __getitem__ failed: a sample error, reported with the index
-        raise SampleError(where, f"__getitem__ raised {type(e).__name__}: {e}") from None
+        raise SampleError(at, f"__getitem__ raised {type(e).__name__}: {e}") from None
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise SampleError(where, "expected (image, target) from the dataset")
+        raise SampleError(at, "expected (image, target) from the dataset")
     image, target = sample
-    label, tgt = _target(target, r, where)
+    label, tgt = _target(target, r, at)
     if spec is not None:
         task, n = spec.get("task"), spec.get("num_classes")
         if task == "classification" and tgt is not None:
-            raise SampleError(where, "returned a detection target (a dict) in a classification dataset")
+            raise SampleError(at, "returned a detection target (a dict) in a classification dataset")
         if task == "detection" and tgt is None:
-            raise SampleError(where, f"returned a class index ({label}) in a detection dataset; return a dict "
+            raise SampleError(at, f"returned a class index ({label}) in a detection dataset; return a dict "
                                      f"with boxes and labels")
         labels = np.atleast_1d(tgt.labels if tgt is not None else label)
         if len(labels) and (labels.min() < 0 or (n and labels.max() >= n)):
             bad = int(labels.min() if labels.min() < 0 else labels.max())
-            raise SampleError(where, f"label {bad} is not a class index ({f'0..{n - 1}' if n else 'labels are >= 0'})")
-    return Item(to_pil(image, where), label, tgt, decoded=True)
+            raise SampleError(at, f"label {bad} is not a class index ({f'0..{n - 1}' if n else 'labels are >= 0'})")
+    return Item(to_pil(image, at), label, tgt, decoded=True)
 
 
 def to_pil(image, where: str):

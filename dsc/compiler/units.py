@@ -16,7 +16,7 @@ from ..errors import SampleError
 from ..formats import ShardSpec
 from .boxes import boxes_in_display_frame, to_stored
 from .decode import Decoded, decode_image, to_mode
-from .inputs import fetcher
+from .inputs import fetcher, where
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .options import CompileOptions
 from .resample import single_threaded
@@ -154,7 +154,7 @@ def _compile_unit(task: UnitTask) -> UnitResult:
             try:
                 arr, hw, aff, orientation, label = compile_sample(rec, o, objects, fetch)
             except SampleError as e:
-                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != rec.path else e.reason))
+                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason))
                 if o.on_error == "fail":
                     break
                 continue

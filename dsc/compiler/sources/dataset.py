@@ -21,7 +21,7 @@ def as_map_style(dataset):
     raise SourceError(f"{type(dataset).__name__} is neither a map-style dataset nor an iterable of samples")
 
 
-def scan_dataset(dataset, classes=None, task: str | None = None) -> tuple[ScannedSource, object]:
+def scan_dataset(dataset, classes=None, task: str | None = None) -> ScannedSource:
     """Records for every index; the task is read from the first item unless given."""
     from ..inputs import _dataset_item
 
@@ -39,4 +39,4 @@ def scan_dataset(dataset, classes=None, task: str | None = None) -> tuple[Scanne
     return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records,
                          classes=tuple(str(c) for c in names),
                          input={"kind": "dataset", "task": task, "num_classes": len(names) or None},
-                         summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n}), dataset
+                         summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
