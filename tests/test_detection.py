@@ -145,6 +145,12 @@ def test_batch_forms_round_trip(sources, tmp_path):
     loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=dsc.collate)
     assert sum(int(b["box_offsets"][-1]) for b in loader) == ds.manifest.objects["num_boxes"]
     assert torch.equal(ds.__getitems__(idx)[2]["boxes"], ds[4]["boxes"])
+    for form, key in (("padded", "box_mask"), ("list", "targets")):  # per-sample views in every batch form
+        batch = dsc.open(tmp_path / "d", boxes=form).__getitems__(idx)
+        assert key in batch.fields and "box_offsets" not in batch.fields
+        for k, i in enumerate(idx):
+            assert all(torch.equal(batch[k][name], ds[i][name]) for name in cols)
+            assert batch[k]["image_id"] == ds[i]["image_id"]
 
 
 def test_predictions_map_back_to_original_coordinates(sources, scenes, tmp_path):

@@ -75,7 +75,6 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     if resizer == "pil":
         box = None if scale is None else (0.0, 0.0, w / scale[1], h / scale[0])
         return as_hwc(im.resize((w, h), FILTERS[filter], box=box))
-    import torch
     import torch.nn.functional as F
 
     x = _from_readonly(as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out

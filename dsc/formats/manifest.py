@@ -181,9 +181,6 @@ class Manifest:
             for name in attrs:
                 check_node_path(f"objects/{name}")
 
-    def shard_start(self, s: int) -> int:
-        return s * self.shard_size
-
     def to_dict(self) -> dict:
         return {
             "format": self.format,

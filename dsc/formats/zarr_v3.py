@@ -152,7 +152,7 @@ def read_array_meta(root: Path, rel: str) -> dict:
     return meta
 
 
-def read_plain_array(root: Path, rel: str, mmap: bool = False) -> np.ndarray:
+def read_plain_array(root: Path, rel: str) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
     meta = read_array_meta(root, rel)
     shape = tuple(meta["shape"])
@@ -168,8 +168,6 @@ def read_plain_array(root: Path, rel: str, mmap: bool = False) -> np.ndarray:
     path = node_dir(root, rel) / chunk_key(len(shape))
     expect = int(np.prod(shape)) * dtype.itemsize
     check_file_size(path, expect)
-    if mmap:
-        return np.memmap(path, dtype=dtype, mode="c", shape=shape)
     return np.fromfile(path, dtype=dtype).reshape(shape)
 
 
@@ -251,7 +249,3 @@ def shard_index(count: int, capacity: int, inner_nbytes: int) -> bytes:
     idx[:count, 1] = inner_nbytes
     raw = idx.tobytes()
     return raw + struct.pack("<I", google_crc32c.value(raw))
-
-
-def shard_file_size(count: int, capacity: int, inner_nbytes: int) -> int:
-    return count * inner_nbytes + capacity * 16 + 4

@@ -8,6 +8,7 @@ zero-copy views and a batch is one gather per run of samples in the same shard.
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,7 +21,7 @@ from ..formats import Manifest
 from ..formats import layout as L
 from ..formats.coords import invert_affine
 from ..formats.zarr_v3 import node_dir, read_plain_array, read_string_array
-from .objects import BOX_FORMS, gather_rows, packed_to_list, packed_to_padded
+from .objects import BOX_FORMS, gather_rows, new_tensor, packed_to_list, packed_to_padded
 
 
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
@@ -72,10 +73,6 @@ def collate(batch):
 
 IMAGE_FORMS = ("packed", "padded")
 Allocator = Callable[[str, tuple, torch.dtype], torch.Tensor]
-
-
-def _empty(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype)
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -216,9 +213,21 @@ class Dataset(torch.utils.data.Dataset):
     def _check_indices(self, idx) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < -self._n or idx.max() >= self._n):
-            bad = idx[(idx < -self._n) | (idx >= self._n)][0]
-            raise IndexError(f"index {bad} out of range for a dataset of {self._n} samples")
+            self._out_of_range(idx[(idx < -self._n) | (idx >= self._n)][0])
         return np.where(idx < 0, idx + self._n, idx)
+
+    def _check_index(self, i) -> int:
+        """One index (the per-sample path: no arrays built). Negative counts from the end."""
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"a sample index must be an integer, got {type(i).__name__}") from None
+        if not -self._n <= i < self._n:
+            self._out_of_range(i)
+        return i + self._n if i < 0 else i
+
+    def _out_of_range(self, i):
+        raise IndexError(f"index {i} out of range for a dataset of {self._n} samples")
 
     def _image(self, i: int) -> torch.Tensor:
         s, j = divmod(i, self._K)
@@ -230,7 +239,7 @@ class Dataset(torch.utils.data.Dataset):
         return shard[a:b].view(*self._shapes[i].tolist())
 
     def __getitem__(self, i: int) -> dict:
-        (i,) = self._check_indices(i).tolist()
+        i = self._check_index(i)
         sample = {"image": self._image(i)}
         if self.labels is not None:
             sample["label"] = int(self.labels[i])
@@ -275,7 +284,7 @@ class Dataset(torch.utils.data.Dataset):
         cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
         return [(int(shard_of[a]), a, b, local[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
-    def pack_images(self, idx: np.ndarray, alloc: Allocator = _empty) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def pack_images(self, idx: np.ndarray, alloc: Allocator = new_tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ragged layout: (all bytes back to back, (B+1,) int64 offsets, (B, 3) int32 shapes)."""
         sizes = self._offsets[idx + 1] - self._offsets[idx]
         offsets = alloc("image_offsets", (len(idx) + 1,), torch.int64)
@@ -292,7 +301,7 @@ class Dataset(torch.utils.data.Dataset):
         shapes.numpy()[:] = self._shapes[idx]
         return flat, offsets, shapes
 
-    def pad_images(self, idx: np.ndarray, alloc: Allocator = _empty) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad_images(self, idx: np.ndarray, alloc: Allocator = new_tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Ragged layout: (B, max_h, max_w, C) zero-padded at the bottom/right, and (B, 2) true (h, w)."""
         shapes = self._shapes[idx]
         hw = shapes.max(axis=0) if len(idx) else np.array([0, 0, self.manifest.image.channels])
@@ -307,7 +316,7 @@ class Dataset(torch.utils.data.Dataset):
         return out, sizes
 
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
-                  alloc: Allocator = _empty) -> dict[str, torch.Tensor]:
+                  alloc: Allocator = new_tensor) -> dict[str, torch.Tensor]:
         """Batched fields for ``indices``, in that order.
 
         Images: fixed -> ``image`` (B, H, W, C) uint8. Ragged, ``images="packed"`` -> ``image`` flat uint8,
@@ -318,6 +327,10 @@ class Dataset(torch.utils.data.Dataset):
         ``padded`` -> (B, max_k, ...) columns + ``box_mask`` + ``box_counts``; ``list`` -> ``targets``.
         ``index`` (B,) is always there. ``alloc(name, shape, dtype)`` provides the output tensors (the
         Loader passes its ring of reusable, pinned buffers); by default they are new tensors."""
+        return self._get_batch(indices, boxes, images, alloc)[0]
+
+    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor):
+        """``get_batch``, plus the objects' packed gather (box_offsets, columns) it was built from, or None."""
         idx = self._check_indices(indices)
         t_idx = torch.from_numpy(idx)
         if self._fixed:
@@ -332,6 +345,7 @@ class Dataset(torch.utils.data.Dataset):
             batch = {"image": flat, "image_offsets": offsets, "image_shapes": shapes}
         take = lambda name, src, rows: torch.index_select(  # noqa: E731
             src, 0, rows, out=alloc(name, (len(rows), *src.shape[1:]), src.dtype))
+        packed = None
         if self.labels is not None:
             batch["label"] = take("label", self.labels, t_idx)
         if self._objects:
@@ -339,6 +353,7 @@ class Dataset(torch.utils.data.Dataset):
             batch["orig_size"] = take("orig_size", self._orig, t_idx)
             rows, box_offsets = gather_rows(self._box_offsets, idx)
             cols = {name: take(name, col, rows) for name, col in self._objects.items()}
+            packed = (box_offsets, cols)
             form = boxes or self.box_form
             if form == "packed":
                 batch.update(cols)
@@ -351,20 +366,14 @@ class Dataset(torch.utils.data.Dataset):
                     t["image_id"] = iid
                 batch["targets"] = targets
         batch["index"] = alloc("index", t_idx.shape, torch.int64).copy_(t_idx)
-        return batch
+        return batch, packed
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Batched fetch (torch's DataLoader calls it): one gather, then per-sample views of it."""
-        fields = self.get_batch(indices)
+        fields, packed = self._get_batch(indices, None, None)
         labels = fields["label"].tolist() if "label" in fields else None
-        if self._objects:
-            box_offsets = fields.get("box_offsets")
-            if box_offsets is None:  # padded / list forms: per-sample views come from a packed gather
-                rows, box_offsets = gather_rows(self._box_offsets, fields["index"].numpy())
-                cols = {name: col[rows] for name, col in self._objects.items()}
-            else:
-                cols = {name: fields[name] for name in self._objects}
-            targets = packed_to_list(box_offsets, cols)
+        if self._objects:  # per-sample views of the one packed gather, whatever the batch's form
+            targets = fields["targets"] if "targets" in fields else packed_to_list(*packed)
         samples = []
         for k in range(len(fields["index"])):
             if self._fixed:

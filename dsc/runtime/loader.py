@@ -397,9 +397,10 @@ class Loader:
         num_threads, prefetch, device and cache may differ from the run that saved the state; what
         defines the order (seed, order, window, batch_size, drop_last, world_size, rank, tail, dataset
         size) may not, and a mismatch is refused naming the field."""
+        ours = self.state_dict()  # once: it hashes the manifest
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
                     "num_samples", "shard_size", "dataset"):
-            mine = self.state_dict()[key]
+            mine = ours[key]
             if key in state and state[key] != mine:
                 raise DscError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                f"{key}={mine!r}; build the Loader with the same {key}")

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 BOX_FORMS = ("packed", "padded", "list")
-PACKED_KEYS = ("boxes", "labels")  # plus the dataset's attribute columns
 
 
 def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,11 +23,12 @@ def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, tor
     return torch.from_numpy(rows), torch.from_numpy(box_offsets)
 
 
-def _new(name, shape, dtype):
+def new_tensor(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The default allocator: a new tensor (the Loader passes its ring of reusable, pinned buffers)."""
     return torch.empty(shape, dtype=dtype)
 
 
-def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor], alloc=_new
+def packed_to_padded(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor], alloc=new_tensor
                      ) -> dict[str, torch.Tensor]:
     """{name: (M, ...)} packed columns -> {name: (B, max_k, ...)} + ``box_mask`` (B, max_k) + ``box_counts``.
     ``alloc(name, shape, dtype)`` provides the outputs (the Loader's pinned ring)."""
@@ -63,12 +63,3 @@ def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) 
     """Per-image target dicts whose tensors are views of the packed columns (torchvision's form)."""
     o = box_offsets.tolist()
     return [{name: col[o[b]:o[b + 1]] for name, col in columns.items()} for b in range(len(o) - 1)]
-
-
-def list_to_packed(targets: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    counts = torch.tensor([len(t["boxes"]) for t in targets], dtype=torch.int64)
-    box_offsets = torch.zeros(len(targets) + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=box_offsets[1:])
-    names = [k for k in targets[0] if isinstance(targets[0][k], torch.Tensor) and targets[0][k].dim() > 0] \
-        if targets else []
-    return box_offsets, {k: torch.cat([t[k] for t in targets]) for k in names}
