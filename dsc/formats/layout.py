@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import DatasetNotFoundError
 from .manifest import Manifest
 from .zarr_v3 import ZARR_JSON, check_file_size, node_dir, read_json, write_group
@@ -44,6 +46,11 @@ def ragged_shard_node(s: int) -> str:
 
 def ragged_shard_path(s: int) -> str:
     return f"{ragged_shard_node(s)}/c/0"
+
+
+def valid_offsets(off: np.ndarray, total: int | None = None) -> bool:
+    """An offsets index (ragged images, boxes): starts at 0, never decreases, ends at ``total`` if given."""
+    return len(off) > 0 and off[0] == 0 and not np.any(np.diff(off) < 0) and (total is None or off[-1] == total)
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

@@ -189,7 +189,7 @@ def _verify_objects(root: Path, m: Manifest, P: list[Problem], shapes) -> None:
     if off is None or boxes is None or labels is None:
         return
     M = len(boxes)
-    if off.shape != (n + 1,) or off[0] != 0 or off[-1] != M or np.any(np.diff(off) < 0):
+    if off.shape != (n + 1,) or not L.valid_offsets(off, M):
         bad = np.flatnonzero(np.diff(off) < 0).tolist() if off.shape == (n + 1,) else []
         P.append(Problem(L.OBJ_OFFSETS, f"not a valid box-offset index for {M} boxes", bad))
         return

@@ -103,8 +103,7 @@ class Dataset(torch.utils.data.Dataset):
             starts = self._offsets[np.minimum(np.arange(len(m.shards) + 1) * self._K, self._n)]
             sizes = np.diff(starts)
             recorded = np.array([s.nbytes for s in m.shards], np.int64)
-            if (np.any(np.diff(self._offsets) < 0) or self._offsets[0] != 0
-                    or not np.array_equal(sizes, recorded)):
+            if not L.valid_offsets(self._offsets) or not np.array_equal(sizes, recorded):
                 raise CorruptDatasetError(f"{self.path}: image/offsets disagree with the shard sizes in the "
                                           f"manifest; the dataset is damaged. Recompile it")
             self._shard_starts = starts
@@ -119,7 +118,7 @@ class Dataset(torch.utils.data.Dataset):
         n, obj = self._n, self.manifest.objects
         M = int(obj["num_boxes"])
         self._box_offsets = self._index_array(L.OBJ_OFFSETS, (n + 1,))
-        if self._box_offsets[0] != 0 or self._box_offsets[-1] != M or np.any(np.diff(self._box_offsets) < 0):
+        if not L.valid_offsets(self._box_offsets, M):
             raise CorruptDatasetError(f"{self.path}/objects/offsets is not a valid box-offset index for {M} boxes")
         self._objects = {"boxes": torch.from_numpy(self._index_array(L.OBJ_BOXES, (M, 4))),
                          "labels": torch.from_numpy(self._index_array(L.OBJ_LABELS, (M,)))}
