@@ -31,7 +31,7 @@ from ..errors import DscError
 from .dataset import IMAGE_FORMS, Dataset
 from .objects import BOX_FORMS
 from .orders import ORDERS, partition
-from .orders.partition import TAILS
+from .orders.partition import TAILS, part_size
 from .orders.quasi_random import DEFAULT_WINDOW
 
 CACHES = ("page", "ram")
@@ -325,8 +325,7 @@ class Loader:
         return partition(order, self.rank, self.world_size, self.tail)
 
     def samples_per_rank(self) -> int:
-        n, ws = len(self.dataset), self.world_size
-        return -(-n // ws) if self.tail == "pad" else n // ws
+        return part_size(len(self.dataset), self.world_size, self.tail)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""

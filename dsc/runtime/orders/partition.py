@@ -3,6 +3,11 @@ import numpy as np
 TAILS = ("pad", "drop")
 
 
+def part_size(n: int, world_size: int, tail: str = "pad") -> int:
+    """Samples per rank: ceil(n / world_size) when the tail is padded, floor when it is dropped."""
+    return -(-n // world_size) if tail == "pad" else n // world_size
+
+
 def partition(order: np.ndarray, rank: int, world_size: int, tail: str = "pad") -> np.ndarray:
     """Rank ``rank``'s equal-size, contiguous part of the epoch's order.
 
@@ -16,10 +21,7 @@ def partition(order: np.ndarray, rank: int, world_size: int, tail: str = "pad") 
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
     n = len(order)
-    if tail == "drop":
-        per = n // world_size
-    else:
-        per = -(-n // world_size)
-        if per * world_size > n:
-            order = np.concatenate([order, np.resize(order, per * world_size - n)])
+    per = part_size(n, world_size, tail)
+    if per * world_size > n:  # tail="pad": repeat the first samples
+        order = np.concatenate([order, np.resize(order, per * world_size - n)])
     return order[rank * per:(rank + 1) * per]
