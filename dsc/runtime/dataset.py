@@ -229,13 +229,16 @@ class Dataset(torch.utils.data.Dataset):
         raise IndexError(f"index {i} out of range for a dataset of {self._n} samples")
 
     def _image(self, i: int) -> torch.Tensor:
-        s, j = divmod(i, self._K)
-        shard = self._shard(s)
         if self._fixed:
-            return shard[j]
-        a = int(self._offsets[i] - self._shard_starts[s])
-        b = int(self._offsets[i + 1] - self._shard_starts[s])
-        return shard[a:b].view(*self._shapes[i].tolist())
+            s, j = divmod(i, self._K)
+            return self._shard(s)[j]
+        return self._ragged_bytes(i).view(*self._shapes[i].tolist())
+
+    def _ragged_bytes(self, i: int) -> torch.Tensor:
+        """Ragged layout: sample ``i``'s bytes, a view of its shard."""
+        s = i // self._K
+        start = self._shard_starts[s]
+        return self._shard(s)[int(self._offsets[i] - start):int(self._offsets[i + 1] - start)]
 
     def __getitem__(self, i: int) -> dict:
         i = self._check_index(i)
@@ -293,9 +296,7 @@ class Dataset(torch.utils.data.Dataset):
         flat = alloc("image", (int(o[-1]),), torch.uint8)
         dst = flat.numpy()
         for k, i in enumerate(idx.tolist()):
-            s = i // self._K
-            a = int(self._offsets[i] - self._shard_starts[s])
-            dst[o[k]:o[k + 1]] = self._shard(s).numpy()[a:a + o[k + 1] - o[k]]
+            dst[o[k]:o[k + 1]] = self._ragged_bytes(i).numpy()
         shapes = alloc("image_shapes", (len(idx), 3), torch.int32)
         shapes.numpy()[:] = self._shapes[idx]
         return flat, offsets, shapes
