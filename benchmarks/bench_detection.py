@@ -3,11 +3,10 @@ annotations + letterboxing each epoch (the classic detection input pipeline), sa
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 
-from common import BENCH_DIR, best_of, row
+from common import BENCH_DIR, best_of, cached, row
 
 SIZE = 640
 
@@ -38,11 +37,8 @@ def main() -> None:
     import dsc
     from dsc.synthetic import detection_scenes, write_coco
 
-    root = BENCH_DIR / "coco-400"
-    if not (root / ".complete").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        write_coco(root, detection_scenes(400, seed=0, size_range=(400, 640), ext=".jpg"))
-        (root / ".complete").write_text("")
+    root = cached("coco-400", lambda r: write_coco(r, detection_scenes(400, seed=0, size_range=(400, 640),
+                                                                        ext=".jpg")))
     ann, images = root / "annotations.json", root / "images"
     out = BENCH_DIR / "coco-400.dsc"
     print(f"detection: 400 JPEG scenes 400-640 px with boxes -> letterbox {SIZE}x{SIZE}")

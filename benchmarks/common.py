@@ -1,21 +1,30 @@
 """Shared pieces of the benchmarks: data generation (cached under build/bench) and timing."""
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 BENCH_DIR = Path("build/bench")
 
 
+def cached(name: str, build) -> Path:
+    """``BENCH_DIR / name``, made by ``build(root)`` once and reused across runs; a folder left half-built
+    by an interrupted run (no ``.complete`` mark) is made again from scratch."""
+    root = BENCH_DIR / name
+    if not (root / ".complete").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        build(root)
+        (root / ".complete").write_text("")
+    return root
+
+
 def scenes(num_classes: int = 8, per_class: int = 125, size_range=(300, 500)) -> Path:
     """An ImageFolder of ImageNet-like JPEG scenes (generated once, reused across runs)."""
     from dsc.synthetic import write_imagefolder
 
-    root = BENCH_DIR / f"scenes-{num_classes}x{per_class}-{size_range[0]}-{size_range[1]}"
-    if not (root / ".complete").exists():
-        write_imagefolder(root, num_classes, per_class, size_range=size_range, seed=0)
-        (root / ".complete").write_text("")
-    return root
+    return cached(f"scenes-{num_classes}x{per_class}-{size_range[0]}-{size_range[1]}",
+                  lambda root: write_imagefolder(root, num_classes, per_class, size_range=size_range, seed=0))
 
 
 def best_of(fn, repeat: int = 3) -> float:
@@ -52,18 +61,15 @@ def imagenet_like(n: int = 240) -> Path:
 
     from dsc.synthetic import make_scene
 
-    root = BENCH_DIR / f"imagenet-like-{n}"
-    if (root / ".complete").exists():
-        return root
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        if rng.random() < 0.75:
-            h, w = (375, 500) if rng.random() < 0.8 else (500, 375)
-        else:
-            w = int(rng.integers(800, 1601))
-            h = int(w * rng.uniform(0.6, 0.8))
-        d = root / f"class_{i % 8:02d}"
-        d.mkdir(parents=True, exist_ok=True)
-        make_scene(rng, h, w).save(d / f"img_{i:05d}.jpg", quality=90)
-    (root / ".complete").write_text("")
-    return root
+    def build(root: Path) -> None:
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            if rng.random() < 0.75:
+                h, w = (375, 500) if rng.random() < 0.8 else (500, 375)
+            else:
+                w = int(rng.integers(800, 1601))
+                h = int(w * rng.uniform(0.6, 0.8))
+            d = root / f"class_{i % 8:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            make_scene(rng, h, w).save(d / f"img_{i:05d}.jpg", quality=90)
+    return cached(f"imagenet-like-{n}", build)
