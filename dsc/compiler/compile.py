@@ -115,13 +115,14 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
 
 def _compact(tmp: Path, results: list[UnitResult], options: CompileOptions, shard_size: int) -> list[ShardSpec]:
     """Re-stream shards after the first short one so shard s holds samples [s*K, (s+1)*K)."""
+    scratch = tmp / "_compact"
+    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted compaction (then resumed) starts over
     counts = [len(r.kept) for r in results]
     short = [u for u, c in enumerate(counts) if c < shard_size and (u < len(counts) - 1 or c == 0)]
     if not short:
         return [r.shard for r in results]
     u0 = short[0]
     fixed = options.layout == "fixed"
-    scratch = tmp / "_compact"
     specs = [r.shard for r in results[:u0]]
     s = u0
     new_writer = (lambda s: FixedShardWriter(scratch, s, shard_size, (*options.size, options.channels))) if fixed \

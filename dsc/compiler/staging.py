@@ -61,7 +61,6 @@ class Staging:
                       f"pass --resume to continue it instead")
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(exist_ok=True)
-        shutil.rmtree(self.tmp / "_compact", ignore_errors=True)  # an interrupted compaction restarts
         return self
 
     def publish(self, before_rename=None) -> None:
