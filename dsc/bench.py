@@ -34,12 +34,17 @@ def _best(fn, repeat: int) -> float:
     return best
 
 
+def _ring(ds, loader) -> list[torch.Tensor]:
+    """prefetch + 2 batch buffers, as many as the loader cycles through."""
+    im = ds.manifest.image
+    return [torch.empty((loader.batch_size, im.height, im.width, im.channels), dtype=torch.uint8)
+            for _ in range(loader.prefetch + 2)]
+
+
 def copy_limit(ds, loader) -> float:
     """Images/s of index_select-ing the loader's batches into a ring of prefetch+2 buffers."""
-    im = ds.manifest.image
-    slots = loader.prefetch + 2
-    ring = [torch.empty((loader.batch_size, im.height, im.width, im.channels), dtype=torch.uint8)
-            for _ in range(slots)]
+    ring = _ring(ds, loader)
+    slots = len(ring)
     batches = loader.batch_indices()
     shards = [ds._shard(s) for s in range(len(ds.manifest.shards))]
     runs = [ds.shard_runs(idx) for idx in batches]
@@ -59,10 +64,8 @@ def threaded_take_limit(ds, loader) -> float:
     into the same ring size, with no loader machinery: what the loader could reach at best."""
     from concurrent.futures import ThreadPoolExecutor
 
-    im = ds.manifest.image
-    slots = loader.prefetch + 2
-    ring = [torch.empty((loader.batch_size, im.height, im.width, im.channels), dtype=torch.uint8)
-            for _ in range(slots)]
+    ring = _ring(ds, loader)
+    slots = len(ring)
     batches = loader.batch_indices()
 
     def epoch():
