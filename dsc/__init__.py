@@ -12,15 +12,15 @@ _LAZY = {
     "open": ("dsc.runtime", "open"),
     "Dataset": ("dsc.runtime", "Dataset"),
     "Loader": ("dsc.runtime", "Loader"),
+    "Batch": ("dsc.runtime", "Batch"),
     "SampleBatch": ("dsc.runtime", "SampleBatch"),
     "collate": ("dsc.runtime", "collate"),
     "compile": ("dsc.compiler", "compile"),
-    "compile_table": ("dsc.compiler", "compile_table"),
-    "compile_imagefolder": ("dsc.compiler", "compile_imagefolder"),
     "compile_dataset": ("dsc.compiler", "compile_dataset"),
-    "compile_coco": ("dsc.compiler", "compile_coco"),
-    "compile_yolo": ("dsc.compiler", "compile_yolo"),
-    "compile_voc": ("dsc.compiler", "compile_voc"),
+    "register_source": ("dsc.compiler.sources", "register_source"),
+    "sources": ("dsc.compiler.sources", "sources"),
+    "Source": ("dsc.compiler.sources", "Source"),
+    "Param": ("dsc.compiler.sources", "Param"),
     "preview": ("dsc.runtime.preview", "preview"),
     "verify": ("dsc.formats.verify", "verify"),
     "boxes_to_original": ("dsc.formats.coords", "invert_affine"),
@@ -28,18 +28,23 @@ _LAZY = {
     "environment": ("dsc.env", "environment"),
 }
 
-from .errors import (CompileLockedError, CorruptDatasetError, DatasetNotFoundError, DscError, SampleError,  # noqa: E402,E501
-                     FormatVersionError, ImageDecodeError, OutputExistsError, SourceError, UnsafePathError)
+from .errors import (CompileLockedError, ConfigError, CorruptDatasetError, DatasetNotFoundError, DscError,  # noqa: E402
+                     FormatVersionError, ImageDecodeError, OutputExistsError, SampleError, SourceError,
+                     UnsafePathError)
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         mod, attr = _LAZY[name]
         value = getattr(importlib.import_module(mod), attr)
         globals()[name] = value
         return value
+    if name.startswith("compile_"):  # dsc.compile_<source> for every registered source (plugins too)
+        compiler = importlib.import_module("dsc.compiler")
+        if name[8:] in compiler.sources():
+            return compiler.compile_function(compiler.get_source(name[8:]))
     raise AttributeError(f"module 'dsc' has no attribute {name!r}")
 
 
@@ -47,6 +52,6 @@ def __dir__():
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["__version__", *_LAZY, "DscError", "SourceError", "ImageDecodeError", "OutputExistsError",
+__all__ = ["__version__", *_LAZY, "DscError", "ConfigError", "SourceError", "ImageDecodeError", "OutputExistsError",
            "SampleError", "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
            "UnsafePathError"]

@@ -66,11 +66,15 @@ class RGBParam(click.ParamType):
 
 
 def compile_options(f):
-    """Options every ``dsc compile <source>`` command shares."""
+    """Options every ``dsc compile <source>`` command shares: the CompileOptions fields."""
+    from .compiler.options import ON_ERROR
+    from .compiler.resample import FILTERS
+    from .formats.manifest import RESIZE_POLICIES, RESIZERS
+
     opts = [
         click.option("--size", type=SizeParam(), default=None,
                      help="Fixed shape: every image stored at SIZE x SIZE or HEIGHT,WIDTH."),
-        click.option("--resize", type=click.Choice(["stretch", "center-crop", "pad"]), default="center-crop",
+        click.option("--resize", type=click.Choice(RESIZE_POLICIES), default="center-crop",
                      show_default=True, help="How --size is reached: stretch; resize the shorter side then "
                      "centre-crop (torchvision Resize+CenterCrop); pad (letterbox, aspect kept)."),
         click.option("--max-side", type=click.IntRange(min=1), default=None,
@@ -81,21 +85,24 @@ def compile_options(f):
                      help="Pixel value of the letterbox padding (--resize pad)."),
         click.option("--background", type=RGBParam(), default="255,255,255", show_default=True,
                      help="Colour transparent pixels are composited over."),
-        click.option("--filter", "filter_", type=click.Choice(["bilinear", "bicubic", "lanczos", "nearest"]),
+        click.option("--filter", "filter_", type=click.Choice(list(FILTERS)),
                      default="bilinear", show_default=True, help="Resampling filter (antialiased)."),
-        click.option("--resizer", type=click.Choice(["pil", "torch"]), default="pil", show_default=True,
+        click.option("--resizer", type=click.Choice(RESIZERS), default="pil", show_default=True,
                      help="pil: PIL's resize, exactly torchvision's Resize on PIL images. torch: torch's "
                           "SIMD uint8 kernel (torchvision's Resize on tensors), about 3.5x faster; bilinear or "
                           "bicubic; bilinear within one level of pil."),
         click.option("--draft", is_flag=True,
                      help="JPEG draft decoding (DCT scaling by 1/2-1/8) when the output is at most half the "
                           "source: much faster for large photos, not pixel-identical to a full decode."),
+        click.option("--mask-ignore", type=click.IntRange(0, 65535), default=255, show_default=True,
+                     help="Mask value of 'no class': letterbox padding, crowd regions, VOC borders (sources "
+                          "with masks)."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
                      help="Samples per shard file (default: about 64 MiB of pixels, fewer for small datasets so "
                           "that there are ~32 shards to share among workers)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
                      help="Worker processes (default: number of cores)."),
-        click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+        click.option("--on-error", type=click.Choice(ON_ERROR), default="fail", show_default=True,
                      help="fail: stop at the first bad input. skip: leave it out and record it in the manifest."),
         click.option("--error-report", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="Also write every skipped input as a JSON line {key, reason} to this file."),
@@ -113,6 +120,11 @@ def compile_options(f):
     return f
 
 
+COMPILE_OPTION_KEYS = ("size", "resize", "max_side", "mode", "fill", "background", "filter_", "resizer", "draft",
+                       "mask_ignore", "shard_size", "workers", "on_error", "error_report", "overwrite", "resume",
+                       "executor", "quiet")
+
+
 def _options_from(kw: dict):
     from .compiler import CompileOptions
 
@@ -120,7 +132,8 @@ def _options_from(kw: dict):
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
-                          resizer=kw["resizer"], draft=kw["draft"], shard_size=kw["shard_size"],
+                          resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw["mask_ignore"],
+                          shard_size=kw["shard_size"],
                           workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
                           overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"],
@@ -175,20 +188,71 @@ def main():
     """dsc: compile image datasets once into memory-mappable shards; train with zero decoding."""
 
 
-@main.group(name="compile", cls=DscGroup)
+def _param_decorator(p):
+    """A source's declared parameter as a click argument or option."""
+    kinds = {"dir": click.Path(path_type=Path, file_okay=False), "file": click.Path(path_type=Path, dir_okay=False),
+             "path": click.Path(path_type=Path), "int": int, "str": str, "csv": str}
+    if p.argument:
+        return click.argument(p.name, type=kinds.get(p.type, str))
+    if p.type == "flag":
+        return click.option(p.option, p.name, is_flag=True, default=bool(p.default), help=p.help)
+    kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
+    default = ",".join(p.default) if p.type == "csv" and p.default else p.default
+    return click.option(p.option, p.name, type=kind, default=default, required=p.required, help=p.help,
+                        show_default=default not in (None, ""), metavar=p.metavar)
+
+
+def source_command(cls) -> click.Command:
+    """``dsc compile <name>`` for a registered source: its parameters, OUT, then the compile options."""
+    def callback(out: Path, **kw):
+        source_kw = {k: v for k, v in kw.items() if k not in COMPILE_OPTION_KEYS}
+        options = {k: v for k, v in kw.items() if k in COMPILE_OPTION_KEYS}
+        _compile(out, options, lambda: cls.from_cli(**source_kw))
+
+    f = callback
+    f = compile_options(f)
+    f = click.argument("out", type=click.Path(path_type=Path))(f)
+    for p in reversed([p for p in cls.params if p.cli and not p.argument]):
+        f = _param_decorator(p)(f)
+    for p in reversed([p for p in cls.params if p.cli and p.argument]):
+        f = _param_decorator(p)(f)
+    doc = (cls.__doc__ or cls.name).strip()
+    return click.command(name=cls.name, help=doc, short_help=cls.summary())(f)
+
+
+class CompileGroup(DscGroup):
+    """``dsc compile``: one command per registered source, built-in or from a plugin (entry points)."""
+
+    def list_commands(self, ctx):
+        from .compiler.sources import sources
+
+        return [name for name, cls in sources().items() if cls.cli]
+
+    def get_command(self, ctx, name):
+        from .compiler.sources import sources
+
+        cls = sources().get(name)
+        return source_command(cls) if cls is not None and cls.cli else None
+
+
+@main.group(name="compile", cls=CompileGroup)
 def compile_group():
-    """Compile a dataset: decode every image once into Zarr v3 shards at OUT."""
+    """Compile a dataset: decode every image once into Zarr v3 shards at OUT.
+
+    Every source below is one command; third-party sources appear here once installed (entry-point
+    group dsc.sources)."""
 
 
-def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
+def _compile(out: Path, kw: dict, make_source) -> None:
     """Shared by every ``dsc compile <source>``: validate options, refuse an existing OUT before a long
     scan, print the source's warnings, compile, report."""
     from .compiler import compile_source
     from .compiler.staging import staging_dir
 
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
+    options = _options_from(kw)
     try:
-        report = compile_source(scan, out, _options_from(kw), drop_empty, warn=warn)
+        report = compile_source(make_source(), out, options, warn=warn)
     except (DscError, OSError, KeyboardInterrupt) as e:
         partial = staging_dir(out)
         if partial.exists() and not isinstance(e, CompileLockedError):  # a locked-out compile touched nothing
@@ -196,74 +260,6 @@ def _compile(out: Path, kw: dict, scan, drop_empty: bool = False) -> None:
                        f"to continue, or without it to start over", err=True)
         raise
     _report(report)
-
-
-drop_empty_option = click.option("--drop-empty", is_flag=True,
-                                 help="Leave out images without boxes (kept as negatives by default).")
-
-
-@compile_group.command(name="imagefolder")
-@click.argument("src", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("out", type=click.Path(path_type=Path))
-@compile_options
-def compile_imagefolder_cmd(src: Path, out: Path, **kw):
-    """Compile a torchvision ImageFolder tree: SRC/<class>/<image>.
-
-    Classes are the sorted sub-folder names; images are the files with an image extension
-    (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). Hidden entries are ignored.
-    """
-    from .compiler import scan_imagefolder
-
-    _compile(out, kw, lambda: scan_imagefolder(src))
-
-
-@compile_group.command(name="coco")
-@click.option("--annotations", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="COCO instances JSON (images, annotations, categories).")
-@click.option("--images", required=True, type=click.Path(path_type=Path, file_okay=False),
-              help="Folder the JSON's file_name entries are relative to.")
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--keep-category-ids", is_flag=True,
-              help="Store COCO's original category ids as labels (default: contiguous 0..C-1).")
-@drop_empty_option
-@compile_options
-def compile_coco_cmd(annotations: Path, images: Path, out: Path, keep_category_ids: bool, drop_empty: bool, **kw):
-    """Compile a COCO detection set: boxes follow every resize and EXIF rotation."""
-    from .compiler import scan_coco
-
-    _compile(out, kw, lambda: scan_coco(annotations, images, keep_category_ids), drop_empty)
-
-
-@compile_group.command(name="yolo")
-@click.argument("root", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--split", default="train", show_default=True, help="Split key of data.yaml (train, val, test).")
-@click.option("--data", "data_yaml", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="data.yaml (default: ROOT/data.yaml).")
-@click.option("--classes-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Class names, one a line, instead of data.yaml (images in ROOT/images/SPLIT).")
-@drop_empty_option
-@compile_options
-def compile_yolo_cmd(root: Path, out: Path, split: str, data_yaml, classes_file, drop_empty: bool, **kw):
-    """Compile a YOLO dataset (data.yaml + images/ + labels/, Ultralytics layout)."""
-    from .compiler import scan_yolo
-
-    _compile(out, kw, lambda: scan_yolo(root, split, data_yaml, classes_file), drop_empty)
-
-
-@compile_group.command(name="voc")
-@click.argument("root", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--split", default="trainval", show_default=True, help="ImageSets/Main/<split>.txt.")
-@click.option("--classes", default=None, help="Comma-separated class list (default: the sorted names found).")
-@drop_empty_option
-@compile_options
-def compile_voc_cmd(root: Path, out: Path, split: str, classes: str | None, drop_empty: bool, **kw):
-    """Compile a Pascal VOC split (Annotations/, JPEGImages/, ImageSets/Main/)."""
-    from .compiler import scan_voc
-
-    names = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
-    _compile(out, kw, lambda: scan_voc(root, split, names), drop_empty)
 
 
 @main.command(name="verify")
@@ -301,25 +297,6 @@ def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch
 
     run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
               epochs=epochs, echo=click.echo)
-
-
-@compile_group.command(name="table")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--image-column", default="image", show_default=True,
-              help="Column of encoded image bytes (or Hugging Face Image structs).")
-@click.option("--label-column", default="label", show_default=True, help="Integer class column.")
-@click.option("--no-label", is_flag=True, help="The table has no labels (images only).")
-@click.option("--key-column", default=None, help="Column stored as each sample's key (default: file#row).")
-@click.option("--classes", default=None, help="Comma-separated class names (default: the table's ClassLabel).")
-@compile_options
-def compile_table_cmd(path: Path, out: Path, image_column: str, label_column: str, no_label: bool,
-                      key_column, classes, **kw):
-    """Compile a Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table]."""
-    from .compiler import scan_table
-
-    names = [c.strip() for c in classes.split(",")] if classes else None
-    _compile(out, kw, lambda: scan_table(path, image_column, None if no_label else label_column, key_column, names))
 
 
 @main.command(name="preview")

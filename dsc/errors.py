@@ -10,6 +10,11 @@ class DscError(Exception):
     """Base of every error dsc raises on purpose."""
 
 
+class ConfigError(DscError, ValueError):
+    """A bad argument: a compile option, a Loader or Dataset parameter, a source parameter. Raised where
+    the value enters, naming the parameter and what it accepts."""
+
+
 class SourceError(DscError, ValueError):
     """The input dataset cannot be compiled as given (missing folder, no classes, bad annotation...)."""
 

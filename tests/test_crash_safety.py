@@ -279,9 +279,9 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dsc.compiler import scan_table
     from dsc.compiler.journal import fingerprint
     from dsc.compiler.options import CompileOptions
+    from dsc.compiler.sources import get_source
     from dsc.formats.zarr_v3 import write_json
 
     data = [f.read_bytes() for f in sorted(scenes_src.rglob("*.jpg"))]
@@ -289,12 +289,13 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
     opts = CompileOptions(size=(8, 8), shard_size=4, workers=1, progress=False)
     journal = tmp_path / ".out.dsc-tmp" / ".journal"
     journal.mkdir(parents=True)  # a partial compile of column a
-    write_json(journal / "plan.json", {"fingerprint": fingerprint(scan_table(tmp_path / "t.parquet", "a"), opts, 4)})
+    table = lambda column: get_source("table")(path=tmp_path / "t.parquet", image_column=column)  # noqa: E731
+    print_of = lambda column: fingerprint(table(column).scan(), opts, 4, table(column))  # noqa: E731
+    write_json(journal / "plan.json", {"fingerprint": print_of("a")})
     with pytest.raises(dsc.DscError, match="other inputs or options"):
         dsc.compile_table(tmp_path / "t.parquet", tmp_path / "out", image_column="b", size=(8, 8), shard_size=4,
                           workers=1, progress=False, resume=True)
-    assert fingerprint(scan_table(tmp_path / "t.parquet", "a"), opts, 4) != \
-        fingerprint(scan_table(tmp_path / "t.parquet", "b"), opts, 4)
+    assert print_of("a") != print_of("b")
 
 
 def test_a_worker_killed_mid_compile_is_an_error_not_a_hang(slow_src, reference_tree, tmp_path):

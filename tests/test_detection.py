@@ -12,7 +12,7 @@ from PIL import Image
 
 import dsc
 from dsc.cli import main
-from dsc.runtime.objects import packed_to_list, padded_to_packed
+from dsc.runtime.batches import packed_to_list, padded_to_packed
 from dsc.runtime.preview import CAPTION, class_color, cell_origin
 from dsc.synthetic import DET_CATEGORIES, detection_scenes, write_coco, write_voc, write_yolo
 from reference import reference

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dsc.compiler.writer import FixedShardWriter
+from dsc.formats.fields import Pixels
 from dsc.errors import CorruptDatasetError, UnsafePathError
 from dsc.formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from dsc.formats.zarr_v3 import (check_node_path, read_plain_array, read_string_array, sharded_array_json,
@@ -20,7 +20,7 @@ def test_fixed_shards_are_byte_identical_to_zarr_python(tmp_path):
     ref[:] = data
     ours = tmp_path / "ours"
     for s in range(3):
-        w = FixedShardWriter(ours, s, 4, (5, 7, 3))
+        w = Pixels("image", "uint8", "fixed", 3, 5, 7).writer(ours, s, 4)
         for sample in data[s * 4:(s + 1) * 4]:
             w.write(sample)
         w.close()

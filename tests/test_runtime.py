@@ -28,7 +28,7 @@ def test_open_does_no_per_sample_python_work(fixed_ds, monkeypatch):
     ds = dsc.open(fixed_ds)
     assert isinstance(ds.labels, torch.Tensor) and ds.labels.dtype == torch.int64
     assert ds._keys is None  # keys are loaded on first use only
-    assert all(m is None for m in ds._maps)  # shards are mapped on first use only
+    assert not ds.storage._maps  # shards are mapped on first use only
 
 
 def test_getitems_one_batched_copy(fixed_ds):

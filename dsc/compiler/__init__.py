@@ -1,72 +1,91 @@
-"""Sources -> decode/resize -> shard writers. Imports formats/, never runtime/."""
+"""Sources -> decode/resize -> shard writers. Imports formats/, never runtime/.
+
+``dsc.compile_<source>(...)`` exists for every registered source (see ``sources/__init__.py``); it is
+generated from the source's declared parameters: the required ones first (positionally), then OUT, then
+the source's optional parameters and the :class:`CompileOptions` as keywords.
+"""
 from __future__ import annotations
 
+import inspect
 import os
 
+from ..errors import ConfigError
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
-from .sources.dataset import as_map_style
+from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
+                      register_source, scan_coco, scan_imagefolder, scan_table, scan_voc, scan_yolo, sources)
 from .staging import check_output
-from .sources import (SOURCES, Record, ScannedSource, drop_empty, scan_coco, scan_dataset, scan_imagefolder,
-                      scan_table, scan_voc, scan_yolo)
 
 
-def compile_imagefolder(src: str | os.PathLike, out: str | os.PathLike, **options) -> CompileReport:
-    """Compile a torchvision-style ImageFolder tree. Keywords are :class:`CompileOptions` fields."""
-    return compile_source(lambda: scan_imagefolder(src), out, CompileOptions(**options))
+def compile_source(source: Source, out, options: CompileOptions, warn=None) -> CompileReport:
+    """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
+    before a possibly long scan, scan, hand the source's warnings to ``warn``, compile."""
+    check_output(out, options.overwrite)
+    scanned = source.prepare()
+    for w in scanned.warnings:
+        if warn is not None:
+            warn(w)
+    return compile_dataset(scanned, out, options, warn=warn, source=source)
 
 
-def compile_coco(annotations, images, out, keep_category_ids: bool = False, drop_empty_images: bool = False,
-                 **options) -> CompileReport:
-    """Compile a COCO detection set (instances JSON + images folder)."""
-    return compile_source(lambda: scan_coco(annotations, images, keep_category_ids), out, CompileOptions(**options),
-                          drop_empty_images)
+def options_from(source_name: str, kwargs: dict) -> CompileOptions:
+    """CompileOptions from keywords; an unknown keyword is a ConfigError naming what is accepted."""
+    known = CompileOptions.names()
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        params = [p.name for p in get_source(source_name).params if p.python] if source_name else []
+        raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                          + (f"{source_name} takes {', '.join(params)} and " if params else "")
+                          + f"the compile options {', '.join(known)}")
+    return CompileOptions(**kwargs)
 
 
-def compile_yolo(root, out, split: str = "train", data_yaml=None, classes_file=None,
-                 drop_empty_images: bool = False, **options) -> CompileReport:
-    """Compile a YOLO (Ultralytics layout) split."""
-    return compile_source(lambda: scan_yolo(root, split, data_yaml, classes_file), out, CompileOptions(**options),
-                          drop_empty_images)
+def compile_function(cls: type[Source]):
+    """``dsc.compile_<name>``: required source parameters, OUT, then keywords (source parameters and
+    compile options)."""
+    required = [p for p in cls.params if p.python and p.required]
+    optional = [p for p in cls.params if p.python and not p.required]
+    positional = [p.name for p in required] + ["out"]
 
+    def compile_fn(*args, **kwargs) -> CompileReport:
+        if len(args) > len(positional):
+            raise TypeError(f"compile_{cls.name}() takes {len(positional)} positional arguments "
+                            f"({', '.join(positional)}), got {len(args)}")
+        bound = dict(zip(positional, args))
+        for name in positional[len(args):]:
+            if name not in kwargs:
+                raise TypeError(f"compile_{cls.name}() is missing the argument {name!r}")
+            bound[name] = kwargs.pop(name)
+        out = bound.pop("out")
+        params = {**bound, **{p.name: kwargs.pop(p.name) for p in optional if p.name in kwargs}}
+        return compile_source(cls(**params), out, options_from(cls.name, kwargs))
 
-def compile_voc(root, out, split: str = "trainval", classes=None, drop_empty_images: bool = False,
-                **options) -> CompileReport:
-    """Compile a Pascal VOC split."""
-    return compile_source(lambda: scan_voc(root, split, classes), out, CompileOptions(**options), drop_empty_images)
-
-
-def compile_table(path, out, image_column: str = "image", label_column: str | None = "label",
-                  key_column: str | None = None, classes=None, **options) -> CompileReport:
-    """Compile a Parquet / Arrow table of image bytes (needs pyarrow)."""
-    return compile_source(lambda: scan_table(path, image_column, label_column, key_column, classes), out,
-                          CompileOptions(**options))
+    P = inspect.Parameter
+    compile_fn.__signature__ = inspect.Signature(
+        [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
+        + [P(p.name, P.KEYWORD_ONLY, default=p.default) for p in optional] + [P("options", P.VAR_KEYWORD)],
+        return_annotation=CompileReport)
+    compile_fn.__name__ = compile_fn.__qualname__ = f"compile_{cls.name}"
+    compile_fn.__doc__ = (f"{cls.summary()}\n\nCompile with the {cls.name!r} source into ``out``. Source parameters:\n"
+                          + "".join(f"  {p.name}: {p.help}\n" for p in cls.params if p.python)
+                          + "Other keywords are CompileOptions fields (size=, resize=, max_side=, workers=, ...).")
+    return compile_fn
 
 
 def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A001 - dsc.compile
     """Compile anything: an ImageFolder directory (str / path), or any map-style dataset or iterable of
     ``(image, target)`` samples (see :mod:`dsc.compiler.sources.dataset`). Keywords: CompileOptions."""
     if isinstance(source, (str, os.PathLike)):
-        return compile_imagefolder(source, out, **options)
-    dataset = as_map_style(source)  # an iterable becomes a list once, before the scan and the workers
-    return compile_source(lambda: scan_dataset(dataset, classes=classes), out, CompileOptions(**options),
-                          dataset=dataset)
+        return compile_function(get_source("imagefolder"))(source, out, **options)
+    return compile_source(DatasetSource(dataset=source, classes=classes), out, options_from("dataset", options))
 
 
-def compile_source(scan, out, options: CompileOptions, drop_empty_images: bool = False, warn=None,
-                   dataset=None) -> CompileReport:
-    """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
-    before a possibly long ``scan()``, hand the source's warnings to ``warn``, compile.
-    ``dataset``: the (map-style) Python dataset of a dataset source."""
-    check_output(out, options.overwrite)
-    scanned = scan()
-    if drop_empty_images:
-        scanned = drop_empty(scanned)
-    for w in scanned.warnings:
-        if warn is not None:
-            warn(w)
-    return compile_dataset(scanned, out, options, warn=warn, dataset=dataset)
+def __getattr__(name: str):
+    if name.startswith("compile_") and name[8:] in sources():
+        return compile_function(get_source(name[8:]))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["compile", "compile_source", "compile_table", "compile_coco", "compile_yolo", "compile_voc", "CompileOptions", "CompileReport", "Record", "ScannedSource", "SOURCES", "check_output",
-           "compile_dataset", "compile_imagefolder", "scan_imagefolder"]
+__all__ = ["compile", "compile_source", "compile_function", "CompileOptions", "CompileReport", "Record",
+           "ScannedSource", "Source", "Param", "check_output", "compile_dataset", "get_source", "options_from",
+           "register_source", "scan_imagefolder", "sources"]

@@ -7,7 +7,9 @@ coordination, so the bytes do not depend on the number of workers. Each finished
 (a byte copy, no decode) so that shard ``s`` always holds samples ``[s*K, (s+1)*K)``.
 
 Everything is written into ``.OUT.dsc-tmp`` beside OUT under an exclusive lock and renamed into
-place at the end; the manifest is written last. OUT is a complete dataset or absent.
+place at the end; the manifest is written last. OUT is a complete dataset or absent. What is written per
+field (image, label, objects, mask) is the field kind's business (``formats/fields``); the driver keeps
+the per-sample keys and geometry.
 """
 from __future__ import annotations
 
@@ -17,25 +19,24 @@ import shutil
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from .. import __version__
 from ..errors import DscError, SampleError, SourceError, WriteError
-from ..formats import FORMAT_VERSION, ImageSpec, Manifest, ResizeSpec, ShardSpec
+from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
-from ..formats.zarr_v3 import (node_dir, sharded_array_json, write_group, write_json, write_plain_array,
-                               write_string_array)
+from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
 from ..formats.verify import file_checksums
-from .inputs import set_dataset, where
+from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource
+from .sources.base import ScannedSource, Source, where
 from .staging import Staging, check_output
 from .units import UnitResult, UnitTask, compile_unit, worker_init
-from .writer import FixedShardWriter, RaggedShardWriter
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
@@ -44,7 +45,7 @@ def _stop(key: str, path: str, reason: str) -> SampleError:
                        hint=" (--on-error skip, or on_error='skip', leaves bad inputs out and records them)")
 
 
-def _dask_results(executor, todo: list[UnitTask]):
+def _dask_results(executor, todo: list[UnitTask], run):
     """Run units on a Dask cluster; yield results as they finish. Workers write to the shared filesystem."""
     try:
         from dask.distributed import Client, as_completed
@@ -58,7 +59,7 @@ def _dask_results(executor, todo: list[UnitTask]):
         except (OSError, ValueError, TypeError) as e:
             raise SourceError(f"cannot reach the Dask scheduler at {executor!r}: {e}; give its address as "
                               f"tcp://host:8786") from None
-    futures = client.map(compile_unit, todo, pure=False)
+    futures = client.map(run, todo, pure=False)
     try:
         for fut in as_completed(futures):
             yield fut.result()
@@ -69,14 +70,17 @@ def _dask_results(executor, todo: list[UnitTask]):
 
 
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
-               scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult], executor=None
-               ) -> list[UnitResult]:
+               scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult], source: Source,
+               executor=None) -> list[UnitResult]:
     from tqdm import tqdm
 
     results: dict[int, UnitResult] = dict(done)
     todo = [t for t in tasks if t.s not in done]
     written = 0
     t0 = time.perf_counter()
+    # The source travels with the function, not with each task: forked workers inherit it (a Python
+    # dataset is never pickled), a Dask cluster gets it pickled once per task batch.
+    run = partial(compile_unit, source=source)
 
     def consume(it, bar):
         nonlocal written
@@ -86,7 +90,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
                 raise _stop(scanned.records[i].key, where(scanned.records[i]), reason)
             journal.record(res)
             results[res.s] = res
-            written += res.shard.nbytes if res.shard else 0
+            written += res.nbytes
             bar.update(len(tasks[res.s].records))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
 
@@ -96,91 +100,43 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     if executor is None and workers > 1 and len(todo) > 1:
         if todo[0].options.resizer == "torch":
             import torch  # noqa: F401  (once here, before the fork, not once per worker)
-        pool = WorkerPool(min(workers, len(todo)), compile_unit, worker_init)
+        pool = WorkerPool(min(workers, len(todo)), run, worker_init)
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
                   dynamic_ncols=True, smoothing=0.1) as bar:
             bar.update(sum(len(tasks[s].records) for s in done))
             if executor is not None and todo:
-                consume(_dask_results(executor, todo), bar)
+                consume(_dask_results(executor, todo, run), bar)
             elif pool is not None:
                 consume(pool.imap_unordered(todo), bar)
             else:
-                consume(map(compile_unit, todo), bar)
+                consume(map(run, todo), bar)
     finally:
         if pool is not None:
             pool.close()
     return [results[s] for s in range(len(tasks))]
 
 
-def _compact(tmp: Path, results: list[UnitResult], options: CompileOptions, shard_size: int) -> list[ShardSpec]:
-    """Re-stream shards after the first short one so shard s holds samples [s*K, (s+1)*K)."""
-    scratch = tmp / "_compact"
-    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted compaction (then resumed) starts over
+def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int) -> None:
+    """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
+    copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
     counts = [len(r.kept) for r in results]
-    short = [u for u, c in enumerate(counts) if c < shard_size and (u < len(counts) - 1 or c == 0)]
+    short = [u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)]
     if not short:
-        return [r.shard for r in results]
+        return
     u0 = short[0]
-    fixed = options.layout == "fixed"
-    specs = [r.shard for r in results[:u0]]
-    s = u0
-    new_writer = (lambda s: FixedShardWriter(scratch, s, shard_size, (*options.size, options.channels))) if fixed \
-        else (lambda s: RaggedShardWriter(scratch, s))
-    writer = new_writer(s)
-    top = L.fixed_shard_node if fixed else L.ragged_shard_node
-    for r in results[u0:]:
-        if r.shard is None:
+    scratch = tmp / "_compact"
+    for f in fields:
+        pixels = getattr(f, "pixels", None)
+        if pixels is None:
             continue
-        path = node_dir(tmp, r.shard.path)
-        if fixed:
-            data = np.memmap(path, np.uint8, "r", shape=(len(r.kept), *options.size, options.channels))
-            samples = iter(data)
-        else:
-            data = np.memmap(path, np.uint8, "r")
-            ends = np.cumsum(np.prod(r.shapes, axis=1))
-            samples = (data[e - n:e] for e, n in zip(ends, np.prod(r.shapes, axis=1)))
-        for sample in samples:
-            writer.write(sample)
-            if writer.count == shard_size:
-                specs.append(writer.close())
-                s += 1
-                writer = new_writer(s)
-        del data
-    last = writer.close()
-    if last is not None:
-        specs.append(last)
-    for u in range(u0, len(results)):
-        shutil.rmtree(node_dir(tmp, top(u)), ignore_errors=True)
-    for u in range(u0, len(specs)):
-        os.rename(node_dir(scratch, top(u)), node_dir(tmp, top(u)))
-    shutil.rmtree(scratch)
-    return specs
-
-
-def _write_objects(tmp: Path, results: list[UnitResult], scanned: ScannedSource) -> dict:
-    """objects/offsets (N+1), objects/boxes (M, 4) float32, objects/labels (M,), per-box attributes,
-    image_id (N,) and transform/box_frame (N,). Returns the manifest's objects summary."""
-    parts = [r.objects for r in results if r.objects is not None and r.objects.counts]
-    cat = lambda name, shape, dtype: (np.concatenate([np.asarray(x, dtype).reshape(shape) for p in parts  # noqa
-                                                      for x in getattr(p, name)]) if parts
-                                      else np.zeros((0, *shape[1:]), dtype))
-    counts = np.asarray([c for p in parts for c in p.counts], np.int64)
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    write_group(tmp, L.OBJECTS)
-    write_plain_array(tmp, L.OBJ_OFFSETS, offsets, ["sample_edge"])
-    write_plain_array(tmp, L.OBJ_BOXES, cat("boxes", (-1, 4), np.float32), ["box", "xyxy"])
-    write_plain_array(tmp, L.OBJ_LABELS, cat("labels", (-1,), np.int64), ["box"])
-    for name, dtype in scanned.attributes.items():
-        col = np.concatenate([np.asarray(x, dtype) for p in parts for x in p.attrs.get(name, [])]) \
-            if parts else np.zeros(0, dtype)
-        write_plain_array(tmp, f"{L.OBJECTS}/{name}", col, ["box"])
-    write_plain_array(tmp, L.IMAGE_ID, np.asarray([i for p in parts for i in p.image_ids], np.int64), ["sample"])
-    write_plain_array(tmp, L.BOX_FRAME, np.asarray([f for p in parts for f in p.frames], np.uint8), ["sample"])
-    return {"num_boxes": int(offsets[-1]), "box_format": "xyxy", "attributes": dict(scanned.attributes),
-            "dropped_boxes": int(sum(p.dropped for p in parts)),
-            "images_without_boxes": int((counts == 0).sum())}
+        shutil.rmtree(scratch, ignore_errors=True)  # an interrupted compaction (then resumed) starts over
+        parts = [r.parts[f.name] for r in results]
+        specs = pixels.compact(tmp, scratch, [p.shard for p in parts], [p.shapes_array() for p in parts], K, u0)
+        shards = [p.shard for p in parts[:u0]] + specs
+        for u, p in enumerate(parts):  # the shard grid is the same for every field; records move, not change
+            p.shard = shards[u] if u < len(shards) else None
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _write_error_report(path: str, entries) -> None:
@@ -190,16 +146,38 @@ def _write_error_report(path: str, entries) -> None:
             f.write(json.dumps({"key": key, "path": where_, "reason": reason}, ensure_ascii=False) + "\n")
 
 
+def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Field, ...]:
+    """The fields a compile of ``scanned`` writes: the image, then the label, objects and mask it has."""
+    fixed = options.layout == "fixed"
+    h, w = options.size if fixed else (None, None)
+    image = ImageSpec(layout=options.layout, channels=options.channels, mode=options.mode, height=h, width=w)
+    resize = (ResizeSpec(policy=options.resize, size=options.size, fill=options.fill, filter=options.filter,
+                         resizer=options.resizer) if fixed else
+              ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter, resizer=options.resizer))
+    fields: list[Field] = [ImageField(image, resize)]
+    if scanned.task == "classification":
+        fields.append(LabelField())
+    if scanned.task == "detection":
+        fields.append(ObjectsField(scanned.attributes))
+    if scanned.masks is not None:
+        m = scanned.masks
+        fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
+                                                                                 m.wide),
+                                         ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
+    return tuple(fields)
+
+
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
-                    warn=None, dataset=None, **kwargs) -> CompileReport:
+                    warn=None, source: Source | None = None, **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
     ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
-    ``dataset``: the Python dataset of a dataset source (its items are fetched in the workers)."""
+    ``source``: the source that scanned the records (its ``fetcher`` runs in the workers); records of
+    files need none."""
     options = options or CompileOptions(**kwargs)
-    if scanned.input.get("kind") == "dataset":
+    source = source or Source()
+    if source.local_only:
         if options.executor is not None:
             raise SourceError("a Python dataset compiles on local worker processes; drop --executor")
-        set_dataset(dataset)
         if not CAN_FORK:
             options = replace(options, workers=1)  # the dataset reaches workers only by fork
     t0 = time.perf_counter()
@@ -216,13 +194,14 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                           + (f"; all {len(scanned.invalid)} inputs are invalid" if scanned.invalid else ""))
     K = options.shard_size or default_shard_size(len(records), options)
     workers = options.workers or os.cpu_count() or 1
+    fields = dataset_fields(scanned, options)
     staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
     with staging:
         tmp = staging.tmp
-        journal = Journal(tmp, fingerprint(scanned, options, K), dict(scanned.attributes))
+        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
-        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, scanned.input)
+        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
                  for s, start in enumerate(range(0, len(records), K))]
         done = {}
         if options.resume:
@@ -235,7 +214,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
-                                 scanned, journal, done, options.executor)
+                                 scanned, journal, done, source, options.executor)
         except SampleError as e:
             if options.error_report:
                 _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
@@ -250,15 +229,15 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         try:
-            shards = _compact(tmp, results, options, K)
-            manifest = _finalize(tmp, scanned, options, results, kept, shards, K, skipped)
+            _compact(tmp, results, fields, K)
+            manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
             staging.publish(before_rename=journal.remove)
         except OSError as e:
             if isinstance(e, DscError):
                 raise
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings,
-                         seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in shards),
+                         seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in L.shard_specs(manifest)),
                          resumed_units=len(done))
 
 
@@ -267,52 +246,38 @@ def _classes(scanned: ScannedSource, results: list[UnitResult]) -> tuple[str, ..
     if scanned.classes or scanned.task not in ("classification", "detection"):
         return scanned.classes
     if scanned.task == "classification":
-        top = max((int(r.labels.max()) for r in results if len(r.labels)), default=-1)
+        top = max((max(r.parts["label"].labels, default=-1) for r in results), default=-1)
     else:
-        top = max((int(x.max()) for r in results if r.objects for x in r.objects.labels if len(x)), default=-1)
+        top = max((int(x.max()) for r in results for x in r.parts["objects"].labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
 
 
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: list[UnitResult],
-              kept: np.ndarray, shards: list[ShardSpec], K: int, skipped: tuple[dict, ...]) -> Manifest:
-    """Index arrays, keys, per-sample geometry, objects; the manifest last."""
+              kept: np.ndarray, fields: tuple[Field, ...], K: int, skipped: tuple[dict, ...]) -> Manifest:
+    """Every field's arrays, the keys and per-sample geometry; the manifest last."""
     records = scanned.records
     n = len(kept)
     cat = lambda name: np.concatenate([getattr(r, name) for r in results])  # noqa: E731
-    shapes = cat("shapes")
-    if options.layout == "fixed":
-        h, w = options.size
-        image = ImageSpec(layout="fixed", channels=options.channels, mode=options.mode, height=h, width=w)
-        write_json(node_dir(tmp, L.IMAGE) / "zarr.json",
-                   sharded_array_json((n, h, w, options.channels), K, ["sample", "height", "width", "channel"]))
-        resize = ResizeSpec(policy=options.resize, size=options.size, fill=options.fill, filter=options.filter,
-                            resizer=options.resizer)
-    else:
-        image = ImageSpec(layout="ragged", channels=options.channels, mode=options.mode)
-        write_group(tmp, L.IMAGE)
-        write_group(tmp, L.RAGGED_VALUES)
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.prod(shapes.astype(np.int64), axis=1), out=offsets[1:])
-        write_plain_array(tmp, L.RAGGED_OFFSETS, offsets, ["sample_edge"])
-        write_plain_array(tmp, L.RAGGED_SHAPES, shapes, ["sample", "axis"])
-        resize = ResizeSpec(policy=None, max_side=options.max_side, filter=options.filter,
-                            resizer=options.resizer)
-    if scanned.task == "classification":
-        write_plain_array(tmp, L.LABEL, cat("labels"), ["sample"])
-    objects = _write_objects(tmp, results, scanned) if scanned.task == "detection" else None
+    write_group(tmp, L.CHECKSUMS)
+    contributions: dict = {"fields": {}}
+    for f in fields:
+        for key, value in f.finish(tmp, [r.parts[f.name] for r in results], n, K).items():
+            if key == "fields":
+                contributions["fields"].update(value)
+            else:
+                contributions[key] = value
     write_string_array(tmp, L.KEYS, (records[i].key for i in kept))
     write_group(tmp, L.TRANSFORM)
     write_plain_array(tmp, L.ORIG_SIZE, cat("orig"), ["sample", "hw"])
     write_plain_array(tmp, L.AFFINE, cat("affine"), ["sample", "sx_sy_tx_ty"])
     write_plain_array(tmp, L.EXIF_ORIENTATION, cat("orientation"), ["sample"])
-    write_group(tmp, L.CHECKSUMS)
-    write_plain_array(tmp, L.SAMPLE_CRC32C, cat("crc"), ["sample"])
-    opts = {**options.recorded(), "on_error": options.on_error}
+    opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
+    shards = {s.path for s in contributions["shards"]} | {s["path"] for f in contributions["fields"].values()
+                                                          for s in f.get("shards", ())}
     manifest = Manifest(
-        format_version=FORMAT_VERSION, dsc_version=__version__, task=scanned.task, num_samples=n,
-        shard_size=K, image=image, resize=resize, shards=tuple(shards), classes=_classes(scanned, results),
-        category_ids=scanned.category_ids, objects=objects,
-        source={**scanned.summary, "options": opts}, skipped=skipped,
-        files=file_checksums(tmp, {s.path for s in shards}))
+        format_version=Manifest.version_for(contributions["fields"]), dsc_version=__version__, task=scanned.task,
+        num_samples=n, shard_size=K, classes=_classes(scanned, results), category_ids=scanned.category_ids,
+        source={**scanned.summary, "options": opts}, skipped=skipped, files=file_checksums(tmp, shards),
+        **contributions)
     L.write_manifest(tmp, manifest)
     return manifest

@@ -20,21 +20,24 @@ from ..errors import DscError
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
-from .sources.base import ScannedSource
+from .sources.base import ScannedSource, Source
 from .units import UnitResult
 
 JOURNAL = ".journal"
 
 
-def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int) -> str:
-    """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets) and
-    the options (not workers, progress, overwrite or on_error, which never change a finished shard)."""
+def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int, source: Source | None = None) -> str:
+    """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks),
+    the source's parameters and the options (not workers, progress, overwrite or on_error, which never
+    change a finished shard)."""
     h = hashlib.sha256()
-    opts = options.recorded()
+    opts = options.recorded(masks=scanned.masks is not None)
     h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task, "kind": scanned.kind,
-                         "input": scanned.input}, sort_keys=True, default=str).encode())
+                         "source": source.config() if source is not None else None,
+                         "masks": None if scanned.masks is None else [list(scanned.masks.classes), scanned.masks.wide]},
+                        sort_keys=True, default=str).encode())
     for r in scanned.records:
-        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0".encode())
+        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode())
         t = r.target
         if t is not None:
             h.update(np.ascontiguousarray(t.boxes, np.float64).tobytes())
@@ -42,15 +45,21 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
             h.update(f"{t.size}{t.normalized}{t.image_id}{sorted(t.attrs)}".encode())
             for k in sorted(t.attrs):
                 h.update(np.ascontiguousarray(t.attrs[k]).tobytes())
+            if t.segments:
+                h.update(json.dumps(t.segments, separators=(",", ":")).encode())
     return h.hexdigest()
 
 
+def _intact(path: Path, shard) -> bool:
+    return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
+
+
 class Journal:
-    def __init__(self, staging_dir: Path, fingerprint: str, attr_dtypes: dict):
+    def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple):
         self.dir = staging_dir / JOURNAL
         self.root = staging_dir
         self.fingerprint = fingerprint
-        self.attr_dtypes = attr_dtypes
+        self.fields = fields
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -81,15 +90,12 @@ class Journal:
             if not entry.exists():
                 continue
             try:
-                res = UnitResult.from_json(read_json(entry), self.attr_dtypes)
+                res = UnitResult.from_json(read_json(entry), self.fields)
             except (DscError, KeyError, TypeError, ValueError):
                 continue
-            if res.shard is not None:
-                path = node_dir(self.root, res.shard.path)
-                if not path.is_file() or path.stat().st_size != res.shard.nbytes \
-                        or sha256_file(path) != res.shard.sha256:
-                    continue
-            done[s] = res
+            shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
+            if all(_intact(node_dir(self.root, sh.path), sh) for sh in shards):
+                done[s] = res
         return done
 
     def has_units(self) -> bool:

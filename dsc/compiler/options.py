@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..errors import SourceError
+from ..errors import ConfigError
 from ..formats import Manifest
 from ..formats.manifest import RESIZE_POLICIES
 from . import resample
@@ -36,42 +36,52 @@ class CompileOptions:
     resume: bool = False
     progress: bool = True
     executor: object = None  # a Dask scheduler address ("tcp://host:8786") or a dask.distributed Client
+    mask_ignore: int = 255  # the mask value of "no class" (letterbox padding, crowd regions, borders)
 
     def __post_init__(self):
         if self.size is not None:
             if isinstance(self.size, int):
                 object.__setattr__(self, "size", (self.size, self.size))
             if len(self.size) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.size):
-                raise SourceError(f"size must be one positive int or (height, width), got {self.size!r}")
+                raise ConfigError(f"size must be one positive int or (height, width), got {self.size!r}")
             object.__setattr__(self, "size", tuple(self.size))
             if self.max_side is not None:
-                raise SourceError("give either size (fixed shape) or max_side (ragged), not both")
+                raise ConfigError("give either size (fixed shape) or max_side (ragged), not both")
         if self.resize not in RESIZE_POLICIES:
-            raise SourceError(f"resize must be one of {', '.join(RESIZE_POLICIES)}, got {self.resize!r}")
+            raise ConfigError(f"resize must be one of {', '.join(RESIZE_POLICIES)}, got {self.resize!r}")
         if self.max_side is not None and (not isinstance(self.max_side, int) or self.max_side < 1):
-            raise SourceError(f"max_side must be a positive int, got {self.max_side!r}")
+            raise ConfigError(f"max_side must be a positive int, got {self.max_side!r}")
         if self.mode not in ("RGB", "L"):
-            raise SourceError(f"mode must be RGB or L, got {self.mode!r}")
+            raise ConfigError(f"mode must be RGB or L, got {self.mode!r}")
         if not isinstance(self.fill, int) or isinstance(self.fill, bool) or not 0 <= self.fill <= 255:
-            raise SourceError(f"fill must be 0..255, got {self.fill}")
+            raise ConfigError(f"fill must be 0..255, got {self.fill}")
         if len(self.background) != 3 or any(not isinstance(c, int) or not 0 <= c <= 255 for c in self.background):
-            raise SourceError(f"background must be three values 0..255, got {self.background!r}")
+            raise ConfigError(f"background must be three values 0..255, got {self.background!r}")
         problem = resample.check(self.resizer, self.filter)
         if problem:
-            raise SourceError(problem)
+            raise ConfigError(problem)
         if self.on_error not in ON_ERROR:
-            raise SourceError(f"on_error must be fail or skip, got {self.on_error!r}")
+            raise ConfigError(f"on_error must be fail or skip, got {self.on_error!r}")
+        if not isinstance(self.mask_ignore, int) or isinstance(self.mask_ignore, bool) \
+                or not 0 <= self.mask_ignore <= 65535:
+            raise ConfigError(f"mask_ignore must be 0..65535, got {self.mask_ignore!r}")
         for name in ("shard_size", "workers"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise SourceError(f"{name} must be a positive int, got {v!r}")
+                raise ConfigError(f"{name} must be a positive int, got {v!r}")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
 
     RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error")
 
-    def recorded(self) -> dict:
+    def recorded(self, masks: bool = False) -> dict:
         """The options that decide the output's bytes (stored in the manifest, fingerprinted for resume);
-        how the compile runs (workers, executor, progress, resume...) is left out."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.RUNTIME_ONLY}
+        how the compile runs (workers, executor, progress, resume...) is left out, and so is mask_ignore
+        when the dataset has no masks (so such datasets stay byte-identical to earlier versions)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in self.RUNTIME_ONLY and (masks or f.name != "mask_ignore")}
 
     @property
     def layout(self) -> str:

@@ -1,27 +1,27 @@
-"""A work unit: decode, resize and write one shard (runs in a worker process), and its result.
+"""A work unit: decode, resize and write one shard of every field (runs in a worker process), and its result.
 
 A unit's result is everything the driver needs to finish the dataset without touching the pixels
-again; it round-trips through JSON (``to_json`` / ``from_json``) for the resume journal.
+again: per-sample geometry, the kept records and errors, and each field's part (``formats/fields``). It
+round-trips through JSON (``to_json`` / ``from_json``) for the resume journal.
 """
 from __future__ import annotations
 
 import ctypes
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SampleError
-from ..formats import ShardSpec
+from ..formats.fields import Field, MaskField, Part
 from .boxes import boxes_in_display_frame, to_stored
-from .decode import Decoded, decode_image, to_mode
-from .inputs import fetcher, where
+from .decode import SWAPS_AXES, Decoded, decode_image, orient_array, to_mode
 from .geometry import apply_plan, plan_fixed, plan_ragged
+from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
 from .options import CompileOptions
 from .resample import single_threaded
-from .sources.base import Record, Target
-from .writer import FixedShardWriter, RaggedShardWriter
+from .sources.base import Item, Record, Source, where
 
 
 @dataclass(frozen=True)
@@ -32,82 +32,61 @@ class UnitTask:
     root: str
     options: CompileOptions
     shard_size: int
-    input: dict = field(default_factory=lambda: {"kind": "file"})
-
-
-@dataclass
-class Objects:
-    """The stored objects of the samples of one unit, concatenated (box-offset layout)."""
-
-    counts: list = field(default_factory=list)  # boxes kept per sample
-    boxes: list = field(default_factory=list)  # (k, 4) float32 per sample
-    labels: list = field(default_factory=list)
-    attrs: dict = field(default_factory=dict)  # name -> list of per-sample arrays
-    image_ids: list = field(default_factory=list)
-    frames: list = field(default_factory=list)
-    dropped: int = 0
-
-    def to_json(self) -> dict:
-        return {"counts": self.counts, "boxes": [b.tolist() for b in self.boxes],
-                "labels": [x.tolist() for x in self.labels],
-                "attrs": {k: [x.tolist() for x in v] for k, v in self.attrs.items()},
-                "image_ids": self.image_ids, "frames": self.frames, "dropped": self.dropped}
-
-    @classmethod
-    def from_json(cls, d: dict, attr_dtypes: dict) -> "Objects":
-        return cls(counts=list(d["counts"]), boxes=[np.asarray(b, np.float32).reshape(-1, 4) for b in d["boxes"]],
-                   labels=[np.asarray(x, np.int64) for x in d["labels"]],
-                   attrs={k: [np.asarray(x, attr_dtypes.get(k, "float64")) for x in v] for k, v in d["attrs"].items()},
-                   image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
-
-    def add(self, t: Target, boxes: np.ndarray, keep: np.ndarray, frame: int) -> None:
-        self.counts.append(int(keep.sum()))
-        self.boxes.append(boxes[keep])
-        self.labels.append(np.asarray(t.labels, np.int64)[keep])
-        for name, col in t.attrs.items():
-            self.attrs.setdefault(name, []).append(np.asarray(col)[keep])
-        self.image_ids.append(t.image_id)
-        self.frames.append(frame)
-        self.dropped += int((~keep).sum())
+    fields: tuple[Field, ...]
 
 
 @dataclass
 class UnitResult:
     s: int
     kept: np.ndarray  # global record indices stored, in order
-    shapes: np.ndarray  # (c, 3) int32
     orig: np.ndarray  # (c, 2) int32
     affine: np.ndarray  # (c, 4) float64
     orientation: np.ndarray  # (c,) uint8
-    labels: np.ndarray  # (c,) int64 class index per stored sample (-1: none)
-    crc: np.ndarray  # (c,) uint32 crc32c of each stored sample's bytes (lets verify name damaged samples)
     errors: list[tuple[int, str]]
-    shard: ShardSpec | None
-    objects: Objects | None = None
+    parts: dict[str, Part]  # field name -> the unit's part of it
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.shard.nbytes for p in self.parts.values() if getattr(p, "shard", None) is not None)
 
     def to_json(self) -> dict:
         """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
-        return {"s": self.s, "kept": self.kept.tolist(), "shapes": self.shapes.tolist(), "orig": self.orig.tolist(),
-                "affine": self.affine.tolist(), "orientation": self.orientation.tolist(),
-                "labels": self.labels.tolist(), "crc": self.crc.tolist(), "errors": [list(e) for e in self.errors], "shard": self.shard.to_dict() if self.shard else None,
-                "objects": self.objects.to_json() if self.objects is not None else None}
+        return {"s": self.s, "kept": self.kept.tolist(), "orig": self.orig.tolist(), "affine": self.affine.tolist(),
+                "orientation": self.orientation.tolist(), "errors": [list(e) for e in self.errors],
+                "parts": {k: p.to_json() for k, p in self.parts.items()}}
 
     @classmethod
-    def from_json(cls, d: dict, attr_dtypes: dict) -> "UnitResult":
+    def from_json(cls, d: dict, fields: tuple[Field, ...]) -> "UnitResult":
         return cls(s=int(d["s"]), kept=np.asarray(d["kept"], np.int64),
-                   shapes=np.asarray(d["shapes"], np.int32).reshape(-1, 3),
                    orig=np.asarray(d["orig"], np.int32).reshape(-1, 2),
                    affine=np.asarray(d["affine"], np.float64).reshape(-1, 4),
                    orientation=np.asarray(d["orientation"], np.uint8),
-                   labels=np.asarray(d["labels"], np.int64), crc=np.asarray(d["crc"], np.uint32),
                    errors=[(int(i), str(r)) for i, r in d["errors"]],
-                   shard=ShardSpec.from_dict(d["shard"]) if d["shard"] else None,
-                   objects=Objects.from_json(d["objects"], attr_dtypes) if d["objects"] is not None else None)
+                   parts={f.name: f.load_part(d["parts"][f.name]) for f in fields})
 
 
-def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetch):
+def _mask(item: Item, rec: Record, dec: Decoded, field: MaskField, o: CompileOptions) -> np.ndarray:
+    """The sample's mask in its image's displayed frame, values checked."""
+    (h, w), orientation, spec = dec.full, dec.orientation, field.spec
+    if item.mask is not None:
+        at = item.mask if isinstance(item.mask, str) else where(rec)
+        mask = displayed_mask(decode_mask(item.mask, at), orientation, h, w, at)
+    elif item.target is not None:  # rasterised from the annotation's shapes, in its frame (as its boxes)
+        at = item.target.source
+        size = item.target.size
+        raw = orientation in SWAPS_AXES and size is not None and tuple(size) == (h, w) != (w, h)
+        mh, mw = (w, h) if raw else (h, w)
+        mask = rasterize(item.target.segments, mh, mw, spec.ignore_index, spec.dtype, at)
+        mask = np.ascontiguousarray(orient_array(mask, orientation)) if raw else mask
+    else:
+        raise SampleError(where(rec), "has no mask, and the dataset stores one per sample")
+    check_values(mask, len(spec.classes), spec.ignore_index, spec.dtype, at)
+    return mask
+
+
+def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
-    Returns (pixels, decoded (h, w), affine, EXIF orientation, label)."""
+    Returns ({field name: value}, decoded (h, w), affine, EXIF orientation)."""
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
     item = fetch(rec)
@@ -120,60 +99,61 @@ def compile_sample(rec: Record, o: CompileOptions, objects: Objects | None, fetc
     (h, w), orientation = dec.full, dec.orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)
+    values = {"label": item.label}
     if item.target is not None:
         boxes, frame = boxes_in_display_frame(item.target, orientation, w, h)
         stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
-    arr = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,
-                     resizer=o.resizer, file_orientation=dec.pending)
-    if item.target is not None:
-        objects.add(item.target, stored, keep, frame)
-    return arr, (h, w), affine, orientation, item.label
+        values["objects"] = (item.target, stored, keep, frame)
+    if mask_field is not None:
+        values[mask_field.name] = apply_plan_nearest(_mask(item, rec, dec, mask_field, o), plan, o.mask_ignore)
+    values["image"] = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,
+                                 resizer=o.resizer, file_orientation=dec.pending)
+    return values, (h, w), affine, orientation
 
 
-def compile_unit(task: UnitTask) -> UnitResult:
-    """Decode, resize and write shard ``task.s``. Bad inputs are recorded (or stop the unit under
-    on_error="fail"); write failures raise WriteError from the shard writer."""
+def compile_unit(task: UnitTask, source: Source) -> UnitResult:
+    """Decode, resize and write shard ``task.s`` of every field. Bad inputs are recorded (or stop the unit
+    under on_error="fail"); write failures raise WriteError from the shard writers."""
     with single_threaded(task.options.resizer):
-        return _compile_unit(task)
+        return _compile_unit(task, source)
 
 
-def _compile_unit(task: UnitTask) -> UnitResult:
+def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     o = task.options
     root = Path(task.root)
-    if o.layout == "fixed":
-        writer = FixedShardWriter(root, task.s, task.shard_size, (*o.size, o.channels))
-    else:
-        writer = RaggedShardWriter(root, task.s)
-    import google_crc32c
-
-    objects = Objects()
-    kept, shapes, orig, affine, orient, labels, crc, errors = [], [], [], [], [], [], [], []
+    mask_field = next((f for f in task.fields if isinstance(f, MaskField)), None)
+    parts: dict[str, Part] = {}
+    kept, orig, affine, orient, errors = [], [], [], [], []
     try:
-        fetch = fetcher(task.records, task.input)
+        for f in task.fields:
+            parts[f.name] = f.part(root, task.s, task.shard_size)
+        fetch = source.fetcher(task.records)
         for j, rec in enumerate(task.records):
             try:
-                arr, hw, aff, orientation, label = compile_sample(rec, o, objects, fetch)
+                values, hw, aff, orientation = compile_sample(rec, o, fetch, mask_field)
             except SampleError as e:
                 errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason))
                 if o.on_error == "fail":
                     break
                 continue
-            writer.write(arr)
+            for f in task.fields:
+                parts[f.name].add(values[f.name])
             kept.append(task.start + j)
-            shapes.append(arr.shape)
             orig.append(hw)
             affine.append(aff)
             orient.append(orientation)
-            labels.append(label)
-            crc.append(google_crc32c.value(np.ascontiguousarray(arr).tobytes()))
-        shard = writer.close() if not (errors and o.on_error == "fail") else writer.abort()
+        if errors and o.on_error == "fail":
+            for p in parts.values():
+                p.abort()
+        else:
+            for p in parts.values():
+                p.close()
     except BaseException:
-        writer.abort()
+        for p in parts.values():
+            p.abort()
         raise
-    return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(shapes, np.int32).reshape(-1, 3),
-                       np.asarray(orig, np.int32).reshape(-1, 2), np.asarray(affine, np.float64).reshape(-1, 4),
-                       np.asarray(orient, np.uint8), np.asarray(labels, np.int64), np.asarray(crc, np.uint32),
-                       errors, shard, objects if objects.counts else None)
+    return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(orig, np.int32).reshape(-1, 2),
+                      np.asarray(affine, np.float64).reshape(-1, 4), np.asarray(orient, np.uint8), errors, parts)
 
 
 def worker_init() -> None:

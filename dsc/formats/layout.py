@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import DatasetNotFoundError
-from .manifest import Manifest
+from .manifest import Manifest, ShardSpec
 from .zarr_v3 import ZARR_JSON, check_file_size, node_dir, read_json, write_group
 
 IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
@@ -30,37 +28,20 @@ BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated
                                      # 1: on the raw pixels (rotated with the image)
 
 
-def fixed_shard_node(s: int) -> str:
-    """The directory that holds shard s of the fixed image array."""
-    return f"{IMAGE}/c/{s}"
-
-
-def fixed_shard_path(s: int) -> str:
-    """Shard s of the fixed image array: chunk (s, 0, 0, 0) of ``image``."""
-    return f"{fixed_shard_node(s)}/0/0/0"
-
-
-def ragged_shard_node(s: int) -> str:
-    return f"{RAGGED_VALUES}/{s}"
-
-
-def ragged_shard_path(s: int) -> str:
-    return f"{ragged_shard_node(s)}/c/0"
-
-
-def valid_offsets(off: np.ndarray, total: int | None = None) -> bool:
-    """An offsets index (ragged images, boxes): starts at 0, never decreases, ends at ``total`` if given."""
-    return len(off) > 0 and off[0] == 0 and not np.any(np.diff(off) < 0) and (total is None or off[-1] == total)
-
-
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write the root group with the manifest. Called last: its presence marks a complete dataset."""
     write_group(root, "", {"dsc": {**manifest.to_dict(), "checksum": manifest.checksum()}})
 
 
+def shard_specs(manifest: Manifest) -> list[ShardSpec]:
+    """Every shard file of the dataset: the image's, then those of each later field (masks)."""
+    extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ())]
+    return [*manifest.shards, *extra]
+
+
 def check_shard_files(root: Path, manifest: Manifest) -> None:
     """The cheap check every reader makes: each shard file exists with the size the manifest records."""
-    for spec in manifest.shards:
+    for spec in shard_specs(manifest):
         check_file_size(node_dir(root, spec.path), spec.nbytes)
 
 

@@ -16,7 +16,9 @@ from ..errors import CorruptDatasetError, FormatVersionError
 from .zarr_v3 import check_node_path
 
 FORMAT_NAME = "dsc"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this dsc reads and writes; a dataset without `fields` is written as version 1
+TASKS = ("classification", "detection", "segmentation", "images")
+RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", "checksums")
 LAYOUTS = ("fixed", "ragged")
 RESIZE_POLICIES = ("stretch", "center-crop", "pad")
 RESIZERS = ("pil", "torch")  # who resampled: PIL's Image.resize or torch's interpolate
@@ -25,11 +27,11 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 def _check_fields(spec_cls, name: str, d: dict) -> None:
     """``d`` has only the dataclass's fields as keys, and every field without a default."""
-    _check_keys(name, d, {f.name for f in fields(spec_cls)},
+    check_spec_keys(name, d, {f.name for f in fields(spec_cls)},
                 {f.name for f in fields(spec_cls) if f.default is MISSING and f.default_factory is MISSING})
 
 
-def _check_keys(cls_name: str, d: dict, allowed: set[str], required: set[str]) -> None:
+def check_spec_keys(cls_name: str, d: dict, allowed: set[str], required: set[str]) -> None:
     if not isinstance(d, dict):
         raise CorruptDatasetError(f"manifest: {cls_name} must be an object, got {type(d).__name__}")
     unknown = set(d) - allowed
@@ -155,7 +157,13 @@ class Manifest:
     source: dict = field(default_factory=dict)
     skipped: tuple[dict, ...] = ()  # {"key": ..., "reason": ...} of inputs left out
     files: dict = field(default_factory=dict)  # every other file: relative path -> {"nbytes", "sha256"}
+    fields: dict = field(default_factory=dict)  # later field kinds: name -> {"kind": ..., ...} (format version 2)
     format: str = FORMAT_NAME
+
+    @staticmethod
+    def version_for(fields: dict) -> int:
+        """The format version a writer records: 1 unless the dataset has a field version 1 lacks."""
+        return 2 if fields else 1
 
     def __post_init__(self):
         if self.format != FORMAT_NAME:
@@ -170,8 +178,23 @@ class Manifest:
             want = min(self.shard_size, self.num_samples - s * self.shard_size)
             if sh.count != want:
                 raise CorruptDatasetError(f"manifest: shard {sh.path} holds {sh.count} samples, expected {want}")
-        if self.task not in ("classification", "detection", "images"):
+        if self.task not in TASKS:
             raise CorruptDatasetError(f"manifest: unknown task {self.task!r}")
+        if not isinstance(self.fields, dict):
+            raise CorruptDatasetError("manifest: 'fields' must be a mapping name -> field")
+        if self.fields and self.format_version < 2:
+            raise CorruptDatasetError("manifest: 'fields' needs format_version 2")
+        from .fields import EXTRA_KINDS, FIELD_KINDS
+
+        for name, spec in self.fields.items():
+            check_node_path(name)
+            if name in RESERVED_NODES or "/" in name:
+                raise CorruptDatasetError(f"manifest: field name {name!r} is reserved or not a plain name")
+            kind = spec.get("kind") if isinstance(spec, dict) else None
+            if kind not in EXTRA_KINDS:
+                raise FormatVersionError(f"the dataset has a field {name!r} of kind {kind!r}, which this dsc does "
+                                         f"not read; upgrade dsc (pip install -U dsc)")
+            FIELD_KINDS[kind].check(name, spec)
         if (self.task == "detection") != (self.objects is not None):
             raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
         if self.objects is not None:
@@ -198,6 +221,7 @@ class Manifest:
             "source": self.source,
             "skipped": list(self.skipped),
             "files": self.files,
+            **({"fields": self.fields} if self.fields else {}),
         }
 
     def checksum(self) -> str:
@@ -218,9 +242,10 @@ class Manifest:
                 f"dataset format version {version} is newer than this dsc reads (version {FORMAT_VERSION}); "
                 f"upgrade dsc (pip install -U dsc)")
         keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
-                "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum"}
-        _check_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
-                                                 "checksum"})
+                "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum",
+                "fields"}
+        check_spec_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
+                                                     "checksum", "fields"})
         try:
             m = cls(
                 format=d["format"], format_version=version, dsc_version=str(d["dsc_version"]), task=d["task"],
@@ -231,7 +256,7 @@ class Manifest:
                 category_ids=tuple(int(c) for c in d.get("category_ids", ())),
                 objects=d.get("objects"),
                 source=dict(d.get("source", {})), skipped=tuple(d.get("skipped", ())),
-                files=dict(d.get("files", {})),
+                files=dict(d.get("files", {})), fields=d.get("fields", {}),
             )
         except TypeError as e:
             raise CorruptDatasetError(f"manifest: {e}") from None

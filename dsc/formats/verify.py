@@ -13,12 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import DscError
 from . import layout as L
 from .manifest import Manifest
-from .zarr_v3 import ZARR_JSON, node_dir, read_plain_array, read_string_array, shard_index
+from .zarr_v3 import ZARR_JSON, node_dir, read_string_array
 
 
 def sha256_file(path: Path) -> str:
@@ -75,7 +73,8 @@ class VerifyReport:
         return sorted({i for p in self.problems for i in p.samples})
 
 
-def _try(problems: list[Problem], rel: str, fn):
+def try_read(problems: list[Problem], rel: str, fn):
+    """``fn()``, or None with the failure recorded as a problem of ``rel``."""
     try:
         return fn()
     except (DscError, OSError, ValueError) as e:
@@ -84,16 +83,12 @@ def _try(problems: list[Problem], rel: str, fn):
 
 
 def verify(path: str | os.PathLike) -> VerifyReport:
+    from .fields import fields_of
+
     root = Path(path)
     m: Manifest = L.read_manifest(root)  # raises on a missing / damaged / newer manifest
     report = VerifyReport(root, [])
     P = report.problems
-    n, K = m.num_samples, m.shard_size
-    crc = _try(P, L.SAMPLE_CRC32C, lambda: read_plain_array(root, L.SAMPLE_CRC32C)) \
-        if L.SAMPLE_CRC32C + "/c/0" in m.files else None
-    if crc is not None and crc.shape != (n,):
-        P.append(Problem(L.SAMPLE_CRC32C, f"has {crc.shape} entries, expected ({n},)"))
-        crc = None
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():
@@ -107,107 +102,14 @@ def verify(path: str | os.PathLike) -> VerifyReport:
             P.append(Problem(rel, "content does not match its SHA-256 in the manifest"))
         report.bytes_hashed += info["nbytes"]
 
-    # ---- index arrays and their invariants
-    ragged = m.image.layout == "ragged"
-    offsets = shapes = None
-    if ragged:
-        offsets = _try(P, L.RAGGED_OFFSETS, lambda: read_plain_array(root, L.RAGGED_OFFSETS))
-        shapes = _try(P, L.RAGGED_SHAPES, lambda: read_plain_array(root, L.RAGGED_SHAPES))
-        if offsets is not None and shapes is not None and (offsets.shape != (n + 1,) or shapes.shape != (n, 3)):
-            P.append(Problem(L.RAGGED_OFFSETS, f"offsets {offsets.shape} / shapes {shapes.shape} do not fit "
-                                               f"{n} samples"))
-            offsets = shapes = None
-        if offsets is not None and shapes is not None:
-            sizes = np.diff(offsets)
-            bad = np.flatnonzero((sizes < 0) | (sizes != np.prod(shapes.astype(np.int64), axis=1))
-                                 | (shapes[:, 2] != m.image.channels) | (shapes[:, 0] < 1) | (shapes[:, 1] < 1))
-            if offsets[0] != 0 or len(bad):
-                P.append(Problem(L.RAGGED_OFFSETS, "offsets / shapes are inconsistent", bad.tolist()))
-    if m.task == "classification":
-        labels = _try(P, L.LABEL, lambda: read_plain_array(root, L.LABEL))
-        if labels is not None:
-            bad = np.flatnonzero((labels < 0) | (labels >= max(1, len(m.classes))))
-            if len(bad):
-                P.append(Problem(L.LABEL, f"labels outside 0..{len(m.classes) - 1}", bad.tolist()))
-    if m.task == "detection":
-        _verify_objects(root, m, P, shapes)
-    keys = _try(P, L.KEYS, lambda: read_string_array(root, L.KEYS))
-    if keys is not None and len(keys) != n:
-        P.append(Problem(L.KEYS, f"has {len(keys)} keys for {n} samples"))
-
-    # ---- shards: size, hash, and which samples are damaged
-    for s, spec in enumerate(m.shards):
-        p = node_dir(root, spec.path)
-        report.shards_checked += 1
-        if not p.is_file():
-            P.append(Problem(spec.path, "shard file missing", list(range(s * K, s * K + spec.count))))
-            continue
-        data = np.fromfile(p, np.uint8)
-        report.bytes_hashed += len(data)
-        if len(data) != spec.nbytes:
-            P.append(Problem(spec.path, f"has {len(data)} bytes, the manifest says {spec.nbytes}",
-                             list(range(s * K, s * K + spec.count))))
-            continue
-        if hashlib.sha256(data).hexdigest() == spec.sha256:
-            continue
-        ranges = _sample_ranges(m, s, spec, offsets)
-        damaged = []
-        if crc is not None and ranges is not None:
-            import google_crc32c
-
-            for i, (a, b) in ranges:
-                if google_crc32c.value(data[a:b].tobytes()) != int(crc[i]):
-                    damaged.append(i)
-        what = "content does not match its SHA-256"
-        if not ragged:
-            tail = data[spec.count * m.image.sample_nbytes:].tobytes()
-            if tail != shard_index(spec.count, K, m.image.sample_nbytes):
-                what += "; its Zarr shard index is damaged (zarr readers affected)"
-        P.append(Problem(spec.path, what, damaged))
+    # ---- each field: its shards (size, hash, which samples are damaged) and its invariants
+    context: dict = {}
+    for f in fields_of(m):
+        f.verify(root, m, P, context)
+    keys = try_read(P, L.KEYS, lambda: read_string_array(root, L.KEYS))
+    if keys is not None and len(keys) != m.num_samples:
+        P.append(Problem(L.KEYS, f"has {len(keys)} keys for {m.num_samples} samples"))
+    shards = L.shard_specs(m)
+    report.shards_checked = len(shards)
+    report.bytes_hashed += sum(s.nbytes for s in shards)
     return report
-
-
-def _sample_ranges(m: Manifest, s: int, spec, offsets):
-    """[(sample, (start, end))] byte ranges of the shard's samples within its file."""
-    K = m.shard_size
-    first = s * K
-    if m.image.layout == "fixed":
-        nb = m.image.sample_nbytes
-        return [(first + j, (j * nb, (j + 1) * nb)) for j in range(spec.count)]
-    if offsets is None:
-        return None
-    base = int(offsets[first])
-    return [(first + j, (int(offsets[first + j]) - base, int(offsets[first + j + 1]) - base))
-            for j in range(spec.count)]
-
-
-def _verify_objects(root: Path, m: Manifest, P: list[Problem], shapes) -> None:
-    n = m.num_samples
-    off = _try(P, L.OBJ_OFFSETS, lambda: read_plain_array(root, L.OBJ_OFFSETS))
-    boxes = _try(P, L.OBJ_BOXES, lambda: read_plain_array(root, L.OBJ_BOXES))
-    labels = _try(P, L.OBJ_LABELS, lambda: read_plain_array(root, L.OBJ_LABELS))
-    if off is None or boxes is None or labels is None:
-        return
-    M = len(boxes)
-    if off.shape != (n + 1,) or not L.valid_offsets(off, M):
-        bad = np.flatnonzero(np.diff(off) < 0).tolist() if off.shape == (n + 1,) else []
-        P.append(Problem(L.OBJ_OFFSETS, f"not a valid box-offset index for {M} boxes", bad))
-        return
-    sample_of = np.repeat(np.arange(n), np.diff(off))
-    if m.image.layout == "fixed":
-        h = np.full(M, m.image.height)
-        w = np.full(M, m.image.width)
-    elif shapes is not None:
-        h, w = shapes[sample_of, 0], shapes[sample_of, 1]
-    else:
-        return
-    finite = np.all(np.isfinite(boxes), axis=1)
-    inside = finite & (boxes[:, 0] >= 0) & (boxes[:, 1] >= 0) & (boxes[:, 2] <= w) & (boxes[:, 3] <= h) \
-        & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    if not inside.all():
-        P.append(Problem(L.OBJ_BOXES, "boxes not finite, empty, or outside their image",
-                         sorted(set(sample_of[~inside].tolist()))))
-    bad_label = (labels < 0) | (labels >= max(1, len(m.classes)))
-    if bad_label.any():
-        P.append(Problem(L.OBJ_LABELS, f"box labels outside 0..{len(m.classes) - 1}",
-                         sorted(set(sample_of[bad_label].tolist()))))

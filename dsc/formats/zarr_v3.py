@@ -136,9 +136,9 @@ def write_plain_array(root: Path, rel: str, data: np.ndarray,
                                           [_bytes_codec(data.dtype)], fill, dimension_names, None))
 
 
-def plain_array_json(nbytes: int) -> dict:
-    """Metadata of a 1-D uint8 plain array of ``nbytes`` bytes (a ragged shard's values)."""
-    return _array_json([nbytes], "uint8", [nbytes], [{"name": "bytes"}], 0, ["byte"], None)
+def plain_array_json(length: int, dtype: str = "uint8", dimension_name: str = "byte") -> dict:
+    """Metadata of a 1-D plain array of ``length`` elements (a ragged shard's values)."""
+    return _array_json([length], _DTYPES[dtype], [length], [_bytes_codec(np.dtype(dtype))], 0, [dimension_name], None)
 
 
 def read_array_meta(root: Path, rel: str) -> dict:
@@ -224,19 +224,19 @@ def read_string_array(root: Path, rel: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- sharded arrays
 def sharded_array_json(shape: Sequence[int], shard_len: int,
-                       dimension_names: Sequence[str] | None = None) -> dict:
-    """uint8 array (N, *sample) in shards of ``shard_len`` samples, one sample per inner chunk."""
+                       dimension_names: Sequence[str] | None = None, dtype: str = "uint8") -> dict:
+    """Array (N, *sample) of ``dtype`` in shards of ``shard_len`` samples, one sample per inner chunk."""
     sample = [int(s) for s in shape[1:]]
     sharding = {
         "name": "sharding_indexed",
         "configuration": {
             "chunk_shape": [1] + sample,
-            "codecs": [{"name": "bytes"}],
+            "codecs": [_bytes_codec(np.dtype(dtype))],
             "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
             "index_location": "end",
         },
     }
-    return _array_json(shape, "uint8", [shard_len] + sample, [sharding], 0, dimension_names, None)
+    return _array_json(shape, _DTYPES[dtype], [shard_len] + sample, [sharding], 0, dimension_names, None)
 
 
 def shard_index(count: int, capacity: int, inner_nbytes: int) -> bytes:

@@ -17,6 +17,7 @@ import torch
 from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, RandomResizedCrop,
                         RandomVerticalFlip, Resize)
 from .photometric import ChannelsFirst, ChannelsLast, Normalize, ToDtype, ToFloat
+from ..runtime.batches import Batch
 from .resample import apply_geometric
 
 
@@ -47,12 +48,15 @@ class Compose:
                 self.stages.append(("op", self.ops[i], False))
                 i += 1
 
-    def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, box_keys=None) -> dict:
+    def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None) -> dict:
+        """``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries
+        its own, and a plain dict gets :meth:`Schema.default`."""
         gen = batch_generator(seed, epoch, batch_index)
-        batch = dict(batch)
+        schema = schema if schema is not None else getattr(batch, "schema", None)
+        batch = Batch(batch, schema=schema)
         for kind, op, fuse in self.stages:
             if kind == "geometric":
-                batch = apply_geometric(op, batch, gen, to_float=fuse, box_keys=box_keys)
+                batch = apply_geometric(op, batch, gen, to_float=fuse, schema=schema)
             else:
                 batch = op(batch, gen)
         return batch

@@ -6,30 +6,67 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DscError
+from ..formats.fields import Schema
 from .geometric import Geometric, Letterbox
 
-PER_SAMPLE_KEYS = {"image", "label", "index", "image_id", "orig_size", "image_sizes", "image_shapes",
-                   "image_offsets", "box_offsets", "box_mask", "box_counts", "targets"}
-
-
-def _images_and_sizes(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, Hm, Wm, C) canvas and (B, 2) true sizes, from a fixed, padded or packed batch."""
-    img = batch["image"]
-    if "image_offsets" in batch:  # packed ragged -> padded canvas
-        shapes, offsets = batch["image_shapes"].long(), batch["image_offsets"].tolist()
+def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hm, Wm[, C]) canvas and (B, 2) true sizes of an image-like key, from a fixed, padded or packed
+    batch."""
+    img = batch[key]
+    if f"{key}_offsets" in batch:  # packed ragged -> padded canvas
+        shapes, offsets = batch[f"{key}_shapes"].long(), batch[f"{key}_offsets"].tolist()
         B = len(shapes)
-        canvas = torch.zeros((B, int(shapes[:, 0].max()), int(shapes[:, 1].max()), int(shapes[0, 2])),
-                             dtype=img.dtype, device=img.device)
-        for b, (h, w, c) in enumerate(shapes.tolist()):
-            canvas[b, :h, :w] = img[offsets[b]:offsets[b + 1]].view(h, w, c)
+        tail = tuple(int(v) for v in shapes[0, 2:]) if B else ()
+        hw = shapes[:, :2].max(0).values.tolist() if B else [0, 0]
+        canvas = torch.zeros((B, *hw, *tail), dtype=img.dtype, device=img.device)
+        for b, shp in enumerate(shapes.tolist()):
+            canvas[b, :shp[0], :shp[1]] = img[offsets[b]:offsets[b + 1]].view(*shp)
         return canvas, shapes[:, :2].cpu()
-    if "image_sizes" in batch:
-        return img, batch["image_sizes"].long().cpu()
-    if img.dtype != torch.uint8 or img.dim() != 4:
-        raise DscError("geometric transforms take the uint8 (B, H, W, C) image a dsc batch holds; "
-                       "put them before ToFloat")
-    B, H, W, _ = img.shape
+    if f"{key}_sizes" in batch:
+        return img, batch[f"{key}_sizes"].long().cpu()
+    if img.is_floating_point() or img.dim() not in (3, 4):
+        raise DscError(f"geometric transforms take the integer (B, H, W[, C]) {key!r} a dsc batch holds; "
+                       f"put them before ToFloat")
+    B, H, W = img.shape[:3]
     return img, torch.tensor([[H, W]], dtype=torch.long).expand(B, 2)
+
+
+def _source_coords(M: torch.Tensor, src_sizes: torch.Tensor, out_h: int, out_w: int, dev, dtype):
+    """Source pixel coordinates of every output pixel centre, (B, H|1, W) and (B, H, W|1) (separable when
+    every map is axis-aligned), and which lie inside their sample's own image."""
+    B = len(M)
+    Md = M.to(dev, dtype)
+    w = src_sizes[:, 1].to(dev, dtype).view(B, 1, 1)
+    h = src_sizes[:, 0].to(dev, dtype).view(B, 1, 1)
+    xo = (torch.arange(out_w, device=dev, dtype=dtype) + 0.5).view(1, 1, out_w)
+    yo = (torch.arange(out_h, device=dev, dtype=dtype) + 0.5).view(1, out_h, 1)
+    m = Md.view(B, 3, 3, 1, 1)
+    if bool((M[:, 0, 1] == 0).all() and (M[:, 1, 0] == 0).all()):  # axis-aligned: separable, (B,1,W) + (B,H,1)
+        xi, yi = m[:, 0, 0] * xo + m[:, 0, 2], m[:, 1, 1] * yo + m[:, 1, 2]
+    else:
+        xi = m[:, 0, 0] * xo + m[:, 0, 1] * yo + m[:, 0, 2]
+        yi = m[:, 1, 0] * xo + m[:, 1, 1] * yo + m[:, 1, 2]
+    return xi, yi, w, h
+
+
+def _nearest(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int,
+             fill: float) -> torch.Tensor:
+    """Nearest-neighbour resampling (masks: class ids are never blended): the source pixel that contains
+    each output pixel centre, ``fill`` outside the sample's image. Any integer dtype."""
+    B = canvas.shape[0]
+    dev = canvas.device
+    xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, dev, torch.float64)
+    valid = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+    xs = torch.minimum(xi.floor().clamp(min=0), w - 1).long()
+    ys = torch.minimum(yi.floor().clamp(min=0), h - 1).long()
+    xs, ys, valid = torch.broadcast_tensors(xs, ys, valid)
+    b = torch.arange(B, device=dev).view(B, 1, 1)
+    out = canvas[b, ys, xs]
+    if not bool(valid.all()):
+        if out.dim() == 4:
+            valid = valid.unsqueeze(-1)
+        out = torch.where(valid, out, torch.full((), fill, dtype=out.dtype, device=dev))
+    return out.contiguous()
 
 
 def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int,
@@ -41,18 +78,7 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
     sample's outermost pixel centres, so edges replicate like ``F.interpolate`` instead of blending with
     the zeros of a padded canvas."""
     B, Hm, Wm, C = canvas.shape
-    dev = canvas.device
-    Md = M.to(dev, torch.float32)
-    w = src_sizes[:, 1].to(dev, torch.float32).view(B, 1, 1)
-    h = src_sizes[:, 0].to(dev, torch.float32).view(B, 1, 1)
-    xo = (torch.arange(out_w, device=dev, dtype=torch.float32) + 0.5).view(1, 1, out_w)
-    yo = (torch.arange(out_h, device=dev, dtype=torch.float32) + 0.5).view(1, out_h, 1)
-    m = Md.view(B, 3, 3, 1, 1)
-    if bool((M[:, 0, 1] == 0).all() and (M[:, 1, 0] == 0).all()):  # axis-aligned: separable, (B,1,W) + (B,H,1)
-        xi, yi = m[:, 0, 0] * xo + m[:, 0, 2], m[:, 1, 1] * yo + m[:, 1, 2]
-    else:
-        xi = m[:, 0, 0] * xo + m[:, 0, 1] * yo + m[:, 0, 2]
-        yi = m[:, 1, 0] * xo + m[:, 1, 1] * yo + m[:, 1, 2]
+    xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, canvas.device, torch.float32)
     valid = (xi >= 0) & (xi <= w) & (yi >= 0) & (yi <= h)
     xi = torch.minimum(torch.clamp(xi, min=0.5), w - 0.5) * (2.0 / Wm) - 1.0
     yi = torch.minimum(torch.clamp(yi, min=0.5), h - 0.5) * (2.0 / Hm) - 1.0
@@ -82,8 +108,14 @@ def _exact_indices(M, sizes, out_h, out_w):
 
 
 def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, to_float: bool = False,
-                    box_keys=None) -> dict:
-    canvas, src_sizes = _images_and_sizes(batch)
+                    schema: Schema | None = None) -> dict:
+    """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
+    their ignore fill) and on the boxes, through one composed map per sample."""
+    schema = schema if schema is not None else (getattr(batch, "schema", None) or Schema.default())
+    pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+    if "image" not in pixels:
+        raise DscError("geometric transforms need the batch's 'image'")
+    src_sizes = _canvas(batch, "image")[1]
     sizes = src_sizes
     B = len(sizes)
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
@@ -98,20 +130,26 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, to_
         raise DscError("the geometric transforms leave samples at different sizes; end the chain with a "
                        "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
     out_h, out_w = (int(v) for v in sizes[0])
-    dev = canvas.device
     exact = _exact_indices(M, src_sizes, out_h, out_w)
-    if exact is not None:
-        ys, xs = (t.to(dev) for t in exact)
-        b = torch.arange(B, device=dev)[:, None, None]
-        out = canvas[b, ys[:, :, None], xs[:, None, :]]
-        out = out.permute(0, 3, 1, 2).float().div_(255.0) if to_float else out
-    else:
-        out = _resample(canvas, src_sizes, M, out_h, out_w, fill, to_float)
-    for k in ("image_offsets", "image_shapes", "image_sizes"):
-        batch.pop(k, None)
-    batch["image"] = out
+    for key, role in pixels.items():
+        canvas, key_sizes = _canvas(batch, key)
+        dev = canvas.device
+        if exact is not None:
+            ys, xs = (t.to(dev) for t in exact)
+            b = torch.arange(B, device=dev)[:, None, None]
+            out = canvas[b, ys[:, :, None], xs[:, None, :]]
+            if key == "image" and to_float:
+                out = out.permute(0, 3, 1, 2).float().div_(255.0)
+        elif role.resample == "nearest":
+            out = _nearest(canvas, key_sizes, M, out_h, out_w, fill if role.fill is None else role.fill)
+        else:
+            out = _resample(canvas, key_sizes, M, out_h, out_w, fill if role.fill is None else role.fill,
+                            to_float and key == "image")
+        for suffix in ("_offsets", "_shapes", "_sizes"):
+            batch.pop(key + suffix, None)
+        batch[key] = out
     if "boxes" in batch:
-        _transform_boxes(batch, M, out_w, out_h, box_keys)
+        _transform_boxes(batch, M, out_w, out_h, schema.box_rows())
     return batch
 
 
@@ -120,10 +158,7 @@ def _transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_k
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
     dev = batch["boxes"].device
-    total = int(offsets[-1])
-    if box_keys is None:
-        box_keys = [k for k, v in batch.items() if k not in PER_SAMPLE_KEYS and isinstance(v, torch.Tensor)
-                    and v.dim() >= 1 and v.shape[0] == total]
+    box_keys = [k for k in box_keys if k in batch]
     counts = (offsets[1:] - offsets[:-1]).cpu()
     fwd = torch.linalg.inv(M).to(dev)  # input pixel -> output pixel
     sample = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)

@@ -1,13 +1,85 @@
-"""Sources turn an input dataset into ordered records. One module per source, one registry line."""
-from .base import Record, ScannedSource, Target, drop_empty
-from .coco import scan_coco
-from .dataset import scan_dataset
-from .imagefolder import scan_imagefolder
-from .table import scan_table
-from .voc import scan_voc
-from .yolo import scan_yolo
+"""The source registry: every input kind dsc compiles, built-in or from a plugin.
 
-SOURCES = {"imagefolder": scan_imagefolder, "coco": scan_coco, "yolo": scan_yolo, "voc": scan_voc,
-           "table": scan_table, "dataset": scan_dataset}
+A built-in source is one module here and one line in ``BUILTIN``. A third-party source registers with
+``dsc.register_source(MySource)`` or, to appear in the ``dsc`` CLI, through the ``dsc.sources`` entry-point
+group (``mysource = "my_package.module:MySource"``). The CLI commands, ``dsc.compile_<name>`` and the
+help are generated from the registry.
+"""
+from __future__ import annotations
 
-__all__ = ["drop_empty", "Record", "ScannedSource", "SOURCES", "Target", "scan_coco", "scan_dataset", "scan_table", "scan_imagefolder", "scan_voc", "scan_yolo"]
+import warnings
+
+from ...errors import ConfigError
+from .base import (DROP_EMPTY, Item, MaskInfo, Param, Record, ScannedSource, Source, Target, drop_empty,
+                   file_item, where)
+from .coco import CocoSource, scan_coco
+from .dataset import DatasetSource, as_map_style
+from .imagefolder import ImageFolderSource, scan_imagefolder
+from .segfolder import SegFolderSource
+from .table import TableSource, scan_table
+from .voc import VocSource, scan_voc
+from .yolo import YoloSource, scan_yolo
+
+BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DatasetSource)
+ENTRY_POINT_GROUP = "dsc.sources"
+
+_registry: dict[str, type[Source]] = {cls.name: cls for cls in BUILTIN}
+_plugins_loaded = False
+
+
+def register_source(cls: type[Source], replace: bool = False) -> type[Source]:
+    """Add a source class to the registry (usable as a class decorator). Its ``name`` becomes
+    ``dsc compile <name>`` and ``dsc.compile_<name>``; an existing name is refused unless ``replace``."""
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+        raise ConfigError(f"register_source takes a dsc Source subclass, got {cls!r}")
+    name = cls.name
+    if not name or not name.replace("_", "").isalnum() or not name[0].isalpha() or name != name.lower():
+        raise ConfigError(f"{cls.__name__}.name must be a lower-case identifier (letters, digits, _), got {name!r}")
+    from ..options import CompileOptions
+
+    taken = set(CompileOptions.names()) | {"out", "quiet", "filter_", "options"}
+    clash = [p.name for p in cls.params if p.name in taken]
+    if clash:
+        raise ConfigError(f"{cls.__name__}: parameter {clash[0]!r} would shadow a compile option; rename it")
+    if name in _registry and _registry[name] is not cls and not replace:
+        raise ConfigError(f"a source named {name!r} is already registered ({_registry[name].__module__}."
+                          f"{_registry[name].__name__}); pass replace=True to replace it")
+    _registry[name] = cls
+    return cls
+
+
+def _load_plugins() -> None:
+    """Register the sources of the ``dsc.sources`` entry points, once. A plugin that fails to load is
+    reported as a warning naming it; it never breaks the built-in sources."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+            if cls.name in _registry and _registry[cls.name] is not cls:
+                raise ConfigError(f"its name {cls.name!r} is taken by {_registry[cls.name].__module__}")
+            register_source(cls)
+        except Exception as e:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            warnings.warn(f"dsc: the source plugin {ep.name!r} ({ep.value}) was not loaded: {e}", stacklevel=2)
+
+
+def sources() -> dict[str, type[Source]]:
+    """Every registered source by name: built-ins first, then plugins in registration order."""
+    _load_plugins()
+    return dict(_registry)
+
+
+def get_source(name: str) -> type[Source]:
+    all_ = sources()
+    if name not in all_:
+        raise ConfigError(f"no source named {name!r}; the sources are: {', '.join(all_)}")
+    return all_[name]
+
+
+__all__ = ["BUILTIN", "DROP_EMPTY", "Item", "MaskInfo", "Param", "Record", "ScannedSource", "Source", "Target",
+           "as_map_style", "drop_empty", "file_item", "get_source", "register_source", "scan_coco",
+           "scan_imagefolder", "scan_table", "scan_voc", "scan_yolo", "sources", "where"]

@@ -1,9 +1,19 @@
-"""The interface every source shares: scan the input into an ordered list of records."""
+"""What every source shares: the records it scans, the interface a source implements, and its parameters.
+
+A source is one class: its ``name`` (the CLI command ``dsc compile <name>`` and ``dsc.compile_<name>``),
+its ``params`` (CLI options and Python keywords, declared once), ``scan()`` (in the main process: the
+input -> ordered records) and ``fetcher(records)`` (in a worker: record -> the encoded or decoded pixels,
+its label, boxes and mask). The registry (``registry.py``) turns each source into a CLI command and a
+Python function; ``docs/PLUGINS.md`` shows a third-party source.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ClassVar
 
 import numpy as np
+
+from ...errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,7 +23,9 @@ class Target:
     ``boxes`` (k, 4) float64 xyxy in pixels of the annotated frame (or in [0, 1] units of the displayed
     image when ``normalized``); ``labels`` (k,) int64; ``attrs`` extra per-box columns (iscrowd, area,
     difficult, truncated...); ``size`` the (width, height) the annotation declares, if any; ``source``
-    names the annotation for error messages (file, line or id)."""
+    names the annotation for error messages (file, line or id); ``segments`` the per-object shapes a
+    semantic mask is rasterised from (COCO polygons or RLE, in the annotated frame), with the mask value
+    each object paints."""
 
     boxes: np.ndarray
     labels: np.ndarray
@@ -22,19 +34,30 @@ class Target:
     attrs: dict = field(default_factory=dict)
     size: tuple[int, int] | None = None
     normalized: bool = False
+    segments: tuple = ()  # ((segmentation, mask value), ...) in drawing order
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
     """One input sample: ``key`` is what the dataset stores for traceability (path relative to the
     source root, or an id); ``path`` is the file to decode; ``label`` the class index (-1: none);
-    ``target`` the objects of a detection sample."""
+    ``target`` the objects of a detection sample; ``mask`` the file of its segmentation mask."""
 
     key: str
     path: str
     label: int = -1
     target: Target | None = None
     row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
+    mask: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskInfo:
+    """A source that gives every sample a segmentation mask says so at scan time: the class names of
+    the mask values (empty when unknown) and whether its mask files hold 16-bit values."""
+
+    classes: tuple[str, ...] = ()
+    wide: bool = False  # some mask values may exceed 255: store uint16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +66,7 @@ class ScannedSource:
 
     ``invalid`` lists (key, reason) of inputs found unusable while scanning (subject to the compile's
     on_error policy, like an undecodable image); ``attributes`` maps the extra per-box columns the
-    records carry to their stored dtype."""
+    records carry to their stored dtype; ``masks`` is set when every sample has a segmentation mask."""
 
     kind: str
     root: str
@@ -53,9 +76,34 @@ class ScannedSource:
     category_ids: tuple[int, ...] = ()
     attributes: dict = field(default_factory=dict)
     invalid: tuple[tuple[str, str], ...] = ()
-    input: dict = field(default_factory=lambda: {"kind": "file"})  # see compiler/inputs.py
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
+    masks: MaskInfo | None = None
+
+
+@dataclass
+class Item:
+    """What a worker gets for a record: ``obj`` a path, a binary file object or an already decoded PIL
+    image (``decoded``); ``mask`` a mask file (path or file object), a decoded mask (PIL image or array),
+    or None (the target's segments, or no mask)."""
+
+    obj: object
+    label: int
+    target: Target | None
+    decoded: bool = False
+    mask: object = None
+
+
+def where(r: Record) -> str:
+    """A record's origin for messages: its file, or its table row / dataset index."""
+    if r.row < 0:
+        return r.path
+    return f"{r.path} row {r.row}" if r.path else f"dataset[{r.row}]"
+
+
+def file_item(r: Record) -> Item:
+    """The fetch of every source whose records are files: the worker decodes ``r.path`` (and ``r.mask``)."""
+    return Item(r.path, r.label, r.target, mask=r.mask or None)
 
 
 def drop_empty(scanned: ScannedSource) -> ScannedSource:
@@ -63,3 +111,143 @@ def drop_empty(scanned: ScannedSource) -> ScannedSource:
     records = [r for r in scanned.records if r.target is None or len(r.target.boxes)]
     return replace(scanned, records=records,
                    summary={**scanned.summary, "dropped_empty_images": len(scanned.records) - len(records)})
+
+
+# ----------------------------------------------------------------------------- parameters
+PARAM_TYPES = ("str", "int", "flag", "dir", "file", "path", "choice", "csv", "object")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a source, declared once for the CLI and the Python function.
+
+    ``type``: str | int | flag | dir | file | path | choice | csv (a comma-separated list on the CLI, a
+    list in Python) | object (Python only). ``required`` parameters come first in ``dsc.compile_<name>``
+    (positionally, before OUT); ``argument`` makes one a positional CLI argument instead of an option.
+    ``flag`` spells the CLI option when it is not ``--name-with-dashes``; ``python=False`` keeps a
+    CLI-only switch out of the function (the source's ``from_cli`` folds it into the others)."""
+
+    name: str
+    help: str = ""
+    type: str = "str"
+    default: Any = None
+    required: bool = False
+    argument: bool = False
+    flag: str | None = None
+    choices: tuple = ()
+    cli: bool = True
+    python: bool = True
+    metavar: str | None = None
+
+    def __post_init__(self):
+        if self.type not in PARAM_TYPES:
+            raise ConfigError(f"source parameter {self.name!r}: type must be one of {PARAM_TYPES}")
+        if self.type == "choice" and not self.choices:
+            raise ConfigError(f"source parameter {self.name!r}: a choice needs its choices")
+
+    @property
+    def option(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def convert(self, source: str, value):
+        """Check (and normalise) a Python value; raises ConfigError naming the source and parameter."""
+        if value is None:
+            if self.required:
+                raise ConfigError(f"{source}: {self.name} is required")
+            return None if self.type != "flag" else False
+        bad = None
+        if self.type == "flag":
+            if not isinstance(value, (bool, np.bool_)):
+                bad = "True or False"
+            value = bool(value)
+        elif self.type == "int":
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                bad = "an integer"
+            value = int(value) if bad is None else value
+        elif self.type == "choice":
+            if value not in self.choices:
+                bad = "one of " + ", ".join(map(str, self.choices))
+        elif self.type == "csv":
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                bad = "a list of names (or one comma-separated string)"
+            else:
+                value = tuple(value)
+        elif self.type in ("dir", "file", "path", "str"):
+            import os
+
+            if not isinstance(value, (str, os.PathLike)):
+                bad = "a path" if self.type != "str" else "a string"
+            value = os.fspath(value) if bad is None and self.type != "str" else value
+        if bad:
+            raise ConfigError(f"{source}: {self.name} must be {bad}, got {value!r}")
+        return value
+
+
+# ----------------------------------------------------------------------------- the interface
+class Source:
+    """Base of every source. Subclasses set ``name``, ``params`` and implement ``scan``; sources whose
+    records are not plain files also implement ``fetcher``. The docstring's first paragraph is the help.
+
+    Instances are built from keyword parameters (``Source(**params)``): each declared parameter becomes
+    an attribute, checked by its :class:`Param`. A source instance travels to the compile workers (by
+    fork, or pickled for a Dask cluster), so it holds only what the workers need."""
+
+    name: ClassVar[str] = ""
+    params: ClassVar[tuple[Param, ...]] = ()
+    task: ClassVar[str] = ""  # what it usually makes (for the help): classification, detection, segmentation
+    cli: ClassVar[bool] = True  # a `dsc compile <name>` command (False: Python only, e.g. in-memory datasets)
+    local_only: ClassVar[bool] = False  # its data lives in this process: forked local workers only, no Dask
+
+    def __init__(self, **kwargs):
+        known = [p.name for p in self.params if p.python]
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            raise ConfigError(f"{self.name}: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(unknown)} (it takes: {', '.join(known) or 'nothing'})")
+        for p in self.params:
+            if p.python:
+                setattr(self, p.name, p.convert(self.name, kwargs.get(p.name, p.default)))
+
+    @classmethod
+    def from_cli(cls, **kwargs) -> "Source":
+        """The source from parsed CLI options. CLI-only switches (``python=False``) are dropped here;
+        a source that has one overrides this to fold it into its parameters."""
+        return cls(**{p.name: kwargs[p.name] for p in cls.params if p.python and p.name in kwargs})
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip()
+        return doc.split("\n\n")[0].replace("\n", " ") if doc else cls.name
+
+    def scan(self) -> ScannedSource:
+        raise NotImplementedError
+
+    def prepare(self) -> ScannedSource:
+        """``scan()``, then what shared parameters do to its records (``drop_empty_images``)."""
+        scanned = self.scan()
+        if getattr(self, "drop_empty_images", False):
+            scanned = drop_empty(scanned)
+        return scanned
+
+    def fetcher(self, records: list[Record]) -> Callable[[Record], Item]:
+        """Runs in a worker, once per unit: a function record -> :class:`Item` (a table source reads the
+        unit's rows in one go here)."""
+        return file_item
+
+    def config(self) -> dict:
+        """The parameters that decide the output's bytes, for the resume fingerprint (JSON values)."""
+        out = {}
+        for p in self.params:
+            v = getattr(self, p.name, None)
+            if p.python and p.type != "object":
+                out[p.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"
+
+
+DROP_EMPTY = Param("drop_empty_images", "Leave out images without boxes (kept as negatives by default).",
+                   type="flag", default=False, flag="--drop-empty")

@@ -4,6 +4,11 @@ Labels are contiguous (categories sorted by id -> 0..C-1) unless ``keep_category
 the original ids as labels. Original ids and names are kept in the manifest either way. ``bbox`` is
 [x, y, width, height] in pixels; ``iscrowd`` and ``area`` (as in the file: original pixels) are kept
 per box. Images are compiled in the order of the file's ``images`` list.
+
+``masks="semantic"`` also rasterises every annotation's ``segmentation`` (polygons, or RLE with
+pycocotools' semantics: column-major run lengths, plain or compressed counts) into one class-id mask per
+image: 0 is background, a category's value is its contiguous label + 1 (with ``keep_category_ids``, its
+id); annotations are drawn in file order, later over earlier, and crowd annotations as the ignore index.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import Record, ScannedSource, Target
+from .base import DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target
 from .imagefolder import is_image_file
 
 
@@ -44,8 +49,8 @@ def _int(path, what, obj, key):
     return v
 
 
-def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
-              keep_category_ids: bool = False) -> ScannedSource:
+def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_category_ids: bool = False,
+              masks: str | None = None) -> ScannedSource:
     ann_path, img_dir = Path(os.path.abspath(annotations)), Path(os.path.abspath(images))
     if not img_dir.is_dir():
         raise SourceError(f"{img_dir}: no such images directory")
@@ -68,6 +73,18 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
     else:
         label_of = {i: k for k, i in enumerate(ids)}
         classes = tuple(cats[i] for i in ids)
+    mask_info = None
+    if masks:  # mask values: 0 background, then each category's label + 1 (kept ids: the id itself)
+        if keep_category_ids:
+            if ids[0] == 0:
+                raise SourceError(f"{ann_path}: category id 0 would collide with the background value 0 of "
+                                  f"--masks semantic; drop --keep-category-ids")
+            mask_value = {i: i for i in ids}
+            mask_classes = ("background",) + classes[1:]
+        else:
+            mask_value = {i: k + 1 for k, i in enumerate(ids)}
+            mask_classes = ("background",) + classes
+        mask_info = MaskInfo(classes=mask_classes)
 
     images, order = {}, []
     for k, im in enumerate(data["images"]):
@@ -96,8 +113,16 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
             raise SourceError(f"{ann_path}: annotation {aid} has bbox {bbox!r}; expected [x, y, width, height]")
         area = a.get("area", bbox[2] * bbox[3])
-        per_image[iid].append((bbox, label_of[cid], int(bool(a.get("iscrowd", 0))),
-                               float(area) if isinstance(area, (int, float)) else math.nan))
+        crowd = int(bool(a.get("iscrowd", 0)))
+        seg = None
+        if masks:
+            seg = a.get("segmentation")
+            if not _valid_segmentation(seg):
+                raise SourceError(f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
+                                  f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per annotation")
+            seg = (seg, -1 if crowd else mask_value[cid])
+        per_image[iid].append((bbox, label_of[cid], crowd,
+                               float(area) if isinstance(area, (int, float)) else math.nan, seg))
 
     records = []
     for iid in order:
@@ -108,7 +133,8 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
         target = Target(boxes=b, labels=np.array([a[1] for a in anns], np.int64), image_id=iid,
                         source=f"{ann_path} (image id {iid}, {name})", size=size,
                         attrs={"iscrowd": np.array([a[2] for a in anns], np.uint8),
-                               "area": np.array([a[3] for a in anns], np.float32)})
+                               "area": np.array([a[3] for a in anns], np.float32)},
+                        segments=tuple(a[4] for a in anns) if masks else ())
         records.append(Record(key=name, path=str(img_dir / name), target=target))
     if not records:
         raise SourceError(f"{ann_path}: no images to compile")
@@ -121,7 +147,44 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike,
     return ScannedSource(
         kind="coco", root=str(img_dir), task="detection", records=records, classes=classes,
         category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
+        masks=mask_info,
         summary={"kind": "coco", "annotations": str(ann_path), "images": str(img_dir),
                  "num_images": len(order), "num_annotations": len(data["annotations"]),
                  "unlisted_image_files": unlisted,
-                 "labels": "category_ids" if keep_category_ids else "contiguous"})
+                 "labels": "category_ids" if keep_category_ids else "contiguous",
+                 **({"masks": masks} if masks else {})})
+
+
+def _valid_segmentation(seg) -> bool:
+    if isinstance(seg, list):
+        return bool(seg) and all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in p) for p in seg)
+    if isinstance(seg, dict):
+        size, counts = seg.get("size"), seg.get("counts")
+        return (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v >= 0 for v in size)
+                and (isinstance(counts, str) or (isinstance(counts, list)
+                                                  and all(isinstance(c, int) and c >= 0 for c in counts))))
+    return False
+
+
+class CocoSource(Source):
+    """A COCO detection set: an instances JSON (images, annotations, categories) + an images folder.
+
+    Boxes follow every resize and EXIF rotation. With --masks semantic, the annotations' polygons and RLE
+    are also rasterised into a class-id mask per image."""
+
+    name = "coco"
+    task = "detection"
+    params = (
+        Param("annotations", "COCO instances JSON (images, annotations, categories).", type="file", required=True),
+        Param("images", "Folder the JSON's file_name entries are relative to.", type="dir", required=True),
+        Param("keep_category_ids", "Store COCO's original category ids as labels (default: contiguous 0..C-1).",
+              type="flag", default=False),
+        Param("masks", "semantic: also store a class-id mask per image rasterised from the segmentations "
+                       "(0 background, label + 1 per category, crowd = --mask-ignore).",
+              type="choice", choices=("semantic",), default=None),
+        DROP_EMPTY,
+    )
+
+    def scan(self) -> ScannedSource:
+        return scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks)

@@ -1,16 +1,19 @@
 """Any map-style Python dataset (a ``torch.utils.data.Dataset``, a list...) whose items are
 ``(image, target)``: the image a PIL image, a uint8 array (H, W[, C]) or a uint8 tensor (C, H, W); the
-target a class index (classification) or a dict with ``boxes`` (k, 4) xyxy pixels and ``labels`` (k,)
-(detection). An iterable without ``__getitem__`` is read into a list first.
+target a class index (classification), a dict with ``boxes`` (k, 4) xyxy pixels and ``labels`` (k,)
+(detection), or a mask of class ids (a PIL image or a 2-D integer array / tensor: segmentation, as
+torchvision's VOCSegmentation gives). An iterable without ``__getitem__`` is read into a list first.
 
-Items are fetched in the worker processes (the dataset is inherited when they fork), so the dataset
-is not pickled. Class names come from ``dataset.classes`` when it has them; keys from
-``dataset.samples[i][0]`` (torchvision's folder datasets) or the index.
+Items are fetched in the worker processes: the source (which holds the dataset) is inherited when they
+fork, so the dataset is never pickled. Class names come from ``classes`` or ``dataset.classes``; keys
+from ``dataset.samples[i][0]`` (torchvision's folder datasets) or the index.
 """
 from __future__ import annotations
 
-from ...errors import SourceError
-from .base import Record, ScannedSource
+import numpy as np
+
+from ...errors import SampleError, SourceError
+from .base import Item, MaskInfo, Param, Record, ScannedSource, Source, Target, where
 
 
 def as_map_style(dataset):
@@ -21,22 +24,130 @@ def as_map_style(dataset):
     raise SourceError(f"{type(dataset).__name__} is neither a map-style dataset nor an iterable of samples")
 
 
-def scan_dataset(dataset, classes=None, task: str | None = None) -> ScannedSource:
-    """Records for every index; the task is read from the first item unless given."""
-    from ..inputs import _dataset_item
+class DatasetSource(Source):
+    """Any map-style Python dataset (or iterable) of (image, target) samples: dsc.compile(dataset, OUT)."""
 
-    dataset = as_map_style(dataset)
-    n = len(dataset)
-    if n == 0:
-        raise SourceError("the dataset is empty")
-    if task is None:
-        first = _dataset_item(dataset, Record(key="0", path="", row=0))
-        task = "detection" if first.target is not None else "classification"
-    samples = getattr(dataset, "samples", None)
-    keys = [str(samples[i][0]) for i in range(n)] if isinstance(samples, list) and len(samples) == n else None
-    records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
-    names = tuple(classes or getattr(dataset, "classes", None) or ())
-    return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records,
-                         classes=tuple(str(c) for c in names),
-                         input={"kind": "dataset", "task": task, "num_classes": len(names) or None},
-                         summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
+    name = "dataset"
+    cli = False  # a Python object: `dsc.compile(dataset, OUT)`, no CLI command
+    local_only = True  # the dataset reaches the workers by fork, never pickled
+    params = (
+        Param("dataset", "The dataset: map-style (len + getitem) or an iterable of (image, target).",
+              type="object", required=True),
+        Param("classes", "Class names (default: dataset.classes).", type="csv"),
+    )
+
+    def __init__(self, **kwargs):
+        if "dataset" in kwargs:
+            kwargs["dataset"] = as_map_style(kwargs["dataset"])  # an iterable becomes a list once, here
+        super().__init__(**kwargs)
+        self._expect: dict = {}  # the task and class count every item must agree with (set by scan)
+
+    def scan(self) -> ScannedSource:
+        dataset = self.dataset
+        n = len(dataset)
+        if n == 0:
+            raise SourceError("the dataset is empty")
+        first = self._item(Record(key="0", path="", row=0))
+        task = ("segmentation" if first.mask is not None else
+                "detection" if first.target is not None else "classification")
+        samples = getattr(dataset, "samples", None)
+        keys = [str(samples[i][0]) for i in range(n)] if isinstance(samples, list) and len(samples) == n else None
+        records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
+        names = tuple(str(c) for c in (self.classes or getattr(dataset, "classes", None) or ()))
+        self._expect = {"task": task, "num_classes": len(names) or None}
+        return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records,
+                             classes=names, masks=MaskInfo(classes=names) if task == "segmentation" else None,
+                             summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
+
+    def fetcher(self, records: list[Record]):
+        return self._item
+
+    def _item(self, r: Record) -> Item:
+        """Item ``r.row`` of the dataset, checked against the task and classes of the first item."""
+        at = where(r)
+        try:
+            sample = self.dataset[r.row]
+        except Exception as e:  # the user's __getitem__ failed: a sample error, reported with the index
+            raise SampleError(at, f"__getitem__ raised {type(e).__name__}: {e}") from None
+        if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+            raise SampleError(at, "expected (image, target) from the dataset")
+        image, target = sample
+        label, tgt, mask = _target(target, r, at)
+        task, n = self._expect.get("task"), self._expect.get("num_classes")
+        got = "segmentation" if mask is not None else "detection" if tgt is not None else "classification"
+        if task is not None and got != task:
+            what = {"segmentation": "a mask", "detection": "a detection target (a dict)",
+                    "classification": f"a class index ({label})"}[got]
+            raise SampleError(at, f"returned {what} in a {task} dataset; every item must have the same kind of "
+                                  f"target")
+        if task is not None and mask is None:
+            labels = np.atleast_1d(tgt.labels if tgt is not None else label)
+            if len(labels) and (labels.min() < 0 or (n and labels.max() >= n)):
+                bad = int(labels.min() if labels.min() < 0 else labels.max())
+                raise SampleError(at, f"label {bad} is not a class index "
+                                      f"({f'0..{n - 1}' if n else 'labels are >= 0'})")
+        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask)
+
+    def config(self) -> dict:
+        return {"classes": list(self.classes) if self.classes else None}
+
+
+def to_pil(image, where: str):
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image
+    if not hasattr(image, "detach") and not isinstance(image, np.ndarray):
+        if not hasattr(image, "__array__") and not isinstance(image, (list, tuple)):
+            raise SampleError(where, f"expected a PIL image, a uint8 array or a uint8 tensor, got "
+                                     f"{type(image).__name__}")
+    if hasattr(image, "detach"):  # a torch tensor: (C, H, W) as torchvision gives, or (H, W)
+        arr = image.detach().cpu().numpy()
+        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
+            arr = arr.transpose(1, 2, 0)
+    else:
+        arr = np.asarray(image)
+    if arr.dtype.kind not in "uifb":
+        raise SampleError(where, f"expected a PIL image, a uint8 array or a uint8 tensor, got {type(image).__name__}")
+    if arr.dtype != np.uint8:
+        raise SampleError(where, f"image arrays must be uint8 (got {arr.dtype}); scale them to 0-255 first")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (3, 4)):
+        raise SampleError(where, f"image array of shape {arr.shape} is not (H, W), (H, W, 3|4) or (3|4, H, W)")
+    return Image.fromarray(np.ascontiguousarray(arr))
+
+
+def _is_mask(target) -> bool:
+    from PIL import Image
+
+    if isinstance(target, Image.Image):
+        return True
+    arr = target.detach().cpu().numpy() if hasattr(target, "detach") else target
+    return isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.dtype.kind in "ui" and arr.size > 1
+
+
+def _target(target, r: Record, where: str):
+    """(label, Target or None, mask or None) of one item's target."""
+    if isinstance(target, dict):
+        boxes = np.asarray(_numpy(target.get("boxes", np.zeros((0, 4)))), np.float64).reshape(-1, 4)
+        labels = np.asarray(_numpy(target.get("labels", np.zeros(0))), np.int64).reshape(-1)
+        if len(labels) != len(boxes):
+            raise SampleError(where, f"{len(boxes)} boxes but {len(labels)} labels")
+        return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where), None
+    if _is_mask(target):
+        mask = _numpy(target)
+        if isinstance(mask, np.ndarray) and mask.ndim == 3:  # (1, H, W) as a ToTensor'd mask comes
+            if mask.shape[0] != 1:
+                raise SampleError(where, f"a mask must be (H, W) class ids, got shape {mask.shape}")
+            mask = mask[0]
+        return -1, None, mask
+    try:
+        return int(_numpy(target)), None, None
+    except (TypeError, ValueError):
+        raise SampleError(where, f"target {target!r} is neither a class index, a dict with boxes, nor a "
+                                 f"mask") from None
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x

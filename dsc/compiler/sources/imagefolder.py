@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ...errors import SourceError
-from .base import Record, ScannedSource
+from .base import Param, Record, ScannedSource, Source
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -53,28 +53,43 @@ def walk_images(top: Path) -> list[str]:
     return files
 
 
+class ImageFolderSource(Source):
+    """A torchvision ImageFolder tree: SRC/<class>/<image>.
+
+    Classes are the sorted sub-folder names; images are the files with an image extension
+    (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case), walked recursively in sorted order.
+    Hidden entries are ignored."""
+
+    name = "imagefolder"
+    task = "classification"
+    params = (Param("src", "The ImageFolder root.", type="dir", required=True, argument=True),)
+
+    def scan(self) -> ScannedSource:
+        root = Path(self.src)
+        if not root.exists():
+            raise SourceError(f"{root}: no such directory. Give the ImageFolder root (SRC/<class>/<image>).")
+        if not root.is_dir():
+            raise SourceError(f"{root} is not a directory. Give the ImageFolder root (SRC/<class>/<image>).")
+        classes = find_classes(root)
+        if not classes:
+            raise SourceError(f"{root} has no class folders: ImageFolder expects SRC/<class>/<image files>.")
+        root = Path(os.path.abspath(root))
+        records: list[Record] = []
+        warnings = []
+        for idx, cls in enumerate(classes):
+            files = walk_images(root / cls)
+            if not files:
+                warnings.append(f"class {cls!r} ({root / cls}) has no image files; its index {idx} is kept")
+            for f in files:
+                records.append(Record(key=Path(os.path.relpath(f, root)).as_posix(), path=f, label=idx))
+        if not records:
+            raise SourceError(f"{root}: no image files found in any class folder "
+                              f"(extensions: {', '.join(IMG_EXTENSIONS)}).")
+        return ScannedSource(kind="imagefolder", root=str(root), task="classification", records=records,
+                             classes=tuple(classes), warnings=tuple(warnings),
+                             summary={"kind": "imagefolder", "root": str(root), "num_files": len(records),
+                                      "num_classes": len(classes)})
+
+
 def scan_imagefolder(src: str | os.PathLike) -> ScannedSource:
-    root = Path(src)
-    if not root.exists():
-        raise SourceError(f"{root}: no such directory. Give the ImageFolder root (SRC/<class>/<image>).")
-    if not root.is_dir():
-        raise SourceError(f"{root} is not a directory. Give the ImageFolder root (SRC/<class>/<image>).")
-    classes = find_classes(root)
-    if not classes:
-        raise SourceError(f"{root} has no class folders: ImageFolder expects SRC/<class>/<image files>.")
-    root = Path(os.path.abspath(root))
-    records: list[Record] = []
-    warnings = []
-    for idx, cls in enumerate(classes):
-        files = walk_images(root / cls)
-        if not files:
-            warnings.append(f"class {cls!r} ({root / cls}) has no image files; its index {idx} is kept")
-        for f in files:
-            records.append(Record(key=Path(os.path.relpath(f, root)).as_posix(), path=f, label=idx))
-    if not records:
-        raise SourceError(f"{root}: no image files found in any class folder "
-                          f"(extensions: {', '.join(IMG_EXTENSIONS)}).")
-    return ScannedSource(kind="imagefolder", root=str(root), task="classification", records=records,
-                         classes=tuple(classes), warnings=tuple(warnings),
-                         summary={"kind": "imagefolder", "root": str(root), "num_files": len(records),
-                                  "num_classes": len(classes)})
+    return ImageFolderSource(src=src).scan()

@@ -7,12 +7,13 @@ in the schema metadata, else are the label values as text. Keys are the ``key_co
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 
-from ...errors import SourceError
-from .base import Record, ScannedSource
+from ...errors import SampleError, SourceError
+from .base import Item, Param, Record, ScannedSource, Source, where
 
 
 def table_files(path: str | Path) -> list[Path]:
@@ -49,8 +50,6 @@ def _hf_class_names(schema, label_column: str):
 
 
 def _read_meta_columns(path: Path, columns: list[str]):
-    from ..inputs import read_ipc
-
     if path.suffix == ".parquet":
         pq = _pyarrow()
         pf = pq.ParquetFile(path)
@@ -101,6 +100,109 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
                           if bad.label >= 0 else f"{bad.path} row {bad.row}: label {bad.label} is negative; "
                           f"labels are class indices 0..C-1")
     return ScannedSource(kind="table", root=str(path), task="classification" if label_column else "images",
-                         records=records, classes=names or (), input={"kind": "table", "column": image_column},
+                         records=records, classes=names or (),
                          summary={"kind": "table", "root": str(path), "files": len(files), "rows": len(records),
                                   "image_column": image_column, "label_column": label_column})
+
+
+def read_ipc(path: str):
+    """A whole Arrow IPC file or stream as a table, memory-mapped (no copy of the bytes)."""
+    import pyarrow as pa
+
+    src = pa.memory_map(str(path))
+    try:
+        return pa.ipc.open_file(src).read_all()
+    except pa.ArrowInvalid:
+        src.seek(0)
+        return pa.ipc.open_stream(src).read_all()
+
+
+def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
+    """Rows [lo, hi) of one column of a Parquet or Arrow IPC file, as Python values."""
+    import pyarrow as pa
+
+    if path.endswith((".arrow", ".feather", ".ipc")):
+        with pa.memory_map(path) as src:
+            try:  # IPC file format: random access to the record batches that hold rows [lo, hi)
+                reader = pa.ipc.open_file(src)
+                out, start = [], 0
+                for b in range(reader.num_record_batches):
+                    batch = reader.get_batch(b)
+                    n = batch.num_rows
+                    if start < hi and start + n > lo:
+                        a = max(lo, start) - start
+                        out += batch.column(column).slice(a, min(hi, start + n) - start - a).to_pylist()
+                    start += n
+                    if start >= hi:
+                        break
+                return out
+            except pa.ArrowInvalid:  # IPC stream format (datasets' save_to_disk): sequential only
+                src.seek(0)
+                return pa.ipc.open_stream(src).read_all().column(column).slice(lo, hi - lo).to_pylist()
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    groups, start, first = [], 0, None
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if start < hi and start + n > lo:
+            groups.append(g)
+            first = start if first is None else first
+        start += n
+    table = pf.read_row_groups(groups, columns=[column])
+    return table.column(column).slice(lo - first, hi - lo).to_pylist()
+
+
+def image_bytes(value, at: str) -> bytes:
+    """Binary, or a Hugging Face Image struct {"bytes", "path"}."""
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value):
+        return bytes(value)
+    raise SampleError(at, "the image cell holds no image bytes")
+
+
+class TableSource(Source):
+    """A Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table].
+
+    Workers read only the Parquet row groups / Arrow record batches of their shard."""
+
+    name = "table"
+    task = "classification"
+    params = (
+        Param("path", "A Parquet or Arrow IPC file, or a folder of them.", type="path", required=True, argument=True),
+        Param("image_column", "Column of encoded image bytes (or Hugging Face Image structs).", default="image"),
+        Param("label_column", "Integer class column.", default="label"),
+        Param("no_label", "The table has no labels (images only).", type="flag", default=False, python=False),
+        Param("key_column", "Column stored as each sample's key (default: file#row)."),
+        Param("classes", "Comma-separated class names (default: the table's ClassLabel).", type="csv"),
+    )
+
+    @classmethod
+    def from_cli(cls, no_label: bool = False, **kwargs) -> "TableSource":
+        return cls(**{**kwargs, "label_column": None if no_label else kwargs.get("label_column")})
+
+    def scan(self) -> ScannedSource:
+        return scan_table(self.path, self.image_column, self.label_column, self.key_column, self.classes)
+
+    def fetcher(self, records: list[Record]):
+        """Reads the unit's rows, only the row groups / record batches that hold them, in one go."""
+        by_file: dict[str, list[int]] = {}
+        for r in records:
+            by_file.setdefault(r.path, []).append(r.row)
+        data = {}
+        for path, rows in by_file.items():
+            lo, hi = min(rows), max(rows) + 1
+            try:
+                values = read_table_column(path, self.image_column, lo, hi)
+            except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                raise SourceError(f"{path}: cannot read rows {lo}..{hi - 1} of column {self.image_column!r}: "
+                                  f"{e}") from None
+            for row in rows:
+                data[(path, row)] = values[row - lo]
+
+        def table_item(r: Record) -> Item:
+            buf = io.BytesIO(image_bytes(data[(r.path, r.row)], where(r)))
+            buf.name = where(r)  # error messages name the table row
+            return Item(buf, r.label, r.target)
+        return table_item

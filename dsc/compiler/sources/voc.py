@@ -3,6 +3,11 @@
 VOC's bndbox uses 1-based pixel indices with inclusive ends; dsc converts them to continuous
 coordinates as detectron2 does: ``(xmin - 1, ymin - 1, xmax, ymax)``. Classes are the sorted names
 found in the split, or the list given. ``difficult`` and ``truncated`` are kept per box.
+
+With ``masks=True`` the split comes from ``ImageSets/Segmentation/<split>.txt`` and every image gets its
+``SegmentationClass/<id>.png``: palette indices are the class ids (0 background, k + 1 the k-th class,
+255 the border / ignore). Classes then default to VOC's 20, in VOC's (alphabetical) order, so a box's
+label k and its mask value k + 1 name the same class. An image without an annotation XML has no boxes.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import Record, ScannedSource, Target
+from .base import DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target
 
 
 def _text(el, tag, path, default=None):
@@ -66,40 +71,81 @@ def _parse_xml(path: Path):
     return _text(root, "filename", path, ""), wh, objs
 
 
-def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None) -> ScannedSource:
+VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
+
+
+def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None,
+             masks: bool = False) -> ScannedSource:
     root = Path(os.path.abspath(root))
-    sets = root / "ImageSets" / "Main"
+    sets = root / "ImageSets" / ("Segmentation" if masks else "Main")
     split_file = sets / f"{split}.txt"
     if not split_file.is_file():
         avail = sorted(p.stem for p in sets.glob("*.txt") if "_" not in p.stem) if sets.is_dir() else []
         raise SourceError(f"{split_file}: no such split file (available: {', '.join(avail) or 'none'}). "
-                          f"VOC_ROOT must hold ImageSets/Main, Annotations and JPEGImages")
+                          f"VOC_ROOT must hold ImageSets/{sets.name}, "
+                          + ("SegmentationClass, " if masks else "") + "Annotations and JPEGImages")
     ids = [ln.split()[0] for ln in split_file.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    parsed, invalid = [], []
+    parsed, invalid, without_xml = [], [], 0
     for iid in ids:
         xml = root / "Annotations" / f"{iid}.xml"
         if not xml.is_file():
-            invalid.append((iid, f"{xml}: annotation file missing for id {iid} listed in {split_file.name}"))
-            continue
-        filename, wh, objs = _parse_xml(xml)
+            if not masks:
+                invalid.append((iid, f"{xml}: annotation file missing for id {iid} listed in {split_file.name}"))
+                continue
+            filename, wh, objs = "", None, []  # a segmentation image needs no boxes
+            without_xml += 1
+        else:
+            filename, wh, objs = _parse_xml(xml)
         img = root / "JPEGImages" / (filename or f"{iid}.jpg")
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
         parsed.append((iid, xml, img, wh, objs))
-    names = sorted({o[0] for *_, objs in parsed for o in objs}) if classes is None else list(classes)
+    if classes is None:
+        names = list(VOC_CLASSES) if masks else sorted({o[0] for *_, objs in parsed for o in objs})
+    else:
+        names = list(classes)
     index = {n: k for k, n in enumerate(names)}
     records = []
-    for k, (_, xml, img, wh, objs) in enumerate(parsed):
+    for k, (iid, xml, img, wh, objs) in enumerate(parsed):
         unknown = [o[0] for o in objs if o[0] not in index]
         if unknown:
-            raise SourceError(f"{xml}: object class {unknown[0]!r} is not in the given classes")
+            raise SourceError(f"{xml}: object class {unknown[0]!r} is not in the "
+                              + ("given classes" if classes is not None else "20 VOC classes (pass --classes)"))
         records.append(Record(key=Path(os.path.relpath(img, root)).as_posix(), path=str(img), target=Target(
             boxes=np.array([o[1] for o in objs], np.float64).reshape(-1, 4),
             labels=np.array([index[o[0]] for o in objs], np.int64), image_id=k, source=str(xml), size=wh,
             attrs={"difficult": np.array([o[2] for o in objs], np.uint8),
-                   "truncated": np.array([o[3] for o in objs], np.uint8)})))
+                   "truncated": np.array([o[3] for o in objs], np.uint8)}),
+            mask=str(root / "SegmentationClass" / f"{iid}.png") if masks else ""))
     if not records and not invalid:
         raise SourceError(f"{split_file}: the split lists no images")
+    warnings = (f"{without_xml} images of split {split!r} have no annotation XML and are kept without boxes",) \
+        if without_xml else ()
     return ScannedSource(kind="voc", root=str(root), task="detection", records=records, classes=tuple(names),
                          attributes={"difficult": "uint8", "truncated": "uint8"}, invalid=tuple(invalid),
-                         summary={"kind": "voc", "root": str(root), "split": split, "num_images": len(ids)})
+                         warnings=warnings, masks=MaskInfo(classes=("background", *names)) if masks else None,
+                         summary={"kind": "voc", "root": str(root), "split": split, "num_images": len(ids),
+                                  **({"masks": True} if masks else {})})
+
+
+class VocSource(Source):
+    """A Pascal VOC split (Annotations/, JPEGImages/, ImageSets/Main/).
+
+    With --masks, the split of ImageSets/Segmentation and a class-id mask per image from
+    SegmentationClass/ (palette indices; 255 = border, kept as the ignore index)."""
+
+    name = "voc"
+    task = "detection"
+    params = (
+        Param("root", "The VOC root (VOCdevkit/VOC2012).", type="dir", required=True, argument=True),
+        Param("split", "ImageSets/Main/<split>.txt (with --masks: ImageSets/Segmentation/<split>.txt).",
+              default="trainval"),
+        Param("classes", "Comma-separated class list (default: the sorted names found; with --masks VOC's 20).",
+              type="csv"),
+        Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask.", type="flag", default=False),
+        DROP_EMPTY,
+    )
+
+    def scan(self) -> ScannedSource:
+        return scan_voc(self.root, self.split, self.classes, self.masks)

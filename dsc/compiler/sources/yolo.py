@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import Record, ScannedSource, Target
+from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target
 from .imagefolder import walk_images
 
 
@@ -136,3 +136,21 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
                          warnings=tuple(warnings),
                          summary={"kind": "yolo", "root": str(base), "split": split, "num_images": len(files),
                                   "images_without_labels": negatives})
+
+
+class YoloSource(Source):
+    """A YOLO dataset (Ultralytics layout): data.yaml + images/ + labels/."""
+
+    name = "yolo"
+    task = "detection"
+    params = (
+        Param("root", "The dataset root (holds data.yaml).", type="dir", required=True, argument=True),
+        Param("split", "Split key of data.yaml (train, val, test).", default="train"),
+        Param("data_yaml", "data.yaml (default: ROOT/data.yaml).", type="file", flag="--data"),
+        Param("classes_file", "Class names, one a line, instead of data.yaml (images in ROOT/images/SPLIT).",
+              type="file"),
+        DROP_EMPTY,
+    )
+
+    def scan(self) -> ScannedSource:
+        return scan_yolo(self.root, self.split, self.data_yaml, self.classes_file)

@@ -1,0 +1,36 @@
+"""Field kinds: one module each, one line in ``FIELD_KINDS``. See ``base.py`` for the protocol.
+
+``image``, ``label`` and ``objects`` are format version 1's fields, described by their own manifest keys;
+every later kind (``mask``) lives under the manifest's ``fields`` mapping, ``{name: {"kind": ..., ...}}``,
+and a dataset that has one is written as format version 2.
+"""
+from __future__ import annotations
+
+from .base import Alloc, Field, Part, Reader, Role, Schema
+from .image import ImageField, PixelsPart
+from .label import LabelField
+from .mask import MaskField, MaskSpec, mask_dtype
+from .objects import ObjectsField
+from .pixels import Pixels, valid_offsets
+
+FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField)}
+# kinds that live under manifest["fields"]; each validates its entry with ``check(name, entry)``
+EXTRA_KINDS = ("mask",)
+
+
+def fields_of(manifest) -> list[Field]:
+    """The fields of a dataset, in registry order (image first)."""
+    return [f for cls in FIELD_KINDS.values() for f in cls.from_manifest(manifest)]
+
+
+def schema_of(fields: list[Field]) -> Schema:
+    """{batch key: Role} of a dataset's batches, from its fields."""
+    schema = Schema()
+    for f in fields:
+        schema.update(f.roles())
+    return schema
+
+
+__all__ = ["Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "LabelField", "MaskField", "MaskSpec",
+           "ObjectsField", "Part", "Pixels", "PixelsPart", "Reader", "Role", "Schema", "fields_of", "mask_dtype",
+           "schema_of", "valid_offsets"]

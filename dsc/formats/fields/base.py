@@ -1,0 +1,126 @@
+"""The field-kind protocol: one class per kind of per-sample field (image, label, objects, mask...).
+
+A field kind knows, in one module:
+
+* its **format**: the nodes it owns and what it adds to the manifest (``from_manifest`` reads it back);
+* how a compile **unit accumulates** it (``part``: one shard's worth of samples, JSON for the resume
+  journal) and how the driver **finishes** it from every unit's part (``finish``);
+* how the runtime **reads** it (``reader``: one sample, a batch gathered into preallocated buffers);
+* how ``dsc verify`` **checks** it (``verify``);
+* how geometric transforms **move** it (``roles``: which batch keys are pixels, boxes, box rows).
+
+Everything here is numpy and JSON: the compiler and the runtime both build on it (they meet only in
+``formats/``), and the runtime wraps the arrays as tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import numpy as np
+
+Alloc = Callable[[str, tuple, np.dtype], np.ndarray]  # (name, shape, dtype) -> a writable output array
+
+
+@dataclass(frozen=True)
+class Role:
+    """How geometric transforms treat one batch key.
+
+    ``pixels``: an image-like (B, H, W[, C]) key, resampled (``resample`` = bilinear | nearest) with
+    ``fill`` outside the image (None: the op's own fill, e.g. Letterbox's); ``boxes``: (M, 4) xyxy boxes
+    packed by ``box_offsets``; ``box_rows``: another per-box column (filtered with the boxes);
+    ``sample``: a per-sample value no geometric op changes."""
+
+    kind: str
+    resample: str = "bilinear"
+    fill: float | None = None
+
+
+class Schema(dict):
+    """{batch key: Role} of a dataset's batches (``ds.schema``); transforms read it instead of guessing."""
+
+    def pixels(self) -> dict[str, Role]:
+        return {k: r for k, r in self.items() if r.kind == "pixels"}
+
+    def box_rows(self) -> list[str]:
+        return [k for k, r in self.items() if r.kind in ("boxes", "box_rows")]
+
+    @classmethod
+    def default(cls) -> "Schema":
+        """For a plain dict batch that did not come from dsc: ``image``, ``mask`` (nearest, ignore 255),
+        ``boxes`` with ``labels`` as its only other per-box column."""
+        return cls(image=Role("pixels"), mask=Role("pixels", "nearest", 255.0), boxes=Role("boxes"),
+                   labels=Role("box_rows"))
+
+
+class Part:
+    """One unit's share of a field: accumulated sample by sample in a worker, journaled as JSON."""
+
+    def add(self, value) -> None:
+        raise NotImplementedError
+
+    def close(self) -> "Part":
+        """The unit finished: publish what it wrote (shard files)."""
+        return self
+
+    def abort(self) -> None:
+        """The unit failed: remove what it wrote."""
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+
+class Field:
+    """Base of every field kind. ``name`` is its key in samples and batches."""
+
+    kind: ClassVar[str] = ""
+    name: str = ""
+
+    # ------------------------------------------------------------------ format
+    @classmethod
+    def from_manifest(cls, manifest) -> list["Field"]:
+        """The fields of this kind the dataset has (usually zero or one)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ compile
+    def part(self, root: Path, s: int, capacity: int) -> Part:
+        raise NotImplementedError
+
+    def load_part(self, d: dict) -> Part:
+        raise NotImplementedError
+
+    def finish(self, root: Path, parts: list[Part], n: int, K: int) -> dict:
+        """Write the field's arrays from every unit's part (in unit order, shards already compacted);
+        returns what it adds to the manifest (keyword -> value; ``fields`` entries are merged)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ read
+    def reader(self, store, manifest) -> "Reader":
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ verify
+    def verify(self, root: Path, manifest, problems: list, context: dict) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ transforms
+    def roles(self) -> dict[str, Role]:
+        return {}
+
+
+class Reader:
+    """A field opened for reading. ``sample(i)``: its keys of ``ds[i]``; ``gather(idx, alloc, forms)``:
+    its keys of a batch; ``split(batch, k)``: sample ``k``'s keys as views of a gathered batch."""
+
+    def sample(self, i: int) -> dict:
+        raise NotImplementedError
+
+    def gather(self, idx: np.ndarray, alloc: Alloc, forms: dict) -> dict:
+        raise NotImplementedError
+
+    def split(self, batch: dict, k: int) -> dict:
+        raise NotImplementedError
+
+
+def from_json_array(v, dtype, shape=(-1,)) -> np.ndarray:
+    return np.asarray(v, dtype).reshape(shape)

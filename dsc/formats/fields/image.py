@@ -1,0 +1,125 @@
+"""The ``image`` field: uint8 (H, W, C) pixels, fixed or ragged (see ``pixels.py``).
+
+Manifest: ``image`` (layout, channels, mode, height, width), ``resize`` and ``shards`` (the image
+shards, which define the dataset's shard grid). Per-sample crc32c at ``checksums/crc32c``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..manifest import ImageSpec, ResizeSpec, ShardSpec
+from .base import Field, Part, Reader, Role
+from .pixels import Pixels
+
+
+class PixelsPart(Part):
+    """A unit's samples of an image-like field: its shard file, and each sample's shape and crc32c."""
+
+    def __init__(self, pixels: Pixels, writer=None, shard: ShardSpec | None = None, shapes=None, crc=None):
+        self.pixels, self.writer, self.shard = pixels, writer, shard
+        self.shapes = [] if shapes is None else shapes
+        self.crc = [] if crc is None else crc
+
+    def add(self, value: np.ndarray) -> None:
+        import google_crc32c
+
+        written = self.writer.write(value)
+        self.shapes.append(value.shape)
+        self.crc.append(google_crc32c.value(written))
+
+    def close(self) -> "PixelsPart":
+        self.shard = self.writer.close()
+        self.writer = None
+        return self
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None  # a part travels back to the driver: no open file in it
+
+    def shapes_array(self) -> np.ndarray:
+        return np.asarray(self.shapes, np.int32).reshape(-1, self.pixels.ndim)
+
+    def to_json(self) -> dict:
+        return {"shard": self.shard.to_dict() if self.shard else None, "shapes": self.shapes_array().tolist(),
+                "crc": [int(c) for c in self.crc]}
+
+    @classmethod
+    def from_json(cls, pixels: Pixels, d: dict) -> "PixelsPart":
+        return cls(pixels, shard=ShardSpec.from_dict(d["shard"]) if d["shard"] else None,
+                   shapes=[tuple(s) for s in d["shapes"]], crc=[int(c) for c in d["crc"]])
+
+
+def finish_pixels(pixels: Pixels, root: Path, parts: list[PixelsPart], n: int, K: int) -> tuple[ShardSpec, ...]:
+    """The metadata of an image-like field once its shards are written (and compacted)."""
+    shapes = np.concatenate([p.shapes_array() for p in parts])
+    crc = np.concatenate([np.asarray(p.crc, np.uint32) for p in parts])
+    pixels.write_meta(root, n, K, shapes, crc)
+    return tuple(p.shard for p in parts if p.shard is not None)
+
+
+class PixelsReaderField(Reader):
+    """Reads an image-like field: ``ds[i][name]`` is a view of its shard; batches are (B, *sample) for
+    fixed samples, packed (flat + ``<name>_offsets`` + ``<name>_shapes``) or padded (+ ``<name>_sizes``,
+    padded with ``fill``) for ragged ones."""
+
+    def __init__(self, pixels: Pixels, store, shards, n: int, K: int, fill: int = 0):
+        self.px = pixels.reader(store, shards, n, K)
+        self.name, self.fill = pixels.node, fill
+
+    def sample(self, i: int) -> dict:
+        return {self.name: self.px.sample(i)}
+
+    def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
+        px = self.px.px
+        if px.fixed:
+            out = alloc(self.name, (len(idx), *px.sample_shape), np.dtype(px.dtype))
+            return {self.name: self.px.gather(idx, out)}
+        if forms.get("images") == "padded":
+            return self.px.pad(idx, alloc, self.fill)
+        return self.px.pack(idx, alloc)
+
+    def split(self, batch: dict, k: int) -> dict:
+        name = self.name
+        if f"{name}_offsets" in batch:
+            o = batch[f"{name}_offsets"]
+            return {name: batch[name][int(o[k]):int(o[k + 1])].reshape(tuple(batch[f"{name}_shapes"][k].tolist()))}
+        if f"{name}_sizes" in batch:
+            h, w = (int(v) for v in batch[f"{name}_sizes"][k].tolist())
+            return {name: batch[name][k, :h, :w]}
+        return {name: batch[name][k]}
+
+
+class ImageField(Field):
+    kind = "image"
+    name = "image"
+
+    def __init__(self, spec: ImageSpec, resize: ResizeSpec | None = None, shards: tuple[ShardSpec, ...] = ()):
+        self.spec, self.resize, self.shards = spec, resize, shards
+        self.pixels = Pixels("image", "uint8", spec.layout, spec.channels, spec.height, spec.width,
+                             crc_node="checksums/crc32c")
+
+    @classmethod
+    def from_manifest(cls, m) -> list["ImageField"]:
+        return [cls(m.image, m.resize, m.shards)]
+
+    def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
+        return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
+
+    def load_part(self, d: dict) -> PixelsPart:
+        return PixelsPart.from_json(self.pixels, d)
+
+    def finish(self, root: Path, parts, n: int, K: int) -> dict:
+        return {"image": self.spec, "resize": self.resize, "shards": finish_pixels(self.pixels, root, parts, n, K)}
+
+    def reader(self, store, m) -> PixelsReaderField:
+        return PixelsReaderField(self.pixels, store, self.shards, m.num_samples, m.shard_size)
+
+    def verify(self, root: Path, m, problems: list, context: dict) -> None:
+        context["image_shapes"] = self.pixels.verify(root, self.shards, m.num_samples, m.shard_size, problems,
+                                                     self.pixels.crc_node + "/c/0" in m.files)
+
+    def roles(self) -> dict[str, Role]:
+        return {"image": Role("pixels", "bilinear")}

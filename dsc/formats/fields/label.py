@@ -1,0 +1,76 @@
+"""The ``label`` field: one int64 class index per sample (classification), at ``label`` (N,)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..zarr_v3 import read_plain_array, write_plain_array
+from .base import Field, Part, Reader, Role
+
+from ..layout import LABEL as NODE
+
+
+class LabelPart(Part):
+    def __init__(self, labels=None):
+        self.labels = [] if labels is None else labels
+
+    def add(self, value: int) -> None:
+        self.labels.append(int(value))
+
+    def to_json(self) -> dict:
+        return {"labels": self.labels}
+
+
+class LabelReader(Reader):
+    def __init__(self, store, n: int):
+        self.labels = store.array(NODE, (n,))
+
+    def sample(self, i: int) -> dict:
+        return {"label": int(self.labels[i])}
+
+    def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
+        out = alloc("label", (len(idx),), np.dtype(np.int64))
+        np.take(self.labels, idx, out=out)
+        return {"label": out}
+
+    def split(self, batch: dict, k: int) -> dict:
+        return {"label": int(batch["label"][k])}
+
+
+class LabelField(Field):
+    kind = "label"
+    name = "label"
+
+    @classmethod
+    def from_manifest(cls, m) -> list["LabelField"]:
+        return [cls()] if m.task == "classification" else []
+
+    def part(self, root: Path, s: int, capacity: int) -> LabelPart:
+        return LabelPart()
+
+    def load_part(self, d: dict) -> LabelPart:
+        return LabelPart([int(v) for v in d["labels"]])
+
+    def finish(self, root: Path, parts, n: int, K: int) -> dict:
+        write_plain_array(root, NODE, np.asarray([v for p in parts for v in p.labels], np.int64), ["sample"])
+        return {}
+
+    def reader(self, store, m) -> LabelReader:
+        return LabelReader(store, m.num_samples)
+
+    def verify(self, root: Path, m, problems: list, context: dict) -> None:
+        from ..verify import Problem, try_read
+
+        labels = try_read(problems, NODE, lambda: read_plain_array(root, NODE))
+        if labels is None:
+            return
+        if labels.shape != (m.num_samples,):
+            problems.append(Problem(NODE, f"has shape {labels.shape}, expected ({m.num_samples},)"))
+            return
+        bad = np.flatnonzero((labels < 0) | (labels >= max(1, len(m.classes))))
+        if len(bad):
+            problems.append(Problem(NODE, f"labels outside 0..{len(m.classes) - 1}", bad.tolist()))
+
+    def roles(self) -> dict[str, Role]:
+        return {"label": Role("sample")}

@@ -1,0 +1,121 @@
+"""The ``mask`` field: a semantic-segmentation mask of class ids per sample, (H, W) uint8 (uint16 when a
+class id exceeds 254), the same geometry as its image, always resampled with nearest neighbour.
+
+Manifest: ``fields.<name> = {"kind": "mask", "layout", "dtype", "height", "width", "ignore_index",
+"classes", "shards"}``. ``ignore_index`` marks pixels that belong to no class (letterbox padding, crowd
+regions, VOC's object borders); ``classes`` names the values 0, 1, ... (empty when the source gave none).
+Layout as every image-like field (``pixels.py``); per-sample crc32c at ``checksums/<name>_crc32c``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptDatasetError
+from ..manifest import LAYOUTS, ShardSpec, check_spec_keys
+from ..zarr_v3 import check_node_path, node_dir
+from .base import Field, Role
+from .image import PixelsPart, PixelsReaderField, finish_pixels
+from .pixels import Pixels
+
+MASK_DTYPES = ("uint8", "uint16")
+
+
+def mask_dtype(num_classes: int, ignore_index: int, wide: bool = False) -> str:
+    """uint8 while every class id (0..C-1) and the ignore index fit in 0..255, else uint16."""
+    return "uint16" if wide or num_classes > 255 or ignore_index > 255 else "uint8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskSpec:
+    layout: str
+    dtype: str
+    ignore_index: int
+    classes: tuple[str, ...] = ()
+    height: int | None = None
+    width: int | None = None
+    shards: tuple[ShardSpec, ...] = ()
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS or self.dtype not in MASK_DTYPES:
+            raise CorruptDatasetError(f"manifest: a mask field has layout {self.layout!r} and dtype {self.dtype!r}; "
+                                      f"expected one of {LAYOUTS} and {MASK_DTYPES}")
+        top = np.iinfo(self.dtype).max
+        if not isinstance(self.ignore_index, int) or not 0 <= self.ignore_index <= top:
+            raise CorruptDatasetError(f"manifest: mask ignore_index {self.ignore_index!r} is not a {self.dtype} value")
+        fixed = self.layout == "fixed"
+        if fixed != (self.height is not None and self.width is not None) or (
+                fixed and not all(isinstance(v, int) and v > 0 for v in (self.height, self.width))):
+            raise CorruptDatasetError("manifest: a fixed mask field has a positive height and width, a ragged none")
+
+    def to_dict(self) -> dict:
+        return {"kind": "mask", "layout": self.layout, "dtype": self.dtype, "ignore_index": self.ignore_index,
+                "classes": list(self.classes), "height": self.height, "width": self.width,
+                "shards": [s.to_dict() for s in self.shards]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MaskSpec":
+        check_spec_keys("mask field", d, {"kind", "layout", "dtype", "ignore_index", "classes", "height", "width",
+                                          "shards"}, {"kind", "layout", "dtype", "ignore_index", "shards"})
+        try:
+            return cls(layout=d["layout"], dtype=d["dtype"], ignore_index=d["ignore_index"],
+                       classes=tuple(str(c) for c in d.get("classes") or ()), height=d.get("height"),
+                       width=d.get("width"), shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]))
+        except TypeError as e:
+            raise CorruptDatasetError(f"manifest: mask field: {e}") from None
+
+
+class MaskField(Field):
+    kind = "mask"
+
+    def __init__(self, spec: MaskSpec, name: str = "mask"):
+        self.spec, self.name = spec, check_node_path(name)
+        self.pixels = Pixels(name, spec.dtype, spec.layout, None, spec.height, spec.width,
+                             crc_node=f"checksums/{name}_crc32c")
+
+    @classmethod
+    def from_manifest(cls, m) -> list["MaskField"]:
+        return [cls(MaskSpec.from_dict(d), name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
+
+    @classmethod
+    def check(cls, name: str, d: dict) -> None:
+        MaskSpec.from_dict(d)
+
+    def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
+        return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
+
+    def load_part(self, d: dict) -> PixelsPart:
+        return PixelsPart.from_json(self.pixels, d)
+
+    def finish(self, root: Path, parts, n: int, K: int) -> dict:
+        from dataclasses import replace
+
+        shards = finish_pixels(self.pixels, root, parts, n, K)
+        return {"fields": {self.name: replace(self.spec, shards=shards).to_dict()}}
+
+    def reader(self, store, m) -> PixelsReaderField:
+        return PixelsReaderField(self.pixels, store, self.spec.shards, m.num_samples, m.shard_size,
+                                 fill=self.spec.ignore_index)
+
+    def verify(self, root: Path, m, problems: list, context: dict) -> None:
+        from ..verify import Problem
+
+        before = len(problems)
+        self.pixels.verify(root, self.spec.shards, m.num_samples, m.shard_size, problems,
+                           self.pixels.crc_node + "/c/0" in m.files)
+        if len(problems) > before or not self.spec.classes:
+            return
+        C, ignore = len(self.spec.classes), self.spec.ignore_index
+        for s, shard in enumerate(self.spec.shards):  # intact shards: every value a class id or the ignore index
+            vals = np.fromfile(node_dir(root, shard.path), np.dtype(self.spec.dtype).newbyteorder("<"))
+            if self.pixels.fixed:
+                vals = vals[:shard.count * self.pixels.sample_nbytes // self.pixels.itemsize]
+            bad = (vals >= C) & (vals != ignore)
+            if bad.any():
+                problems.append(Problem(shard.path, f"mask values outside the {C} classes and the ignore index "
+                                                    f"{ignore} (e.g. {int(vals[bad][0])})"))
+
+    def roles(self) -> dict[str, Role]:
+        return {self.name: Role("pixels", "nearest", float(self.spec.ignore_index))}

@@ -1,0 +1,233 @@
+"""The prefetch ring and its filler threads (CPU and CUDA): how batches are made ahead of the consumer.
+
+``num_threads`` threads take the epoch's batches in order, each gathering one batch straight into a slot
+of a ring of ``prefetch + 2`` reusable buffers (pinned when the device is CUDA), up to ``prefetch``
+batches ahead of the consumer. The gathers release the GIL and threads share memory, so nothing is
+pickled or copied twice.
+
+Ring safety: a slot's buffers are reused only if nothing outside the ring still references them
+(checked on the tensor storage's use count); a batch the user keeps (``list(loader)``) keeps its
+memory, and the slot gets new buffers. In a training loop that drops each batch, the same few buffers
+are reused all epoch.
+
+CUDA: after a slot is filled, its tensors are copied to the device with ``non_blocking=True`` on the
+filling thread's side stream and an event is recorded; the consumer's stream waits on that event,
+the device tensors are ``record_stream``-ed on the consumer's stream, and the host slot is refilled
+only after the event says the copy is done.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from ..errors import DscError
+from .batches import Batch
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    try:
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1  # minus this call's wrapper
+    except Exception:  # private API gone: treat every buffer as taken (always safe, a little slower)
+        return 2
+
+
+class Ring:
+    """``n`` slots of named buffers that grow as needed; pinned for CUDA."""
+
+    def __init__(self, n: int, pin: bool):
+        self.slots: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+        self.copy_done: list[object] = [None] * n  # CUDA event of the slot's last host-to-device copy
+        self.pin = pin
+
+    def allocator(self, s: int):
+        slot = self.slots[s]
+
+        def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+            numel = int(np.prod(shape)) if len(shape) else 1
+            buf = slot.get(name)
+            if buf is None or buf.dtype != dtype or _storage_users(buf) > 1:
+                buf = None  # first use, or the user still holds the last batch of this slot: leave it to them
+            elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom
+                buf = torch.empty(max(numel, int(buf.numel() * 1.25)), dtype=dtype, pin_memory=self.pin)
+                slot[name] = buf
+            if buf is None:
+                buf = slot[name] = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pin)
+            return buf[:numel].view(shape)
+
+        return alloc
+
+
+class _EpochState:
+    """Shared between the consumer and the filler threads (the threads never reference the iterator,
+    so dropping the iterator finalizes it and stops them)."""
+
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
+        end = len(batches)
+        self.cond = threading.Condition()
+        self.next_job = start
+        self.end = end
+        self.consumed = start
+        self.results: dict[int, object] = {}
+        self.stop = False
+        self.fatal: BaseException | None = None
+        self.superseded = False
+        self.threads: list[threading.Thread] = []
+        self.batches = batches
+        self.prefetch = loader.prefetch
+        self.dataset = loader.dataset
+        self.device = loader.device
+        self.transforms = loader.transforms
+        self.schema = loader.dataset.schema
+        self.forms = (loader.boxes, loader.images)
+        self.seed, self.epoch = loader.seed, loader.epoch
+        if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
+            loader._ring = Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
+        self.ring = loader._ring
+        self.loader = weakref.ref(loader)
+
+    def shutdown(self) -> None:
+        """Stop and join the threads. A finished epoch leaves its ring to the loader for the next one;
+        an epoch cut short (break, exception, KeyboardInterrupt) releases (and unpins) every buffer."""
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        if threading.current_thread() in self.threads:
+            return  # finalized from a filler thread (garbage collection): the threads exit on their own
+        for t in self.threads:
+            t.join()
+        self.results.clear()
+        loader = self.loader()
+        if self.consumed < self.end and loader is not None and loader._ring is self.ring:
+            loader._release_ring()
+        self.ring = None
+
+
+def _fill(state: _EpochState) -> None:
+    try:
+        _fill_jobs(state)
+    except BaseException as e:  # anything outside a batch (CUDA stream creation...): stop, tell the consumer
+        with state.cond:
+            state.fatal = e
+            state.stop = True
+            state.cond.notify_all()
+
+
+def _fill_jobs(state: _EpochState) -> None:
+    cuda = state.device.type == "cuda"
+    stream = torch.cuda.Stream(device=state.device) if cuda else None
+    while True:
+        with state.cond:
+            while not state.stop and state.next_job < state.end and state.next_job >= state.consumed + state.prefetch:
+                state.cond.wait()
+            if state.stop or state.next_job >= state.end:
+                return
+            j = state.next_job
+            state.next_job += 1
+        try:
+            ring = state.ring
+            s = j % len(ring.slots)
+            if ring.copy_done[s] is not None:
+                ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
+            batch = state.dataset.get_batch(state.batches[j], boxes=state.forms[0], images=state.forms[1],
+                                            alloc=ring.allocator(s))
+            event = None
+            if cuda:
+                with torch.cuda.stream(stream):
+                    batch = _to_device(batch, state.device)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                ring.copy_done[s] = event
+            if state.transforms is not None and not cuda:
+                batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j,
+                                         schema=state.schema)
+            result = (batch, event)
+        except BaseException as e:  # handed to the consumer, raised there
+            result = e
+        with state.cond:
+            state.results[j] = result
+            state.cond.notify_all()
+        batch = result = None  # hold no reference to a ring slot while waiting for the next job
+
+
+def _to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return Batch({k: _to_device(v, device) for k, v in batch.items()}, schema=getattr(batch, "schema", None))
+    if isinstance(batch, list):
+        return [_to_device(v, device) for v in batch]
+    return batch
+
+
+def _record_stream(batch, stream) -> None:
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _record_stream(v, stream)
+    elif isinstance(batch, list):
+        for v in batch:
+            _record_stream(v, stream)
+
+
+class EpochIterator:
+    """One epoch of batches. Only one per Loader at a time: starting a new iteration closes the previous
+    one, which then raises instead of ending quietly."""
+
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
+        self._loader = loader  # `for b in Loader(...)` must keep the loader alive while it iterates
+        self._state = state = _EpochState(loader, batches, start)
+        end = state.end
+        self._cursor = start
+        self._finalizer = weakref.finalize(self, state.shutdown)
+        for k in range(min(loader.threads_used, max(0, end - start))):
+            t = threading.Thread(target=_fill, args=(state,), name=f"dsc-loader-{k}", daemon=True)
+            state.threads.append(t)
+            t.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        state = self._state
+        j = self._cursor
+        if state.superseded:
+            raise DscError("this epoch's iterator was closed because a new iteration of the same Loader "
+                           "started; use one iterator per Loader at a time (or a second Loader)")
+        if j >= state.end or (state.stop and j not in state.results and state.fatal is None):
+            self.close()
+            raise StopIteration
+        with state.cond:
+            while j not in state.results:
+                if state.fatal is not None:
+                    raise DscError(f"the loader's threads failed: {state.fatal!r}") from state.fatal
+                if state.superseded:
+                    raise DscError("this epoch's iterator was closed because a new iteration of the same "
+                                   "Loader started; use one iterator per Loader at a time")
+                if state.stop:
+                    raise StopIteration
+                state.cond.wait(0.5)
+            result = state.results.pop(j)
+            state.consumed = j + 1
+            state.cond.notify_all()
+        if isinstance(result, BaseException):
+            self.close()
+            raise result
+        batch, event = result
+        if event is not None:
+            stream = torch.cuda.current_stream(state.device)
+            stream.wait_event(event)
+            _record_stream(batch, stream)
+            if state.transforms is not None:
+                batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j,
+                                         schema=state.schema)
+        self._cursor = j + 1
+        self._loader._served = j + 1
+        return batch
+
+    def close(self, superseded: bool = False) -> None:
+        self._state.superseded = self._state.superseded or superseded
+        self._finalizer()
