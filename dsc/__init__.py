@@ -43,7 +43,7 @@ def __getattr__(name):
         return value
     if name.startswith("compile_"):  # dsc.compile_<source> for every registered source (plugins too)
         compiler = importlib.import_module("dsc.compiler")
-        if name[8:] in compiler.sources():
+        if name[8:] in compiler.all_sources():
             return compiler.compile_function(compiler.get_source(name[8:]))
     raise AttributeError(f"module 'dsc' has no attribute {name!r}")
 

@@ -164,6 +164,13 @@ def _describe_objects(m) -> str:
             f"({o['dropped_boxes']} dropped by the resize), {_n(o['images_without_boxes'], 'image')} without boxes")
 
 
+def _extra_fields(m) -> list[tuple[str, str]]:
+    """(name, description) of the fields beyond image, label and objects (masks...)."""
+    from .formats.fields import fields_of
+
+    return [(f.name, f.describe()) for f in fields_of(m) if f.kind not in ("image", "label", "objects")]
+
+
 def _report(report) -> None:
     m = report.manifest
     if report.resumed_units:
@@ -173,6 +180,8 @@ def _report(report) -> None:
                f"{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
         click.echo(f"objects: {_describe_objects(m)}")
+    for name, desc in _extra_fields(m):
+        click.echo(f"{name}: {desc}")
     if report.skipped:
         click.echo(f"skipped {_n(len(report.skipped), 'bad input')} (all recorded in the manifest; "
                    f"list them with `dsc info {report.path} --skipped`):", err=True)
@@ -338,7 +347,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
                 click.echo(f"{k:{width}}{v}")
         if dataset is None:
             return
-    from .formats.layout import check_shard_files, read_manifest
+    from .formats.layout import check_shard_files, read_manifest, shard_specs
 
     m = read_manifest(dataset)
     if as_json:
@@ -352,7 +361,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         return
     check_shard_files(dataset, m)
     pil = pil_build()
-    total = sum(s.nbytes for s in m.shards)
+    total = sum(s.nbytes for s in shard_specs(m))
     cls = ", ".join(m.classes[:12]) + (", ..." if len(m.classes) > 12 else "")
     rows = [
         ("dataset", str(dataset)),
@@ -363,6 +372,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
         *([("objects", _describe_objects(m))] if m.objects is not None else []),
+        *_extra_fields(m),
         ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k != "options")),
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"

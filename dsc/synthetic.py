@@ -113,8 +113,19 @@ def _write_scene_image(scene: dict, path: Path) -> None:
     im.save(path, "JPEG" if jpeg else "PNG", exif=exif, **({"quality": 90} if jpeg else {}))
 
 
-def write_coco(root: str | os.PathLike, scenes: list[dict]) -> tuple[Path, Path]:
-    """images/ + annotations.json; returns (annotations, images folder)."""
+def _rect_rle(box, w: int, h: int) -> dict:
+    """Uncompressed COCO RLE (column-major runs, starting with zeros) of an integer rectangle."""
+    m = np.zeros((h, w), bool)
+    m[box[1]:box[3], box[0]:box[2]] = True
+    flat = m.T.reshape(-1)
+    bounds = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1, [flat.size]])
+    counts = np.diff(bounds).tolist()
+    return {"size": [h, w], "counts": ([0] if flat[0] else []) + [int(c) for c in counts]}
+
+
+def write_coco(root: str | os.PathLike, scenes: list[dict], segmentation: bool = False) -> tuple[Path, Path]:
+    """images/ + annotations.json; returns (annotations, images folder). ``segmentation``: each annotation
+    also gets its rectangle as a polygon, a crowd annotation as uncompressed RLE."""
     import json
 
     root = Path(root)
@@ -128,6 +139,9 @@ def write_coco(root: str | os.PathLike, scenes: list[dict]) -> tuple[Path, Path]
             x0, y0, x1, y1 = _raw_box(b, (w, h), s["orientation"]) if s["raw_frame"] else b
             anns.append({"id": len(anns) + 1, "image_id": iid, "category_id": DET_CATEGORIES[lab][0],
                          "bbox": [x0, y0, x1 - x0, y1 - y0], "area": float((x1 - x0) * (y1 - y0)), "iscrowd": crowd})
+            if segmentation:
+                anns[-1]["segmentation"] = (_rect_rle([x0, y0, x1, y1], *size) if crowd else
+                                            [[x0, y0, x1, y0, x1, y1, x0, y1]])
     ann_path = root / "annotations.json"
     ann_path.write_text(json.dumps({"images": images, "annotations": anns,
                                     "categories": [{"id": i, "name": n} for i, n in DET_CATEGORIES]}))
@@ -168,4 +182,89 @@ def write_voc(root: str | os.PathLike, scenes: list[dict], split: str = "trainva
             f"<height>{s['height']}</height><depth>3</depth></size>{objs}</annotation>")
     (root / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
     (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    return root
+
+
+# ----------------------------------------------------------------------------- segmentation scenes
+SEG_CLASSES = ("background", "sky", "road", "car", "person")
+SEG_COLORS = [(90, 90, 90), (70, 130, 230), (200, 60, 200), (240, 200, 30), (40, 200, 60)]
+
+
+def seg_scenes(n: int = 8, seed: int = 0, size_range=(48, 120)) -> list[dict]:
+    """Scene specs for segmentation: each a background and a few shapes (rectangles, ellipses) of classes
+    1..4 drawn in order; class k has colour SEG_COLORS[k], so the mask can be read back from the pixels.
+    Various sizes and EXIF orientations; ``raw_mask`` says the mask file is stored in the raw frame."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        w, h = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, 2))
+        shapes = []
+        for _ in range(int(rng.integers(2, 5))):
+            bw, bh = int(rng.integers(w // 5, w // 2 + 1)), int(rng.integers(h // 5, h // 2 + 1))
+            x0, y0 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+            shapes.append(("ellipse" if rng.random() < 0.4 else "rectangle", [x0, y0, x0 + bw, y0 + bh],
+                           int(rng.integers(1, len(SEG_CLASSES)))))
+        orientation = [1, 6, 3, 8, 4, 5, 2, 7][k % 8]
+        out.append({"file": f"seg_{k:03d}", "width": w, "height": h, "shapes": shapes, "orientation": orientation,
+                    "raw_mask": orientation in (5, 6, 7, 8) and k % 4 == 1})
+    return out
+
+
+def seg_mask(scene: dict) -> np.ndarray:
+    """The scene's mask in the displayed frame: 0 background, each shape's class drawn over earlier ones."""
+    im = Image.new("L", (scene["width"], scene["height"]), 0)
+    draw = ImageDraw.Draw(im)
+    for kind, (x0, y0, x1, y1), cls in scene["shapes"]:
+        (draw.ellipse if kind == "ellipse" else draw.rectangle)([x0, y0, x1 - 1, y1 - 1], fill=cls)
+    return np.asarray(im)
+
+
+def seg_image(scene: dict) -> Image.Image:
+    """The scene's displayed RGB image: every pixel the colour of its class."""
+    return Image.fromarray(np.asarray(SEG_COLORS, np.uint8)[seg_mask(scene)], "RGB")
+
+
+def _save_oriented(im: Image.Image, path: Path, orientation: int) -> None:
+    exif = Image.Exif()
+    if orientation != 1:
+        im = im.transpose(_TO_RAW[orientation])
+        exif[0x0112] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    im.save(path, exif=exif)
+
+
+def write_segfolder(root: str | os.PathLike, scenes: list[dict], ext: str = ".png") -> Path:
+    """ROOT/images/<file><ext> (stored raw with its EXIF orientation) + ROOT/masks/<file>.png (8-bit grey,
+    displayed frame, or the raw frame when ``raw_mask``)."""
+    root = Path(root)
+    for s in scenes:
+        _save_oriented(seg_image(s), root / "images" / f"{s['file']}{ext}", s["orientation"])
+        mask = Image.fromarray(seg_mask(s), "L")
+        if s["raw_mask"]:
+            mask = mask.transpose(_TO_RAW[s["orientation"]])
+        (root / "masks").mkdir(parents=True, exist_ok=True)
+        mask.save(root / "masks" / f"{s['file']}.png")
+    return root
+
+
+def write_voc_segmentation(root: str | os.PathLike, scenes: list[dict], split: str = "train") -> Path:
+    """A VOC segmentation split of detection scenes: JPEGImages, Annotations, ImageSets/Segmentation and
+    SegmentationClass palette PNGs whose index is the VOC class + 1, with 255 on each object's border."""
+    from .compiler.sources.voc import VOC_CLASSES
+
+    root = Path(root)
+    write_voc(root, scenes, split)
+    (root / "ImageSets" / "Segmentation").mkdir(parents=True, exist_ok=True)
+    (root / "ImageSets" / "Segmentation" / f"{split}.txt").write_text(
+        "\n".join(Path(s["file"]).stem for s in scenes) + "\n")
+    (root / "SegmentationClass").mkdir(exist_ok=True)
+    palette = [v for k in range(256) for v in ((k * 37) % 256, (k * 91) % 256, (k * 53) % 256)]
+    for s in scenes:
+        im = Image.new("P", (s["width"], s["height"]), 0)
+        im.putpalette(palette)
+        draw = ImageDraw.Draw(im)
+        for b, lab in zip(s["boxes"], s["labels"]):
+            value = VOC_CLASSES.index(DET_CATEGORIES[lab][1]) + 1
+            draw.rectangle([b[0], b[1], b[2] - 1, b[3] - 1], fill=value, outline=255)
+        im.save(root / "SegmentationClass" / f"{Path(s['file']).stem}.png")
     return root

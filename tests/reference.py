@@ -102,3 +102,39 @@ def reference(path, *, size=None, resize="center-crop", max_side=None, mode="RGB
     if resize == "stretch":
         return ref_stretch(im, th, tw, resizer)
     return ref_pad(im, th, tw, fill, resizer)
+
+
+def _nearest(mask: np.ndarray, nw: int, nh: int) -> np.ndarray:
+    mode = "L" if mask.dtype == np.uint8 else "I"
+    im = Image.fromarray(mask if mode == "L" else mask.astype(np.int32), mode)
+    return np.asarray(im.resize((nw, nh), Image.Resampling.NEAREST)).astype(mask.dtype)
+
+
+def ref_mask(mask: np.ndarray, *, size=None, resize="center-crop", max_side=None, ignore=255) -> np.ndarray:
+    """A displayed-frame mask through the same geometry as ``reference`` gives the image, with PIL's
+    nearest-neighbour resize and ``ignore`` as the letterbox padding."""
+    h, w = mask.shape
+    if size is None:
+        if max_side is None or max(h, w) <= max_side:
+            return mask
+        nh, nw = (max(1, round(h * max_side / w)), max_side) if w >= h else (max_side, max(1, round(w * max_side / h)))
+        return _nearest(mask, nw, nh)
+    th, tw = size
+    if resize == "stretch":
+        return _nearest(mask, tw, th)
+    if resize == "pad":
+        if tw / w <= th / h:
+            nw, nh = tw, min(th, max(1, round(h * tw / w)))
+        else:
+            nh, nw = th, min(tw, max(1, round(w * th / h)))
+        out = np.full((th, tw), ignore, mask.dtype)
+        top, left = (th - nh) // 2, (tw - nw) // 2
+        out[top:top + nh, left:left + nw] = _nearest(mask, nw, nh)
+        return out
+    if th == tw:
+        nh, nw = tv_resize_shorter(h, w, th)
+    else:
+        nh, nw = (th, max(tw, int(th * w / h))) if th / h >= tw / w else (max(th, int(tw * h / w)), tw)
+    r = _nearest(mask, nw, nh)
+    top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
+    return r[top:top + th, left:left + tw]

@@ -13,7 +13,8 @@ from ..errors import ConfigError
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
-                      register_source, scan_coco, scan_imagefolder, scan_table, scan_voc, scan_yolo, sources)
+                      register_source, scan_coco, scan_imagefolder, scan_table, scan_voc, scan_yolo)
+from .sources import sources as all_sources  # (not `sources`: that name is the subpackage)
 from .staging import check_output
 
 
@@ -47,24 +48,22 @@ def compile_function(cls: type[Source]):
     optional = [p for p in cls.params if p.python and not p.required]
     positional = [p.name for p in required] + ["out"]
 
-    def compile_fn(*args, **kwargs) -> CompileReport:
-        if len(args) > len(positional):
-            raise TypeError(f"compile_{cls.name}() takes {len(positional)} positional arguments "
-                            f"({', '.join(positional)}), got {len(args)}")
-        bound = dict(zip(positional, args))
-        for name in positional[len(args):]:
-            if name not in kwargs:
-                raise TypeError(f"compile_{cls.name}() is missing the argument {name!r}")
-            bound[name] = kwargs.pop(name)
-        out = bound.pop("out")
-        params = {**bound, **{p.name: kwargs.pop(p.name) for p in optional if p.name in kwargs}}
-        return compile_source(cls(**params), out, options_from(cls.name, kwargs))
-
     P = inspect.Parameter
-    compile_fn.__signature__ = inspect.Signature(
+    signature = inspect.Signature(
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
         + [P(p.name, P.KEYWORD_ONLY, default=p.default) for p in optional] + [P("options", P.VAR_KEYWORD)],
         return_annotation=CompileReport)
+
+    def compile_fn(*args, **kwargs) -> CompileReport:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise TypeError(f"compile_{cls.name}{signature}: {e}") from None
+        options = bound.pop("options", {})
+        out = bound.pop("out")
+        return compile_source(cls(**bound), out, options_from(cls.name, options))
+
+    compile_fn.__signature__ = signature
     compile_fn.__name__ = compile_fn.__qualname__ = f"compile_{cls.name}"
     compile_fn.__doc__ = (f"{cls.summary()}\n\nCompile with the {cls.name!r} source into ``out``. Source parameters:\n"
                           + "".join(f"  {p.name}: {p.help}\n" for p in cls.params if p.python)
@@ -81,11 +80,11 @@ def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A00
 
 
 def __getattr__(name: str):
-    if name.startswith("compile_") and name[8:] in sources():
+    if name.startswith("compile_") and name[8:] in all_sources():
         return compile_function(get_source(name[8:]))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["compile", "compile_source", "compile_function", "CompileOptions", "CompileReport", "Record",
            "ScannedSource", "Source", "Param", "check_output", "compile_dataset", "get_source", "options_from",
-           "register_source", "scan_imagefolder", "sources"]
+           "register_source", "scan_imagefolder", "all_sources"]

@@ -107,6 +107,10 @@ class Field:
     def roles(self) -> dict[str, Role]:
         return {}
 
+    def describe(self) -> str:
+        """One line for ``dsc info`` (the image, label and objects have their own lines there)."""
+        return self.kind
+
 
 class Reader:
     """A field opened for reading. ``sample(i)``: its keys of ``ds[i]``; ``gather(idx, alloc, forms)``:

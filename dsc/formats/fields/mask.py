@@ -117,5 +117,12 @@ class MaskField(Field):
                 problems.append(Problem(shard.path, f"mask values outside the {C} classes and the ignore index "
                                                     f"{ignore} (e.g. {int(vals[bad][0])})"))
 
+    def describe(self) -> str:
+        sp = self.spec
+        shape = f"fixed {sp.height}x{sp.width}" if sp.layout == "fixed" else "ragged (h, w)"
+        names = ", ".join(sp.classes[:8]) + (", ..." if len(sp.classes) > 8 else "")
+        return (f"{shape} {sp.dtype} class ids, nearest-neighbour resize, ignore index {sp.ignore_index}; "
+                + (f"{len(sp.classes)} classes: {names}" if sp.classes else "class names not given"))
+
     def roles(self) -> dict[str, Role]:
         return {self.name: Role("pixels", "nearest", float(self.spec.ignore_index))}
