@@ -304,3 +304,27 @@ def test_verify_detects_a_flipped_mask_byte_and_info_shows_the_field(seg, tmp_pa
     assert any(p.file == "mask/c/1/0/0" for p in report.problems)
     r = CliRunner().invoke(main, ["verify", str(out)])
     assert r.exit_code == 1 and "mask/c/1/0/0" in r.output
+
+
+def test_more_bad_masks(tmp_path):
+    # VOC: a listed image without its SegmentationClass PNG
+    scenes = detection_scenes(4, seed=9)
+    root = write_voc_segmentation(tmp_path / "voc", scenes)
+    (root / "SegmentationClass" / f"{scenes[1]['file'][:-4]}.png").unlink()
+    r = dsc.compile_voc(root, tmp_path / "v", split="train", masks=True, size=32, on_error="skip", progress=False)
+    assert len(r.skipped) == 1 and "No such file" in r.skipped[0]["reason"]
+    # COCO: an RLE of another size than its image
+    ann, images = write_coco(tmp_path / "coco", scenes, segmentation=True)
+    data = json.loads(ann.read_text())
+    data["annotations"][0]["segmentation"] = {"size": [3, 4], "counts": [12]}
+    ann.write_text(json.dumps(data))
+    r = dsc.compile_coco(ann, images, tmp_path / "c", masks="semantic", size=32, on_error="skip", progress=False)
+    assert len(r.skipped) == 1 and "its RLE is 4x3 but the image is" in r.skipped[0]["reason"]
+    # segfolder without class names: 8-bit masks decide uint8; a 16-bit mask with a value past 255 cannot fit
+    (tmp_path / "s/images").mkdir(parents=True)
+    (tmp_path / "s/masks").mkdir()
+    for k, m in enumerate([np.full((6, 6), 3, np.uint8), np.full((6, 6), 300, np.uint16)]):
+        Image.new("RGB", (6, 6)).save(tmp_path / f"s/images/{k}.png")
+        Image.fromarray(m).save(tmp_path / f"s/masks/{k}.png")
+    r = dsc.compile_segfolder(tmp_path / "s", tmp_path / "so", on_error="skip", progress=False)
+    assert len(r.skipped) == 1 and "mask value 300 does not fit the dataset's uint8 masks" in r.skipped[0]["reason"]
