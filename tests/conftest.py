@@ -81,3 +81,20 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def out(tmp_path) -> Path:
     return tmp_path / "out.dsc"
+
+
+@pytest.fixture(scope="session")
+def scenes_compiled(scenes_src, tmp_path_factory):
+    """``scenes_compiled(**options)``: the scenes ImageFolder compiled with those options, once per session."""
+    import dsc
+
+    made = {}
+
+    def compiled(**options):
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            out = tmp_path_factory.mktemp("scenes-compiled") / "out"
+            dsc.compile_imagefolder(scenes_src, out, progress=False, **options)
+            made[key] = out
+        return dsc.open(made[key])
+    return compiled

@@ -138,3 +138,32 @@ def ref_mask(mask: np.ndarray, *, size=None, resize="center-crop", max_side=None
     r = _nearest(mask, nw, nh)
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
     return r[top:top + th, left:left + tw]
+
+
+def _aa_weights(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) weights of an antialiased bilinear resize along one axis: a triangle filter of radius
+    max(1, n_in / n_out) input pixels around each output pixel centre, normalised to sum to one (the
+    filter PIL and torch's ``antialias=True`` use), in float64."""
+    scale = n_in / n_out
+    support = max(scale, 1.0)
+    W = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        centre = (i + 0.5) * scale
+        lo, hi = max(int(centre - support + 0.5), 0), min(int(centre + support + 0.5), n_in)
+        j = np.arange(lo, hi)
+        w = np.clip(1.0 - np.abs((j + 0.5 - centre) / support), 0, None)
+        W[i, lo:hi] = w / w.sum()
+    return W
+
+
+def aa_resize(img: np.ndarray, h: int, w: int, round_between: bool = True) -> np.ndarray:
+    """Antialiased bilinear resize of an (H, W, C) uint8 image to (h, w) in float64: the horizontal pass,
+    then the vertical one. ``round_between``: round to uint8 between the passes, as PIL's and torch's uint8
+    resamplers (so torchvision's resize on either) do; False: exact float math, rounded once."""
+    Wy, Wx = _aa_weights(img.shape[0], h), _aa_weights(img.shape[1], w)
+    x = img.astype(np.float64)
+    t = np.matmul(Wx, x)  # (H, w, C): each row's pixels through the horizontal weights
+    if round_between:
+        t = np.clip(np.round(t), 0, 255)
+    out = np.tensordot(Wy, t, axes=(1, 0))  # (h, w, C)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)

@@ -13,12 +13,12 @@ import dsc
 from dsc import transforms as T
 from dsc.synthetic import detection_scenes, write_coco
 
+from reference import aa_resize
+
 
 @pytest.fixture(scope="module")
-def fixed(scenes_src, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tf") / "fixed"
-    dsc.compile_imagefolder(scenes_src, out, size=(48, 64), resize="stretch", progress=False)
-    return dsc.open(out)
+def fixed(scenes_compiled):
+    return scenes_compiled(size=(48, 64), resize="stretch")
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,8 @@ def det(tmp_path_factory):
 
 
 def interp_ref(img_bhwc, size):
-    x = F.interpolate(img_bhwc.permute(0, 3, 1, 2).float(), size=size, mode="bilinear", align_corners=False,
-                      antialias=False)
-    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    """The independent antialiased bilinear reference (tests/reference.py, exact float math), per sample."""
+    return torch.stack([torch.from_numpy(aa_resize(x.numpy(), *size, round_between=False)) for x in img_bhwc])
 
 
 def test_identity_crop_and_resize_return_the_input_exactly(fixed):

@@ -22,7 +22,7 @@ from ..formats import layout as L
 from ..formats.coords import invert_affine
 from ..formats.fields import fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
-from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor,
+from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
                       numpy_alloc)
 from .storage import Storage
 
@@ -175,7 +175,7 @@ class Dataset(torch.utils.data.Dataset):
         return out
 
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
-                  alloc: Allocator = new_tensor) -> Batch:
+                  alloc: Allocator = new_tensor, geometry=None, post=None) -> Batch:
         """Batched fields for ``indices``, in that order (a :class:`Batch`: a dict that carries the
         dataset's ``schema``).
 
@@ -187,23 +187,66 @@ class Dataset(torch.utils.data.Dataset):
         attributes (M,), ``box_offsets`` (B+1,); ``padded`` -> (B, max_k, ...) columns + ``box_mask`` +
         ``box_counts``; ``list`` -> ``targets``. ``index`` (B,) is always there. ``alloc(name, shape,
         dtype)`` provides the output tensors (the Loader passes its ring of reusable, pinned buffers); by
-        default they are new tensors."""
+        default they are new tensors. ``geometry`` / ``post``: transforms run per sample during the gather
+        (the Loader passes them; see ``_get_batch``)."""
         check_forms(boxes, images, allow_none=True)
-        return self._get_batch(indices, boxes, images, alloc)[0]
+        return self._get_batch(indices, boxes, images, alloc, geometry, post)[0]
 
-    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor):
-        """``get_batch``, plus the packed batch it was built from (before the box form)."""
+    def sample_sizes(self, indices) -> torch.Tensor:
+        """(B, 2) int64 (height, width) of the stored images ``indices``."""
+        return torch.from_numpy(self._image.px.sizes(self._check_indices(indices)))
+
+    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None):
+        """``get_batch``, plus the packed batch it was built from (before the box form).
+
+        ``geometry`` (a :class:`~dsc.transforms.fused.ChainPlan` for these samples) runs the transforms'
+        geometric steps on every image-like field while it is gathered: each sample goes from its view of
+        the shard straight into the output (the Loader's pinned slot), and the boxes through the plan's
+        maps. ``post`` (a :class:`~dsc.transforms.photometric.PixelPost`) then turns each image sample to
+        float in the same pass."""
         idx = self._check_indices(indices)
         tensors: dict = {}
         np_alloc = numpy_alloc(alloc, tensors)
         forms = {"images": images or self.image_form}
         fields: dict = {}
-        for r in self.readers.values():
-            fields.update(r.gather(idx, np_alloc, forms))
+        pixels = self.schema.pixels() if geometry is not None or post is not None else {}
+        for name, r in self.readers.items():
+            if name in pixels:
+                fields[name] = self._gather_transformed(r, idx, pixels[name], alloc, geometry, post)
+            else:
+                fields.update(r.gather(idx, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
+        if geometry is not None and "boxes" in batch:
+            from ..transforms.resample import transform_boxes
+
+            transform_boxes(batch, geometry.matrices, geometry.out[1], geometry.out[0], self.schema.box_rows())
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed
+
+    def _gather_transformed(self, reader, idx, role, alloc, geometry, post) -> torch.Tensor:
+        """One image-like field of the batch through the geometric steps (and ``post``), per sample."""
+        from ..errors import DscError
+        from ..transforms.fused import run_batch
+
+        px = reader.px.px
+        if geometry is not None:
+            h, w = geometry.out
+        elif px.fixed:
+            h, w = px.height, px.width
+        else:
+            raise DscError("ragged images need a fixed-size geometric op (RandomResizedCrop, Resize((h, w)), "
+                           "CenterCrop, Letterbox) before ToFloat")
+        B, tail = len(idx), (() if px.channels is None else (px.channels,))
+        fill = (geometry.fill if geometry is not None else 0.0) if role.fill is None else role.fill
+        image_post = post if reader.name == "image" else None
+        if image_post is not None:
+            out = image_post.empty(B, h, w, tail[0], alloc)
+        else:
+            out = alloc(reader.name, (B, h, w, *tail), torch_dtype(px.dtype))
+        views = [reader.px.sample(i) for i in idx.tolist()]
+        return run_batch(views, geometry.programs if geometry is not None else None, out,
+                         role.resample == "nearest", fill, image_post)
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Batched fetch (torch's DataLoader calls it): one gather, then per-sample views of it."""

@@ -80,7 +80,13 @@ class _EpochState:
         self.dataset = loader.dataset
         self.device = loader.device
         self.transforms = loader.transforms
-        self.schema = loader.dataset.schema
+        # A Compose's leading geometric stage (and on the CPU the photometric pass after it) runs inside the
+        # gather, per sample; what is left runs on the batch (on CUDA: on the device, after the copy).
+        self.compose = loader.transforms if hasattr(loader.transforms, "gather_plan") else None
+        self.geometry = self.post = None
+        self.start = 0
+        if self.compose is not None:
+            self.geometry, self.post, self.start = self.compose.gather_plan(photometric=loader.device.type != "cuda")
         self.forms = (loader.boxes, loader.images)
         self.seed, self.epoch = loader.seed, loader.epoch
         if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
@@ -115,9 +121,22 @@ def _fill(state: _EpochState) -> None:
             state.cond.notify_all()
 
 
+def _transform_rest(state: _EpochState, batch, j: int, gen):
+    """The transforms not run in the gather: the rest of a Compose (same generator), or a plain callable."""
+    if state.compose is None:
+        return state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j)
+    if state.start < len(state.compose.stages):
+        return state.compose(batch, gen=gen, start=state.start)
+    return batch
+
+
 def _fill_jobs(state: _EpochState) -> None:
+    from ..transforms import batch_generator
+    from ..transforms.fused import plan_chain
+
     cuda = state.device.type == "cuda"
     stream = torch.cuda.Stream(device=state.device) if cuda else None
+    torch.set_num_threads(1)  # this thread's resizes run on its own core (the count is per calling thread)
     while True:
         with state.cond:
             while not state.stop and state.next_job < state.end and state.next_job >= state.consumed + state.prefetch:
@@ -131,8 +150,11 @@ def _fill_jobs(state: _EpochState) -> None:
             s = j % len(ring.slots)
             if ring.copy_done[s] is not None:
                 ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
-            batch = state.dataset.get_batch(state.batches[j], boxes=state.forms[0], images=state.forms[1],
-                                            alloc=ring.allocator(s))
+            idx = state.batches[j]
+            gen = batch_generator(state.seed, state.epoch, j) if state.transforms is not None else None
+            plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
+            batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
+                                            geometry=plan, post=state.post)
             event = None
             if cuda:
                 with torch.cuda.stream(stream):
@@ -140,10 +162,9 @@ def _fill_jobs(state: _EpochState) -> None:
                     event = torch.cuda.Event()
                     event.record(stream)
                 ring.copy_done[s] = event
-            if state.transforms is not None and not cuda:
-                batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j,
-                                         schema=state.schema)
-            result = (batch, event)
+            elif state.transforms is not None:
+                batch = _transform_rest(state, batch, j, gen)
+            result = (batch, event, gen)
         except BaseException as e:  # handed to the consumer, raised there
             result = e
         with state.cond:
@@ -216,14 +237,13 @@ class EpochIterator:
         if isinstance(result, BaseException):
             self.close()
             raise result
-        batch, event = result
+        batch, event, gen = result
         if event is not None:
             stream = torch.cuda.current_stream(state.device)
             stream.wait_event(event)
             _record_stream(batch, stream)
             if state.transforms is not None:
-                batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j,
-                                         schema=state.schema)
+                batch = _transform_rest(state, batch, j, gen)
         self._cursor = j + 1
         self._loader._served = j + 1
         return batch

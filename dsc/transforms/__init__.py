@@ -4,10 +4,11 @@
         T.RandomResizedCrop(224, scale=(0.08, 1.0)), T.RandomHorizontalFlip(),
         T.ToFloat(), T.Normalize(mean, std), T.ChannelsLast()])
 
-Consecutive geometric ops are composed into one per-sample affine map and applied in one batched
-resampling pass (boxes follow through the same map); randomness comes from a generator seeded by
-(seed, epoch, batch index), so a resumed loader replays the same augmentations. The same code runs on
-CPU and CUDA.
+Consecutive geometric ops draw their parameters once per batch and run per sample as integer programs
+(crop, antialiased resize, flip: torchvision's semantics) straight from the stored sample into the output;
+in a ``dsc.Loader`` they run inside the gather, in the filler threads, so only the crop is read and the
+batch leaves the host at its training size. Boxes and masks follow. Randomness comes from a generator
+seeded by (seed, epoch, batch index), so a resumed loader replays the same augmentations.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, RandomResizedCrop,
                         RandomVerticalFlip, Resize)
-from .photometric import ChannelsFirst, ChannelsLast, Normalize, ToDtype, ToFloat
+from .photometric import ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat, fuse_photometric
 from ..runtime.batches import Batch
 from .resample import apply_geometric
 
@@ -28,35 +29,55 @@ def batch_generator(seed: int, epoch: int, batch_index: int) -> torch.Generator:
 
 
 class Compose:
-    """Run ops in order; runs of geometric ops become one resampling pass, fused with a ToFloat that
-    follows them. Call as ``compose(batch, seed=, epoch=, batch_index=)``."""
+    """Run ops in order. A run of geometric ops is one stage (one draw of parameters, one resampling per
+    sample); a run of photometric ops starting with ToFloat is one pass (:class:`PixelPost`). Call as
+    ``compose(batch, seed=, epoch=, batch_index=)``; the Loader runs the leading stages inside its gather
+    (``gather_plan``), with the same generator, so the batches are the same either way."""
 
     def __init__(self, ops):
         self.ops = list(ops)
-        self.stages = []
+        self.stages: list[tuple[str, object]] = []
         i = 0
         while i < len(self.ops):
             if isinstance(self.ops[i], Geometric):
                 j = i
                 while j < len(self.ops) and isinstance(self.ops[j], Geometric):
                     j += 1
-                fuse = j < len(self.ops) and isinstance(self.ops[j], ToFloat) \
-                    and self.ops[j].scale and self.ops[j].dtype == torch.float32
-                self.stages.append(("geometric", self.ops[i:j], fuse))
-                i = j + int(fuse)
+                self.stages.append(("geometric", self.ops[i:j]))
+                i = j
+                continue
+            post, n = fuse_photometric(self.ops[i:])
+            if post is not None:
+                self.stages.append(("pixels", post))
+                i += n
             else:
-                self.stages.append(("op", self.ops[i], False))
+                self.stages.append(("op", self.ops[i]))
                 i += 1
 
-    def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None) -> dict:
+    def gather_plan(self, photometric: bool = True):
+        """What a gather can run per sample: (the leading geometric ops when every one has steps, else None;
+        the photometric pass after them when ``photometric``, else None; the index of the first stage left
+        for the batch)."""
+        k, geometry, post = 0, None, None
+        if self.stages and self.stages[0][0] == "geometric" and all(op.fusable for op in self.stages[0][1]):
+            geometry, k = self.stages[0][1], 1
+        if photometric and k < len(self.stages) and self.stages[k][0] == "pixels" and (geometry or k == 0):
+            post, k = self.stages[k][1], k + 1
+        return geometry, post, k
+
+    def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None,
+                 gen: torch.Generator | None = None, start: int = 0) -> dict:
         """``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries
-        its own, and a plain dict gets :meth:`Schema.default`."""
-        gen = batch_generator(seed, epoch, batch_index)
+        its own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``: continue a batch whose
+        first stages ran in the gather."""
+        gen = gen if gen is not None else batch_generator(seed, epoch, batch_index)
         schema = schema if schema is not None else getattr(batch, "schema", None)
         batch = Batch(batch, schema=schema)
-        for kind, op, fuse in self.stages:
+        for kind, op in self.stages[start:]:
             if kind == "geometric":
-                batch = apply_geometric(op, batch, gen, to_float=fuse, schema=schema)
+                batch = apply_geometric(op, batch, gen, schema=schema)
+            elif kind == "pixels":
+                batch = op(batch)
             else:
                 batch = op(batch, gen)
         return batch
@@ -65,5 +86,6 @@ class Compose:
         return f"Compose({self.ops!r})"
 
 
-__all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Letterbox", "Normalize",
+__all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Geometric", "Letterbox",
+           "Normalize", "PixelPost",
            "RandomHorizontalFlip", "RandomResizedCrop", "RandomVerticalFlip", "Resize", "ToDtype", "ToFloat"]

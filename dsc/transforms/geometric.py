@@ -1,11 +1,16 @@
-"""Geometric ops as per-sample affine maps, composed and applied in ONE batched resampling pass.
+"""Geometric ops: each draws its random parameters once per batch and states them two ways.
 
-Coordinates are continuous pixels with corners at integers (as in the format). Each op maps every
-sample's current (virtual) size to a new one and contributes a 3x3 matrix taking OUTPUT pixel
-coordinates to INPUT pixel coordinates; consecutive ops multiply their matrices, so a chain like
-RandomResizedCrop -> RandomHorizontalFlip resamples the pixels once (``affine_grid`` + ``grid_sample``,
-bilinear, no antialiasing). Boxes go through the inverse (forward) map, are clipped to the output
-and dropped when no area is left, with the box-offset index rewritten, all batched.
+* ``steps``: per-sample integer programs of ``crop`` (top, left, height, width; outside the image is the
+  fill), ``resize`` (height, width; antialiased bilinear for images, nearest for masks) and ``flip`` —
+  exactly torchvision's semantics (RandomResizedCrop = crop, then resize). The fused path runs them on
+  each sample while it is gathered (``fused.py``): only the crop is read, one resampling pass.
+* ``matrix``: a 3x3 map per sample taking OUTPUT pixel coordinates to INPUT pixel coordinates
+  (continuous pixels, corners at integers, as in the format), the same geometry as the steps; boxes go
+  through its inverse, and ops without steps (your own ``Geometric`` that only implements ``plan``) are
+  applied by one batched ``grid_sample`` pass (``resample.py``).
+
+``params(sizes, gen)`` draws; ``matrix(sizes, params)`` -> (matrices, new sizes); ``steps(sizes, params)`` ->
+a list of ``(kind, *per-sample lists)``. ``plan(sizes, gen)`` is params + matrix.
 """
 from __future__ import annotations
 
@@ -31,11 +36,32 @@ def _mat(sx, sy, tx, ty) -> torch.Tensor:
     return m
 
 
+def _ints(t) -> list[int]:
+    return [int(v) for v in torch.as_tensor(t).round().tolist()]
+
+
 class Geometric:
-    """Base of geometric ops: ``plan(sizes (B, 2) int64 (h, w), generator) -> (matrices, new sizes)``."""
+    """Base of geometric ops. Subclasses implement ``params``, ``matrix`` and (to be fused) ``steps``; an op
+    that only implements ``plan(sizes, gen) -> (matrices, new sizes)`` is applied by the batched pass."""
+
+    fill: float | None = None  # what a crop outside the image shows (None: 0; masks: their ignore index)
+
+    def params(self, sizes: torch.Tensor, gen: torch.Generator):
+        return None
+
+    def matrix(self, sizes: torch.Tensor, params) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def steps(self, sizes: torch.Tensor, params) -> list | None:
+        return None  # not fusable
 
     def plan(self, sizes: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        return self.matrix(sizes, self.params(sizes, gen))
+
+    @property
+    def fusable(self) -> bool:
+        """Whether it states its geometry as steps (so the fused, per-sample path can run it)."""
+        return type(self).plan is Geometric.plan and type(self).steps is not Geometric.steps
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -49,7 +75,7 @@ class Resize(Geometric):
     def __init__(self, size):
         self.size = size
 
-    def plan(self, sizes, gen):
+    def _new(self, sizes):
         h, w = sizes[:, 0].double(), sizes[:, 1].double()
         if isinstance(self.size, int):
             s = self.size
@@ -59,7 +85,16 @@ class Resize(Geometric):
         else:
             th, tw = _size(self.size)
             nh, nw = torch.full_like(h, th), torch.full_like(w, tw)
+        return nh, nw
+
+    def matrix(self, sizes, params):
+        nh, nw = self._new(sizes)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
         return _mat(w / nw, h / nh, 0.0, 0.0), torch.stack([nh, nw], 1).long()
+
+    def steps(self, sizes, params):
+        nh, nw = self._new(sizes)
+        return [("resize", _ints(nh), _ints(nw))]
 
 
 class CenterCrop(Geometric):
@@ -69,34 +104,55 @@ class CenterCrop(Geometric):
     def __init__(self, size):
         self.size = size
 
-    def plan(self, sizes, gen):
+    def _origin(self, sizes):
         th, tw = _size(self.size)
         h, w = sizes[:, 0].double(), sizes[:, 1].double()
-        # inside the image: torchvision's round((h - th) / 2); a larger crop pads like torchvision, with
-        # (th - h) // 2 on the top / left
         top = torch.where(h >= th, torch.round((h - th) / 2), -torch.div(th - h, 2, rounding_mode="floor"))
         left = torch.where(w >= tw, torch.round((w - tw) / 2), -torch.div(tw - w, 2, rounding_mode="floor"))
+        return top, left
+
+    def matrix(self, sizes, params):
+        th, tw = _size(self.size)
+        top, left = self._origin(sizes)
         B = len(sizes)
         return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, params):
+        th, tw = _size(self.size)
+        top, left = self._origin(sizes)
+        B = len(sizes)
+        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
 
 
 class Letterbox(Geometric):
     """Fit inside ``size`` keeping aspect (the binding side exact, the other rounded), centred; the rest
-    is filled with ``fill`` (0-255)."""
+    is filled with ``fill`` (0-255; masks get their ignore index)."""
 
     def __init__(self, size, fill: float = 0.0):
         self.size, self.fill = size, fill
 
-    def plan(self, sizes, gen):
+    def _fit(self, sizes):
         th, tw = _size(self.size)
         h, w = sizes[:, 0].double(), sizes[:, 1].double()
         width_binds = tw / w <= th / h
         nw = torch.where(width_binds, torch.full_like(w, tw), torch.clamp(torch.round(w * th / h), 1, tw))
         nh = torch.where(width_binds, torch.clamp(torch.round(h * tw / w), 1, th), torch.full_like(h, th))
         top, left = torch.div(th - nh, 2, rounding_mode="floor"), torch.div(tw - nw, 2, rounding_mode="floor")
+        return nh, nw, top, left
+
+    def matrix(self, sizes, params):
+        th, tw = _size(self.size)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        nh, nw, top, left = self._fit(sizes)
         sx, sy = w / nw, h / nh
         B = len(sizes)
         return _mat(sx, sy, -left * sx, -top * sy), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, params):
+        th, tw = _size(self.size)
+        nh, nw, top, left = self._fit(sizes)
+        B = len(sizes)
+        return [("resize", _ints(nh), _ints(nw)), ("crop", _ints(-top), _ints(-left), [th] * B, [tw] * B)]
 
 
 class RandomResizedCrop(Geometric):
@@ -108,7 +164,7 @@ class RandomResizedCrop(Geometric):
         self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)
 
     def params(self, sizes: torch.Tensor, gen: torch.Generator):
-        """(top, left, crop_h, crop_w) per sample, float64."""
+        """(top, left, crop_h, crop_w) per sample, float64 (whole numbers)."""
         B, tries = len(sizes), 10
         h, w = sizes[:, 0:1].double(), sizes[:, 1:2].double()
         area = h * w
@@ -136,11 +192,17 @@ class RandomResizedCrop(Geometric):
         left = torch.where(fb, torch.div(w[:, 0] - fb_w, 2, rounding_mode="floor"), left)
         return top, left, ch_t, cw_t
 
-    def plan(self, sizes, gen):
+    def matrix(self, sizes, params):
         th, tw = _size(self.size)
-        top, left, ch, cw = self.params(sizes, gen)
+        top, left, ch, cw = params
         B = len(sizes)
         return _mat(cw / tw, ch / th, left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, params):
+        th, tw = _size(self.size)
+        top, left, ch, cw = params
+        B = len(sizes)
+        return [("crop", _ints(top), _ints(left), _ints(ch), _ints(cw)), ("resize", [th] * B, [tw] * B)]
 
 
 class _RandomFlip(Geometric):
@@ -149,9 +211,11 @@ class _RandomFlip(Geometric):
     def __init__(self, p: float = 0.5):
         self.p = p
 
-    def plan(self, sizes, gen):
+    def params(self, sizes, gen):
+        return torch.rand(len(sizes), generator=gen, dtype=torch.float64) < self.p
+
+    def matrix(self, sizes, flip):
         B = len(sizes)
-        flip = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
         one, zero = torch.ones(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
         extent = sizes[:, 1 - self.axis].double()  # width for a horizontal flip
         s = torch.where(flip, -one, one)
@@ -159,14 +223,17 @@ class _RandomFlip(Geometric):
         m = _mat(s, one, t, zero) if self.axis == 0 else _mat(one, s, zero, t)
         return m, sizes.clone()
 
+    def steps(self, sizes, flip):
+        return [("flip", [self.axis] * len(sizes), [bool(f) for f in flip.tolist()])]
+
 
 class RandomHorizontalFlip(_RandomFlip):
-    """Mirror left-right with probability ``p``, per sample. Exact (no resampling when alone)."""
+    """Mirror left-right with probability ``p``, per sample. Exact (no resampling)."""
 
     axis = 0
 
 
 class RandomVerticalFlip(_RandomFlip):
-    """Mirror top-bottom with probability ``p``, per sample. Exact (no resampling when alone)."""
+    """Mirror top-bottom with probability ``p``, per sample. Exact (no resampling)."""
 
     axis = 1

@@ -1,7 +1,15 @@
 """Dtype and layout ops. Convention: a uint8 image is (B, H, W, C) as stored; a float image is
-(B, C, H, W) as models expect (``ToFloat`` switches, without copying the channel order physically:
-the result is channels-last in memory, which ``ChannelsLast`` then keeps for free)."""
+(B, C, H, W) as models expect, contiguous (NCHW in memory) unless ``ChannelsLast`` asks for channels-last
+memory (then made directly in that layout, at no extra cost).
+
+A run of these ops right after the geometric ones is fused into one pass (:class:`PixelPost`): on the CPU
+it runs per sample in the Loader's filler threads, right after the sample's resize, while its bytes are
+still in cache (per batch it would be a memory-bound pass over the whole batch); on a GPU it runs once per
+batch after the copy, so the host sends uint8.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -9,21 +17,19 @@ from ..errors import DscError
 
 
 class ToFloat:
-    """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1] (``scale=False``: 0-255)."""
+    """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1] (``scale=False``: 0-255), contiguous."""
 
     def __init__(self, dtype: torch.dtype = torch.float32, scale: bool = True):
         self.dtype, self.scale = dtype, scale
 
     def __call__(self, batch: dict, gen=None) -> dict:
-        img = batch["image"]
-        if img.dtype == torch.uint8:
-            img = img.permute(0, 3, 1, 2).to(self.dtype)
-            if self.scale:
-                img = img.div_(255.0)
-        else:
-            img = img.to(self.dtype)
-        batch["image"] = img
-        return batch
+        if batch["image"].dtype != torch.uint8:  # already float: a cast
+            batch["image"] = batch["image"].to(self.dtype)
+            return batch
+        return fuse_photometric([self])[0](batch)
+
+    def __repr__(self):
+        return f"ToFloat(dtype={self.dtype}, scale={self.scale})"
 
 
 class Normalize:
@@ -31,17 +37,28 @@ class Normalize:
 
     def __init__(self, mean, std):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self._consts: dict = {}
+
+    def constants(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift) as (1, C, 1, 1) tensors, made once per device and dtype (a per-batch tensor
+        built from Python numbers would be a blocking host-to-device copy on CUDA)."""
+        key = (str(device), dtype)
+        if key not in self._consts:
+            scale = torch.tensor([1 / s for s in self.std], dtype=dtype).view(1, -1, 1, 1)
+            shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], dtype=dtype).view(1, -1, 1, 1)
+            self._consts[key] = (scale.to(device), shift.to(device))
+        return self._consts[key]
 
     def __call__(self, batch: dict, gen=None) -> dict:
         img = batch["image"]
         if not img.is_floating_point():
             raise DscError("Normalize needs a float image: put T.ToFloat() before it")
-        shape = (1, -1, 1, 1)
-        scale = torch.tensor([1 / s for s in self.std], dtype=img.dtype, device=img.device).view(shape)
-        shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], dtype=img.dtype,
-                             device=img.device).view(shape)
+        scale, shift = self.constants(img.device, img.dtype)
         batch["image"] = torch.addcmul(shift, img, scale)  # one pass: x / std - mean / std
         return batch
+
+    def __repr__(self):
+        return f"Normalize(mean={self.mean}, std={self.std})"
 
 
 class ToDtype:
@@ -54,6 +71,9 @@ class ToDtype:
         batch["image"] = batch["image"].to(self.dtype)
         return batch
 
+    def __repr__(self):
+        return f"ToDtype({self.dtype})"
+
 
 class ChannelsLast:
     """A float (B, C, H, W) image in ``torch.channels_last`` memory format (free after ToFloat)."""
@@ -62,6 +82,9 @@ class ChannelsLast:
         batch["image"] = batch["image"].contiguous(memory_format=torch.channels_last)
         return batch
 
+    def __repr__(self):
+        return "ChannelsLast()"
+
 
 class ChannelsFirst:
     """A float (B, C, H, W) image in the default contiguous (NCHW) memory format."""
@@ -69,3 +92,88 @@ class ChannelsFirst:
     def __call__(self, batch: dict, gen=None) -> dict:
         batch["image"] = batch["image"].contiguous()
         return batch
+
+    def __repr__(self):
+        return "ChannelsFirst()"
+
+
+@dataclass
+class PixelPost:
+    """ToFloat [+ Normalize] [+ ToDtype] [+ ChannelsLast | ChannelsFirst], as one pass uint8 -> float:
+    ``x * scale[c] + shift[c]`` in float32, stored as ``dtype`` (B, C, H, W): contiguous, or channels-last in
+    memory when ChannelsLast came last."""
+
+    dtype: torch.dtype
+    scale: tuple[float, ...]
+    shift: tuple[float, ...]
+    channels_last: bool = False
+
+    def _consts(self, device, channels: int):
+        key = (str(device), channels)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:
+            def per_channel(v):
+                return torch.tensor(v if len(v) == channels else v * channels, dtype=torch.float32)
+
+            cache[key] = (per_channel(self.scale).to(device), per_channel(self.shift).to(device))
+        return cache[key]
+
+    def empty(self, B: int, h: int, w: int, c: int, alloc=None) -> torch.Tensor:
+        """The (B, C, H, W) output, allocated in its memory format (``alloc(name, shape, dtype)`` gives
+        the memory: (B, H, W, C) channels-last, or (B, C, H, W))."""
+        if self.channels_last:
+            buf = alloc("image", (B, h, w, c), self.dtype) if alloc else torch.empty((B, h, w, c), dtype=self.dtype)
+            return buf.permute(0, 3, 1, 2)
+        return alloc("image", (B, c, h, w), self.dtype) if alloc else torch.empty((B, c, h, w), dtype=self.dtype)
+
+    def apply_sample(self, hwc: torch.Tensor, chw_out: torch.Tensor) -> None:
+        """One uint8 (H, W, C) sample into its (C, H, W) slot of the output."""
+        scale, shift = self._consts(hwc.device, hwc.shape[2])
+        src = hwc.permute(2, 0, 1)
+        if self.dtype == torch.float32:
+            torch.addcmul(shift.view(-1, 1, 1), src, scale.view(-1, 1, 1), out=chw_out)
+        else:
+            chw_out.copy_(torch.addcmul(shift.view(-1, 1, 1), src, scale.view(-1, 1, 1)))
+
+    def apply_batch(self, bhwc: torch.Tensor) -> torch.Tensor:
+        """A uint8 (B, H, W, C) batch (on any device) -> the float (B, C, H, W) output."""
+        scale, shift = self._consts(bhwc.device, bhwc.shape[3])
+        out = torch.addcmul(shift.view(1, -1, 1, 1), bhwc.permute(0, 3, 1, 2), scale.view(1, -1, 1, 1))
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format  # out: as its input, HWC
+        return out.to(self.dtype, memory_format=fmt)
+
+    def __call__(self, batch: dict, gen=None) -> dict:
+        img = batch["image"]
+        if img.dtype != torch.uint8:
+            raise DscError("ToFloat takes the uint8 (B, H, W, C) image a dsc batch holds")
+        batch["image"] = self.apply_batch(img)
+        return batch
+
+
+PIXEL_OPS = (ToFloat, Normalize, ToDtype, ChannelsLast, ChannelsFirst)
+
+
+def fuse_photometric(ops: list) -> tuple[PixelPost | None, int]:
+    """The longest run of ``ops`` (from the start) that one :class:`PixelPost` computes, and its length:
+    it must begin with ToFloat; then Normalize, ToDtype and the memory-format ops in any order."""
+    if not ops or not isinstance(ops[0], ToFloat):
+        return None, 0
+    first = ops[0]
+    scale, shift = [1 / 255.0 if first.scale else 1.0], [0.0]
+    dtype, channels_last, n = first.dtype, False, 1
+    for op in ops[1:]:
+        if isinstance(op, Normalize):  # (x * scale + shift - mean) / std
+            c = max(len(scale), len(op.std), len(op.mean))
+            bc = lambda v: list(v) * c if len(v) == 1 else list(v)  # noqa: E731
+            scale = [a / d for a, d in zip(bc(scale), bc(op.std))]
+            shift = [(t - m) / d for t, m, d in zip(bc(shift), bc(op.mean), bc(op.std))]
+        elif isinstance(op, ToDtype):
+            dtype = op.dtype
+        elif isinstance(op, ChannelsLast):
+            channels_last = True
+        elif isinstance(op, ChannelsFirst):
+            channels_last = False
+        else:
+            break
+        n += 1
+    return PixelPost(dtype, tuple(scale), tuple(shift), channels_last), n

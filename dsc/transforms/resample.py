@@ -1,13 +1,17 @@
-"""Apply a chain of geometric ops to a batch: one resampling pass for the pixels, the inverse map for
-the boxes."""
+"""Apply a chain of geometric ops to a gathered batch: per sample through the fused executor when every
+op has steps (``fused.py``), else one batched ``grid_sample`` pass through the composed maps (antialiased
+by supersampling where it shrinks); boxes through the inverse maps either way."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import DscError
 from ..formats.fields import Schema
-from .geometric import Geometric, Letterbox
+from .fused import plan_chain, run_batch
+from .geometric import Geometric
 
 def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, Hm, Wm[, C]) canvas and (B, 2) true sizes of an image-like key, from a fixed, padded or packed
@@ -29,6 +33,20 @@ def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
                        f"put them before ToFloat")
     B, H, W = img.shape[:3]
     return img, torch.tensor([[H, W]], dtype=torch.long).expand(B, 2)
+
+
+def _views(batch: dict, key: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per-sample views (H_b, W_b[, C]) of an image-like key and the (B, 2) sizes, whatever its form."""
+    img = batch[key]
+    if f"{key}_offsets" in batch:
+        o, shapes = batch[f"{key}_offsets"].tolist(), batch[f"{key}_shapes"]
+        views = [img[o[b]:o[b + 1]].view(*shp) for b, shp in enumerate(shapes.tolist())]
+        return views, shapes[:, :2].long().cpu()
+    if f"{key}_sizes" in batch:
+        sizes = batch[f"{key}_sizes"].long().cpu()
+        return [img[b, :h, :w] for b, (h, w) in enumerate(sizes.tolist())], sizes
+    canvas, sizes = _canvas(batch, key)
+    return list(canvas), sizes
 
 
 def _source_coords(M: torch.Tensor, src_sizes: torch.Tensor, out_h: int, out_w: int, dev, dtype):
@@ -70,90 +88,67 @@ def _nearest(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out
 
 
 def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int,
-              fill: float, to_float: bool) -> torch.Tensor:
-    """Bilinear resampling of every sample through its map in one ``grid_sample`` call.
+              fill: float) -> torch.Tensor:
+    """Bilinear resampling of every sample through its map with ``grid_sample``, antialiased where the map
+    shrinks: each output pixel averages n x n bilinear taps spread over its footprint in the source (n = the
+    shrink factor, rounded up, at most 8), which approximates the widened filter of an antialiased resize.
 
-    Each output pixel centre is mapped to source pixel coordinates; a point outside the sample's own
-    image (letterbox bars, a crop larger than the image) gets ``fill``; points inside are clamped to the
-    sample's outermost pixel centres, so edges replicate like ``F.interpolate`` instead of blending with
-    the zeros of a padded canvas."""
+    A point outside the sample's own image (letterbox bars, a crop larger than the image) gets ``fill``;
+    points inside are clamped to the sample's outermost pixel centres, so edges replicate like
+    ``F.interpolate`` instead of blending with the zeros of a padded canvas."""
     B, Hm, Wm, C = canvas.shape
-    xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, canvas.device, torch.float32)
-    valid = (xi >= 0) & (xi <= w) & (yi >= 0) & (yi <= h)
-    xi = torch.minimum(torch.clamp(xi, min=0.5), w - 0.5) * (2.0 / Wm) - 1.0
-    yi = torch.minimum(torch.clamp(yi, min=0.5), h - 0.5) * (2.0 / Hm) - 1.0
-    xi, yi = torch.broadcast_tensors(xi, yi)
-    grid = torch.stack([xi, yi], -1)
-    out = F.grid_sample(canvas.permute(0, 3, 1, 2).float(), grid, mode="bilinear", padding_mode="border",
-                        align_corners=False)
-    if not bool(valid.all()):
-        out = torch.where(valid.expand(B, out_h, out_w).unsqueeze(1), out, torch.full_like(out, fill))
-    if to_float:
-        return out.div_(255.0)
-    return out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    src = canvas.permute(0, 3, 1, 2).float()
+    taps = [min(8, max(1, math.ceil(float(M[:, :2, a].norm(dim=1).max()) - 1e-9))) for a in (0, 1)]
+    cx, cy, w, h = _source_coords(M, src_sizes, out_h, out_w, canvas.device, torch.float32)
+    valid = (cx >= 0) & (cx <= w) & (cy >= 0) & (cy <= h)  # inside / outside: decided at the pixel centre
+    out = None
+    for i in range(taps[0]):
+        for j in range(taps[1]):
+            shift = torch.tensor([[1.0, 0, (i + 0.5) / taps[0] - 0.5], [0, 1.0, (j + 0.5) / taps[1] - 0.5],
+                                  [0, 0, 1.0]], dtype=torch.float64)
+            xi, yi, _, _ = _source_coords(M @ shift, src_sizes, out_h, out_w, canvas.device, torch.float32)
+            xi = torch.minimum(torch.clamp(xi, min=0.5), w - 0.5) * (2.0 / Wm) - 1.0
+            yi = torch.minimum(torch.clamp(yi, min=0.5), h - 0.5) * (2.0 / Hm) - 1.0
+            xi, yi = torch.broadcast_tensors(xi, yi)
+            tap = F.grid_sample(src, torch.stack([xi, yi], -1), mode="bilinear", padding_mode="border",
+                                align_corners=False)
+            out = tap if out is None else out.add_(tap)
+    out.div_(taps[0] * taps[1])
+    out = torch.where(valid.expand(B, out_h, out_w).unsqueeze(1), out, torch.full_like(out, fill))
+    return out.round_().clamp_(0, 255).to(canvas.dtype).permute(0, 2, 3, 1).contiguous()
 
 
-def _exact_indices(M, sizes, out_h, out_w):
-    """When the map is a pure integer shift / flip inside every image, the source pixel indices."""
-    sx, sy, tx, ty = M[:, 0, 0], M[:, 1, 1], M[:, 0, 2], M[:, 1, 2]
-    if not (torch.all(M[:, 0, 1] == 0) and torch.all(M[:, 1, 0] == 0)
-            and torch.all(sx.abs() == 1) and torch.all(sy.abs() == 1)
-            and torch.all(tx == tx.round()) and torch.all(ty == ty.round())):
-        return None
-    xs = (sx[:, None] * (torch.arange(out_w, dtype=torch.float64) + 0.5) + tx[:, None] - 0.5).long()
-    ys = (sy[:, None] * (torch.arange(out_h, dtype=torch.float64) + 0.5) + ty[:, None] - 0.5).long()
-    if xs.min() < 0 or ys.min() < 0 or (xs >= sizes[:, 1:2]).any() or (ys >= sizes[:, 0:1]).any():
-        return None
-    return ys, xs
-
-
-def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, to_float: bool = False,
-                    schema: Schema | None = None) -> dict:
+def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None) -> dict:
     """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
-    their ignore fill) and on the boxes, through one composed map per sample."""
+    their ignore fill) and on the boxes, from one draw of the parameters per batch."""
     schema = schema if schema is not None else (getattr(batch, "schema", None) or Schema.default())
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise DscError("geometric transforms need the batch's 'image'")
-    src_sizes = _canvas(batch, "image")[1]
-    sizes = src_sizes
-    B = len(sizes)
-    M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
-    fill = 0.0
-    for op in ops:
-        m, sizes_new = op.plan(sizes, gen)
-        M = M @ m
-        if isinstance(op, Letterbox):
-            fill = float(op.fill)
-        sizes = sizes_new
-    if not bool((sizes == sizes[0]).all()):
-        raise DscError("the geometric transforms leave samples at different sizes; end the chain with a "
-                       "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
-    out_h, out_w = (int(v) for v in sizes[0])
-    exact = _exact_indices(M, src_sizes, out_h, out_w)
+    plan = plan_chain(ops, _views(batch, "image")[1], gen)
+    out_h, out_w = plan.out
     for key, role in pixels.items():
-        canvas, key_sizes = _canvas(batch, key)
-        dev = canvas.device
-        if exact is not None:
-            ys, xs = (t.to(dev) for t in exact)
-            b = torch.arange(B, device=dev)[:, None, None]
-            out = canvas[b, ys[:, :, None], xs[:, None, :]]
-            if key == "image" and to_float:
-                out = out.permute(0, 3, 1, 2).float().div_(255.0)
-        elif role.resample == "nearest":
-            out = _nearest(canvas, key_sizes, M, out_h, out_w, fill if role.fill is None else role.fill)
+        fill = plan.fill if role.fill is None else role.fill
+        nearest = role.resample == "nearest"
+        if plan.programs is not None:
+            views = _views(batch, key)[0]
+            tail = tuple(views[0].shape[2:]) if views else ()
+            out = run_batch(views, plan.programs, torch.empty((len(views), out_h, out_w, *tail),
+                                                              dtype=batch[key].dtype), nearest, fill)
         else:
-            out = _resample(canvas, key_sizes, M, out_h, out_w, fill if role.fill is None else role.fill,
-                            to_float and key == "image")
+            canvas, key_sizes = _canvas(batch, key)
+            out = (_nearest if nearest else _resample)(canvas, key_sizes, plan.matrices, out_h, out_w, fill)
         for suffix in ("_offsets", "_shapes", "_sizes"):
             batch.pop(key + suffix, None)
         batch[key] = out
     if "boxes" in batch:
-        _transform_boxes(batch, M, out_w, out_h, schema.box_rows())
+        transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
     return batch
 
 
-def _transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> None:
+def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> None:
+    """Boxes through the forward maps, clipped to the output; boxes left without area are dropped with
+    every per-box row, and ``box_offsets`` rewritten (batched, no loop per box)."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]

@@ -1,0 +1,164 @@
+"""Geometric chains run per sample, from a view of the stored sample straight into the output buffer.
+
+A chain is planned once per batch (``plan_chain``): every op draws its parameters from the batch's
+generator, giving each sample a matrix (boxes) and a program of integer steps (crop, resize, flip). The
+program is run on each sample's zero-copy view of the mapped shard (``run_program``): a crop is a slice of
+the view, flips are folded into the one contiguous copy that resampling needs, and the last resize
+writes into the output slot itself with torch's antialiased uint8 kernel (``_upsample_bilinear2d_aa``, the
+AVX2 fixed-point path torchvision's ``resize`` on uint8 tensors runs; masks: nearest neighbour by index).
+The kernel releases the GIL, so the Loader's filler threads resize in parallel; torch runs it
+single-threaded in each of them.
+
+Resizing a flipped crop equals flipping the resized crop up to the rounding of exact ties in the filter's
+support, so the copy that resampling needs applies the flips too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .geometric import Geometric
+
+_aa = getattr(torch.ops.aten._upsample_bilinear2d_aa, "out", None)
+
+
+@dataclass
+class ChainPlan:
+    """One batch's geometry: (B, 3, 3) output->input matrices, the output (h, w), the per-sample programs
+    (None when an op has no steps: then the batched resampling pass applies the matrices), and the fill
+    of pixels outside the image (the last Letterbox's)."""
+
+    matrices: torch.Tensor
+    out: tuple[int, int]
+    programs: list[list[tuple]] | None
+    fill: float = 0.0
+
+
+def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
+    """Draw every op's parameters for a batch of samples of ``sizes`` (B, 2) (h, w), in op order."""
+    from ..errors import DscError
+
+    B = len(sizes)
+    M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
+    steps: list | None = []
+    fill = 0.0
+    for op in ops:
+        if type(op).plan is not Geometric.plan:  # an op that only knows its matrices
+            m, new = op.plan(sizes, gen)
+            steps = None
+        else:
+            p = op.params(sizes, gen)
+            m, new = op.matrix(sizes, p)
+            s = op.steps(sizes, p)
+            steps = None if steps is None or s is None else steps + s
+        if getattr(op, "fill", None) is not None:
+            fill = float(op.fill)
+        M = M @ m
+        sizes = new
+    if not bool((sizes == sizes[0]).all()):
+        raise DscError("the geometric transforms leave samples at different sizes; end the chain with a "
+                       "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
+    programs = None
+    if steps is not None:  # per sample: [(kind, args...)], from the batched lists
+        programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
+    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill)
+
+
+def _flip(x: torch.Tensor, fh: bool, fw: bool) -> torch.Tensor:
+    dims = [d for d, f in ((0, fh), (1, fw)) if f]
+    if not dims:
+        return x
+    if x.dtype == torch.uint16:  # no flip kernel for uint16: index instead
+        for d in dims:
+            x = x.index_select(d, torch.arange(x.shape[d] - 1, -1, -1))
+        return x
+    return x.flip(dims)
+
+
+def _resize_image(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Antialiased bilinear resize of a contiguous (H, W, C) uint8 tensor, into ``out`` (h, w, C) if given."""
+    src = x.permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory: channels-last, the fast uint8 path
+    if out is None:
+        out = torch.empty((h, w, x.shape[2]), dtype=x.dtype)
+    dst = out.permute(2, 0, 1).unsqueeze(0)
+    if _aa is not None and x.dtype == torch.uint8:
+        _aa(src, [h, w], False, None, None, out=dst)
+    else:
+        dst.copy_(torch.nn.functional.interpolate(src.float() if x.is_floating_point() else src, size=(h, w),
+                                                  mode="bilinear", antialias=True))
+    return out
+
+
+def _resize_nearest(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Nearest neighbour: output pixel (i, j) takes input pixel (floor((i + .5) H / h), floor((j + .5) W / w))."""
+    H, W = x.shape[:2]
+    ys = torch.clamp(((torch.arange(h, dtype=torch.float64) + 0.5) * (H / h)).floor().long(), max=H - 1)
+    xs = torch.clamp(((torch.arange(w, dtype=torch.float64) + 0.5) * (W / w)).floor().long(), max=W - 1)
+    rows = x.index_select(0, ys)
+    if out is None:
+        return rows.index_select(1, xs)
+    torch.index_select(rows, 1, xs, out=out)
+    return out
+
+
+def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float,
+                post=None) -> None:
+    """One sample: ``src`` (H, W[, C]) through ``program`` into ``out`` (h, w[, C]); with ``post`` (a
+    :class:`~dsc.transforms.photometric.PixelPost`) the uint8 result goes through it into ``out`` (C, h, w)."""
+    target = out
+    if post is not None:
+        if not program and src.dim() == 3:
+            post.apply_sample(src, out)  # nothing geometric: straight from the view
+            return
+        target = torch.empty((out.shape[1], out.shape[2], out.shape[0]), dtype=src.dtype)
+    x = src
+    fh = fw = False  # flips not applied yet: crops mirror their coordinates instead
+    done = False
+    for k, (kind, *a) in enumerate(program):
+        if kind == "flip":
+            if a[1]:
+                fw, fh = (not fw, fh) if a[0] == 0 else (fw, not fh)
+        elif kind == "crop":
+            top, left, h, w = a
+            H, W = x.shape[:2]
+            top = H - top - h if fh else top
+            left = W - left - w if fw else left
+            if 0 <= top and top + h <= H and 0 <= left and left + w <= W:
+                x = x[top:top + h, left:left + w]
+            else:  # partly outside: a canvas of the fill with the inside part pasted
+                canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype)
+                t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
+                if t1 > t0 and l1 > l0:
+                    canvas[t0 - top:t1 - top, l0 - left:l1 - left] = x[t0:t1, l0:l1]
+                x = canvas
+        else:  # resize
+            h, w = a
+            if x.shape[:2] == (h, w):
+                continue
+            rest = program[k + 1:]
+            last = all(step[0] == "flip" for step in rest)
+            if last:  # flips after the last resize commute with it: fold them into the copy below
+                for step in rest:
+                    if step[2]:
+                        fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+            x = _flip(x, fh, fw).contiguous()
+            fh = fw = False
+            x = (_resize_nearest if nearest else _resize_image)(x, h, w, target if last else None)
+            if last:
+                done = True
+                break
+    if not done:
+        target.copy_(_flip(x, fh, fw))
+    if post is not None:
+        post.apply_sample(target, out)
+
+
+def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,
+              post=None) -> torch.Tensor:
+    """``views[b]`` (a tensor or array per sample) through ``programs[b]`` (None: none) into ``out[b]``."""
+    for b, v in enumerate(views):
+        run_program(torch.from_numpy(v) if isinstance(v, np.ndarray) else v, programs[b] if programs else [],
+                    out[b], nearest, fill, post)
+    return out
