@@ -8,11 +8,11 @@ import bench_compile  # noqa: E402
 import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_loader  # noqa: E402
-import bench_transforms  # noqa: E402
+import bench_recipe  # noqa: E402
 
 if __name__ == "__main__":
     bench_compile_read.main()
     bench_compile.main()
     bench_detection.main()
     bench_loader.main()
-    bench_transforms.main()
+    bench_recipe.main()

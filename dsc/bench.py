@@ -8,6 +8,11 @@
     and the first batch not timed).
 Also printed: the same gathers from as many threads as the loader uses, without the loader's queueing:
 the loader's own overhead is the gap to that line.
+
+``--recipe imagenet``: the standard training recipe (RandomResizedCrop(224), horizontal flip, ToFloat,
+Normalize) through the Loader, beside plain epochs of the same dataset and (c) a lean torch DataLoader
+that does the same recipe per image from the source JPEGs with PIL (2 persistent workers, start-up not
+timed).
 """
 from __future__ import annotations
 
@@ -105,18 +110,110 @@ class _PILSource(torch.utils.data.Dataset):
         return torch.tensor(apply_plan(im, plan, self.m.resize.fill, self.m.resize.filter))
 
 
-def pil_dataloader_rate(ds, batch_size: int, limit: int = 1024) -> float | None:
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def recipe(name: str, size: int = 224) -> list:
+    """A named training recipe as dsc transforms (``imagenet``: RandomResizedCrop, flip, float, normalise)."""
+    from . import transforms as T
+
+    if name != "imagenet":
+        from .errors import ConfigError
+
+        raise ConfigError(f"unknown recipe {name!r}; the recipes are: imagenet")
+    return [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToFloat(), T.Normalize(MEAN, STD)]
+
+
+class _PILRecipe(torch.utils.data.Dataset):
+    """The recipe per image, the classic way: decode the JPEG, torchvision's crop sampling, crop + bilinear
+    resize, flip, to float, normalise (the lean baseline dsc is compared with)."""
+
+    def __init__(self, paths, size: int = 224):
+        self.paths, self.size = paths, size
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        import numpy as np
+        from PIL import Image
+
+        from . import transforms as T
+
+        gen = torch.Generator().manual_seed(i)
+        with Image.open(self.paths[i]) as im:
+            im = im.convert("RGB")
+        t, l, h, w = (float(v) for v in T.RandomResizedCrop(self.size).params(torch.tensor([[im.height, im.width]]),
+                                                                                gen))
+        im = im.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(l, t, l + w, t + h))
+        if torch.rand(1, generator=gen).item() < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float().div_(255)
+        return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+
+
+def source_paths(ds, limit: int | None = None) -> list[str] | None:
+    """The source files of a dataset, when they are still where its manifest says."""
     m = ds.manifest
     root = Path(m.source.get("images") or m.source.get("root") or "")  # COCO keys are relative to images/
     paths = [str(root / k) for k in ds.keys[:limit]]
-    if m.image.layout != "fixed" or not paths or not Path(paths[0]).exists():
-        return None
-    dl = torch.utils.data.DataLoader(_PILSource(paths, m), batch_size=batch_size, num_workers=2, shuffle=True)
+    return paths if paths and m.source.get("kind") in ("imagefolder", "coco", "yolo", "voc", "segfolder") \
+        and Path(paths[0]).is_file() else None
+
+
+def dataloader_rate(dataset, batch_size: int, limit: int | None = None) -> float | None:
+    """Images/s of torch's DataLoader(num_workers=2, persistent) over ``dataset``, after its first batch."""
+    dl = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=2, shuffle=True,
+                                     persistent_workers=True)
     it = iter(dl)
     next(it)  # worker start-up and the first batch are not timed
-    t0 = time.perf_counter()
-    n = sum(len(b) for b in it)
+    t0, n = time.perf_counter(), 0
+    for b in it:
+        n += len(b)
+        if limit and n >= limit:
+            break
     return n / (time.perf_counter() - t0) if n else None
+
+
+def pil_dataloader_rate(ds, batch_size: int, limit: int = 1024) -> float | None:
+    paths = source_paths(ds, limit)
+    if ds.manifest.image.layout != "fixed" or not paths:
+        return None
+    return dataloader_rate(_PILSource(paths, ds.manifest), batch_size)
+
+
+def recipe_rates(ds, batch_size: int = 256, order: str = "random", num_threads: int = 2, epochs: int = 3,
+                 name: str = "imagenet", device: str = "cpu", baseline_limit: int = 2048) -> dict:
+    """The recipe through the Loader, plain epochs of the same dataset, and the PIL recipe DataLoader."""
+    from .runtime import Loader
+
+    plain = loader_rate(Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, device=device),
+                        epochs)
+    rate = loader_rate(Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, device=device,
+                              transforms=recipe(name)), epochs)
+    paths = source_paths(ds)
+    pil = dataloader_rate(_PILRecipe(paths), batch_size, baseline_limit) if paths and baseline_limit != 0 else None
+    return {"plain": plain, "recipe": rate, "pil_recipe": pil}
+
+
+def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order: str = "random",
+                     num_threads: int = 2, epochs: int = 3, device: str = "cpu", echo=print) -> dict:
+    from .runtime import open as open_dataset
+
+    ds = open_dataset(path)
+    r = recipe_rates(ds, batch_size, order, num_threads, epochs, name, device)
+    echo(f"dsc bench {path} --recipe {name}: {len(ds):,} samples, batch {batch_size}, order {order}, device {device}; "
+         f"RandomResizedCrop(224) + flip + ToFloat + Normalize")
+    echo(f"  {'dsc.Loader, plain epochs (no transforms)':<58} {r['plain']:>10,.0f} img/s")
+    echo(f"  {'dsc.Loader + recipe (fused into the gather)':<58} {r['recipe']:>10,.0f} img/s  "
+         f"{r['recipe'] / r['plain']:.0%} of plain epochs"
+         + (f", {r['recipe'] / r['pil_recipe']:.1f}x the PIL DataLoader" if r["pil_recipe"] else ""))
+    if r["pil_recipe"]:
+        echo(f"  {'torch DataLoader(2 workers): decode + recipe per image, PIL':<58} {r['pil_recipe']:>10,.0f} img/s  "
+             f"(baseline c)")
+    else:
+        echo("  (baseline c skipped: the source JPEGs are not where the manifest says)")
+    return r
 
 
 def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,

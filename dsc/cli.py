@@ -300,10 +300,17 @@ def verify_cmd(dataset: Path):
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="Loader threads.")
 @click.option("--prefetch", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True, help="Timed epochs (best is kept).")
-def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int):
+@click.option("--recipe", type=click.Choice(["imagenet"]), default=None,
+              help="Time a training recipe (imagenet: RandomResizedCrop(224), flip, ToFloat, Normalize) beside "
+                   "plain epochs and a PIL DataLoader doing it per image from the source JPEGs.")
+def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int, recipe):
     """Loader images/s and GB/s beside the machine's copy limit and a PIL-decoding DataLoader."""
-    from .bench import run_bench
+    from .bench import run_bench, run_recipe_bench
 
+    if recipe:
+        run_recipe_bench(dataset, recipe, batch_size=batch_size, order=order, num_threads=threads, epochs=epochs,
+                         echo=click.echo)
+        return
     run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
               epochs=epochs, echo=click.echo)
 
