@@ -17,8 +17,16 @@ from . import __version__
 from .errors import CompileLockedError, DscError
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """Warnings as the CLI's one-line notes (no source location: it would be dsc's, not the user's)."""
+    click.echo(f"warning: {message}", err=True)
+
+
 class DscGroup(click.Group):
     def invoke(self, ctx):
+        import warnings
+
+        warnings.showwarning = _warning_line
         try:
             return super().invoke(ctx)
         except BrokenPipeError:  # `dsc info OUT | head`: the reader left; stop quietly
@@ -282,7 +290,7 @@ def verify_cmd(dataset: Path):
 
     report = verify(dataset)
     if report.ok:
-        click.echo(f"OK: {report.shards_checked} shards and {report.files_checked} files of {dataset} match the "
+        click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {dataset} match the "
                    f"manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
         return
     for p in report.problems:

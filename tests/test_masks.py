@@ -110,9 +110,12 @@ def test_wide_class_ids_are_stored_as_uint16_and_zarr_reads_them(tmp_path):
         Image.fromarray(m).save(tmp_path / f"src/masks/{k}.png")  # 16-bit grey PNG
         Image.new("RGB", (30, 20), (k, k, k)).save(tmp_path / f"src/images/{k}.png")
     (tmp_path / "classes.txt").write_text("\n".join(names))
+    with pytest.raises(dsc.ConfigError, match="ignore index 255 is the id of class 'c255'.*65535"):
+        dsc.compile_segfolder(tmp_path / "src", tmp_path / "x", classes_file=tmp_path / "classes.txt", progress=False)
     for opts in (dict(size=(20, 30), resize="stretch"), dict()):
         out = tmp_path / f"out{len(opts)}"
-        dsc.compile_segfolder(tmp_path / "src", out, classes_file=tmp_path / "classes.txt", progress=False, **opts)
+        dsc.compile_segfolder(tmp_path / "src", out, classes_file=tmp_path / "classes.txt", progress=False,
+                              mask_ignore=65535, **opts)
         ds = dsc.open(out)
         assert ds.manifest.fields["mask"]["dtype"] == "uint16" and ds[0]["mask"].dtype == torch.uint16
         for k in range(3):
@@ -125,7 +128,7 @@ def test_wide_class_ids_are_stored_as_uint16_and_zarr_reads_them(tmp_path):
         # uint16 masks go through the batched transforms too (nearest, ignore fill)
         b = T.Compose([T.Letterbox(40)])(ds.get_batch([0, 1]))
         assert b["mask"].dtype == torch.uint16 and b["mask"].shape == (2, 40, 40)
-        assert int(b["mask"][0, 0, 0]) == 255  # the letterbox bar
+        assert int(b["mask"][0, 0, 0]) == 65535  # the letterbox bar: the dataset's ignore index
 
 
 def test_voc_masks(tmp_path):
@@ -312,7 +315,7 @@ def test_more_bad_masks(tmp_path):
     root = write_voc_segmentation(tmp_path / "voc", scenes)
     (root / "SegmentationClass" / f"{scenes[1]['file'][:-4]}.png").unlink()
     r = dsc.compile_voc(root, tmp_path / "v", split="train", masks=True, size=32, on_error="skip", progress=False)
-    assert len(r.skipped) == 1 and "No such file" in r.skipped[0]["reason"]
+    assert len(r.skipped) == 1 and "the mask of id scene_001 (listed in train.txt) is missing" in r.skipped[0]["reason"]
     # COCO: an RLE of another size than its image
     ann, images = write_coco(tmp_path / "coco", scenes, segmentation=True)
     data = json.loads(ann.read_text())
@@ -328,3 +331,108 @@ def test_more_bad_masks(tmp_path):
         Image.fromarray(m).save(tmp_path / f"s/masks/{k}.png")
     r = dsc.compile_segfolder(tmp_path / "s", tmp_path / "so", on_error="skip", progress=False)
     assert len(r.skipped) == 1 and "mask value 300 does not fit the dataset's uint8 masks" in r.skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("seg", [
+    {"size": [0, 0], "counts": [2 ** 62, 2 ** 62, 2 ** 62, 2 ** 62 + 1200]},  # wraps around in int64
+    {"size": [0, 0], "counts": [2 ** 70, 0]},
+    {"size": [0, 0], "counts": "o" * 40 + "0"},  # compressed, malformed
+    [[0, 0, 1e12, 0, 0, 10]],  # a vertex absurdly far outside: each edge would be walked
+], ids=["rle-wrap", "rle-huge", "rle-string", "far-polygon"])
+def test_hostile_coco_segmentations_are_sample_errors(tmp_path, seg):
+    scenes = detection_scenes(3, seed=5)
+    ann, images = write_coco(tmp_path / "coco", scenes, segmentation=True)
+    data = json.loads(ann.read_text())
+    a = next(a for a in data["annotations"] if a["image_id"] == 100)
+    if isinstance(seg, dict):
+        seg = {**seg, "size": [scenes[0]["height"], scenes[0]["width"]]}
+    a["segmentation"], a["iscrowd"] = seg, 0
+    ann.write_text(json.dumps(data))
+    r = dsc.compile_coco(ann, images, tmp_path / "out", masks="semantic", size=16, on_error="skip", progress=False,
+                         workers=1)
+    assert [s["key"] for s in r.skipped] == [scenes[0]["file"]] and "cannot rasterise" in r.skipped[0]["reason"]
+
+
+def test_coco_annotation_without_a_segmentation_is_a_skippable_sample(tmp_path):
+    scenes = detection_scenes(4, seed=8)
+    ann, images = write_coco(tmp_path / "coco", scenes, segmentation=True)
+    data = json.loads(ann.read_text())
+    data["annotations"][0]["segmentation"] = []
+    ann.write_text(json.dumps(data))
+    with pytest.raises(dsc.SampleError, match="no usable 'segmentation'"):
+        dsc.compile_coco(ann, images, tmp_path / "a", masks="semantic", size=16, progress=False)
+    r = dsc.compile_coco(ann, images, tmp_path / "b", masks="semantic", size=16, progress=False, on_error="skip")
+    assert len(r.skipped) == 1 and r.manifest.num_samples == 3
+
+
+def test_two_masks_for_one_image_are_refused_not_picked(seg, tmp_path):
+    root, scenes = seg
+    src = tmp_path / "src"
+    shutil.copytree(root, src)
+    Image.fromarray(seg_mask(scenes[0])).save(src / "masks" / f"{scenes[0]['file']}.bmp")
+    Image.new("L", (4, 4)).save(src / "masks" / "orphan.png")
+    r = dsc.compile_segfolder(src, tmp_path / "out", size=16, on_error="skip", progress=False)
+    assert len(r.skipped) == 1 and "2 mask files for it" in r.skipped[0]["reason"]
+    assert any("orphan" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize("edit", ["dtype", "height", "shards", "image-shards"])
+def test_a_mask_field_that_does_not_fit_the_dataset_is_refused(seg, tmp_path, edit):
+    from dsc.formats.zarr_v3 import read_json, write_json
+
+    root, _ = seg
+    out = tmp_path / "out"
+    dsc.compile_segfolder(root, out, size=16, shard_size=4, progress=False)
+    meta = read_json(out / "zarr.json")
+    m = meta["attributes"]["dsc"]
+    f = m["fields"]["mask"]
+    if edit == "dtype":
+        f["dtype"] = "uint16"
+    elif edit == "height":
+        f["height"] = 8
+    elif edit == "shards":
+        f["shards"] = f["shards"][:1]
+    else:
+        f["shards"] = m["shards"]
+    import hashlib
+
+    body = {k: v for k, v in m.items() if k != "checksum"}
+    m["checksum"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                              ensure_ascii=False).encode()).hexdigest()
+    write_json(out / "zarr.json", meta)
+    with pytest.raises(dsc.CorruptDatasetError, match="mask"):
+        dsc.open(out)
+    with pytest.raises(dsc.CorruptDatasetError):
+        dsc.verify(out)
+
+
+def test_ragged_mask_shapes_must_be_the_image_shapes(seg, tmp_path):
+    from dsc.formats.zarr_v3 import read_plain_array, write_plain_array
+
+    root, _ = seg
+    out = tmp_path / "out"
+    dsc.compile_segfolder(root, out, max_side=40, progress=False)
+    shapes = read_plain_array(out, "mask/shapes").copy()
+    shapes[0] = shapes[0][::-1]  # same size in bytes, the sides swapped
+    write_plain_array(out, "mask/shapes", shapes, ["sample", "axis"])
+    with pytest.raises(dsc.CorruptDatasetError, match="mask shapes differ from the image shapes"):
+        dsc.open(out)
+    report = dsc.verify(out)
+    assert not report.ok and any("another size than their images" in p.what for p in report.problems)
+
+
+def test_preview_draws_masks_and_the_dataset_names_them(seg, tmp_path):
+    root, scenes = seg
+    dsc.compile_segfolder(root, tmp_path / "out", classes=list(SEG_CLASSES), size=32, progress=False)
+    ds = dsc.open(tmp_path / "out")
+    assert ds.mask_classes == list(SEG_CLASSES) and ds.ignore_index == 255 and ds.classes == list(SEG_CLASSES)
+    from dsc.runtime.preview import cell_origin
+
+    dsc.preview(ds, tmp_path / "p.png", n=4, cols=2, cell=32)
+    png = np.asarray(Image.open(tmp_path / "p.png").convert("RGB")).astype(int)
+    mask, img = ds[0]["mask"].numpy(), ds[0]["image"].numpy().astype(int)
+    ys, xs = np.nonzero(mask != 0)
+    ox, oy = cell_origin(0, 2, 32)
+    assert (np.abs(png[oy + ys, ox + xs] - img[ys, xs]).max(axis=1) > 10).mean() > 0.9  # painted over
+    ys, xs = np.nonzero(mask == 0)
+    assert np.abs(png[oy + ys, ox + xs] - img[ys, xs]).max() <= 1  # background left clear

@@ -165,3 +165,60 @@ def test_bad_arguments_are_config_errors(scenes_src, tmp_path, call, match):
     dsc.compile_imagefolder(scenes_src, tmp_path / "ds", size=8, progress=False)
     with pytest.raises(dsc.ConfigError, match=match):
         call(dsc.open(tmp_path / "ds"))
+
+
+def test_a_plugins_own_errors_are_one_line(scenes_src, tmp_path, registry):
+    folder = scenes_src / "class_00"
+
+    @dsc.register_source
+    class Buggy(Source):
+        """Raises from scan or from its fetcher."""
+
+        name = "buggy"
+        params = (Param("where", "scan or fetch", type="choice", choices=("scan", "fetch"), default="scan"),)
+
+        def scan(self):
+            if self.where == "scan":
+                raise KeyError("oops")
+            files = sorted(folder.iterdir())
+            return ScannedSource(kind="buggy", root=str(folder), task="classification", classes=("x",),
+                                 records=[Record(key=p.name, path=str(p), label=0) for p in files])
+
+        def fetcher(self, records):
+            def fetch(r):
+                raise RuntimeError("cannot reach the bucket")
+            return fetch
+
+    r = CliRunner().invoke(main, ["compile", "buggy", str(tmp_path / "a"), "--size", "8", "-q"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "the 'buggy' source failed while scanning: KeyError: 'oops'" in r.output
+    r = CliRunner().invoke(main, ["compile", "buggy", str(tmp_path / "b"), "--where", "fetch", "--size", "8", "-q"])
+    assert r.exit_code == 1 and "the source could not fetch it (RuntimeError: cannot reach the bucket)" in r.output
+    with pytest.raises(dsc.SourceError, match="none of the"):  # every sample skipped: nothing to publish
+        dsc.compile_buggy(tmp_path / "c", where="fetch", size=8, on_error="skip", progress=False, workers=1)
+
+
+def test_flags_and_names_that_would_clash_are_refused(registry):
+    for params in ((Param("my_size", flag="--size"),), (Param("helpme", flag="-h"),), (Param("class"),),
+                   (Param("a", flag="--x"), Param("b", flag="--x"))):
+        cls = type("P", (Source,), {"name": "p", "params": params})
+        with pytest.raises(dsc.ConfigError):
+            dsc.register_source(cls)
+
+
+def test_positional_calls_of_the_earlier_functions_still_work(tmp_path):
+    """The signatures before the registry: compile_voc(root, out, split, classes, drop_empty_images),
+    compile_coco(annotations, images, out, keep_category_ids, drop_empty_images), compile_yolo(root, out,
+    split, data_yaml, classes_file, drop_empty_images)."""
+    from dsc.synthetic import detection_scenes, write_coco, write_voc, write_yolo
+
+    scenes = detection_scenes(5, seed=1)
+    voc = write_voc(tmp_path / "voc", scenes)
+    r = dsc.compile_voc(voc, tmp_path / "v", "trainval", None, True, size=16, progress=False)
+    assert r.manifest.num_samples == sum(1 for s in scenes if s["boxes"])  # drop_empty_images, positionally
+    ann, images = write_coco(tmp_path / "coco", scenes)
+    r = dsc.compile_coco(ann, images, tmp_path / "c", True, False, size=16, progress=False)
+    assert r.manifest.source["labels"] == "category_ids"
+    yolo = write_yolo(tmp_path / "yolo", scenes)
+    assert dsc.compile_yolo(yolo, tmp_path / "y", "train", None, None, True, size=16, progress=False)
+    assert dsc.compile_coco is dsc.compile_coco  # one function, not rebuilt per access

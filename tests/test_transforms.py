@@ -13,6 +13,7 @@ import dsc
 from dsc import transforms as T
 from dsc.synthetic import detection_scenes, write_coco
 
+from dsc.formats.fields import Role, Schema
 from reference import aa_resize
 
 
@@ -143,9 +144,15 @@ def test_degenerate_boxes_are_dropped_and_offsets_rewritten():
     batch = {"image": torch.zeros((2, 10, 10, 3), dtype=torch.uint8),
              "boxes": torch.tensor([[0, 0, 2, 2], [8, 8, 10, 10], [1, 1, 9, 9]], dtype=torch.float32),
              "labels": torch.tensor([1, 2, 3]), "box_offsets": torch.tensor([0, 2, 3])}
-    out = T.Compose([T.CenterCrop(4)])(batch)  # keeps [3, 7): the corner boxes vanish
+    with pytest.raises(dsc.ConfigError, match="no schema"):  # a plain dict: which keys are box rows is not guessed
+        T.Compose([T.CenterCrop(4)])(dict(batch))
+    schema = Schema(image=Role("pixels"), boxes=Role("boxes"), labels=Role("box_rows"))
+    out = T.Compose([T.CenterCrop(4)])(batch, schema=schema)  # keeps [3, 7): the corner boxes vanish
     assert out["box_offsets"].tolist() == [0, 0, 1]
     assert out["labels"].tolist() == [3] and out["boxes"].tolist() == [[0, 0, 4, 4]]
+    # a dsc batch moved with Batch.to keeps its schema: every per-box column is filtered with the boxes
+    b = dsc.Batch(batch, schema=schema).to("cpu")
+    assert b.schema is schema and T.Compose([T.CenterCrop(4)])(b)["labels"].tolist() == [3]
 
 
 def test_random_resized_crop_statistics():
@@ -212,3 +219,10 @@ def test_loader_detection_chain(det):
         assert len(b["box_offsets"]) == len(b["index"]) + 1 and b["boxes"].shape[0] == int(b["box_offsets"][-1])
         n += len(b["index"])
     assert n == len(ds)
+
+
+@pytest.mark.parametrize("make", [lambda: T.RandomResizedCrop(0), lambda: T.Letterbox(-3), lambda: T.CenterCrop("a"),
+                                  lambda: T.Resize((2, 0)), lambda: T.RandomResizedCrop(8, scale=(0.5, 0.1))])
+def test_bad_transform_arguments_are_config_errors(make):
+    with pytest.raises(dsc.ConfigError):
+        make()

@@ -6,6 +6,7 @@ the source's optional parameters and the :class:`CompileOptions` as keywords.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
@@ -41,9 +42,10 @@ def options_from(source_name: str, kwargs: dict) -> CompileOptions:
     return CompileOptions(**kwargs)
 
 
+@functools.lru_cache(maxsize=None)
 def compile_function(cls: type[Source]):
-    """``dsc.compile_<name>``: required source parameters, OUT, then keywords (source parameters and
-    compile options)."""
+    """``dsc.compile_<name>``: the required source parameters, OUT, the optional ones (positional too, in
+    declaration order), then compile options as keywords."""
     required = [p for p in cls.params if p.python and p.required]
     optional = [p for p in cls.params if p.python and not p.required]
     positional = [p.name for p in required] + ["out"]
@@ -51,7 +53,7 @@ def compile_function(cls: type[Source]):
     P = inspect.Parameter
     signature = inspect.Signature(
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
-        + [P(p.name, P.KEYWORD_ONLY, default=p.default) for p in optional] + [P("options", P.VAR_KEYWORD)],
+        + [P(p.name, P.POSITIONAL_OR_KEYWORD, default=p.default) for p in optional] + [P("options", P.VAR_KEYWORD)],
         return_annotation=CompileReport)
 
     def compile_fn(*args, **kwargs) -> CompileReport:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import DscError, SampleError, SourceError, WriteError
+from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
@@ -161,6 +161,11 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
         fields.append(ObjectsField(scanned.attributes))
     if scanned.masks is not None:
         m = scanned.masks
+        if m.classes and options.mask_ignore < len(m.classes):
+            raise ConfigError(f"the mask ignore index {options.mask_ignore} is the id of class "
+                              f"{m.classes[options.mask_ignore]!r}: padding and crowd regions would become that "
+                              f"class. Pass --mask-ignore (mask_ignore=) of at least {len(m.classes)}"
+                              + (" (65535 with more than 255 classes)" if len(m.classes) > 255 else ""))
         fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
                                                                                  m.wide),
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))

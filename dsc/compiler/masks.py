@@ -55,15 +55,15 @@ def check_values(mask: np.ndarray, num_classes: int, ignore: int, dtype: str, wh
     """Every value a class id (0..C-1 when the classes are known) or the ignore index, and storable."""
     if not mask.size:
         return
-    top = int(mask.max())
-    if top > np.iinfo(dtype).max:
-        raise SampleError(where, f"mask value {top} does not fit the dataset's {dtype} masks; give the full class "
-                                 f"list (more than 255 classes are stored as uint16)")
     if num_classes:
         bad = (mask >= num_classes) & (mask != ignore)
         if bad.any():
             raise SampleError(where, f"mask value {int(mask[bad][0])} is neither a class id (0..{num_classes - 1}) "
                                      f"nor the ignore index {ignore}")
+    top = int(mask.max())
+    if top > np.iinfo(dtype).max:
+        raise SampleError(where, f"mask value {top} does not fit the dataset's {dtype} masks; give the full class "
+                                 f"list (more than 255 classes are stored as uint16)")
 
 
 # ----------------------------------------------------------------------------- COCO shapes
@@ -109,11 +109,13 @@ def _toggles_to_mask(toggles: np.ndarray, h: int, w: int) -> np.ndarray:
 
 
 def rle_counts(counts: str) -> list[int]:
-    """COCO's compressed RLE string -> run lengths."""
+    """COCO's compressed RLE string -> run lengths (checked by ``rle_decode``)."""
     out, p = [], 0
     while p < len(counts):
         x, k, more = 0, 0, True
         while more:
+            if p >= len(counts) or k > 12 or not 48 <= ord(counts[p]) < 48 + 64:
+                raise ValueError("its compressed RLE counts are malformed")
             c = ord(counts[p]) - 48
             x |= (c & 0x1F) << (5 * k)
             more = bool(c & 0x20)
@@ -129,10 +131,14 @@ def rle_counts(counts: str) -> list[int]:
 
 def rle_decode(counts: list[int], h: int, w: int) -> np.ndarray:
     """Column-major run lengths, alternating 0 and 1 starting with 0 -> (h, w) bool."""
-    counts = np.asarray(counts, np.int64)
-    if counts.sum() != h * w or (counts < 0).any():
-        raise ValueError(f"RLE counts sum to {int(counts.sum())}, not {h}x{w} = {h * w} pixels")
-    flat = np.repeat(np.arange(len(counts)) % 2, counts).astype(bool)
+    total = 0  # Python ints first: a crafted count must not wrap around in int64
+    for c in counts:
+        if not isinstance(c, int) or c < 0 or c > h * w:
+            raise ValueError(f"RLE count {c!r} is not a run length within the {w}x{h} image")
+        total += c
+    if total != h * w:
+        raise ValueError(f"RLE counts sum to {total}, not {h}x{w} = {h * w} pixels")
+    flat = np.repeat(np.arange(len(counts)) % 2, np.asarray(counts, np.int64)).astype(bool)
     return flat.reshape(w, h).T
 
 
@@ -144,6 +150,11 @@ def segmentation_mask(seg, h: int, w: int) -> np.ndarray:
             raise ValueError(f"its RLE is {rw}x{rh} but the image is {w}x{h}")
         counts = seg["counts"]
         return rle_decode(rle_counts(counts) if isinstance(counts, str) else counts, h, w)
+    reach = 4 * max(h, w) + 64  # a vertex may lie outside the image, not arbitrarily far (each edge is walked)
+    for p in seg:
+        xy = np.asarray(p, np.float64)
+        if not np.all(np.isfinite(xy)) or np.abs(xy).max() > reach:
+            raise ValueError(f"a polygon vertex lies far outside the {w}x{h} image (or is not finite)")
     toggles = [_polygon_toggles(np.asarray(p, np.float64), h, w) for p in seg]
     mask = np.zeros((h, w), bool)
     for t in toggles:  # several polygons: their union
@@ -157,7 +168,7 @@ def rasterize(segments, h: int, w: int, ignore: int, dtype: str, where: str) -> 
     for k, (seg, value) in enumerate(segments):
         try:
             m = segmentation_mask(seg, h, w)
-        except (ValueError, TypeError, KeyError, IndexError) as e:
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError, MemoryError) as e:
             raise SampleError(where, f"annotation {k} of this image: cannot rasterise its segmentation ({e})") from None
         out[m] = ignore if value < 0 else value
     return out

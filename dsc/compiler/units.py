@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SampleError
+from ..errors import DscError, SampleError, SourceError
 from ..formats.fields import Field, MaskField, Part
 from .boxes import boxes_in_display_frame, to_stored
 from .decode import SWAPS_AXES, Decoded, decode_image, orient_array, to_mode
@@ -89,7 +89,12 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
     Returns ({field name: value}, decoded (h, w), affine, EXIF orientation)."""
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
-    item = fetch(rec)
+    try:
+        item = fetch(rec)
+    except (DscError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a source's own bug: a bad sample named, not a traceback
+        raise SampleError(where(rec), f"the source could not fetch it ({type(e).__name__}: {e})") from None
     if item.decoded:
         im = to_mode(item.obj, o.mode, o.background, rec.key)
         dec = Decoded(im, 1, (im.height, im.width))
@@ -127,7 +132,13 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     try:
         for f in task.fields:
             parts[f.name] = f.part(root, task.s, task.shard_size)
-        fetch = source.fetcher(task.records)
+        try:
+            fetch = source.fetcher(task.records)
+        except (DscError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise SourceError(f"the {source.name!r} source failed to open shard {task.s}'s records: "
+                              f"{type(e).__name__}: {e}") from None
         for j, rec in enumerate(task.records):
             try:
                 values, hw, aff, orientation = compile_sample(rec, o, fetch, mask_field)

@@ -194,7 +194,7 @@ class Manifest:
             if kind not in EXTRA_KINDS:
                 raise FormatVersionError(f"the dataset has a field {name!r} of kind {kind!r}, which this dsc does "
                                          f"not read; upgrade dsc (pip install -U dsc)")
-            FIELD_KINDS[kind].check(name, spec)
+            FIELD_KINDS[kind].check(name, spec, self)
         if (self.task == "detection") != (self.objects is not None):
             raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
         if self.objects is not None:

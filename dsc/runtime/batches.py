@@ -29,6 +29,18 @@ class Batch(dict):
         super().__init__(*args, **kwargs)
         self.schema = schema
 
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """Every tensor on ``device`` (lists of target dicts too); the schema stays with the batch."""
+        def move(v):
+            if isinstance(v, torch.Tensor):
+                return v.to(device, non_blocking=non_blocking)
+            if isinstance(v, list):
+                return [move(x) for x in v]
+            if isinstance(v, dict):
+                return {k: move(x) for k, x in v.items()}
+            return v
+        return Batch({k: move(v) for k, v in self.items()}, schema=self.schema)
+
 
 def new_tensor(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """The default allocator: a new tensor (the Loader passes its ring of reusable, pinned buffers)."""

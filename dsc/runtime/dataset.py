@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..formats import Manifest
 from ..formats import layout as L
 from ..formats.coords import invert_affine
-from ..formats.fields import fields_of, schema_of
+from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
                       numpy_alloc)
@@ -58,6 +58,9 @@ class Dataset(torch.utils.data.Dataset):
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self.schema = schema_of(self.fields)
         self._image = self.readers["image"]
+        for name in self.schema.pixels():  # every image-like field has the image's geometry, sample by sample
+            if name != "image" and name in self.readers:
+                ImageField.same_geometry(self._image, self.readers[name], str(self.path))
         self.labels: torch.Tensor | None = None
         if "label" in self.readers:
             self.labels = torch.from_numpy(self.readers["label"].labels)
@@ -75,6 +78,19 @@ class Dataset(torch.utils.data.Dataset):
     @property
     def class_to_idx(self) -> dict[str, int]:
         return {c: i for i, c in enumerate(self.manifest.classes)}
+
+    @property
+    def mask_classes(self) -> list[str] | None:
+        """Names of the mask values 0, 1, ... (``ds[i]["mask"]``), or None without masks; empty when the
+        source gave none. (Detection datasets name boxes in ``classes`` and mask values here.)"""
+        spec = self.manifest.fields.get("mask")
+        return list(spec.get("classes") or ()) if spec else None
+
+    @property
+    def ignore_index(self) -> int | None:
+        """The mask value of pixels of no class (padding, crowds, borders): ``CrossEntropyLoss(ignore_index=)``."""
+        spec = self.manifest.fields.get("mask")
+        return int(spec["ignore_index"]) if spec else None
 
     @property
     def keys(self) -> list[str]:

@@ -2,7 +2,9 @@
 
 Each cell is ``cell`` x ``cell`` pixels plus a caption band; the sample is scaled to fit the cell
 (aspect kept) and drawn at the cell's top-left corner. Detection: every box is outlined in its class
-colour with the class name above it. Classification: the class name is written under the image.
+colour with the class name above it. Classification: the class name is written under the image. A mask
+is blended over its image in its classes' colours (half opacity; background 0 and ignored pixels are
+left as they are).
 """
 from __future__ import annotations
 
@@ -36,6 +38,15 @@ def cell_origin(k: int, cols: int, cell: int) -> tuple[int, int]:
     return (k % cols) * cell, (k // cols) * (cell + CAPTION)
 
 
+def _overlay(im: Image.Image, mask: np.ndarray, ignore: int | None) -> Image.Image:
+    """The mask's classes in their colours over the image, half opaque (0 and ``ignore`` left clear)."""
+    colours = np.asarray([class_color(k) for k in range(len(PALETTE))], np.uint8)[mask.astype(np.int64) % len(PALETTE)]
+    rgb = np.asarray(im).astype(np.uint16)
+    painted = (mask != 0) & (mask != (ignore if ignore is not None else -1))
+    rgb[painted] = (rgb[painted] + colours[painted]) // 2
+    return Image.fromarray(rgb.astype(np.uint8))
+
+
 def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, cell: int = 256,
             indices=None, seed: int | None = None) -> Path:
     """Write a grid of ``n`` samples (the first ones, ``indices``, or a random draw with ``seed``)."""
@@ -53,6 +64,8 @@ def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, ce
         s = ds[i]
         img = s["image"].numpy()
         im = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).convert("RGB")
+        if "mask" in s:
+            im = _overlay(im, s["mask"].numpy(), ds.ignore_index)
         scale = min(cell / im.width, cell / im.height)
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
         ox, oy = cell_origin(k, cols, cell)

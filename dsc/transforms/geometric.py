@@ -22,10 +22,18 @@ Size = tuple[int, int]
 
 
 def _size(size) -> Size:
-    if isinstance(size, int):
-        return (size, size)
-    h, w = size
-    return (int(h), int(w))
+    """``s`` or ``(h, w)`` of positive ints; a ConfigError otherwise."""
+    from ..errors import ConfigError
+
+    pair = (size, size) if isinstance(size, int) else size
+    try:
+        h, w = pair
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"a transform size must be a positive int or (height, width) of positive ints, got {size!r}")
+    return (h, w)
 
 
 def _mat(sx, sy, tx, ty) -> torch.Tensor:
@@ -73,6 +81,7 @@ class Resize(Geometric):
     (torchvision's rule: the longer side becomes ``int(s * long / short)``), keeping aspect."""
 
     def __init__(self, size):
+        _size(size)
         self.size = size
 
     def _new(self, sizes):
@@ -102,6 +111,7 @@ class CenterCrop(Geometric):
     zeros, (th - h) // 2 of them on the top, like torchvision."""
 
     def __init__(self, size):
+        _size(size)
         self.size = size
 
     def _origin(self, sizes):
@@ -129,6 +139,7 @@ class Letterbox(Geometric):
     is filled with ``fill`` (0-255; masks get their ignore index)."""
 
     def __init__(self, size, fill: float = 0.0):
+        _size(size)
         self.size, self.fill = size, fill
 
     def _fit(self, sizes):
@@ -161,7 +172,14 @@ class RandomResizedCrop(Geometric):
     crop clamped to ``ratio``. The crop is resized to ``size``."""
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        from ..errors import ConfigError
+
+        _size(size)
         self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)
+        if len(self.scale) != 2 or len(self.ratio) != 2 or not 0 < self.scale[0] <= self.scale[1] \
+                or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"RandomResizedCrop: scale and ratio are (low, high) with 0 < low <= high, got "
+                              f"{scale!r}, {ratio!r}")
 
     def params(self, sizes: torch.Tensor, gen: torch.Generator):
         """(top, left, crop_h, crop_w) per sample, float64 (whole numbers)."""

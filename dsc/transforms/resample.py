@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import DscError
+from ..errors import ConfigError, DscError
 from ..formats.fields import Schema
 from .fused import plan_chain, run_batch
 from .geometric import Geometric
@@ -38,6 +38,8 @@ def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
 def _views(batch: dict, key: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Per-sample views (H_b, W_b[, C]) of an image-like key and the (B, 2) sizes, whatever its form."""
     img = batch[key]
+    if img.is_floating_point():
+        raise DscError(f"geometric transforms take the integer {key!r} a dsc batch holds; put them before ToFloat")
     if f"{key}_offsets" in batch:
         o, shapes = batch[f"{key}_offsets"].tolist(), batch[f"{key}_shapes"]
         views = [img[o[b]:o[b + 1]].view(*shp) for b, shp in enumerate(shapes.tolist())]
@@ -121,7 +123,13 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
 def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None) -> dict:
     """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
     their ignore fill) and on the boxes, from one draw of the parameters per batch."""
-    schema = schema if schema is not None else (getattr(batch, "schema", None) or Schema.default())
+    schema = schema if schema is not None else getattr(batch, "schema", None)
+    if schema is None:
+        extra = sorted(k for k in ("boxes", "mask") if k in batch)
+        if extra:
+            raise ConfigError(f"this batch has {' and '.join(extra)} but no schema saying how they move; pass "
+                              f"schema=ds.schema (a dict rebuilt from a dsc batch loses it: use batch.to(device))")
+        schema = Schema.default()
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise DscError("geometric transforms need the batch's 'image'")

@@ -37,10 +37,21 @@ def register_source(cls: type[Source], replace: bool = False) -> type[Source]:
         raise ConfigError(f"{cls.__name__}.name must be a lower-case identifier (letters, digits, _), got {name!r}")
     from ..options import CompileOptions
 
+    import keyword
+
     taken = set(CompileOptions.names()) | {"out", "quiet", "filter_", "options"}
-    clash = [p.name for p in cls.params if p.name in taken]
-    if clash:
-        raise ConfigError(f"{cls.__name__}: parameter {clash[0]!r} would shadow a compile option; rename it")
+    taken_flags = {"--" + n.replace("_", "-") for n in taken} | {"--filter", "-q", "-h", "--help", "--out"}
+    names, flags = set(), set()
+    for p in cls.params:
+        if not p.name.isidentifier() or keyword.iskeyword(p.name):
+            raise ConfigError(f"{cls.__name__}: parameter name {p.name!r} is not a Python identifier")
+        if p.name in taken or (p.cli and not p.argument and p.option in taken_flags):
+            raise ConfigError(f"{cls.__name__}: parameter {p.name!r} ({p.option}) would shadow a compile option; "
+                              f"rename it")
+        if p.name in names or (p.cli and not p.argument and p.option in flags):
+            raise ConfigError(f"{cls.__name__}: parameter {p.name!r} ({p.option}) is declared twice")
+        names.add(p.name)
+        flags.add(p.option)
     if name in _registry and _registry[name] is not cls and not replace:
         raise ConfigError(f"a source named {name!r} is already registered ({_registry[name].__module__}."
                           f"{_registry[name].__name__}); pass replace=True to replace it")
@@ -60,11 +71,21 @@ def _load_plugins() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             cls = ep.load()
-            if cls.name in _registry and _registry[cls.name] is not cls:
+            if getattr(cls, "name", None) in _registry and _registry[cls.name] is not cls:
                 raise ConfigError(f"its name {cls.name!r} is taken by {_registry[cls.name].__module__}")
             register_source(cls)
         except Exception as e:  # noqa: BLE001 - a broken plugin is reported, not fatal
-            warnings.warn(f"dsc: the source plugin {ep.name!r} ({ep.value}) was not loaded: {e}", stacklevel=2)
+            warnings.warn(PluginWarning(f"the source plugin {ep.name!r} ({ep.value}) was not loaded: {e}"),
+                          stacklevel=2)
+
+
+class PluginWarning(UserWarning):
+    """A ``dsc.sources`` entry point that could not be loaded (the CLI prints it as one line)."""
+
+
+def scan_dataset(dataset, classes=None) -> ScannedSource:
+    """The records of a Python dataset (as ``dsc.compile(dataset, ...)`` scans it)."""
+    return DatasetSource(dataset=dataset, classes=classes).scan()
 
 
 def sources() -> dict[str, type[Source]]:
@@ -81,5 +102,5 @@ def get_source(name: str) -> type[Source]:
 
 
 __all__ = ["BUILTIN", "DROP_EMPTY", "Item", "MaskInfo", "Param", "Record", "ScannedSource", "Source", "Target",
-           "as_map_style", "drop_empty", "file_item", "get_source", "register_source", "scan_coco",
+           "PluginWarning", "as_map_style", "drop_empty", "scan_dataset", "file_item", "get_source", "register_source", "scan_coco",
            "scan_imagefolder", "scan_table", "scan_voc", "scan_yolo", "sources", "where"]

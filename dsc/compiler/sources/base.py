@@ -159,7 +159,8 @@ class Param:
         if self.type == "flag":
             if not isinstance(value, (bool, np.bool_)):
                 bad = "True or False"
-            value = bool(value)
+            else:
+                value = bool(value)
         elif self.type == "int":
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
                 bad = "an integer"
@@ -222,11 +223,23 @@ class Source:
         return doc.split("\n\n")[0].replace("\n", " ") if doc else cls.name
 
     def scan(self) -> ScannedSource:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.scan() is not implemented: a source must return a "
+                                  f"ScannedSource from scan()")
 
     def prepare(self) -> ScannedSource:
-        """``scan()``, then what shared parameters do to its records (``drop_empty_images``)."""
-        scanned = self.scan()
+        """``scan()``, then what shared parameters do to its records (``drop_empty_images``). Whatever else a
+        source's own code raises becomes a SourceError naming the source."""
+        from ...errors import DscError, SourceError
+
+        try:
+            scanned = self.scan()
+        except (DscError, OSError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - a plugin's bug: one line naming the source, not a traceback
+            raise SourceError(f"the {self.name!r} source failed while scanning: {type(e).__name__}: {e}") from e
+        if not isinstance(scanned, ScannedSource):
+            raise SourceError(f"the {self.name!r} source's scan() returned {type(scanned).__name__}, not a "
+                              f"ScannedSource")
         if getattr(self, "drop_empty_images", False):
             scanned = drop_empty(scanned)
         return scanned

@@ -100,6 +100,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         order.append(iid)
 
     per_image: dict[int, list] = {iid: [] for iid in images}
+    bad_seg: dict[int, str] = {}
     for k, a in enumerate(data["annotations"]):
         aid = a.get("id", f"#{k}") if isinstance(a, dict) else f"#{k}"
         iid = _int(ann_path, f"annotation {aid}", a, "image_id")
@@ -117,16 +118,20 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         seg = None
         if masks:
             seg = a.get("segmentation")
-            if not _valid_segmentation(seg):
-                raise SourceError(f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
-                                  f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per annotation")
+            if not _valid_segmentation(seg):  # the image cannot get its mask: a bad sample (--on-error)
+                bad_seg.setdefault(iid, f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
+                                        f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per "
+                                        f"annotation")
             seg = (seg, -1 if crowd else mask_value[cid])
         per_image[iid].append((bbox, label_of[cid], crowd,
                                float(area) if isinstance(area, (int, float)) else math.nan, seg))
 
-    records = []
+    records, invalid = [], []
     for iid in order:
         name, size = images[iid]
+        if iid in bad_seg:
+            invalid.append((name, bad_seg[iid]))
+            continue
         anns = per_image[iid]
         b = np.array([a[0] for a in anns], np.float64).reshape(-1, 4)
         b[:, 2:] += b[:, :2]  # xywh -> xyxy
@@ -136,7 +141,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                                "area": np.array([a[3] for a in anns], np.float32)},
                         segments=tuple(a[4] for a in anns) if masks else ())
         records.append(Record(key=name, path=str(img_dir / name), target=target))
-    if not records:
+    if not records and not invalid:
         raise SourceError(f"{ann_path}: no images to compile")
 
     listed = {images[i][0] for i in order}
@@ -147,7 +152,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     return ScannedSource(
         kind="coco", root=str(img_dir), task="detection", records=records, classes=classes,
         category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
-        masks=mask_info,
+        masks=mask_info, invalid=tuple(invalid),
         summary={"kind": "coco", "annotations": str(ann_path), "images": str(img_dir),
                  "num_images": len(order), "num_annotations": len(data["annotations"]),
                  "unlisted_image_files": unlisted,
@@ -180,10 +185,10 @@ class CocoSource(Source):
         Param("images", "Folder the JSON's file_name entries are relative to.", type="dir", required=True),
         Param("keep_category_ids", "Store COCO's original category ids as labels (default: contiguous 0..C-1).",
               type="flag", default=False),
+        DROP_EMPTY,
         Param("masks", "semantic: also store a class-id mask per image rasterised from the segmentations "
                        "(0 background, label + 1 per category, crowd = --mask-ignore).",
               type="choice", choices=("semantic",), default=None),
-        DROP_EMPTY,
     )
 
     def scan(self) -> ScannedSource:

@@ -55,8 +55,9 @@ class DatasetSource(Source):
         records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
         names = tuple(str(c) for c in (self.classes or getattr(dataset, "classes", None) or ()))
         self._expect = {"task": task, "num_classes": len(names) or None}
-        return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records,
-                             classes=names, masks=MaskInfo(classes=names) if task == "segmentation" else None,
+        wide = task == "segmentation" and (np.asarray(first.mask).dtype.itemsize > 1 and np.asarray(first.mask).max() > 255)
+        return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records, classes=names,
+                             masks=MaskInfo(classes=names, wide=bool(wide)) if task == "segmentation" else None,
                              summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
 
     def fetcher(self, records: list[Record]):
@@ -124,7 +125,7 @@ def _is_mask(target) -> bool:
     if isinstance(target, Image.Image):
         return True
     arr = target.detach().cpu().numpy() if hasattr(target, "detach") else target
-    return isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.dtype.kind in "ui" and arr.size > 1
+    return isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.dtype.kind in "uib" and arr.size > 1
 
 
 def _target(target, r: Record, where: str):
@@ -142,11 +143,15 @@ def _target(target, r: Record, where: str):
                 raise SampleError(where, f"a mask must be (H, W) class ids, got shape {mask.shape}")
             mask = mask[0]
         return -1, None, mask
+    arr = _numpy(target)
+    if isinstance(arr, np.ndarray) and arr.size > 1:
+        raise SampleError(where, f"the target is a {arr.dtype} array of shape {arr.shape}: a mask must be a PIL image "
+                                 f"or a 2-D integer array of class ids")
     try:
-        return int(_numpy(target)), None, None
+        return int(arr), None, None
     except (TypeError, ValueError):
-        raise SampleError(where, f"target {target!r} is neither a class index, a dict with boxes, nor a "
-                                 f"mask") from None
+        raise SampleError(where, f"the target ({type(target).__name__}) is neither a class index, a dict with boxes, "
+                                 f"nor a mask") from None
 
 
 def _numpy(x):

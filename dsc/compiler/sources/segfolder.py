@@ -40,7 +40,8 @@ class SegFolderSource(Source):
         Param("images", "Folder of images, relative to ROOT (or absolute).", default="images", flag="--images"),
         Param("masks", "Folder of masks, relative to ROOT (or absolute).", default="masks", flag="--masks"),
         Param("classes", "Comma-separated class names of the mask values 0, 1, ...", type="csv"),
-        Param("classes_file", "Class names, one a line (mask value = line number - 1).", type="file"),
+        Param("classes_file", "Class names, one a line (mask value = line number - 1); a path from the current "
+                              "directory, not from ROOT.", type="file"),
         Param("image_suffix", "Strip this from image names before pairing (e.g. _leftImg8bit).", default=""),
         Param("mask_suffix", "Strip this from mask names before pairing (e.g. _gtFine_labelIds).", default=""),
     )
@@ -65,22 +66,27 @@ class SegFolderSource(Source):
         images = walk_images(img_dir)
         if not images:
             raise SourceError(f"{img_dir}: no image files")
-        masks: dict[str, str] = {}
+        masks: dict[str, list[str]] = {}
         for m in walk_images(mask_dir):
-            masks.setdefault(_stem(m, mask_dir, self.mask_suffix), m)
+            masks.setdefault(_stem(m, mask_dir, self.mask_suffix), []).append(m)
         records, invalid, paired = [], [], set()
         for f in images:
             key = Path(os.path.relpath(f, root)).as_posix()
             stem = _stem(f, img_dir, self.image_suffix)
-            m = masks.get(stem)
-            if m is None:
-                invalid.append((key, f"{f}: no mask {mask_dir / stem}{self.mask_suffix}.* beside it"))
+            found = masks.get(stem, [])
+            if len(found) != 1:
+                invalid.append((key, f"{f}: " + (f"no mask file {mask_dir / stem}{self.mask_suffix}.<ext> in the masks "
+                                                 f"folder" if not found else
+                                                 f"{len(found)} mask files for it ({', '.join(found)}); keep one")))
                 continue
+            m = found[0]
             paired.add(stem)
             records.append(Record(key=key, path=f, mask=m))
         warnings = []
-        if len(masks) > len(paired):
-            warnings.append(f"{len(masks) - len(paired)} masks in {mask_dir} have no image and are not compiled")
+        orphans = sorted(set(masks) - paired - {_stem(f, img_dir, self.image_suffix) for f in images})
+        if orphans:
+            warnings.append(f"{len(orphans)} masks in {mask_dir} have no image and are not compiled (e.g. "
+                            f"{', '.join(orphans[:3])})")
         wide = False
         if records:
             try:

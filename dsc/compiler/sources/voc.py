@@ -100,6 +100,11 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         img = root / "JPEGImages" / (filename or f"{iid}.jpg")
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
+        mask = root / "SegmentationClass" / f"{iid}.png"
+        if masks and not mask.is_file():
+            invalid.append((Path(os.path.relpath(img, root)).as_posix(),
+                            f"{mask}: the mask of id {iid} (listed in {split_file.name}) is missing"))
+            continue
         parsed.append((iid, xml, img, wh, objs))
     if classes is None:
         names = list(VOC_CLASSES) if masks else sorted({o[0] for *_, objs in parsed for o in objs})
@@ -141,10 +146,10 @@ class VocSource(Source):
         Param("root", "The VOC root (VOCdevkit/VOC2012).", type="dir", required=True, argument=True),
         Param("split", "ImageSets/Main/<split>.txt (with --masks: ImageSets/Segmentation/<split>.txt).",
               default="trainval"),
-        Param("classes", "Comma-separated class list (default: the sorted names found; with --masks VOC's 20).",
-              type="csv"),
-        Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask.", type="flag", default=False),
+        Param("classes", "Comma-separated class list (default: the sorted names found; with --masks VOC's 20). "
+                         "With --masks, in the order of the masks' palette indices 1, 2, ...", type="csv"),
         DROP_EMPTY,
+        Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask.", type="flag", default=False),
     )
 
     def scan(self) -> ScannedSource:

@@ -14,8 +14,8 @@ from .objects import ObjectsField
 from .pixels import Pixels, valid_offsets
 
 FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField)}
-# kinds that live under manifest["fields"]; each validates its entry with ``check(name, entry)``
-EXTRA_KINDS = ("mask",)
+# kinds that live under manifest["fields"]; each validates its entry with ``check(name, entry, manifest)``
+EXTRA_KINDS = tuple(k for k, cls in FIELD_KINDS.items() if cls.in_fields)
 
 
 def fields_of(manifest) -> list[Field]:

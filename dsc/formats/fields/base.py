@@ -48,10 +48,9 @@ class Schema(dict):
 
     @classmethod
     def default(cls) -> "Schema":
-        """For a plain dict batch that did not come from dsc: ``image``, ``mask`` (nearest, ignore 255),
-        ``boxes`` with ``labels`` as its only other per-box column."""
-        return cls(image=Role("pixels"), mask=Role("pixels", "nearest", 255.0), boxes=Role("boxes"),
-                   labels=Role("box_rows"))
+        """For a plain dict batch with nothing but ``image``: which other keys are masks, boxes or per-box
+        rows is the dataset's to say (``ds.schema``), never guessed."""
+        return cls(image=Role("pixels"))
 
 
 class Part:
@@ -75,6 +74,7 @@ class Field:
     """Base of every field kind. ``name`` is its key in samples and batches."""
 
     kind: ClassVar[str] = ""
+    in_fields: ClassVar[bool] = False  # described under the manifest's `fields` (kinds after format version 1)
     name: str = ""
 
     # ------------------------------------------------------------------ format

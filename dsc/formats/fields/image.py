@@ -117,6 +117,15 @@ class ImageField(Field):
     def reader(self, store, m) -> PixelsReaderField:
         return PixelsReaderField(self.pixels, store, self.shards, m.num_samples, m.shard_size)
 
+    @staticmethod
+    def same_geometry(image: PixelsReaderField, other: PixelsReaderField, where: str) -> None:
+        """Another image-like field's samples have the image's (height, width) (ragged: checked per sample)."""
+        from ...errors import CorruptDatasetError
+
+        if not image.px.px.fixed and not np.array_equal(image.px.shapes[:, :2], other.px.shapes[:, :2]):
+            raise CorruptDatasetError(f"{where}: the {other.name} shapes differ from the image shapes; the dataset "
+                                      f"is damaged. Recompile it")
+
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
         context["image_shapes"] = self.pixels.verify(root, self.shards, m.num_samples, m.shard_size, problems,
                                                      self.pixels.crc_node + "/c/0" in m.files)

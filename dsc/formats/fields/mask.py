@@ -69,6 +69,7 @@ class MaskSpec:
 
 class MaskField(Field):
     kind = "mask"
+    in_fields = True
 
     def __init__(self, spec: MaskSpec, name: str = "mask"):
         self.spec, self.name = spec, check_node_path(name)
@@ -80,8 +81,23 @@ class MaskField(Field):
         return [cls(MaskSpec.from_dict(d), name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
 
     @classmethod
-    def check(cls, name: str, d: dict) -> None:
-        MaskSpec.from_dict(d)
+    def check(cls, name: str, d: dict, m) -> None:
+        """The entry parses, and fits the image's shard grid: same layout and size, one shard per image
+        shard with the same count, each of the size its samples need, under the field's own node."""
+        spec = MaskSpec.from_dict(d)
+        field = cls(spec, name)
+        im = m.image
+        if spec.layout != im.layout or (spec.height, spec.width) != (im.height, im.width):
+            raise CorruptDatasetError(f"manifest: mask field {name!r} is {spec.layout} {spec.height}x{spec.width}, "
+                                      f"its images {im.layout} {im.height}x{im.width}")
+        if len(spec.shards) != len(m.shards):
+            raise CorruptDatasetError(f"manifest: mask field {name!r} lists {len(spec.shards)} shards for "
+                                      f"{len(m.shards)} image shards")
+        for s, (ms, ims) in enumerate(zip(spec.shards, m.shards)):
+            if ms.path != field.pixels.shard_path(s) or ms.count != ims.count or (
+                    spec.layout == "fixed" and ms.nbytes != field.pixels.fixed_shard_nbytes(ms.count, m.shard_size)):
+                raise CorruptDatasetError(f"manifest: mask shard {s} ({ms.path}, {ms.count} samples, {ms.nbytes} "
+                                          f"bytes) does not fit the dataset's shard {s}")
 
     def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
         return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
@@ -103,8 +119,14 @@ class MaskField(Field):
         from ..verify import Problem
 
         before = len(problems)
-        self.pixels.verify(root, self.spec.shards, m.num_samples, m.shard_size, problems,
-                           self.pixels.crc_node + "/c/0" in m.files)
+        shapes = self.pixels.verify(root, self.spec.shards, m.num_samples, m.shard_size, problems,
+                                    self.pixels.crc_node + "/c/0" in m.files)
+        image_shapes = context.get("image_shapes")
+        if shapes is not None and image_shapes is not None:
+            bad = np.flatnonzero((shapes[:, :2] != image_shapes[:, :2]).any(axis=1))
+            if len(bad):
+                problems.append(Problem(self.pixels.shapes_node, "masks of another size than their images",
+                                        bad.tolist()))
         if len(problems) > before or not self.spec.classes:
             return
         C, ignore = len(self.spec.classes), self.spec.ignore_index
