@@ -75,15 +75,22 @@ def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
     if resizer == "pil":
         box = None if scale is None else (0.0, 0.0, w / scale[1], h / scale[0])
         return as_hwc(im.resize((w, h), FILTERS[filter], box=box))
-    import torch.nn.functional as F
+    import math
 
-    x = _from_readonly(as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: SIMD in, HWC out
+    import torch
+
+    x = _from_readonly(as_hwc(im)).unsqueeze(0).permute(0, 3, 1, 2)  # channels_last: the SIMD uint8 path
     if scale is None:
-        y = F.interpolate(x, size=(h, w), mode=filter, antialias=True)
+        size_out, scales = [h, w], (None, None)
     else:  # output size = floor(input * scale): nudge up so that rounding never leaves it a pixel short
-        sf = (scale[0] * (1 + 1e-9), scale[1] * (1 + 1e-9))
-        y = F.interpolate(x, scale_factor=sf, mode=filter, antialias=True, recompute_scale_factor=False)
-    return y.permute(0, 2, 3, 1)[0].numpy()[:h, :w]
+        scales = (scale[0] * (1 + 1e-9), scale[1] * (1 + 1e-9))
+        size_out = [math.floor(x.shape[2] * scales[0]), math.floor(x.shape[3] * scales[1])]
+    # interpolate(..., antialias=True) is this op; called with out= into HWC memory, the result needs no
+    # transpose copy (interpolate returns it channels-first)
+    op = torch.ops.aten._upsample_bilinear2d_aa if filter == "bilinear" else torch.ops.aten._upsample_bicubic2d_aa
+    out = torch.empty((1, *size_out, x.shape[1]), dtype=torch.uint8)
+    op.out(x, size_out, False, *scales, out=out.permute(0, 3, 1, 2))
+    return out[0].numpy()[:h, :w]
 
 
 @contextmanager
