@@ -105,9 +105,12 @@ def compile_options(f):
         click.option("--mask-ignore", type=click.IntRange(0, 65535), default=255, show_default=True,
                      help="Mask value of 'no class': letterbox padding, crowd regions, VOC borders (sources "
                           "with masks)."),
+        click.option("--max-pixels", type=click.IntRange(min=1), default=None,
+                     help="An image with more pixels is a bad sample (default: PIL's decompression-bomb limit, "
+                          "about 89 million)."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None,
-                     help="Samples per shard file (default: about 64 MiB of pixels, fewer for small datasets so "
-                          "that there are ~32 shards to share among workers)."),
+                     help="Samples per shard file, at most the number of inputs (default: about 64 MiB of "
+                          "pixels, fewer for small datasets so that there are ~32 shards to share among workers)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
                      help="Worker processes (default: number of cores)."),
         click.option("--on-error", type=click.Choice(ON_ERROR), default="fail", show_default=True,
@@ -129,7 +132,7 @@ def compile_options(f):
 
 
 COMPILE_OPTION_KEYS = ("size", "resize", "max_side", "mode", "fill", "background", "filter_", "resizer", "draft",
-                       "mask_ignore", "shard_size", "workers", "on_error", "error_report", "overwrite", "resume",
+                       "mask_ignore", "max_pixels", "shard_size", "workers", "on_error", "error_report", "overwrite", "resume",
                        "executor", "quiet")
 
 
@@ -140,7 +143,7 @@ def _options_from(kw: dict):
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
-                          resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw["mask_ignore"],
+                          resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw["mask_ignore"], max_pixels=kw["max_pixels"],
                           shard_size=kw["shard_size"],
                           workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
@@ -152,9 +155,9 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
 
 
-def _n(count: int, word: str) -> str:
-    """'1 shard', '3 shards'."""
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
+def _n(count: int, word: str, plural: str | None = None) -> str:
+    """'1 shard', '3 shards', '1 box', '2 boxes'."""
+    return f"{count:,} {word if count == 1 else plural or word + 's'}"
 
 
 def _describe_image(m) -> str:
@@ -168,7 +171,7 @@ def _describe_image(m) -> str:
 
 def _describe_objects(m) -> str:
     o = m.objects
-    return (f"{_n(o['num_boxes'], 'box')[:-1] + ('es' if o['num_boxes'] != 1 else '')} "
+    return (f"{_n(o['num_boxes'], 'box', 'boxes')} "
             f"({o['dropped_boxes']} dropped by the resize), {_n(o['images_without_boxes'], 'image')} without boxes")
 
 

@@ -52,9 +52,21 @@ class WriteError(DscError, OSError):
 
     @classmethod
     def writing(cls, path, e: OSError) -> "WriteError":
-        """The one message for a failed write of ``path``."""
-        return cls(f"writing {path} failed: {e.strerror or e} (disk full or a file-size limit?); finished "
-                   f"shards are kept: free space and rerun the same command with --resume")
+        """The one message for a failed write of ``path``: the cause as the OS says it, and the fix."""
+        import errno
+
+        full = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        if e.errno in full:
+            fix = "free space (or raise the file-size limit) and rerun the same command with --resume"
+        elif e.errno in (errno.EXDEV, errno.EBUSY):
+            fix = ("OUT cannot be renamed into place (a mount point, or on another filesystem than its parent "
+                   "folder): give OUT as a new folder inside a directory")
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = "make the output folder writable and rerun the same command with --resume"
+        else:
+            fix = "fix the cause and rerun the same command with --resume"
+        kept = "; finished shards are kept" if e.errno not in (errno.EXDEV, errno.EBUSY) else ""
+        return cls(f"writing {path} failed: {e.strerror or e}{kept}: {fix}")
 
 
 class DatasetNotFoundError(DscError, FileNotFoundError):

@@ -47,30 +47,47 @@ def _manifest(**kw):
     base = dict(format_version=1, dsc_version="0.1.0", task="classification", num_samples=5, shard_size=2,
                 image=ImageSpec(layout="fixed", channels=3, mode="RGB", height=4, width=4),
                 resize=ResizeSpec(policy="pad", size=(4, 4), fill=3),
-                shards=tuple(ShardSpec(path=f"image/c/{s}/0/0/0", count=c, nbytes=10, sha256="0" * 64)
+                shards=tuple(ShardSpec(path=f"image/c/{s}/0/0/0", count=c, nbytes=c * 48 + 16 * 2 + 4, sha256="0" * 64)
                              for s, c in enumerate([2, 2, 1])),
                 classes=("a", "b"), source={"kind": "imagefolder"}, skipped=({"key": "x", "reason": "y"},))
     base.update(kw)
     return Manifest(**base)
 
 
+def _stored(m: Manifest) -> dict:
+    """The manifest as a dataset stores it: with its checksum."""
+    return {**m.to_dict(), "checksum": m.checksum()}
+
+
+def _resealed(d: dict) -> dict:
+    """An edited manifest with its checksum recomputed (what a careless or hostile editor would do)."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in d.items() if k != "checksum"}
+    return {**body, "checksum": hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                                          ensure_ascii=False).encode()).hexdigest()}
+
+
 def test_manifest_roundtrip():
     m = _manifest()
-    assert Manifest.from_dict(m.to_dict()) == m
+    assert Manifest.from_dict(_stored(m)) == m
+    with pytest.raises(CorruptDatasetError, match="missing keys.*checksum"):  # the checksum is mandatory
+        Manifest.from_dict(m.to_dict())
 
 
 def test_manifest_resizer_defaults_to_pil_and_is_checked():
     d = _manifest().to_dict()
     assert d["resize"]["resizer"] == "pil"
     del d["resize"]["resizer"]  # written before the torch resizer existed
-    assert Manifest.from_dict(d).resize.resizer == "pil"
+    assert Manifest.from_dict(_resealed(d)).resize.resizer == "pil"
     d["resize"]["resizer"] = "magic"
     with pytest.raises(CorruptDatasetError, match="resize.resizer"):
-        Manifest.from_dict(d)
+        Manifest.from_dict(_resealed(d))
 
 
 def test_manifest_refuses_unknown_keys_and_inconsistency():
-    d = _manifest().to_dict()
+    d = _stored(_manifest())
     d["surprise"] = 1
     with pytest.raises(CorruptDatasetError, match="unknown keys"):
         Manifest.from_dict(d)

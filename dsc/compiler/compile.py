@@ -31,7 +31,7 @@ from ..formats import layout as L
 from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
 from ..formats.verify import file_checksums
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, fingerprint
+from .journal import Journal, fingerprint, inputs_of
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
@@ -71,7 +71,7 @@ def _dask_results(executor, todo: list[UnitTask], run):
 
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
                scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult], source: Source,
-               executor=None) -> list[UnitResult]:
+               inputs: list[str], executor=None) -> list[UnitResult]:
     from tqdm import tqdm
 
     results: dict[int, UnitResult] = dict(done)
@@ -88,7 +88,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
                 raise _stop(scanned.records[i].key, where(scanned.records[i]), reason)
-            journal.record(res)
+            journal.record(res, inputs[res.s])
             results[res.s] = res
             written += res.nbytes
             bar.update(len(tasks[res.s].records))
@@ -197,7 +197,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     if not records:
         raise SourceError(f"{scanned.root}: nothing to compile"
                           + (f"; all {len(scanned.invalid)} inputs are invalid" if scanned.invalid else ""))
-    K = options.shard_size or default_shard_size(len(records), options)
+    # a shard never holds more than the inputs (a huge --shard-size would only size an empty index)
+    K = min(options.shard_size, len(records)) if options.shard_size else default_shard_size(len(records), options)
     workers = options.workers or os.cpu_count() or 1
     fields = dataset_fields(scanned, options)
     staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
@@ -208,10 +209,15 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
                  for s, start in enumerate(range(0, len(records), K))]
+        inputs = [inputs_of(t.records) for t in tasks]
         done = {}
+        if options.resume and not journal.has_plan() and any(tmp.iterdir()):
+            if warn is not None:
+                warn(f"{tmp} holds no resumable compile (no journal plan): discarding it and starting over")
+            staging.reset()
         if options.resume:
             journal.check_plan()
-            done = journal.finished_units(len(tasks))
+            done = journal.finished_units(inputs)
             failed = [r for r in done.values() if r.errors]
             if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
                 i, reason = min(e for r in failed for e in r.errors)
@@ -219,7 +225,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
-                                 scanned, journal, done, source, options.executor)
+                                 scanned, journal, done, source, inputs, options.executor)
         except SampleError as e:
             if options.error_report:
                 _write_error_report(options.error_report, [(e.key, e.path, e.reason)])

@@ -26,9 +26,11 @@ _WIDE_GRAY = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
 def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Image.Image:
     if im.mode == "F":
         raise ValueError("32-bit float images (PIL mode F) have no defined 8-bit range; convert them first")
-    if im.mode in _WIDE_GRAY:
-        wide = np.asarray(im).astype(np.int64)
-        im = Image.fromarray((np.clip(wide, 0, 65535) >> 8).astype(np.uint8), "L")
+    if im.mode in _WIDE_GRAY:  # the high byte, without widening the pixels first (bounded memory)
+        wide = np.asarray(im)
+        if wide.dtype.kind == "i":  # mode I (int32): negative values are 0, past 16 bits saturate
+            wide = np.clip(wide, 0, 65535)
+        im = Image.fromarray((wide >> 8).astype(np.uint8), "L")
     if im.mode in _ALPHA_MODES or "transparency" in im.info:
         rgba = im.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, tuple(background) + (255,))
@@ -46,6 +48,19 @@ def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where:
         return _to_mode(im, mode, background)
     except Exception as e:
         raise ImageDecodeError(where, f"cannot convert image: {e}") from None
+
+
+def check_regular(path: str) -> None:
+    """Only regular files are decoded: a FIFO (or a device) named like an image would block the worker."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing, or unreadable: PIL's open reports it, naming the file
+    if not stat.S_ISREG(mode):
+        raise ImageDecodeError(path, "not a regular file")
 
 
 SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
@@ -76,7 +91,7 @@ def orient_array(arr: np.ndarray, orientation: int) -> np.ndarray:
 
 
 def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
-                 draft_for=None) -> Decoded:
+                 draft_for=None, max_pixels: int | None = None) -> Decoded:
     """Decode one image file.
 
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
@@ -86,6 +101,8 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
     (``Image.MAX_IMAGE_PIXELS``) stays in force.
     """
     name = path if isinstance(path, str) else getattr(path, "name", "<bytes>")
+    if isinstance(path, str):
+        check_regular(path)
     try:
         with Image.open(path) as im:
             try:
@@ -96,6 +113,9 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
                 orientation = 1
             swapped = orientation in SWAPS_AXES
             raw_w, raw_h = im.size
+            if max_pixels is not None and raw_w * raw_h > max_pixels:  # from the header, before any decoding
+                raise ImageDecodeError(name, f"{raw_w}x{raw_h} = {raw_w * raw_h:,} pixels is more than the "
+                                             f"{max_pixels:,} allowed (--max-pixels); raise it if the image is genuine")
             full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
             scale = 1
             if draft_for is not None and im.format == "JPEG":

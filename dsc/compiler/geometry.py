@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from .decode import SWAPS_AXES, orient_array
-from .resample import as_hwc, resize
+from .resample import FILTERS, as_hwc, resize
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,15 @@ def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
     return Plan(resized=(nh, nw), out=(nh, nw))
 
 
+def oversized(plan: Plan) -> bool:
+    """A center-crop whose whole resized image would dwarf its output (an extreme aspect ratio: a 1x4000
+    image at 224 would be resized to 224x896000 first). Such a plan resamples only the region that survives
+    the crop, so no intermediate is larger than the output (values may differ by a level from resizing the
+    whole image, as the filter weights round differently; ordinary images keep resize-then-crop)."""
+    (nh, nw), (oh, ow) = plan.resized, plan.out
+    return nh * nw > max(4 * oh * ow, 1 << 22)
+
+
 def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear",
                full_size: tuple[int, int] | None = None, draft_scale: int = 1, resizer: str = "pil",
                file_orientation: int = 1) -> np.ndarray:
@@ -77,6 +86,10 @@ def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bili
     h, w = full_size or (im.height, im.width)
     nh, nw = plan.resized
     oh, ow = plan.out
+    if oversized(plan) and draft_scale == 1:  # only the crop is resampled (PIL, exact box): bounded memory
+        top, left = plan.crop
+        box = (left * w / nw, top * h / nh, (left + ow) * w / nw, (top + oh) * h / nh)
+        return np.ascontiguousarray(as_hwc(im.resize((ow, oh), FILTERS[resample], box=box)))
     if draft_scale != 1:
         s = draft_scale
         swapped = file_orientation in SWAPS_AXES

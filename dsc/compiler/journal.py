@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DscError
+from ..errors import DscError, WriteError
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
@@ -37,7 +37,7 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
                          "masks": None if scanned.masks is None else [list(scanned.masks.classes), scanned.masks.wide]},
                         sort_keys=True, default=str).encode())
     for r in scanned.records:
-        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode())
+        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
         t = r.target
         if t is not None:
             h.update(np.ascontiguousarray(t.boxes, np.float64).tobytes())
@@ -47,6 +47,24 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
                 h.update(np.ascontiguousarray(t.attrs[k]).tobytes())
             if t.segments:
                 h.update(json.dumps(t.segments, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def inputs_of(records) -> str:
+    """Fingerprint of a unit's input files as they are now: each file's size and modification time (ns)
+    (an image and its mask; a table's file once). Records without files (Python datasets) add nothing."""
+    h = hashlib.sha256()
+    seen: set = set()
+    for r in records:
+        for path in (r.path, r.mask):
+            if not path or path in seen:
+                continue
+            seen.add(path)
+            try:
+                st = os.stat(path)
+                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+            except OSError:
+                h.update(f"{path}\0missing\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -63,7 +81,15 @@ class Journal:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint})
+        try:
+            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint})
+        except OSError as e:
+            raise WriteError.writing(self.dir / "plan.json", e) from None
+
+    def has_plan(self) -> bool:
+        """The staging directory says what it is: a partial compile, with its plan. Anything else in it (an
+        old dataset an interrupted --overwrite left there, stray files) is not resumed."""
+        return (self.dir / "plan.json").is_file()
 
     def check_plan(self) -> None:
         """Refuse to resume a partial compile of other inputs or options."""
@@ -75,23 +101,31 @@ class Journal:
             raise DscError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
                            f"options; run without --resume to start over")
 
-    def record(self, result: UnitResult) -> None:
+    def record(self, result: UnitResult, inputs: str) -> None:
+        """Journal a finished unit with the fingerprint of its input files (``inputs_of``)."""
         # No fsync: after a power loss a torn entry fails to parse, and an entry whose shard was not yet on
         # disk fails the SHA-256 check; either way the unit is compiled again.
-        write_json(self.dir / f"unit-{result.s}.json", result.to_json())
+        try:
+            write_json(self.dir / f"unit-{result.s}.json", {"inputs": inputs, **result.to_json()})
+        except OSError as e:
+            raise WriteError.writing(self.dir / f"unit-{result.s}.json", e) from None
 
-    def finished_units(self, num_units: int) -> dict[int, UnitResult]:
-        """Units whose journal entry exists and whose shard still hashes to what was recorded."""
+    def finished_units(self, inputs: list[str]) -> dict[int, UnitResult]:
+        """Units whose journal entry exists, whose input files are as they were (size and mtime), and whose
+        shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now."""
         done = {}
         if not (self.dir / "plan.json").exists():
             return done
-        for s in range(num_units):
+        for s in range(len(inputs)):
             entry = self.dir / f"unit-{s}.json"
             if not entry.exists():
                 continue
             try:
-                res = UnitResult.from_json(read_json(entry), self.fields)
-            except (DscError, KeyError, TypeError, ValueError):
+                d = read_json(entry)
+                if d.get("inputs") != inputs[s]:  # an input was edited, replaced or removed since
+                    continue
+                res = UnitResult.from_json(d, self.fields)
+            except (DscError, KeyError, TypeError, ValueError, AttributeError):
                 continue
             shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
             if all(_intact(node_dir(self.root, sh.path), sh) for sh in shards):

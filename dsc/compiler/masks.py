@@ -16,14 +16,16 @@ import numpy as np
 from PIL import Image
 
 from ..errors import SampleError
-from .decode import SWAPS_AXES, orient_array
-from .geometry import Plan
+from .decode import SWAPS_AXES, check_regular, orient_array
+from .geometry import Plan, oversized
 
 _MASK_MODES = {"L", "P", "1", "I;16", "I;16L", "I;16B", "I;16N", "I"}
 
 
 def decode_mask(obj, where: str) -> np.ndarray:
     """A mask file (path or binary file), a PIL image or an integer array -> 2-D integer array of class ids."""
+    if isinstance(obj, str):
+        check_regular(obj)
     if isinstance(obj, np.ndarray):
         arr = obj
     else:
@@ -199,9 +201,15 @@ def nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
 def apply_plan_nearest(mask: np.ndarray, plan: Plan, ignore: int) -> np.ndarray:
     """The mask through the image's resize plan: nearest resize, then the same crop or letterbox (padding
     = ``ignore``). Returns a C-contiguous (H, W) array."""
-    arr = nearest(mask, *plan.resized)
     oh, ow = plan.out
     nh, nw = plan.resized
+    if oversized(plan):  # only the crop's rows and columns, picked as nearest() would pick them
+        h, w = mask.shape
+        top, left = plan.crop
+        ys = np.minimum(((np.arange(top, top + oh) + 0.5) * (h / nh)).astype(np.int64), h - 1)
+        xs = np.minimum(((np.arange(left, left + ow) + 0.5) * (w / nw)).astype(np.int64), w - 1)
+        return np.ascontiguousarray(mask[ys][:, xs])
+    arr = nearest(mask, *plan.resized)
     if nh < oh or nw < ow:
         canvas = np.full((oh, ow), ignore, mask.dtype)
         top, left = plan.pad

@@ -37,6 +37,7 @@ class CompileOptions:
     progress: bool = True
     executor: object = None  # a Dask scheduler address ("tcp://host:8786") or a dask.distributed Client
     mask_ignore: int = 255  # the mask value of "no class" (letterbox padding, crowd regions, borders)
+    max_pixels: int | None = None  # an image with more pixels is a bad sample (None: PIL's MAX_IMAGE_PIXELS)
 
     def __post_init__(self):
         if self.size is not None:
@@ -65,7 +66,7 @@ class CompileOptions:
         if not isinstance(self.mask_ignore, int) or isinstance(self.mask_ignore, bool) \
                 or not 0 <= self.mask_ignore <= 65535:
             raise ConfigError(f"mask_ignore must be 0..65535, got {self.mask_ignore!r}")
-        for name in ("shard_size", "workers"):
+        for name in ("shard_size", "workers", "max_pixels"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{name} must be a positive int, got {v!r}")
@@ -74,6 +75,7 @@ class CompileOptions:
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
+    LATER_DEFAULTS = {"max_pixels": None}  # options added later: recorded only when set (same bytes as before)
     RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error")
 
     def recorded(self, masks: bool = False) -> dict:
@@ -81,7 +83,8 @@ class CompileOptions:
         how the compile runs (workers, executor, progress, resume...) is left out, and so is mask_ignore
         when the dataset has no masks (so such datasets stay byte-identical to earlier versions)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in self.RUNTIME_ONLY and (masks or f.name != "mask_ignore")}
+                if f.name not in self.RUNTIME_ONLY and (masks or f.name != "mask_ignore")
+                and not (f.name in self.LATER_DEFAULTS and getattr(self, f.name) == self.LATER_DEFAULTS[f.name])}
 
     @property
     def layout(self) -> str:

@@ -63,6 +63,11 @@ class Staging:
         self.tmp.mkdir(exist_ok=True)
         return self
 
+    def reset(self) -> None:
+        """Empty the staging directory (what it held is not a compile of these inputs)."""
+        shutil.rmtree(self.tmp)
+        self.tmp.mkdir()
+
     def publish(self, before_rename=None) -> None:
         """Flush everything to disk, then make the staging directory OUT in one rename (an atomic swap
         with an existing OUT when overwriting, so OUT is never absent). ``before_rename`` runs after the

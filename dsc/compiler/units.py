@@ -100,7 +100,7 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         dec = Decoded(im, 1, (im.height, im.width))
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
-        dec = decode_image(item.obj, o.mode, o.background, draft_for)
+        dec = decode_image(item.obj, o.mode, o.background, draft_for, o.max_pixels)
     (h, w), orientation = dec.full, dec.orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)

@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DatasetNotFoundError
+from .files import as_root
 from .manifest import Manifest, ShardSpec
-from .zarr_v3 import ZARR_JSON, check_file_size, node_dir, read_json, write_group
+from .zarr_v3 import ZARR_JSON, read_node_json, write_group
 
 IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
 RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
@@ -39,22 +40,21 @@ def shard_specs(manifest: Manifest) -> list[ShardSpec]:
     return [*manifest.shards, *extra]
 
 
-def check_shard_files(root: Path, manifest: Manifest) -> None:
+def check_shard_files(root, manifest: Manifest) -> None:
     """The cheap check every reader makes: each shard file exists with the size the manifest records."""
+    root = as_root(root)
     for spec in shard_specs(manifest):
-        check_file_size(node_dir(root, spec.path), spec.nbytes)
+        root.check_size(spec.path, spec.nbytes)
 
 
-def read_manifest(root: Path) -> Manifest:
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetNotFoundError(f"{root}: no such dataset directory (compile one with `dsc compile`)")
-    try:
-        meta = read_json(root / ZARR_JSON)
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"{root} is not a dsc dataset: it has no zarr.json "
-                                   f"(an interrupted compile never leaves one)") from None
+def read_manifest(root) -> Manifest:
+    """The manifest of the dataset at ``root`` (a path or an open :class:`~dsc.formats.files.Root`)."""
+    root = as_root(root)
+    if not root.exists(ZARR_JSON):
+        raise DatasetNotFoundError(f"{root.path} is not a dsc dataset: it has no zarr.json "
+                                   f"(an interrupted compile never leaves one)")
+    meta = read_node_json(root, "")
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
     if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
-        raise DatasetNotFoundError(f"{root} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
+        raise DatasetNotFoundError(f"{root.path} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
     return Manifest.from_dict(attrs["dsc"])

@@ -19,6 +19,7 @@ FORMAT_NAME = "dsc"
 FORMAT_VERSION = 2  # the newest this dsc reads and writes; a dataset without `fields` is written as version 1
 TASKS = ("classification", "detection", "segmentation", "images")
 RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", "checksums")
+ATTRIBUTE_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float32", "float64", "bool")
 LAYOUTS = ("fixed", "ragged")
 RESIZE_POLICIES = ("stretch", "center-crop", "pad")
 RESIZERS = ("pil", "torch")  # who resampled: PIL's Image.resize or torch's interpolate
@@ -63,7 +64,8 @@ class ImageSpec:
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise CorruptDatasetError(f"manifest: image.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.mode not in ("RGB", "L") or self.channels != (3 if self.mode == "RGB" else 1):
+        if not isinstance(self.mode, str) or self.mode not in ("RGB", "L") \
+                or self.channels != (3 if self.mode == "RGB" else 1) or isinstance(self.channels, bool):
             raise CorruptDatasetError(f"manifest: image mode {self.mode!r} with {self.channels} channels")
         if self.layout == "fixed":
             _positive_int("image.height", self.height)
@@ -99,6 +101,14 @@ class ResizeSpec:
     def __post_init__(self):
         if self.policy is not None and self.policy not in RESIZE_POLICIES:
             raise CorruptDatasetError(f"manifest: resize.policy must be one of {RESIZE_POLICIES}")
+        if self.size is not None and (len(self.size) != 2 or not all(isinstance(v, int) for v in self.size)):
+            raise CorruptDatasetError("manifest: resize.size must be [height, width]")
+        for name in ("max_side", "fill"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise CorruptDatasetError(f"manifest: resize.{name} must be an integer")
+        if not isinstance(self.filter, str):
+            raise CorruptDatasetError("manifest: resize.filter must be a name")
         if self.resizer not in RESIZERS:
             raise CorruptDatasetError(f"manifest: resize.resizer must be one of {RESIZERS}")
 
@@ -112,6 +122,8 @@ class ResizeSpec:
         _check_fields(cls, "resize", d)
         d = dict(d)
         if d.get("size") is not None:
+            if not isinstance(d["size"], list):
+                raise CorruptDatasetError("manifest: resize.size must be [height, width]")
             d["size"] = tuple(d["size"])
         return cls(**d)
 
@@ -126,6 +138,8 @@ class ShardSpec:
     sha256: str
 
     def __post_init__(self):
+        if not isinstance(self.path, str):
+            raise CorruptDatasetError("manifest: a shard's path must be a string")
         check_node_path(self.path)
         _positive_int("shard.count", self.count)
         _positive_int("shard.nbytes", self.nbytes)
@@ -198,11 +212,25 @@ class Manifest:
         if (self.task == "detection") != (self.objects is not None):
             raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
         if self.objects is not None:
-            attrs = self.objects.get("attributes", {})
-            if not isinstance(attrs, dict):
-                raise CorruptDatasetError("manifest: objects.attributes must be a mapping name -> dtype")
+            o = self.objects
+            check_spec_keys("objects", o, {"num_boxes", "box_format", "attributes", "dropped_boxes",
+                                           "images_without_boxes"}, {"num_boxes", "attributes"})
+            _positive_int("objects.num_boxes", o["num_boxes"], allow_zero=True)
+            attrs = o["attributes"]
+            if not isinstance(attrs, dict) or not all(v in ATTRIBUTE_DTYPES for v in attrs.values()):
+                raise CorruptDatasetError(f"manifest: objects.attributes must map names to one of {ATTRIBUTE_DTYPES}")
             for name in attrs:
                 check_node_path(f"objects/{name}")
+        # every image shard where the layout puts it, with exactly the bytes its samples need (fixed): so
+        # counts and sizes agree before anything is mapped
+        for s, sh in enumerate(self.shards):
+            if self.image.layout == "fixed":
+                want_path, want_bytes = f"image/c/{s}/0/0/0", sh.count * self.image.sample_nbytes + 16 * self.shard_size + 4
+            else:
+                want_path, want_bytes = f"image/values/{s}/c/0", None
+            if sh.path != want_path or (want_bytes is not None and sh.nbytes != want_bytes):
+                raise CorruptDatasetError(f"manifest: image shard {s} is {sh.path} of {sh.nbytes} bytes; the layout "
+                                          f"says {want_path}" + (f" of {want_bytes} bytes" if want_bytes else ""))
 
     def to_dict(self) -> dict:
         return {
@@ -226,17 +254,17 @@ class Manifest:
 
     def checksum(self) -> str:
         """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), stored beside it."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
-                                         ensure_ascii=False).encode()).hexdigest()
+        return canonical_sha256(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
-        """Parse and validate. A newer format version is refused with the version named."""
+        """Parse and validate. A newer format version is refused with the version named; anything malformed
+        is a CorruptDatasetError (never another exception); the checksum must be present and match."""
         if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
             raise CorruptDatasetError("manifest: not a dsc manifest")
         version = d.get("format_version")
-        if not isinstance(version, int):
-            raise CorruptDatasetError(f"manifest: format_version must be an integer, got {version!r}")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CorruptDatasetError(f"manifest: format_version must be a positive integer, got {version!r}")
         if version > FORMAT_VERSION:
             raise FormatVersionError(
                 f"dataset format version {version} is newer than this dsc reads (version {FORMAT_VERSION}); "
@@ -245,24 +273,57 @@ class Manifest:
                 "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum",
                 "fields"}
         check_spec_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
-                                                     "checksum", "fields"})
+                                                     "fields"})
         try:
             m = cls(
-                format=d["format"], format_version=version, dsc_version=str(d["dsc_version"]), task=d["task"],
-                num_samples=d["num_samples"], shard_size=d["shard_size"],
+                format=d["format"], format_version=version, dsc_version=_typed("dsc_version", d["dsc_version"], str),
+                task=d["task"], num_samples=d["num_samples"], shard_size=d["shard_size"],
                 image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
-                shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]),
-                classes=tuple(str(c) for c in d.get("classes", ())),
-                category_ids=tuple(int(c) for c in d.get("category_ids", ())),
-                objects=d.get("objects"),
-                source=dict(d.get("source", {})), skipped=tuple(d.get("skipped", ())),
-                files=dict(d.get("files", {})), fields=d.get("fields", {}),
+                shards=tuple(ShardSpec.from_dict(s) for s in _typed("shards", d["shards"], list)),
+                classes=tuple(_typed("classes[]", c, str) for c in _typed("classes", d.get("classes", []), list)),
+                category_ids=tuple(_typed("category_ids[]", c, int)
+                                   for c in _typed("category_ids", d.get("category_ids", []), list)),
+                objects=_typed("objects", d.get("objects"), (dict, type(None))),
+                source=_typed("source", d.get("source", {}), dict),
+                skipped=tuple(_skipped(x) for x in _typed("skipped", d.get("skipped", []), list)),
+                files={_typed("files key", k, str): _file_entry(k, v)
+                       for k, v in _typed("files", d.get("files", {}), dict).items()},
+                fields=_typed("fields", d.get("fields", {}), dict),
             )
-        except TypeError as e:
-            raise CorruptDatasetError(f"manifest: {e}") from None
+        except CorruptDatasetError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+            raise CorruptDatasetError(f"manifest: malformed ({type(e).__name__}: {e})") from None
         for rel in m.files:
             check_node_path(rel)
-        if "checksum" in d and d["checksum"] != m.checksum():
+        if d["checksum"] != canonical_sha256({k: v for k, v in d.items() if k != "checksum"}):  # as stored
             raise CorruptDatasetError("manifest: its checksum does not match its content; the dataset's zarr.json "
                                       "was damaged or edited. Recompile the dataset")
         return m
+
+
+def canonical_sha256(d: dict) -> str:
+    """SHA-256 of ``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` in UTF-8."""
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+
+
+def _typed(name: str, v, kind):
+    """``v`` if it is a ``kind`` (bool is not an int here), else a CorruptDatasetError naming the key."""
+    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind in (int, (int,)))
+    if not ok:
+        raise CorruptDatasetError(f"manifest: {name} has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _skipped(x) -> dict:
+    if not isinstance(x, dict) or not isinstance(x.get("key"), str) or not isinstance(x.get("reason"), str):
+        raise CorruptDatasetError("manifest: every skipped entry is {key, reason} strings")
+    return x
+
+
+def _file_entry(rel, v) -> dict:
+    if (not isinstance(v, dict) or set(v) != {"nbytes", "sha256"} or not isinstance(v["nbytes"], int)
+            or isinstance(v["nbytes"], bool) or v["nbytes"] < 0 or not isinstance(v["sha256"], str)
+            or not _SHA256.match(v["sha256"])):
+        raise CorruptDatasetError(f"manifest: files[{rel!r}] must be {{nbytes, sha256}}")
+    return v

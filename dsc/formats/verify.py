@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import DscError
 from . import layout as L
+from .files import Root
 from .manifest import Manifest
 from .zarr_v3 import ZARR_JSON, node_dir, read_string_array
 
@@ -85,20 +86,22 @@ def try_read(problems: list[Problem], rel: str, fn):
 def verify(path: str | os.PathLike) -> VerifyReport:
     from .fields import fields_of
 
-    root = Path(path)
+    root = Root(path)
     m: Manifest = L.read_manifest(root)  # raises on a missing / damaged / newer manifest
-    report = VerifyReport(root, [])
+    report = VerifyReport(Path(path), [])
     P = report.problems
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():
-        p = node_dir(root, rel)
         report.files_checked += 1
-        if not p.is_file():
-            P.append(Problem(rel, "missing"))
-        elif p.stat().st_size != info["nbytes"]:
-            P.append(Problem(rel, f"has {p.stat().st_size} bytes, the manifest says {info['nbytes']}"))
-        elif sha256_file(p) != info["sha256"]:
+        try:
+            size = root.size(rel)
+        except DscError as e:
+            P.append(Problem(rel, str(e)))
+            continue
+        if size != info["nbytes"]:
+            P.append(Problem(rel, f"has {size} bytes, the manifest says {info['nbytes']}"))
+        elif root.sha256(rel) != info["sha256"]:
             P.append(Problem(rel, "content does not match its SHA-256 in the manifest"))
         report.bytes_hashed += info["nbytes"]
 

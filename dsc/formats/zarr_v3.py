@@ -95,14 +95,35 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+MAX_JSON_BYTES = 1 << 30  # a node's metadata; the root's manifest lists every shard and skipped input
+
+
+def parse_json(data: bytes, where) -> dict:
+    """JSON, or a CorruptDatasetError naming ``where`` (malformed, not UTF-8, nested beyond reason)."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise CorruptDatasetError(f"{where}: unreadable JSON ({what})") from None
+
+
 def read_json(path: Path) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            return parse_json(f.read(), path)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise CorruptDatasetError(f"{path}: unreadable JSON ({e})") from None
+
+
+def read_node_json(root, rel: str) -> dict:
+    """The ``zarr.json`` of node ``rel`` of a dataset (a :class:`~dsc.formats.files.Root`)."""
+    from .files import as_root
+
+    root = as_root(root)
+    name = f"{rel}/{ZARR_JSON}" if rel else ZARR_JSON
+    return parse_json(root.read(name, MAX_JSON_BYTES), root / name)
 
 
 def write_group(root: Path, rel: str = "", attributes: dict | None = None) -> None:
@@ -141,45 +162,45 @@ def plain_array_json(length: int, dtype: str = "uint8", dimension_name: str = "b
     return _array_json([length], _DTYPES[dtype], [length], [_bytes_codec(np.dtype(dtype))], 0, [dimension_name], None)
 
 
-def read_array_meta(root: Path, rel: str) -> dict:
-    path = node_dir(root, rel) / ZARR_JSON
-    try:
-        meta = read_json(path)
-    except FileNotFoundError:
-        raise CorruptDatasetError(f"{path} is missing; the dataset is incomplete. Recompile it.") from None
+def read_array_meta(root, rel: str) -> dict:
+    """An array node's metadata, checked to be the kind of Zarr v3 array dsc writes (1 chunk or sharded)."""
+    meta = read_node_json(root, rel)
+    where = f"{rel}/zarr.json"
     if not isinstance(meta, dict) or meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
-        raise CorruptDatasetError(f"{path}: not a Zarr v3 array")
+        raise CorruptDatasetError(f"{where}: not a Zarr v3 array")
+    shape, grid, codecs = meta.get("shape"), meta.get("chunk_grid"), meta.get("codecs")
+    chunk = grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) else None
+    if (not isinstance(shape, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape)
+            or not isinstance(chunk, list) or len(chunk) != len(shape)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in chunk)
+            or not isinstance(codecs, list) or not codecs or not all(isinstance(c, dict) for c in codecs)):
+        raise CorruptDatasetError(f"{where}: its shape, chunk grid or codecs are not a valid Zarr v3 array's")
     return meta
 
 
-def read_plain_array(root: Path, rel: str) -> np.ndarray:
+def read_plain_array(root, rel: str) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
+    from .files import as_root
+
+    root = as_root(root)
     meta = read_array_meta(root, rel)
     shape = tuple(meta["shape"])
     if meta.get("data_type") not in _DTYPES.values():
-        raise CorruptDatasetError(f"{node_dir(root, rel)}: data_type {meta.get('data_type')!r} is not one dsc stores")
+        raise CorruptDatasetError(f"{root / rel}: data_type {meta.get('data_type')!r} is not one dsc stores")
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-    codecs = meta.get("codecs", [])
+    codecs = meta["codecs"]
     if (meta["chunk_grid"]["configuration"]["chunk_shape"] != [max(1, s) for s in shape]
             or len(codecs) != 1 or codecs[0].get("name") != "bytes"):
-        raise CorruptDatasetError(f"{node_dir(root, rel)}: expected one uncompressed chunk")
+        raise CorruptDatasetError(f"{root / rel}: expected one uncompressed chunk")
     if 0 in shape:
         return np.zeros(shape, dtype)
-    path = node_dir(root, rel) / chunk_key(len(shape))
-    expect = int(np.prod(shape)) * dtype.itemsize
-    check_file_size(path, expect)
-    return np.fromfile(path, dtype=dtype).reshape(shape)
+    return root.fromfile(f"{rel}/{chunk_key(len(shape))}", dtype, int(np.prod(shape)) * dtype.itemsize).reshape(shape)
 
 
-def check_file_size(path: Path, expect: int) -> None:
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CorruptDatasetError(f"{path} is missing; the dataset is damaged. Recompile it.") from None
-    if size != expect:
-        raise CorruptDatasetError(
-            f"{path} has {size} bytes, the manifest expects {expect}; the file is truncated or "
-            f"damaged. Recompile the dataset.")
+def check_file_size(root, rel: str, expect: int) -> None:
+    from .files import as_root
+
+    as_root(root).check_size(rel, expect)
 
 
 # ----------------------------------------------------------------------------- string arrays
@@ -200,25 +221,29 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
                                           "", ["sample"], None))
 
 
-def read_string_array(root: Path, rel: str) -> list[str]:
+def read_string_array(root, rel: str) -> list[str]:
+    from .files import as_root
+
+    root = as_root(root)
     meta = read_array_meta(root, rel)
-    path = node_dir(root, rel) / chunk_key(1)
-    try:
-        buf = path.read_bytes()
-    except FileNotFoundError:
-        raise CorruptDatasetError(f"{path} is missing; the dataset is damaged.") from None
+    path = f"{rel}/{chunk_key(1)}"
+    buf = root.read(path)
     try:
         (n,) = struct.unpack_from("<I", buf, 0)
+        if n != meta["shape"][0] or n > len(buf) // 4:
+            raise ValueError(f"{n} strings where the array has {meta['shape'][0]}")
         out, pos = [], 4
         for _ in range(n):
             (ln,) = struct.unpack_from("<I", buf, pos)
             pos += 4
+            if pos + ln > len(buf):
+                raise ValueError("a string runs past the end")
             out.append(buf[pos:pos + ln].decode("utf-8"))
             pos += ln
-        if pos != len(buf) or n != meta["shape"][0]:
+        if pos != len(buf):
             raise ValueError("length mismatch")
     except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise CorruptDatasetError(f"{path}: damaged string chunk ({e})") from None
+        raise CorruptDatasetError(f"{root / path}: damaged string chunk ({e})") from None
     return out
 
 

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..formats import Manifest
 from ..formats import layout as L
 from ..formats.coords import invert_affine
+from ..formats.files import Root
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
@@ -49,11 +50,12 @@ class Dataset(torch.utils.data.Dataset):
         check_forms(boxes, images)
         self.box_form, self.image_form = boxes, images
         self.path = Path(path)
-        self.manifest: Manifest = L.read_manifest(self.path)
+        root = Root(self.path)  # every later read is relative to this directory: one dataset, never a mix
+        self.manifest: Manifest = L.read_manifest(root)
         m = self.manifest
         self._n = m.num_samples
-        L.check_shard_files(self.path, m)
-        self.storage = Storage(self.path)
+        L.check_shard_files(root, m)
+        self.storage = Storage(root, m.checksum())
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self.schema = schema_of(self.fields)
@@ -96,7 +98,7 @@ class Dataset(torch.utils.data.Dataset):
     def keys(self) -> list[str]:
         """Source path (relative to the source root) or id of every sample; loaded on first use."""
         if self._keys is None:
-            keys = read_string_array(self.path, L.KEYS)
+            keys = read_string_array(self.storage.dir, L.KEYS)
             if len(keys) != self._n:
                 from ..errors import CorruptDatasetError
 

@@ -127,6 +127,9 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (the order depends on it). Keeps a position loaded by load_state_dict for it."""
+        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None
         self.epoch = epoch
@@ -184,14 +187,26 @@ class Loader:
         defines the order (seed, order, window, batch_size, drop_last, world_size, rank, tail, dataset
         size) may not, and a mismatch is refused naming the field."""
         ours = self.state_dict()  # once: it hashes the manifest
+        if not isinstance(state, dict):
+            raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
+        missing = sorted(set(ours) - set(state))
+        if missing:
+            raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
+                              f"state_dict() returned")
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
                     "num_samples", "shard_size", "dataset"):
             mine = ours[key]
-            if key in state and state[key] != mine:
+            if state[key] != mine:
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
-                               f"{key}={mine!r}; build the Loader with the same {key}")
+                                  f"{key}={mine!r}; build the Loader with the same {key}")
+        epoch, served = state["epoch"], state["batches_served"]
+        for name, v in (("epoch", epoch), ("batches_served", served)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"cannot resume: the saved {name} is {v!r}, not a non-negative int")
+        if served > len(self):
+            raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {len(self)}")
         self.close()
-        self._resume = _Resume(int(state["epoch"]), int(state["batches_served"]))
+        self._resume = _Resume(int(epoch), int(served))
         self.epoch = self._resume.epoch
         self._served = self._resume.batches
 

@@ -6,58 +6,36 @@ and never touch files themselves, so a strategy (a later remote cache, say) is o
 """
 from __future__ import annotations
 
-import mmap
-import os
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import CorruptDatasetError
-from ..formats.zarr_v3 import node_dir, read_plain_array
+from ..formats.files import Root
+from ..formats.zarr_v3 import read_plain_array
 
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 CACHES = ("page", "ram")
-
-
-def map_file(path: Path, nbytes: int) -> np.ndarray:
-    """Map the first ``nbytes`` of a file as a flat uint8 array.
-
-    A private (copy-on-write) mapping: pages are the OS page cache's, shared by every process that maps
-    the file, never written back; a user who writes into a sample changes only their own copy of that
-    page. The page tables are filled up front with MADV_POPULATE_READ (read-only, so no page is copied:
-    MAP_POPULATE on a writable private mapping would copy the whole file into process memory), which
-    spares a page fault per 4 KiB on first touch; older kernels fall back to read-ahead (MADV_WILLNEED).
-    """
-    if nbytes == 0:
-        return np.zeros(0, np.uint8)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    try:
-        mm.madvise(MADV_POPULATE_READ)
-    except (OSError, ValueError):
-        mm.madvise(mmap.MADV_WILLNEED)
-    return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
 
 
 class Storage:
     """A dataset directory's bytes: shards mapped on first use and kept, small arrays read whole."""
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
+    def __init__(self, root: Root, checksum: str | None = None):
+        self.dir = root  # every file is read relative to the directory as opened (formats/files.py)
+        self.root = root.path
+        self.checksum = checksum  # the manifest's: a process that re-opens the path checks it is the same
         self._maps: dict[str, np.ndarray] = {}
 
     def map(self, rel: str, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of a shard, mapped on first use. A private (copy-on-write) mapping: pages are
+        the OS page cache's, shared by every process that maps the file, never written back; the page
+        tables are filled up front (MADV_POPULATE_READ, read-only, so nothing is copied)."""
         arr = self._maps.get(rel)
         if arr is None:
-            arr = self._maps[rel] = map_file(node_dir(self.root, rel), nbytes)
+            arr = self._maps[rel] = self.dir.map(rel, nbytes)
         return arr
 
     def array(self, rel: str, shape: tuple) -> np.ndarray:
         """A plain (small) array, checked to have ``shape``."""
-        arr = read_plain_array(self.root, rel)
+        arr = read_plain_array(self.dir, rel)
         if arr.shape != tuple(shape):
             raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
         return arr
@@ -73,5 +51,13 @@ class Storage:
                 self._maps[spec.path] = np.array(self.map(spec.path, spec.nbytes))
                 bar.update(spec.nbytes)
 
-    def __getstate__(self):  # DataLoader workers started by spawn re-map shards lazily
-        return {"root": self.root, "_maps": {}}
+    def __getstate__(self):  # DataLoader workers started by spawn re-open the path and re-map lazily
+        return {"path": self.root, "checksum": self.checksum}
+
+    def __setstate__(self, state):
+        from ..formats.layout import read_manifest
+
+        self.__init__(Root(state["path"]), state["checksum"])
+        if self.checksum is not None and read_manifest(self.dir).checksum() != self.checksum:
+            raise CorruptDatasetError(f"{self.root} was replaced by another compile since the dataset was opened; "
+                                      f"open it again (a worker must read the dataset its parent opened)")

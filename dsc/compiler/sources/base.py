@@ -94,6 +94,40 @@ class Item:
     mask: object = None
 
 
+MAX_TEXT_BYTES = 1 << 30  # an annotation or list file; anything larger is not one
+
+
+def read_input(path, what: str, text: bool = True):
+    """An input file of a source (annotations, split lists, label files, YAML), read whole: only a regular
+    file is opened (a FIFO would block), and a file that is not UTF-8 text is a one-line SourceError."""
+    import os
+    import stat
+
+    from ...errors import SourceError
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SourceError(f"{path}: the {what} is not a regular file")
+    if st.st_size > MAX_TEXT_BYTES:
+        raise SourceError(f"{path}: {st.st_size:,} bytes is too large for a {what}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if not text:
+        return data
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: the {what} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
 def where(r: Record) -> str:
     """A record's origin for messages: its file, or its table row / dataset index."""
     if r.row < 0:
@@ -264,3 +298,6 @@ class Source:
 
 DROP_EMPTY = Param("drop_empty_images", "Leave out images without boxes (kept as negatives by default).",
                    type="flag", default=False, flag="--drop-empty")
+ALLOW_OUTSIDE = Param("allow_outside_images", "Let annotation file names point outside the images folder "
+                                            "('../x.jpg', absolute paths); refused by default.",
+                      type="flag", default=False)

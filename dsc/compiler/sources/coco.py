@@ -20,20 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target
+from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import is_image_file
 
 
 def _load_json(path: Path) -> dict:
+    text = read_input(path, "annotation file")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise SourceError(f"{path}: no such annotation file") from None
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise SourceError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"{path}: cannot read annotation file ({e})") from None
+    except RecursionError:
+        raise SourceError(f"{path}: malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise SourceError(f"{path}: expected a JSON object with images, annotations and categories")
     for key in ("images", "annotations", "categories"):
@@ -49,8 +47,20 @@ def _int(path, what, obj, key):
     return v
 
 
+MAX_KEPT_ID = 65_535  # --keep-category-ids: class names are stored up to the largest id
+
+
+def inside(folder: Path, name: str, where: str, allow_outside: bool) -> Path:
+    """``folder / name``, refused when ``name`` leaves the folder (``..``, an absolute path) unless allowed."""
+    path = Path(os.path.normpath(folder / name))
+    if not allow_outside and (os.path.isabs(name) or os.path.commonpath([folder, path]) != str(folder)):
+        raise SourceError(f"{where}: {name!r} points outside {folder}; dsc reads images only inside the images "
+                          f"folder (pass --allow-outside-images if this is meant)")
+    return path
+
+
 def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_category_ids: bool = False,
-              masks: str | None = None) -> ScannedSource:
+              masks: str | None = None, allow_outside_images: bool = False) -> ScannedSource:
     ann_path, img_dir = Path(os.path.abspath(annotations)), Path(os.path.abspath(images))
     if not img_dir.is_dir():
         raise SourceError(f"{img_dir}: no such images directory")
@@ -68,6 +78,9 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     if keep_category_ids:
         if ids[0] < 0:
             raise SourceError(f"{ann_path}: category id {ids[0]} is negative; cannot keep ids as labels")
+        if ids[-1] > MAX_KEPT_ID:
+            raise SourceError(f"{ann_path}: category id {ids[-1]:,} is above {MAX_KEPT_ID:,}; keeping ids as labels "
+                              f"would store a name for every id below it. Drop --keep-category-ids")
         label_of = {i: i for i in ids}
         classes = tuple(cats.get(i, "") for i in range(ids[-1] + 1))
     else:
@@ -140,7 +153,8 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                         attrs={"iscrowd": np.array([a[2] for a in anns], np.uint8),
                                "area": np.array([a[3] for a in anns], np.float32)},
                         segments=tuple(a[4] for a in anns) if masks else ())
-        records.append(Record(key=name, path=str(img_dir / name), target=target))
+        path = inside(img_dir, name, f"{ann_path} (image id {iid})", allow_outside_images)
+        records.append(Record(key=name, path=str(path), target=target))
     if not records and not invalid:
         raise SourceError(f"{ann_path}: no images to compile")
 
@@ -189,7 +203,8 @@ class CocoSource(Source):
         Param("masks", "semantic: also store a class-id mask per image rasterised from the segmentations "
                        "(0 background, label + 1 per category, crowd = --mask-ignore).",
               type="choice", choices=("semantic",), default=None),
+        ALLOW_OUTSIDE,
     )
 
     def scan(self) -> ScannedSource:
-        return scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks)
+        return scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks, self.allow_outside_images)

@@ -26,31 +26,103 @@ def is_image_file(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
+def display(path: str | os.PathLike) -> str:
+    """A path for messages and keys: a name that is not valid UTF-8 shows its bytes escaped."""
+    p = os.fspath(path)
+    try:
+        p.encode("utf-8")
+        return p
+    except UnicodeEncodeError:
+        return os.fsencode(p).decode("utf-8", "backslashreplace")
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _is_dataset(path: str) -> bool:
+    """A dsc dataset (a compile's output, maybe inside the folder being compiled): never an input."""
+    from ..staging import is_dsc_dataset
+
+    return os.path.isfile(os.path.join(path, "zarr.json")) and is_dsc_dataset(Path(path))
+
+
 def find_classes(root: Path) -> list[str]:
-    with os.scandir(root) as it:
-        return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+    """The class folders: sorted sub-directory names, without hidden ones and dsc datasets."""
+    try:
+        with os.scandir(root) as it:
+            names = [e.name for e in it if e.is_dir() and not e.name.startswith(".")]
+    except OSError as e:
+        raise SourceError(f"{display(root)}: cannot list the folder ({e.strerror}); fix its permissions") from None
+    bad = [n for n in names if not _utf8(n)]
+    if bad:
+        raise SourceError(f"{display(root / bad[0])}: the class folder's name is not valid UTF-8; rename it")
+    return sorted(n for n in names if not _is_dataset(str(root / n)))
 
 
-def walk_images(top: Path) -> list[str]:
+def walk_images(top: Path, problems: list | None = None) -> list[str]:
     """Image files below ``top`` in torchvision's order (sorted walk, sorted names), following symlinks;
     a directory reachable twice (a symlink loop or an alias) is walked once, at its first path in that
-    sorted order, so the result does not depend on the filesystem's listing order."""
-    walked = []
-    seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        st = os.stat(dirpath)
+    sorted order, so the result does not depend on the filesystem's listing order.
+
+    Only regular files are inputs (a FIFO or a device named ``x.jpg`` would block or mislead a reader),
+    names must be valid UTF-8 (keys are stored as UTF-8), and dsc datasets inside ``top`` are left out.
+    What cannot be used is appended to ``problems`` as (path, reason): a folder that cannot be listed, a
+    file that is not a regular file, a name that is not UTF-8. Without ``problems`` the first one raises."""
+    def problem(path, reason):
+        if problems is None:
+            raise SourceError(f"{display(path)}: {reason}")
+        problems.append((display(path), reason))
+
+    walked, seen = [], set()
+    stack = [str(top)]
+    while stack:
+        dirpath = stack.pop()
+        try:
+            st = os.stat(dirpath)
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except OSError as e:
+            problem(dirpath, f"cannot list this folder ({e.strerror}); its images would be missing. Fix its "
+                             f"permissions")
+            continue
         if (st.st_dev, st.st_ino) in seen:  # a symlink back to a directory already walked
-            dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        walked.append((dirpath, filenames))
-    files = []
-    for dirpath, filenames in sorted(walked):
-        for name in sorted(filenames):
-            if not name.startswith(".") and is_image_file(name):
-                files.append(os.path.join(dirpath, name))
-    return files
+        files = []
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not _utf8(e.name):
+                    problem(e.path, "the folder's name is not valid UTF-8; rename it")
+                elif not _is_dataset(e.path):
+                    stack.append(e.path)
+            elif is_image_file(e.name):
+                if not _utf8(e.name):
+                    problem(e.path, "the file name is not valid UTF-8 (keys are stored as UTF-8); rename it")
+                    continue
+                try:
+                    regular = e.is_file()
+                except OSError:
+                    regular = False
+                if not regular and os.path.exists(e.path):  # a FIFO, a socket, a device: never opened
+                    problem(e.path, "not a regular file")
+                    continue
+                files.append(e.name)  # (a dangling symlink stays: its decode names the missing target)
+        walked.append((dirpath, files))
+    out = []
+    for dirpath, names in sorted(walked):
+        out.extend(os.path.join(dirpath, name) for name in sorted(names))
+    return out
 
 
 class ImageFolderSource(Source):
@@ -75,18 +147,19 @@ class ImageFolderSource(Source):
             raise SourceError(f"{root} has no class folders: ImageFolder expects SRC/<class>/<image files>.")
         root = Path(os.path.abspath(root))
         records: list[Record] = []
-        warnings = []
+        warnings, problems = [], []
         for idx, cls in enumerate(classes):
-            files = walk_images(root / cls)
+            files = walk_images(root / cls, problems)
             if not files:
                 warnings.append(f"class {cls!r} ({root / cls}) has no image files; its index {idx} is kept")
             for f in files:
                 records.append(Record(key=Path(os.path.relpath(f, root)).as_posix(), path=f, label=idx))
-        if not records:
+        if not records and not problems:
             raise SourceError(f"{root}: no image files found in any class folder "
                               f"(extensions: {', '.join(IMG_EXTENSIONS)}).")
+        invalid = tuple((os.path.relpath(path, display(root)), reason) for path, reason in problems)
         return ScannedSource(kind="imagefolder", root=str(root), task="classification", records=records,
-                             classes=tuple(classes), warnings=tuple(warnings),
+                             classes=tuple(classes), warnings=tuple(warnings), invalid=invalid,
                              summary={"kind": "imagefolder", "root": str(root), "num_files": len(records),
                                       "num_classes": len(classes)})
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 from ...errors import SourceError
-from .base import MaskInfo, Param, Record, ScannedSource, Source
+from .base import MaskInfo, Param, Record, ScannedSource, Source, read_input
 from .imagefolder import walk_images
 
 _WIDE_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -58,18 +58,16 @@ class SegFolderSource(Source):
         if self.classes_file:
             if names:
                 raise SourceError("give --classes or --classes-file, not both")
-            try:
-                text = Path(self.classes_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise SourceError(f"{self.classes_file}: cannot read the class names ({e})") from None
+            text = read_input(self.classes_file, "classes file")
             names = tuple(ln.strip() for ln in text.splitlines() if ln.strip())
-        images = walk_images(img_dir)
-        if not images:
+        problems: list = []
+        images = walk_images(img_dir, problems)
+        if not images and not problems:
             raise SourceError(f"{img_dir}: no image files")
         masks: dict[str, list[str]] = {}
-        for m in walk_images(mask_dir):
+        for m in walk_images(mask_dir, problems):
             masks.setdefault(_stem(m, mask_dir, self.mask_suffix), []).append(m)
-        records, invalid, paired = [], [], set()
+        records, invalid, paired = [], list(problems), set()
         for f in images:
             key = Path(os.path.relpath(f, root)).as_posix()
             stem = _stem(f, img_dir, self.image_suffix)
@@ -90,10 +88,10 @@ class SegFolderSource(Source):
         wide = False
         if records:
             try:
-                with Image.open(records[0].mask) as im:
+                with Image.open(records[0].mask) as im:  # a regular file: the walk checked
                     wide = im.mode in _WIDE_MODES
-            except OSError:
-                pass  # the worker reports it, naming the file
+            except Exception:  # noqa: BLE001 - the worker reports it, naming the file
+                pass
         return ScannedSource(kind="segfolder", root=str(root), task="segmentation", records=records,
                              classes=tuple(names or ()), invalid=tuple(invalid), warnings=tuple(warnings),
                              masks=MaskInfo(classes=tuple(names or ()), wide=wide),

@@ -11,6 +11,7 @@ label k and its mask value k + 1 name the same class. An image without an annota
 """
 from __future__ import annotations
 
+import math
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target
+from .coco import inside
+from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 
 
 def _text(el, tag, path, default=None):
@@ -33,9 +35,12 @@ def _text(el, tag, path, default=None):
 def _num(el, tag, path):
     v = _text(el, tag, path)
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
-        raise SourceError(f"{path}: <{tag}> is {v!r}, not a number") from None
+        x = math.nan
+    if not math.isfinite(x):
+        raise SourceError(f"{path}: <{tag}> is {v!r}, not a finite number")
+    return x
 
 
 def _flag(el, tag, path) -> int:
@@ -52,12 +57,17 @@ def _flag(el, tag, path) -> int:
 
 
 def _parse_xml(path: Path):
+    data = read_input(path, "annotation XML", text=False)
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:  # entity expansion (billion laughs) is not parsed at all
+        raise SourceError(f"{path}: the XML declares a DTD or entities, which dsc refuses to expand; VOC "
+                          f"annotations need neither")
     try:
-        tree = ET.parse(path)
+        root = ET.fromstring(data)
     except ET.ParseError as e:
         line, col = e.position
         raise SourceError(f"{path}:{line}:{col}: malformed XML ({e.msg if hasattr(e, 'msg') else e})") from None
-    root = tree.getroot()
+    except RecursionError:
+        raise SourceError(f"{path}: malformed XML (nested too deeply)") from None
     size = root.find("size")
     wh = (int(_num(size, "width", path)), int(_num(size, "height", path))) if size is not None else None
     objs = []
@@ -76,7 +86,7 @@ VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "
 
 
 def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None,
-             masks: bool = False) -> ScannedSource:
+             masks: bool = False, allow_outside_images: bool = False) -> ScannedSource:
     root = Path(os.path.abspath(root))
     sets = root / "ImageSets" / ("Segmentation" if masks else "Main")
     split_file = sets / f"{split}.txt"
@@ -85,7 +95,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         raise SourceError(f"{split_file}: no such split file (available: {', '.join(avail) or 'none'}). "
                           f"VOC_ROOT must hold ImageSets/{sets.name}, "
                           + ("SegmentationClass, " if masks else "") + "Annotations and JPEGImages")
-    ids = [ln.split()[0] for ln in split_file.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    ids = [ln.split()[0] for ln in read_input(split_file, "split file").splitlines() if ln.strip()]
     parsed, invalid, without_xml = [], [], 0
     for iid in ids:
         xml = root / "Annotations" / f"{iid}.xml"
@@ -97,7 +107,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
             without_xml += 1
         else:
             filename, wh, objs = _parse_xml(xml)
-        img = root / "JPEGImages" / (filename or f"{iid}.jpg")
+        img = inside(root / "JPEGImages", filename or f"{iid}.jpg", str(xml), allow_outside_images)
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
         mask = root / "SegmentationClass" / f"{iid}.png"
@@ -150,7 +160,8 @@ class VocSource(Source):
                          "With --masks, in the order of the masks' palette indices 1, 2, ...", type="csv"),
         DROP_EMPTY,
         Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask.", type="flag", default=False),
+        ALLOW_OUTSIDE,
     )
 
     def scan(self) -> ScannedSource:
-        return scan_voc(self.root, self.split, self.classes, self.masks)
+        return scan_voc(self.root, self.split, self.classes, self.masks, self.allow_outside_images)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target
+from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import walk_images
 
 
@@ -23,7 +23,7 @@ def _load_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_input(path, "data.yaml"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -33,24 +33,33 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
+MAX_CLASSES = 100_000
+
+
 def _names(yaml_path: Path, names) -> tuple[str, ...]:
+    if isinstance(names, (list, dict)) and len(names) > MAX_CLASSES:
+        raise SourceError(f"{yaml_path}: 'names' lists {len(names):,} classes, more than {MAX_CLASSES:,}")
     if isinstance(names, list):
+        if not all(isinstance(n, (str, int, float)) and len(str(n)) <= 1000 for n in names):
+            raise SourceError(f"{yaml_path}: every entry of 'names' must be a short name (a string)")
         return tuple(str(n) for n in names)
     if isinstance(names, dict) and all(isinstance(k, int) for k in names):
         if sorted(names) != list(range(len(names))):
             raise SourceError(f"{yaml_path}: 'names' keys must be 0..{len(names) - 1}")
+        if not all(isinstance(v, (str, int, float)) and len(str(v)) <= 1000 for v in names.values()):
+            raise SourceError(f"{yaml_path}: every value of 'names' must be a short name (a string)")
         return tuple(str(names[k]) for k in range(len(names)))
     raise SourceError(f"{yaml_path}: 'names' must be a list or a mapping index -> name")
 
 
-def _image_files(entry: str, root: Path) -> list[Path]:
+def _image_files(entry: str, root: Path, problems: list) -> list[Path]:
     p = Path(entry)
     p = p if p.is_absolute() else root / p
     if p.is_dir():
-        return [Path(f) for f in walk_images(p)]
+        return [Path(f) for f in walk_images(p, problems)]
     if p.suffix == ".txt" and p.is_file():
         out = []
-        for line in p.read_text(encoding="utf-8").splitlines():
+        for line in read_input(p, "image list").splitlines():
             line = line.strip()
             if line:
                 q = p.parent / line[2:] if line.startswith("./") else Path(line)
@@ -67,7 +76,7 @@ def label_path(image: Path) -> Path:
 
 def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     boxes, labels = [], []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_input(path, "label file").splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
@@ -96,10 +105,13 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
               classes_file: str | os.PathLike | None = None) -> ScannedSource:
     root = Path(os.path.abspath(root))
     yaml_path = Path(os.path.abspath(data_yaml)) if data_yaml else root / "data.yaml"
+    problems: list = []
     if not root.is_dir():
         raise SourceError(f"{root}: no such directory")
     if classes_file is None and yaml_path.is_file():
         cfg = _load_yaml(yaml_path)
+        if cfg.get("path") is not None and not isinstance(cfg["path"], str):
+            raise SourceError(f"{yaml_path}: 'path' must be a folder (a string), got {cfg['path']!r}")
         base = yaml_path.parent / cfg["path"] if cfg.get("path") else yaml_path.parent
         base = base if base.is_dir() else root
         if "names" not in cfg:
@@ -109,15 +121,17 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
             avail = [k for k in ("train", "val", "test") if cfg.get(k)]
             raise SourceError(f"{yaml_path}: no split {split!r} (it has: {', '.join(avail) or 'none'})")
         entries = cfg[split] if isinstance(cfg[split], list) else [cfg[split]]
-        files = [f for e in entries for f in _image_files(str(e), base)]
+        if not all(isinstance(e, str) for e in entries):
+            raise SourceError(f"{yaml_path}: split {split!r} must be a folder, a .txt list, or a list of those")
+        files = [f for e in entries for f in _image_files(str(e), base, problems)]
     else:
         cf = Path(classes_file) if classes_file else root / "classes.txt"
         if not cf.is_file():
             raise SourceError(f"{root}: no data.yaml and no classes file ({cf}); give one of them")
-        classes = tuple(ln.strip() for ln in cf.read_text(encoding="utf-8").splitlines() if ln.strip())
+        classes = tuple(ln.strip() for ln in read_input(cf, "classes file").splitlines() if ln.strip())
         base = root
-        files = _image_files(f"images/{split}", root)
-    if not files:
+        files = _image_files(f"images/{split}", root, problems)
+    if not files and not problems:
         raise SourceError(f"{root}: split {split!r} has no images")
     records, negatives = [], 0
     for k, f in enumerate(files):
@@ -133,7 +147,7 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
     warnings = [f"{negatives} images of split {split!r} have no label file and are kept as negatives"] \
         if negatives else []
     return ScannedSource(kind="yolo", root=str(base), task="detection", records=records, classes=classes,
-                         warnings=tuple(warnings),
+                         warnings=tuple(warnings), invalid=tuple(problems),
                          summary={"kind": "yolo", "root": str(base), "split": split, "num_images": len(files),
                                   "images_without_labels": negatives})
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError
 from ..manifest import LAYOUTS, ShardSpec, check_spec_keys
-from ..zarr_v3 import check_node_path, node_dir
+from ..zarr_v3 import check_node_path
 from .base import Field, Role
 from .image import PixelsPart, PixelsReaderField, finish_pixels
 from .pixels import Pixels
@@ -131,7 +131,7 @@ class MaskField(Field):
             return
         C, ignore = len(self.spec.classes), self.spec.ignore_index
         for s, shard in enumerate(self.spec.shards):  # intact shards: every value a class id or the ignore index
-            vals = np.fromfile(node_dir(root, shard.path), np.dtype(self.spec.dtype).newbyteorder("<"))
+            vals = np.frombuffer(root.read(shard.path), np.dtype(self.spec.dtype).newbyteorder("<"))
             if self.pixels.fixed:
                 vals = vals[:shard.count * self.pixels.sample_nbytes // self.pixels.itemsize]
             bad = (vals >= C) & (vals != ignore)

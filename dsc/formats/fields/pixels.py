@@ -139,8 +139,28 @@ class Pixels:
             os.rename(node_dir(scratch, self.shard_node(u)), node_dir(root, self.shard_node(u)))
         return specs
 
+    def check_meta(self, root, n: int, K: int) -> None:
+        """The array's own zarr.json says what the manifest says (a generic Zarr reader trusts it)."""
+        from ..zarr_v3 import read_array_meta, read_node_json
+
+        if not self.fixed:
+            meta = read_node_json(root, self.node)
+            if not isinstance(meta, dict) or meta.get("node_type") != "group":
+                raise CorruptDatasetError(f"{self.node}/zarr.json: a ragged field's node must be a group")
+            return
+        meta = read_array_meta(root, self.node)
+        codec = meta["codecs"][0]
+        inner = codec.get("configuration", {}).get("chunk_shape") if isinstance(codec.get("configuration"), dict) else None
+        if (meta["shape"] != [n, *self.sample_shape] or meta["chunk_grid"]["configuration"]["chunk_shape"]
+                != [K, *self.sample_shape] or meta.get("data_type") != self.dtype
+                or codec.get("name") != "sharding_indexed" or inner != [1, *self.sample_shape]):
+            raise CorruptDatasetError(f"{self.node}/zarr.json does not describe the manifest's ({n}, "
+                                      f"{', '.join(map(str, self.sample_shape))}) {self.dtype} array in shards of "
+                                      f"{K}; the dataset was damaged or edited. Recompile it")
+
     # ------------------------------------------------------------------ reading
     def reader(self, store, shards: tuple[ShardSpec, ...], n: int, K: int) -> "PixelsReader":
+        self.check_meta(store.dir, n, K)
         return PixelsReader(self, store, shards, n, K)
 
     # ------------------------------------------------------------------ verifying
@@ -149,6 +169,7 @@ class Pixels:
         shapes, and the fixed shards' Zarr index. Returns the ragged shapes (or None)."""
         from ..verify import Problem, try_read
 
+        try_read(problems, self.node, lambda: self.check_meta(root, n, K))
         crc = try_read(problems, self.crc_node, lambda: read_plain_array(root, self.crc_node)) if crc_known else None
         if crc is not None and crc.shape != (n,):
             problems.append(Problem(self.crc_node, f"has {crc.shape} entries, expected ({n},)"))
@@ -172,16 +193,16 @@ class Pixels:
                     problems.append(Problem(self.offsets_node, "offsets / shapes are inconsistent",
                                             np.flatnonzero(bad).tolist()))
         for s, spec in enumerate(shards):
-            p = node_dir(root, spec.path)
             samples = list(range(s * K, s * K + spec.count))
-            if not p.is_file():
-                problems.append(Problem(spec.path, "shard file missing", samples))
+            try:
+                size = root.size(spec.path)
+            except CorruptDatasetError as e:
+                problems.append(Problem(spec.path, str(e), samples))
                 continue
-            data = np.fromfile(p, np.uint8)
-            if len(data) != spec.nbytes:
-                problems.append(Problem(spec.path, f"has {len(data)} bytes, the manifest says {spec.nbytes}",
-                                        samples))
+            if size != spec.nbytes:  # before reading it: a shard's size is bounded by its manifest entry
+                problems.append(Problem(spec.path, f"has {size} bytes, the manifest says {spec.nbytes}", samples))
                 continue
+            data = np.frombuffer(root.read(spec.path), np.uint8)
             if hashlib.sha256(data).hexdigest() == spec.sha256:
                 continue
             damaged = []
@@ -325,6 +346,13 @@ class PixelsReader:
             if not valid_offsets(self.offsets) or not np.array_equal(np.diff(starts) * pixels.itemsize, recorded):
                 raise CorruptDatasetError(f"{store.root}: {pixels.offsets_node} disagrees with the shard sizes in "
                                           f"the manifest; the dataset is damaged. Recompile it")
+            shp = self.shapes.astype(np.int64)
+            bad = (shp < 1).any(axis=1) | (np.prod(shp, axis=1) != np.diff(self.offsets))
+            if pixels.channels is not None:
+                bad |= shp[:, 2] != pixels.channels
+            if bad.any():
+                raise CorruptDatasetError(f"{store.root}: {pixels.shapes_node} disagrees with {pixels.offsets_node} "
+                                          f"(sample {int(np.flatnonzero(bad)[0])}); the dataset is damaged. Recompile it")
             self.shard_starts = starts
 
     def shard(self, s: int) -> np.ndarray:

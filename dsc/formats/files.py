@@ -1,0 +1,164 @@
+"""Reading a dataset's files safely: every file is opened relative to the dataset directory as it was when
+it was opened, one path component at a time, never through a symbolic link.
+
+* **One dataset, whatever happens to the path.** ``Root(path)`` holds a descriptor of the directory. A
+  compile that replaces the dataset (``--overwrite`` swaps a new directory in) does not change what the
+  handle reads: files still to be read come from the directory it opened; if that directory has been
+  deleted meanwhile, reading fails with a clear error. A handle never mixes two compiles.
+* **No links.** Metadata names files by plain relative paths (``check_node_path``), and each component is
+  opened with ``O_NOFOLLOW``: a symbolic link anywhere inside the dataset is refused, so a dataset cannot
+  make dsc read outside it. Only regular files are read (a FIFO named like a shard cannot block a reader).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import mmap
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CorruptDatasetError, DatasetNotFoundError, UnsafePathError
+
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+
+
+class Root:
+    """A dataset directory, opened once (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.fd = os.open(self.path, _DIR)
+        except FileNotFoundError:
+            raise DatasetNotFoundError(f"{self.path}: no such dataset directory (compile one with `dsc compile`)") \
+                from None
+        except NotADirectoryError:
+            raise DatasetNotFoundError(f"{self.path} is not a directory, so not a dsc dataset") from None
+        except OSError as e:
+            raise DatasetNotFoundError(f"{self.path}: cannot open the dataset directory ({e.strerror})") from None
+
+    def __del__(self):
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __getstate__(self):  # a process that unpickles a handle opens the path again
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    def __truediv__(self, rel: str) -> Path:  # for messages
+        return self.path / rel
+
+    def _open(self, rel: str) -> int:
+        """A descriptor of the regular file ``rel`` (plain components, no links)."""
+        from .zarr_v3 import check_node_path
+
+        parts = check_node_path(rel).split("/") if rel != "zarr.json" else ["zarr.json"]
+        dfd, opened = self.fd, []
+        try:
+            for part in parts[:-1]:
+                dfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=dfd)
+                opened.append(dfd)
+            fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            gone = " (the dataset directory was deleted or replaced since it was opened: open it again)" \
+                if os.fstat(self.fd).st_nlink == 0 else "; the dataset is incomplete or damaged. Recompile it"
+            raise CorruptDatasetError(f"{self.path / rel} is missing{gone}") from None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, getattr(errno, "EMLINK", -1)):
+                raise UnsafePathError(f"{self.path / rel}: a symbolic link (or not a directory) inside the dataset; "
+                                      f"dsc does not follow links inside a dataset") from None
+            raise CorruptDatasetError(f"{self.path / rel}: cannot open ({e.strerror})") from None
+        finally:
+            for d in opened:
+                os.close(d)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise CorruptDatasetError(f"{self.path / rel} is not a regular file")
+        os.set_blocking(fd, True)
+        return fd
+
+    def size(self, rel: str) -> int:
+        fd = self._open(rel)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def exists(self, rel: str) -> bool:
+        try:
+            self.size(rel)
+        except CorruptDatasetError:
+            return False
+        return True
+
+    def read(self, rel: str, limit: int | None = None) -> bytearray:
+        """The whole file, in a writable buffer (refused past ``limit`` bytes)."""
+        fd = self._open(rel)
+        try:
+            size = os.fstat(fd).st_size
+            if limit is not None and size > limit:
+                raise CorruptDatasetError(f"{self.path / rel} has {size:,} bytes, more than the {limit:,} its kind may "
+                                          f"have; the dataset is damaged")
+            buf = bytearray(size)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                n = f.readinto(buf)
+            if n != size:
+                raise CorruptDatasetError(f"{self.path / rel} changed size while being read")
+            return buf
+        finally:
+            os.close(fd)
+
+    def check_size(self, rel: str, expect: int) -> None:
+        size = self.size(rel)
+        if size != expect:
+            raise CorruptDatasetError(f"{self.path / rel} has {size} bytes, the manifest expects {expect}; the file is "
+                                      f"truncated or damaged. Recompile the dataset.")
+
+    def fromfile(self, rel: str, dtype, expect: int) -> np.ndarray:
+        """The file's ``expect`` bytes as an array of ``dtype`` (its size checked first)."""
+        self.check_size(rel, expect)
+        return np.frombuffer(self.read(rel), dtype=dtype)
+
+    def sha256(self, rel: str) -> str:
+        h = hashlib.sha256()
+        fd = self._open(rel)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+    def map(self, rel: str, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of a file as a flat uint8 array, memory-mapped privately (see runtime/storage)."""
+        if nbytes == 0:
+            return np.zeros(0, np.uint8)
+        fd = self._open(rel)
+        try:
+            if os.fstat(fd).st_size < nbytes:
+                raise CorruptDatasetError(f"{self.path / rel} is shorter than the {nbytes} bytes the manifest says")
+            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            mm.madvise(MADV_POPULATE_READ)
+        except (OSError, ValueError):
+            mm.madvise(mmap.MADV_WILLNEED)
+        return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
+
+
+def as_root(root) -> Root:
+    return root if isinstance(root, Root) else Root(root)
