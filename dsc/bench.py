@@ -196,6 +196,72 @@ def recipe_rates(ds, batch_size: int = 256, order: str = "random", num_threads: 
     return {"plain": plain, "recipe": rate, "pil_recipe": pil}
 
 
+def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
+                epochs: int = 2, echo=print) -> dict:
+    """On CUDA: the pinned host-to-device copy limit (one pinned batch copied again and again), the Loader's
+    delivery rate to the device in GB/s beside it, and how much of the copies overlapped a consumer that
+    keeps the GPU busy about as long as the copies take (100%: fully hidden behind it)."""
+    from .runtime import Loader
+
+    im = ds.manifest.image
+    if im.layout != "fixed":
+        echo("  (--device cuda measures fixed-shape datasets)")
+        return {}
+    dev = torch.device("cuda", torch.cuda.current_device())
+    host = torch.empty((batch_size, im.height, im.width, im.channels), dtype=torch.uint8, pin_memory=True)
+    gpu = torch.empty_like(host, device=dev)
+    nbytes = host.numel()
+
+    def copies(n=20):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            gpu.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(dev)
+        return n * nbytes / (time.perf_counter() - t0)
+    copies(3)
+    limit = max(copies() for _ in range(3))
+    loader = Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, prefetch=prefetch, device=dev)
+    n = sum(len(b) for b in loader.batch_indices())
+    per_batch = nbytes / limit  # seconds one batch's copy takes at the limit
+    cycles = None
+
+    def epoch(work: bool):
+        nonlocal cycles
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in loader:
+            if work:
+                torch.cuda._sleep(cycles)
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+    # calibrate a GPU sleep of about one batch's copy time
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    torch.cuda._sleep(10_000_000)
+    torch.cuda.synchronize(dev)
+    cycles = max(1000, int(10_000_000 * per_batch / (time.perf_counter() - t0)))
+    epoch(False)
+    t_load = min(epoch(False) for _ in range(epochs))
+    batches = len(loader)
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        torch.cuda._sleep(cycles)
+    torch.cuda.synchronize(dev)
+    t_work = time.perf_counter() - t0
+    t_both = min(epoch(True) for _ in range(epochs))
+    overlap = max(0.0, min(1.0, (t_load + t_work - t_both) / max(1e-9, min(t_load, t_work))))
+    rate = n * im.sample_nbytes / t_load
+    echo(f"  {'pinned host-to-device copy limit (one batch, again and again)':<58} {limit / 1e9:10.2f} GB/s")
+    echo(f"  {'dsc.Loader delivering batches to ' + str(dev):<58} {rate / 1e9:10.2f} GB/s  "
+         f"{n / t_load:,.0f} img/s, {rate / limit:.0%} of the copy limit")
+    echo(f"  {'with a consumer busy on the GPU as long as the copies':<58} {overlap:10.0%} of the copies overlapped "
+         f"it (epoch {t_both:.2f} s; loader alone {t_load:.2f} s, consumer alone {t_work:.2f} s)")
+    return {"copy_limit": limit, "loader": rate, "overlap": overlap}
+
+
 def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order: str = "random",
                      num_threads: int = 2, epochs: int = 3, device: str = "cpu", echo=print) -> dict:
     from .runtime import open as open_dataset
@@ -217,10 +283,18 @@ def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order:
 
 
 def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
-              epochs: int = 3, echo=print) -> dict:
+              epochs: int = 3, echo=print, device: str = "cpu") -> dict:
     from .runtime import Loader, open as open_dataset
 
     ds = open_dataset(path)
+    if device != "cpu":
+        from .errors import ConfigError
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: CUDA is not available here")
+        echo(f"dsc bench {path} --device cuda: {len(ds):,} samples, batch {batch_size}, order {order}, "
+             f"{num_threads} threads, prefetch {prefetch}")
+        return cuda_report(ds, batch_size, order, num_threads, prefetch, echo=echo)
     im = ds.manifest.image
     loader = Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, prefetch=prefetch)
     nbytes = im.sample_nbytes if im.layout == "fixed" else None

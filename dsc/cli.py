@@ -314,16 +314,20 @@ def verify_cmd(dataset: Path):
 @click.option("--recipe", type=click.Choice(["imagenet"]), default=None,
               help="Time a training recipe (imagenet: RandomResizedCrop(224), flip, ToFloat, Normalize) beside "
                    "plain epochs and a PIL DataLoader doing it per image from the source JPEGs.")
-def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int, recipe):
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: host-to-device GB/s beside the pinned-copy limit, and how much the copies overlap a "
+                   "consumer busy on the GPU.")
+def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int, recipe,
+              device: str):
     """Loader images/s and GB/s beside the machine's copy limit and a PIL-decoding DataLoader."""
     from .bench import run_bench, run_recipe_bench
 
     if recipe:
         run_recipe_bench(dataset, recipe, batch_size=batch_size, order=order, num_threads=threads, epochs=epochs,
-                         echo=click.echo)
+                         device=device, echo=click.echo)
         return
     run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
-              epochs=epochs, echo=click.echo)
+              epochs=epochs, echo=click.echo, device=device)
 
 
 @main.command(name="preview")

@@ -169,7 +169,8 @@ def read_array_meta(root, rel: str) -> dict:
     if not isinstance(meta, dict) or meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
         raise CorruptDatasetError(f"{where}: not a Zarr v3 array")
     shape, grid, codecs = meta.get("shape"), meta.get("chunk_grid"), meta.get("codecs")
-    chunk = grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) else None
+    config = grid.get("configuration") if isinstance(grid, dict) else None
+    chunk = config.get("chunk_shape") if isinstance(config, dict) else None
     if (not isinstance(shape, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape)
             or not isinstance(chunk, list) or len(chunk) != len(shape)
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in chunk)

@@ -9,6 +9,7 @@ epochs, resume.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -77,8 +78,13 @@ class Loader:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as e:
             raise ConfigError(f"device {device!r} is not a device: {e}") from None
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
+        if self.device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device {device!r}: the Loader delivers batches to 'cpu' or 'cuda[:k]' only")
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
+            if self.device.index is None:  # bare "cuda": the current device of the thread that builds the Loader
+                self.device = torch.device("cuda", torch.cuda.current_device())  # (torchrun: set_device(rank))
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is not in [0, {self.world_size})")
@@ -100,6 +106,8 @@ class Loader:
         self._resume: _Resume | None = None
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._ring: Ring | None = None
+        self._streams: list = []
+        self._streams_lock = threading.Lock()
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -153,10 +161,18 @@ class Loader:
         self._release_ring()
 
     def _release_ring(self) -> None:
-        pinned = self._ring is not None and self._ring.pin
+        """Drop the ring's buffers (pinned ones go back to torch's pinned-memory cache, for reuse)."""
         self._ring = None
-        if pinned and hasattr(torch._C, "_host_emptyCache"):
-            torch._C._host_emptyCache()  # hand the pinned pages back instead of keeping them cached
+
+    def _copy_stream(self, k: int):
+        """Filler thread k's CUDA copy stream, made once for the Loader's life: the caching allocator reuses
+        a block only on its stream, so new streams every epoch would strand reserved memory."""
+        with self._streams_lock:
+            while len(self._streams) <= k:
+                self._streams.append(None)
+            if self._streams[k] is None:
+                self._streams[k] = torch.cuda.Stream(device=self.device)
+            return self._streams[k]
 
     def __del__(self):
         try:

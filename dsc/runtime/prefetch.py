@@ -92,11 +92,13 @@ class _EpochState:
         if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
             loader._ring = Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
         self.ring = loader._ring
+        self.copy_stream = loader._copy_stream  # made once per Loader (a stream per epoch would strand memory)
         self.loader = weakref.ref(loader)
 
     def shutdown(self) -> None:
-        """Stop and join the threads. A finished epoch leaves its ring to the loader for the next one;
-        an epoch cut short (break, exception, KeyboardInterrupt) releases (and unpins) every buffer."""
+        """Stop and join the threads. The ring stays with the loader (also when the epoch was cut short:
+        break, exception, KeyboardInterrupt) until ``Loader.close()``; the results still queued are
+        dropped, so their slots are free again."""
         with self.cond:
             self.stop = True
             self.cond.notify_all()
@@ -105,15 +107,12 @@ class _EpochState:
         for t in self.threads:
             t.join()
         self.results.clear()
-        loader = self.loader()
-        if self.consumed < self.end and loader is not None and loader._ring is self.ring:
-            loader._release_ring()
         self.ring = None
 
 
-def _fill(state: _EpochState) -> None:
+def _fill(state: _EpochState, k: int) -> None:
     try:
-        _fill_jobs(state)
+        _fill_jobs(state, k)
     except BaseException as e:  # anything outside a batch (CUDA stream creation...): stop, tell the consumer
         with state.cond:
             state.fatal = e
@@ -130,12 +129,15 @@ def _transform_rest(state: _EpochState, batch, j: int, gen):
     return batch
 
 
-def _fill_jobs(state: _EpochState) -> None:
+def _fill_jobs(state: _EpochState, k: int) -> None:
     from ..transforms import batch_generator
     from ..transforms.fused import plan_chain
 
     cuda = state.device.type == "cuda"
-    stream = torch.cuda.Stream(device=state.device) if cuda else None
+    stream = None
+    if cuda:  # the current device is per thread: this one copies to the loader's device, on its own stream
+        torch.cuda.set_device(state.device)
+        stream = state.copy_stream(k)
     torch.set_num_threads(1)  # this thread's resizes run on its own core (the count is per calling thread)
     while True:
         with state.cond:
@@ -159,7 +161,7 @@ def _fill_jobs(state: _EpochState) -> None:
             if cuda:
                 with torch.cuda.stream(stream):
                     batch = _to_device(batch, state.device)
-                    event = torch.cuda.Event()
+                    event = torch.cuda.Event(blocking=True)  # waiting on it sleeps instead of spinning a core
                     event.record(stream)
                 ring.copy_done[s] = event
             elif state.transforms is not None:
@@ -205,7 +207,7 @@ class EpochIterator:
         self._cursor = start
         self._finalizer = weakref.finalize(self, state.shutdown)
         for k in range(min(loader.threads_used, max(0, end - start))):
-            t = threading.Thread(target=_fill, args=(state,), name=f"dsc-loader-{k}", daemon=True)
+            t = threading.Thread(target=_fill, args=(state, k), name=f"dsc-loader-{k}", daemon=True)
             state.threads.append(t)
             t.start()
 
@@ -239,11 +241,15 @@ class EpochIterator:
             raise result
         batch, event, gen = result
         if event is not None:
-            stream = torch.cuda.current_stream(state.device)
-            stream.wait_event(event)
-            _record_stream(batch, stream)
-            if state.transforms is not None:
-                batch = _transform_rest(state, batch, j, gen)
+            try:
+                stream = torch.cuda.current_stream(state.device)
+                stream.wait_event(event)
+                _record_stream(batch, stream)
+                if state.transforms is not None:
+                    batch = _transform_rest(state, batch, j, gen)
+            except BaseException:
+                self.close()  # the batch was taken: never leave the cursor behind it (next() would wait forever)
+                raise
         self._cursor = j + 1
         self._loader._served = j + 1
         return batch

@@ -72,7 +72,7 @@ def _flip(x: torch.Tensor, fh: bool, fw: bool) -> torch.Tensor:
         return x
     if x.dtype == torch.uint16:  # no flip kernel for uint16: index instead
         for d in dims:
-            x = x.index_select(d, torch.arange(x.shape[d] - 1, -1, -1))
+            x = x.index_select(d, torch.arange(x.shape[d] - 1, -1, -1, device=x.device))
         return x
     return x.flip(dims)
 
@@ -83,19 +83,19 @@ def _resize_image(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> 
     if out is None:
         out = torch.empty((h, w, x.shape[2]), dtype=x.dtype)
     dst = out.permute(2, 0, 1).unsqueeze(0)
-    if _aa is not None and x.dtype == torch.uint8:
+    if _aa is not None and x.dtype == torch.uint8 and x.device.type == "cpu":  # the SIMD uint8 kernel
         _aa(src, [h, w], False, None, None, out=dst)
-    else:
-        dst.copy_(torch.nn.functional.interpolate(src.float() if x.is_floating_point() else src, size=(h, w),
-                                                  mode="bilinear", antialias=True))
+    else:  # another device or dtype: the same filter in float, rounded back
+        y = torch.nn.functional.interpolate(src.float(), size=(h, w), mode="bilinear", antialias=True)
+        dst.copy_(y.round_().clamp_(0, 255) if not x.is_floating_point() else y)
     return out
 
 
 def _resize_nearest(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> torch.Tensor:
     """Nearest neighbour: output pixel (i, j) takes input pixel (floor((i + .5) H / h), floor((j + .5) W / w))."""
     H, W = x.shape[:2]
-    ys = torch.clamp(((torch.arange(h, dtype=torch.float64) + 0.5) * (H / h)).floor().long(), max=H - 1)
-    xs = torch.clamp(((torch.arange(w, dtype=torch.float64) + 0.5) * (W / w)).floor().long(), max=W - 1)
+    ys = torch.clamp(((torch.arange(h, dtype=torch.float64) + 0.5) * (H / h)).floor().long(), max=H - 1).to(x.device)
+    xs = torch.clamp(((torch.arange(w, dtype=torch.float64) + 0.5) * (W / w)).floor().long(), max=W - 1).to(x.device)
     rows = x.index_select(0, ys)
     if out is None:
         return rows.index_select(1, xs)
@@ -112,7 +112,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         if not program and src.dim() == 3:
             post.apply_sample(src, out)  # nothing geometric: straight from the view
             return
-        target = torch.empty((out.shape[1], out.shape[2], out.shape[0]), dtype=src.dtype)
+        target = torch.empty((out.shape[1], out.shape[2], out.shape[0]), dtype=src.dtype, device=src.device)
     x = src
     fh = fw = False  # flips not applied yet: crops mirror their coordinates instead
     done = False
@@ -128,7 +128,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             if 0 <= top and top + h <= H and 0 <= left and left + w <= W:
                 x = x[top:top + h, left:left + w]
             else:  # partly outside: a canvas of the fill with the inside part pasted
-                canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype)
+                canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
                 t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
                 if t1 > t0 and l1 > l0:
                     canvas[t0 - top:t1 - top, l0 - left:l1 - left] = x[t0:t1, l0:l1]

@@ -82,11 +82,9 @@ def _nearest(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out
     xs, ys, valid = torch.broadcast_tensors(xs, ys, valid)
     b = torch.arange(B, device=dev).view(B, 1, 1)
     out = canvas[b, ys, xs]
-    if not bool(valid.all()):
-        if out.dim() == 4:
-            valid = valid.unsqueeze(-1)
-        out = torch.where(valid, out, torch.full((), fill, dtype=out.dtype, device=dev))
-    return out.contiguous()
+    if out.dim() == 4:
+        valid = valid.unsqueeze(-1)
+    return torch.where(valid, out, torch.full((), fill, dtype=out.dtype, device=dev)).contiguous()  # no branch
 
 
 def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int,
@@ -142,7 +140,8 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
             views = _views(batch, key)[0]
             tail = tuple(views[0].shape[2:]) if views else ()
             out = run_batch(views, plan.programs, torch.empty((len(views), out_h, out_w, *tail),
-                                                              dtype=batch[key].dtype), nearest, fill)
+                                                              dtype=batch[key].dtype, device=batch[key].device),
+                            nearest, fill)
         else:
             canvas, key_sizes = _canvas(batch, key)
             out = (_nearest if nearest else _resample)(canvas, key_sizes, plan.matrices, out_h, out_w, fill)

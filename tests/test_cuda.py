@@ -1,0 +1,177 @@
+"""The Loader's CUDA paths, on a machine with a GPU (skipped without one): device batches equal the CPU
+dataset over several epochs with slowed copies and a slow consumer (a missing wait or an early slot reuse
+shows as a mismatch), every detection batch form, a consumer on its own stream, the transforms on the
+device, break / thread failure / resume with copies in flight, memory back to baseline after close(),
+reserved memory flat across epochs, set_device honoured, and `dsc bench --device cuda`."""
+import gc
+import threading
+
+import pytest
+import torch
+
+import dsc
+from dsc import transforms as T
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def fixed(scenes_compiled):
+    return scenes_compiled(size=(40, 48), resize="stretch", shard_size=4)
+
+
+@pytest.fixture(scope="module")
+def det(tmp_path_factory):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    root = tmp_path_factory.mktemp("cudadet")
+    ann, images = write_coco(root / "coco", detection_scenes(12, seed=3))
+    dsc.compile_coco(ann, images, root / "det", size=64, resize="pad", progress=False)
+    return dsc.open(root / "det")
+
+
+def slow_copies(monkeypatch):
+    """Every host-to-device copy starts after a GPU sleep on the copying stream."""
+    import dsc.runtime.prefetch as P
+
+    real = P._to_device
+
+    def slowed(batch, device):
+        torch.cuda._sleep(2_000_000)
+        return real(batch, device)
+    monkeypatch.setattr(P, "_to_device", slowed)
+
+
+def test_device_batches_equal_the_dataset_under_slow_copies_and_a_slow_consumer(fixed, monkeypatch):
+    slow_copies(monkeypatch)
+    loader = dsc.Loader(fixed, batch_size=5, order="random", device="cuda", prefetch=2, num_threads=2)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for b in loader:
+            torch.cuda._sleep(3_000_000)  # the consumer is slow: slots must not be refilled under it
+            assert b["image"].device.type == "cuda"
+            ref = fixed.get_batch(b["index"].cpu())
+            assert torch.equal(b["image"].cpu(), ref["image"]) and torch.equal(b["label"].cpu(), ref["label"])
+    loader.close()
+
+
+@pytest.mark.parametrize("form", ["packed", "padded", "list"])
+def test_detection_batch_forms_on_the_device(det, form):
+    for b in dsc.Loader(det, batch_size=4, order="random", device="cuda", boxes=form):
+        ref = det.get_batch(b["index"].cpu(), boxes=form)
+        if form == "list":
+            for t, r in zip(b["targets"], ref["targets"]):
+                assert torch.equal(t["boxes"].cpu(), r["boxes"]) and t["boxes"].device.type == "cuda"
+        else:
+            for k, v in ref.items():
+                assert torch.equal(b[k].cpu(), v), k
+
+
+def test_a_consumer_on_its_own_stream(fixed, monkeypatch):
+    slow_copies(monkeypatch)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for b in dsc.Loader(fixed, batch_size=6, order="random", device="cuda"):
+            x = b["image"].float().sum()  # on the side stream, which waited for the copy
+            ref = fixed.get_batch(b["index"].cpu())["image"].float().sum()
+            assert float(x) == float(ref)
+
+
+def test_transforms_on_the_device_equal_the_cpu_ones(fixed):
+    chain = [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToFloat(), T.Normalize(MEAN, STD)]
+    cpu = [b["image"] for b in dsc.Loader(fixed, batch_size=6, order="random", seed=1, transforms=chain)]
+    gpu = [b["image"] for b in dsc.Loader(fixed, batch_size=6, order="random", seed=1, transforms=chain,
+                                          device="cuda")]
+    assert all(g.device.type == "cuda" and torch.allclose(g.cpu(), c, atol=1e-5) for g, c in zip(gpu, cpu))
+
+
+def test_break_failure_and_resume_with_copies_in_flight(fixed, monkeypatch):
+    slow_copies(monkeypatch)
+    loader = dsc.Loader(fixed, batch_size=3, order="random", device="cuda", prefetch=3)
+    for k, _ in enumerate(loader):
+        if k == 1:
+            break
+    full = [b["image"].cpu() for b in loader]  # the ring is kept and reused: still correct
+    it = iter(loader)
+    got = [next(it)["image"].cpu() for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    second = dsc.Loader(fixed, batch_size=3, order="random", device="cuda", prefetch=1)
+    second.load_state_dict(state)
+    got += [b["image"].cpu() for b in second]
+    assert all(torch.equal(a, b) for a, b in zip(got, full)) and len(got) == len(full)
+
+    calls = {"n": 0}
+    real = fixed.get_batch
+
+    def failing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk on fire")
+        return real(*a, **k)
+    monkeypatch.setattr(fixed, "get_batch", failing)
+    with pytest.raises(OSError, match="disk on fire"):
+        for _ in dsc.Loader(fixed, batch_size=3, device="cuda"):
+            pass
+    assert not [t for t in threading.enumerate() if t.name.startswith("dsc-loader")]
+
+
+def test_memory_returns_to_baseline_and_reserved_memory_stays_flat(fixed):
+    torch.cuda.synchronize()
+    gc.collect()
+    base = torch.cuda.memory_allocated()
+    loader = dsc.Loader(fixed, batch_size=6, order="random", device="cuda")
+    reserved = []
+    for epoch in range(6):
+        loader.set_epoch(epoch)
+        for b in loader:
+            pass
+        del b
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert reserved[-1] == reserved[1]  # copy streams are made once: no memory stranded per epoch
+    loader.close()
+    del loader
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
+
+
+def test_events_wait_without_spinning_and_cuda_resolves_the_current_device(fixed):
+    loader = dsc.Loader(fixed, batch_size=4, device="cuda")
+    assert loader.device == torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_set_device_is_honoured(fixed):
+    torch.cuda.set_device(1)
+    try:
+        loader = dsc.Loader(fixed, batch_size=4, device="cuda")
+        assert loader.device == torch.device("cuda", 1)
+        for b in loader:
+            assert b["image"].device == torch.device("cuda", 1)
+    finally:
+        torch.cuda.set_device(0)
+
+
+def test_bench_on_the_device(fixed):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    r = CliRunner().invoke(main, ["bench", str(fixed.path), "--device", "cuda", "--batch-size", "8", "--epochs", "1"])
+    assert r.exit_code == 0, r.output
+    assert "pinned host-to-device copy limit" in r.output and "overlapped" in r.output
+
+
+def test_a_failing_device_transform_does_not_leave_the_iterator_waiting(fixed):
+    def boom(batch, gen=None):
+        raise RuntimeError("bad transform")
+
+    it = iter(dsc.Loader(fixed, batch_size=4, device="cuda", transforms=[T.ToFloat(), boom]))
+    with pytest.raises(RuntimeError, match="bad transform"):
+        next(it)
+    with pytest.raises(StopIteration):  # closed, not waiting for the batch it already took
+        next(it)
