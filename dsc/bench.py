@@ -161,12 +161,20 @@ def source_paths(ds, limit: int | None = None) -> list[str] | None:
         and Path(paths[0]).is_file() else None
 
 
+MIN_TIMED_BATCHES = 4  # a baseline needs this many batches after the untimed first (and any prefetched) ones
+
+
 def dataloader_rate(dataset, batch_size: int, limit: int | None = None) -> float | None:
-    """Images/s of torch's DataLoader(num_workers=2, persistent) over ``dataset``, after its first batch."""
+    """Images/s of torch's DataLoader(num_workers=2, persistent) over ``dataset``, after its first batches
+    (worker start-up, and the batches the workers had prefetched meanwhile, are not timed). None when the
+    dataset is too small for that."""
+    if len(dataset) < (MIN_TIMED_BATCHES + 5) * batch_size:
+        return None
     dl = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=2, shuffle=True,
-                                     persistent_workers=True)
+                                     persistent_workers=True, prefetch_factor=2)
     it = iter(dl)
-    next(it)  # worker start-up and the first batch are not timed
+    for _ in range(5):  # start-up, and the 2 x 2 batches prefetched while it ran
+        next(it)
     t0, n = time.perf_counter(), 0
     for b in it:
         n += len(b)
@@ -175,7 +183,17 @@ def dataloader_rate(dataset, batch_size: int, limit: int | None = None) -> float
     return n / (time.perf_counter() - t0) if n else None
 
 
-def pil_dataloader_rate(ds, batch_size: int, limit: int = 1024) -> float | None:
+def baseline_gap(ds, batch_size: int) -> str | None:
+    """Why the decoding baseline cannot run on this dataset, or None."""
+    if not source_paths(ds):
+        return "the source JPEGs are not where the manifest says (or the source is a table or a Python dataset)"
+    if len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size:
+        return (f"{len(ds):,} samples are too few to time {MIN_TIMED_BATCHES} batches of {batch_size} after the "
+                f"start-up (give a smaller --batch-size)")
+    return None
+
+
+def pil_dataloader_rate(ds, batch_size: int, limit: int = 4096) -> float | None:
     paths = source_paths(ds, limit)
     if ds.manifest.image.layout != "fixed" or not paths:
         return None
@@ -193,7 +211,7 @@ def recipe_rates(ds, batch_size: int = 256, order: str = "random", num_threads: 
                               transforms=recipe(name)), epochs)
     paths = source_paths(ds)
     pil = dataloader_rate(_PILRecipe(paths), batch_size, baseline_limit) if paths and baseline_limit != 0 else None
-    return {"plain": plain, "recipe": rate, "pil_recipe": pil}
+    return {"plain": plain, "recipe": rate, "pil_recipe": pil, "gap": baseline_gap(ds, batch_size)}
 
 
 def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
@@ -278,7 +296,7 @@ def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order:
         echo(f"  {'torch DataLoader(2 workers): decode + recipe per image, PIL':<58} {r['pil_recipe']:>10,.0f} img/s  "
              f"(baseline c)")
     else:
-        echo("  (baseline c skipped: the source JPEGs are not where the manifest says)")
+        echo(f"  (baseline c skipped: {r['gap'] or 'not asked for'})")
     return r
 
 
@@ -320,6 +338,6 @@ def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: i
     if pil:
         line("torch DataLoader(num_workers=2) + PIL decode/resize", pil, f"(baseline b) dsc is {rate / pil:,.0f}x")
     else:
-        echo("  (baseline b skipped: it decodes the source files again, and they are not found where the manifest "
-             "says, the source is a table or Python dataset, or the layout is ragged)")
+        gap = "the layout is ragged" if nbytes is None else baseline_gap(ds, batch_size)
+        echo(f"  (baseline b skipped: {gap})")
     return {"loader": rate, "copy_limit": limit, "threaded_take": take, "pil_dataloader": pil, "gb_per_s": gb(rate)}

@@ -82,9 +82,13 @@ def test_skip_prints_a_summary(scenes_src, tmp_path):
 def test_bench_prints_ratios(scenes_src, tmp_path):
     out = tmp_path / "out"
     dsc.compile_imagefolder(scenes_src, out, size=16, progress=False)
-    r = run("bench", out, "--batch-size", "8", "--epochs", "1")
+    r = run("bench", out, "--batch-size", "2", "--epochs", "1")
     assert r.exit_code == 0, r.output
     assert "of the copy limit" in r.output and "dsc is" in r.output
+    r = run("bench", out, "--batch-size", "8", "--epochs", "1")  # too few batches to time the baseline
+    assert "baseline b skipped: 36 samples are too few to time 4 batches of 8" in r.output
+    r = run("bench", out, "--batch-size", "8", "--epochs", "1", "--recipe", "imagenet")
+    assert "baseline c skipped: 36 samples are too few" in r.output and "fused into the gather" in r.output
 
 
 def test_user_mistakes_give_clean_messages(scenes_src, tmp_path):

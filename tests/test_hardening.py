@@ -516,3 +516,15 @@ def test_13_installed_without_extras_every_command_runs(tmp_path, scenes_src):
     run("verify", out)
     run("bench", out, "--batch-size", "8", "--epochs", "1")
     run("preview", tmp_path / "c", "-o", tmp_path / "p.png")
+
+
+def test_1_the_default_pixel_limit_is_dscs_and_max_pixels_raises_it(tmp_path):
+    (tmp_path / "src/a").mkdir(parents=True)
+    Image.new("L", (10000, 9000)).save(tmp_path / "src/a/big.png", compress_level=1)  # 90 M > PIL's 89.5 M
+    r = cli("compile", "imagefolder", tmp_path / "src", tmp_path / "o1", "--size", "16", "-q")
+    assert r.exit_code == 1 and "10000x9000 = 90,000,000 pixels is more than the 89,478,485 allowed" in r.output
+    assert "--max-pixels" in r.output
+    r = cli("compile", "imagefolder", tmp_path / "src", tmp_path / "o2", "--size", "16", "--max-pixels",
+            "100000000", "-q")
+    assert r.exit_code == 0, r.output
+    assert dsc.open(tmp_path / "o2")[0]["image"].shape == (16, 16, 3)

@@ -226,3 +226,63 @@ def test_loader_detection_chain(det):
 def test_bad_transform_arguments_are_config_errors(make):
     with pytest.raises(dsc.ConfigError):
         make()
+
+
+def test_photometric_arguments_and_order_are_checked(fixed):
+    b = fixed.get_batch(range(4))
+    for mean, std in [((0.5, 0.5), (0.2, 0.2, 0.2)), ((0.5,) * 3, (0.2, 0.0, 0.2)), ("abc", (1, 1, 1)), ((), ())]:
+        with pytest.raises(dsc.ConfigError, match="Normalize"):
+            T.Normalize(mean, std)
+    for make in (lambda: T.ToDtype(torch.int32), lambda: T.ToFloat(torch.uint8), lambda: T.ToDtype("half")):
+        with pytest.raises(dsc.ConfigError):
+            make()
+    with pytest.raises(dsc.ConfigError, match="after T.ToFloat"):
+        T.Compose([T.ChannelsLast(), T.ToFloat()])(b)
+    two = T.Normalize((0.5, 0.5), (0.2, 0.2))  # 2 channels on an RGB image: refused, fused or not
+    with pytest.raises(dsc.ConfigError, match="2 channels"):
+        T.Compose([T.ToFloat(), two])(b)
+    with pytest.raises(dsc.ConfigError, match="2 channels"):
+        next(iter(dsc.Loader(fixed, batch_size=4, transforms=[T.CenterCrop(16), T.ToFloat(), two])))
+
+
+def test_transforms_take_batches_in_the_packed_form(det):
+    ds, _ = det
+    chain = T.Compose([T.Letterbox(32)])
+    with pytest.raises(dsc.ConfigError, match="packed"):
+        chain(ds.get_batch(range(3), boxes="padded"))
+    with pytest.raises(dsc.ConfigError, match="not a sample"):
+        chain(ds[0])
+    with pytest.raises(dsc.ConfigError, match="not a sample"):
+        chain([ds[0], ds[1]])
+
+
+def test_custom_ops_single_ops_and_empty_batches(fixed):
+    seen = []
+
+    def one_arg(batch):  # a custom op may take the batch alone
+        seen.append(len(batch["index"]))
+        return batch
+    loader = dsc.Loader(fixed, batch_size=4, transforms=[T.CenterCrop(16), one_arg, T.ToFloat()])
+    b = next(iter(loader))
+    assert b["image"].shape == (4, 3, 16, 16) and seen and set(seen) == {4}
+    single = dsc.Loader(fixed, batch_size=4, transforms=T.CenterCrop(16))  # one op, not a list
+    assert next(iter(single))["image"].shape == (4, 16, 16, 3)
+    with pytest.raises(dsc.ConfigError, match="transforms must be"):
+        dsc.Loader(fixed, batch_size=4, transforms=3)
+    empty = T.Compose([T.RandomResizedCrop(16), T.ToFloat()])(fixed.get_batch([]))
+    assert empty["image"].shape == (0, 3, 16, 16)
+
+
+def test_resume_refuses_other_transforms(fixed):
+    a = dsc.Loader(fixed, batch_size=4, transforms=[T.RandomResizedCrop(16)])
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    del it
+    other = dsc.Loader(fixed, batch_size=4, transforms=[T.RandomResizedCrop(20)])
+    with pytest.raises(dsc.ConfigError, match="transforms"):
+        other.load_state_dict(state)
+    same = dsc.Loader(fixed, batch_size=4, transforms=[T.RandomResizedCrop(16)])
+    same.load_state_dict(state)  # the same chain, rebuilt: accepted
+    old = {k: v for k, v in state.items() if k != "transforms"}  # a state saved before transforms were recorded
+    same.load_state_dict(old)

@@ -50,6 +50,26 @@ def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where:
         raise ImageDecodeError(where, f"cannot convert image: {e}") from None
 
 
+DEFAULT_MAX_PIXELS = 89_478_485  # PIL's decompression-bomb threshold (Image.MAX_IMAGE_PIXELS' default)
+_limit_lock = __import__("threading").Lock()
+
+
+class _pil_limit:
+    """PIL's own decompression-bomb check off while dsc applies its limit (``--max-pixels``), so one
+    setting decides; restored after. PIL's limit is process-wide, hence the lock."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        _limit_lock.acquire()
+        self.saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, self.value
+
+    def __exit__(self, *exc):
+        Image.MAX_IMAGE_PIXELS = self.saved
+        _limit_lock.release()
+
+
 def check_regular(path: str) -> None:
     """Only regular files are decoded: a FIFO (or a device) named like an image would block the worker."""
     import os
@@ -97,14 +117,18 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
     then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
     returned image is smaller than the full size and left in the file's orientation (``Decoded.pending``). ``path`` may be a path or a binary file object.
-    Any failure becomes :class:`ImageDecodeError` naming the file; PIL's decompression-bomb limit
-    (``Image.MAX_IMAGE_PIXELS``) stays in force.
+    Any failure becomes :class:`ImageDecodeError` naming the file. An image of more than ``max_pixels``
+    (default :data:`DEFAULT_MAX_PIXELS`, PIL's own decompression-bomb limit) is refused from its header,
+    before any decoding; that one setting decides (PIL's is lifted for the open).
     """
     name = path if isinstance(path, str) else getattr(path, "name", "<bytes>")
     if isinstance(path, str):
         check_regular(path)
+    limit = max_pixels or DEFAULT_MAX_PIXELS
     try:
-        with Image.open(path) as im:
+        with _pil_limit(None):  # only Image.open checks PIL's limit; dsc's own is applied below, from the header
+            opened = Image.open(path)
+        with opened as im:
             try:
                 orientation = int(im.getexif().get(ORIENTATION_TAG, 1))
             except Exception:  # a damaged EXIF block must not hide the pixels; treat as upright
@@ -113,9 +137,10 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
                 orientation = 1
             swapped = orientation in SWAPS_AXES
             raw_w, raw_h = im.size
-            if max_pixels is not None and raw_w * raw_h > max_pixels:  # from the header, before any decoding
+            if raw_w * raw_h > limit:  # from the header, before any decoding
                 raise ImageDecodeError(name, f"{raw_w}x{raw_h} = {raw_w * raw_h:,} pixels is more than the "
-                                             f"{max_pixels:,} allowed (--max-pixels); raise it if the image is genuine")
+                                             f"{limit:,} allowed; raise --max-pixels (max_pixels=) if the image is "
+                                             f"genuine")
             full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
             scale = 1
             if draft_for is not None and im.format == "JPEG":
@@ -130,8 +155,8 @@ def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (25
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:
-        raise ImageDecodeError(name, f"refused as a decompression bomb ({e}); raise PIL.Image.MAX_IMAGE_PIXELS "
-                                     f"if the image is genuine") from None
+        raise ImageDecodeError(name, f"refused as a decompression bomb ({e}); raise --max-pixels (max_pixels=) if "
+                                     f"the image is genuine") from None
     except MemoryError:
         raise
     except Exception as e:  # PIL raises many types for bad files: OSError, SyntaxError, ValueError, ...

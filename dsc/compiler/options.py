@@ -37,7 +37,7 @@ class CompileOptions:
     progress: bool = True
     executor: object = None  # a Dask scheduler address ("tcp://host:8786") or a dask.distributed Client
     mask_ignore: int = 255  # the mask value of "no class" (letterbox padding, crowd regions, borders)
-    max_pixels: int | None = None  # an image with more pixels is a bad sample (None: PIL's MAX_IMAGE_PIXELS)
+    max_pixels: int | None = None  # an image with more pixels is a bad sample (None: decode.DEFAULT_MAX_PIXELS, PIL's default)
 
     def __post_init__(self):
         if self.size is not None:

@@ -194,7 +194,7 @@ class Loader:
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
                 "num_samples": len(self.dataset), "shard_size": self.dataset.manifest.shard_size,
-                "dataset": self.dataset.manifest.checksum()}
+                "dataset": self.dataset.manifest.checksum(), "transforms": _describe(self.transforms)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
@@ -205,14 +205,14 @@ class Loader:
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state))
+        missing = sorted(set(ours) - set(state) - {"transforms"})  # (states saved before it was recorded)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
-                    "num_samples", "shard_size", "dataset"):
+                    "num_samples", "shard_size", "dataset", "transforms"):
             mine = ours[key]
-            if state[key] != mine:
+            if key in state and state[key] != mine:
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]
@@ -227,9 +227,24 @@ class Loader:
         self._served = self._resume.batches
 
 
-def _compose(transforms):
-    if transforms is None or callable(transforms):
-        return transforms
-    from ..transforms import Compose
+def _describe(transforms) -> str | None:
+    """What a resumed loader must share with the saved one: the chain (its ops and their parameters)."""
+    if transforms is None:
+        return None
+    return repr(transforms) if hasattr(transforms, "stages") else getattr(transforms, "__qualname__",
+                                                                          type(transforms).__name__)
 
-    return Compose(list(transforms))
+
+def _compose(transforms):
+    """None, a Compose, a list of ops, one op, or a callable ``(batch, seed=, epoch=, batch_index=)``."""
+    from ..transforms import Compose, Geometric, PIXEL_OPS
+
+    if transforms is None or isinstance(transforms, Compose):
+        return transforms
+    if isinstance(transforms, (Geometric, *PIXEL_OPS)):
+        return Compose([transforms])
+    if isinstance(transforms, (list, tuple)):
+        return Compose(list(transforms))
+    if callable(transforms):
+        return transforms
+    raise ConfigError(f"transforms must be a list of dsc.transforms ops, a Compose or a callable, got {transforms!r}")

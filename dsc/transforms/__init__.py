@@ -17,9 +17,26 @@ import torch
 
 from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, RandomResizedCrop,
                         RandomVerticalFlip, Resize)
-from .photometric import ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat, fuse_photometric
+from .photometric import (PIXEL_OPS, ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat,
+                          fuse_photometric)
+from ..errors import ConfigError
 from ..runtime.batches import Batch
 from .resample import apply_geometric
+
+
+def _batch_op(op):
+    """A custom op: ``op(batch, gen)``, or ``op(batch)`` when it takes one argument."""
+    import inspect
+
+    if not callable(op):
+        raise ConfigError(f"a transform must be callable, got {op!r}")
+    try:
+        params = [p for p in inspect.signature(op).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        one = len(params) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(op).parameters.values())
+    except (TypeError, ValueError):
+        one = False
+    return (lambda batch, gen: op(batch)) if one else op
 
 
 def batch_generator(seed: int, epoch: int, batch_index: int) -> torch.Generator:
@@ -51,7 +68,7 @@ class Compose:
                 self.stages.append(("pixels", post))
                 i += n
             else:
-                self.stages.append(("op", self.ops[i]))
+                self.stages.append(("op", _batch_op(self.ops[i])))
                 i += 1
 
     def gather_plan(self, photometric: bool = True):
@@ -67,9 +84,14 @@ class Compose:
 
     def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None,
                  gen: torch.Generator | None = None, start: int = 0) -> dict:
-        """``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries
-        its own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``: continue a batch whose
-        first stages ran in the gather."""
+        """The random draws come from (seed, epoch, batch_index) alone: the same three give the same crops
+        and flips (that is what makes a resumed Loader replay its batches), so a loop of your own passes its
+        epoch and batch number. ``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a
+        batch from dsc carries its own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``:
+        continue a batch whose first stages ran in the gather."""
+        if not isinstance(batch, dict):
+            raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
+                              f"list of samples; got a {type(batch).__name__}")
         gen = gen if gen is not None else batch_generator(seed, epoch, batch_index)
         schema = schema if schema is not None else getattr(batch, "schema", None)
         batch = Batch(batch, schema=schema)
@@ -82,8 +104,12 @@ class Compose:
                 batch = op(batch, gen)
         return batch
 
-    def __repr__(self):
-        return f"Compose({self.ops!r})"
+    def __repr__(self):  # stable across processes: a custom op is named, not shown with its address
+        def name(op):
+            if isinstance(op, (Geometric, *PIXEL_OPS)):
+                return repr(op)
+            return getattr(op, "__qualname__", type(op).__qualname__)
+        return f"Compose([{', '.join(name(op) for op in self.ops)}])"
 
 
 __all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Geometric", "Letterbox",

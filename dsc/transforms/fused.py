@@ -38,7 +38,7 @@ class ChainPlan:
 
 def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
     """Draw every op's parameters for a batch of samples of ``sizes`` (B, 2) (h, w), in op order."""
-    from ..errors import DscError
+    from ..errors import ConfigError
 
     B = len(sizes)
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
@@ -57,9 +57,12 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
             fill = float(op.fill)
         M = M @ m
         sizes = new
+    if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
+        out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator()).out
+        return ChainPlan(M, out, [], fill)
     if not bool((sizes == sizes[0]).all()):
-        raise DscError("the geometric transforms leave samples at different sizes; end the chain with a "
-                       "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
+        raise ConfigError("the geometric transforms leave samples at different sizes; end the chain with a "
+                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]

@@ -13,13 +13,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DscError
+from ..errors import ConfigError
+
+
+def _float_image(batch: dict, op: str) -> None:
+    if not batch["image"].is_floating_point():
+        raise ConfigError(f"{op} arranges a float (B, C, H, W) image: put it after T.ToFloat()")
 
 
 class ToFloat:
     """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1] (``scale=False``: 0-255), contiguous."""
 
     def __init__(self, dtype: torch.dtype = torch.float32, scale: bool = True):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"ToFloat makes a float dtype, got {dtype!r}")
         self.dtype, self.scale = dtype, scale
 
     def __call__(self, batch: dict, gen=None) -> dict:
@@ -36,7 +43,13 @@ class Normalize:
     """(x - mean) / std per channel, on a float image (put ToFloat first; mean/std in its units)."""
 
     def __init__(self, mean, std):
-        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        try:
+            self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        except (TypeError, ValueError):
+            raise ConfigError(f"Normalize takes per-channel numbers, got mean={mean!r}, std={std!r}") from None
+        if len(self.mean) != len(self.std) or not self.mean or any(s == 0 for s in self.std):
+            raise ConfigError(f"Normalize: mean and std need the same number of channels and no zero std, got "
+                              f"mean={mean!r}, std={std!r}")
         self._consts: dict = {}
 
     def constants(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +65,9 @@ class Normalize:
     def __call__(self, batch: dict, gen=None) -> dict:
         img = batch["image"]
         if not img.is_floating_point():
-            raise DscError("Normalize needs a float image: put T.ToFloat() before it")
+            raise ConfigError("Normalize needs a float image: put T.ToFloat() before it")
+        if len(self.mean) not in (1, img.shape[1]):
+            raise ConfigError(f"Normalize has {len(self.mean)} channels, the image {img.shape[1]}")
         scale, shift = self.constants(img.device, img.dtype)
         batch["image"] = torch.addcmul(shift, img, scale)  # one pass: x / std - mean / std
         return batch
@@ -65,6 +80,9 @@ class ToDtype:
     """Cast a float image, e.g. ``ToDtype(torch.float16)`` or ``torch.bfloat16``."""
 
     def __init__(self, dtype: torch.dtype):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"ToDtype casts a float image to another float dtype (torch.float16, torch.bfloat16...), "
+                              f"got {dtype!r}")
         self.dtype = dtype
 
     def __call__(self, batch: dict, gen=None) -> dict:
@@ -79,6 +97,7 @@ class ChannelsLast:
     """A float (B, C, H, W) image in ``torch.channels_last`` memory format (free after ToFloat)."""
 
     def __call__(self, batch: dict, gen=None) -> dict:
+        _float_image(batch, "ChannelsLast")
         batch["image"] = batch["image"].contiguous(memory_format=torch.channels_last)
         return batch
 
@@ -90,6 +109,7 @@ class ChannelsFirst:
     """A float (B, C, H, W) image in the default contiguous (NCHW) memory format."""
 
     def __call__(self, batch: dict, gen=None) -> dict:
+        _float_image(batch, "ChannelsFirst")
         batch["image"] = batch["image"].contiguous()
         return batch
 
@@ -112,6 +132,8 @@ class PixelPost:
         key = (str(device), channels)
         cache = self.__dict__.setdefault("_cache", {})
         if key not in cache:
+            if len(self.scale) not in (1, channels):
+                raise ConfigError(f"Normalize has {len(self.scale)} channels, the image {channels}")
             def per_channel(v):
                 return torch.tensor(v if len(v) == channels else v * channels, dtype=torch.float32)
 
@@ -129,11 +151,14 @@ class PixelPost:
     def apply_sample(self, hwc: torch.Tensor, chw_out: torch.Tensor) -> None:
         """One uint8 (H, W, C) sample into its (C, H, W) slot of the output."""
         scale, shift = self._consts(hwc.device, hwc.shape[2])
-        src = hwc.permute(2, 0, 1)
-        if self.dtype == torch.float32:
-            torch.addcmul(shift.view(-1, 1, 1), src, scale.view(-1, 1, 1), out=chw_out)
+        if self.channels_last:  # the slot's memory is HWC: one contiguous pass, constants on the last axis
+            out, src, sc, sh = chw_out.permute(1, 2, 0), hwc, scale, shift
         else:
-            chw_out.copy_(torch.addcmul(shift.view(-1, 1, 1), src, scale.view(-1, 1, 1)))
+            out, src, sc, sh = chw_out, hwc.permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
+        if self.dtype == torch.float32:
+            torch.addcmul(sh, src, sc, out=out)
+        else:
+            out.copy_(torch.addcmul(sh, src, sc))
 
     def apply_batch(self, bhwc: torch.Tensor) -> torch.Tensor:
         """A uint8 (B, H, W, C) batch (on any device) -> the float (B, C, H, W) output."""
@@ -145,7 +170,7 @@ class PixelPost:
     def __call__(self, batch: dict, gen=None) -> dict:
         img = batch["image"]
         if img.dtype != torch.uint8:
-            raise DscError("ToFloat takes the uint8 (B, H, W, C) image a dsc batch holds")
+            raise ConfigError("ToFloat takes the uint8 (B, H, W, C) image a dsc batch holds")
         batch["image"] = self.apply_batch(img)
         return batch
 

@@ -29,8 +29,8 @@ def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     if f"{key}_sizes" in batch:
         return img, batch[f"{key}_sizes"].long().cpu()
     if img.is_floating_point() or img.dim() not in (3, 4):
-        raise DscError(f"geometric transforms take the integer (B, H, W[, C]) {key!r} a dsc batch holds; "
-                       f"put them before ToFloat")
+        raise ConfigError(f"geometric transforms take the integer (B, H, W[, C]) {key!r} a dsc batch holds; "
+                          f"put them before ToFloat")
     B, H, W = img.shape[:3]
     return img, torch.tensor([[H, W]], dtype=torch.long).expand(B, 2)
 
@@ -39,7 +39,7 @@ def _views(batch: dict, key: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Per-sample views (H_b, W_b[, C]) of an image-like key and the (B, 2) sizes, whatever its form."""
     img = batch[key]
     if img.is_floating_point():
-        raise DscError(f"geometric transforms take the integer {key!r} a dsc batch holds; put them before ToFloat")
+        raise ConfigError(f"geometric transforms take the integer {key!r} a dsc batch holds; put them before ToFloat")
     if f"{key}_offsets" in batch:
         o, shapes = batch[f"{key}_offsets"].tolist(), batch[f"{key}_shapes"]
         views = [img[o[b]:o[b + 1]].view(*shp) for b, shp in enumerate(shapes.tolist())]
@@ -121,6 +121,7 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
 def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None) -> dict:
     """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
     their ignore fill) and on the boxes, from one draw of the parameters per batch."""
+    _check_batch(batch)
     schema = schema if schema is not None else getattr(batch, "schema", None)
     if schema is None:
         extra = sorted(k for k in ("boxes", "mask") if k in batch)
@@ -130,7 +131,7 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
         schema = Schema.default()
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
-        raise DscError("geometric transforms need the batch's 'image'")
+        raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
     plan = plan_chain(ops, _views(batch, "image")[1], gen)
     out_h, out_w = plan.out
     for key, role in pixels.items():
@@ -138,7 +139,8 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
         nearest = role.resample == "nearest"
         if plan.programs is not None:
             views = _views(batch, key)[0]
-            tail = tuple(views[0].shape[2:]) if views else ()
+            tail = (tuple(views[0].shape[2:]) if views else role.tail if f"{key}_offsets" in batch
+                    else tuple(batch[key].shape[3:]))
             out = run_batch(views, plan.programs, torch.empty((len(views), out_h, out_w, *tail),
                                                               dtype=batch[key].dtype, device=batch[key].device),
                             nearest, fill)
@@ -151,6 +153,18 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     if "boxes" in batch:
         transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
     return batch
+
+
+def _check_batch(batch: dict) -> None:
+    if not isinstance(batch, dict) or "image" not in batch or not isinstance(batch["image"], torch.Tensor):
+        raise ConfigError("transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a list "
+                          "of samples")
+    sample = any(isinstance(batch.get(k), (int, tuple)) for k in ("index", "label", "image_id", "orig_size"))
+    if sample or batch["image"].dim() < 1 or ("image_offsets" not in batch and batch["image"].dim() < 3):
+        raise ConfigError("transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample")
+    if "targets" in batch or "box_mask" in batch:
+        raise ConfigError("transforms move boxes in the packed form: gather with boxes='packed' (the default); the "
+                          "Loader makes padded or list batches after its transforms")
 
 
 def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> None:

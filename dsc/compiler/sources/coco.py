@@ -55,7 +55,7 @@ def inside(folder: Path, name: str, where: str, allow_outside: bool) -> Path:
     path = Path(os.path.normpath(folder / name))
     if not allow_outside and (os.path.isabs(name) or os.path.commonpath([folder, path]) != str(folder)):
         raise SourceError(f"{where}: {name!r} points outside {folder}; dsc reads images only inside the images "
-                          f"folder (pass --allow-outside-images if this is meant)")
+                          f"folder (pass --allow-outside-images, allow_outside_images=True, if this is meant)")
     return path
 
 

@@ -30,11 +30,13 @@ class Role:
     ``pixels``: an image-like (B, H, W[, C]) key, resampled (``resample`` = bilinear | nearest) with
     ``fill`` outside the image (None: the op's own fill, e.g. Letterbox's); ``boxes``: (M, 4) xyxy boxes
     packed by ``box_offsets``; ``box_rows``: another per-box column (filtered with the boxes);
-    ``sample``: a per-sample value no geometric op changes."""
+    ``sample``: a per-sample value no geometric op changes. ``tail``: a pixels key's trailing axes (its
+    channels), which an empty ragged batch cannot show."""
 
     kind: str
     resample: str = "bilinear"
     fill: float | None = None
+    tail: tuple = ()  # pixels: each sample's trailing axes after (H, W), e.g. (3,) for RGB
 
 
 class Schema(dict):

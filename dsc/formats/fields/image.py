@@ -131,4 +131,4 @@ class ImageField(Field):
                                                      self.pixels.crc_node + "/c/0" in m.files)
 
     def roles(self) -> dict[str, Role]:
-        return {"image": Role("pixels", "bilinear")}
+        return {"image": Role("pixels", "bilinear", tail=(self.pixels.channels,))}
