@@ -117,7 +117,8 @@ def test_plans_are_the_batched_draws(fixed):
     assert torch.equal(plan.matrices, M) and plan.out == (30, 30)
     crops = [p[0] for p in plan.programs]
     top, left, ch, cw = ops[0].params(torch.tensor([[64, 72]] * 6), T.batch_generator(1, 2, 3))
-    assert [c[1:] for c in crops] == [tuple(int(v) for v in r) for r in zip(top, left, ch, cw)]
+    assert [c[1:5] for c in crops] == [tuple(int(v) for v in r) for r in zip(top, left, ch, cw)]
+    assert all(c[5] == 0.0 for c in crops)  # each crop carries its op's fill
 
 
 def test_boxes_and_masks_follow_the_fused_path(tmp_path):
@@ -157,3 +158,40 @@ def test_fused_boxes_frame_their_shapes(tmp_path):
                     assert np.abs(inner - inner[0]).max() <= 6  # one solid shape inside the box
                     checked += 1
     assert checked >= 5
+
+
+def test_each_crop_keeps_its_own_fill(fixed):
+    """CenterCrop pads with zeros even when a Letterbox with another fill follows (one fill per chain painted
+    the CenterCrop's padding grey)."""
+    b = fixed.get_batch(range(2))  # 64x72
+    out = T.Compose([T.CenterCrop((120, 72)), T.Letterbox(60, fill=114)])(b)["image"]
+    # 120x72 -> 60x36, centred: bars of 114 left and right; the CenterCrop's 28 zero rows -> 14 rows of 0
+    assert (out[:, :, :12] == 114).all() and (out[:, :, -12:] == 114).all()
+    assert (out[:, :13, 12:-12] == 0).all() and (out[:, -13:, 12:-12] == 0).all()
+    fused = next(iter(dsc.Loader(fixed, batch_size=2, transforms=[T.CenterCrop((120, 72)), T.Letterbox(60, fill=114)])))
+    assert torch.equal(fused["image"], out)
+
+
+@pytest.mark.parametrize("nearest", [False, True])
+def test_a_resize_that_dwarfs_its_crop_resamples_only_the_window(monkeypatch, nearest):
+    """Resize then crop (with flips between, a window partly outside) through the window-only path equals the
+    whole resize then the crop: exactly for nearest, within a level for bilinear (PIL's box filter)."""
+    import dsc.transforms.fused as fused
+
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.integers(0, 256, (60, 90) if nearest else (60, 90, 3), dtype=np.uint8))
+    x[20:40, 30:60] = 200  # structure, not only noise
+    programs = [[("resize", 100, 150), ("flip", 0, True), ("crop", 20, 30, 40, 50, 0.0)],
+                [("flip", 1, True), ("resize", 80, 200), ("crop", 60, -10, 40, 60, 7.0), ("flip", 0, True)],
+                [("crop", 5, 5, 50, 80, 0.0), ("resize", 30, 240), ("crop", 0, 100, 30, 30, 0.0)]]
+    for program in programs:
+        h, w = program[-1][3:5] if program[-1][0] == "crop" else program[-2][3:5]
+        outs = []
+        for forced in (False, True):
+            monkeypatch.setattr(fused, "dwarfs", lambda resized, crop, f=forced: f)
+            out = torch.empty((h, w, *x.shape[2:]), dtype=torch.uint8)
+            run_program(x, program, out, nearest, None)
+            outs.append(out.int())
+        diff = (outs[0] - outs[1]).abs()
+        assert int(diff.max()) <= (0 if nearest else 1), program
+        assert float((diff > 0).float().mean()) < 0.2

@@ -127,6 +127,40 @@ def test_4_a_name_that_is_not_utf8_is_named_and_skipped(src, tmp_path):
     assert r.exit_code == 1 and "caf\\xe9.png" in r.output
 
 
+def test_4_nul_bytes_and_lone_surrogates_in_annotations_are_named(tmp_path):
+    """A COCO file_name with a NUL or a lone surrogate is a recorded skip (the key could not be stored); a
+    class name like that is a one-line error; a non-UTF-8 source root compiles (only keys are stored)."""
+    from dsc.synthetic import detection_scenes, seg_scenes, write_coco, write_segfolder
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(4, seed=1))
+    data = json.loads(ann.read_text())
+    data["images"][0]["file_name"] = "a\u0000.png"
+    data["images"][1]["file_name"] = "caf\udce9.png"
+    ann.write_text(json.dumps(data))  # ensure_ascii: the JSON holds \\u0000 and \\udce9 escapes
+    r = cli("compile", "coco", "--annotations", ann, "--images", images, tmp_path / "o1", "--size", "8", "--on-error", "skip", "-q")
+    assert r.exit_code == 0, r.output
+    reasons = {s["key"]: s["reason"] for s in dsc.open(tmp_path / "o1").manifest.skipped}
+    assert "NUL" in reasons["a\\x00.png"] and "not valid UTF-8" in reasons["caf\\xe9.png"]
+    assert len(dsc.open(tmp_path / "o1")) == 2
+    r = cli("compile", "coco", "--annotations", ann, "--images", images, tmp_path / "o2", "--size", "8", "-q")
+    assert r.exit_code == 1 and "NUL" in r.output
+    data["images"] = data["images"][2:]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in {i["id"] for i in data["images"]}]
+    data["categories"][0]["name"] = "c\ud800t"
+    ann.write_text(json.dumps(data))
+    r = cli("compile", "coco", "--annotations", ann, "--images", images, tmp_path / "o3", "--size", "8", "-q")
+    assert r.exit_code == 1 and "class name 'c\\ud800t' is not valid UTF-8" in r.output
+    r = cli("compile", "segfolder", write_segfolder(tmp_path / "seg", seg_scenes(2)), tmp_path / "o4",
+            "--classes", "bg,caf\udce9,a,b,c", "-q")
+    assert r.exit_code == 1 and "class name 'caf\\xe9' is not valid UTF-8" in r.output, r.output
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/r\xe9"))
+    (root / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(root / "a" / "x.png")
+    r = cli("compile", "imagefolder", root, tmp_path / "o5", "-q")
+    assert r.exit_code == 0, r.output
+    assert dsc.open(tmp_path / "o5").keys == ["a/x.png"]
+
+
 def test_5_an_output_inside_the_source_is_never_an_input(src, tmp_path):
     first = dsc.compile_imagefolder(src, src / "all.dsc", size=8, progress=False)
     again = dsc.compile_imagefolder(src, src / "all.dsc", size=8, progress=False, overwrite=True)
@@ -145,6 +179,14 @@ def test_6_resume_recompiles_a_shard_whose_input_changed(src, tmp_path):
         dsc.compile_imagefolder(src, out, size=16, shard_size=4, workers=1, progress=False)
     edited = sorted((src / "class_00").glob("*.jpg"))[1]  # in shard 0, already finished
     make_scene(np.random.default_rng(99), 50, 60).save(edited)
+    every = [p for c in sorted(src.iterdir()) for p in sorted(c.iterdir())]
+    sneaky = every[5]  # in shard 1, finished, alone changed there: same size, mtime set back, only the ctime shows it
+    assert sneaky.suffix == ".jpg" and every.index(edited) < 4
+    st, buf = sneaky.stat(), __import__("io").BytesIO()
+    Image.new("RGB", (16, 16), (200, 200, 200)).save(buf, "JPEG")
+    assert len(buf.getvalue()) < st.st_size
+    sneaky.write_bytes(buf.getvalue().ljust(st.st_size, b"\0"))  # bytes after the JPEG's end are ignored
+    os.utime(sneaky, ns=(st.st_atime_ns, st.st_mtime_ns))
     broken.unlink()
     shutil.copy(edited, broken)  # the failing input fixed
     dsc.compile_imagefolder(src, out, size=16, shard_size=4, workers=1, progress=False, resume=True)
@@ -202,14 +244,15 @@ def test_8_source_files_that_used_to_give_tracebacks(tmp_path):
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory, scenes_src):
-    """A fixed, a ragged and a detection dataset to damage (copied per test)."""
-    from dsc.synthetic import detection_scenes, write_coco
+    """A fixed, a ragged, a detection and a segmentation dataset to damage (copied per test)."""
+    from dsc.synthetic import detection_scenes, seg_scenes, write_coco, write_segfolder
 
     root = tmp_path_factory.mktemp("hard")
     dsc.compile_imagefolder(scenes_src, root / "fixed", size=12, shard_size=8, progress=False)
     dsc.compile_imagefolder(scenes_src, root / "ragged", max_side=30, shard_size=8, progress=False)
     ann, images = write_coco(root / "coco", detection_scenes(6, seed=5))
     dsc.compile_coco(ann, images, root / "det", max_side=40, progress=False)
+    dsc.compile_segfolder(write_segfolder(root / "segsrc", seg_scenes(4)), root / "seg", size=16, progress=False)
     return root
 
 
@@ -226,7 +269,12 @@ def copy(datasets, name, tmp_path) -> Path:
     ("fixed", lambda m: m["image"].__setitem__("height", 13), "image shard 0", True),  # a wrong fixed height
     ("fixed", lambda m: m.__setitem__("num_samples", 10 ** 12), "shards listed", True),  # 17: a crafted count
     ("fixed", lambda m: m.pop("checksum"), "checksum", False),  # 16: the checksum is mandatory
-], ids=["source", "category_ids", "files", "height", "num_samples", "no-checksum"])
+    ("seg", lambda m: m["fields"].__setitem__("index", m["fields"].pop("mask")), "field name 'index'", True),
+    ("seg", lambda m: m["fields"].__setitem__("mask_sizes", m["fields"].pop("mask")), "batches already use", True),
+    ("det", lambda m: m["objects"]["attributes"].__setitem__("boxes", m["objects"]["attributes"].pop("area")),
+     "box attribute 'boxes'", True),
+], ids=["source", "category_ids", "files", "height", "num_samples", "no-checksum", "field-index", "field-suffix",
+        "attribute-boxes"])
 def test_8_16_17_manifest_edits_are_refused_at_open(datasets, tmp_path, name, edit, match, seal):
     out = copy(datasets, name, tmp_path)
     if seal:
@@ -241,17 +289,30 @@ def test_8_16_17_manifest_edits_are_refused_at_open(datasets, tmp_path, name, ed
         dsc.verify(out)
 
 
+def refile(out: Path, *rels: str) -> None:
+    """Record edited files' new sizes and hashes in the manifest and reseal it (a careful forger)."""
+    def edit(m):
+        for rel in rels:
+            data = (out / rel).read_bytes()
+            m["files"][rel] = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    reseal(out, edit)
+
+
 def test_8_16_node_metadata_and_arrays_that_used_to_give_tracebacks(datasets, tmp_path):
     out = copy(datasets, "fixed", tmp_path)
     meta = read_json(out / "label/zarr.json")
     del meta["chunk_grid"]
     write_json(out / "label/zarr.json", meta)
+    with pytest.raises(dsc.CorruptDatasetError, match="label/zarr.json has 396 bytes, the manifest records 513"):
+        dsc.open(out)
+    refile(out, "label/zarr.json")
     with pytest.raises(dsc.CorruptDatasetError, match="chunk grid"):
         dsc.open(out)
     out = copy(datasets, "fixed", tmp_path / "b")
     meta = read_json(out / "image/zarr.json")
     meta["shape"][1] = 13  # the image array's own metadata disagrees with the manifest
     write_json(out / "image/zarr.json", meta)
+    refile(out, "image/zarr.json")
     with pytest.raises(dsc.CorruptDatasetError, match="image/zarr.json does not describe"):
         dsc.open(out)
     assert not dsc.verify(out).ok
@@ -260,6 +321,7 @@ def test_8_16_node_metadata_and_arrays_that_used_to_give_tracebacks(datasets, tm
     data = bytearray(shapes.read_bytes())
     data[0] ^= 0x01  # one damaged value in the ragged shapes file
     shapes.write_bytes(bytes(data))
+    refile(out, "image/shapes/c/0/0")
     with pytest.raises(dsc.CorruptDatasetError, match="shapes disagrees"):
         dsc.open(out)
     (out / "zarr.json").write_text("[" * 100000 + "]" * 100000)  # nested JSON in zarr.json
@@ -528,3 +590,45 @@ def test_1_the_default_pixel_limit_is_dscs_and_max_pixels_raises_it(tmp_path):
             "100000000", "-q")
     assert r.exit_code == 0, r.output
     assert dsc.open(tmp_path / "o2")[0]["image"].shape == (16, 16, 3)
+
+
+def test_1_transforms_on_a_tiny_wide_image_need_no_huge_intermediate(tmp_path):
+    """Resize(224) + CenterCrop(224) in the Loader on a stored 1x4000 image: the window only (before, the
+    224 x 896,000 resize first: about 880 MB)."""
+    (tmp_path / "src/a").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (1, 4000, 3), dtype=np.uint8)).save(tmp_path / "src/a/wide.png")
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "src/a/small.png")
+    dsc.compile_imagefolder(tmp_path / "src", tmp_path / "out", progress=False, workers=1)  # ragged, as decoded
+    code = ("import re, dsc, sys\nfrom dsc import transforms as T\n"
+            "L = dsc.Loader(dsc.open(sys.argv[1]), batch_size=2, num_threads=1, transforms=[T.Resize(224), "
+            "T.CenterCrop(224), T.ToFloat()])\nb = next(iter(L))\nprint('SHAPE', tuple(b['image'].shape))\n"
+            "print('RSS', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    assert "SHAPE (2, 3, 224, 224)" in r.stdout, r.stderr
+    assert int(r.stdout.split("RSS")[-1]) / 1024 < 450
+
+
+def test_7_reads_are_bounded_by_what_the_manifest_records(datasets, tmp_path, scenes_src):
+    """A file swapped for a huge (sparse) one is refused from its size, before any byte is read; a huge
+    zarr.json in a source folder is not read whole; a zarr.json that is a link is refused, not 'missing'."""
+    out = copy(datasets, "fixed", tmp_path)
+    with open(out / "keys/c/0", "r+b") as f:
+        f.truncate(6 << 30)  # sparse: no disk used
+    with pytest.raises(dsc.CorruptDatasetError, match="the manifest records"):
+        dsc.open(out).keys  # read lazily
+    report = dsc.verify(out)
+    assert not report.ok and "keys/c/0" in str(report.problems)
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "class_00" / "zarr.json").write_bytes(b"")
+    with open(src / "class_00" / "zarr.json", "r+b") as f:
+        f.truncate(2 << 30)
+    r = dsc.compile_imagefolder(src, tmp_path / "o", size=8, progress=False, workers=1)
+    assert r.manifest.classes[0] == "class_00"  # a folder with a huge zarr.json is not taken for a dataset
+    linked = copy(datasets, "ragged", tmp_path / "l")
+    (linked / "zarr.json").rename(tmp_path / "real.json")
+    (linked / "zarr.json").symlink_to(tmp_path / "real.json")
+    with pytest.raises(dsc.UnsafePathError, match="symbolic link"):
+        dsc.open(linked)

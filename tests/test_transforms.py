@@ -222,7 +222,9 @@ def test_loader_detection_chain(det):
 
 
 @pytest.mark.parametrize("make", [lambda: T.RandomResizedCrop(0), lambda: T.Letterbox(-3), lambda: T.CenterCrop("a"),
-                                  lambda: T.Resize((2, 0)), lambda: T.RandomResizedCrop(8, scale=(0.5, 0.1))])
+                                  lambda: T.Resize((2, 0)), lambda: T.RandomResizedCrop(8, scale=(0.5, 0.1)),
+                                  lambda: T.Letterbox(8, fill=-1), lambda: T.Letterbox(8, fill=300),
+                                  lambda: T.Letterbox(8, fill=255.9), lambda: T.Letterbox(8, fill=float("nan"))])
 def test_bad_transform_arguments_are_config_errors(make):
     with pytest.raises(dsc.ConfigError):
         make()

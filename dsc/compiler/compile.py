@@ -158,6 +158,12 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
     if scanned.task == "classification":
         fields.append(LabelField())
     if scanned.task == "detection":
+        from ..formats.manifest import batch_name_problem
+
+        for name in scanned.attributes:
+            problem = batch_name_problem(name)
+            if problem:
+                raise SourceError(f"{scanned.root}: the per-box column {name!r} {problem}; rename it")
         fields.append(ObjectsField(scanned.attributes))
     if scanned.masks is not None:
         m = scanned.masks

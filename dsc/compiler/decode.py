@@ -77,6 +77,8 @@ def check_regular(path: str) -> None:
 
     try:
         mode = os.stat(path).st_mode
+    except ValueError:
+        raise ImageDecodeError(path, "the file name holds a NUL character") from None
     except OSError:
         return  # missing, or unreadable: PIL's open reports it, naming the file
     if not stat.S_ISREG(mode):

@@ -62,13 +62,18 @@ def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
     return Plan(resized=(nh, nw), out=(nh, nw))
 
 
+def dwarfs(resized: tuple[int, int], crop: tuple[int, int]) -> bool:
+    """A resize whose whole output would dwarf the crop taken from it (an extreme aspect ratio: a 1x4000
+    image at 224 would be resized to 224x896000 first). Then only the region that survives the crop is
+    resampled, so no intermediate is much larger than the output (values may differ by a level from
+    resizing the whole image, as the filter weights round differently; ordinary images keep
+    resize-then-crop). The compiler and the runtime's transforms share this rule."""
+    return resized[0] * resized[1] > max(4 * crop[0] * crop[1], 1 << 22)
+
+
 def oversized(plan: Plan) -> bool:
-    """A center-crop whose whole resized image would dwarf its output (an extreme aspect ratio: a 1x4000
-    image at 224 would be resized to 224x896000 first). Such a plan resamples only the region that survives
-    the crop, so no intermediate is larger than the output (values may differ by a level from resizing the
-    whole image, as the filter weights round differently; ordinary images keep resize-then-crop)."""
-    (nh, nw), (oh, ow) = plan.resized, plan.out
-    return nh * nw > max(4 * oh * ow, 1 << 22)
+    """A center-crop plan that :func:`dwarfs` its output."""
+    return dwarfs(plan.resized, plan.out)
 
 
 def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear",

@@ -51,8 +51,9 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
 
 
 def inputs_of(records) -> str:
-    """Fingerprint of a unit's input files as they are now: each file's size and modification time (ns)
-    (an image and its mask; a table's file once). Records without files (Python datasets) add nothing."""
+    """Fingerprint of a unit's input files as they are now: each file's size, modification and change times
+    (ns) and inode (an image and its mask; a table's file once). The change time cannot be set back (an
+    edit that restores the mtime with ``touch -d`` still shows). Records without files add nothing."""
     h = hashlib.sha256()
     seen: set = set()
     for r in records:
@@ -62,8 +63,9 @@ def inputs_of(records) -> str:
             seen.add(path)
             try:
                 st = os.stat(path)
-                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-            except OSError:
+                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0"
+                         .encode("utf-8", "surrogateescape"))
+            except (OSError, ValueError):  # ValueError: a NUL in the name
                 h.update(f"{path}\0missing\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 

@@ -143,7 +143,7 @@ def fsync_dir(path: Path) -> None:
 
 def is_dsc_dataset(path: Path) -> bool:
     try:
-        meta = read_json(path / "zarr.json")
+        meta = read_json(path / "zarr.json")  # bounded: a huge zarr.json is not a dataset's
     except (FileNotFoundError, NotADirectoryError, DscError):
         return False
     return isinstance(meta, dict) and isinstance(meta.get("attributes"), dict) and "dsc" in meta["attributes"]

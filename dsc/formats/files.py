@@ -27,8 +27,16 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 
+class _Missing(CorruptDatasetError):
+    """The file is not there (as opposed to there but unsafe or unreadable)."""
+
+
 class Root:
-    """A dataset directory, opened once (see the module docstring)."""
+    """A dataset directory, opened once (see the module docstring). ``expected``: {path: bytes} the
+    manifest records (its ``files``); a file read whole must have that size, so a damaged or swapped
+    one is refused before its bytes are read, whatever its size."""
+
+    expected: dict | None = None
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -73,7 +81,7 @@ class Root:
         except FileNotFoundError:
             gone = " (the dataset directory was deleted or replaced since it was opened: open it again)" \
                 if os.fstat(self.fd).st_nlink == 0 else "; the dataset is incomplete or damaged. Recompile it"
-            raise CorruptDatasetError(f"{self.path / rel} is missing{gone}") from None
+            raise _Missing(f"{self.path / rel} is missing{gone}") from None
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR, getattr(errno, "EMLINK", -1)):
                 raise UnsafePathError(f"{self.path / rel}: a symbolic link (or not a directory) inside the dataset; "
@@ -97,9 +105,10 @@ class Root:
             os.close(fd)
 
     def exists(self, rel: str) -> bool:
+        """Whether ``rel`` is there; a link, a FIFO or an unreadable entry is an error, not an absence."""
         try:
             self.size(rel)
-        except CorruptDatasetError:
+        except _Missing:
             return False
         return True
 
@@ -108,6 +117,10 @@ class Root:
         fd = self._open(rel)
         try:
             size = os.fstat(fd).st_size
+            want = self.expected.get(rel) if self.expected else None
+            if want is not None and size != want:
+                raise CorruptDatasetError(f"{self.path / rel} has {size:,} bytes, the manifest records {want:,}; the "
+                                          f"dataset is damaged (dsc verify lists every problem). Recompile it")
             if limit is not None and size > limit:
                 raise CorruptDatasetError(f"{self.path / rel} has {size:,} bytes, more than the {limit:,} its kind may "
                                           f"have; the dataset is damaged")

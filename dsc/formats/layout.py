@@ -57,4 +57,6 @@ def read_manifest(root) -> Manifest:
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
     if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
         raise DatasetNotFoundError(f"{root.path} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
-    return Manifest.from_dict(attrs["dsc"])
+    manifest = Manifest.from_dict(attrs["dsc"])
+    root.expected = {rel: f["nbytes"] for rel, f in manifest.files.items()}  # every later whole-file read: that size
+    return manifest

@@ -19,6 +19,20 @@ FORMAT_NAME = "dsc"
 FORMAT_VERSION = 2  # the newest this dsc reads and writes; a dataset without `fields` is written as version 1
 TASKS = ("classification", "detection", "segmentation", "images")
 RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", "checksums")
+# the keys a batch already has (and the suffixes of a ragged or padded key's companions): a field or a box
+# attribute with such a name would overwrite one of them in every batch
+BATCH_KEYS = ("image", "label", "index", "keys", "boxes", "labels", "box_offsets", "box_counts", "box_mask",
+              "targets", "orig_size", "image_id")
+BATCH_SUFFIXES = ("_offsets", "_shapes", "_sizes")
+
+
+def batch_name_problem(name: str, taken=()) -> str | None:
+    """Why ``name`` cannot be a batch key of its own (None: it can)."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
+        return "is not a plain name (a letter, then letters, digits or _; at most 64)"
+    if name in RESERVED_NODES or name in BATCH_KEYS or name.endswith(BATCH_SUFFIXES) or name in taken:
+        return "is a name batches already use"
+    return None
 ATTRIBUTE_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float32", "float64", "bool")
 LAYOUTS = ("fixed", "ragged")
 RESIZE_POLICIES = ("stretch", "center-crop", "pad")
@@ -200,10 +214,12 @@ class Manifest:
             raise CorruptDatasetError("manifest: 'fields' needs format_version 2")
         from .fields import EXTRA_KINDS, FIELD_KINDS
 
+        attrs = self.objects.get("attributes", {}) if isinstance(self.objects, dict) else {}
         for name, spec in self.fields.items():
             check_node_path(name)
-            if name in RESERVED_NODES or "/" in name:
-                raise CorruptDatasetError(f"manifest: field name {name!r} is reserved or not a plain name")
+            problem = batch_name_problem(name, taken=attrs if isinstance(attrs, dict) else ())
+            if problem:
+                raise CorruptDatasetError(f"manifest: the field name {name!r} {problem}; the dataset is damaged")
             kind = spec.get("kind") if isinstance(spec, dict) else None
             if kind not in EXTRA_KINDS:
                 raise FormatVersionError(f"the dataset has a field {name!r} of kind {kind!r}, which this dsc does "
@@ -221,6 +237,9 @@ class Manifest:
                 raise CorruptDatasetError(f"manifest: objects.attributes must map names to one of {ATTRIBUTE_DTYPES}")
             for name in attrs:
                 check_node_path(f"objects/{name}")
+                problem = batch_name_problem(name)
+                if problem:
+                    raise CorruptDatasetError(f"manifest: the box attribute {name!r} {problem}; the dataset is damaged")
         # every image shard where the layout puts it, with exactly the bytes its samples need (fixed): so
         # counts and sizes agree before anything is mapped
         for s, sh in enumerate(self.shards):

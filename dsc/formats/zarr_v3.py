@@ -95,7 +95,8 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-MAX_JSON_BYTES = 1 << 30  # a node's metadata; the root's manifest lists every shard and skipped input
+MAX_JSON_BYTES = 1 << 28  # the root's manifest: it lists every shard, file and skipped input
+MAX_NODE_JSON_BYTES = 1 << 20  # any other node's metadata: a few hundred bytes
 
 
 def parse_json(data: bytes, where) -> dict:
@@ -107,9 +108,12 @@ def parse_json(data: bytes, where) -> dict:
         raise CorruptDatasetError(f"{where}: unreadable JSON ({what})") from None
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> dict:
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise CorruptDatasetError(f"{path}: {size:,} bytes, more than the {limit:,} a dsc zarr.json may have")
             return parse_json(f.read(), path)
     except FileNotFoundError:
         raise
@@ -123,7 +127,7 @@ def read_node_json(root, rel: str) -> dict:
 
     root = as_root(root)
     name = f"{rel}/{ZARR_JSON}" if rel else ZARR_JSON
-    return parse_json(root.read(name, MAX_JSON_BYTES), root / name)
+    return parse_json(root.read(name, MAX_JSON_BYTES if not rel else MAX_NODE_JSON_BYTES), root / name)
 
 
 def write_group(root: Path, rel: str = "", attributes: dict | None = None) -> None:

@@ -256,7 +256,6 @@ class Dataset(torch.utils.data.Dataset):
             raise DscError("ragged images need a fixed-size geometric op (RandomResizedCrop, Resize((h, w)), "
                            "CenterCrop, Letterbox) before ToFloat")
         B, tail = len(idx), (() if px.channels is None else (px.channels,))
-        fill = (geometry.fill if geometry is not None else 0.0) if role.fill is None else role.fill
         image_post = post if reader.name == "image" else None
         if image_post is not None:
             out = image_post.empty(B, h, w, tail[0], alloc)
@@ -264,7 +263,7 @@ class Dataset(torch.utils.data.Dataset):
             out = alloc(reader.name, (B, h, w, *tail), torch_dtype(px.dtype))
         views = [reader.px.sample(i) for i in idx.tolist()]
         return run_batch(views, geometry.programs if geometry is not None else None, out,
-                         role.resample == "nearest", fill, image_post)
+                         role.resample == "nearest", role.fill, image_post)
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Batched fetch (torch's DataLoader calls it): one gather, then per-sample views of it."""

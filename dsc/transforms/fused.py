@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..compiler.geometry import dwarfs
 from .geometric import Geometric
 
 _aa = getattr(torch.ops.aten._upsample_bilinear2d_aa, "out", None)
@@ -28,7 +29,8 @@ _aa = getattr(torch.ops.aten._upsample_bilinear2d_aa, "out", None)
 class ChainPlan:
     """One batch's geometry: (B, 3, 3) output->input matrices, the output (h, w), the per-sample programs
     (None when an op has no steps: then the batched resampling pass applies the matrices), and the fill
-    of pixels outside the image (the last Letterbox's)."""
+    of pixels outside the image for that batched pass (the last op's with one; in the programs each crop
+    carries its own op's fill)."""
 
     matrices: torch.Tensor
     out: tuple[int, int]
@@ -52,6 +54,9 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
             p = op.params(sizes, gen)
             m, new = op.matrix(sizes, p)
             s = op.steps(sizes, p)
+            if s is not None:  # each crop carries the fill of the op that made it (CenterCrop's zeros stay zeros)
+                own = float(op.fill) if getattr(op, "fill", None) is not None else 0.0
+                s = [(*st, [own] * B) if st[0] == "crop" and len(st) == 5 else st for st in s]
             steps = None if steps is None or s is None else steps + s
         if getattr(op, "fill", None) is not None:
             fill = float(op.fill)
@@ -94,11 +99,16 @@ def _resize_image(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> 
     return out
 
 
+def _nearest_index(start: int, stop: int, n_in: int, n_out: int, device) -> torch.Tensor:
+    """Source indices of output pixels start..stop-1 of a nearest resize from n_in to n_out pixels."""
+    i = torch.arange(start, stop, dtype=torch.float64)
+    return torch.clamp(((i + 0.5) * (n_in / n_out)).floor().long(), max=n_in - 1).to(device)
+
+
 def _resize_nearest(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> torch.Tensor:
     """Nearest neighbour: output pixel (i, j) takes input pixel (floor((i + .5) H / h), floor((j + .5) W / w))."""
     H, W = x.shape[:2]
-    ys = torch.clamp(((torch.arange(h, dtype=torch.float64) + 0.5) * (H / h)).floor().long(), max=H - 1).to(x.device)
-    xs = torch.clamp(((torch.arange(w, dtype=torch.float64) + 0.5) * (W / w)).floor().long(), max=W - 1).to(x.device)
+    ys, xs = _nearest_index(0, h, H, h, x.device), _nearest_index(0, w, W, w, x.device)
     rows = x.index_select(0, ys)
     if out is None:
         return rows.index_select(1, xs)
@@ -106,10 +116,43 @@ def _resize_nearest(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -
     return out
 
 
-def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float,
+def _region_ok(x: torch.Tensor, nearest: bool) -> bool:
+    """Whether :func:`_resized_region` handles ``x``: nearest anywhere, bilinear on CPU uint8 L/RGB/RGBA
+    (elsewhere the whole resize is made, as before)."""
+    return nearest or (x.dtype == torch.uint8 and x.device.type == "cpu" and x.dim() == 3 and x.shape[2] in (1, 3, 4))
+
+
+def _resized_region(x: torch.Tensor, size: tuple[int, int], top: int, left: int, h: int, w: int, nearest: bool,
+                    fill: float) -> torch.Tensor:
+    """The (h, w) window at (top, left) of ``x`` resized to ``size``, without making the whole resize (a
+    crop that the resize :func:`~dsc.compiler.geometry.dwarfs`; ``x`` passes :func:`_region_ok`): nearest picks the same source pixels ``_resize_nearest`` would; bilinear resamples PIL's exact
+    fractional source box (antialiased, like the kernel used otherwise). Outside the resize: ``fill``."""
+    from PIL import Image
+
+    H, W = x.shape[:2]
+    nh, nw = size
+    t0, t1, l0, l1 = max(top, 0), min(top + h, nh), max(left, 0), min(left + w, nw)
+    canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    if t1 <= t0 or l1 <= l0:
+        return canvas
+    if nearest:
+        part = x.index_select(0, _nearest_index(t0, t1, H, nh, x.device)).index_select(
+            1, _nearest_index(l0, l1, W, nw, x.device))
+    else:
+        arr = x.contiguous().numpy()
+        im = Image.fromarray(arr[..., 0] if arr.shape[2] == 1 else arr)
+        box = (l0 * W / nw, t0 * H / nh, l1 * W / nw, t1 * H / nh)
+        part = torch.from_numpy(np.asarray(im.resize((l1 - l0, t1 - t0), Image.BILINEAR, box=box)).copy())
+        part = part.view(t1 - t0, l1 - l0, x.shape[2])
+    canvas[t0 - top:t1 - top, l0 - left:l1 - left] = part
+    return canvas
+
+
+def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
                 post=None) -> None:
     """One sample: ``src`` (H, W[, C]) through ``program`` into ``out`` (h, w[, C]); with ``post`` (a
-    :class:`~dsc.transforms.photometric.PixelPost`) the uint8 result goes through it into ``out`` (C, h, w)."""
+    :class:`~dsc.transforms.photometric.PixelPost`) the uint8 result goes through it into ``out`` (C, h, w).
+    ``fill``: what a crop outside the image shows (a mask's ignore index); None: each crop's own fill."""
     target = out
     if post is not None:
         if not program and src.dim() == 3:
@@ -119,19 +162,23 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
     x = src
     fh = fw = False  # flips not applied yet: crops mirror their coordinates instead
     done = False
+    skip = -1
     for k, (kind, *a) in enumerate(program):
+        if k <= skip:
+            continue
         if kind == "flip":
             if a[1]:
                 fw, fh = (not fw, fh) if a[0] == 0 else (fw, not fh)
         elif kind == "crop":
-            top, left, h, w = a
+            top, left, h, w = a[:4]
+            cfill = fill if fill is not None else (a[4] if len(a) > 4 else 0.0)
             H, W = x.shape[:2]
             top = H - top - h if fh else top
             left = W - left - w if fw else left
             if 0 <= top and top + h <= H and 0 <= left and left + w <= W:
                 x = x[top:top + h, left:left + w]
             else:  # partly outside: a canvas of the fill with the inside part pasted
-                canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+                canvas = torch.full((h, w, *x.shape[2:]), cfill, dtype=x.dtype, device=x.device)
                 t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
                 if t1 > t0 and l1 > l0:
                     canvas[t0 - top:t1 - top, l0 - left:l1 - left] = x[t0:t1, l0:l1]
@@ -139,6 +186,21 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         else:  # resize
             h, w = a
             if x.shape[:2] == (h, w):
+                continue
+            j = k + 1
+            while j < len(program) and program[j][0] == "flip":
+                j += 1
+            if j < len(program) and program[j][0] == "crop" and dwarfs((h, w), tuple(program[j][3:5])) \
+                    and _region_ok(x, nearest):
+                for step in program[k + 1:j]:  # the flips between: pending, like the ones before
+                    if step[2]:
+                        fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+                top, left, ch, cw = program[j][1:5]
+                cfill = fill if fill is not None else (program[j][5] if len(program[j]) > 5 else 0.0)
+                top = h - top - ch if fh else top  # the window in the unflipped resize; the flips stay pending
+                left = w - left - cw if fw else left
+                x = _resized_region(x, (h, w), top, left, ch, cw, nearest, cfill)
+                skip = j
                 continue
             rest = program[k + 1:]
             last = all(step[0] == "flip" for step in rest)

@@ -138,8 +138,14 @@ class Letterbox(Geometric):
     """Fit inside ``size`` keeping aspect (the binding side exact, the other rounded), centred; the rest
     is filled with ``fill`` (0-255; masks get their ignore index)."""
 
-    def __init__(self, size, fill: float = 0.0):
+    def __init__(self, size, fill: int = 0):
+        from ..errors import ConfigError
+
         _size(size)
+        ok = isinstance(fill, (int, float)) and not isinstance(fill, bool) and math.isfinite(fill) \
+            and 0 <= fill <= 255 and fill == int(fill)
+        if not ok:
+            raise ConfigError(f"Letterbox: fill is a pixel value, a whole number 0-255 (e.g. 114), got {fill!r}")
         self.size, self.fill = size, fill
 
     def _fit(self, sizes):

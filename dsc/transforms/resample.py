@@ -135,7 +135,6 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     plan = plan_chain(ops, _views(batch, "image")[1], gen)
     out_h, out_w = plan.out
     for key, role in pixels.items():
-        fill = plan.fill if role.fill is None else role.fill
         nearest = role.resample == "nearest"
         if plan.programs is not None:
             views = _views(batch, key)[0]
@@ -143,8 +142,9 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
                     else tuple(batch[key].shape[3:]))
             out = run_batch(views, plan.programs, torch.empty((len(views), out_h, out_w, *tail),
                                                               dtype=batch[key].dtype, device=batch[key].device),
-                            nearest, fill)
+                            nearest, role.fill)
         else:
+            fill = plan.fill if role.fill is None else role.fill
             canvas, key_sizes = _canvas(batch, key)
             out = (_nearest if nearest else _resample)(canvas, key_sizes, plan.matrices, out_h, out_w, fill)
         for suffix in ("_offsets", "_shapes", "_sizes"):

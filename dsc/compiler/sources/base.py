@@ -8,12 +8,75 @@ Python function; ``docs/PLUGINS.md`` shows a third-party source.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar
 
 import numpy as np
 
 from ...errors import ConfigError
+
+
+def utf8(text: str) -> bool:
+    """Whether ``text`` can be stored: keys and names are stored as UTF-8, and no NUL."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in text
+
+
+def display(path: str | os.PathLike) -> str:
+    """A path or name for messages and keys: bytes that are not valid UTF-8 escaped, a NUL shown as \\x00."""
+    p = os.fspath(path)
+    if utf8(p):
+        return p
+    try:
+        p = os.fsencode(p).decode("utf-8", "backslashreplace")  # a file name's undecodable bytes
+    except (UnicodeEncodeError, ValueError):
+        p = p.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate from text
+    return p.replace("\0", "\\x00")
+
+
+def check_text(scanned: "ScannedSource") -> "ScannedSource":
+    """Keys and class names a dataset can store: a record whose key is not valid UTF-8 or holds a NUL (or
+    whose file name holds a NUL) becomes an invalid input (the on_error policy decides), a class name like that is
+    a SourceError; the summary and the invalid list are made printable."""
+    from ...errors import SourceError
+
+    for name in scanned.classes:
+        if not utf8(name):
+            raise SourceError(f"{display(scanned.root)}: the class name '{display(name)}' is not valid UTF-8 text or "
+                              f"holds a NUL; fix it where the classes are named")
+    if scanned.masks is not None:
+        for name in scanned.masks.classes:
+            if not utf8(name):
+                raise SourceError(f"{display(scanned.root)}: the mask class name '{display(name)}' is not valid "
+                                  f"UTF-8 text or holds a NUL; fix it")
+    good, bad = [], []
+    for r in scanned.records:  # the key is stored; the files are only opened (any bytes but NUL)
+        files = [p for p in (r.path, r.mask) if isinstance(p, str) and "\0" in p]
+        if not utf8(str(r.key)):
+            bad.append((display(str(r.key)), "the name holds a NUL character; fix it" if "\0" in str(r.key) else
+                        "the name is not valid UTF-8 (keys are stored as UTF-8); rename it"))
+        elif files:
+            bad.append((display(str(r.key)), f"the file name '{display(files[0])}' holds a NUL character; fix it"))
+        else:
+            good.append(r)
+
+    def clean(v):
+        if isinstance(v, str):
+            return display(v)
+        if isinstance(v, dict):
+            return {clean(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(clean(x) for x in v)
+        return v
+    if not bad and all(utf8(k) for k, _ in scanned.invalid) and clean(scanned.summary) == scanned.summary \
+            and utf8(str(scanned.root)):
+        return scanned
+    return replace(scanned, records=good, root=display(scanned.root), summary=clean(scanned.summary),
+                   invalid=tuple((display(k), display(r)) for k, r in scanned.invalid) + tuple(bad))
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +339,7 @@ class Source:
                               f"ScannedSource")
         if getattr(self, "drop_empty_images", False):
             scanned = drop_empty(scanned)
-        return scanned
+        return check_text(scanned)
 
     def fetcher(self, records: list[Record]) -> Callable[[Record], Item]:
         """Runs in a worker, once per unit: a function record -> :class:`Item` (a table source reads the

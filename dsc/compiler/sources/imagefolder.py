@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ...errors import SourceError
-from .base import Param, Record, ScannedSource, Source
+from .base import Param, Record, ScannedSource, Source, display, utf8 as _utf8
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -24,24 +24,6 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 def is_image_file(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
-
-
-def display(path: str | os.PathLike) -> str:
-    """A path for messages and keys: a name that is not valid UTF-8 shows its bytes escaped."""
-    p = os.fspath(path)
-    try:
-        p.encode("utf-8")
-        return p
-    except UnicodeEncodeError:
-        return os.fsencode(p).decode("utf-8", "backslashreplace")
-
-
-def _utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _is_dataset(path: str) -> bool:
