@@ -440,6 +440,11 @@ def test_10_xml_entities_are_refused(tmp_path):
                    + xml.read_text())
     r = cli("compile", "voc", voc, tmp_path / "o", "-q")
     assert r.exit_code == 1 and "refuses to expand" in r.output
+    body = xml.read_text().split("]>", 1)[1]  # the same DTD in UTF-16, which a byte search does not see
+    xml.write_bytes(('<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE lolz [<!ENTITY lol "lol">]>' + body)
+                    .encode("utf-16"))
+    r = cli("compile", "voc", voc, tmp_path / "o", "-q")
+    assert r.exit_code == 1 and "refuses to expand" in r.output
 
 
 def test_11_file_names_outside_the_images_folder(tmp_path):
@@ -462,6 +467,41 @@ def test_11_file_names_outside_the_images_folder(tmp_path):
                                            f"<filename>{images.parent / 'outside.png'}</filename>"))
     r = cli("compile", "voc", voc, tmp_path / "v", "-q")
     assert r.exit_code == 1 and "points outside" in r.output
+    seg = write_voc(tmp_path / "seg", scenes)  # a split id is a plain name: it never reaches another folder
+    (seg / "ImageSets/Main/trainval.txt").write_text("../../outside\n")
+    r = cli("compile", "voc", seg, tmp_path / "s", "-q")
+    assert r.exit_code == 1 and "'../../outside' is not an image id" in r.output
+
+
+def test_3_9_annotation_files_that_are_there_but_not_files(tmp_path):
+    """A label file, data.yaml, classes file or VOC XML that is a FIFO, a folder or a dangling link is named
+    as such: never read as 'missing' (a YOLO image silently kept as a negative)."""
+    from dsc.synthetic import detection_scenes, write_voc, write_yolo
+
+    scenes = detection_scenes(3, seed=1)
+    yolo = write_yolo(tmp_path / "yolo", scenes)
+    label = sorted((yolo / "labels/train").glob("*.txt"))[0]
+    label.unlink()
+    os.mkfifo(label)
+    r = dsc.compile_yolo(yolo, tmp_path / "y1", on_error="skip", progress=False, workers=1)
+    assert len(r.skipped) == 1 and "the label file is not a regular file" in r.skipped[0]["reason"]
+    label.unlink()
+    label.symlink_to(tmp_path / "nowhere.txt")
+    r = cli("compile", "yolo", yolo, tmp_path / "y2", "-q")
+    assert r.exit_code == 1 and "the label file is a link to a missing file" in r.output
+    label.unlink()
+    (yolo / "data.yaml").rename(tmp_path / "data.yaml")
+    os.mkfifo(yolo / "data.yaml")
+    r = cli("compile", "yolo", yolo, tmp_path / "y3", "-q")
+    assert r.exit_code == 1 and "the data.yaml is not a regular file" in r.output
+    r = cli("compile", "yolo", yolo, tmp_path / "y4", "--data", yolo / "data.yaml", "-q")
+    assert r.exit_code == 1 and "the data.yaml is not a regular file" in r.output
+    voc = write_voc(tmp_path / "voc", scenes)
+    xml = sorted((voc / "Annotations").glob("*.xml"))[0]
+    xml.unlink()
+    os.mkfifo(xml)
+    r = cli("compile", "voc", voc, tmp_path / "v", "-q")
+    assert r.exit_code == 1 and "the annotation file is not a regular file" in r.output
 
 
 # ----------------------------------------------------------------------------- 12. messages
@@ -500,6 +540,10 @@ def test_14_an_open_dataset_never_mixes_two_compiles(scenes_src, tmp_path):
         ds[20]  # not mapped yet: its file is gone with the old compile, never the new one's
     with pytest.raises(dsc.CorruptDatasetError, match="deleted or replaced"):
         ds.affine
+    import torch.utils.data as tud  # a spawned worker re-opens the path: the parent sees why it cannot read
+    loader = tud.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(Exception, match="was replaced by another compile since the dataset was opened"):
+        next(iter(loader))
 
 
 def test_15_links_inside_a_dataset_are_refused(datasets, tmp_path):
@@ -539,6 +583,28 @@ def test_18_23_loader_arguments_are_checked_at_the_call(datasets):
     for device in ("mps", "xpu", "meta"):
         with pytest.raises(dsc.ConfigError, match="'cpu' or 'cuda"):
             dsc.Loader(ds, batch_size=4, device=device)
+    for kw, match in ((dict(rank=1.5, world_size=2), "rank must be an int"), (dict(drop_last="no"), "drop_last"),
+                      (dict(order="quasi_random", window=True), "window"), (dict(prefetch=10 ** 7), "at most 256")):
+        with pytest.raises(dsc.ConfigError, match=match):
+            dsc.Loader(ds, batch_size=4, **kw)
+
+
+def test_18_closing_or_resuming_a_loader_mid_epoch_is_not_a_quiet_end(datasets):
+    ds = dsc.open(datasets / "fixed")
+    for interrupt, match in ((lambda L, s: L.close(), "loader.close"), (lambda L, s: L.load_state_dict(s),
+                                                                         "load_state_dict")):
+        loader = dsc.Loader(ds, batch_size=4)
+        state = loader.state_dict()
+        got = 0
+        with pytest.raises(dsc.DscError, match=match):
+            for _ in loader:
+                got += 1
+                if got == 2:
+                    interrupt(loader, state)
+        assert got == 2
+    loader = dsc.Loader(ds, batch_size=4)
+    assert len(list(loader)) == len(loader)
+    loader.close()  # after a finished epoch: nothing to interrupt
 
 
 # ----------------------------------------------------------------------------- 13. packaging

@@ -25,7 +25,17 @@ from .prefetch import EpochIterator, Ring
 from .storage import CACHES
 
 
+def _whole(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+MAX_PREFETCH = 256  # batches in flight; the ring holds that many batches' buffers
+
+
 def _distributed_defaults(rank, world_size) -> tuple[int, int]:
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if v is not None and not _whole(v):
+            raise ConfigError(f"{name} must be an int, got {v!r}")
     if rank is None or world_size is None:
         import torch.distributed as dist
 
@@ -64,15 +74,20 @@ class Loader:
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         for name, v in (("batch_size", batch_size), ("num_threads", num_threads), ("prefetch", prefetch)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            if not _whole(v) or v < 1:
                 raise ConfigError(f"{name} must be a positive int, got {v!r}")
+        if prefetch > MAX_PREFETCH:
+            raise ConfigError(f"prefetch={prefetch} batches in flight would hold that many batches in memory; at most "
+                              f"{MAX_PREFETCH} (2-8 keep the GPU fed)")
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         if cache not in CACHES:
             raise ConfigError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
         if tail not in TAILS:
             raise ConfigError(f"tail must be one of {', '.join(TAILS)}, got {tail!r}")
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        if not _whole(seed) or seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
-        if window is not None and (not isinstance(window, (int, np.integer)) or window < 1):
+        if window is not None and (not _whole(window) or window < 1):
             raise ConfigError(f"window must be a positive int (shards), got {window!r}")
         try:
             self.device = torch.device(device)
@@ -135,7 +150,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (the order depends on it). Keeps a position loaded by load_state_dict for it."""
-        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+        if not _whole(epoch) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
         epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
@@ -146,7 +161,8 @@ class Loader:
     # ------------------------------------------------------------------------ iteration
     def __iter__(self):
         for it in list(self._iterators):  # one epoch in flight at a time: an older iterator now raises
-            it.close(superseded=True)
+            it.close(superseded="this epoch's iterator was closed because a new iteration of the same Loader "
+                                "started; use one iterator per Loader at a time (or a second Loader)")
         start = self._resume.batches if self._resume is not None and self._resume.epoch == self.epoch else 0
         self._resume = None
         self._served = start
@@ -155,10 +171,15 @@ class Loader:
         return it
 
     def close(self) -> None:
-        """Stop the filler threads of any epoch in flight and release every buffer."""
-        for it in list(self._iterators):
-            it.close()
+        """Stop the filler threads of any epoch in flight and release every buffer. An epoch being iterated
+        then raises at its next batch (it does not end as if it were complete)."""
+        self._interrupt("the Loader was closed (loader.close()) during this epoch; its remaining batches were not "
+                        "served")
         self._release_ring()
+
+    def _interrupt(self, why: str) -> None:
+        for it in list(self._iterators):
+            it.close(superseded=why)
 
     def _release_ring(self) -> None:
         """Drop the ring's buffers (pinned ones go back to torch's pinned-memory cache, for reuse)."""
@@ -217,11 +238,12 @@ class Loader:
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]
         for name, v in (("epoch", epoch), ("batches_served", served)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            if not _whole(v) or v < 0:
                 raise ConfigError(f"cannot resume: the saved {name} is {v!r}, not a non-negative int")
         if served > len(self):
             raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {len(self)}")
-        self.close()
+        self._interrupt("load_state_dict() was called during this epoch, which moved the Loader elsewhere; call "
+                        "it before iterating")
         self._resume = _Resume(int(epoch), int(served))
         self.epoch = self._resume.epoch
         self._served = self._resume.batches

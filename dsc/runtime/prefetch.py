@@ -73,7 +73,7 @@ class _EpochState:
         self.results: dict[int, object] = {}
         self.stop = False
         self.fatal: BaseException | None = None
-        self.superseded = False
+        self.superseded: str | None = None  # why the consumer's next() must raise instead of ending quietly
         self.threads: list[threading.Thread] = []
         self.batches = batches
         self.prefetch = loader.prefetch
@@ -218,8 +218,7 @@ class EpochIterator:
         state = self._state
         j = self._cursor
         if state.superseded:
-            raise DscError("this epoch's iterator was closed because a new iteration of the same Loader "
-                           "started; use one iterator per Loader at a time (or a second Loader)")
+            raise DscError(state.superseded)
         if j >= state.end or (state.stop and j not in state.results and state.fatal is None):
             self.close()
             raise StopIteration
@@ -228,8 +227,7 @@ class EpochIterator:
                 if state.fatal is not None:
                     raise DscError(f"the loader's threads failed: {state.fatal!r}") from state.fatal
                 if state.superseded:
-                    raise DscError("this epoch's iterator was closed because a new iteration of the same "
-                                   "Loader started; use one iterator per Loader at a time")
+                    raise DscError(state.superseded)
                 if state.stop:
                     raise StopIteration
                 state.cond.wait(0.5)
@@ -254,6 +252,8 @@ class EpochIterator:
         self._loader._served = j + 1
         return batch
 
-    def close(self, superseded: bool = False) -> None:
-        self._state.superseded = self._state.superseded or superseded
+    def close(self, superseded: str | None = None) -> None:
+        """Stop the threads; with ``superseded`` (the reason) a later next() raises it instead of ending."""
+        if superseded and self._cursor < self._state.end:
+            self._state.superseded = self._state.superseded or superseded
         self._finalizer()

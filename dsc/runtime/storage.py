@@ -6,6 +6,8 @@ and never touch files themselves, so a strategy (a later remote cache, say) is o
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..errors import CorruptDatasetError
@@ -18,11 +20,19 @@ CACHES = ("page", "ram")
 class Storage:
     """A dataset directory's bytes: shards mapped on first use and kept, small arrays read whole."""
 
+    _failed: Exception | None = None  # why a re-opened (unpickled) storage cannot be read
+
     def __init__(self, root: Root, checksum: str | None = None):
-        self.dir = root  # every file is read relative to the directory as opened (formats/files.py)
+        self._dir = root  # every file is read relative to the directory as opened (formats/files.py)
         self.root = root.path
         self.checksum = checksum  # the manifest's: a process that re-opens the path checks it is the same
         self._maps: dict[str, np.ndarray] = {}
+
+    @property
+    def dir(self) -> Root:
+        if self._failed is not None:  # raised where the worker reads, so DataLoader shows it to the parent
+            raise type(self._failed)(str(self._failed))
+        return self._dir
 
     def map(self, rel: str, nbytes: int) -> np.ndarray:
         """The first ``nbytes`` of a shard, mapped on first use. A private (copy-on-write) mapping: pages are
@@ -30,7 +40,7 @@ class Storage:
         tables are filled up front (MADV_POPULATE_READ, read-only, so nothing is copied)."""
         arr = self._maps.get(rel)
         if arr is None:
-            arr = self._maps[rel] = self.dir.map(rel, nbytes)
+            arr = self._maps[rel] = self.dir.map(rel, nbytes)  # (self.dir raises if the re-open failed)
         return arr
 
     def array(self, rel: str, shape: tuple) -> np.ndarray:
@@ -55,9 +65,17 @@ class Storage:
         return {"path": self.root, "checksum": self.checksum}
 
     def __setstate__(self, state):
+        """Re-open the path and check it is the same dataset. A failure is kept and raised at the first read,
+        not here: an exception while a spawned DataLoader worker unpickles its dataset reaches the parent
+        only as 'worker exited unexpectedly', one raised by a read is shown with its message."""
+        from ..errors import DscError
         from ..formats.layout import read_manifest
 
-        self.__init__(Root(state["path"]), state["checksum"])
-        if self.checksum is not None and read_manifest(self.dir).checksum() != self.checksum:
-            raise CorruptDatasetError(f"{self.root} was replaced by another compile since the dataset was opened; "
-                                      f"open it again (a worker must read the dataset its parent opened)")
+        self.root, self.checksum, self._maps = Path(state["path"]), state["checksum"], {}
+        try:
+            self._dir = Root(state["path"])
+            if self.checksum is not None and read_manifest(self._dir).checksum() != self.checksum:
+                raise CorruptDatasetError(f"{self.root} was replaced by another compile since the dataset was "
+                                          f"opened; open it again (a worker must read the dataset its parent opened)")
+        except DscError as e:
+            self._failed = e

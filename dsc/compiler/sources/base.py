@@ -160,6 +160,23 @@ class Item:
 MAX_TEXT_BYTES = 1 << 30  # an annotation or list file; anything larger is not one
 
 
+def file_problem(path) -> str | None:
+    """None when ``path`` is a regular file (links followed); ``"missing"`` when nothing is there; else why
+    it cannot be read (a FIFO, a folder, a dangling link...), for a message. A source that treats a missing
+    optional file (a YOLO label, a VOC XML) as 'none' must still refuse one that is there but unreadable."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a link to a missing file" if os.path.islink(path) else "missing"
+    except ValueError:
+        return "a name with a NUL character"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    return None if stat.S_ISREG(st.st_mode) else "not a regular file"
+
+
 def read_input(path, what: str, text: bool = True):
     """An input file of a source (annotations, split lists, label files, YAML), read whole: only a regular
     file is opened (a FIFO would block), and a file that is not UTF-8 text is a one-line SourceError."""

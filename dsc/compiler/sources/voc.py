@@ -20,7 +20,8 @@ import numpy as np
 
 from ...errors import SourceError
 from .coco import inside
-from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
+from .base import (ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, file_problem,
+                   read_input)
 
 
 def _text(el, tag, path, default=None):
@@ -56,13 +57,30 @@ def _flag(el, tag, path) -> int:
         raise SourceError(f"{path}: <{tag}> is {v!r}, expected 0 or 1") from None
 
 
+class _DTD(Exception):
+    pass
+
+
+class _NoDTD(ET.TreeBuilder):
+    """Stops the parse at a DOCTYPE, in whatever encoding the file is (UTF-16 hides it from a byte search),
+    before any entity it declares is expanded."""
+
+    def doctype(self, name, pubid, system):
+        raise _DTD
+
+
 def _parse_xml(path: Path):
     data = read_input(path, "annotation XML", text=False)
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:  # entity expansion (billion laughs) is not parsed at all
-        raise SourceError(f"{path}: the XML declares a DTD or entities, which dsc refuses to expand; VOC "
+    refused = SourceError(f"{path}: the XML declares a DTD or entities, which dsc refuses to expand; VOC "
                           f"annotations need neither")
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:  # entity expansion (billion laughs) is not parsed at all
+        raise refused
     try:
-        root = ET.fromstring(data)
+        parser = ET.XMLParser(target=_NoDTD())
+        parser.feed(data)
+        root = parser.close()
+    except _DTD:
+        raise refused from None
     except ET.ParseError as e:
         line, col = e.position
         raise SourceError(f"{path}:{line}:{col}: malformed XML ({e.msg if hasattr(e, 'msg') else e})") from None
@@ -98,8 +116,14 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
     ids = [ln.split()[0] for ln in read_input(split_file, "split file").splitlines() if ln.strip()]
     parsed, invalid, without_xml = [], [], 0
     for iid in ids:
+        if "/" in iid or "\\" in iid or iid in (".", ".."):  # an id names files in Annotations/, JPEGImages/...
+            raise SourceError(f"{split_file}: {iid!r} is not an image id (a plain name, no folders); fix the line")
         xml = root / "Annotations" / f"{iid}.xml"
-        if not xml.is_file():
+        xml_state = file_problem(xml)
+        if xml_state not in (None, "missing"):
+            invalid.append((iid, f"{xml}: the annotation file is {xml_state}"))
+            continue
+        if xml_state == "missing":
             if not masks:
                 invalid.append((iid, f"{xml}: annotation file missing for id {iid} listed in {split_file.name}"))
                 continue
@@ -111,9 +135,10 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
         mask = root / "SegmentationClass" / f"{iid}.png"
-        if masks and not mask.is_file():
+        mask_state = file_problem(mask) if masks else None
+        if mask_state:
             invalid.append((Path(os.path.relpath(img, root)).as_posix(),
-                            f"{mask}: the mask of id {iid} (listed in {split_file.name}) is missing"))
+                            f"{mask}: the mask of id {iid} (listed in {split_file.name}) is {mask_state}"))
             continue
         parsed.append((iid, xml, img, wh, objs))
     if classes is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target, read_input
+from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target, file_problem, read_input
 from .imagefolder import walk_images
 
 
@@ -57,7 +57,7 @@ def _image_files(entry: str, root: Path, problems: list) -> list[Path]:
     p = p if p.is_absolute() else root / p
     if p.is_dir():
         return [Path(f) for f in walk_images(p, problems)]
-    if p.suffix == ".txt" and p.is_file():
+    if p.suffix == ".txt" and file_problem(p) != "missing":  # read_input names a FIFO or a folder
         out = []
         for line in read_input(p, "image list").splitlines():
             line = line.strip()
@@ -108,7 +108,10 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
     problems: list = []
     if not root.is_dir():
         raise SourceError(f"{root}: no such directory")
-    if classes_file is None and yaml_path.is_file():
+    yaml_state = file_problem(yaml_path)
+    if yaml_state not in (None, "missing") or (data_yaml and yaml_state):
+        raise SourceError(f"{yaml_path}: the data.yaml is {yaml_state}")
+    if classes_file is None and yaml_state is None:
         cfg = _load_yaml(yaml_path)
         if cfg.get("path") is not None and not isinstance(cfg["path"], str):
             raise SourceError(f"{yaml_path}: 'path' must be a folder (a string), got {cfg['path']!r}")
@@ -126,8 +129,11 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
         files = [f for e in entries for f in _image_files(str(e), base, problems)]
     else:
         cf = Path(classes_file) if classes_file else root / "classes.txt"
-        if not cf.is_file():
+        cf_state = file_problem(cf)
+        if cf_state == "missing":
             raise SourceError(f"{root}: no data.yaml and no classes file ({cf}); give one of them")
+        if cf_state:
+            raise SourceError(f"{cf}: the classes file is {cf_state}")
         classes = tuple(ln.strip() for ln in read_input(cf, "classes file").splitlines() if ln.strip())
         base = root
         files = _image_files(f"images/{split}", root, problems)
@@ -136,12 +142,16 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
     records, negatives = [], 0
     for k, f in enumerate(files):
         lp = label_path(f)
-        if lp.is_file():
+        key = Path(os.path.relpath(f, base)).as_posix()
+        state = file_problem(lp)
+        if state is None:
             boxes, labels = _parse_labels(lp, len(classes))
-        else:
+        elif state == "missing":
             boxes, labels = np.zeros((0, 4)), np.zeros(0, np.int64)
             negatives += 1
-        key = Path(os.path.relpath(f, base)).as_posix()
+        else:  # there, but not a file to read: never silently a negative
+            problems.append((key, f"{lp}: the label file is {state}"))
+            continue
         records.append(Record(key=key, path=str(f), target=Target(
             boxes=boxes, labels=labels, image_id=k, source=str(lp), normalized=True)))
     warnings = [f"{negatives} images of split {split!r} have no label file and are kept as negatives"] \
