@@ -288,3 +288,39 @@ def test_resume_refuses_other_transforms(fixed):
     same.load_state_dict(state)  # the same chain, rebuilt: accepted
     old = {k: v for k, v in state.items() if k != "transforms"}  # a state saved before transforms were recorded
     same.load_state_dict(old)
+
+
+class _MatrixOnly(T.Geometric):
+    """A custom op that knows only its matrices (the batched grid_sample path), wrapping a built-in one."""
+
+    def __init__(self, inner):
+        self.inner, self.fill = inner, inner.fill
+
+    def plan(self, sizes, gen):
+        return self.inner.matrix(sizes, self.inner.params(sizes, gen))
+
+
+@pytest.mark.parametrize("which", ["fixed", "ragged"])
+def test_ops_with_matrices_only_go_through_the_batched_path(fixed, det, which):
+    """The grid_sample fallback agrees with the fused steps of the same geometry (it approximates the
+    antialiasing filter by supersampling) and moves boxes identically; a ragged batch is resampled one
+    sample at a time (no canvas of the largest height by the largest width)."""
+    import dsc.transforms.resample as R
+
+    assert not _MatrixOnly(T.Resize(8)).fusable
+    ds = fixed if which == "fixed" else det[0]
+    op = T.Resize((30, 40)) if which == "fixed" else T.Letterbox(48, fill=114)
+    ref = T.Compose([op])(ds.get_batch(range(6)))
+    calls = []
+    real = R._canvas
+    R._canvas = lambda *a: calls.append(1) or real(*a)
+    try:
+        got = T.Compose([_MatrixOnly(op)])(ds.get_batch(range(6)))
+    finally:
+        R._canvas = real
+    assert got["image"].shape == ref["image"].shape
+    diff = (got["image"].float() - ref["image"].float()).abs()
+    assert float(diff.mean()) < 2.0 and float(diff.max()) <= 64
+    if which == "ragged":
+        assert not calls
+        assert torch.allclose(got["boxes"], ref["boxes"]) and torch.equal(got["box_offsets"], ref["box_offsets"])

@@ -145,8 +145,16 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
                             nearest, role.fill)
         else:
             fill = plan.fill if role.fill is None else role.fill
-            canvas, key_sizes = _canvas(batch, key)
-            out = (_nearest if nearest else _resample)(canvas, key_sizes, plan.matrices, out_h, out_w, fill)
+            resample = _nearest if nearest else _resample
+            if f"{key}_offsets" in batch and len(batch[f"{key}_offsets"]) > 1:
+                # packed ragged: one sample at a time, never a canvas of the largest height by the largest width
+                # (a 1x4000 and a 4000x1 image would make it 4000x4000 per sample)
+                views, key_sizes = _views(batch, key)
+                out = torch.cat([resample(v.unsqueeze(0), key_sizes[b:b + 1], plan.matrices[b:b + 1], out_h, out_w,
+                                          fill) for b, v in enumerate(views)])
+            else:
+                canvas, key_sizes = _canvas(batch, key)
+                out = resample(canvas, key_sizes, plan.matrices, out_h, out_w, fill)
         for suffix in ("_offsets", "_shapes", "_sizes"):
             batch.pop(key + suffix, None)
         batch[key] = out
