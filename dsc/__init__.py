@@ -26,11 +26,15 @@ _LAZY = {
     "boxes_to_original": ("dsc.formats.coords", "invert_affine"),
     "CompileOptions": ("dsc.compiler", "CompileOptions"),
     "environment": ("dsc.env", "environment"),
+    "log": ("dsc.versions", "log"),
+    "tag": ("dsc.versions", "tag"),
+    "restore": ("dsc.versions", "restore"),
+    "vacuum": ("dsc.versions", "vacuum"),
 }
 
 from .errors import (CompileLockedError, ConfigError, CorruptDatasetError, DatasetNotFoundError, DscError,  # noqa: E402
                      FormatVersionError, ImageDecodeError, OutputExistsError, SampleError, SourceError,
-                     UnsafePathError)
+                     UnsafePathError, VersionConflictError, VersionNotFoundError)
 
 
 def __getattr__(name):
@@ -54,4 +58,4 @@ def __dir__():
 
 __all__ = ["__version__", *_LAZY, "DscError", "ConfigError", "SourceError", "ImageDecodeError", "OutputExistsError",
            "SampleError", "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
-           "UnsafePathError"]
+           "UnsafePathError", "VersionConflictError", "VersionNotFoundError"]

@@ -51,7 +51,7 @@ def copy_limit(ds, loader) -> float:
     ring = _ring(ds, loader)
     slots = len(ring)
     batches = loader.batch_indices()
-    shards = [ds._shard(s) for s in range(len(ds.manifest.shards))]
+    shards = [ds._shard(s) for s, spec in enumerate(ds.manifest.shards) if spec is not None]
     runs = [ds.shard_runs(idx) for idx in batches]
 
     def epoch():

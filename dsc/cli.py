@@ -187,7 +187,7 @@ def _report(report) -> None:
     if report.resumed_units:
         click.echo(f"resumed: {_n(report.resumed_units, 'finished shard')} verified and kept")
     click.echo(f"compiled {_n(m.num_samples, 'image')} into {report.path} ({_describe_image(m)}; "
-               f"{_n(len(m.shards), 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
+               f"{_n(m.shard_count, 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
                f"{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
         click.echo(f"objects: {_describe_objects(m)}")
@@ -389,7 +389,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         ("dataset", str(dataset)),
         ("format", f"dsc format v{m.format_version} (Zarr v3 group), written by dsc {m.dsc_version}"),
         ("task", m.task),
-        ("samples", f"{m.num_samples:,} in {_n(len(m.shards), 'shard')} of up to {m.shard_size}"),
+        ("samples", f"{m.num_samples:,} in {_n(m.shard_count, 'shard')} of up to {m.shard_size}"),
         ("image", _describe_image(m)),
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
 
     report = dsc.compile_imagefolder(src, out, size=args.size, overwrite=True, progress=False)
     m = report.manifest
-    print(f"[2/3] compiled {m.num_samples} images to {out}: {len(m.shards)} shards, "
+    print(f"[2/3] compiled {m.num_samples} images to {out}: {m.shard_count} shards, "
           f"{report.bytes_written / 1e6:.0f} MB, {report.images_per_second:,.0f} img/s")
 
     ds = dsc.open(out)

@@ -83,3 +83,11 @@ class CorruptDatasetError(DscError, OSError):
 
 class UnsafePathError(CorruptDatasetError):
     """Dataset metadata names a path outside the dataset; dsc refuses to follow it."""
+
+
+class VersionNotFoundError(DatasetNotFoundError):
+    """The dataset has no such version or tag (never made, or removed by ``dsc vacuum``)."""
+
+
+class VersionConflictError(DscError, FileExistsError):
+    """Another writer committed the version this update was making: nothing of this update was published."""

@@ -16,6 +16,7 @@ import pytest
 
 import dsc
 from conftest import tree_bytes
+from damage import edit_manifest
 from dsc.formats.verify import verify
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
@@ -239,13 +240,11 @@ def test_verify_cli_and_damaged_manifest(datasets, tmp_path):
     shard.write_bytes(bytes(data))
     r = CliRunner().invoke(main, ["verify", str(work)])
     assert r.exit_code == 1 and "image/c/1/0/0/0" in r.output and "samples 7" in r.output
-    meta = json.loads((work / "zarr.json").read_text())
-    meta["attributes"]["dsc"]["classes"][0] = "tampered"
-    (work / "zarr.json").write_text(json.dumps(meta))
+    edit_manifest(work, lambda m: m["classes"].__setitem__(0, "tampered"), sealed=False)
     with pytest.raises(dsc.CorruptDatasetError, match="checksum"):
         dsc.open(work)
-    meta["attributes"]["dsc"]["files"]["../../etc/passwd"] = {"nbytes": 1, "sha256": "0" * 64}
-    (work / "zarr.json").write_text(json.dumps(meta))
+    edit_manifest(work, lambda m: m["files"].__setitem__("../../etc/passwd", {"nbytes": 1, "sha256": "0" * 64}),
+                  sealed=False)
     with pytest.raises(dsc.UnsafePathError):
         dsc.open(work)
 

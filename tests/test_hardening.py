@@ -16,6 +16,7 @@ from PIL import Image
 
 import dsc
 from dsc.cli import main
+from damage import edit_manifest, manifest_file, node_file, read_manifest, read_node, write_node
 from dsc.formats.zarr_v3 import read_json, write_json
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -30,13 +31,7 @@ def cli(*args):
 
 def reseal(out: Path, edit) -> None:
     """Edit a dataset's manifest with ``edit(dict)`` and recompute its checksum, as a careless tool would."""
-    meta = read_json(out / "zarr.json")
-    m = meta["attributes"]["dsc"]
-    edit(m)
-    body = {k: v for k, v in m.items() if k != "checksum"}
-    m["checksum"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
-                                              ensure_ascii=False).encode()).hexdigest()
-    write_json(out / "zarr.json", meta)
+    edit_manifest(out, edit)
 
 
 def peak_rss_mb(args) -> float:
@@ -267,7 +262,7 @@ def copy(datasets, name, tmp_path) -> Path:
     ("det", lambda m: m.__setitem__("category_ids", ["x"]), "category_ids", True),
     ("fixed", lambda m: m["files"].__setitem__(next(iter(m["files"])), 5), "files", True),
     ("fixed", lambda m: m["image"].__setitem__("height", 13), "image shard 0", True),  # a wrong fixed height
-    ("fixed", lambda m: m.__setitem__("num_samples", 10 ** 12), "shards listed", True),  # 17: a crafted count
+    ("fixed", lambda m: m.update(num_samples=10 ** 12, rows=10 ** 12), "shards listed", True),  # 17: a crafted count
     ("fixed", lambda m: m.pop("checksum"), "checksum", False),  # 16: the checksum is mandatory
     ("seg", lambda m: m["fields"].__setitem__("index", m["fields"].pop("mask")), "field name 'index'", True),
     ("seg", lambda m: m["fields"].__setitem__("mask_sizes", m["fields"].pop("mask")), "batches already use", True),
@@ -277,54 +272,41 @@ def copy(datasets, name, tmp_path) -> Path:
         "attribute-boxes"])
 def test_8_16_17_manifest_edits_are_refused_at_open(datasets, tmp_path, name, edit, match, seal):
     out = copy(datasets, name, tmp_path)
-    if seal:
-        reseal(out, edit)
-    else:
-        meta = read_json(out / "zarr.json")
-        edit(meta["attributes"]["dsc"])
-        write_json(out / "zarr.json", meta)
+    edit_manifest(out, edit, sealed=seal)
     with pytest.raises(dsc.CorruptDatasetError, match=match):
         dsc.open(out)
     with pytest.raises(dsc.CorruptDatasetError):
         dsc.verify(out)
 
 
-def refile(out: Path, *rels: str) -> None:
-    """Record edited files' new sizes and hashes in the manifest and reseal it (a careful forger)."""
-    def edit(m):
-        for rel in rels:
-            data = (out / rel).read_bytes()
-            m["files"][rel] = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    reseal(out, edit)
+def _json_bytes(meta) -> bytes:
+    return (json.dumps(meta, indent=2) + "\n").encode()
 
 
 def test_8_16_node_metadata_and_arrays_that_used_to_give_tracebacks(datasets, tmp_path):
     out = copy(datasets, "fixed", tmp_path)
-    meta = read_json(out / "label/zarr.json")
+    meta = json.loads(read_node(out, "label/zarr.json"))
     del meta["chunk_grid"]
-    write_json(out / "label/zarr.json", meta)
+    write_node(out, "label/zarr.json", _json_bytes(meta))
     with pytest.raises(dsc.CorruptDatasetError, match="label/zarr.json has 396 bytes, the manifest records 513"):
         dsc.open(out)
-    refile(out, "label/zarr.json")
+    write_node(out, "label/zarr.json", _json_bytes(meta), record=True)
     with pytest.raises(dsc.CorruptDatasetError, match="chunk grid"):
         dsc.open(out)
     out = copy(datasets, "fixed", tmp_path / "b")
-    meta = read_json(out / "image/zarr.json")
+    meta = json.loads(read_node(out, "image/zarr.json"))
     meta["shape"][1] = 13  # the image array's own metadata disagrees with the manifest
-    write_json(out / "image/zarr.json", meta)
-    refile(out, "image/zarr.json")
+    write_node(out, "image/zarr.json", _json_bytes(meta), record=True)
     with pytest.raises(dsc.CorruptDatasetError, match="image/zarr.json does not describe"):
         dsc.open(out)
     assert not dsc.verify(out).ok
     out = copy(datasets, "ragged", tmp_path / "c")
-    shapes = out / "image/shapes/c/0/0"
-    data = bytearray(shapes.read_bytes())
+    data = bytearray(read_node(out, "image/shapes/c/0/0"))
     data[0] ^= 0x01  # one damaged value in the ragged shapes file
-    shapes.write_bytes(bytes(data))
-    refile(out, "image/shapes/c/0/0")
+    write_node(out, "image/shapes/c/0/0", bytes(data), record=True)
     with pytest.raises(dsc.CorruptDatasetError, match="shapes disagrees"):
         dsc.open(out)
-    (out / "zarr.json").write_text("[" * 100000 + "]" * 100000)  # nested JSON in zarr.json
+    edit_manifest(out, None, raw="[" * 100000 + "]" * 100000)  # nested JSON where the manifest is
     with pytest.raises(dsc.CorruptDatasetError, match="nested too deeply"):
         dsc.open(out)
 
@@ -369,21 +351,27 @@ def test_8_fuzzing_the_manifest_and_node_metadata_gives_only_dsc_errors(datasets
         name = ("fixed", "ragged", "det")[case % 3]
         out = tmp_path / f"c{case}"
         shutil.copytree(datasets / name, out)
-        nodes = sorted(p for p in out.rglob("zarr.json"))
-        target = nodes[0] if rng.random() < 0.6 else nodes[int(rng.integers(len(nodes)))]
-        meta = read_json(target)
-        paths = [p for p in _paths(meta) if p]
-        _edit(meta, paths[int(rng.integers(len(paths)))], rng)
-        if target == out / "zarr.json" and rng.random() < 0.7 and isinstance(meta.get("attributes"), dict) \
-                and isinstance(meta["attributes"].get("dsc"), dict):
-            m = meta["attributes"]["dsc"]
-            body = {k: v for k, v in m.items() if k != "checksum"}
-            try:
-                m["checksum"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
-                                                          ensure_ascii=False).encode()).hexdigest()
-            except (TypeError, ValueError):
-                pass
-        target.write_text(json.dumps(meta))
+        pick = rng.random()
+        if pick < 0.6:  # the manifest (in the version record), checksum resealed or not
+            def edit(m):
+                paths = [p for p in _paths(m) if p]
+                _edit(m, paths[int(rng.integers(len(paths)))], rng)
+            edit_manifest(out, edit, sealed=rng.random() < 0.7)
+        elif pick < 0.7:  # the version record around it
+            record = manifest_file(out)
+            d = json.loads(record.read_text())
+            d.pop("manifest")
+            paths = [p for p in _paths(d) if p]
+            _edit(d, paths[int(rng.integers(len(paths)))], rng)
+            d["manifest"] = json.loads(record.read_text())["manifest"]
+            record.write_text(json.dumps(d))
+        else:  # a node's metadata, its new size and hash recorded or not
+            nodes = sorted(rel for rel in read_manifest(out)["files"] if rel.endswith("zarr.json"))
+            rel = nodes[int(rng.integers(len(nodes)))]
+            meta = json.loads(read_node(out, rel))
+            paths = [p for p in _paths(meta) if p]
+            _edit(meta, paths[int(rng.integers(len(paths)))], rng)
+            write_node(out, rel, json.dumps(meta).encode(), record=rng.random() < 0.7)
         try:
             ds = dsc.open(out)
             ds[0], ds[len(ds) - 1]
@@ -680,7 +668,7 @@ def test_7_reads_are_bounded_by_what_the_manifest_records(datasets, tmp_path, sc
     """A file swapped for a huge (sparse) one is refused from its size, before any byte is read; a huge
     zarr.json in a source folder is not read whole; a zarr.json that is a link is refused, not 'missing'."""
     out = copy(datasets, "fixed", tmp_path)
-    with open(out / "keys/c/0", "r+b") as f:
+    with open(node_file(out, "keys/c/0"), "r+b") as f:
         f.truncate(6 << 30)  # sparse: no disk used
     with pytest.raises(dsc.CorruptDatasetError, match="the manifest records"):
         dsc.open(out).keys  # read lazily
@@ -694,7 +682,8 @@ def test_7_reads_are_bounded_by_what_the_manifest_records(datasets, tmp_path, sc
     r = dsc.compile_imagefolder(src, tmp_path / "o", size=8, progress=False, workers=1)
     assert r.manifest.classes[0] == "class_00"  # a folder with a huge zarr.json is not taken for a dataset
     linked = copy(datasets, "ragged", tmp_path / "l")
-    (linked / "zarr.json").rename(tmp_path / "real.json")
-    (linked / "zarr.json").symlink_to(tmp_path / "real.json")
+    record = manifest_file(linked)
+    record.rename(tmp_path / "real.json")
+    record.symlink_to(tmp_path / "real.json")
     with pytest.raises(dsc.UnsafePathError, match="symbolic link"):
         dsc.open(linked)

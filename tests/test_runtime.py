@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import dsc
+from damage import edit_manifest
 from dsc.formats.zarr_v3 import read_json
 
 
@@ -93,9 +94,7 @@ def _copy(src, dst):
 
 def test_newer_format_version_is_refused(fixed_ds, tmp_path):
     d = _copy(fixed_ds, tmp_path / "d")
-    meta = read_json(d / "zarr.json")
-    meta["attributes"]["dsc"]["format_version"] = 99
-    (d / "zarr.json").write_text(json.dumps(meta))
+    edit_manifest(d, lambda m: m.__setitem__("format_version", 99), sealed=False)
     with pytest.raises(dsc.FormatVersionError, match="version 99"):
         dsc.open(d)
 
@@ -113,8 +112,6 @@ def test_missing_or_truncated_shard(fixed_ds, tmp_path):
 
 def test_shard_paths_in_metadata_cannot_leave_the_dataset(fixed_ds, tmp_path):
     d = _copy(fixed_ds, tmp_path / "d")
-    meta = read_json(d / "zarr.json")
-    meta["attributes"]["dsc"]["shards"][0]["path"] = "../../etc/passwd"
-    (d / "zarr.json").write_text(json.dumps(meta))
+    edit_manifest(d, lambda m: m["shards"][0].__setitem__("path", "../../etc/passwd"), sealed=False)
     with pytest.raises(dsc.UnsafePathError):
         dsc.open(d)

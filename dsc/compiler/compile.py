@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -29,14 +29,15 @@ from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
-from ..formats.verify import file_checksums
+from ..formats import versions
+from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
 from .staging import Staging, check_output
-from .units import UnitResult, UnitTask, compile_unit, worker_init
+from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
@@ -258,43 +259,104 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                          resumed_units=len(done))
 
 
-def _classes(scanned: ScannedSource, results: list[UnitResult]) -> tuple[str, ...]:
+def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
     """The source's class names; for a dataset without them, the label values as text."""
     if scanned.classes or scanned.task not in ("classification", "detection"):
         return scanned.classes
     if scanned.task == "classification":
-        top = max((max(r.parts["label"].labels, default=-1) for r in results), default=-1)
+        top = max((max(p.labels, default=-1) for p in label_parts), default=-1)
     else:
-        top = max((int(x.max()) for r in results for x in r.parts["objects"].labels if len(x)), default=-1)
+        top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
+
+
+@dataclass
+class Rows:
+    """The per-row values of a version besides its fields: every row of the shard grid, holes included."""
+
+    keys: list
+    orig: np.ndarray  # (R, 2) int32
+    affine: np.ndarray  # (R, 4) float64
+    orientation: np.ndarray  # (R,) uint8
+    fingerprint: np.ndarray  # (R, 5) int64, FINGERPRINT_COLUMNS: the inputs' content (in the dataset)
+    stat: np.ndarray  # (R, 6) int64, INPUT_COLUMNS[STAT]: their files' times and inodes (the stat cache)
+    live: np.ndarray  # (R,) bool
+
+    @classmethod
+    def holes(cls, n: int) -> "Rows":
+        return cls([""] * n, np.zeros((n, 2), np.int32), np.zeros((n, 4), np.float64), np.ones(n, np.uint8),
+                   np.zeros((n, 5), np.int64), np.zeros((n, 6), np.int64), np.zeros(n, bool))
+
+    @classmethod
+    def concat(cls, rows: list["Rows"]) -> "Rows":
+        return cls([k for r in rows for k in r.keys], *(np.concatenate([getattr(r, a) for r in rows])
+                                                         for a in ("orig", "affine", "orientation", "fingerprint",
+                                                                   "stat", "live")))
+
+    @classmethod
+    def compiled(cls, records, kept: np.ndarray, results: list[UnitResult]) -> "Rows":
+        """The rows of freshly compiled samples (``kept``: their records' indices)."""
+        cat = lambda name: np.concatenate([getattr(r, name) for r in results]) if results else None  # noqa: E731
+        inputs = cat("inputs")
+        digests = np.asarray([records[i].target.digest() if records[i].target else 0 for i in kept],
+                             np.int64).reshape(-1, 1)
+        return cls([records[i].key for i in kept], cat("orig"), cat("affine"), cat("orientation"),
+                   np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))
 
 
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: list[UnitResult],
               kept: np.ndarray, fields: tuple[Field, ...], K: int, skipped: tuple[dict, ...]) -> Manifest:
-    """Every field's arrays, the keys and per-sample geometry; the manifest last."""
-    records = scanned.records
-    n = len(kept)
-    cat = lambda name: np.concatenate([getattr(r, name) for r in results])  # noqa: E731
-    write_group(tmp, L.CHECKSUMS)
+    """A fresh compile's version 0: every row a sample, in input order."""
+    rows = Rows.compiled(scanned.records, kept, results)
+    parts = {f.name: [r.parts[f.name] for r in results] for f in fields}
+    version = {"number": 0, "parent": None, "operation": "compile"}
+    m = write_version(tmp, tmp, scanned, options, fields, parts, rows, K, skipped, version,
+                      _classes(scanned, [p for p in parts.get("label", [])], [p for p in parts.get("objects", [])]))
+    summary = {"samples": m.num_samples, "added": m.num_samples, "removed": 0, "changed": 0, "relabelled": 0,
+               "decoded": m.num_samples, "skipped": len(skipped)}
+    versions.write_stat(tmp, 0, rows.stat)
+    versions.commit(tmp, versions.record_json(0, None, "compile", summary, len(m.shards), m))
+    return m
+
+
+def write_version(stage: Path, out: Path, scanned: ScannedSource, options: CompileOptions, fields: tuple[Field, ...],
+                  parts: dict, rows: Rows, K: int, skipped: tuple[dict, ...], version: dict,
+                  classes: tuple[str, ...]) -> Manifest:
+    """Every field's arrays, the keys, per-row geometry, input fingerprints and liveness into ``stage``;
+    their objects under ``out``; the manifest (written into ``stage`` as its root zarr.json)."""
+    R = len(rows.keys)
+    write_group(stage, L.CHECKSUMS)
     contributions: dict = {"fields": {}}
     for f in fields:
-        for key, value in f.finish(tmp, [r.parts[f.name] for r in results], n, K).items():
+        for key, value in f.finish(stage, parts[f.name], R, K).items():
             if key == "fields":
                 contributions["fields"].update(value)
             else:
                 contributions[key] = value
-    write_string_array(tmp, L.KEYS, (records[i].key for i in kept))
-    write_group(tmp, L.TRANSFORM)
-    write_plain_array(tmp, L.ORIG_SIZE, cat("orig"), ["sample", "hw"])
-    write_plain_array(tmp, L.AFFINE, cat("affine"), ["sample", "sx_sy_tx_ty"])
-    write_plain_array(tmp, L.EXIF_ORIENTATION, cat("orientation"), ["sample"])
+    write_string_array(stage, L.KEYS, rows.keys)
+    write_group(stage, L.TRANSFORM)
+    write_plain_array(stage, L.ORIG_SIZE, rows.orig, ["sample", "hw"])
+    write_plain_array(stage, L.AFFINE, rows.affine, ["sample", "sx_sy_tx_ty"])
+    write_plain_array(stage, L.EXIF_ORIENTATION, rows.orientation, ["sample"])
+    write_plain_array(stage, L.LIVE, rows.live, ["sample"])
+    write_group(stage, L.INPUTS, {"fingerprint_columns": list(FINGERPRINT_COLUMNS)})
+    write_plain_array(stage, L.FINGERPRINT, rows.fingerprint, ["sample", "column"])
     opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
-    shards = {s.path for s in contributions["shards"]} | {s["path"] for f in contributions["fields"].values()
-                                                          for s in f.get("shards", ())}
+    shard_specs = [s for s in contributions["shards"] if s is not None] + [
+        ShardSpec.from_dict(s) for f in contributions["fields"].values() for s in f.get("shards", ()) if s]
+    files = file_checksums(stage, {s.path for s in shard_specs})
+    if stage != out:  # an update: the ragged shards' own zarr.json sit beside their shards in OUT
+        for spec in shard_specs:
+            meta = spec.path.rsplit("/c/", 1)[0] + "/zarr.json" if "/values/" in spec.path else None
+            if meta and meta not in files:
+                files[meta] = file_checksums_one(out, meta)
     manifest = Manifest(
         format_version=Manifest.version_for(contributions["fields"]), dsc_version=__version__, task=scanned.task,
-        num_samples=n, shard_size=K, classes=_classes(scanned, results), category_ids=scanned.category_ids,
-        source={**scanned.summary, "options": opts}, skipped=skipped, files=file_checksums(tmp, shards),
+        num_samples=int(rows.live.sum()), shard_size=K, classes=classes, category_ids=scanned.category_ids,
+        source={**scanned.summary, "options": opts}, skipped=skipped, files=files, rows=R, version=version,
         **contributions)
-    L.write_manifest(tmp, manifest)
+    L.write_manifest(stage, manifest)
+    versions.store_objects(stage, out, files)
     return manifest
+
+

@@ -86,6 +86,45 @@ def check_regular(path: str) -> None:
 
 
 SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
+MAX_INPUT_BYTES = 2 << 30  # an encoded image (or mask) file larger than this is not read
+NO_INPUT = (0, 0, 0, 0, 0)  # the fingerprint of an input that is not a file's bytes (a decoded image)
+
+
+def read_input_file(path: str, what: str = "image") -> tuple[bytes, tuple[int, int, int, int, int]]:
+    """The bytes of an input file and its fingerprint (size, mtime_ns, ctime_ns, inode, crc32c of the
+    bytes): what ``--update`` compares to know whether the input changed."""
+    import os
+
+    import google_crc32c
+
+    check_regular(path)
+    try:
+        st = os.stat(path)
+        if st.st_size > MAX_INPUT_BYTES:
+            raise ImageDecodeError(path, f"{st.st_size:,} bytes is more than an {what} file dsc reads "
+                                         f"({MAX_INPUT_BYTES:,})")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ImageDecodeError(path, f"cannot read the {what} file: {e.strerror or e}") from None
+    return data, (len(data), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, google_crc32c.value(data))
+
+
+def bytes_fingerprint(data: bytes, container: str | None = None) -> tuple[int, int, int, int, int]:
+    """The fingerprint of an input that is bytes inside another file (a table cell): its size and crc32c,
+    with the containing file's times and inode (a table file unchanged since means an unchanged cell)."""
+    import os
+
+    import google_crc32c
+
+    mtime = ctime = ino = 0
+    if container:
+        try:
+            st = os.stat(container)
+            mtime, ctime, ino = st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+        except (OSError, ValueError):
+            pass
+    return len(data), mtime, ctime, ino, google_crc32c.value(data)
 
 
 class Decoded(NamedTuple):

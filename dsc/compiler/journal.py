@@ -38,15 +38,8 @@ def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int
                         sort_keys=True, default=str).encode())
     for r in scanned.records:
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
-        t = r.target
-        if t is not None:
-            h.update(np.ascontiguousarray(t.boxes, np.float64).tobytes())
-            h.update(np.ascontiguousarray(t.labels, np.int64).tobytes())
-            h.update(f"{t.size}{t.normalized}{t.image_id}{sorted(t.attrs)}".encode())
-            for k in sorted(t.attrs):
-                h.update(np.ascontiguousarray(t.attrs[k]).tobytes())
-            if t.segments:
-                h.update(json.dumps(t.segments, separators=(",", ":")).encode())
+        if r.target is not None:
+            h.update(r.target.digest().to_bytes(8, "little", signed=True))
     return h.hexdigest()
 
 

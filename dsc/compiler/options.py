@@ -108,7 +108,7 @@ class CompileReport:
 
     def __repr__(self) -> str:
         return (f"CompileReport(path={str(self.path)!r}, samples={self.manifest.num_samples}, "
-                f"shards={len(self.manifest.shards)}, skipped={len(self.skipped)}, seconds={self.seconds:.2f})")
+                f"shards={self.manifest.shard_count}, skipped={len(self.skipped)}, seconds={self.seconds:.2f})")
 
     @property
     def images_per_second(self) -> float:

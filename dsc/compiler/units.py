@@ -7,6 +7,7 @@ round-trips through JSON (``to_json`` / ``from_json``) for the resume journal.
 from __future__ import annotations
 
 import ctypes
+import io
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ import numpy as np
 from ..errors import DscError, SampleError, SourceError
 from ..formats.fields import Field, MaskField, Part
 from .boxes import boxes_in_display_frame, to_stored
-from .decode import SWAPS_AXES, Decoded, decode_image, orient_array, to_mode
+from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
+                     to_mode)
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
 from .options import CompileOptions
@@ -35,6 +37,18 @@ class UnitTask:
     fields: tuple[Field, ...]
 
 
+INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",
+                 "mask_size", "mask_mtime_ns", "mask_ctime_ns", "mask_inode", "mask_crc32c")  # what a worker reports
+CONTENT = [0, 4, 5, 9]  # of INPUT_COLUMNS: in the dataset (inputs/fingerprint, with the annotation's digest)
+STAT = [1, 2, 3, 6, 7, 8]  # of INPUT_COLUMNS: the stat cache beside the version record (_dsc/stat/<N>.bin)
+FINGERPRINT_COLUMNS = ("size", "crc32c", "mask_size", "mask_crc32c", "target")
+
+
+def as_int64(values) -> list[int]:
+    """Fingerprint values as int64 (an inode above 2**63 wraps, as the same bits)."""
+    return [v - (1 << 64) if v >= 1 << 63 else v for v in values]
+
+
 @dataclass
 class UnitResult:
     s: int
@@ -44,6 +58,11 @@ class UnitResult:
     orientation: np.ndarray  # (c,) uint8
     errors: list[tuple[int, str]]
     parts: dict[str, Part]  # field name -> the unit's part of it
+    inputs: np.ndarray = None  # (c, 10) int64: each sample's input fingerprint (INPUT_COLUMNS)
+
+    def __post_init__(self):
+        if self.inputs is None:
+            self.inputs = np.zeros((len(self.kept), 10), np.int64)
 
     @property
     def nbytes(self) -> int:
@@ -53,7 +72,7 @@ class UnitResult:
         """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
         return {"s": self.s, "kept": self.kept.tolist(), "orig": self.orig.tolist(), "affine": self.affine.tolist(),
                 "orientation": self.orientation.tolist(), "errors": [list(e) for e in self.errors],
-                "parts": {k: p.to_json() for k, p in self.parts.items()}}
+                "parts": {k: p.to_json() for k, p in self.parts.items()}, "inputs": self.inputs.tolist()}
 
     @classmethod
     def from_json(cls, d: dict, fields: tuple[Field, ...]) -> "UnitResult":
@@ -62,14 +81,15 @@ class UnitResult:
                    affine=np.asarray(d["affine"], np.float64).reshape(-1, 4),
                    orientation=np.asarray(d["orientation"], np.uint8),
                    errors=[(int(i), str(r)) for i, r in d["errors"]],
-                   parts={f.name: f.load_part(d["parts"][f.name]) for f in fields})
+                   parts={f.name: f.load_part(d["parts"][f.name]) for f in fields},
+                   inputs=np.asarray(d["inputs"], np.int64).reshape(-1, 10))
 
 
 def _mask(item: Item, rec: Record, dec: Decoded, field: MaskField, o: CompileOptions) -> np.ndarray:
     """The sample's mask in its image's displayed frame, values checked."""
     (h, w), orientation, spec = dec.full, dec.orientation, field.spec
     if item.mask is not None:
-        at = item.mask if isinstance(item.mask, str) else where(rec)
+        at = item.mask if isinstance(item.mask, str) else getattr(item.mask, "name", None) or where(rec)
         mask = displayed_mask(decode_mask(item.mask, at), orientation, h, w, at)
     elif item.target is not None:  # rasterised from the annotation's shapes, in its frame (as its boxes)
         at = item.target.source
@@ -84,9 +104,26 @@ def _mask(item: Item, rec: Record, dec: Decoded, field: MaskField, o: CompileOpt
     return mask
 
 
+def _input(obj, rec: Record, what: str):
+    """What to decode (bytes in memory) and the input's fingerprint: a file is read once, here."""
+    if isinstance(obj, str):
+        data, fp = read_input_file(obj, what)
+        buf = io.BytesIO(data)
+        buf.name = obj  # error messages name the file
+        return buf, fp
+    if isinstance(obj, io.BytesIO):  # a table cell
+        return obj, bytes_fingerprint(obj.getvalue(), rec.path if rec.row >= 0 and rec.path else None)
+    if hasattr(obj, "read") and hasattr(obj, "seek"):
+        pos = obj.tell()
+        data = obj.read()
+        obj.seek(pos)
+        return obj, bytes_fingerprint(data)
+    return obj, NO_INPUT
+
+
 def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
-    Returns ({field name: value}, decoded (h, w), affine, EXIF orientation)."""
+    Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint)."""
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
     try:
@@ -95,12 +132,19 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         raise
     except Exception as e:  # noqa: BLE001 - a source's own bug: a bad sample named, not a traceback
         raise SampleError(where(rec), f"the source could not fetch it ({type(e).__name__}: {e})") from None
+    mask_fp = NO_INPUT
+    if mask_field is not None and item.mask is not None and not isinstance(item.mask, (np.ndarray,)) \
+            and not hasattr(item.mask, "getpixel"):
+        mask_obj, mask_fp = _input(item.mask, rec, "mask")
+        item.mask = mask_obj
     if item.decoded:
         im = to_mode(item.obj, o.mode, o.background, rec.key)
         dec = Decoded(im, 1, (im.height, im.width))
+        fp = NO_INPUT
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
-        dec = decode_image(item.obj, o.mode, o.background, draft_for, o.max_pixels)
+        obj, fp = _input(item.obj, rec, "image")
+        dec = decode_image(obj, o.mode, o.background, draft_for, o.max_pixels)
     (h, w), orientation = dec.full, dec.orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)
@@ -113,7 +157,7 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         values[mask_field.name] = apply_plan_nearest(_mask(item, rec, dec, mask_field, o), plan, o.mask_ignore)
     values["image"] = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,
                                  resizer=o.resizer, file_orientation=dec.pending)
-    return values, (h, w), affine, orientation
+    return values, (h, w), affine, orientation, (*fp, *mask_fp)
 
 
 def compile_unit(task: UnitTask, source: Source) -> UnitResult:
@@ -128,7 +172,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     root = Path(task.root)
     mask_field = next((f for f in task.fields if isinstance(f, MaskField)), None)
     parts: dict[str, Part] = {}
-    kept, orig, affine, orient, errors = [], [], [], [], []
+    kept, orig, affine, orient, errors, inputs = [], [], [], [], [], []
     try:
         for f in task.fields:
             parts[f.name] = f.part(root, task.s, task.shard_size)
@@ -141,7 +185,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
                               f"{type(e).__name__}: {e}") from None
         for j, rec in enumerate(task.records):
             try:
-                values, hw, aff, orientation = compile_sample(rec, o, fetch, mask_field)
+                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field)
             except SampleError as e:
                 errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason))
                 if o.on_error == "fail":
@@ -153,6 +197,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
             orig.append(hw)
             affine.append(aff)
             orient.append(orientation)
+            inputs.append(as_int64(fp))
         if errors and o.on_error == "fail":
             for p in parts.values():
                 p.abort()
@@ -164,7 +209,8 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
             p.abort()
         raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(orig, np.int32).reshape(-1, 2),
-                      np.asarray(affine, np.float64).reshape(-1, 4), np.asarray(orient, np.uint8), errors, parts)
+                      np.asarray(affine, np.float64).reshape(-1, 4), np.asarray(orient, np.uint8), errors, parts,
+                      np.asarray(inputs, np.int64).reshape(-1, 10))
 
 
 def worker_init() -> None:

@@ -37,6 +37,7 @@ class Root:
     one is refused before its bytes are read, whatever its size."""
 
     expected: dict | None = None
+    redirect: dict | None = None  # {path: where its bytes are}: a version's small files in _dsc/objects
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -71,7 +72,8 @@ class Root:
         """A descriptor of the regular file ``rel`` (plain components, no links)."""
         from .zarr_v3 import check_node_path
 
-        parts = check_node_path(rel).split("/") if rel != "zarr.json" else ["zarr.json"]
+        target = self.redirect.get(rel, rel) if self.redirect else rel
+        parts = check_node_path(target).split("/") if target != "zarr.json" else ["zarr.json"]
         dfd, opened = self.fd, []
         try:
             for part in parts[:-1]:
@@ -96,6 +98,29 @@ class Root:
             raise CorruptDatasetError(f"{self.path / rel} is not a regular file")
         os.set_blocking(fd, True)
         return fd
+
+    def open_dir(self, rel: str) -> int:
+        """A descriptor of the directory ``rel`` (plain components, no links); FileNotFoundError if absent."""
+        from .zarr_v3 import check_node_path
+
+        dfd = self.fd
+        opened = []
+        try:
+            for part in check_node_path(rel).split("/"):
+                dfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=dfd)
+                opened.append(dfd)
+        except FileNotFoundError:
+            for d in opened:
+                os.close(d)
+            raise
+        except OSError as e:
+            for d in opened:
+                os.close(d)
+            raise UnsafePathError(f"{self.path / rel}: not a plain directory inside the dataset ({e.strerror})") \
+                from None
+        for d in opened[:-1]:
+            os.close(d)
+        return opened[-1]
 
     def size(self, rel: str) -> int:
         fd = self._open(rel)

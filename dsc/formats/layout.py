@@ -23,6 +23,9 @@ TRANSFORM = "transform"              # group of per-sample geometry
 ORIG_SIZE = "transform/orig_size"    # (N, 2) int32 (h, w) of the decoded image, EXIF applied
 AFFINE = "transform/affine"          # (N, 4) float64 (sx, sy, tx, ty): stored = s * original + t
 EXIF_ORIENTATION = "transform/exif_orientation"  # (N,) uint8, EXIF orientation tag applied (1 = none)
+LIVE = "live"                        # format 3: (rows,) bool, whether each row is a sample of this version
+INPUTS = "inputs"                    # format 3: group
+FINGERPRINT = "inputs/fingerprint"   # (rows, 5) int64: size, crc32c of each row's input (and mask), annotation digest
 CHECKSUMS = "checksums"              # group
 SAMPLE_CRC32C = "checksums/crc32c"   # (N,) uint32: crc32c of each sample's stored image bytes
 BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
@@ -36,8 +39,8 @@ def write_manifest(root: Path, manifest: Manifest) -> None:
 
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:
     """Every shard file of the dataset: the image's, then those of each later field (masks)."""
-    extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ())]
-    return [*manifest.shards, *extra]
+    extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ()) if s]
+    return [s for s in manifest.shards if s is not None] + extra
 
 
 def check_shard_files(root, manifest: Manifest) -> None:

@@ -16,7 +16,7 @@ from ..errors import CorruptDatasetError, FormatVersionError
 from .zarr_v3 import check_node_path
 
 FORMAT_NAME = "dsc"
-FORMAT_VERSION = 2  # the newest this dsc reads and writes; a dataset without `fields` is written as version 1
+FORMAT_VERSION = 3  # the newest this dsc reads and writes: 3 = versioned (rows, live, version); 1-2 are read
 TASKS = ("classification", "detection", "segmentation", "images")
 RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", "checksums")
 # the keys a batch already has (and the suffixes of a ragged or padded key's companions): a field or a box
@@ -178,7 +178,7 @@ class Manifest:
     shard_size: int  # samples per shard; shard s holds samples [s*shard_size, (s+1)*shard_size)
     image: ImageSpec
     resize: ResizeSpec
-    shards: tuple[ShardSpec, ...]
+    shards: tuple[ShardSpec | None, ...]  # by slot; None: a slot this version does not use (format 3)
     classes: tuple[str, ...] = ()
     category_ids: tuple[int, ...] = ()  # original ids of a COCO source, sorted (label k -> category_ids[k])
     objects: dict | None = None  # detection: num_boxes, box_format, attributes {name: dtype}, dropped_boxes
@@ -186,26 +186,59 @@ class Manifest:
     skipped: tuple[dict, ...] = ()  # {"key": ..., "reason": ...} of inputs left out
     files: dict = field(default_factory=dict)  # every other file: relative path -> {"nbytes", "sha256"}
     fields: dict = field(default_factory=dict)  # later field kinds: name -> {"kind": ..., ...} (format version 2)
+    rows: int | None = None  # format 3: rows of every per-sample array (row = slot * shard_size + j), holes included
+    version: dict | None = None  # format 3: {"number", "parent", "operation"} (the time is in the log record)
     format: str = FORMAT_NAME
 
     @staticmethod
-    def version_for(fields: dict) -> int:
-        """The format version a writer records: 1 unless the dataset has a field version 1 lacks."""
-        return 2 if fields else 1
+    def version_for(fields: dict, versioned: bool = True) -> int:
+        """The format version a writer records: 3 (versions) for everything dsc writes now; 2 / 1 were
+        written before (1 unless the dataset has a field version 1 lacks)."""
+        return 3 if versioned else 2 if fields else 1
+
+    @property
+    def num_rows(self) -> int:
+        """Length of the per-sample arrays: ``rows`` (format 3, where removed samples and holes stay as rows,
+        ``live`` False) or the number of samples."""
+        return self.rows if self.rows is not None else self.num_samples
+
+    @property
+    def shard_count(self) -> int:
+        """Shard files of the image (slots a version does not use are not counted)."""
+        return sum(s is not None for s in self.shards)
+
+    @property
+    def versioned(self) -> bool:
+        return self.rows is not None
 
     def __post_init__(self):
         if self.format != FORMAT_NAME:
             raise CorruptDatasetError(f"manifest: format is {self.format!r}, expected {FORMAT_NAME!r}")
         _positive_int("num_samples", self.num_samples)
         _positive_int("shard_size", self.shard_size)
-        expect = -(-self.num_samples // self.shard_size)
+        K = self.shard_size
+        if self.rows is not None or self.version is not None:
+            if self.format_version < 3 or self.rows is None or self.version is None:
+                raise CorruptDatasetError("manifest: rows and version come together, in format version 3")
+            _positive_int("rows", self.rows)
+            if self.num_samples > self.rows:
+                raise CorruptDatasetError(f"manifest: {self.num_samples} samples in {self.rows} rows")
+            _check_version(self.version)
+        elif self.format_version >= 3:
+            raise CorruptDatasetError("manifest: format version 3 has rows and a version")
+        expect = -(-self.num_rows // K)
         if len(self.shards) != expect:
             raise CorruptDatasetError(f"manifest: {len(self.shards)} shards listed, {expect} expected for "
-                                      f"{self.num_samples} samples in shards of {self.shard_size}")
+                                      f"{self.num_rows} {'rows' if self.versioned else 'samples'} in shards of {K}")
         for s, sh in enumerate(self.shards):
-            want = min(self.shard_size, self.num_samples - s * self.shard_size)
-            if sh.count != want:
-                raise CorruptDatasetError(f"manifest: shard {sh.path} holds {sh.count} samples, expected {want}")
+            last = min(K, self.num_rows - s * K)
+            if sh is None:
+                if not self.versioned or s == len(self.shards) - 1:
+                    raise CorruptDatasetError(f"manifest: shard {s} is missing")
+                continue
+            if sh.count != last if (not self.versioned or s == len(self.shards) - 1) else sh.count > K:
+                raise CorruptDatasetError(f"manifest: shard {sh.path} holds {sh.count} samples, expected "
+                                          f"{last if not self.versioned or last < K else f'at most {K}'}")
         if self.task not in TASKS:
             raise CorruptDatasetError(f"manifest: unknown task {self.task!r}")
         if not isinstance(self.fields, dict):
@@ -243,6 +276,8 @@ class Manifest:
         # every image shard where the layout puts it, with exactly the bytes its samples need (fixed): so
         # counts and sizes agree before anything is mapped
         for s, sh in enumerate(self.shards):
+            if sh is None:
+                continue
             if self.image.layout == "fixed":
                 want_path, want_bytes = f"image/c/{s}/0/0/0", sh.count * self.image.sample_nbytes + 16 * self.shard_size + 4
             else:
@@ -264,11 +299,12 @@ class Manifest:
             "classes": list(self.classes),
             "category_ids": list(self.category_ids),
             "objects": self.objects,
-            "shards": [s.to_dict() for s in self.shards],
+            "shards": [s.to_dict() if s is not None else None for s in self.shards],
             "source": self.source,
             "skipped": list(self.skipped),
             "files": self.files,
             **({"fields": self.fields} if self.fields else {}),
+            **({"rows": self.rows, "version": self.version} if self.rows is not None else {}),
         }
 
     def checksum(self) -> str:
@@ -290,15 +326,16 @@ class Manifest:
                 f"upgrade dsc (pip install -U dsc)")
         keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
                 "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum",
-                "fields"}
+                "fields", "rows", "version"}
         check_spec_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
-                                                     "fields"})
+                                                     "fields", "rows", "version"})
         try:
             m = cls(
                 format=d["format"], format_version=version, dsc_version=_typed("dsc_version", d["dsc_version"], str),
                 task=d["task"], num_samples=d["num_samples"], shard_size=d["shard_size"],
                 image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
-                shards=tuple(ShardSpec.from_dict(s) for s in _typed("shards", d["shards"], list)),
+                shards=tuple(ShardSpec.from_dict(s) if s is not None else None
+                             for s in _typed("shards", d["shards"], list)),
                 classes=tuple(_typed("classes[]", c, str) for c in _typed("classes", d.get("classes", []), list)),
                 category_ids=tuple(_typed("category_ids[]", c, int)
                                    for c in _typed("category_ids", d.get("category_ids", []), list)),
@@ -308,6 +345,8 @@ class Manifest:
                 files={_typed("files key", k, str): _file_entry(k, v)
                        for k, v in _typed("files", d.get("files", {}), dict).items()},
                 fields=_typed("fields", d.get("fields", {}), dict),
+                rows=_typed("rows", d["rows"], int) if "rows" in d else None,
+                version=_typed("version", d["version"], dict) if "version" in d else None,
             )
         except CorruptDatasetError:
             raise
@@ -319,6 +358,19 @@ class Manifest:
             raise CorruptDatasetError("manifest: its checksum does not match its content; the dataset's zarr.json "
                                       "was damaged or edited. Recompile the dataset")
         return m
+
+
+VERSION_KEYS = {"number", "parent", "operation"}
+
+
+def _check_version(v: dict) -> None:
+    check_spec_keys("version", v, VERSION_KEYS, VERSION_KEYS)
+    n, parent = v["number"], v["parent"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not (
+            parent is None or (isinstance(parent, int) and not isinstance(parent, bool) and 0 <= parent < n)):
+        raise CorruptDatasetError(f"manifest: version number {n!r} / parent {parent!r}")
+    if not isinstance(v["operation"], str):
+        raise CorruptDatasetError("manifest: version operation must be a string")
 
 
 def canonical_sha256(d: dict) -> str:

@@ -43,6 +43,11 @@ def file_checksums(root: Path, exclude: set[str]) -> dict:
     return out
 
 
+def file_checksums_one(root: Path, rel: str) -> dict:
+    path = Path(root) / rel
+    return {"nbytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
 @dataclass
 class Problem:
     file: str
@@ -74,6 +79,30 @@ class VerifyReport:
         return sorted({i for p in self.problems for i in p.samples})
 
 
+def _verify_view(view: Root, m: Manifest, P: list) -> None:
+    """The top-level files a plain Zarr reader opens are the latest version's (hard links to its objects)."""
+    from .zarr_v3 import read_node_json
+
+    stale = []
+    for rel, info in m.files.items():
+        try:
+            if view.size(rel) != info["nbytes"] or view.sha256(rel) != info["sha256"]:
+                stale.append(rel)
+        except DscError:
+            stale.append(rel)
+    try:
+        top = read_node_json(view, "").get("attributes", {}).get("dsc")
+        if top != {**m.to_dict(), "checksum": m.checksum()}:
+            stale.insert(0, ZARR_JSON)
+    except (DscError, AttributeError):
+        stale.insert(0, ZARR_JSON)
+    if stale:
+        P.append(Problem(", ".join(stale[:5]) + (" ..." if len(stale) > 5 else ""),
+                         f"the top-level view (what plain Zarr readers open) differs from version "
+                         f"{m.version['number']}; dsc reads the version itself. `dsc verify OUT --repair-view` "
+                         f"rewrites the view"))
+
+
 def try_read(problems: list[Problem], rel: str, fn):
     """``fn()``, or None with the failure recorded as a problem of ``rel``."""
     try:
@@ -83,13 +112,25 @@ def try_read(problems: list[Problem], rel: str, fn):
         return None
 
 
-def verify(path: str | os.PathLike) -> VerifyReport:
+def verify(path: str | os.PathLike, version: int | None = None) -> VerifyReport:
+    """Check ``version`` (default: the latest) of the dataset at ``path``; for the latest, also that the
+    top-level plain-Zarr view shows it."""
+    from . import versions
     from .fields import fields_of
+    from .zarr_v3 import read_plain_array
 
     root = Root(path)
-    m: Manifest = L.read_manifest(root)  # raises on a missing / damaged / newer manifest
+    latest = None
+    if versions.is_versioned(root):
+        record, _pin = versions.open_version(root, version)  # raises on a missing / damaged / newer manifest
+        m: Manifest = record["manifest"]
+        latest = versions.versions(root)[-1]
+    else:
+        m = L.read_manifest(root)
     report = VerifyReport(Path(path), [])
     P = report.problems
+    if m.version is not None and m.version["number"] == latest:
+        _verify_view(Root(path), m, P)
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():
@@ -107,11 +148,18 @@ def verify(path: str | os.PathLike) -> VerifyReport:
 
     # ---- each field: its shards (size, hash, which samples are damaged) and its invariants
     context: dict = {}
+    if m.versioned:
+        live = try_read(P, L.LIVE, lambda: read_plain_array(root, L.LIVE))
+        if live is not None and (live.shape != (m.num_rows,) or int(live.sum()) != m.num_samples):
+            P.append(Problem(L.LIVE, f"marks {int(live.sum())} of {live.shape} rows, expected {m.num_samples} of "
+                                     f"({m.num_rows},)"))
+        else:
+            context["live"] = live
     for f in fields_of(m):
         f.verify(root, m, P, context)
     keys = try_read(P, L.KEYS, lambda: read_string_array(root, L.KEYS))
-    if keys is not None and len(keys) != m.num_samples:
-        P.append(Problem(L.KEYS, f"has {len(keys)} keys for {m.num_samples} samples"))
+    if keys is not None and len(keys) != m.num_rows:
+        P.append(Problem(L.KEYS, f"has {len(keys)} keys for {m.num_rows} rows"))
     shards = L.shard_specs(m)
     report.shards_checked = len(shards)
     report.bytes_hashed += sum(s.nbytes for s in shards)

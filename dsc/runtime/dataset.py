@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, CorruptDatasetError, VersionNotFoundError
 from ..formats import Manifest
 from ..formats import layout as L
+from ..formats import versions
 from ..formats.coords import invert_affine
 from ..formats.files import Root
 from ..formats.fields import ImageField, fields_of, schema_of
@@ -46,18 +47,37 @@ class Dataset(torch.utils.data.Dataset):
     form (packed | padded | list) and ``images`` how ragged images batch (packed bytes + shapes, or padded
     to the batch's largest + true sizes)."""
 
-    def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed"):
+    def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed",
+                 version: int | None = None, tag: str | None = None):
         check_forms(boxes, images)
         self.box_form, self.image_form = boxes, images
         self.path = Path(path)
         root = Root(self.path)  # every later read is relative to this directory: one dataset, never a mix
-        self.manifest: Manifest = L.read_manifest(root)
+        self._record = None
+        pin = None
+        if versions.is_versioned(root):
+            self._record, pin = versions.open_version(root, version, tag)  # pinned while this handle lives
+            self.manifest: Manifest = self._record["manifest"]
+        else:
+            if version not in (None, 0) or tag is not None:
+                raise VersionNotFoundError(f"{self.path} was compiled by a dsc without versions: it has only "
+                                           f"version 0 and no tags")
+            self.manifest = L.read_manifest(root)
         m = self.manifest
-        self._n = m.num_samples
         L.check_shard_files(root, m)
-        self.storage = Storage(root, m.checksum())
+        self.storage = Storage(root, m.checksum(), m.version["number"] if m.version else None, pin)
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
+        self._rows = None  # logical sample -> row (None: the same)
+        if m.versioned:
+            live = self.storage.array(L.LIVE, (m.num_rows,))
+            if int(live.sum()) != m.num_samples:
+                raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
+                                          f"{m.num_samples}; the dataset is damaged")
+            if m.num_samples != m.num_rows:
+                self._rows = np.flatnonzero(live).astype(np.int64)
+            self._check_rows(np.flatnonzero(live))
+        self._n = m.num_samples
         self.schema = schema_of(self.fields)
         self._image = self.readers["image"]
         for name in self.schema.pixels():  # every image-like field has the image's geometry, sample by sample
@@ -65,9 +85,37 @@ class Dataset(torch.utils.data.Dataset):
                 ImageField.same_geometry(self._image, self.readers[name], str(self.path))
         self.labels: torch.Tensor | None = None
         if "label" in self.readers:
-            self.labels = torch.from_numpy(self.readers["label"].labels)
+            labels = self.readers["label"].labels
+            self.labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
+
+    def _check_rows(self, rows: np.ndarray) -> None:
+        """Every sample of the version sits in a shard the version has, inside its count."""
+        m, K = self.manifest, self.manifest.shard_size
+        counts = np.array([s.count if s is not None else 0 for s in m.shards], np.int64)
+        slot = rows // K
+        if len(rows) and (slot.max() >= len(counts) or ((rows - slot * K) >= counts[slot]).any()):
+            raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks rows that no shard of the version holds; the "
+                                      f"dataset is damaged")
+
+    def row(self, values):
+        """Per-row ``values`` (or row numbers) for this version's samples: the rows of the shard grid that
+        hold them (the same numbers unless samples were removed)."""
+        return values if self._rows is None else values[self._rows]
+
+    # --------------------------------------------------------------------------- versions
+    @property
+    def version(self) -> int:
+        """The version this handle reads (0 for a dataset compiled before versions existed)."""
+        return self.manifest.version["number"] if self.manifest.version else 0
+
+    def history(self) -> list[dict]:
+        """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
+        "samples", "added", "removed", "changed", "relabelled", "decoded", "tags"}``."""
+        from ..versions import log
+
+        return log(self.path)
 
     # --------------------------------------------------------------------------- metadata
     def __len__(self) -> int:
@@ -99,25 +147,23 @@ class Dataset(torch.utils.data.Dataset):
         """Source path (relative to the source root) or id of every sample; loaded on first use."""
         if self._keys is None:
             keys = read_string_array(self.storage.dir, L.KEYS)
-            if len(keys) != self._n:
-                from ..errors import CorruptDatasetError
-
-                raise CorruptDatasetError(f"{self.path}/keys has {len(keys)} entries, expected {self._n}")
-            self._keys = keys
+            if len(keys) != self.manifest.num_rows:
+                raise CorruptDatasetError(f"{self.path}/keys has {len(keys)} entries, expected {self.manifest.num_rows}")
+            self._keys = keys if self._rows is None else [keys[r] for r in self._rows.tolist()]
         return self._keys
 
     @property
     def orig_sizes(self) -> np.ndarray:
         """(N, 2) int32 (height, width) of each decoded source image, EXIF orientation applied."""
         if self._orig_sizes is None:
-            self._orig_sizes = self.storage.array(L.ORIG_SIZE, (self._n, 2))
+            self._orig_sizes = self.row(self.storage.array(L.ORIG_SIZE, (self.manifest.num_rows, 2)))
         return self._orig_sizes
 
     @property
     def affine(self) -> np.ndarray:
         """(N, 4) float64 (sx, sy, tx, ty): stored pixel coordinate = s * original + t."""
         if self._affine is None:
-            self._affine = self.storage.array(L.AFFINE, (self._n, 4))
+            self._affine = self.row(self.storage.array(L.AFFINE, (self.manifest.num_rows, 4)))
         return self._affine
 
     def __repr__(self) -> str:
@@ -125,7 +171,7 @@ class Dataset(torch.utils.data.Dataset):
         shape = (f"{m.image.height}x{m.image.width}x{m.image.channels}" if m.image.layout == "fixed"
                  else f"ragged x{m.image.channels}")
         extra = "".join(f", {f.name}" for f in self.fields if f.name not in ("image", "label", "objects"))
-        return f"dsc.Dataset({str(self.path)!r}, {self._n} samples, image {shape}{extra}, {len(m.shards)} shards)"
+        return f"dsc.Dataset({str(self.path)!r}, {self._n} samples, image {shape}{extra}, {m.shard_count} shards)"
 
     # --------------------------------------------------------------------------- storage
     def load_to_ram(self, progress: bool = True) -> None:
@@ -160,6 +206,8 @@ class Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         i = self._check_index(i)
+        if self._rows is not None:
+            i = int(self._rows[i])
         sample = {}
         for r in self.readers.values():
             sample.update(r.sample(i))
@@ -175,7 +223,10 @@ class Dataset(torch.utils.data.Dataset):
     # --------------------------------------------------------------------------- batches
     def shard_runs(self, idx: np.ndarray):
         """(shard, start, end, local rows) for each run of consecutive ``idx`` in the same shard."""
-        return self._image.px.shard_runs(idx)
+        return self._image.px.shard_runs(self._to_rows(idx))
+
+    def _to_rows(self, idx: np.ndarray) -> np.ndarray:
+        return idx if self._rows is None else self._rows[np.asarray(idx, np.int64)]
 
     def gather_images(self, idx: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """Fixed layout: copy images ``idx`` into ``out`` (B, H, W, C) with one gather per run of
@@ -189,7 +240,7 @@ class Dataset(torch.utils.data.Dataset):
         if out is None:
             out = torch.empty((len(idx), im.height, im.width, im.channels), dtype=torch.uint8)
         if len(idx):
-            self._image.px.gather(np.asarray(idx, np.int64), out.numpy())
+            self._image.px.gather(self._to_rows(np.asarray(idx, np.int64)), out.numpy())
         return out
 
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
@@ -212,7 +263,7 @@ class Dataset(torch.utils.data.Dataset):
 
     def sample_sizes(self, indices) -> torch.Tensor:
         """(B, 2) int64 (height, width) of the stored images ``indices``."""
-        return torch.from_numpy(self._image.px.sizes(self._check_indices(indices)))
+        return torch.from_numpy(self._image.px.sizes(self._to_rows(self._check_indices(indices))))
 
     def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None):
         """``get_batch``, plus the packed batch it was built from (before the box form).
@@ -223,6 +274,7 @@ class Dataset(torch.utils.data.Dataset):
         maps. ``post`` (a :class:`~dsc.transforms.photometric.PixelPost`) then turns each image sample to
         float in the same pass."""
         idx = self._check_indices(indices)
+        rows = self._to_rows(idx)
         tensors: dict = {}
         np_alloc = numpy_alloc(alloc, tensors)
         forms = {"images": images or self.image_form}
@@ -230,9 +282,9 @@ class Dataset(torch.utils.data.Dataset):
         pixels = self.schema.pixels() if geometry is not None or post is not None else {}
         for name, r in self.readers.items():
             if name in pixels:
-                fields[name] = self._gather_transformed(r, idx, pixels[name], alloc, geometry, post)
+                fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post)
             else:
-                fields.update(r.gather(idx, np_alloc, forms))
+                fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
         if geometry is not None and "boxes" in batch:
             from ..transforms.resample import transform_boxes
@@ -277,8 +329,12 @@ class Dataset(torch.utils.data.Dataset):
         return SampleBatch(samples, fields)
 
 
-def open(path: str | os.PathLike, boxes: str = "packed", images: str = "packed") -> Dataset:  # noqa: A001
-    """Open a compiled dataset (the public name is ``dsc.open``). Raises DatasetNotFoundError,
-    FormatVersionError or CorruptDatasetError with the path and the fix when the directory is not a
-    complete, readable dsc dataset. ``boxes`` / ``images``: batch forms, see :class:`Dataset`."""
-    return Dataset(path, boxes=boxes, images=images)
+def open(path: str | os.PathLike, boxes: str = "packed", images: str = "packed", version: int | None = None,  # noqa: A001
+         tag: str | None = None) -> Dataset:
+    """Open a compiled dataset (the public name is ``dsc.open``): its latest version, or ``version`` /
+    ``tag`` (time travel). The handle reads that version's bytes for as long as it lives, whatever later
+    updates, restores or vacuums do (it pins the version). Raises DatasetNotFoundError (and its
+    VersionNotFoundError), FormatVersionError or CorruptDatasetError with the path and the fix when the
+    directory is not a complete, readable dsc dataset. ``boxes`` / ``images``: batch forms, see
+    :class:`Dataset`."""
+    return Dataset(path, boxes=boxes, images=images, version=version, tag=tag)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptDatasetError
+from ..formats import versions
 from ..formats.files import Root
 from ..formats.zarr_v3 import read_plain_array
 
@@ -22,10 +23,12 @@ class Storage:
 
     _failed: Exception | None = None  # why a re-opened (unpickled) storage cannot be read
 
-    def __init__(self, root: Root, checksum: str | None = None):
+    def __init__(self, root: Root, checksum: str | None = None, version: int | None = None, pin=None):
         self._dir = root  # every file is read relative to the directory as opened (formats/files.py)
         self.root = root.path
         self.checksum = checksum  # the manifest's: a process that re-opens the path checks it is the same
+        self.version = version  # a versioned dataset's version: a re-opening process reads (and pins) that one
+        self._pin = pin  # held while this storage lives: dsc vacuum keeps the version
         self._maps: dict[str, np.ndarray] = {}
 
     @property
@@ -62,7 +65,7 @@ class Storage:
                 bar.update(spec.nbytes)
 
     def __getstate__(self):  # DataLoader workers started by spawn re-open the path and re-map lazily
-        return {"path": self.root, "checksum": self.checksum}
+        return {"path": self.root, "checksum": self.checksum, "version": self.version}
 
     def __setstate__(self, state):
         """Re-open the path and check it is the same dataset. A failure is kept and raised at the first read,
@@ -72,9 +75,15 @@ class Storage:
         from ..formats.layout import read_manifest
 
         self.root, self.checksum, self._maps = Path(state["path"]), state["checksum"], {}
+        self.version, self._pin = state.get("version"), None
         try:
             self._dir = Root(state["path"])
-            if self.checksum is not None and read_manifest(self._dir).checksum() != self.checksum:
+            if self.version is not None:
+                record, self._pin = versions.open_version(self._dir, self.version)
+                manifest = record["manifest"]
+            else:
+                manifest = read_manifest(self._dir)
+            if self.checksum is not None and manifest.checksum() != self.checksum:
                 raise CorruptDatasetError(f"{self.root} was replaced by another compile since the dataset was "
                                           f"opened; open it again (a worker must read the dataset its parent opened)")
         except DscError as e:

@@ -99,6 +99,22 @@ class Target:
     normalized: bool = False
     segments: tuple = ()  # ((segmentation, mask value), ...) in drawing order
 
+    def digest(self) -> int:
+        """The annotation as one int64: boxes, labels, attributes, declared size, image id and shapes.
+        ``--update`` compares it to know whether an annotation changed; the resume journal hashes it."""
+        import hashlib
+        import json
+
+        h = hashlib.sha256()
+        h.update(np.ascontiguousarray(self.boxes, np.float64).tobytes())
+        h.update(np.ascontiguousarray(self.labels, np.int64).tobytes())
+        h.update(f"{self.size}{self.normalized}{self.image_id}{sorted(self.attrs)}".encode())
+        for k in sorted(self.attrs):
+            h.update(np.ascontiguousarray(self.attrs[k]).tobytes())
+        if self.segments:
+            h.update(json.dumps(self.segments, separators=(",", ":"), default=str).encode())
+        return int.from_bytes(h.digest()[:8], "little", signed=True)
+
 
 @dataclass(frozen=True, slots=True)
 class Record:

@@ -71,6 +71,10 @@ class Part:
     def to_json(self) -> dict:
         raise NotImplementedError
 
+    def pad(self, n: int) -> None:
+        """Append ``n`` holes: rows of the shard grid with no sample (format 3; see docs/FORMAT.md)."""
+        raise NotImplementedError
+
 
 class Field:
     """Base of every field kind. ``name`` is its key in samples and batches."""
@@ -95,6 +99,15 @@ class Field:
     def finish(self, root: Path, parts: list[Part], n: int, K: int) -> dict:
         """Write the field's arrays from every unit's part (in unit order, shards already compacted);
         returns what it adds to the manifest (keyword -> value; ``fields`` entries are merged)."""
+        raise NotImplementedError
+
+    def rows_part(self, reader: "Reader", start: int, count: int, shard) -> Part:
+        """A part holding rows ``[start, start + count)`` of an open version (``reader``) as they are, with
+        their shard ``shard`` (image-like fields): what an update carries over without touching a pixel."""
+        raise NotImplementedError
+
+    def empty_part(self) -> Part:
+        """A part with no rows (a slot a version drops), to be padded with holes."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ read

@@ -39,6 +39,10 @@ class PixelsPart(Part):
             self.writer.abort()
             self.writer = None  # a part travels back to the driver: no open file in it
 
+    def pad(self, n: int) -> None:
+        self.shapes.extend([(0, 0, self.pixels.channels) if self.pixels.channels is not None else (0, 0)] * n)
+        self.crc.extend([0] * n)
+
     def shapes_array(self) -> np.ndarray:
         return np.asarray(self.shapes, np.int32).reshape(-1, self.pixels.ndim)
 
@@ -57,7 +61,21 @@ def finish_pixels(pixels: Pixels, root: Path, parts: list[PixelsPart], n: int, K
     shapes = np.concatenate([p.shapes_array() for p in parts])
     crc = np.concatenate([np.asarray(p.crc, np.uint32) for p in parts])
     pixels.write_meta(root, n, K, shapes, crc)
-    return tuple(p.shard for p in parts if p.shard is not None)
+    shards = [p.shard for p in parts]
+    while shards and shards[-1] is None:  # units a compaction emptied
+        shards.pop()
+    return tuple(shards)
+
+
+def pixels_rows_part(pixels: Pixels, reader: "PixelsReaderField", start: int, count: int, shard) -> PixelsPart:
+    """Rows of an open version's image-like field, as a part (shapes and checksums; the shard as it is)."""
+    px = reader.px
+    if px.px.fixed:
+        shapes = [tuple(px.px.sample_shape)] * count
+    else:
+        shapes = [tuple(v) for v in px.shapes[start:start + count].tolist()]
+    crc = reader.crc[start:start + count].tolist()
+    return PixelsPart(pixels, shard=shard, shapes=shapes, crc=[int(c) for c in crc])
 
 
 class PixelsReaderField(Reader):
@@ -68,6 +86,14 @@ class PixelsReaderField(Reader):
     def __init__(self, pixels: Pixels, store, shards, n: int, K: int, fill: int = 0):
         self.px = pixels.reader(store, shards, n, K)
         self.name, self.fill = pixels.node, fill
+        self._store, self._crc, self._n = store, None, n
+
+    @property
+    def crc(self) -> np.ndarray:
+        """(rows,) uint32 crc32c of each sample's stored bytes (read on first use)."""
+        if self._crc is None:
+            self._crc = self._store.array(self.px.px.crc_node, (self._n,))
+        return self._crc
 
     def sample(self, i: int) -> dict:
         return {self.name: self.px.sample(i)}
@@ -114,8 +140,14 @@ class ImageField(Field):
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         return {"image": self.spec, "resize": self.resize, "shards": finish_pixels(self.pixels, root, parts, n, K)}
 
+    def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
+        return pixels_rows_part(self.pixels, reader, start, count, shard)
+
+    def empty_part(self) -> PixelsPart:
+        return PixelsPart(self.pixels)
+
     def reader(self, store, m) -> PixelsReaderField:
-        return PixelsReaderField(self.pixels, store, self.shards, m.num_samples, m.shard_size)
+        return PixelsReaderField(self.pixels, store, self.shards, m.num_rows, m.shard_size)
 
     @staticmethod
     def same_geometry(image: PixelsReaderField, other: PixelsReaderField, where: str) -> None:
@@ -127,7 +159,7 @@ class ImageField(Field):
                                       f"is damaged. Recompile it")
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
-        context["image_shapes"] = self.pixels.verify(root, self.shards, m.num_samples, m.shard_size, problems,
+        context["image_shapes"] = self.pixels.verify(root, self.shards, m.num_rows, m.shard_size, problems,
                                                      self.pixels.crc_node + "/c/0" in m.files)
 
     def roles(self) -> dict[str, Role]:

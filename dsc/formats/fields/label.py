@@ -21,6 +21,9 @@ class LabelPart(Part):
     def to_json(self) -> dict:
         return {"labels": self.labels}
 
+    def pad(self, n: int) -> None:
+        self.labels.extend([-1] * n)  # a hole has no class
+
 
 class LabelReader(Reader):
     def __init__(self, store, n: int):
@@ -52,12 +55,18 @@ class LabelField(Field):
     def load_part(self, d: dict) -> LabelPart:
         return LabelPart([int(v) for v in d["labels"]])
 
+    def rows_part(self, reader: LabelReader, start: int, count: int, shard) -> LabelPart:
+        return LabelPart(reader.labels[start:start + count].tolist())
+
+    def empty_part(self) -> LabelPart:
+        return LabelPart()
+
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         write_plain_array(root, NODE, np.asarray([v for p in parts for v in p.labels], np.int64), ["sample"])
         return {}
 
     def reader(self, store, m) -> LabelReader:
-        return LabelReader(store, m.num_samples)
+        return LabelReader(store, m.num_rows)
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
         from ..verify import Problem, try_read
@@ -65,10 +74,11 @@ class LabelField(Field):
         labels = try_read(problems, NODE, lambda: read_plain_array(root, NODE))
         if labels is None:
             return
-        if labels.shape != (m.num_samples,):
-            problems.append(Problem(NODE, f"has shape {labels.shape}, expected ({m.num_samples},)"))
+        if labels.shape != (m.num_rows,):
+            problems.append(Problem(NODE, f"has shape {labels.shape}, expected ({m.num_rows},)"))
             return
-        bad = np.flatnonzero((labels < 0) | (labels >= max(1, len(m.classes))))
+        live = context.get("live")
+        bad = np.flatnonzero(((labels < 0) | (labels >= max(1, len(m.classes)))) & (True if live is None else live))
         if len(bad):
             problems.append(Problem(NODE, f"labels outside 0..{len(m.classes) - 1}", bad.tolist()))
 

@@ -17,7 +17,7 @@ from ...errors import CorruptDatasetError
 from ..manifest import LAYOUTS, ShardSpec, check_spec_keys
 from ..zarr_v3 import check_node_path
 from .base import Field, Role
-from .image import PixelsPart, PixelsReaderField, finish_pixels
+from .image import PixelsPart, PixelsReaderField, finish_pixels, pixels_rows_part
 from .pixels import Pixels
 
 MASK_DTYPES = ("uint8", "uint16")
@@ -53,7 +53,7 @@ class MaskSpec:
     def to_dict(self) -> dict:
         return {"kind": "mask", "layout": self.layout, "dtype": self.dtype, "ignore_index": self.ignore_index,
                 "classes": list(self.classes), "height": self.height, "width": self.width,
-                "shards": [s.to_dict() for s in self.shards]}
+                "shards": [s.to_dict() if s is not None else None for s in self.shards]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MaskSpec":
@@ -62,7 +62,8 @@ class MaskSpec:
         try:
             return cls(layout=d["layout"], dtype=d["dtype"], ignore_index=d["ignore_index"],
                        classes=tuple(str(c) for c in d.get("classes") or ()), height=d.get("height"),
-                       width=d.get("width"), shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]))
+                       width=d.get("width"), shards=tuple(ShardSpec.from_dict(s) if s is not None else None
+                                                              for s in d["shards"]))
         except TypeError as e:
             raise CorruptDatasetError(f"manifest: mask field: {e}") from None
 
@@ -94,6 +95,10 @@ class MaskField(Field):
             raise CorruptDatasetError(f"manifest: mask field {name!r} lists {len(spec.shards)} shards for "
                                       f"{len(m.shards)} image shards")
         for s, (ms, ims) in enumerate(zip(spec.shards, m.shards)):
+            if ms is None or ims is None:
+                if ms is not ims:
+                    raise CorruptDatasetError(f"manifest: mask field {name!r} and the images disagree on shard {s}")
+                continue
             if ms.path != field.pixels.shard_path(s) or ms.count != ims.count or (
                     spec.layout == "fixed" and ms.nbytes != field.pixels.fixed_shard_nbytes(ms.count, m.shard_size)):
                 raise CorruptDatasetError(f"manifest: mask shard {s} ({ms.path}, {ms.count} samples, {ms.nbytes} "
@@ -105,6 +110,12 @@ class MaskField(Field):
     def load_part(self, d: dict) -> PixelsPart:
         return PixelsPart.from_json(self.pixels, d)
 
+    def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
+        return pixels_rows_part(self.pixels, reader, start, count, shard)
+
+    def empty_part(self) -> PixelsPart:
+        return PixelsPart(self.pixels)
+
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         from dataclasses import replace
 
@@ -112,14 +123,14 @@ class MaskField(Field):
         return {"fields": {self.name: replace(self.spec, shards=shards).to_dict()}}
 
     def reader(self, store, m) -> PixelsReaderField:
-        return PixelsReaderField(self.pixels, store, self.spec.shards, m.num_samples, m.shard_size,
+        return PixelsReaderField(self.pixels, store, self.spec.shards, m.num_rows, m.shard_size,
                                  fill=self.spec.ignore_index)
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
         from ..verify import Problem
 
         before = len(problems)
-        shapes = self.pixels.verify(root, self.spec.shards, m.num_samples, m.shard_size, problems,
+        shapes = self.pixels.verify(root, self.spec.shards, m.num_rows, m.shard_size, problems,
                                     self.pixels.crc_node + "/c/0" in m.files)
         image_shapes = context.get("image_shapes")
         if shapes is not None and image_shapes is not None:
@@ -131,6 +142,8 @@ class MaskField(Field):
             return
         C, ignore = len(self.spec.classes), self.spec.ignore_index
         for s, shard in enumerate(self.spec.shards):  # intact shards: every value a class id or the ignore index
+            if shard is None:
+                continue
             vals = np.frombuffer(root.read(shard.path), np.dtype(self.spec.dtype).newbyteorder("<"))
             if self.pixels.fixed:
                 vals = vals[:shard.count * self.pixels.sample_nbytes // self.pixels.itemsize]

@@ -46,6 +46,26 @@ class ObjectsPart(Part):
         self.frames.append(frame)
         self.dropped += int((~keep).sum())
 
+    def pad(self, n: int) -> None:
+        for _ in range(n):
+            self.counts.append(0)
+            self.boxes.append(np.zeros((0, 4), np.float32))
+            self.labels.append(np.zeros(0, np.int64))
+            for name in self.attrs:
+                self.attrs[name].append(np.zeros(0))
+            self.image_ids.append(-1)
+            self.frames.append(0)
+
+    def set_row(self, j: int, value) -> None:
+        """Replace row ``j`` with ``value`` (as :meth:`add` takes it): a re-annotated sample, pixels kept."""
+        other = ObjectsPart(attrs={name: [] for name in self.attrs})
+        other.add(value)
+        self.dropped += other.dropped
+        self.counts[j], self.boxes[j], self.labels[j] = other.counts[0], other.boxes[0], other.labels[0]
+        for name in self.attrs:
+            self.attrs[name][j] = other.attrs.get(name, [np.zeros(0)])[0]
+        self.image_ids[j], self.frames[j] = other.image_ids[0], other.frames[0]
+
     def to_json(self) -> dict:
         return {"counts": self.counts, "boxes": [b.tolist() for b in self.boxes],
                 "labels": [x.tolist() for x in self.labels],
@@ -71,7 +91,7 @@ def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.nd
 
 class ObjectsReader(Reader):
     def __init__(self, store, m, attributes: dict):
-        n, M = m.num_samples, int(m.objects["num_boxes"])
+        n, M = m.num_rows, int(m.objects["num_boxes"])
         self.offsets = store.array(OFFSETS, (n + 1,))
         if not valid_offsets(self.offsets, M):
             raise CorruptDatasetError(f"{store.root}/{OFFSETS} is not a valid box-offset index for {M} boxes")
@@ -80,6 +100,14 @@ class ObjectsReader(Reader):
             self.columns[name] = store.array(f"{OBJECTS}/{name}", (M,))
         self.image_ids = store.array(IMAGE_ID, (n,))
         self.orig = store.array(ORIG_SIZE, (n, 2))
+        self._store, self._n, self._frames = store, n, None
+
+    @property
+    def frames(self) -> np.ndarray:
+        """(rows,) uint8: the frame each sample's boxes were annotated in (read on first use)."""
+        if self._frames is None:
+            self._frames = self._store.array(BOX_FRAME, (self._n,))
+        return self._frames
 
     def sample(self, i: int) -> dict:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -128,6 +156,23 @@ class ObjectsField(Field):
     def load_part(self, d: dict) -> ObjectsPart:
         return ObjectsPart.from_json(d, self.attributes)
 
+    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> ObjectsPart:
+        off = reader.offsets
+        part = ObjectsPart(attrs={name: [] for name in self.attributes})
+        for i in range(start, start + count):
+            a, b = int(off[i]), int(off[i + 1])
+            part.counts.append(b - a)
+            part.boxes.append(np.asarray(reader.columns["boxes"][a:b]))
+            part.labels.append(np.asarray(reader.columns["labels"][a:b]))
+            for name in self.attributes:
+                part.attrs[name].append(np.asarray(reader.columns[name][a:b]))
+            part.image_ids.append(int(reader.image_ids[i]))
+            part.frames.append(int(reader.frames[i]))
+        return part
+
+    def empty_part(self) -> ObjectsPart:
+        return ObjectsPart(attrs={name: [] for name in self.attributes})
+
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         cat = lambda name, shape, dtype: (np.concatenate([np.asarray(x, dtype).reshape(shape) for p in parts  # noqa
                                                           for x in getattr(p, name)]) if any(p.counts for p in parts)
@@ -155,7 +200,7 @@ class ObjectsField(Field):
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
         from ..verify import Problem, try_read
 
-        n = m.num_samples
+        n = m.num_rows
         off = try_read(problems, OFFSETS, lambda: read_plain_array(root, OFFSETS))
         boxes = try_read(problems, BOXES, lambda: read_plain_array(root, BOXES))
         labels = try_read(problems, LABELS, lambda: read_plain_array(root, LABELS))

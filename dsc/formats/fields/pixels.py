@@ -23,6 +23,17 @@ from ..zarr_v3 import (ZARR_JSON, node_dir, plain_array_json, read_plain_array, 
                        write_group, write_json, write_plain_array)
 
 
+def bad_shapes(shapes: np.ndarray, sizes: np.ndarray, channels: int | None) -> np.ndarray:
+    """Rows whose (h, w[, c]) is not a sample's: a side below 1, a size that is not h * w * c, another
+    channel count. A hole (a row with no sample: (0, 0[, c]) and size 0, format 3) is not bad."""
+    shp = shapes.astype(np.int64)
+    hole = (shp[:, 0] == 0) & (shp[:, 1] == 0)
+    bad = ((shp[:, :2] < 1).any(axis=1) & ~hole) | (np.prod(shp, axis=1) != sizes)
+    if channels is not None:
+        bad |= shp[:, 2] != channels
+    return bad
+
+
 def valid_offsets(off: np.ndarray, total: int | None = None) -> bool:
     """An offsets index (ragged samples, boxes): starts at 0, never decreases, ends at ``total`` if given."""
     return len(off) > 0 and off[0] == 0 and not np.any(np.diff(off) < 0) and (total is None or off[-1] == total)
@@ -185,14 +196,13 @@ class Pixels:
                 offsets = shapes = None
             if offsets is not None and shapes is not None:
                 sizes = np.diff(offsets)
-                bad = (sizes < 0) | (sizes != np.prod(shapes.astype(np.int64), axis=1)) \
-                    | (shapes[:, 0] < 1) | (shapes[:, 1] < 1)
-                if self.channels is not None:
-                    bad |= shapes[:, 2] != self.channels
+                bad = (sizes < 0) | bad_shapes(shapes, sizes, self.channels)
                 if offsets[0] != 0 or bad.any():
                     problems.append(Problem(self.offsets_node, "offsets / shapes are inconsistent",
                                             np.flatnonzero(bad).tolist()))
         for s, spec in enumerate(shards):
+            if spec is None:  # a slot this version does not use
+                continue
             samples = list(range(s * K, s * K + spec.count))
             try:
                 size = root.size(spec.path)
@@ -342,14 +352,11 @@ class PixelsReader:
             self.offsets = store.array(pixels.offsets_node, (n + 1,))
             self.shapes = store.array(pixels.shapes_node, (n, pixels.ndim))
             starts = self.offsets[np.minimum(np.arange(len(shards) + 1) * K, n)]
-            recorded = np.array([s.nbytes for s in shards], np.int64)
+            recorded = np.array([s.nbytes if s is not None else 0 for s in shards], np.int64)
             if not valid_offsets(self.offsets) or not np.array_equal(np.diff(starts) * pixels.itemsize, recorded):
                 raise CorruptDatasetError(f"{store.root}: {pixels.offsets_node} disagrees with the shard sizes in "
                                           f"the manifest; the dataset is damaged. Recompile it")
-            shp = self.shapes.astype(np.int64)
-            bad = (shp < 1).any(axis=1) | (np.prod(shp, axis=1) != np.diff(self.offsets))
-            if pixels.channels is not None:
-                bad |= shp[:, 2] != pixels.channels
+            bad = bad_shapes(self.shapes, np.diff(self.offsets), pixels.channels)
             if bad.any():
                 raise CorruptDatasetError(f"{store.root}: {pixels.shapes_node} disagrees with {pixels.offsets_node} "
                                           f"(sample {int(np.flatnonzero(bad)[0])}); the dataset is damaged. Recompile it")
@@ -359,6 +366,8 @@ class PixelsReader:
         """Shard ``s``: (count, *sample) for fixed samples, else its flat elements."""
         spec = self.shards[s]
         px = self.px
+        if spec is None:
+            raise CorruptDatasetError(f"{self.store.root}: shard slot {s} of {px.node} is not part of this version")
         flat = self.store.map(spec.path, spec.nbytes)
         if px.fixed:  # the samples, then the Zarr shard index
             return flat[:spec.count * px.sample_nbytes].view(px.dtype).reshape(spec.count, *px.sample_shape)
