@@ -118,6 +118,10 @@ def compile_options(f):
         click.option("--error-report", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="Also write every skipped input as a JSON line {key, reason} to this file."),
         click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing dsc dataset."),
+        click.option("--update", is_flag=True,
+                     help="Make the next version of OUT from the source as it is now: only new or changed inputs "
+                          "are decoded (the options OUT was compiled with are kept). Without OUT: a first compile."),
+        click.option("--dry-run", is_flag=True, help="With --update: print what it would do, change nothing."),
         click.option("--resume", is_flag=True,
                      help="Continue an interrupted compile of the same inputs and options: finished shards "
                           "are verified (SHA-256) and kept, the rest compiled."),
@@ -133,7 +137,7 @@ def compile_options(f):
 
 COMPILE_OPTION_KEYS = ("size", "resize", "max_side", "mode", "fill", "background", "filter_", "resizer", "draft",
                        "mask_ignore", "max_pixels", "shard_size", "workers", "on_error", "error_report", "overwrite", "resume",
-                       "executor", "quiet")
+                       "executor", "quiet", "update", "dry_run")
 
 
 def _options_from(kw: dict):
@@ -141,6 +145,9 @@ def _options_from(kw: dict):
 
     if kw["size"] is not None and kw["max_side"] is not None:
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
+    ctx = click.get_current_context(silent=True)
+    given = tuple(sorted(("filter" if k == "filter_" else k) for k in kw if ctx is not None and ctx.get_parameter_source(k)
+                         == click.core.ParameterSource.COMMANDLINE))
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
                           resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw["mask_ignore"], max_pixels=kw["max_pixels"],
@@ -148,7 +155,7 @@ def _options_from(kw: dict):
                           workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
                           overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"],
-                          executor=kw["executor"])
+                          executor=kw["executor"], update=kw["update"], dry_run=kw["dry_run"], explicit=given)
 
 
 def _mb(n: int) -> str:
@@ -186,9 +193,19 @@ def _report(report) -> None:
     m = report.manifest
     if report.resumed_units:
         click.echo(f"resumed: {_n(report.resumed_units, 'finished shard')} verified and kept")
-    click.echo(f"compiled {_n(m.num_samples, 'image')} into {report.path} ({_describe_image(m)}; "
-               f"{_n(m.shard_count, 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
-               f"{report.images_per_second:,.0f} img/s")
+    if report.plan is not None and not report.committed:
+        click.echo("dry run: nothing was changed" if report.dry_run else
+                   f"{report.path} is up to date with its source (version {report.version}); nothing to do")
+        return
+    if report.plan is not None:
+        p = report.plan
+        click.echo(f"version {report.version} of {report.path}: {_n(m.num_samples, 'image')} "
+                   f"({_describe_image(m)}); decoded {p['decoded']:,} in {report.seconds:.1f} s, wrote "
+                   f"{_mb(report.bytes_written)} in {_n(m.shard_count - report.reused_shards, 'new shard')}")
+    else:
+        click.echo(f"compiled {_n(m.num_samples, 'image')} into {report.path} ({_describe_image(m)}; "
+                   f"{_n(m.shard_count, 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
+                   f"{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
         click.echo(f"objects: {_describe_objects(m)}")
     for name, desc in _extra_fields(m):
@@ -272,7 +289,7 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     options = _options_from(kw)
     try:
-        report = compile_source(make_source(), out, options, warn=warn)
+        report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
         partial = staging_dir(out)
         if partial.exists() and not isinstance(e, CompileLockedError):  # a locked-out compile touched nothing

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from dataclasses import replace
+from pathlib import Path
 
 from ..errors import ConfigError
 from .compile import compile_dataset
@@ -19,15 +21,30 @@ from .sources import sources as all_sources  # (not `sources`: that name is the 
 from .staging import check_output
 
 
-def compile_source(source: Source, out, options: CompileOptions, warn=None) -> CompileReport:
+def compile_source(source: Source, out, options: CompileOptions, warn=None, info=None) -> CompileReport:
     """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
-    before a possibly long scan, scan, hand the source's warnings to ``warn``, compile."""
-    check_output(out, options.overwrite)
+    before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
+    plan goes to ``info``)."""
+    update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
+    if not update:
+        check_output(out, options.overwrite)
     scanned = source.prepare()
     for w in scanned.warnings:
         if warn is not None:
             warn(w)
-    return compile_dataset(scanned, out, options, warn=warn, source=source)
+    if options.dry_run and not update:
+        n = len(scanned.records)
+        if info is not None:
+            info(f"{out} does not exist yet: --update would compile its {n:,} inputs as version 0")
+        return CompileReport(path=Path(out), manifest=None, skipped=(), warnings=scanned.warnings, seconds=0.0,
+                             bytes_written=0, plan={"added": n, "removed": 0, "changed": 0, "relabelled": 0, "moved": 0,
+                                                    "unchanged": 0, "decoded": n},
+                             committed=False, dry_run=True)
+    if update:
+        from .update import update_dataset
+
+        return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
+    return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)
 
 
 def options_from(source_name: str, kwargs: dict) -> CompileOptions:
@@ -39,7 +56,7 @@ def options_from(source_name: str, kwargs: dict) -> CompileOptions:
         raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                           + (f"{source_name} takes {', '.join(params)} and " if params else "")
                           + f"the compile options {', '.join(known)}")
-    return CompileOptions(**kwargs)
+    return CompileOptions(**kwargs, explicit=tuple(sorted(kwargs)))
 
 
 @functools.lru_cache(maxsize=None)

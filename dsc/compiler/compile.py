@@ -71,11 +71,13 @@ def _dask_results(executor, todo: list[UnitTask], run):
 
 
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
-               scanned: ScannedSource, journal: Journal, done: dict[int, UnitResult], source: Source,
-               inputs: list[str], executor=None) -> list[UnitResult]:
+               records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
+               inputs: dict[int, str], executor=None) -> list[UnitResult]:
+    """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order."""
     from tqdm import tqdm
 
     results: dict[int, UnitResult] = dict(done)
+    by_slot = {t.s: t for t in tasks}
     todo = [t for t in tasks if t.s not in done]
     written = 0
     t0 = time.perf_counter()
@@ -88,11 +90,11 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
         for res in it:
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
-                raise _stop(scanned.records[i].key, where(scanned.records[i]), reason)
+                raise _stop(records[i].key, where(records[i]), reason)
             journal.record(res, inputs[res.s])
             results[res.s] = res
             written += res.nbytes
-            bar.update(len(tasks[res.s].records))
+            bar.update(len(by_slot[res.s].records))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
 
     # The pool forks before the progress bar exists: tqdm starts a monitor thread, and forking a process
@@ -105,7 +107,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
                   dynamic_ncols=True, smoothing=0.1) as bar:
-            bar.update(sum(len(tasks[s].records) for s in done))
+            bar.update(sum(len(by_slot[s].records) for s in done))
             if executor is not None and todo:
                 consume(_dask_results(executor, todo, run), bar)
             elif pool is not None:
@@ -115,7 +117,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     finally:
         if pool is not None:
             pool.close()
-    return [results[s] for s in range(len(tasks))]
+    return [results[t.s] for t in tasks]
 
 
 def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int) -> None:
@@ -216,7 +218,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
                  for s, start in enumerate(range(0, len(records), K))]
-        inputs = [inputs_of(t.records) for t in tasks]
+        inputs = {t.s: inputs_of(t.records) for t in tasks}
         done = {}
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
             if warn is not None:
@@ -232,7 +234,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         journal.start()
         try:
             results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
-                                 scanned, journal, done, source, inputs, options.executor)
+                                 records, journal, done, source, inputs, options.executor)
         except SampleError as e:
             if options.error_report:
                 _write_error_report(options.error_report, [(e.key, e.path, e.reason)])

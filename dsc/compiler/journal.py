@@ -68,9 +68,10 @@ def _intact(path: Path, shard) -> bool:
 
 
 class Journal:
-    def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple):
+    def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple, shard_root: Path | None = None):
         self.dir = staging_dir / JOURNAL
         self.root = staging_dir
+        self.shard_root = shard_root or staging_dir  # where the units' shard files are (an update: OUT)
         self.fingerprint = fingerprint
         self.fields = fields
 
@@ -105,13 +106,13 @@ class Journal:
         except OSError as e:
             raise WriteError.writing(self.dir / f"unit-{result.s}.json", e) from None
 
-    def finished_units(self, inputs: list[str]) -> dict[int, UnitResult]:
+    def finished_units(self, inputs: dict[int, str]) -> dict[int, UnitResult]:
         """Units whose journal entry exists, whose input files are as they were (size and mtime), and whose
         shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now."""
         done = {}
         if not (self.dir / "plan.json").exists():
             return done
-        for s in range(len(inputs)):
+        for s in inputs:
             entry = self.dir / f"unit-{s}.json"
             if not entry.exists():
                 continue
@@ -123,7 +124,7 @@ class Journal:
             except (DscError, KeyError, TypeError, ValueError, AttributeError):
                 continue
             shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-            if all(_intact(node_dir(self.root, sh.path), sh) for sh in shards):
+            if all(_intact(node_dir(self.shard_root, sh.path), sh) for sh in shards):
                 done[s] = res
         return done
 

@@ -38,6 +38,9 @@ class CompileOptions:
     executor: object = None  # a Dask scheduler address ("tcp://host:8786") or a dask.distributed Client
     mask_ignore: int = 255  # the mask value of "no class" (letterbox padding, crowd regions, borders)
     max_pixels: int | None = None  # an image with more pixels is a bad sample (None: decode.DEFAULT_MAX_PIXELS, PIL's default)
+    update: bool = False  # make the next version of an existing OUT, decoding only what changed (compiler/update.py)
+    dry_run: bool = False  # with update: say what it would do, change nothing
+    explicit: tuple = ()  # the option names the caller gave (an update refuses output options that differ)
 
     def __post_init__(self):
         if self.size is not None:
@@ -66,6 +69,10 @@ class CompileOptions:
         if not isinstance(self.mask_ignore, int) or isinstance(self.mask_ignore, bool) \
                 or not 0 <= self.mask_ignore <= 65535:
             raise ConfigError(f"mask_ignore must be 0..65535, got {self.mask_ignore!r}")
+        if self.update and self.overwrite:
+            raise ConfigError("give --update (a new version of OUT) or --overwrite (replace OUT), not both")
+        if self.dry_run and not self.update:
+            raise ConfigError("--dry-run goes with --update: it shows what the update would do")
         for name in ("shard_size", "workers", "max_pixels"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -76,7 +83,8 @@ class CompileOptions:
         return [f.name for f in fields(cls)]
 
     LATER_DEFAULTS = {"max_pixels": None}  # options added later: recorded only when set (same bytes as before)
-    RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error")
+    RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error", "update",
+                    "dry_run", "explicit")
 
     def recorded(self, masks: bool = False) -> dict:
         """The options that decide the output's bytes (stored in the manifest, fingerprinted for resume);
@@ -105,8 +113,15 @@ class CompileReport:
     bytes_written: int
 
     resumed_units: int = 0
+    plan: dict | None = None  # an update: {"added", "removed", "changed", "relabelled", "moved", "unchanged", "decoded"}
+    version: int = 0  # the version OUT is at afterwards
+    committed: bool = True  # False: a dry run, or an update that found nothing to do
+    dry_run: bool = False
+    reused_shards: int = 0  # an update: shards of earlier versions the new one uses as they are
 
     def __repr__(self) -> str:
+        if self.manifest is None:
+            return f"CompileReport(path={str(self.path)!r}, dry run, plan={self.plan})"
         return (f"CompileReport(path={str(self.path)!r}, samples={self.manifest.num_samples}, "
                 f"shards={self.manifest.shard_count}, skipped={len(self.skipped)}, seconds={self.seconds:.2f})")
 

@@ -20,6 +20,50 @@ def staging_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.dsc-tmp"
 
 
+class OutLock:
+    """The exclusive lock every writer of OUT holds (a compile, an update, a restore, a vacuum):
+    ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock."""
+
+    def __init__(self, out: Path, what: str = "compile"):
+        self.out, self.what = Path(out), what
+        self.path = self.out.parent / f".{self.out.name}.dsc-lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "OutLock":
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)  # writer unlinks it: retry on the new one)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 64).decode("utf-8", "replace").strip() or "compile"
+                except OSError:
+                    holder = "compile"
+                os.close(fd)
+                raise CompileLockedError(f"another dsc {holder} is writing {self.out} right now "
+                                         f"(lock {self.path}); wait for it to finish") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
+                return self
+            os.close(fd)
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
 class Staging:
     """Exclusive lock on OUT, a private temporary directory beside it, and the final rename."""
 
@@ -30,32 +74,11 @@ class Staging:
         self.warn = warn or (lambda msg: None)
         self.keep_on_failure = None  # callable: keep the staging directory when the compile fails?
         self.tmp = staging_dir(out)
-        self._lock_path = out.parent / f".{out.name}.dsc-lock"
-        self._lock_fd: int | None = None
+        self._lock = OutLock(out)
         self.published = False
 
-    def _lock(self) -> int:
-        """flock the lock file; the lock counts only if the file we locked is still the one at the path
-        (a finishing compile unlinks it: whoever locked the unlinked file retries on the new one)."""
-        while True:
-            fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise CompileLockedError(f"another dsc compile is writing {self.out} right now "
-                                         f"(lock {self._lock_path}); wait for it to finish") from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self._lock_path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)
-
     def __enter__(self) -> "Staging":
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._lock()
+        self._lock.__enter__()
         if self.tmp.exists() and not self.resume:  # an interrupted compile's; we hold the lock, so it is stale
             self.warn(f"removing the partial output of an interrupted compile ({self.tmp}); "
                       f"pass --resume to continue it instead")
@@ -96,13 +119,7 @@ class Staging:
             keep = exc_type is not None and self.keep_on_failure is not None and self.keep_on_failure()
             if not keep:
                 shutil.rmtree(self.tmp, ignore_errors=True)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
-            try:
-                self._lock_path.unlink()
-            except FileNotFoundError:
-                pass
+        self._lock.__exit__()
 
 
 def _exchange(a: Path, b: Path) -> bool:

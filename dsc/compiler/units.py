@@ -121,6 +121,15 @@ def _input(obj, rec: Record, what: str):
     return obj, NO_INPUT
 
 
+def place_objects(target, orientation: int, h: int, w: int, affine, out_h: int, out_w: int) -> tuple:
+    """A sample's objects in its stored pixels, from its annotation and the stored geometry (decoded (h, w)
+    as displayed, EXIF orientation, affine, stored size): what ``ObjectsPart.add`` takes. An update
+    re-places a re-annotated sample's boxes this way, without decoding it."""
+    boxes, frame = boxes_in_display_frame(target, orientation, w, h)
+    stored, keep = to_stored(boxes, tuple(affine), out_w, out_h)
+    return target, stored, keep, frame
+
+
 def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
     Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint)."""
@@ -150,9 +159,7 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
     affine = plan.affine(h, w)
     values = {"label": item.label}
     if item.target is not None:
-        boxes, frame = boxes_in_display_frame(item.target, orientation, w, h)
-        stored, keep = to_stored(boxes, affine, plan.out[1], plan.out[0])
-        values["objects"] = (item.target, stored, keep, frame)
+        values["objects"] = place_objects(item.target, orientation, h, w, affine, *plan.out)
     if mask_field is not None:
         values[mask_field.name] = apply_plan_nearest(_mask(item, rec, dec, mask_field, o), plan, o.mask_ignore)
     values["image"] = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,

@@ -1,0 +1,543 @@
+"""``--update``: the next version of a dataset from its source as it is now, decoding only what changed.
+
+Every row of a version records what it was compiled from: its key, its input's size and crc32c (and its
+mask's), its annotation's digest (``inputs/fingerprint``), and, beside the record, the input files' times
+and inode (the stat cache). An update scans the source and sorts every input:
+
+* **unchanged**: a live row with the same key whose input (and mask) is the same: the same size, times and
+  inode, or, when those differ (a touched or copied file), the same size and crc32c of the bytes;
+* **relabelled**: the same, with another label or annotation: the row is kept, its label (or its boxes,
+  placed again from the stored geometry) replaced, not a pixel touched;
+* **moved**: a new key whose bytes (size and crc32c, mask too) are those of a row whose key disappeared:
+  the row is kept under the new key (an image moved to another class folder);
+* **new** or **changed**: decoded, into new shards at new slots (never over a slot any version used);
+* **removed**: live rows left over; they stay in their shards, ``live`` False, until a vacuum drops
+  shards no kept version uses.
+
+Unchanged samples' shards are not read, rewritten or copied. The result holds the same (key, pixels,
+label, boxes, mask) set as a fresh compile of the source; its storage order is the old rows in their
+order, then the new ones. The version is committed by creating its record (``formats/versions.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, DscError, SampleError, SourceError
+from ..formats import layout as L
+from ..formats import versions
+from ..formats.files import Root
+from ..formats.fields import fields_of
+from ..formats.manifest import Manifest
+from ..formats.zarr_v3 import read_plain_array, read_string_array
+from .decode import read_input_file
+from .journal import Journal, inputs_of
+from .options import CompileOptions, CompileReport
+from .sources.base import ScannedSource, Source, where
+from .staging import OutLock, sync_filesystem
+from .units import UnitTask, place_objects
+
+OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
+                  "mask_ignore", "max_pixels")
+
+
+class _Store:
+    """What the field readers need of an open version: its arrays (and shards, never read here)."""
+
+    def __init__(self, root: Root):
+        self.dir, self.root = root, root.path
+
+    def array(self, rel: str, shape: tuple) -> np.ndarray:
+        arr = read_plain_array(self.dir, rel)
+        if arr.shape != tuple(shape):
+            from ..errors import CorruptDatasetError
+
+            raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
+        return arr
+
+    def map(self, rel: str, nbytes: int) -> np.ndarray:
+        return self.dir.map(rel, nbytes)
+
+
+@dataclass
+class Base:
+    """The version an update starts from."""
+
+    record: dict
+    manifest: Manifest
+    keys: list
+    live: np.ndarray
+    fingerprint: np.ndarray  # (R, 5)
+    stat: np.ndarray | None  # (R, 6), or None without a stat cache
+    orig: np.ndarray
+    affine: np.ndarray
+    orientation: np.ndarray
+    readers: dict
+    fields: list
+
+    @classmethod
+    def open(cls, out: Path) -> "Base":
+        root = Root(out)
+        if not versions.is_versioned(root):
+            raise ConfigError(f"{out} was compiled by a dsc without versions, so it records nothing to compare the "
+                              f"source with; compile it again once (without --update), then --update works")
+        record, _pin = versions.open_version(root)
+        m: Manifest = record["manifest"]
+        store, R = _Store(root), m.num_rows
+        fields = fields_of(m)
+        return cls(record, m, read_string_array(root, L.KEYS), store.array(L.LIVE, (R,)),
+                   store.array(L.FINGERPRINT, (R, 5)), versions.read_stat(root, m.version["number"], R),
+                   store.array(L.ORIG_SIZE, (R, 2)), store.array(L.AFFINE, (R, 4)),
+                   store.array(L.EXIF_ORIENTATION, (R,)), {f.name: f.reader(store, m) for f in fields}, fields)
+
+
+@dataclass
+class Plan:
+    """What an update does, input by input."""
+
+    base: int
+    unchanged: list = field(default_factory=list)  # (row, record index)
+    relabel: list = field(default_factory=list)  # (row, record index): same pixels, other label / boxes
+    moved: list = field(default_factory=list)  # (row, record index): same bytes under a new key
+    decode: list = field(default_factory=list)  # record indices: new or changed inputs
+    changed: int = 0  # of ``decode``: inputs whose key had a row
+    removed: list = field(default_factory=list)  # rows whose input is gone (or changed)
+    stat: dict = field(default_factory=dict)  # row -> its input files' stat now (refreshes the cache)
+
+    @property
+    def added(self) -> int:
+        return len(self.decode) - self.changed
+
+    def summary(self) -> dict:
+        return {"added": self.added, "removed": len(self.removed) - self.changed, "changed": self.changed,
+                "relabelled": len(self.relabel), "moved": len(self.moved), "unchanged": len(self.unchanged),
+                "decoded": len(self.decode)}
+
+    def describe(self) -> str:
+        s = self.summary()
+        return (f"update of version {self.base}: +{s['added']} new, -{s['removed']} removed, ~{s['changed']} "
+                f"changed (decoded again), {s['relabelled']} re-labelled and {s['moved']} moved (no decoding), "
+                f"{s['unchanged']} unchanged; {s['decoded']} input{'s' if s['decoded'] != 1 else ''} to decode")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decode or self.removed or self.relabel or self.moved)
+
+
+# ----------------------------------------------------------------------------- what changed
+def _probe(path: str | None, table: bool) -> tuple[int, int, int, int] | None:
+    """(size, mtime, ctime, inode) of an input file (size -1 for a table cell: the file holds many)."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (-1 if table else st.st_size), st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def _as_int64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _content(source: Source, records: list, masks: bool) -> list[tuple[int, int, int, int]]:
+    """(size, crc32c, mask size, mask crc32c) of each record's bytes, read (never decoded) through the
+    source's fetcher. An input that cannot be read gets (-1, ...): it can only be 'new'."""
+    import io
+
+    import google_crc32c
+
+    out = []
+    for start in range(0, len(records), 256):
+        chunk = records[start:start + 256]
+        try:
+            fetch = source.fetcher(chunk)
+        except DscError:
+            out += [(-1, 0, -1, 0)] * len(chunk)
+            continue
+        for rec in chunk:
+            try:
+                item = fetch(rec)
+                values = []
+                for obj, what in ((item.obj, "image"), (item.mask if masks else None, "mask")):
+                    if isinstance(obj, str):
+                        data, fp = read_input_file(obj, what)
+                        values += [fp[0], fp[4]]
+                    elif isinstance(obj, io.BytesIO):
+                        data = obj.getvalue()
+                        values += [len(data), google_crc32c.value(data)]
+                    else:
+                        values += [0, 0]
+                out.append(tuple(values))
+            except (DscError, OSError):
+                out.append((-1, 0, -1, 0))
+    return out
+
+
+def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
+    """Sort every input of ``scanned`` against the base version (see the module docstring)."""
+    m = base.manifest
+    plan = Plan(base=m.version["number"])
+    records = scanned.records
+    masks = m.fields.get("mask") is not None
+    table = getattr(source, "name", "") in ("table", "delta")
+    live_rows = np.flatnonzero(base.live)
+    by_key = {base.keys[r]: int(r) for r in live_rows}
+    fp = base.fingerprint
+    labels = base.readers["label"].labels if "label" in base.readers else None
+    segments_mask = masks and any(r.mask == "" for r in records)  # masks drawn from the annotations (COCO)
+
+    def annotation_changed(rec, r: int) -> bool:
+        if labels is not None:
+            return int(labels[r]) != int(rec.label)
+        digest = rec.target.digest() if rec.target is not None else 0
+        return digest != int(fp[r, 4])
+
+    claimed: set[int] = set()
+    need_content, pending = [], []  # records whose bytes decide, and (record, row or None) in input order
+    for i, rec in enumerate(records):
+        r = by_key.get(rec.key)
+        if r is None:
+            pending.append((i, None))
+            continue
+        claimed.add(r)
+        probes = (_probe(rec.path, table), _probe(rec.mask or None, False))
+        plan.stat[r] = probes
+        cached = base.stat[r] if base.stat is not None else None
+        same_stat = cached is not None and probes[0] is not None and \
+            tuple(cached[:3]) == tuple(_as_int64(v) for v in probes[0][1:]) and \
+            (probes[0][0] < 0 or probes[0][0] == fp[r, 0]) and (
+                not masks or not rec.mask or (probes[1] is not None and tuple(cached[3:]) == tuple(
+                    _as_int64(v) for v in probes[1][1:]) and probes[1][0] == fp[r, 2]))
+        if same_stat:
+            pending.append((i, r))
+        else:
+            need_content.append(i)
+            pending.append((i, r))
+    contents = dict(zip(need_content, _content(source, [records[i] for i in need_content], masks)))
+    gone = [int(r) for r in live_rows if int(r) not in claimed]
+    gone_by_bytes: dict[tuple, list[int]] = {}
+    for r in gone:
+        gone_by_bytes.setdefault(tuple(int(v) for v in fp[r, :4]), []).append(r)
+    new_ids = [i for i, r in pending if r is None]
+    if new_ids and gone:  # a new key with the bytes of a vanished one: moved, not new
+        sizes = {int(fp[r, 0]) for r in gone}
+        candidates = [i for i in new_ids if table or (_probe(records[i].path, False) or (None,))[0] in sizes]
+        contents.update(zip(candidates, _content(source, [records[i] for i in candidates], masks)))
+    for i, r in pending:
+        rec = records[i]
+        if r is not None:
+            if i in contents and tuple(int(v) for v in fp[r, :4]) != tuple(contents[i]):
+                plan.decode.append(i)
+                plan.changed += 1
+                plan.removed.append(r)
+            elif annotation_changed(rec, r):
+                if segments_mask:  # the mask is drawn from the annotation: decode it again
+                    plan.decode.append(i)
+                    plan.changed += 1
+                    plan.removed.append(r)
+                else:
+                    plan.relabel.append((r, i))
+            else:
+                plan.unchanged.append((r, i))
+            continue
+        match = gone_by_bytes.get(tuple(contents[i])) if i in contents else None
+        if match and not (segments_mask and annotation_changed(rec, match[0])):
+            r = match.pop(0)
+            plan.moved.append((r, i))
+            plan.stat[r] = (_probe(rec.path, table), _probe(rec.mask or None, False))
+            gone.remove(r)
+        else:
+            plan.decode.append(i)
+    plan.removed += gone
+    return plan
+
+
+# ----------------------------------------------------------------------------- the update
+def check_options(base: Manifest, options: CompileOptions) -> CompileOptions:
+    """The options the dataset was compiled with, with this run's own (workers, on_error...). An output
+    option given explicitly with another value than recorded is refused: that is a new compile."""
+    recorded = dict(base.source.get("options", {}))
+    for name in OUTPUT_OPTIONS:
+        if name in options.explicit and name in recorded or name in options.explicit and getattr(
+                options, name) != CompileOptions.__dataclass_fields__[name].default:
+            mine, theirs = getattr(options, name), recorded.get(name, CompileOptions.__dataclass_fields__[name].default)
+            if _norm(mine) != _norm(theirs):
+                raise ConfigError(f"--update keeps the options the dataset was compiled with; it has "
+                                  f"{name}={theirs!r}, this run asks {name}={mine!r}. Changing how samples are "
+                                  f"stored is a new compile: compile into a new OUT (or --overwrite)")
+    kept = {k: (tuple(v) if isinstance(v, list) else v) for k, v in recorded.items() if k in OUTPUT_OPTIONS}
+    return replace(options, **kept)
+
+
+def _norm(v):
+    return list(v) if isinstance(v, (tuple, list)) else v
+
+
+def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, source: Source, warn=None,
+                   info=None) -> CompileReport:
+    """Make the next version of ``out`` from ``scanned`` (see the module docstring). ``info(message)``
+    receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt)."""
+    from .compile import _stop, dataset_fields
+
+    t0 = time.perf_counter()
+    say = warn or (lambda msg: None)
+    tell = info or (lambda msg: None)
+    if source.local_only:
+        raise ConfigError("--update needs inputs with a stable identity (files or table rows); a Python dataset "
+                          "has none: compile it again instead")
+    if scanned.invalid and options.on_error == "fail":
+        key, reason = scanned.invalid[0]
+        raise _stop(key, key, reason)
+    with OutLock(out, "dsc update"):
+        _recover(out, say)
+        base = Base.open(out)
+        m = base.manifest
+        options = check_options(m, options)
+        fields = dataset_fields(scanned, options)
+        _check_same_fields(base, fields, scanned, out)
+        plan = plan_update(base, scanned, source)
+        tell(plan.describe())
+        if options.dry_run or plan.empty and scanned.classes == m.classes:
+            return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
+                                 seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
+                                 version=m.version["number"], committed=False, dry_run=options.dry_run)
+        return _apply(base, plan, scanned, out, options, source, fields, t0, say)
+
+
+def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:
+    want = {f.name: f for f in fields}
+    have = {f.name: f for f in base.fields}
+    if set(want) != set(have) or scanned.task != base.manifest.task:
+        raise ConfigError(f"{out} is a {base.manifest.task} dataset with {', '.join(sorted(have))}; the source now "
+                          f"gives {scanned.task} with {', '.join(sorted(want))}: that is a new compile")
+    if "objects" in want and want["objects"].attributes != have["objects"].attributes:
+        raise ConfigError(f"{out}: the source's per-box columns changed ({sorted(have['objects'].attributes)} -> "
+                          f"{sorted(want['objects'].attributes)}): that is a new compile")
+    if "mask" in want:
+        a, b = want["mask"].spec, have["mask"].spec
+        if (a.dtype, a.ignore_index, a.classes) != (b.dtype, b.ignore_index, b.classes):
+            raise ConfigError(f"{out}: the masks' classes, dtype or ignore index changed: that is a new compile")
+
+
+def _recover(out: Path, say) -> None:
+    """Under the lock: a committed version whose view was not refreshed (a kill after the commit) gets it;
+    an update interrupted before its commit leaves a transaction the next update resumes or discards."""
+    root = Root(out)
+    if not versions.is_versioned(root):
+        return
+    latest = versions.read_record(root, versions.versions(root)[-1])["manifest"]
+    _view(out, latest)
+
+
+def _view(out: Path, m: Manifest) -> None:
+    from ..formats.layout import read_manifest
+
+    try:
+        old = read_manifest(out)
+    except DscError:
+        old = None
+    if old is None or old.checksum() != m.checksum():
+        versions.refresh_view(out, m, old)
+
+
+def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: CompileOptions, next_slot: int) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"base": plan.base, "next_slot": next_slot, "options": options.recorded(
+        masks=scanned.masks is not None), "K": base.manifest.shard_size}, sort_keys=True, default=str).encode())
+    for i in plan.decode:
+        r = scanned.records[i]
+        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
+        if r.target is not None:
+            h.update(r.target.digest().to_bytes(8, "little", signed=True))
+    return h.hexdigest()
+
+
+def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
+           fields, t0: float, say) -> CompileReport:
+    from .compile import Rows, _classes, _run_units, _stop, _write_error_report, write_version
+
+    m = base.manifest
+    K = m.shard_size
+    n_new = m.version["number"] + 1
+    next_slot = base.record["next_slot"]
+    records = scanned.records
+    decode = [records[i] for i in plan.decode]
+    txn = out / versions.TXN / str(n_new)
+    unit_options = replace(options, executor=None)
+    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields))
+             for u, start in enumerate(range(0, len(decode), K))]
+    journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out)
+    inputs = {t.s: inputs_of(t.records) for t in tasks}
+    done = {}
+    if txn.exists():
+        try:
+            journal.check_plan()
+            done = journal.finished_units(inputs)
+            if done:
+                say(f"resuming an interrupted update: {len(done)} of {len(tasks)} new shards kept")
+        except DscError:
+            say(f"discarding an interrupted update of other inputs ({txn})")
+            shutil.rmtree(txn, ignore_errors=True)
+    _discard_slots(out, next_slot, keep=set(done))
+    journal.start()
+    workers = options.workers or os.cpu_count() or 1
+    try:
+        results = _run_units(tasks, workers, options.progress, len(decode), options.on_error == "fail", decode,
+                             journal, done, source, inputs, options.executor)
+    except SampleError as e:
+        if options.error_report:
+            _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
+        raise
+    bad = [(k, k, r) for k, r in scanned.invalid] + [
+        (decode[i].key, where(decode[i]), reason) for r in results for i, reason in r.errors]
+    if options.error_report:
+        _write_error_report(options.error_report, bad)
+    # ---- the new version's rows: the base's slots as they are (some rows now removed), then the new slots
+    removed = set(plan.removed)
+    reannotate = {**dict(plan.relabel), **dict(plan.moved)}
+    slots: list[tuple[dict, Rows]] = []
+    errors = []
+    for s in range(next_slot):
+        spec = m.shards[s] if s < len(m.shards) else None
+        count = spec.count if spec is not None else 0
+        start = s * K
+        live = base.live[start:start + count].copy()
+        live[[r - start for r in removed if start <= r < start + count]] = False
+        if not live.any():  # a slot this version does not need: its rows become holes
+            count, live = 0, live[:0]
+        slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(m, f, s)) if count
+                               else f.empty_part()) for f in fields}
+        rows = _base_rows(base, start, count, live)
+        for j in range(count):
+            i = reannotate.get(start + j)
+            if i is None:
+                continue
+            rec = records[i]
+            rows.keys[j] = rec.key
+            try:
+                _reannotate(base, slot_parts, rows, j, start + j, rec, m)
+            except SampleError as e:
+                errors.append((rec.key, where(rec), e.reason))
+                rows.live[j] = False
+        for r, probes in plan.stat.items():
+            if start <= r < start + count:
+                rows.stat[r - start] = _stat_row(probes)
+        slots.append((slot_parts, rows))
+    for task, res in zip(tasks, results):
+        slots.append(({f.name: res.parts[f.name] for f in fields}, Rows.compiled(task.records, res.kept - task.start,
+                                                                                  [res])))
+    bad += errors
+    if errors and options.on_error == "fail":
+        raise _stop(*errors[0])
+    while slots and slots[-1][0]["image"].shard is None:  # a version's last slot holds samples
+        slots.pop()
+    for k, (slot_parts, rows) in enumerate(slots[:-1]):  # every slot but the last spans K rows: holes after
+        _pad(slot_parts, rows, K - len(rows.keys))
+    parts = {f.name: [p[f.name] for p, _ in slots] for f in fields}
+    rows = Rows.concat([r for _, r in slots])
+    if not rows.live.any():
+        raise SourceError(f"{scanned.root}: no sample would be left in the new version of {out}"
+                          + (f"; first error: {bad[0][0]}: {bad[0][2]}" if bad else ""))
+    skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
+    version = {"number": n_new, "parent": m.version["number"], "operation": "update"}
+    stage = txn / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    new_m = write_version(stage, out, scanned, options, tuple(fields), parts, rows, K, skipped, version,
+                          _classes(scanned, parts.get("label", []), parts.get("objects", [])))
+    summary = {"samples": new_m.num_samples, **plan.summary(), "skipped": len(skipped)}
+    versions.write_stat(out, n_new, rows.stat)
+    sync_filesystem(out)
+    versions.commit(out, versions.record_json(n_new, m.version["number"], "update", summary,
+                                              next_slot + len(tasks), new_m))
+    shutil.rmtree(txn, ignore_errors=True)
+    versions.refresh_view(out, new_m, m)
+    return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings,
+                         seconds=time.perf_counter() - t0,
+                         bytes_written=sum(r.nbytes for r in results), resumed_units=len(done),
+                         plan=plan.summary(), version=n_new, committed=True,
+                         reused_shards=sum(s is not None for s in new_m.shards[:next_slot]))
+
+
+def _field_shard(m: Manifest, f, s: int):
+    if f.name == "image":
+        return m.shards[s]
+    spec = getattr(f, "spec", None)
+    shards = getattr(spec, "shards", None)
+    return shards[s] if shards is not None and s < len(shards) else None
+
+
+def _base_rows(base: Base, start: int, count: int, live: np.ndarray):
+    from .compile import Rows
+
+    sl = slice(start, start + count)
+    stat = base.stat[sl].copy() if base.stat is not None else np.zeros((count, 6), np.int64)
+    return Rows(list(base.keys[sl]), base.orig[sl].copy(), base.affine[sl].copy(), base.orientation[sl].copy(),
+                base.fingerprint[sl].copy(), stat, live[:count].copy())
+
+
+def _stat_row(probes) -> np.ndarray:
+    img, mask = probes
+    vals = [*(img[1:] if img else (0, 0, 0)), *(mask[1:] if mask else (0, 0, 0))]
+    return np.asarray([_as_int64(v) for v in vals], np.int64)
+
+
+def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest) -> None:
+    """Row ``r`` (slot position ``j``) keeps its pixels and takes ``rec``'s label or boxes."""
+    if "label" in parts:
+        parts["label"].labels[j] = int(rec.label)
+    if "objects" in parts:
+        h, w = (int(v) for v in base.orig[r])
+        if m.image.layout == "fixed":
+            out_h, out_w = m.image.height, m.image.width
+        else:
+            out_h, out_w = (int(v) for v in base.readers["image"].px.shapes[r, :2])
+        parts["objects"].set_row(j, place_objects(rec.target, int(base.orientation[r]), h, w, base.affine[r],
+                                                  out_h, out_w))
+    rows.fingerprint[j, 4] = rec.target.digest() if rec.target is not None else 0
+
+
+def _pad(parts: dict, rows, n: int) -> None:
+    from .compile import Rows
+
+    if n <= 0:
+        return
+    for p in parts.values():
+        p.pad(n)
+    holes = Rows.holes(n)
+    rows.keys += holes.keys
+    for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
+        setattr(rows, a, np.concatenate([getattr(rows, a), getattr(holes, a)]))
+
+
+def _discard_slots(out: Path, first: int, keep=frozenset()) -> None:
+    """Remove shard slots from ``first`` on that an interrupted attempt left (no committed version uses them:
+    slots are handed out past every version's), but the finished units being resumed (``keep``)."""
+    for node in ("image", *_pixel_nodes(out)):
+        for sub in ("c", "values"):
+            d = out / node / sub
+            if not d.is_dir():
+                continue
+            for e in os.scandir(d):
+                if e.name.isdigit() and int(e.name) >= first and int(e.name) not in keep:
+                    shutil.rmtree(e.path, ignore_errors=True)
+
+
+def _pixel_nodes(out: Path) -> list[str]:
+    try:
+        m = Root(out)
+        latest = versions.read_record(m, versions.versions(m)[-1])["manifest"]
+        return [name for name, spec in latest.fields.items() if spec.get("shards") is not None]
+    except DscError:
+        return []
+
+
+__all__ = ["Plan", "plan_update", "update_dataset"]
