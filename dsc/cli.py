@@ -230,7 +230,7 @@ def _param_decorator(p):
     kinds = {"dir": click.Path(path_type=Path, file_okay=False), "file": click.Path(path_type=Path, dir_okay=False),
              "path": click.Path(path_type=Path), "int": int, "str": str, "csv": str}
     if p.argument:
-        return click.argument(p.name, type=kinds.get(p.type, str))
+        return click.argument(p.name, type=kinds.get(p.type, str), metavar=p.metavar)
     if p.type == "flag":
         return click.option(p.option, p.name, is_flag=True, default=bool(p.default), help=p.help)
     kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
@@ -301,23 +301,121 @@ def _compile(out: Path, kw: dict, make_source) -> None:
 
 @main.command(name="verify")
 @click.argument("dataset", type=click.Path(path_type=Path))
-def verify_cmd(dataset: Path):
+@click.option("--version", "version", type=click.IntRange(min=0), default=None,
+              help="Check this version (default: the latest, and the top-level plain-Zarr view with it).")
+@click.option("--repair-view", is_flag=True,
+              help="Rewrite the top-level plain-Zarr view as the latest version (after a crash while it was "
+                   "refreshed, or a plain Zarr writer changed it); versions themselves are never touched.")
+def verify_cmd(dataset: Path, version, repair_view: bool):
     """Re-hash every shard and file against the manifest and check every invariant.
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
     from .formats.verify import verify
 
-    report = verify(dataset)
+    if repair_view:
+        from .versions import repair_view as repair
+
+        click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
+    report = verify(dataset, version)
+    what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
     if report.ok:
-        click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {dataset} match the "
-                   f"manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
+        click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {what} match "
+                   f"the manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
         return
     for p in report.problems:
         click.echo(f"DAMAGED {p}")
     n = len(report.damaged_samples)
-    raise click.ClickException(f"{dataset} is damaged: {len(report.problems)} problems"
+    raise click.ClickException(f"{what} is damaged: {len(report.problems)} problems"
                                + (f", {n} samples affected" if n else "") + "; recompile it")
+
+
+def _counts(e: dict) -> str:
+    parts = [f"{e['samples']:,} samples"]
+    for key, sign in (("added", "+"), ("removed", "-"), ("changed", "~")):
+        if e.get(key):
+            parts.append(f"{sign}{e[key]:,}")
+    if e.get("relabelled"):
+        parts.append(f"{e['relabelled']:,} relabelled")
+    if e.get("moved"):
+        parts.append(f"{e['moved']:,} moved")
+    if "decoded" in e:
+        parts.append(f"{e['decoded']:,} decoded")
+    return " ".join(parts)
+
+
+@main.command(name="log")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
+def log_cmd(dataset: Path, as_json: bool):
+    """The versions of DATASET, oldest first: time, operation, counts (+added -removed ~changed against the
+    parent), the source's version, options and tags."""
+    from .versions import log
+
+    entries = log(dataset)
+    if as_json:
+        click.echo(json.dumps(entries, indent=2, ensure_ascii=False))
+        return
+    for e in entries:
+        tags = f" [{', '.join(e['tags'])}]" if e.get("tags") else ""
+        src = f" source version {e['source_version']}" if e.get("source_version") is not None else ""
+        click.echo(f"version {e['version']}{tags}  {e['created'] or '-'}  {e['operation']}: {_counts(e)}{src}")
+        if e.get("options") and e["version"] == entries[0]["version"]:
+            click.echo("  options: " + " ".join(f"{k}={v}" for k, v in e["options"].items()))
+
+
+@main.command(name="tag")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("name")
+@click.option("--version", "version", type=click.IntRange(min=0), default=None,
+              help="The version to name (default: the latest).")
+@click.option("--delete", is_flag=True, help="Remove the tag NAME (the version stays).")
+def tag_cmd(dataset: Path, name: str, version, delete: bool):
+    """Name a version of DATASET; `dsc open(..., tag=NAME)` opens it and `dsc vacuum` never removes it."""
+    from .versions import tag
+
+    n = tag(dataset, name, version, delete=delete)
+    click.echo(f"removed tag {name}" if delete else f"tagged version {n} of {dataset} {name}")
+
+
+@main.command(name="restore")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
+@click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
+def restore_cmd(dataset: Path, version, tag_name):
+    """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied)."""
+    from .versions import restore
+
+    if (version is None) == (tag_name is None):
+        raise click.UsageError("give --version N or --tag NAME")
+    n = restore(dataset, version, tag_name)
+    click.echo(f"version {n} of {dataset} restores " + (f"version {version}" if tag_name is None else f"tag {tag_name}"))
+
+
+@main.command(name="vacuum")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Keep the newest K versions (tagged versions are always kept).")
+@click.option("--older-than", default="7d", show_default=True, metavar="DURATION",
+              help="Only remove versions superseded at least this long ago (7d, 12h, 30m, 0): a reader on "
+                   "another machine may still have them open.")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
+def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
+    """Remove old versions of DATASET and every file no remaining version uses.
+
+    A version is kept when it is among the newest K, tagged, open in a process on this machine (pinned), or
+    superseded less than --older-than ago."""
+    from .versions import vacuum
+
+    r = vacuum(dataset, keep=keep, older_than=older_than, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {_n(len(r.removed), 'version')}" + (f" ({', '.join(map(str, r.removed))})" if r.removed else "")
+               + f" and {_n(r.files, 'file')} ({_mb(r.bytes)}); kept {', '.join(map(str, r.kept))}")
+    if r.pinned:
+        click.echo(f"kept because open in a running process: {', '.join(map(str, r.pinned))}")
+    if r.recent:
+        click.echo(f"kept because superseded less than {older_than} ago: {', '.join(map(str, r.recent))} "
+                   f"(--older-than 0 removes them)")
 
 
 @main.command(name="bench")
@@ -370,7 +468,9 @@ def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
 @click.option("--env", "show_env", is_flag=True, help="Show the software dsc runs on (PIL build, libjpeg, torch).")
 @click.option("--skipped", is_flag=True, help="List every input left out at compile time, with the reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest (or environment) as JSON.")
-def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
+@click.option("--version", "version", type=click.IntRange(min=0), default=None,
+              help="Describe this version (default: the latest).")
+def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, version):
     """Describe a compiled DATASET: schema, counts, bytes, classes, shards, and the dsc + PIL build."""
     from .env import environment, pil_build
 
@@ -386,9 +486,10 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
                 click.echo(f"{k:{width}}{v}")
         if dataset is None:
             return
-    from .formats.layout import check_shard_files, read_manifest, shard_specs
+    from .formats.layout import check_shard_files, shard_specs
+    from .versions import manifest_of
 
-    m = read_manifest(dataset)
+    m, versions_line = manifest_of(dataset, version)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2, ensure_ascii=False))
         return
@@ -406,6 +507,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool):
         ("dataset", str(dataset)),
         ("format", f"dsc format v{m.format_version} (Zarr v3 group), written by dsc {m.dsc_version}"),
         ("task", m.task),
+        *([("version", versions_line)] if versions_line else []),
         ("samples", f"{m.num_samples:,} in {_n(m.shard_count, 'shard')} of up to {m.shard_size}"),
         ("image", _describe_image(m)),
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),

@@ -1,7 +1,7 @@
 """Damaging a dataset as a careless tool, a forger or a failing disk would, for the tests.
 
 dsc reads a version through its log record (``_dsc/log/<N>.json``: the manifest) and the objects its
-manifest names (``_dsc/objects/...``; the top-level files are hard links to the latest version's), so that
+manifest names (``_dsc/objects/...``; the top-level files are copies of the latest version's), so that
 is what these helpers edit. A dataset compiled before versions is edited at its top level.
 """
 import hashlib
@@ -65,7 +65,7 @@ def write_node(out: Path, rel: str, data: bytes, record: bool = False) -> None:
     """Replace the bytes dsc reads for ``rel``; ``record``: also record their new size and hash in the
     manifest (a careful forger), else the manifest still names the old ones."""
     if not record:
-        node_file(out, rel).write_bytes(data)  # in place: the top-level link shows it too
+        node_file(out, rel).write_bytes(data)  # in place: the bytes dsc reads for every version using them
         return
     sha = hashlib.sha256(data).hexdigest()
     obj = Path(out) / "_dsc" / "objects" / sha[:2] / sha

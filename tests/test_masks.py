@@ -14,6 +14,7 @@ from dsc import transforms as T
 from dsc.synthetic import (DET_CATEGORIES, SEG_CLASSES, SEG_COLORS, detection_scenes, seg_mask, seg_scenes,
                            write_coco, write_segfolder, write_voc_segmentation)
 
+from damage import write_node
 from reference import ref_mask
 
 POLICIES = [dict(size=(40, 56), resize="center-crop"), dict(size=48, resize="center-crop"),
@@ -378,7 +379,7 @@ def test_two_masks_for_one_image_are_refused_not_picked(seg, tmp_path):
 
 @pytest.mark.parametrize("edit", ["dtype", "height", "shards", "image-shards"])
 def test_a_mask_field_that_does_not_fit_the_dataset_is_refused(seg, tmp_path, edit):
-    from damage import edit_manifest
+    from damage import edit_manifest, write_node
 
     root, _ = seg
     out = tmp_path / "out"
@@ -409,7 +410,11 @@ def test_ragged_mask_shapes_must_be_the_image_shapes(seg, tmp_path):
     dsc.compile_segfolder(root, out, max_side=40, progress=False)
     shapes = read_plain_array(out, "mask/shapes").copy()
     shapes[0] = shapes[0][::-1]  # same size in bytes, the sides swapped
-    write_plain_array(out, "mask/shapes", shapes, ["sample", "axis"])
+    scratch = tmp_path / "scratch"
+    write_plain_array(scratch, "mask/shapes", shapes, ["sample", "axis"])
+    for f in (scratch / "mask" / "shapes").rglob("*"):
+        if f.is_file():  # into the version dsc reads, with its size and hash recorded (a careful forger)
+            write_node(out, f.relative_to(scratch).as_posix(), f.read_bytes(), record=True)
     with pytest.raises(dsc.CorruptDatasetError, match="mask shapes differ from the image shapes"):
         dsc.open(out)
     report = dsc.verify(out)

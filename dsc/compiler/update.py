@@ -187,7 +187,8 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
     plan = Plan(base=m.version["number"])
     records = scanned.records
     masks = m.fields.get("mask") is not None
-    table = getattr(source, "name", "") in ("table", "delta")
+    table = source.rows_in_files
+    known = source.unchanged_since(m.source) or set()  # inputs the source itself vouches for
     live_rows = np.flatnonzero(base.live)
     by_key = {base.keys[r]: int(r) for r in live_rows}
     fp = base.fingerprint
@@ -216,7 +217,7 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
             (probes[0][0] < 0 or probes[0][0] == fp[r, 0]) and (
                 not masks or not rec.mask or (probes[1] is not None and tuple(cached[3:]) == tuple(
                     _as_int64(v) for v in probes[1][1:]) and probes[1][0] == fp[r, 2]))
-        if same_stat:
+        if same_stat or rec.path in known:
             pending.append((i, r))
         else:
             need_content.append(i)

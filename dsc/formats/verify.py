@@ -69,6 +69,7 @@ class VerifyReport:
     shards_checked: int = 0
     files_checked: int = 0
     bytes_hashed: int = 0
+    version: int | None = None  # the version checked (None: a dataset without versions)
 
     @property
     def ok(self) -> bool:
@@ -80,7 +81,7 @@ class VerifyReport:
 
 
 def _verify_view(view: Root, m: Manifest, P: list) -> None:
-    """The top-level files a plain Zarr reader opens are the latest version's (hard links to its objects)."""
+    """The top-level files a plain Zarr reader opens are the latest version's (copies of its objects)."""
     from .zarr_v3 import read_node_json
 
     stale = []
@@ -127,7 +128,7 @@ def verify(path: str | os.PathLike, version: int | None = None) -> VerifyReport:
         latest = versions.versions(root)[-1]
     else:
         m = L.read_manifest(root)
-    report = VerifyReport(Path(path), [])
+    report = VerifyReport(Path(path), [], version=None if m.version is None else m.version["number"])
     P = report.problems
     if m.version is not None and m.version["number"] == latest:
         _verify_view(Root(path), m, P)

@@ -14,8 +14,9 @@ of ``log/<N>.json`` with link(2), which fails if the name exists: of two writers
 one commits, the other is told so (``VersionConflictError``) and nothing it wrote is referenced.
 
 The plain-Zarr view at the top of OUT (``zarr.json``, the arrays' metadata and index files) shows the
-latest version; its small files are hard links to the same objects. dsc itself always reads a version
-through its record, so refreshing the view after a commit never races a dsc reader.
+latest version; its small files are copies of the same objects (copies: a plain Zarr writer changing the
+view cannot change a version). dsc itself always reads a version through its record, so refreshing the
+view after a commit never races a dsc reader.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -227,17 +229,25 @@ def parse_time(s: str) -> float:
 
 # ----------------------------------------------------------------------------- writing
 def store_objects(src: Path, out: Path, files: dict) -> None:
-    """Give every small file listed in ``files`` its object under ``out`` (a hard link to the file in ``src``,
-    or in ``out`` when ``src`` lacks it: same bytes, no copy)."""
+    """Give every small file listed in ``files`` its object under ``out``: a hard link to the file in a
+    private staging ``src``, a copy of one in the top-level view (``src`` is ``out``, or lacks it). The view
+    never shares an inode with an object, so writing into the view (a plain Zarr user) cannot change a
+    version's bytes."""
     for rel, f in files.items():
         obj = out / object_path(f["sha256"])
         if obj.exists():
             continue
         obj.parent.mkdir(parents=True, exist_ok=True)
+        private = src != out and (src / rel).exists()
+        tmp = obj.with_name(f".{obj.name}.{os.getpid()}.tmp")
         try:
-            os.link(src / rel if (src / rel).exists() else out / rel, obj)
-        except FileExistsError:
-            pass
+            if private:
+                os.link(src / rel, tmp)
+            else:
+                shutil.copyfile(out / rel, tmp)
+            os.replace(tmp, obj)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 STAT = "_dsc/stat"
@@ -302,21 +312,19 @@ def commit(root: Path, record: dict) -> None:
 
 
 def refresh_view(root: Path, m: Manifest, old: Manifest | None = None) -> None:
-    """Make the top-level plain-Zarr view show manifest ``m``: each small file replaced by a link to its
-    object (atomically, file by file), the files of the previous view (``old``) that ``m`` lacks removed,
-    the root zarr.json last. Shard files are not the view's: they stay until ``dsc vacuum``."""
+    """Make the top-level plain-Zarr view show manifest ``m``: each small file replaced by a copy of its
+    object (atomically, file by file; a copy, so that writing into the view never changes a version),
+    the files of the previous view (``old``) that ``m`` lacks removed, the root zarr.json last. Shard files
+    are not the view's: they stay until ``dsc vacuum``."""
     for rel, f in m.files.items():
         dst = root / rel
         obj = root / object_path(f["sha256"])
-        try:
-            if dst.exists() and os.path.samefile(dst, obj):
-                continue
-        except OSError:
-            pass
+        if old is not None and old.files.get(rel) == f and dst.is_file() and not dst.is_symlink():
+            continue  # the view already has these bytes (as recorded: a damaged view is repaired with old=None)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.view")
         tmp.unlink(missing_ok=True)
-        os.link(obj, tmp)
+        shutil.copyfile(obj, tmp)
         os.replace(tmp, dst)
     if old is not None:  # the previous view's files that this version does not have
         for rel in set(old.files) - set(m.files):

@@ -215,7 +215,8 @@ class Loader:
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
                 "num_samples": len(self.dataset), "shard_size": self.dataset.manifest.shard_size,
-                "dataset": self.dataset.manifest.checksum(), "transforms": _describe(self.transforms)}
+                "dataset": self.dataset.manifest.checksum(), "version": self.dataset.version,
+                "transforms": _describe(self.transforms)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
@@ -226,10 +227,14 @@ class Loader:
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms"})  # (states saved before it was recorded)
+        missing = sorted(set(ours) - set(state) - {"transforms", "version"})  # (states saved before they were)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
+        if state.get("version", ours["version"]) != ours["version"]:
+            raise ConfigError(f"cannot resume: the saved state is of version {state['version']} of the dataset, this "
+                              f"loader reads version {ours['version']}; open the version the run trained on "
+                              f"(dsc.open(path, version={state['version']})) to resume it")
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
                     "num_samples", "shard_size", "dataset", "transforms"):
             mine = ours[key]

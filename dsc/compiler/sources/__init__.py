@@ -14,13 +14,14 @@ from .base import (DROP_EMPTY, Item, MaskInfo, Param, Record, ScannedSource, Sou
                    file_item, where)
 from .coco import CocoSource, scan_coco
 from .dataset import DatasetSource, as_map_style
+from .delta import DeltaSource
 from .imagefolder import ImageFolderSource, scan_imagefolder
 from .segfolder import SegFolderSource
 from .table import TableSource, scan_table
 from .voc import VocSource, scan_voc
 from .yolo import YoloSource, scan_yolo
 
-BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DatasetSource)
+BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DeltaSource, DatasetSource)
 ENTRY_POINT_GROUP = "dsc.sources"
 
 _registry: dict[str, type[Source]] = {cls.name: cls for cls in BUILTIN}

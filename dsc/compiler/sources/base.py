@@ -330,6 +330,7 @@ class Source:
     task: ClassVar[str] = ""  # what it usually makes (for the help): classification, detection, segmentation
     cli: ClassVar[bool] = True  # a `dsc compile <name>` command (False: Python only, e.g. in-memory datasets)
     local_only: ClassVar[bool] = False  # its data lives in this process: forked local workers only, no Dask
+    rows_in_files: ClassVar[bool] = False  # records are rows of shared files (tables): a file's size says nothing
 
     def __init__(self, **kwargs):
         known = [p.name for p in self.params if p.python]
@@ -378,6 +379,12 @@ class Source:
         """Runs in a worker, once per unit: a function record -> :class:`Item` (a table source reads the
         unit's rows in one go here)."""
         return file_item
+
+    def unchanged_since(self, summary: dict) -> set[str] | None:
+        """For ``--update``: the input files (``Record.path``) this source knows to be unchanged since the
+        compile whose scan summary is ``summary`` (a Delta table's log says which files two table versions
+        share). None (the default): the update compares each input's stat, then its bytes."""
+        return None
 
     def config(self) -> dict:
         """The parameters that decide the output's bytes, for the resume fingerprint (JSON values)."""

@@ -65,10 +65,18 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
                key_column: str | None = None, classes: list[str] | None = None) -> ScannedSource:
     _pyarrow()
     path = os.path.abspath(path)
-    files = table_files(path)
+    return scan_table_files(table_files(path), "table", path, image_column, label_column, key_column, classes)
+
+
+def scan_table_files(files: list[Path], kind: str, root: str, image_column: str, label_column: str | None,
+                     key_column: str | None, classes, constants: dict | None = None,
+                     summary: dict | None = None) -> ScannedSource:
+    """The records of a table made of ``files`` (in this order). ``constants``: per file, columns whose value
+    is the same for all its rows and not stored in it (a Delta table's partition columns)."""
     records, names = [], None
     for f in files:
-        wanted = [c for c in (label_column, key_column) if c]
+        fixed = (constants or {}).get(str(f), {})
+        wanted = [c for c in (label_column, key_column) if c and c not in fixed]
         try:
             schema, table, num_rows = _read_meta_columns(f, wanted)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -77,19 +85,23 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
             raise SourceError(f"{f}: no column {image_column!r} (columns: {', '.join(schema.names)}); "
                               f"pass --image-column")
         for col, flag in ((label_column, "--label-column, or --no-label"), (key_column, "--key-column")):
-            if col and col not in schema.names:
+            if col and col not in schema.names and col not in fixed:
                 raise SourceError(f"{f}: no column {col!r} (columns: {', '.join(schema.names)}); pass {flag}")
+
+        def column(col):
+            return [fixed[col]] * num_rows if col in fixed else table.column(col).to_pylist()
+
         names = names or (_hf_class_names(schema, label_column) if label_column else None)
-        labels = table.column(label_column).to_pylist() if label_column else [-1] * num_rows
-        keys = table.column(key_column).to_pylist() if key_column else None
+        labels = column(label_column) if label_column else [-1] * num_rows
+        keys = column(key_column) if key_column else None
         for row in range(num_rows):
             label = labels[row]
-            if label is None or not isinstance(label, int):
+            if label is None or not isinstance(label, int) or isinstance(label, bool):
                 raise SourceError(f"{f} row {row}: label {label!r} is not an integer class index")
             key = str(keys[row]) if keys and keys[row] not in (None, "") else f"{f.name}#{row}"
             records.append(Record(key=key, path=str(f), label=label, row=row))
     if not records:
-        raise SourceError(f"{path}: the table has no rows")
+        raise SourceError(f"{root}: the table has no rows")
     if classes:
         names = tuple(classes)
     if label_column and not names:
@@ -99,10 +111,10 @@ def scan_table(path: str | os.PathLike, image_column: str = "image", label_colum
         raise SourceError(f"{bad.path} row {bad.row}: label {bad.label} is not a class index (0..{len(names) - 1})"
                           if bad.label >= 0 else f"{bad.path} row {bad.row}: label {bad.label} is negative; "
                           f"labels are class indices 0..C-1")
-    return ScannedSource(kind="table", root=str(path), task="classification" if label_column else "images",
+    return ScannedSource(kind=kind, root=str(root), task="classification" if label_column else "images",
                          records=records, classes=names or (),
-                         summary={"kind": "table", "root": str(path), "files": len(files), "rows": len(records),
-                                  "image_column": image_column, "label_column": label_column})
+                         summary={"kind": kind, "root": str(root), "files": len(files), "rows": len(records),
+                                  "image_column": image_column, "label_column": label_column, **(summary or {})})
 
 
 def read_ipc(path: str):
@@ -169,6 +181,7 @@ class TableSource(Source):
 
     name = "table"
     task = "classification"
+    rows_in_files = True
     params = (
         Param("path", "A Parquet or Arrow IPC file, or a folder of them.", type="path", required=True, argument=True),
         Param("image_column", "Column of encoded image bytes (or Hugging Face Image structs).", default="image"),

@@ -1,0 +1,244 @@
+"""Working with a dataset's versions: history, tags, restore, vacuum (``dsc log / tag / restore / vacuum``).
+
+Versions are made by compiles and ``--update``; the format is ``formats/versions.py`` (docs/FORMAT.md,
+"Versions"). Every function here that writes holds OUT's lock, like a compile.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, DscError, VersionNotFoundError
+from .formats import layout as L
+from .formats import versions as V
+from .formats.files import Root
+
+DEFAULT_RETENTION = "7d"
+
+
+def _root(out) -> Root:
+    root = Root(out)
+    if not V.is_versioned(root):
+        raise VersionNotFoundError(f"{out} was compiled by a dsc without versions: it has only version 0 (compile it "
+                                   f"again with this dsc to keep versions)")
+    return root
+
+
+def manifest_of(out, version: int | None = None, tag: str | None = None):
+    """(manifest of ``version`` / ``tag`` / the latest, a line describing it among the versions or None for a
+    dataset without versions)."""
+    root = Root(out)
+    if not V.is_versioned(root):
+        if version not in (None, 0) or tag is not None:
+            _root(out)
+        return L.read_manifest(root), None
+    n = V.resolve(root, version, tag)
+    rec = V.read_record(root, n)
+    have = V.versions(root)
+    tags = sorted(name for name, v in V.tag_names(root).items() if v == n)
+    line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {len(have)} kept; "
+            f"made {rec['created']} by {rec['operation']}" + (f"; tags: {', '.join(tags)}" if tags else "") + ")")
+    return rec["manifest"], line
+
+
+def log(out) -> list[dict]:
+    """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
+    "samples", "added", "removed", "changed", "relabelled", "moved", "decoded", "skipped", "options",
+    "source_version", "tags"}`` (counts are relative to the parent)."""
+    root = Root(out)
+    if not V.is_versioned(root):
+        m = L.read_manifest(root)
+        return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
+                 "tags": []}]
+    tags: dict[int, list[str]] = {}
+    for name, n in V.tag_names(root).items():
+        tags.setdefault(n, []).append(name)
+    out_list = []
+    for n in V.versions(root):
+        rec = V.read_record(root, n)
+        m = rec["manifest"]
+        entry = {"version": n, "parent": rec["parent"], "created": rec["created"], "operation": rec["operation"],
+                 "samples": m.num_samples, **{k: v for k, v in rec["summary"].items() if k != "samples"},
+                 "options": {k: v for k, v in m.source.get("options", {}).items()}, "tags": sorted(tags.get(n, []))}
+        if "table_version" in m.source:
+            entry["source_version"] = m.source["table_version"]
+        out_list.append(entry)
+    return out_list
+
+
+def tag(out, name: str, version: int | None = None, delete: bool = False) -> int | None:
+    """Name ``version`` (default: the latest) ``name``; a tagged version is never vacuumed. ``delete``
+    removes the tag instead. Returns the version tagged."""
+    root = _root(out)
+    V.check_tag(name)
+    if delete:
+        path = Path(out) / V.TAGS / f"{name}.json"
+        if not path.exists():
+            raise VersionNotFoundError(f"{out} has no tag {name!r}")
+        path.unlink()
+        return None
+    n = V.resolve(root, version)
+    V.read_record(root, n)  # it exists
+    V.write_tag(Path(out), name, n)
+    return n
+
+
+def restore(out, version: int | None = None, tag: str | None = None) -> int:
+    """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
+    copied or decoded. Returns the new version's number."""
+    from .compiler.staging import OutLock, sync_filesystem
+    from .compiler.update import _view
+
+    if version is None and tag is None:
+        raise ConfigError("restore needs a version or a tag")
+    root = _root(out)
+    with OutLock(Path(out), "restore"):
+        n_old = V.resolve(root, version, tag)
+        old = V.read_record(root, n_old)
+        have = V.versions(root)
+        latest = V.read_record(root, have[-1])
+        n_new = have[-1] + 1
+        m = old["manifest"]
+        from dataclasses import replace
+
+        new_m = replace(m, version={"number": n_new, "parent": have[-1], "operation": f"restore {n_old}"})
+        stat = V.read_stat(root, n_old, m.num_rows)
+        if stat is not None:
+            V.write_stat(Path(out), n_new, stat)
+        summary = {"samples": m.num_samples, "restored": n_old}
+        sync_filesystem(Path(out))
+        V.commit(Path(out), V.record_json(n_new, have[-1], f"restore {n_old}", summary,
+                                          max(latest["next_slot"], old["next_slot"]), new_m))
+        _view(Path(out), new_m)
+        return n_new
+
+
+@dataclass
+class VacuumReport:
+    kept: list[int]
+    removed: list[int]
+    pinned: list[int] = field(default_factory=list)  # beyond --keep but open in some process: kept
+    recent: list[int] = field(default_factory=list)  # beyond --keep but within the retention period: kept
+    files: int = 0
+    bytes: int = 0
+    dry_run: bool = False
+
+
+def parse_duration(s: str) -> float:
+    """'7d', '12h', '30m', '45s', '0' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(s))
+    if not m:
+        raise ConfigError(f"a duration is a number with s, m, h, d or w (e.g. 7d, 12h, 0), got {s!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
+def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_run: bool = False) -> VacuumReport:
+    """Remove versions beyond the newest ``keep`` that are not tagged, not open in any process (pinned),
+    and were superseded more than ``older_than`` ago (a retention period, like Delta's: it protects readers
+    this machine cannot see, e.g. on other hosts); then every shard and object no remaining version uses."""
+    from .compiler.staging import OutLock
+
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise ConfigError(f"keep must be at least 1 (the latest version is always kept), got {keep!r}")
+    retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
+    out = Path(out)
+    root = _root(out)
+    with OutLock(out, "vacuum"):
+        have = V.versions(root)
+        records = {n: V.read_record(root, n) for n in have}
+        tagged = set(V.tag_names(root).values())
+        now = time.time()
+        report = VacuumReport(kept=[], removed=[], dry_run=dry_run)
+        held = []
+        try:
+            for k, n in enumerate(have):
+                newest = k >= len(have) - keep
+                superseded = V.parse_time(records[have[k + 1]]["created"]) if k + 1 < len(have) else now
+                if newest or n in tagged:
+                    report.kept.append(n)
+                elif now - superseded < retention:
+                    report.recent.append(n)
+                    report.kept.append(n)
+                else:
+                    fd = V.lock_unpinned(out, n)
+                    if fd is None:
+                        report.pinned.append(n)
+                        report.kept.append(n)
+                    else:
+                        held.append(fd)
+                        report.removed.append(n)
+            used_shards, used_objects = set(), set()
+            for n in report.kept:
+                m = records[n]["manifest"]
+                used_shards |= {s.path for s in L.shard_specs(m)}
+                used_objects |= {f["sha256"] for f in m.files.values()}
+            doomed = _unused(out, used_shards, used_objects)
+            report.files = len(doomed)
+            report.bytes = sum(p.stat().st_size for p in doomed if p.is_file())
+            if not dry_run:
+                for n in report.removed:  # the record first: a version is gone once its record is
+                    (out / V.record_path(n)).unlink(missing_ok=True)
+                    (out / V.STAT / f"{n}.bin").unlink(missing_ok=True)
+                for p in doomed:
+                    if p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+                for n in report.removed:
+                    (out / V.PINS / str(n)).unlink(missing_ok=True)
+                shutil.rmtree(out / V.TXN, ignore_errors=True)  # under the lock no update runs: leftovers
+        finally:
+            for fd in held:
+                os.close(fd)
+    return report
+
+
+def _unused(out: Path, used_shards: set[str], used_objects: set[str]) -> list[Path]:
+    """Shard slot directories and objects no kept version uses."""
+    doomed = []
+    for node_dir, _, _ in os.walk(out):
+        rel = os.path.relpath(node_dir, out).replace(os.sep, "/")
+        if rel.split("/")[0] in (V.DSC_DIR,) or rel.startswith("."):
+            continue
+        base = os.path.basename(node_dir)
+        if base not in ("c", "values") or rel.count("/") < 1:
+            continue
+        for e in os.scandir(node_dir):
+            if not e.is_dir() or not e.name.isdigit():
+                continue
+            slot = f"{rel}/{e.name}"
+            if not any(s == slot or s.startswith(slot + "/") for s in used_shards) and _is_slot(out, rel):
+                doomed.append(Path(e.path))
+    objects = out / V.OBJECTS
+    if objects.is_dir():
+        for sub in objects.iterdir():
+            for p in sub.iterdir():
+                if p.name not in used_objects:
+                    doomed.append(p)
+    return doomed
+
+
+def _is_slot(out: Path, rel: str) -> bool:
+    """``rel`` (``image/c``, ``mask/values``...) holds shard slots: the chunk grid of an image-like field."""
+    parts = rel.split("/")
+    return len(parts) == 2 and parts[1] in ("c", "values")
+
+
+def repair_view(out) -> int:
+    """Rewrite the top-level plain-Zarr view as the latest version (``dsc verify --repair-view``)."""
+    from .compiler.staging import OutLock
+    from .compiler.update import _view
+
+    root = _root(out)
+    with OutLock(Path(out), "repair"):
+        n = V.versions(root)[-1]
+        V.refresh_view(Path(out), V.read_record(root, n)["manifest"], None)
+    return n
+
+
+__all__ = ["DEFAULT_RETENTION", "VacuumReport", "log", "manifest_of", "parse_duration", "repair_view", "restore", "tag", "vacuum",
+           "DscError"]
