@@ -9,6 +9,7 @@ import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_recipe  # noqa: E402
+import bench_versions  # noqa: E402
 
 if __name__ == "__main__":
     bench_compile_read.main()
@@ -16,3 +17,4 @@ if __name__ == "__main__":
     bench_detection.main()
     bench_loader.main()
     bench_recipe.main()
+    bench_versions.main()
