@@ -639,3 +639,114 @@ def test_a_crash_between_commit_and_view_refresh(tmp_path, monkeypatch):
     assert not dsc.verify(out).ok  # the view still shows version 0
     assert not dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS).committed
     assert dsc.verify(out).ok  # the next update refreshed it
+
+
+# ----------------------------------------------------------------------------- every source
+def full_content(path) -> dict:
+    """key -> every field of the sample as bytes (image, label, boxes, labels, mask...)."""
+    ds = dsc.open(path)
+    out = {}
+    for i, k in enumerate(ds.keys):
+        s = ds[i]
+        out[k] = {name: (v.numpy().tobytes() if hasattr(v, "numpy") else repr(v)) for name, v in s.items()
+                  if name != "index"}
+    return out
+
+
+def _det_change(kind, root, scenes):
+    """The source grows by two scenes, loses one, and one annotation is fixed."""
+    from dsc.synthetic import write_voc, write_yolo
+
+    if kind == "yolo":
+        write_yolo(root, scenes[:10])
+        lab = root / "labels" / "train" / (Path(scenes[1]["file"]).stem + ".txt")
+        lines = lab.read_text().splitlines()
+        lines[0] = "2" + lines[0][1:]
+        lab.write_text("\n".join(lines) + "\n")
+        (root / "images" / "train" / scenes[2]["file"]).unlink()
+        (root / "labels" / "train" / (Path(scenes[2]["file"]).stem + ".txt")).unlink()
+    elif kind == "voc":
+        write_voc(root, scenes[:10])
+        ann = root / "Annotations" / (Path(scenes[1]["file"]).stem + ".xml")
+        ann.write_text(ann.read_text().replace("<name>cat</name>", "<name>bird</name>", 1)
+                       .replace("<name>dog</name>", "<name>bird</name>", 1))
+        ids = root / "ImageSets" / "Main" / "trainval.txt"
+        ids.write_text("\n".join(i for i in ids.read_text().split() if i != Path(scenes[2]["file"]).stem) + "\n")
+
+
+@pytest.mark.parametrize("kind", ["yolo", "voc", "segfolder", "voc-masks"])
+def test_update_of_every_file_source_equals_a_fresh_compile(kind, tmp_path, monkeypatch):
+    from dsc.synthetic import (detection_scenes, seg_scenes, write_segfolder, write_voc, write_voc_segmentation,
+                               write_yolo)
+
+    root = tmp_path / "src"
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    opts = dict(max_side=48, workers=1, progress=False)
+    if kind in ("yolo", "voc"):
+        scenes = detection_scenes(10, seed=4)
+        (write_yolo if kind == "yolo" else write_voc)(root, scenes[:8])
+        compile_fn = (lambda o, **kw: dsc.compile_yolo(root, o, **kw)) if kind == "yolo" else \
+            (lambda o, **kw: dsc.compile_voc(root, o, **kw))
+        compile_fn(out, **opts)
+        _det_change(kind, root, scenes)
+        expect_decoded = 2
+    else:
+        scenes = seg_scenes(10, seed=4) if kind == "segfolder" else detection_scenes(10, seed=4)
+        if kind == "segfolder":
+            write_segfolder(root, scenes[:8])
+            compile_fn = lambda o, **kw: dsc.compile_segfolder(root, o, **kw)  # noqa: E731
+        else:
+            write_voc_segmentation(root, scenes[:8])
+            compile_fn = lambda o, **kw: dsc.compile_voc(root, o, split="train", masks=True, **kw)  # noqa: E731
+        compile_fn(out, **opts)
+        shutil.rmtree(root)
+        (write_segfolder if kind == "segfolder" else write_voc_segmentation)(root, scenes[:10])
+        expect_decoded = None  # rewritten files (same bytes) are recognised by their content
+    counter = DecodeCounter(monkeypatch, tmp_path)
+    r = compile_fn(out, update=True, **opts)
+    assert r.committed
+    if expect_decoded is not None:
+        assert r.plan["decoded"] == expect_decoded == len(counter.names), r.plan
+        # the fixed annotation (and, for YOLO, whose image ids are positions, the images after the removed one)
+        assert r.plan["relabelled"] >= 1 and r.plan["removed"] == 1
+    else:
+        assert r.plan["decoded"] == 2 and r.plan["added"] == 2 and r.plan["unchanged"] == 8, r.plan
+    compile_fn(fresh, **opts)
+    assert full_content(out) == full_content(fresh)
+    assert dsc.verify(out).ok
+
+
+def test_update_with_a_dask_cluster(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    src = tmp_path / "src"
+    make_folder(src, 40)
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    dsc.compile_imagefolder(src, out, workers=1, **{**OPTS, "shard_size": 8})
+    make_folder(src, 12, seed0=900)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        r = dsc.compile_imagefolder(src, out, update=True, executor=client, **{**OPTS, "shard_size": 8})
+    assert r.committed and r.plan["decoded"] == 12
+    dsc.compile_imagefolder(src, fresh, workers=1, **{**OPTS, "shard_size": 8})
+    assert content(out) == content(fresh) and dsc.verify(out).ok
+
+
+def test_update_of_a_parquet_table(tmp_path, monkeypatch):
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = tmp_path / "table"
+    table.mkdir()
+    pq.write_table(_rows(range(30)), table / "part-0.parquet")
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    kw = dict(key_column="id", size=8, workers=1, progress=False)
+    dsc.compile_table(table, out, **kw)
+    pq.write_table(_rows(range(30, 40)), table / "part-1.parquet")  # a new file of 10 rows
+    relabelled = _rows(range(30)).to_pydict()
+    relabelled["label"][4] = (relabelled["label"][4] + 1) % 3  # a label fix: the file is rewritten
+    import pyarrow as pa
+
+    pq.write_table(pa.table(relabelled), table / "part-0.parquet")
+    counter = DecodeCounter(monkeypatch, tmp_path)
+    r = dsc.compile_table(table, out, update=True, **kw)
+    assert r.plan["decoded"] == 10 == len(counter.names) and r.plan["relabelled"] == 1, r.plan
+    dsc.compile_table(table, fresh, **kw)
+    assert content(out) == content(fresh)

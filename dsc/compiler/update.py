@@ -414,7 +414,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         live[[r - start for r in removed if start <= r < start + count]] = False
         if not live.any():  # a slot this version does not need: its rows become holes
             count, live = 0, live[:0]
-        slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(m, f, s)) if count
+        slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(base, f.name, s)) if count
                                else f.empty_part()) for f in fields}
         rows = _base_rows(base, start, count, live)
         for j in range(count):
@@ -468,10 +468,11 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                          reused_shards=sum(s is not None for s in new_m.shards[:next_slot]))
 
 
-def _field_shard(m: Manifest, f, s: int):
-    if f.name == "image":
-        return m.shards[s]
-    spec = getattr(f, "spec", None)
+def _field_shard(base: Base, name: str, s: int):
+    """Slot ``s``'s shard of field ``name`` in the base version (the new version's fields have none yet)."""
+    if name == "image":
+        return base.manifest.shards[s]
+    spec = getattr(next((f for f in base.fields if f.name == name), None), "spec", None)
     shards = getattr(spec, "shards", None)
     return shards[s] if shards is not None and s < len(shards) else None
 
