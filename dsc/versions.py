@@ -176,7 +176,8 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                 m = records[n]["manifest"]
                 used_shards |= {s.path for s in L.shard_specs(m)}
                 used_objects |= {f["sha256"] for f in m.files.values()}
-            doomed = _unused(out, used_shards, used_objects)
+            nodes = {s.path.split("/")[0] for rec in records.values() for s in L.shard_specs(rec["manifest"])}
+            doomed = _unused(out, nodes, used_shards, used_objects)
             report.files = len(doomed)
             report.bytes = sum(p.stat().st_size for p in doomed if p.is_file())
             if not dry_run:
@@ -197,22 +198,21 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     return report
 
 
-def _unused(out: Path, used_shards: set[str], used_objects: set[str]) -> list[Path]:
-    """Shard slot directories and objects no kept version uses."""
+def _unused(out: Path, nodes: set[str], used_shards: set[str], used_objects: set[str]) -> list[Path]:
+    """Shard slot directories (``<node>/c/<slot>``, ``<node>/values/<slot>`` of the fields that have shards)
+    and objects that no kept version uses."""
     doomed = []
-    for node_dir, _, _ in os.walk(out):
-        rel = os.path.relpath(node_dir, out).replace(os.sep, "/")
-        if rel.split("/")[0] in (V.DSC_DIR,) or rel.startswith("."):
-            continue
-        base = os.path.basename(node_dir)
-        if base not in ("c", "values") or rel.count("/") < 1:
-            continue
-        for e in os.scandir(node_dir):
-            if not e.is_dir() or not e.name.isdigit():
+    for node in sorted(nodes):
+        for sub in ("c", "values"):
+            d = out / node / sub
+            if not d.is_dir() or d.is_symlink():
                 continue
-            slot = f"{rel}/{e.name}"
-            if not any(s == slot or s.startswith(slot + "/") for s in used_shards) and _is_slot(out, rel):
-                doomed.append(Path(e.path))
+            for e in os.scandir(d):
+                if not e.name.isdigit() or not e.is_dir(follow_symlinks=False):
+                    continue
+                slot = f"{node}/{sub}/{e.name}"
+                if not any(s == slot or s.startswith(slot + "/") for s in used_shards):
+                    doomed.append(Path(e.path))
     objects = out / V.OBJECTS
     if objects.is_dir():
         for sub in objects.iterdir():
@@ -220,12 +220,6 @@ def _unused(out: Path, used_shards: set[str], used_objects: set[str]) -> list[Pa
                 if p.name not in used_objects:
                     doomed.append(p)
     return doomed
-
-
-def _is_slot(out: Path, rel: str) -> bool:
-    """``rel`` (``image/c``, ``mask/values``...) holds shard slots: the chunk grid of an image-like field."""
-    parts = rel.split("/")
-    return len(parts) == 2 and parts[1] in ("c", "values")
 
 
 def repair_view(out) -> int:
