@@ -319,12 +319,17 @@ def verify_cmd(dataset: Path, version, repair_view: bool):
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
     report = verify(dataset, version)
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
+    view_only = report.problems and all("top-level view" in p.what for p in report.problems)
     if report.ok:
         click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {what} match "
                    f"the manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
         return
     for p in report.problems:
         click.echo(f"DAMAGED {p}")
+    if view_only:
+        raise click.ClickException(f"the top-level view of {dataset} (what plain Zarr readers open) differs from "
+                                   f"version {report.version}, which is itself intact: run `dsc verify {dataset} "
+                                   f"--repair-view`")
     n = len(report.damaged_samples)
     raise click.ClickException(f"{what} is damaged: {len(report.problems)} problems"
                                + (f", {n} samples affected" if n else "") + "; recompile it")
@@ -341,6 +346,8 @@ def _counts(e: dict) -> str:
         parts.append(f"{e['moved']:,} moved")
     if "decoded" in e:
         parts.append(f"{e['decoded']:,} decoded")
+    if e.get("skipped"):
+        parts.append(f"{e['skipped']:,} skipped")
     return " ".join(parts)
 
 
@@ -356,12 +363,14 @@ def log_cmd(dataset: Path, as_json: bool):
     if as_json:
         click.echo(json.dumps(entries, indent=2, ensure_ascii=False))
         return
+    prev = None
     for e in entries:
         tags = f" [{', '.join(e['tags'])}]" if e.get("tags") else ""
-        src = f" source version {e['source_version']}" if e.get("source_version") is not None else ""
+        src = f" table version {e['source_version']}" if e.get("source_version") is not None else ""
         click.echo(f"version {e['version']}{tags}  {e['created'] or '-'}  {e['operation']}: {_counts(e)}{src}")
-        if e.get("options") and e["version"] == entries[0]["version"]:
+        if e.get("options") and (e["version"] == entries[0]["version"] or e["options"] != prev):
             click.echo("  options: " + " ".join(f"{k}={v}" for k, v in e["options"].items()))
+        prev = e.get("options")
 
 
 @main.command(name="tag")
@@ -371,11 +380,19 @@ def log_cmd(dataset: Path, as_json: bool):
               help="The version to name (default: the latest).")
 @click.option("--delete", is_flag=True, help="Remove the tag NAME (the version stays).")
 def tag_cmd(dataset: Path, name: str, version, delete: bool):
-    """Name a version of DATASET; `dsc open(..., tag=NAME)` opens it and `dsc vacuum` never removes it."""
+    """Name a version of DATASET; `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never removes it."""
+    from .formats.files import Root
+    from .formats.versions import tag_names
     from .versions import tag
 
+    before = tag_names(Root(dataset)).get(name)
     n = tag(dataset, name, version, delete=delete)
-    click.echo(f"removed tag {name}" if delete else f"tagged version {n} of {dataset} {name}")
+    if delete:
+        click.echo(f"removed tag {name!r} (it named version {before})")
+    elif before is not None and before != n:
+        click.echo(f"moved tag {name!r} from version {before} to version {n} of {dataset}")
+    else:
+        click.echo(f"tagged version {n} of {dataset} as {name!r}")
 
 
 @main.command(name="restore")
@@ -387,7 +404,7 @@ def restore_cmd(dataset: Path, version, tag_name):
     from .versions import restore
 
     if (version is None) == (tag_name is None):
-        raise click.UsageError("give --version N or --tag NAME")
+        raise click.UsageError("give --version N or --tag NAME (one of them, not both)")
     n = restore(dataset, version, tag_name)
     click.echo(f"version {n} of {dataset} restores " + (f"version {version}" if tag_name is None else f"tag {tag_name}"))
 
@@ -411,6 +428,9 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {_n(len(r.removed), 'version')}" + (f" ({', '.join(map(str, r.removed))})" if r.removed else "")
                + f" and {_n(r.files, 'file')} ({_mb(r.bytes)}); kept {', '.join(map(str, r.kept))}")
+    tagged = [n for n in r.kept if n not in r.pinned and n not in r.recent and n in r.tagged]
+    if tagged:
+        click.echo(f"kept because tagged: {', '.join(map(str, tagged))}")
     if r.pinned:
         click.echo(f"kept because open in a running process: {', '.join(map(str, r.pinned))}")
     if r.recent:
@@ -508,13 +528,16 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         ("format", f"dsc format v{m.format_version} (Zarr v3 group), written by dsc {m.dsc_version}"),
         ("task", m.task),
         *([("version", versions_line)] if versions_line else []),
-        ("samples", f"{m.num_samples:,} in {_n(m.shard_count, 'shard')} of up to {m.shard_size}"),
+        ("samples", f"{m.num_samples:,} in {_n(m.shard_count, 'shard')} of up to {m.shard_size}"
+                    + (f"; {m.num_rows:,} rows ({m.num_rows - m.num_samples:,} not live: removed samples and holes, "
+                       f"which plain Zarr readers see with live == False)" if m.versioned and m.num_rows != m.num_samples
+                       else "")),
         ("image", _describe_image(m)),
         ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
         *([("objects", _describe_objects(m))] if m.objects is not None else []),
         *_extra_fields(m),
-        ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k != "options")),
+        ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k not in ("options", "params"))),
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
                    f" (libjpeg-turbo {pil['libjpeg_turbo']})"),

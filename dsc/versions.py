@@ -40,9 +40,13 @@ def manifest_of(out, version: int | None = None, tag: str | None = None):
     rec = V.read_record(root, n)
     have = V.versions(root)
     tags = sorted(name for name, v in V.tag_names(root).items() if v == n)
-    line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {len(have)} kept; "
+    line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {_n_versions(len(have))} on disk; "
             f"made {rec['created']} by {rec['operation']}" + (f"; tags: {', '.join(tags)}" if tags else "") + ")")
     return rec["manifest"], line
+
+
+def _n_versions(k: int) -> str:
+    return f"{k} version{'s' if k != 1 else ''}"
 
 
 def log(out) -> list[dict]:
@@ -73,18 +77,22 @@ def log(out) -> list[dict]:
 def tag(out, name: str, version: int | None = None, delete: bool = False) -> int | None:
     """Name ``version`` (default: the latest) ``name``; a tagged version is never vacuumed. ``delete``
     removes the tag instead. Returns the version tagged."""
+    from .compiler.staging import OutLock
+
     root = _root(out)
     V.check_tag(name)
-    if delete:
-        path = Path(out) / V.TAGS / f"{name}.json"
-        if not path.exists():
-            raise VersionNotFoundError(f"{out} has no tag {name!r}")
-        path.unlink()
-        return None
-    n = V.resolve(root, version)
-    V.read_record(root, n)  # it exists
-    V.write_tag(Path(out), name, n)
-    return n
+    with OutLock(Path(out), "tag"):  # not while a vacuum decides what to keep
+        V.check_private(Path(out))
+        if delete:
+            path = Path(out) / V.TAGS / f"{name}.json"
+            if not path.exists():
+                raise VersionNotFoundError(f"{out} has no tag {name!r}")
+            path.unlink()
+            return None
+        n = V.resolve(root, version)
+        V.read_record(root, n)  # it exists
+        V.write_tag(Path(out), name, n)
+        return n
 
 
 def restore(out, version: int | None = None, tag: str | None = None) -> int:
@@ -97,6 +105,7 @@ def restore(out, version: int | None = None, tag: str | None = None) -> int:
         raise ConfigError("restore needs a version or a tag")
     root = _root(out)
     with OutLock(Path(out), "restore"):
+        V.check_private(Path(out))
         n_old = V.resolve(root, version, tag)
         old = V.read_record(root, n_old)
         have = V.versions(root)
@@ -109,6 +118,9 @@ def restore(out, version: int | None = None, tag: str | None = None) -> int:
         stat = V.read_stat(root, n_old, m.num_rows)
         if stat is not None:
             V.write_stat(Path(out), n_new, stat)
+        else:  # a crashed update's cache for this number must not become the restored version's
+            (Path(out) / V.STAT / f"{n_new}.bin").unlink(missing_ok=True)
+        shutil.rmtree(Path(out) / V.TXN, ignore_errors=True)  # an interrupted update of another base
         summary = {"samples": m.num_samples, "restored": n_old}
         sync_filesystem(Path(out))
         V.commit(Path(out), V.record_json(n_new, have[-1], f"restore {n_old}", summary,
@@ -123,6 +135,7 @@ class VacuumReport:
     removed: list[int]
     pinned: list[int] = field(default_factory=list)  # beyond --keep but open in some process: kept
     recent: list[int] = field(default_factory=list)  # beyond --keep but within the retention period: kept
+    tagged: list[int] = field(default_factory=list)  # tagged versions (always kept)
     files: int = 0
     bytes: int = 0
     dry_run: bool = False
@@ -150,9 +163,11 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     with OutLock(out, "vacuum"):
         have = V.versions(root)
         records = {n: V.read_record(root, n) for n in have}
+        nodes = {s.path.split("/")[0] for rec in records.values() for s in L.shard_specs(rec["manifest"])}
+        V.check_private(out, sorted(nodes))
         tagged = set(V.tag_names(root).values())
         now = time.time()
-        report = VacuumReport(kept=[], removed=[], dry_run=dry_run)
+        report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         held = []
         try:
             for k, n in enumerate(have):
@@ -176,7 +191,6 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                 m = records[n]["manifest"]
                 used_shards |= {s.path for s in L.shard_specs(m)}
                 used_objects |= {f["sha256"] for f in m.files.values()}
-            nodes = {s.path.split("/")[0] for rec in records.values() for s in L.shard_specs(rec["manifest"])}
             doomed = _unused(out, nodes, used_shards, used_objects)
             report.files = len(doomed)
             report.bytes = sum(p.stat().st_size for p in doomed if p.is_file())
@@ -215,10 +229,12 @@ def _unused(out: Path, nodes: set[str], used_shards: set[str], used_objects: set
                     doomed.append(Path(e.path))
     objects = out / V.OBJECTS
     if objects.is_dir():
-        for sub in objects.iterdir():
-            for p in sub.iterdir():
-                if p.name not in used_objects:
-                    doomed.append(p)
+        for sub in os.scandir(objects):
+            if not sub.is_dir(follow_symlinks=False):
+                continue  # not dsc's (a stray file, a link): left alone
+            for p in os.scandir(sub.path):
+                if p.name not in used_objects and p.is_file(follow_symlinks=False):
+                    doomed.append(Path(p.path))
     return doomed
 
 
@@ -229,6 +245,7 @@ def repair_view(out) -> int:
 
     root = _root(out)
     with OutLock(Path(out), "repair"):
+        V.check_private(Path(out))
         n = V.versions(root)[-1]
         V.refresh_view(Path(out), V.read_record(root, n)["manifest"], None)
     return n

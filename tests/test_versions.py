@@ -40,6 +40,14 @@ def make_folder(root: Path, n: int, classes: int = 4, seed0: int = 0) -> list[Pa
     return paths
 
 
+def compiled(tmp_path: Path, n: int):
+    """(source folder of ``n`` images, their paths, version 0 compiled from it)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    paths = make_folder(src, n)
+    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    return src, paths, out
+
+
 def content(path, version=None) -> set:
     """(key, pixels, label) of every sample: what 'the same dataset as a set' compares."""
     ds = dsc.open(path, version=version)
@@ -145,10 +153,7 @@ def test_plain_zarr_sees_the_latest_version_with_removed_rows_marked(evolving):
 
 def test_label_fix_writes_no_pixels(tmp_path, monkeypatch):
     """Re-labelling (an image moved between class folders, same bytes) decodes nothing, writes no shard."""
-    src = tmp_path / "src"
-    paths = make_folder(src, 40)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, paths, out = compiled(tmp_path, 40)
     before = shard_stats(out)
     paths[3].rename(src / "c1" / paths[3].name)
     counter = DecodeCounter(monkeypatch, tmp_path)
@@ -162,10 +167,7 @@ def test_label_fix_writes_no_pixels(tmp_path, monkeypatch):
 
 def test_changed_and_touched_files(tmp_path, monkeypatch):
     """A file rewritten with other bytes is decoded again; one only touched (same bytes) is not."""
-    src = tmp_path / "src"
-    paths = make_folder(src, 20)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, paths, out = compiled(tmp_path, 20)
     noise_jpeg(paths[0], 999)  # other pixels, same name
     os.utime(paths[1], (time.time() + 100, time.time() + 100))  # same bytes, new mtime
     shutil.copyfile(paths[2], paths[2].with_suffix(".tmp"))
@@ -181,10 +183,7 @@ def test_changed_and_touched_files(tmp_path, monkeypatch):
 
 
 def test_update_refuses_other_options_and_old_datasets(tmp_path):
-    src = tmp_path / "src"
-    make_folder(src, 10)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, _, out = compiled(tmp_path, 10)
     with pytest.raises(dsc.ConfigError, match="size"):
         dsc.compile_imagefolder(src, out, update=True, workers=1, **{**OPTS, "size": 12})
     with pytest.raises(dsc.ConfigError, match="resize"):
@@ -376,10 +375,7 @@ def test_concurrent_update_processes(evolving, tmp_path):
 
 # ----------------------------------------------------------------------------- history
 def test_time_travel_tags_restore_vacuum(tmp_path):
-    src = tmp_path / "src"
-    paths = make_folder(src, 30)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, paths, out = compiled(tmp_path, 30)
     c0 = content(out)
     for p in paths[:10]:
         p.unlink()
@@ -440,10 +436,7 @@ def test_vacuum_removes_unreferenced_slots(tmp_path):
 
 
 def test_writing_into_the_view_does_not_change_a_version(tmp_path):
-    src = tmp_path / "src"
-    make_folder(src, 20)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, _, out = compiled(tmp_path, 20)
     c0 = content(out)
     labels = out / "label" / "c" / "0"
     labels.write_bytes(b"\0" * labels.stat().st_size)  # a plain Zarr writer scribbles on the view
@@ -458,10 +451,7 @@ def test_writing_into_the_view_does_not_change_a_version(tmp_path):
 
 def test_open_cost_does_not_grow_with_versions(tmp_path):
     """Opening reads one record, whatever the length of the history."""
-    src = tmp_path / "src"
-    paths = make_folder(src, 12)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, paths, out = compiled(tmp_path, 12)
     for i in range(12):
         os.rename(paths[i], paths[i].with_name("x" + paths[i].name))
         paths[i] = paths[i].with_name("x" + paths[i].name)
@@ -598,7 +588,7 @@ def test_cli_versions_commands(tmp_path):
     r = run("log", out)
     assert r.exit_code == 0 and "version 0 [v0]" in r.output and "version 1" in r.output and "-1" in r.output
     r = run("info", out)
-    assert "version   1 (the latest" in r.output
+    assert "version   1 (the latest; 2 versions on disk" in r.output
     assert "version   0 (latest is 1" in run("info", out, "--version", "0").output
     r = run("verify", out, "--version", "0")
     assert r.exit_code == 0 and "version 0 of" in r.output
@@ -623,10 +613,7 @@ def test_a_crash_between_commit_and_view_refresh(tmp_path, monkeypatch):
     """The version is committed (dsc reads it); the stale plain-Zarr view is refreshed by the next writer."""
     from dsc.compiler import update
 
-    src = tmp_path / "src"
-    paths = make_folder(src, 20)
-    out = tmp_path / "out"
-    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    src, paths, out = compiled(tmp_path, 20)
     paths[0].unlink()
 
     def crash(*a, **kw):
@@ -750,3 +737,105 @@ def test_update_of_a_parquet_table(tmp_path, monkeypatch):
     assert r.plan["decoded"] == 10 == len(counter.names) and r.plan["relabelled"] == 1, r.plan
     dsc.compile_table(table, fresh, **kw)
     assert content(out) == content(fresh)
+
+
+# ----------------------------------------------------------------------------- found by reviews
+def test_update_refuses_duplicate_keys_and_table_keys_are_paths(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = tmp_path / "table"
+    for part in ("a", "b"):  # two files of the same name in a partitioned folder: keys stay unique
+        (table / part).mkdir(parents=True)
+        pq.write_table(_rows(range(3)), table / part / "part-0.parquet")
+    out = tmp_path / "out"
+    dsc.compile_table(table, out, size=8, workers=1, progress=False)
+    assert sorted(dsc.open(out).keys)[:2] == ["a/part-0.parquet#0", "a/part-0.parquet#1"]
+    r = dsc.compile_table(table, out, size=8, update=True, workers=1, progress=False)
+    assert not r.committed and len(dsc.open(out)) == 6  # nothing changed: nothing lost
+    out2 = tmp_path / "out2"
+    r = dsc.compile_table(table, out2, key_column="label", size=8, workers=1, progress=False)  # keys repeat
+    assert any("more than one input" in w for w in r.warnings)
+    with pytest.raises(dsc.SourceError, match="more than one input"):
+        dsc.compile_table(table, out2, key_column="label", size=8, update=True, workers=1, progress=False)
+
+
+def test_update_refuses_other_source_parameters_shard_size_and_kind(tmp_path):
+    deltalake = pytest.importorskip("deltalake")
+    table = tmp_path / "table"
+    deltalake.write_deltalake(str(table), _rows(range(10)))
+    out = tmp_path / "out"
+    kw = dict(size=8, workers=1, progress=False)
+    dsc.compile_delta(str(table), out, key_column="id", **kw)
+    with pytest.raises(dsc.ConfigError, match="key_column='id'.*--key-column"):
+        dsc.compile_delta(str(table), out, update=True, **kw)  # forgot --key-column
+    with pytest.raises(dsc.ConfigError, match="shard size"):
+        dsc.compile_delta(str(table), out, key_column="id", update=True, shard_size=3, **kw)
+    with pytest.raises(dsc.ConfigError, match="version 0, 1, 2"):
+        dsc.compile_delta(str(table), tmp_path / "x", version=-1, **kw)
+    src = tmp_path / "src"
+    make_folder(src, 4)
+    with pytest.raises(dsc.ConfigError, match="compiled from a delta source"):
+        dsc.compile_imagefolder(src, out, update=True, **kw)
+    assert dsc.compile_delta(str(table), out, key_column="id", update=True, **kw).committed is False
+
+
+def test_skipped_inputs_do_not_make_empty_versions(tmp_path):
+    src = tmp_path / "src"
+    make_folder(src, 10)
+    (src / "c0" / "broken.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "out"
+    dsc.compile_imagefolder(src, out, on_error="skip", workers=1, **OPTS)
+    r = dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)  # on_error=skip is kept
+    assert not r.committed and V.versions(V.Root(out)) == [0]
+    make_folder(src, 2, seed0=77)
+    r = dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    assert r.committed and len(dsc.open(out)) == 12 and [s["key"] for s in r.skipped] == ["c0/broken.jpg"]
+
+
+def test_writers_refuse_links_inside_the_dataset(tmp_path):
+    src, _, out = compiled(tmp_path, 6)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    (out / "_dsc" / "objects" / "zz").symlink_to(victim)
+    dsc.vacuum(out, keep=1, older_than=0)  # a link among the objects is not dsc's: left alone
+    assert (victim / "precious").exists()
+    shutil.rmtree(out / "_dsc" / "pins", ignore_errors=True)
+    (out / "_dsc" / "pins").symlink_to(victim)
+    for call in (lambda: dsc.vacuum(out, keep=1, older_than=0), lambda: dsc.tag(out, "t"),
+                 lambda: dsc.restore(out, version=0),
+                 lambda: dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)):
+        with pytest.raises(dsc.UnsafePathError, match="symbolic link"):
+            call()
+    assert (victim / "precious").read_text() == "keep me"
+
+
+def test_tag_waits_for_no_writer_and_missing_objects_are_named(tmp_path):
+    from dsc.compiler.staging import OutLock
+    from dsc.versions import repair_view
+
+    src, _, out = compiled(tmp_path, 6)
+    with OutLock(out, "vacuum"):
+        with pytest.raises(dsc.CompileLockedError):
+            dsc.tag(out, "golden", version=0)
+    m = V.read_record(V.Root(out), 0)["manifest"]
+    sha = m.files["label/c/0"]["sha256"]
+    (out / V.object_path(sha)).unlink()
+    with pytest.raises(dsc.CorruptDatasetError, match=r"label/c/0 \(version content _dsc/objects/"):
+        dsc.open(out).get_batch([0])
+    repair_view(out)  # the view still has the exact bytes: the object is taken back from it
+    assert dsc.verify(out).ok
+
+
+def test_opening_the_latest_retries_when_it_is_vacuumed_meanwhile(tmp_path, monkeypatch):
+    src, paths, out = compiled(tmp_path, 6)
+    paths[0].unlink()
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    real = V.resolve
+    calls = []
+
+    def stale_first(root, version=None, tag=None):  # the first resolve sees a version about to be vacuumed
+        calls.append(1)
+        return 0 if len(calls) == 1 else real(root, version, tag)
+    monkeypatch.setattr(V, "resolve", stale_first)
+    dsc.vacuum(out, keep=1, older_than=0)
+    assert dsc.open(out).version == 1 and len(calls) == 2

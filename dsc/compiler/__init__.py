@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,9 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     if not update:
         check_output(out, options.overwrite)
     scanned = source.prepare()
+    paths = {p.name for p in source.params if p.type in ("dir", "file", "path")}  # may move; root says where
+    params = {k: v for k, v in source.config().items() if k not in paths and _utf8_json(v)}
+    scanned = replace(scanned, summary={**scanned.summary, "params": params})  # recorded: --update checks them
     for w in scanned.warnings:
         if warn is not None:
             warn(w)
@@ -45,6 +49,14 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
 
         return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
     return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)
+
+
+def _utf8_json(v) -> bool:
+    try:
+        json.dumps(v, ensure_ascii=False).encode("utf-8")
+        return True
+    except (TypeError, ValueError):  # (UnicodeEncodeError is a ValueError)
+        return False
 
 
 def options_from(source_name: str, kwargs: dict) -> CompileOptions:

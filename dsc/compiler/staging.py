@@ -175,7 +175,8 @@ def check_output(out: Path, overwrite: bool) -> None:
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
-        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"{out} already exists; pass --update to make a new version of it from the source as it "
+                                f"is now, or --overwrite to replace it")
     if out.is_dir() and not out.is_symlink() and (is_dsc_dataset(out) or not any(out.iterdir())):
         return
     raise OutputExistsError(f"{out} exists and is not a dsc dataset; refusing to overwrite it. "

@@ -40,7 +40,7 @@ from ..formats.zarr_v3 import read_plain_array, read_string_array
 from .decode import read_input_file
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
-from .sources.base import ScannedSource, Source, where
+from .sources.base import ScannedSource, Source, duplicate_keys, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
 
@@ -274,8 +274,36 @@ def check_options(base: Manifest, options: CompileOptions) -> CompileOptions:
                 raise ConfigError(f"--update keeps the options the dataset was compiled with; it has "
                                   f"{name}={theirs!r}, this run asks {name}={mine!r}. Changing how samples are "
                                   f"stored is a new compile: compile into a new OUT (or --overwrite)")
-    kept = {k: (tuple(v) if isinstance(v, list) else v) for k, v in recorded.items() if k in OUTPUT_OPTIONS}
+    if "shard_size" in options.explicit and options.shard_size not in (None, base.shard_size,
+                                                                         recorded.get("shard_size")):
+        raise ConfigError(f"--update keeps the dataset's shard size ({base.shard_size} samples a shard); this run asks "
+                          f"{options.shard_size}. Re-sharding is a new compile: compile into a new OUT (or --overwrite)")
+    kept = {k: (tuple(v) if isinstance(v, list) else v) for k, v in recorded.items()
+            if k in OUTPUT_OPTIONS or k == "shard_size" or k == "on_error" and k not in options.explicit}
     return replace(options, **kept)
+
+
+def _check_same_source(m: Manifest, scanned: ScannedSource, source: Source, out: Path, say) -> None:
+    """The update reads the same kind of source with the same parameters (paths may move: a warning)."""
+    src = m.source
+    if src.get("kind") != scanned.kind:
+        raise ConfigError(f"{out} was compiled from a {src.get('kind')} source; this run reads a {scanned.kind} "
+                          f"source: that is a new compile (into a new OUT, or --overwrite)")
+    recorded = src.get("params")
+    if isinstance(recorded, dict):
+        mine = scanned.summary.get("params", {})
+        for p in source.params:
+            if not p.python or p.type in ("dir", "file", "path", "object") or p.name in source.update_free:
+                continue
+            a, b = _norm(recorded.get(p.name, p.default)), _norm(mine.get(p.name, p.default))
+            if a != b:
+                flag = p.option if p.cli and not p.argument else p.name
+                raise ConfigError(f"{out} was compiled with {p.name}={a!r}; this run gives {p.name}={b!r}. --update "
+                                  f"reads the source as it was compiled: pass {flag} as then (changing it is a new "
+                                  f"compile)")
+    if src.get("root") and scanned.root and os.path.abspath(src["root"]) != os.path.abspath(scanned.root):
+        say(f"{out} was compiled from {src['root']}; this update reads {scanned.root} (inputs are matched by key, "
+            f"relative to the source)")
 
 
 def _norm(v):
@@ -297,15 +325,31 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
     if scanned.invalid and options.on_error == "fail":
         key, reason = scanned.invalid[0]
         raise _stop(key, key, reason)
+    dups = duplicate_keys(scanned.records)
+    if dups:
+        first = [where(r) for r in scanned.records if r.key == dups[0]]
+        raise SourceError(f"{scanned.root}: --update matches inputs to samples by key, and {len(dups)} key"
+                          f"{'s name' if len(dups) > 1 else ' names'} more than one input (first: {dups[0]!r}: "
+                          f"{', '.join(first[:3])}); make keys unique (a table's --key-column, one entry per "
+                          f"image in a split list) or compile again without --update")
     with OutLock(out, "dsc update"):
+        versions.check_private(out, ["image"])
         _recover(out, say)
         base = Base.open(out)
         m = base.manifest
+        versions.check_private(out, [s.path.split("/")[0] for s in L.shard_specs(m)])
         options = check_options(m, options)
+        _check_same_source(m, scanned, source, out, say)
         fields = dataset_fields(scanned, options)
         _check_same_fields(base, fields, scanned, out)
         plan = plan_update(base, scanned, source)
         tell(plan.describe())
+        if scanned.classes != m.classes:
+            added = [c for c in scanned.classes if c not in m.classes]
+            gone = [c for c in m.classes if c not in scanned.classes]
+            tell(f"classes: {len(m.classes)} -> {len(scanned.classes)}" + (f"; new: {', '.join(added[:5])}" if added else "")
+                 + (f"; gone: {', '.join(gone[:5])}" if gone else "") + "; every sample's label follows its class name "
+                 "(indices of existing classes may shift)")
         if options.dry_run or plan.empty and scanned.classes == m.classes:
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
@@ -385,7 +429,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             if done:
                 say(f"resuming an interrupted update: {len(done)} of {len(tasks)} new shards kept")
         except DscError:
-            say(f"discarding an interrupted update of other inputs ({txn})")
+            say(f"discarding the unfinished shards of an earlier update that did not commit (other inputs, or another "
+                f"base version; {txn})")
             shutil.rmtree(txn, ignore_errors=True)
     _discard_slots(out, next_slot, keep=set(done))
     journal.start()
@@ -401,6 +446,16 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         (decode[i].key, where(decode[i]), reason) for r in results for i, reason in r.errors]
     if options.error_report:
         _write_error_report(options.error_report, bad)
+    failed = {decode[i].key for r in results for i, _ in r.errors}
+    if not (plan.removed or plan.relabel or plan.moved) and failed == {r.key for r in decode} and \
+            {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and scanned.classes == m.classes:
+        say(f"the {len(failed)} input{'s' if len(failed) != 1 else ''} skipped before still fail and nothing else "
+            f"changed: no new version")
+        _discard_slots(out, next_slot)
+        shutil.rmtree(txn, ignore_errors=True)
+        return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=scanned.warnings,
+                             seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
+                             version=m.version["number"], committed=False)
     # ---- the new version's rows: the base's slots as they are (some rows now removed), then the new slots
     removed = set(plan.removed)
     reannotate = {**dict(plan.relabel), **dict(plan.moved)}

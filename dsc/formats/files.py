@@ -83,7 +83,8 @@ class Root:
         except FileNotFoundError:
             gone = " (the dataset directory was deleted or replaced since it was opened: open it again)" \
                 if os.fstat(self.fd).st_nlink == 0 else "; the dataset is incomplete or damaged. Recompile it"
-            raise _Missing(f"{self.path / rel} is missing{gone}") from None
+            what = f"{self.path / rel}" if target == rel else f"{self.path / rel} (version content {target})"
+            raise _Missing(f"{what} is missing{gone}") from None
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR, getattr(errno, "EMLINK", -1)):
                 raise UnsafePathError(f"{self.path / rel}: a symbolic link (or not a directory) inside the dataset; "

@@ -92,7 +92,8 @@ def read_record(root: Root, n: int) -> dict:
         raise
     rec = parse_json(data, root / record_path(n))
     if not isinstance(rec, dict) or set(rec) != RECORD_KEYS or rec.get("version") != n:
-        raise CorruptDatasetError(f"{root / record_path(n)}: not a dsc version record for version {n}")
+        raise CorruptDatasetError(f"{root / record_path(n)}: not a dsc version record for version {n} (edited or copied "
+                                  f"by hand?); put the right file back, or move it out of {LOG} to drop version {n}")
     for key, kind in (("parent", (int, type(None))), ("created", str), ("operation", str), ("summary", dict),
                       ("next_slot", int), ("manifest", dict)):
         if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
@@ -205,11 +206,33 @@ def lock_unpinned(path: Path, n: int) -> int | None:
 def open_version(root: Root, version: int | None = None, tag: str | None = None) -> tuple[dict, Pin]:
     """Pin, then read, version ``version`` / ``tag`` / the latest, and point ``root`` at its files (its small
     files are read from their objects, whatever the top-level view shows)."""
-    n = resolve(root, version, tag)
-    pin = Pin(root.path, n)
-    rec = read_record(root, n)  # after the pin: a vacuum that removed N meanwhile has removed this record
-    use(root, rec["manifest"])
-    return rec, pin
+    for attempt in range(8):
+        n = resolve(root, version, tag)
+        pin = Pin(root.path, n)
+        try:
+            rec = read_record(root, n)  # after the pin: a vacuum that removed N meanwhile has removed this record
+        except VersionNotFoundError:
+            pin.release()
+            if version is not None or attempt == 7:
+                raise
+            continue  # the latest (or the tagged) version was superseded and vacuumed meanwhile: resolve again
+        use(root, rec["manifest"])
+        return rec, pin
+    raise AssertionError("unreachable")
+
+
+def check_private(path: Path, nodes=()) -> None:
+    """Before a writer deletes or creates files under OUT: ``_dsc`` and its folders, and the shard folders of
+    ``nodes``, are real directories (a symbolic link there would make a vacuum delete files elsewhere)."""
+    from ..errors import UnsafePathError
+
+    for rel in (DSC_DIR, LOG, OBJECTS, TAGS, PINS, TXN, STAT, *nodes,
+                *(f"{n}/{sub}" for n in nodes for sub in ("c", "values"))):
+        p = path / rel
+        if p.is_symlink() or (p.exists() and not p.is_dir()):
+            raise UnsafePathError(f"{p} is {'a symbolic link' if p.is_symlink() else 'not a directory'}; dsc does "
+                                  f"not follow links inside a dataset and will not write or delete through it. "
+                                  f"Replace it with the directory it should be")
 
 
 def use(root: Root, m: Manifest) -> None:
@@ -316,11 +339,20 @@ def refresh_view(root: Path, m: Manifest, old: Manifest | None = None) -> None:
     object (atomically, file by file; a copy, so that writing into the view never changes a version),
     the files of the previous view (``old``) that ``m`` lacks removed, the root zarr.json last. Shard files
     are not the view's: they stay until ``dsc vacuum``."""
+    from ..errors import UnsafePathError
+
     for rel, f in m.files.items():
         dst = root / rel
         obj = root / object_path(f["sha256"])
         if old is not None and old.files.get(rel) == f and dst.is_file() and not dst.is_symlink():
             continue  # the view already has these bytes (as recorded: a damaged view is repaired with old=None)
+        parts = rel.split("/")
+        for k in range(1, len(parts)):
+            if (root.joinpath(*parts[:k])).is_symlink():
+                raise UnsafePathError(f"{root.joinpath(*parts[:k])} is a symbolic link; dsc does not write through "
+                                      f"links inside a dataset. Replace it with the directory it should be")
+        if not obj.is_file():
+            _recover_object(root, rel, f, obj)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.view")
         tmp.unlink(missing_ok=True)
@@ -330,6 +362,27 @@ def refresh_view(root: Path, m: Manifest, old: Manifest | None = None) -> None:
         for rel in set(old.files) - set(m.files):
             (root / rel).unlink(missing_ok=True)
     write_group(root, "", {"dsc": {**m.to_dict(), "checksum": m.checksum()}})
+
+
+def _recover_object(root: Path, rel: str, f: dict, obj: Path) -> None:
+    """A version's object is missing: take it back from the view when the view has its exact bytes."""
+    import hashlib
+
+    from ..errors import CorruptDatasetError
+
+    view = root / rel
+    try:
+        data = view.read_bytes() if view.is_file() and not view.is_symlink() else None
+    except OSError:
+        data = None
+    if data is None or len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+        raise CorruptDatasetError(f"{obj} (the content of {rel} in the latest version) is missing and no copy has its "
+                                  f"bytes; the version is damaged: `dsc restore` an intact version (dsc verify "
+                                  f"--version N checks one), or recompile")
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f".{obj.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, obj)
 
 
 def write_tag(root: Path, name: str, n: int) -> None:

@@ -171,7 +171,9 @@ class Dataset(torch.utils.data.Dataset):
         shape = (f"{m.image.height}x{m.image.width}x{m.image.channels}" if m.image.layout == "fixed"
                  else f"ragged x{m.image.channels}")
         extra = "".join(f", {f.name}" for f in self.fields if f.name not in ("image", "label", "objects"))
-        return f"dsc.Dataset({str(self.path)!r}, {self._n} samples, image {shape}{extra}, {m.shard_count} shards)"
+        version = f", version {self.version}" if m.version is not None else ""
+        return (f"dsc.Dataset({str(self.path)!r}{version}, {self._n} samples, image {shape}{extra}, "
+                f"{m.shard_count} shards)")
 
     # --------------------------------------------------------------------------- storage
     def load_to_ram(self, progress: bool = True) -> None:

@@ -331,6 +331,7 @@ class Source:
     cli: ClassVar[bool] = True  # a `dsc compile <name>` command (False: Python only, e.g. in-memory datasets)
     local_only: ClassVar[bool] = False  # its data lives in this process: forked local workers only, no Dask
     rows_in_files: ClassVar[bool] = False  # records are rows of shared files (tables): a file's size says nothing
+    update_free: ClassVar[tuple[str, ...]] = ()  # parameters an --update may change (a table version to read)
 
     def __init__(self, **kwargs):
         known = [p.name for p in self.params if p.python]
@@ -373,7 +374,15 @@ class Source:
                               f"ScannedSource")
         if getattr(self, "drop_empty_images", False):
             scanned = drop_empty(scanned)
-        return check_text(scanned)
+        scanned = check_text(scanned)
+        dups = duplicate_keys(scanned.records)
+        if dups:
+            from dataclasses import replace
+
+            scanned = replace(scanned, warnings=(*scanned.warnings, f"{len(dups)} key{'s' if len(dups) > 1 else ''} "
+                              f"name more than one input (first: {dups[0]!r}); such samples are told apart only by "
+                              f"position, and --update refuses the dataset until every key is unique"))
+        return scanned
 
     def fetcher(self, records: list[Record]) -> Callable[[Record], Item]:
         """Runs in a worker, once per unit: a function record -> :class:`Item` (a table source reads the
@@ -397,6 +406,16 @@ class Source:
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"
+
+
+def duplicate_keys(records) -> list[str]:
+    """Keys that more than one record has, in order of first appearance."""
+    seen, dups = set(), {}
+    for r in records:
+        if r.key in seen:
+            dups.setdefault(r.key, None)
+        seen.add(r.key)
+    return list(dups)
 
 
 DROP_EMPTY = Param("drop_empty_images", "Leave out images without boxes (kept as negatives by default).",

@@ -103,6 +103,7 @@ class DeltaSource(TableSource):
 
     name = "delta"
     task = "classification"
+    update_free = ("version",)
     params = (
         Param("uri", "The Delta table: a folder with a _delta_log (or a file:// URI).", type="str", required=True,
               argument=True, metavar="TABLE_URI"),
@@ -116,6 +117,10 @@ class DeltaSource(TableSource):
     )
 
     def scan(self) -> ScannedSource:
+        if self.version is not None and self.version < 0:
+            from ...errors import ConfigError
+
+            raise ConfigError(f"delta: version is a table version 0, 1, 2...; got {self.version}")
         dt = open_table(self.uri, self.version)
         files, constants, dropped = table_files(dt)
         if not files:

@@ -3,7 +3,7 @@ Parquet files...), one image a row. Needs ``pyarrow`` (``pip install dsc[table]`
 
 The image column holds raw encoded bytes, or Hugging Face's Image struct ``{"bytes", "path"}``. The label
 column is an integer class index; class names come from ``classes``, else from a Hugging Face ClassLabel
-in the schema metadata, else are the label values as text. Keys are the ``key_column``, else ``file#row``. Workers read only the row groups their shard needs.
+in the schema metadata, else are the label values as text. Keys are the ``key_column``, else ``file#row`` (file: its path in the table folder). Workers read only the row groups their shard needs.
 """
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def scan_table_files(files: list[Path], kind: str, root: str, image_column: str,
     """The records of a table made of ``files`` (in this order). ``constants``: per file, columns whose value
     is the same for all its rows and not stored in it (a Delta table's partition columns)."""
     records, names = [], None
+    base = Path(root) if Path(root).is_dir() else None
     for f in files:
+        name = f.relative_to(base).as_posix() if base is not None and f.is_relative_to(base) else f.name
         fixed = (constants or {}).get(str(f), {})
         wanted = [c for c in (label_column, key_column) if c and c not in fixed]
         try:
@@ -98,7 +100,7 @@ def scan_table_files(files: list[Path], kind: str, root: str, image_column: str,
             label = labels[row]
             if label is None or not isinstance(label, int) or isinstance(label, bool):
                 raise SourceError(f"{f} row {row}: label {label!r} is not an integer class index")
-            key = str(keys[row]) if keys and keys[row] not in (None, "") else f"{f.name}#{row}"
+            key = str(keys[row]) if keys and keys[row] not in (None, "") else f"{name}#{row}"
             records.append(Record(key=key, path=str(f), label=label, row=row))
     if not records:
         raise SourceError(f"{root}: the table has no rows")
