@@ -319,7 +319,7 @@ def verify_cmd(dataset: Path, version, repair_view: bool):
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
     report = verify(dataset, version)
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
-    view_only = report.problems and all("top-level view" in p.what for p in report.problems)
+    view_only = report.problems and all(p.view for p in report.problems)
     if report.ok:
         click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {what} match "
                    f"the manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")

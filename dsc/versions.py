@@ -163,7 +163,7 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     with OutLock(out, "vacuum"):
         have = V.versions(root)
         records = {n: V.read_record(root, n) for n in have}
-        nodes = {s.path.split("/")[0] for rec in records.values() for s in L.shard_specs(rec["manifest"])}
+        nodes = {node for rec in records.values() for node in L.shard_nodes(rec["manifest"])}
         V.check_private(out, sorted(nodes))
         tagged = set(V.tag_names(root).values())
         now = time.time()
@@ -241,7 +241,6 @@ def _unused(out: Path, nodes: set[str], used_shards: set[str], used_objects: set
 def repair_view(out) -> int:
     """Rewrite the top-level plain-Zarr view as the latest version (``dsc verify --repair-view``)."""
     from .compiler.staging import OutLock
-    from .compiler.update import _view
 
     root = _root(out)
     with OutLock(Path(out), "repair"):

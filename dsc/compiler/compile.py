@@ -142,6 +142,26 @@ def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, options: CompileOptions, journal,
+                 done: dict, source: Source, inputs: dict, workers: int):
+    """Run the units not ``done`` (journaling each), then ``(results, bad)``: every unit's result, and
+    (key, where, reason) of each input left out (the scan's invalid ones first), written to
+    ``--error-report`` when asked, also when a bad input stops the run."""
+    journal.start()
+    try:
+        results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail", records,
+                             journal, done, source, inputs, options.executor)
+    except SampleError as e:
+        if options.error_report:
+            _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
+        raise
+    bad = [(k, k, r) for k, r in scanned.invalid] + [
+        (records[i].key, where(records[i]), reason) for r in results for i, reason in r.errors]
+    if options.error_report:
+        _write_error_report(options.error_report, bad)
+    return results, bad
+
+
 def _write_error_report(path: str, entries) -> None:
     """JSON lines {key, path, reason} from (key, path, reason) triples."""
     with open(path, "w", encoding="utf-8") as f:
@@ -231,19 +251,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
                 i, reason = min(e for r in failed for e in r.errors)
                 raise _stop(records[i].key, where(records[i]), reason)
-        journal.start()
-        try:
-            results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail",
-                                 records, journal, done, source, inputs, options.executor)
-        except SampleError as e:
-            if options.error_report:
-                _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
-            raise
-        bad = [(k, k, r) for k, r in scanned.invalid] + [
-            (records[i].key, where(records[i]), reason) for r in results for i, reason in r.errors]
+        results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers)
         skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
-        if options.error_report:
-            _write_error_report(options.error_report, bad)
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "

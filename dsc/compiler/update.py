@@ -337,7 +337,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
         _recover(out, say)
         base = Base.open(out)
         m = base.manifest
-        versions.check_private(out, [s.path.split("/")[0] for s in L.shard_specs(m)])
+        versions.check_private(out, L.shard_nodes(m))
         options = check_options(m, options)
         _check_same_source(m, scanned, source, out, say)
         fields = dataset_fields(scanned, options)
@@ -407,7 +407,7 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
            fields, t0: float, say) -> CompileReport:
-    from .compile import Rows, _classes, _run_units, _stop, _write_error_report, write_version
+    from .compile import Rows, _classes, _stop, decode_units, write_version
 
     m = base.manifest
     K = m.shard_size
@@ -432,26 +432,15 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             say(f"discarding the unfinished shards of an earlier update that did not commit (other inputs, or another "
                 f"base version; {txn})")
             shutil.rmtree(txn, ignore_errors=True)
-    _discard_slots(out, next_slot, keep=set(done))
-    journal.start()
-    workers = options.workers or os.cpu_count() or 1
-    try:
-        results = _run_units(tasks, workers, options.progress, len(decode), options.on_error == "fail", decode,
-                             journal, done, source, inputs, options.executor)
-    except SampleError as e:
-        if options.error_report:
-            _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
-        raise
-    bad = [(k, k, r) for k, r in scanned.invalid] + [
-        (decode[i].key, where(decode[i]), reason) for r in results for i, reason in r.errors]
-    if options.error_report:
-        _write_error_report(options.error_report, bad)
+    _discard_slots(out, L.shard_nodes(m), next_slot, keep=set(done))
+    results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
+                                options.workers or os.cpu_count() or 1)
     failed = {decode[i].key for r in results for i, _ in r.errors}
     if not (plan.removed or plan.relabel or plan.moved) and failed == {r.key for r in decode} and \
             {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and scanned.classes == m.classes:
         say(f"the {len(failed)} input{'s' if len(failed) != 1 else ''} skipped before still fail and nothing else "
             f"changed: no new version")
-        _discard_slots(out, next_slot)
+        _discard_slots(out, L.shard_nodes(m), next_slot)
         shutil.rmtree(txn, ignore_errors=True)
         return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=scanned.warnings,
                              seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
@@ -575,10 +564,10 @@ def _pad(parts: dict, rows, n: int) -> None:
         setattr(rows, a, np.concatenate([getattr(rows, a), getattr(holes, a)]))
 
 
-def _discard_slots(out: Path, first: int, keep=frozenset()) -> None:
-    """Remove shard slots from ``first`` on that an interrupted attempt left (no committed version uses them:
-    slots are handed out past every version's), but the finished units being resumed (``keep``)."""
-    for node in ("image", *_pixel_nodes(out)):
+def _discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:
+    """Remove shard slots of ``nodes`` from ``first`` on that an interrupted attempt left (no committed version
+    uses them: slots are handed out past every version's), but the finished units being resumed (``keep``)."""
+    for node in nodes:
         for sub in ("c", "values"):
             d = out / node / sub
             if not d.is_dir():
@@ -586,15 +575,6 @@ def _discard_slots(out: Path, first: int, keep=frozenset()) -> None:
             for e in os.scandir(d):
                 if e.name.isdigit() and int(e.name) >= first and int(e.name) not in keep:
                     shutil.rmtree(e.path, ignore_errors=True)
-
-
-def _pixel_nodes(out: Path) -> list[str]:
-    try:
-        m = Root(out)
-        latest = versions.read_record(m, versions.versions(m)[-1])["manifest"]
-        return [name for name, spec in latest.fields.items() if spec.get("shards") is not None]
-    except DscError:
-        return []
 
 
 __all__ = ["Plan", "plan_update", "update_dataset"]

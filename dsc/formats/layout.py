@@ -43,6 +43,12 @@ def shard_specs(manifest: Manifest) -> list[ShardSpec]:
     return [s for s in manifest.shards if s is not None] + extra
 
 
+def shard_nodes(manifest: Manifest) -> list[str]:
+    """The nodes whose shards sit in slot folders (``<node>/c/<slot>``, ``<node>/values/<slot>``): the image and
+    every image-like field."""
+    return [IMAGE, *(name for name, spec in manifest.fields.items() if spec.get("shards") is not None)]
+
+
 def check_shard_files(root, manifest: Manifest) -> None:
     """The cheap check every reader makes: each shard file exists with the size the manifest records."""
     root = as_root(root)

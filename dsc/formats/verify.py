@@ -53,6 +53,7 @@ class Problem:
     file: str
     what: str
     samples: list[int] = field(default_factory=list)
+    view: bool = False  # a difference of the top-level plain-Zarr view only (the version itself is intact)
 
     def __str__(self):
         s = f"{self.file}: {self.what}"
@@ -101,7 +102,7 @@ def _verify_view(view: Root, m: Manifest, P: list) -> None:
         P.append(Problem(", ".join(stale[:5]) + (" ..." if len(stale) > 5 else ""),
                          f"the top-level view (what plain Zarr readers open) differs from version "
                          f"{m.version['number']}; dsc reads the version itself. `dsc verify OUT --repair-view` "
-                         f"rewrites the view"))
+                         f"rewrites the view", view=True))
 
 
 def try_read(problems: list[Problem], rel: str, fn):
