@@ -267,8 +267,7 @@ def check_options(base: Manifest, options: CompileOptions) -> CompileOptions:
     option given explicitly with another value than recorded is refused: that is a new compile."""
     recorded = dict(base.source.get("options", {}))
     for name in OUTPUT_OPTIONS:
-        if name in options.explicit and name in recorded or name in options.explicit and getattr(
-                options, name) != CompileOptions.__dataclass_fields__[name].default:
+        if name in options.explicit:
             mine, theirs = getattr(options, name), recorded.get(name, CompileOptions.__dataclass_fields__[name].default)
             if _norm(mine) != _norm(theirs):
                 raise ConfigError(f"--update keeps the options the dataset was compiled with; it has "
