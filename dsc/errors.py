@@ -91,3 +91,18 @@ class VersionNotFoundError(DatasetNotFoundError):
 
 class VersionConflictError(DscError, FileExistsError):
     """Another writer committed the version this update was making: nothing of this update was published."""
+
+
+class RemoteError(DscError, OSError):
+    """Object storage failed after retries (the server is unreachable, a shard keeps failing its checksum...).
+    The message names the URL and the cause."""
+
+
+class CredentialsError(RemoteError, PermissionError):
+    """Object storage refused the request for lack of (valid) credentials; the message names the variable
+    to set."""
+
+
+class CacheFullError(DscError, OSError):
+    """The local shard cache cannot take a shard: its disk is full, or ``cache_limit`` is smaller than what
+    the batches in flight need."""

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..formats.remote import is_url, local_path
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
@@ -25,17 +26,20 @@ from .staging import check_output
 def compile_source(source: Source, out, options: CompileOptions, warn=None, info=None) -> CompileReport:
     """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
     before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
-    plan goes to ``info``)."""
+    plan goes to ``info``). ``out`` may be a URL (s3://, gs://, az://): see upload.py."""
+    if is_url(out):
+        from .upload import compile_to_url
+
+        def compile_local(stage, opts, on_unit):
+            return compile_dataset(_scan(source, warn), stage, replace(opts, update=False, dry_run=False), warn=warn,
+                                   source=source, on_unit=on_unit)
+
+        return compile_to_url(compile_local, out, options)
+    out = local_path(out)
     update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
     if not update:
         check_output(out, options.overwrite)
-    scanned = source.prepare()
-    paths = {p.name for p in source.params if p.type in ("dir", "file", "path")}  # may move; root says where
-    params = {k: v for k, v in source.config().items() if k not in paths and _utf8_json(v)}
-    scanned = replace(scanned, summary={**scanned.summary, "params": params})  # recorded: --update checks them
-    for w in scanned.warnings:
-        if warn is not None:
-            warn(w)
+    scanned = _scan(source, warn)
     if options.dry_run and not update:
         n = len(scanned.records)
         if info is not None:
@@ -49,6 +53,19 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
 
         return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
     return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)
+
+
+def _scan(source: Source, warn) -> ScannedSource:
+    """The source's records, with its non-path parameters recorded (--update checks them); its warnings
+    go to ``warn``."""
+    scanned = source.prepare()
+    paths = {p.name for p in source.params if p.type in ("dir", "file", "path")}  # may move; root says where
+    params = {k: v for k, v in source.config().items() if k not in paths and _utf8_json(v)}
+    scanned = replace(scanned, summary={**scanned.summary, "params": params})
+    for w in scanned.warnings:
+        if warn is not None:
+            warn(w)
+    return scanned
 
 
 def _utf8_json(v) -> bool:

@@ -72,7 +72,7 @@ def _dask_results(executor, todo: list[UnitTask], run):
 
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
                records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
-               inputs: dict[int, str], executor=None) -> list[UnitResult]:
+               inputs: dict[int, str], executor=None, on_unit=None) -> list[UnitResult]:
     """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order."""
     from tqdm import tqdm
 
@@ -93,6 +93,8 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
                 raise _stop(records[i].key, where(records[i]), reason)
             journal.record(res, inputs[res.s])
             results[res.s] = res
+            if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
+                on_unit(res)
             written += res.nbytes
             bar.update(len(by_slot[res.s].records))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
@@ -143,14 +145,14 @@ def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K:
 
 
 def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, options: CompileOptions, journal,
-                 done: dict, source: Source, inputs: dict, workers: int):
+                 done: dict, source: Source, inputs: dict, workers: int, on_unit=None):
     """Run the units not ``done`` (journaling each), then ``(results, bad)``: every unit's result, and
     (key, where, reason) of each input left out (the scan's invalid ones first), written to
     ``--error-report`` when asked, also when a bad input stops the run."""
     journal.start()
     try:
         results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail", records,
-                             journal, done, source, inputs, options.executor)
+                             journal, done, source, inputs, options.executor, on_unit)
     except SampleError as e:
         if options.error_report:
             _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
@@ -202,11 +204,11 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
 
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
-                    warn=None, source: Source | None = None, **kwargs) -> CompileReport:
+                    warn=None, source: Source | None = None, on_unit=None, **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
     ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
     ``source``: the source that scanned the records (its ``fetcher`` runs in the workers); records of
-    files need none."""
+    files need none. ``on_unit(result)`` is called as each unit finishes (its shards are written)."""
     options = options or CompileOptions(**kwargs)
     source = source or Source()
     if source.local_only:
@@ -251,7 +253,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
                 i, reason = min(e for r in failed for e in r.errors)
                 raise _stop(records[i].key, where(records[i]), reason)
-        results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers)
+        results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers,
+                                    on_unit)
         skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:

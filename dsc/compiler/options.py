@@ -41,6 +41,7 @@ class CompileOptions:
     update: bool = False  # make the next version of an existing OUT, decoding only what changed (compiler/update.py)
     dry_run: bool = False  # with update: say what it would do, change nothing
     explicit: tuple = ()  # the option names the caller gave (an update refuses output options that differ)
+    cache_dir: str | None = None  # OUT is a URL: where shards are staged before upload (default: the shard cache)
 
     def __post_init__(self):
         if self.size is not None:
@@ -84,7 +85,7 @@ class CompileOptions:
 
     LATER_DEFAULTS = {"max_pixels": None}  # options added later: recorded only when set (same bytes as before)
     RUNTIME_ONLY = ("workers", "overwrite", "resume", "progress", "error_report", "executor", "on_error", "update",
-                    "dry_run", "explicit")
+                    "dry_run", "explicit", "cache_dir")
 
     def recorded(self, masks: bool = False) -> dict:
         """The options that decide the output's bytes (stored in the manifest, fingerprinted for resume);

@@ -187,16 +187,24 @@ class Root:
             return np.zeros(0, np.uint8)
         fd = self._open(rel)
         try:
-            if os.fstat(fd).st_size < nbytes:
-                raise CorruptDatasetError(f"{self.path / rel} is shorter than the {nbytes} bytes the manifest says")
-            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return map_fd(fd, nbytes, self.path / rel)
         finally:
             os.close(fd)
-        try:
-            mm.madvise(MADV_POPULATE_READ)
-        except (OSError, ValueError):
-            mm.madvise(mmap.MADV_WILLNEED)
-        return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
+
+
+def map_fd(fd: int, nbytes: int, name) -> np.ndarray:
+    """The first ``nbytes`` of the open file ``fd`` as a flat uint8 array: a private (copy-on-write) mapping
+    whose page tables are filled up front; the array keeps the mapping alive (the descriptor may close)."""
+    if nbytes == 0:
+        return np.zeros(0, np.uint8)
+    if os.fstat(fd).st_size < nbytes:
+        raise CorruptDatasetError(f"{name} is shorter than the {nbytes} bytes the manifest says")
+    mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        mm.madvise(MADV_POPULATE_READ)
+    except (OSError, ValueError):
+        mm.madvise(mmap.MADV_WILLNEED)
+    return np.frombuffer(mm, dtype=np.uint8)
 
 
 def as_root(root) -> Root:

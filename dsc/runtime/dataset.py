@@ -22,6 +22,7 @@ from ..formats import layout as L
 from ..formats import versions
 from ..formats.coords import invert_affine
 from ..formats.files import Root
+from ..formats.remote import is_url, local_path
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
@@ -48,24 +49,24 @@ class Dataset(torch.utils.data.Dataset):
     to the batch's largest + true sizes)."""
 
     def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed",
-                 version: int | None = None, tag: str | None = None):
+                 version: int | None = None, tag: str | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, retry_seconds: float | None = None):
         check_forms(boxes, images)
         self.box_form, self.image_form = boxes, images
-        self.path = Path(path)
-        root = Root(self.path)  # every later read is relative to this directory: one dataset, never a mix
         self._record = None
-        pin = None
-        if versions.is_versioned(root):
-            self._record, pin = versions.open_version(root, version, tag)  # pinned while this handle lives
+        if is_url(path):  # object storage: small files fetched now, shards through the local cache (remote.py)
+            from .remote import open_remote
+
+            self.path = path.rstrip("/")
+            self._record, self.storage = open_remote(self.path, version, tag, cache_dir, cache_limit, retry_seconds)
             self.manifest: Manifest = self._record["manifest"]
         else:
-            if version not in (None, 0) or tag is not None:
-                raise VersionNotFoundError(f"{self.path} was compiled by a dsc without versions: it has only "
-                                           f"version 0 and no tags")
-            self.manifest = L.read_manifest(root)
+            if cache_dir is not None or cache_limit is not None:
+                raise ConfigError("cache_dir and cache_limit are for datasets in object storage (s3://, gs://, "
+                                  "az://); a local dataset is read in place")
+            self.path = Path(local_path(path))
+            self.storage = self._open_local(version, tag)
         m = self.manifest
-        L.check_shard_files(root, m)
-        self.storage = Storage(root, m.checksum(), m.version["number"] if m.version else None, pin)
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self._rows = None  # logical sample -> row (None: the same)
@@ -89,6 +90,37 @@ class Dataset(torch.utils.data.Dataset):
             self.labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
+
+    def _open_local(self, version, tag) -> Storage:
+        root = Root(self.path)  # every later read is relative to this directory: one dataset, never a mix
+        pin = None
+        if versions.is_versioned(root):
+            self._record, pin = versions.open_version(root, version, tag)  # pinned while this handle lives
+            self.manifest = self._record["manifest"]
+        else:
+            if version not in (None, 0) or tag is not None:
+                raise VersionNotFoundError(f"{self.path} was compiled by a dsc without versions: it has only "
+                                           f"version 0 and no tags")
+            self.manifest = L.read_manifest(root)
+        m = self.manifest
+        L.check_shard_files(root, m)
+        return Storage(root, m.checksum(), m.version["number"] if m.version else None, pin)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the dataset is read from object storage through the local shard cache."""
+        return getattr(self.storage, "remote", False)
+
+    def shards_of(self, idx) -> list[str]:
+        """The shard files (paths relative to the dataset) that samples ``idx`` are read from."""
+        rows = self._to_rows(np.asarray(idx, np.int64))
+        slots = np.unique(rows // self.manifest.shard_size).tolist()
+        out = []
+        for r in self.readers.values():
+            px = getattr(r, "px", None)
+            if px is not None:
+                out.extend(px.shards[s].path for s in slots if px.shards[s] is not None)
+        return out
 
     def _check_rows(self, rows: np.ndarray) -> None:
         """Every sample of the version sits in a shard the version has, inside its count."""
@@ -332,11 +364,18 @@ class Dataset(torch.utils.data.Dataset):
 
 
 def open(path: str | os.PathLike, boxes: str = "packed", images: str = "packed", version: int | None = None,  # noqa: A001
-         tag: str | None = None) -> Dataset:
+         tag: str | None = None, cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+         retry_seconds: float | None = None) -> Dataset:
     """Open a compiled dataset (the public name is ``dsc.open``): its latest version, or ``version`` /
     ``tag`` (time travel). The handle reads that version's bytes for as long as it lives, whatever later
     updates, restores or vacuums do (it pins the version). Raises DatasetNotFoundError (and its
     VersionNotFoundError), FormatVersionError or CorruptDatasetError with the path and the fix when the
     directory is not a complete, readable dsc dataset. ``boxes`` / ``images``: batch forms, see
-    :class:`Dataset`."""
-    return Dataset(path, boxes=boxes, images=images, version=version, tag=tag)
+    :class:`Dataset`.
+
+    ``path`` may be a URL (``s3://bucket/prefix``, ``gs://``, ``az://``; docs/REMOTE.md): the small arrays are
+    fetched now, shards are downloaded whole into ``cache_dir`` (default ``$DSC_CACHE_DIR`` or
+    ``~/.cache/dsc``), verified, and mapped from there; ``cache_limit`` (bytes or "200GB") bounds that
+    cache; ``retry_seconds`` how long failing requests are retried (default ``$DSC_RETRY_SECONDS`` or 120)."""
+    return Dataset(path, boxes=boxes, images=images, version=version, tag=tag, cache_dir=cache_dir,
+                   cache_limit=cache_limit, retry_seconds=retry_seconds)

@@ -123,6 +123,7 @@ class Loader:
         self._ring: Ring | None = None
         self._streams: list = []
         self._streams_lock = threading.Lock()
+        self._warned_random = False
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -180,6 +181,40 @@ class Loader:
     def _interrupt(self, why: str) -> None:
         for it in list(self._iterators):
             it.close(superseded=why)
+
+    def _shard_feed(self, batches: list[np.ndarray], start: int):
+        """For a dataset in object storage: a feed that downloads the coming batches' shards ahead of them
+        (remote.py), within the cache limit; None for a local dataset."""
+        ds = self.dataset
+        if not ds.remote or start >= len(batches):
+            return None
+        from .remote import ShardFeed
+
+        storage = ds.storage
+        needs = [ds.shards_of(b) for b in batches]
+        limit = storage.cache.limit
+        budget = None
+        if limit is not None:
+            worst = max((sum(storage.nbytes(r) for r in n), j) for j, n in enumerate(needs))
+            if worst[0] > limit:
+                raise ConfigError(f"cache_limit {limit:,} bytes is smaller than the shards batch {worst[1]} needs "
+                                  f"({worst[0]:,} bytes, {len(needs[worst[1]])} shards): raise cache_limit, or read "
+                                  f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
+                                  f"batch_size)")
+            # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
+            # its share, keeping half of it for the batches being gathered.
+            share = limit // max(1, _env_int("LOCAL_WORLD_SIZE", 1))
+            budget = max(worst[0], share // 2)
+            total = sum(s.nbytes for s in storage.specs.values())
+            if self.order == "random" and total > limit and not self._warned_random:
+                import warnings
+
+                self._warned_random = True
+                warnings.warn(f"order='random' over {ds.path} with a cache ({limit:,} bytes) smaller than the dataset "
+                              f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
+                              f"reads a window of shards at a time and keeps the downloads ahead of training",
+                              stacklevel=3)
+        return ShardFeed(storage, needs, start, budget)
 
     def _release_ring(self) -> None:
         """Drop the ring's buffers (pinned ones go back to torch's pinned-memory cache, for reuse)."""
@@ -252,6 +287,13 @@ class Loader:
         self._resume = _Resume(int(epoch), int(served))
         self.epoch = self._resume.epoch
         self._served = self._resume.batches
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 def _describe(transforms) -> str | None:

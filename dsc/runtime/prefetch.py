@@ -94,6 +94,7 @@ class _EpochState:
         self.ring = loader._ring
         self.copy_stream = loader._copy_stream  # made once per Loader (a stream per epoch would strand memory)
         self.loader = weakref.ref(loader)
+        self.feed = loader._shard_feed(batches, start)  # remote datasets: shards fetched ahead (remote.py)
 
     def shutdown(self) -> None:
         """Stop and join the threads. The ring stays with the loader (also when the epoch was cut short:
@@ -106,6 +107,8 @@ class _EpochState:
             return  # finalized from a filler thread (garbage collection): the threads exit on their own
         for t in self.threads:
             t.join()
+        if self.feed is not None:
+            self.feed.close()
         self.results.clear()
         self.ring = None
 
@@ -155,8 +158,14 @@ def _fill_jobs(state: _EpochState, k: int) -> None:
             idx = state.batches[j]
             gen = batch_generator(state.seed, state.epoch, j) if state.transforms is not None else None
             plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
-            batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
-                                            geometry=plan, post=state.post)
+            if state.feed is not None:
+                state.feed.wait(j, lambda: state.stop)  # its shards are downloaded and held
+            try:
+                batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
+                                                geometry=plan, post=state.post)
+            finally:
+                if state.feed is not None:
+                    state.feed.done(j)  # gathered: the shards may go (they stay cached until evicted)
             event = None
             if cuda:
                 with torch.cuda.stream(stream):

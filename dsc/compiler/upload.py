@@ -1,0 +1,205 @@
+"""Compiling to object storage, and pushing a local dataset there (docs/REMOTE.md).
+
+A compile to ``s3://bucket/prefix`` (or ``gs://``, ``az://``) compiles into a local staging dataset under
+the cache directory (``CACHE/uploads/<id>/``) and uploads as it goes: each shard as soon as its unit is
+written (in parallel, multipart for big files), then the version's objects and the plain-Zarr view, then
+the version record by one conditional put (If-None-Match: the commit), then the root ``zarr.json``. Until
+the record is there, nothing in the bucket is a dataset to a reader (readers find versions by their
+records). ``--resume`` continues an interrupted compile from its staging and skips every shard the bucket
+already has with the same size and SHA-256 (each upload records the SHA-256 in the object's metadata).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import ConfigError, OutputExistsError, RemoteError, VersionConflictError
+from ..formats import layout as L
+from ..formats import versions
+from ..formats.files import Root
+from ..formats.remote import Store, default_cache_dir, open_store, remote_versions
+from .staging import is_dsc_dataset, staging_dir
+
+CONNECTIONS = 8
+
+
+class Uploader:
+    """Uploads files of a local dataset in the background; a file already in the bucket with the same size
+    and SHA-256 is kept (resume)."""
+
+    def __init__(self, store: Store, connections: int = CONNECTIONS):
+        self.store = store
+        self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-upload")
+        self.jobs: dict[str, tuple[str, Future]] = {}
+        self.lock = threading.Lock()
+        self.sent = self.kept = self.bytes_sent = 0
+
+    def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int) -> Future:
+        """Upload ``rel`` (read from the first of ``places`` that has it), unless already done with this hash.
+        A file re-written since its upload began (a compaction after skipped inputs) is uploaded again after
+        the first upload ends, so the last bytes written are the ones the bucket keeps."""
+        with self.lock:
+            job = self.jobs.get(rel)
+            if job is not None and job[0] == sha256:
+                return job[1]
+            fut = self.pool.submit(self._one, places, rel, sha256, nbytes, job[1] if job else None)
+            self.jobs[rel] = (sha256, fut)
+            return fut
+
+    def _one(self, places: list[Path], rel: str, sha256: str, nbytes: int, before: Future | None) -> None:
+        if before is not None:  # (submitted earlier, so already running or ahead in the queue)
+            try:
+                before.result()
+            except Exception:  # noqa: BLE001 - superseded by this upload
+                pass
+        store = self.store
+        if store.head(rel) == nbytes and store.attributes(rel).get("sha256") == sha256:
+            with self.lock:
+                self.kept += 1
+            return
+        for i, base in enumerate(places):  # the staging directory is renamed into place when the compile ends
+            path = base / rel
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if i == len(places) - 1:
+                    raise
+                continue
+            break
+        with os.fdopen(fd, "rb") as f:
+            h = hashlib.sha256()
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+            if f.tell() != nbytes or h.hexdigest() != sha256:
+                raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
+                                  f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
+            store.put(rel, f, attributes={"sha256": sha256})
+        with self.lock:
+            self.sent += 1
+            self.bytes_sent += nbytes
+
+    def wait(self) -> None:
+        for _, fut in list(self.jobs.values()):
+            fut.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
+         retry_seconds: float | None = None) -> dict:
+    """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
+    first, then each version record by a conditional put, oldest first, then the view. A record the bucket
+    already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
+    :class:`~dsc.errors.VersionConflictError`. Returns counts."""
+    from tqdm import tqdm
+
+    local = Path(local)
+    root = Root(local)
+    store = uploader.store if uploader is not None else open_store(url, retry_seconds)
+    own = uploader is None
+    uploader = uploader or Uploader(store)
+    nums = versions.versions(root)
+    if not nums:
+        raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
+    try:
+        records = {n: versions.read_record(root, n) for n in nums}
+        jobs = {}
+        for rec in records.values():
+            m = rec["manifest"]
+            for spec in L.shard_specs(m):
+                jobs[spec.path] = (spec.sha256, spec.nbytes)
+            for rel, f in m.files.items():
+                jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
+        latest = records[nums[-1]]["manifest"]
+        view = {rel: (f["sha256"], f["nbytes"]) for rel, f in latest.files.items()}
+        futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
+        with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
+            for f in futs:
+                f.result()
+                bar.update(1)
+        for rel, (sha, n) in view.items():  # the plain-Zarr view: copies of the latest version's objects
+            uploader.submit([local], rel, sha, n)
+        uploader.wait()
+        stat = local / versions.STAT / f"{nums[-1]}.bin"
+        if stat.is_file():  # (advisory: a later --update reads it)
+            uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", _sha_file(stat), stat.stat().st_size)
+            uploader.wait()
+        for n in nums:  # the commits
+            data = bytes(root.read(versions.record_path(n)))
+            try:
+                store.put(versions.record_path(n), data, create_only=True)
+            except FileExistsError:
+                if store.get(versions.record_path(n)) != data:
+                    raise VersionConflictError(f"{store.where(versions.record_path(n))} exists and is another "
+                                               f"dataset's version {n}: nothing of {local} was published there. "
+                                               f"Push to another URL") from None
+        for name, n in versions.tag_names(root).items():
+            store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
+        store.put("zarr.json", bytes(root.read("zarr.json")))
+    finally:
+        if own:
+            uploader.close()
+    return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
+
+
+def compile_to_url(compile_local, url: str, options):
+    """Compile (``compile_local(stage, options, on_unit)``) into a local staging dataset while uploading its
+    shards, then publish it at ``url`` (see the module docstring). Returns the compile report."""
+    if options.update:
+        raise ConfigError(f"{url}: --update of a dataset in object storage is not supported yet; compile the new "
+                          f"version locally (dsc compile ... --update LOCAL) and publish it with dsc push LOCAL URL")
+    if options.overwrite:
+        raise ConfigError(f"{url}: --overwrite of a dataset in object storage is not supported; compile to a new "
+                          f"URL (versions in object storage are never overwritten)")
+    store = open_store(url)
+    existing = remote_versions(store)
+    cache_root = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
+    stage_root = cache_root / "uploads" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
+    stage = stage_root / "dataset"
+    if existing and not (options.resume and is_dsc_dataset(stage)):
+        raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
+                                f"compile to another URL")
+    stage_root.mkdir(parents=True, exist_ok=True)
+    (stage_root / "url").write_text(store.url + "\n")
+    uploader = Uploader(store)
+    try:
+        if options.resume and is_dsc_dataset(stage):
+            report = None  # compiled already; the upload was interrupted
+        else:
+            if is_dsc_dataset(stage):
+                shutil.rmtree(stage)  # a finished compile of an earlier run that was not resumed
+            tmp = staging_dir(stage)
+
+            def on_unit(res):
+                for p in res.parts.values():
+                    spec = getattr(p, "shard", None)
+                    if spec is not None:
+                        uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes)
+
+            report = compile_local(stage, replace(options, overwrite=False), on_unit)
+        push(stage, store.url, uploader, progress=options.progress)
+    finally:
+        uploader.close()
+    if report is None:
+        from .options import CompileReport
+
+        manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]
+        report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,
+                               bytes_written=0, resumed_units=0)
+    shutil.rmtree(stage_root, ignore_errors=True)
+    return replace(report, path=store.url)

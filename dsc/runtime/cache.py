@@ -1,0 +1,307 @@
+"""The local shard cache in front of object storage (docs/REMOTE.md): bounded, verified, shared by the
+processes of a node.
+
+    CACHE/shards/<sha[:2]>/<sha256>     a downloaded shard, named by its content (its mtime: its last use)
+    CACHE/shards/<sha[:2]>/<sha>.<pid>.part    a download in progress (pre-allocated to its full size)
+    CACHE/locks/<sha[:2]>/<sha>         per-shard download lock (flock): each shard is downloaded once
+    CACHE/.space                        lock taken while space is reserved (usage scan and eviction)
+    CACHE/datasets/<id>/                per URL: the version records and small files read at open
+
+* **Named by content.** A shard's file name is its SHA-256 from the manifest, so the same bytes are shared
+  by every version and every dataset that reference them, and a cached file can never stand for other
+  bytes (a dataset recompiled at the same URL has other hashes). A download is verified against the hash
+  before it is renamed into place; a mismatch is fetched once more, then reported naming the URL.
+* **Bounded.** ``limit`` bytes cover every file under ``shards/``, downloads in progress included (they
+  are pre-allocated, so a full disk shows before the download, as :class:`~dsc.errors.CacheFullError`).
+  To make room, the least recently used shards that no process holds are deleted.
+* **Shared.** A process holds a shard it is reading with a shared flock on the open file; eviction takes
+  an exclusive non-blocking flock before it unlinks, so a held shard is never evicted. A shard is mapped
+  from the file the process holds, never from a partial file (those have other names).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import CacheFullError, ConfigError, CorruptDatasetError
+from ..formats.remote import default_cache_dir
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+          "t": 10 ** 12, "tb": 10 ** 12, "p": 10 ** 15, "pb": 10 ** 15, "kib": 2 ** 10, "mib": 2 ** 20,
+          "gib": 2 ** 30, "tib": 2 ** 40, "pib": 2 ** 50, "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+WAIT_SECONDS = 300.0  # how long a download waits for space that other processes hold
+
+
+def parse_size(v) -> int | None:
+    """``cache_limit``: None (unbounded), bytes as an int, or text such as ``"200GB"``, ``"512MiB"``."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if v <= 0:
+            raise ConfigError(f"cache_limit must be positive, got {v!r}")
+        return int(v)
+    m = _SIZE.match(v) if isinstance(v, str) else None
+    if m is None or (m.group(2) or "").lower() not in _UNITS:
+        raise ConfigError(f"cache_limit must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
+    n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if n <= 0:
+        raise ConfigError(f"cache_limit must be positive, got {v!r}")
+    return n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Held:
+    """A shard this process holds: an open descriptor with a shared flock (released by ``close``)."""
+
+    sha256: str
+    path: Path
+    fd: int
+    nbytes: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ShardCache:
+    """A cache directory and its byte limit (``None``: unbounded)."""
+
+    def __init__(self, root: str | os.PathLike | None = None, limit=None):
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.limit = parse_size(limit)
+        try:
+            for d in ("shards", "locks", "datasets"):
+                (self.root / d).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheFullError(f"cannot use the cache directory {self.root}: {e.strerror}; give cache_dir= "
+                                 f"(--cache-dir) or $DSC_CACHE_DIR a writable folder") from None
+        self.downloads = 0  # shards this object downloaded (tests and `dsc cache warm` report it)
+        self._count_lock = threading.Lock()
+
+    def path(self, sha256: str) -> Path:
+        if not _SHA.match(sha256):
+            raise CorruptDatasetError(f"{sha256!r} is not a shard's SHA-256")
+        return self.root / "shards" / sha256[:2] / sha256
+
+    # ------------------------------------------------------------------ holding
+    def try_hold(self, sha256: str) -> Held | None:
+        """Hold the cached shard if it is there (touching its last use), else None."""
+        p = self.path(sha256)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds it exclusively only while it unlinks
+        st = os.fstat(fd)
+        if st.st_nlink == 0:  # evicted between the open and the lock
+            os.close(fd)
+            return None
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
+        return Held(sha256, p, fd, st.st_size)
+
+    def hold(self, sha256: str, nbytes: int, fetch: Callable, what: str) -> Held:
+        """The shard ``sha256`` held, downloading it first when the cache lacks it (once across processes).
+
+        ``fetch(f, on_chunk)`` streams the shard's bytes into the open file ``f``; ``what`` (its URL) names
+        it in errors."""
+        held = self.try_hold(sha256)
+        if held is not None:
+            return held
+        lock = self.root / "locks" / sha256[:2] / sha256
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lfd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX)  # another process downloading it: wait, then use its file
+            held = self.try_hold(sha256)
+            if held is not None:
+                return held
+            return self._download(sha256, nbytes, fetch, what)
+        finally:
+            os.close(lfd)
+
+    def _download(self, sha256: str, nbytes: int, fetch: Callable, what: str) -> Held:
+        final = self.path(sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        part = final.with_name(f"{sha256}.{os.getpid()}.{threading.get_ident()}.part")
+        fd = self._reserve(part, nbytes, what)
+        try:
+            for attempt in (1, 2):
+                h = [hashlib.sha256()]
+
+                def on_chunk(mv, h=h):
+                    if mv is None:
+                        h[0] = hashlib.sha256()  # the download started over
+                    else:
+                        h[0].update(mv)
+
+                with os.fdopen(os.dup(fd), "r+b") as f:
+                    n = fetch(f, on_chunk)
+                    f.flush()
+                h = h[0]
+                if n == nbytes and h.hexdigest() == sha256:
+                    break
+                if attempt == 2:
+                    raise CorruptDatasetError(
+                        f"{what}: downloaded twice and both times its bytes do not match the manifest ({n:,} bytes, "
+                        f"sha256 {h.hexdigest()[:16]}..., expected {nbytes:,} bytes, {sha256[:16]}...); the shard in "
+                        f"object storage is damaged or was replaced. Recompile the dataset (dsc verify URL lists "
+                        f"every damaged shard)")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            with self._space_lock():  # (a usage scan never sees the file under both names)
+                os.rename(part, final)  # atomic: the name appears with complete, verified bytes
+            with self._count_lock:
+                self.downloads += 1
+            return Held(sha256, final, fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            try:
+                part.unlink()
+            except FileNotFoundError:
+                pass
+            raise
+
+    # ------------------------------------------------------------------ space
+    def _reserve(self, part: Path, nbytes: int, what: str) -> int:
+        """Create ``part`` pre-allocated to ``nbytes`` once the limit has room for it (evicting least recently
+        used unheld shards; waiting while other processes hold the rest)."""
+        if self.limit is not None and nbytes > self.limit:
+            raise CacheFullError(f"{what} has {nbytes:,} bytes, more than the whole cache_limit ({self.limit:,}); "
+                                 f"raise cache_limit")
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            with self._space_lock():
+                if self.limit is None or self._make_room(nbytes):
+                    fd = os.open(part, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                    try:
+                        if nbytes:
+                            os.posix_fallocate(fd, 0, nbytes)
+                    except OSError as e:
+                        os.close(fd)
+                        part.unlink(missing_ok=True)
+                        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                            raise CacheFullError(
+                                f"the cache disk is full: no room for {what} ({nbytes:,} bytes) in {self.root}; free "
+                                f"space there, lower cache_limit below the free space, or give another cache_dir") \
+                                from None
+                        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                            raise
+                        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                        os.ftruncate(fd, nbytes)
+                    return fd
+            if time.monotonic() > deadline:
+                raise CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
+                                     f"cache_limit {self.limit:,}: other processes hold every cached shard for "
+                                     f"{WAIT_SECONDS:.0f} s. Raise cache_limit")
+            time.sleep(0.05)
+
+    def _space_lock(self):
+        return _FileLock(self.root / ".space")
+
+    def entries(self) -> list[tuple[Path, os.stat_result]]:
+        """Every file under ``shards/`` (partial downloads of dead processes are removed on the way)."""
+        out = []
+        base = self.root / "shards"
+        for sub in os.scandir(base) if base.is_dir() else ():
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            for e in os.scandir(sub.path):
+                if e.name.endswith(".part"):
+                    try:
+                        pid = int(e.name.split(".")[1])
+                    except (IndexError, ValueError):
+                        pid = 0
+                    if not _alive(pid):
+                        Path(e.path).unlink(missing_ok=True)
+                        continue
+                try:
+                    out.append((Path(e.path), e.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    pass
+        return out
+
+    def usage(self) -> int:
+        """Bytes under ``shards/`` now (under the space lock: a consistent count, never mid-eviction)."""
+        with self._space_lock():
+            return sum(st.st_size for _, st in self.entries())
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Under the space lock: evict until ``nbytes`` more fit in the limit; False if held shards prevent it."""
+        entries = self.entries()
+        used = sum(st.st_size for _, st in entries)
+        if used + nbytes <= self.limit:
+            return True
+        done = [(p, st) for p, st in entries if not p.name.endswith(".part")]
+        done.sort(key=lambda e: e[1].st_mtime_ns)
+        for p, st in done:
+            if self.evict(p):
+                used -= st.st_size
+                if used + nbytes <= self.limit:
+                    return True
+        return False
+
+    def evict(self, p: Path) -> bool:
+        """Delete the cached shard ``p`` unless a process holds it."""
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            p.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        return True
+
+    def clear(self) -> tuple[int, int, int]:
+        """Delete every shard no process holds: (files removed, bytes freed, files kept because held)."""
+        removed = freed = kept = 0
+        with self._space_lock():
+            for p, st in self.entries():
+                if p.name.endswith(".part"):
+                    kept += 1
+                elif self.evict(p):
+                    removed, freed = removed + 1, freed + st.st_size
+                else:
+                    kept += 1
+        return removed, freed, kept
+
+
+class _FileLock:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)

@@ -1,0 +1,398 @@
+"""Reading a dataset from object storage (docs/REMOTE.md): open it, then feed its shards ahead of the batches.
+
+Open: the version's record is read (the latest, a number, or a tag), then every small file its manifest
+lists (labels, offsets, boxes, keys, per-sample geometry: the version's objects) is downloaded, checked
+against its SHA-256, and kept under ``CACHE/datasets/<id>/`` in the local layout, so the field readers
+read them exactly as they read a local version. Shards come later, whole, through the shard cache
+(``cache.py``), and are memory-mapped from there: the gather is the local one.
+
+A handle reads the version it opened for as long as it lives (its record and objects are local copies;
+shards are immutable and named by content). Object storage has no locks to pin with: ``dsc vacuum`` of a
+remote dataset keeps every version superseded within its retention period, which is what protects a
+reader there.
+
+``ShardFeed``: the Loader knows every coming batch, so a feed thread walks them in order and downloads
+their shards with parallel connections, as far ahead as a byte budget within the cache limit allows;
+the filler thread of batch j waits for batch j's shards, gathers, and lets them go (they stay cached
+until evicted).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError, VersionNotFoundError
+from ..formats import layout as L
+from ..formats import versions
+from ..formats.files import Root, map_fd
+from ..formats.remote import Store, open_store, remote_tags, remote_versions
+from .cache import Held, ShardCache
+from .storage import Storage
+
+CONNECTIONS = 8  # parallel downloads of one feed
+
+
+def mirror_dir(cache: ShardCache, url: str) -> Path:
+    """Where the small files of the dataset at ``url`` are kept locally."""
+    url = url.rstrip("/")
+    d = cache.root / "datasets" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    (d / versions.LOG).mkdir(parents=True, exist_ok=True)
+    (d / versions.OBJECTS).mkdir(parents=True, exist_ok=True)
+    marker = d / "url"
+    if not marker.is_file():
+        _write_atomic(marker, (url + "\n").encode())
+    return d
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def resolve(store: Store, version: int | None, tag: str | None) -> int:
+    from ..errors import ConfigError
+
+    if version is not None and tag is not None:
+        raise ConfigError("give a version or a tag, not both")
+    if tag is not None:
+        tags = remote_tags(store)
+        if versions.check_tag(tag) not in tags:
+            raise VersionNotFoundError(f"{store.url} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(tags))})"
+                                                                             if tags else " (it has no tags)"))
+        return tags[tag]
+    if version is not None:
+        return version
+    have = remote_versions(store)
+    if not have:
+        raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {versions.LOG}/); "
+                                   f"compile one with `dsc compile ... {store.url}`")
+    return have[-1]
+
+
+def fetch_version(store: Store, cache: ShardCache, n: int) -> tuple[Root, dict]:
+    """Version ``n``'s record and small files into the local mirror; the mirror's Root pointed at them."""
+    mirror = mirror_dir(cache, store.url)
+    try:
+        data = store.get(versions.record_path(n))
+    except FileNotFoundError:
+        have = remote_versions(store)
+        if not have:
+            raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {versions.LOG}/)") \
+                from None
+        raise VersionNotFoundError(f"{store.url} has no version {n} (versions: {versions._ranges(have)}; a version "
+                                   f"removed by `dsc vacuum` is gone)") from None
+    local = mirror / versions.record_path(n)
+    if not local.is_file() or local.read_bytes() != data:
+        _write_atomic(local, data)
+    root = Root(mirror)
+    rec = versions.read_record(root, n)
+    _fetch_objects(store, mirror, rec["manifest"])
+    versions.use(root, rec["manifest"])
+    return root, rec
+
+
+def _fetch_objects(store: Store, mirror: Path, m) -> None:
+    """Every small file of manifest ``m`` (content-addressed objects), downloaded once and verified."""
+    todo = [f for f in m.files.values() if not (mirror / versions.object_path(f["sha256"])).is_file()]
+
+    def one(f):
+        rel = versions.object_path(f["sha256"])
+        data = store.get(rel)
+        if len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+            raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
+                                      f"remote dataset is damaged. Recompile it")
+        _write_atomic(mirror / rel, data)
+
+    if todo:
+        with ThreadPoolExecutor(min(CONNECTIONS, len(todo))) as ex:
+            for fut in [ex.submit(one, f) for f in todo]:
+                fut.result()
+
+
+def open_remote(url: str, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,
+                retry_seconds: float | None = None, offline_version: int | None = None):
+    """(record, RemoteStorage) of the dataset at ``url``. ``offline_version``: a re-opening process (a
+    DataLoader worker) reads that version from the local mirror when it has it, without the network."""
+    cache = ShardCache(cache_dir, cache_limit)
+    store = open_store(url, retry_seconds)
+    rec = root = None
+    if offline_version is not None:
+        try:
+            root = Root(mirror_dir(cache, url))
+            rec = versions.read_record(root, offline_version)
+            if all((root.path / versions.object_path(f["sha256"])).is_file() for f in rec["manifest"].files.values()):
+                versions.use(root, rec["manifest"])
+            else:
+                rec = None
+        except DscError:
+            rec = None
+    if rec is None:
+        n = resolve(store, offline_version if offline_version is not None else version, tag)
+        root, rec = fetch_version(store, cache, n)
+    m = rec["manifest"]
+    return rec, RemoteStorage(root, store, cache, m, retry_seconds)
+
+
+class RemoteStorage(Storage):
+    """A remote version's bytes: small arrays from the local mirror, shards through the shard cache.
+
+    Shards are held by reference: ``acquire(rel)`` downloads (if needed), holds and maps shard ``rel``;
+    ``release(rel)`` lets it go when no batch needs it any more. ``map`` of a shard nobody acquired (plain
+    ``ds[i]``) holds it loosely: the last few such shards stay held, older ones are let go."""
+
+    LOOSE = 4
+
+    def __init__(self, root: Root, store: Store, cache: ShardCache, manifest, retry_seconds=None):
+        super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
+        self.url = store.url
+        self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
+        self.specs = {s.path: s for s in L.shard_specs(manifest)}
+        self._lock = threading.Lock()
+        self._refs: dict[str, int] = {}
+        self._held: dict[str, Held] = {}
+        self._pending: dict[str, Future] = {}
+        self._loose: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+    def nbytes(self, rel: str) -> int:
+        return self.specs[rel].nbytes
+
+    def acquire(self, rel: str) -> None:
+        """Hold shard ``rel`` (one more reference), downloading it when the cache lacks it."""
+        with self._lock:
+            if rel in self._refs:
+                self._refs[rel] += 1
+                fut = self._pending.get(rel)
+                if fut is None:
+                    return
+            else:
+                self._refs[rel] = 1
+                fut = self._pending[rel] = Future()
+                fut.set_running_or_notify_cancel()
+                fut = None  # this thread downloads
+        if fut is not None:  # another thread is fetching it: wait for that
+            try:
+                fut.result()
+            except BaseException:
+                self._drop(rel)
+                raise
+            return
+        spec = self.specs[rel]
+        try:
+            held = self.cache.hold(spec.sha256, spec.nbytes,
+                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk), self.store.where(rel))
+            arr = map_fd(held.fd, spec.nbytes, self.store.where(rel))
+        except BaseException as e:
+            with self._lock:
+                fut = self._pending.pop(rel)
+            fut.set_exception(e)
+            self._drop(rel)
+            raise
+        with self._lock:
+            self._held[rel] = held
+            self._maps[rel] = arr
+            fut = self._pending.pop(rel)
+        fut.set_result(None)
+
+    def _drop(self, rel: str) -> None:
+        with self._lock:
+            self._refs[rel] -= 1
+            if self._refs[rel] == 0:
+                del self._refs[rel]
+
+    def release(self, rel: str) -> None:
+        """One reference less; at none the shard is unmapped here and evictable (it stays cached)."""
+        with self._lock:
+            n = self._refs.get(rel, 0) - 1
+            if n > 0:
+                self._refs[rel] = n
+                return
+            self._refs.pop(rel, None)
+            held = self._held.pop(rel, None)
+            self._maps.pop(rel, None)  # arrays still referenced (a sample a user kept) keep their mapping
+        if held is not None:
+            held.close()
+
+    def map(self, rel: str, nbytes: int) -> np.ndarray:
+        arr = self._maps.get(rel)
+        if arr is not None:
+            return arr
+        self.dir  # noqa: B018 - raises if a re-open failed
+        self.acquire(rel)
+        with self._lock:
+            self._loose[rel] = None
+            drop = []
+            while len(self._loose) > self.LOOSE:
+                drop.append(self._loose.popitem(last=False)[0])
+            arr = self._maps[rel]
+        for r in drop:
+            self.release(r)
+        return arr
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(h.nbytes for h in self._held.values())
+
+    def load_to_ram(self, shards, progress: bool = True) -> None:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{self.url}: cache='ram' reads the whole dataset into each process; for a remote dataset "
+                          f"warm the shard cache instead (dsc cache warm URL)")
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._held, self._refs, self._maps = list(self._held.values()), {}, {}, {}
+            self._loose.clear()
+        for h in held:
+            h.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self):
+        return {"url": self.url, "checksum": self.checksum, "version": self.version, "cache_dir": str(self.cache.root),
+                "cache_limit": self.cache.limit, "retry_seconds": self.retry_seconds}
+
+    def __setstate__(self, state):
+        """A spawned DataLoader worker re-opens the same version (from the local mirror, no network needed);
+        a failure is raised at its first read (see Storage.__setstate__)."""
+        try:
+            rec, other = open_remote(state["url"], None, None, state["cache_dir"], state["cache_limit"],
+                                     state["retry_seconds"], offline_version=state["version"])
+            if rec["manifest"].checksum() != state["checksum"]:
+                raise CorruptDatasetError(f"{state['url']}: version {state['version']} is not the one the parent "
+                                          f"opened; open it again")
+            self.__dict__.update(other.__dict__)
+        except DscError as e:
+            self.__dict__.update({"root": state["url"], "checksum": state["checksum"], "version": state["version"],
+                                  "_maps": {}, "_held": {}, "_refs": {}, "_loose": OrderedDict(),
+                                  "_lock": threading.Lock(), "_failed": e, "url": state["url"]})
+
+
+# ----------------------------------------------------------------------------- prefetch
+class ShardFeed:
+    """Downloads the shards of an epoch's batches in the order they will be read (see the module docstring).
+
+    ``needs[j]``: the shard paths batch j reads. The feed holds every shard of the batches it has reached
+    until ``done(j)`` for each batch that needs it; it runs ahead while the bytes it holds stay within
+    ``budget`` (the next batch to be gathered is always fetched, whatever the budget)."""
+
+    def __init__(self, storage: RemoteStorage, needs: list[list[str]], start: int, budget: int | None,
+                 connections: int = CONNECTIONS):
+        self.storage, self.needs, self.start = storage, needs, start
+        self.budget = budget
+        self.cond = threading.Condition()
+        self.futures: dict[int, list[Future]] = {}
+        self.refs: dict[str, int] = {}
+        self.held: dict[str, Future] = {}
+        self.bytes_held = 0
+        self.oldest = start  # the oldest batch not yet done
+        self.finished: set[int] = set()
+        self.stopped = False
+        self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-fetch")
+        self.thread = threading.Thread(target=self._run, name="dsc-feed", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for j in range(self.start, len(self.needs)):
+                futs = []
+                for rel in self.needs[j]:
+                    with self.cond:
+                        if self.stopped:
+                            return
+                        if rel in self.held:
+                            self.refs[rel] += 1
+                            futs.append(self.held[rel])
+                            continue
+                        nbytes = self.storage.nbytes(rel)
+                        while (not self.stopped and self.budget is not None and j > self.oldest
+                               and self.bytes_held + nbytes > self.budget):
+                            self.cond.wait(0.5)
+                        if self.stopped:
+                            return
+                        self.refs[rel] = 1
+                        self.bytes_held += nbytes
+                        fut = self.held[rel] = self.pool.submit(self.storage.acquire, rel)
+                    futs.append(fut)
+                with self.cond:
+                    self.futures[j] = futs
+                    self.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the batches that wait
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    error: BaseException | None = None
+
+    def wait(self, j: int, should_stop=lambda: False) -> None:
+        """Block until every shard of batch j is held; a failed download raises here (in the filler)."""
+        with self.cond:
+            while j not in self.futures:
+                if self.error is not None:
+                    raise DscError(f"the shard feed failed: {self.error!r}") from self.error
+                if self.stopped or should_stop():
+                    raise DscError("the loader stopped while its shards were being fetched")
+                self.cond.wait(0.5)
+            futs = self.futures[j]
+        for f in futs:
+            while True:
+                try:
+                    f.result(timeout=0.5)
+                    break
+                except TimeoutError:
+                    if self.stopped or should_stop():
+                        raise DscError("the loader stopped while its shards were being fetched") from None
+
+    def done(self, j: int) -> None:
+        """Batch j is gathered: its shards may go (when no later fetched batch needs them)."""
+        release = []
+        with self.cond:
+            if j not in self.futures or j in self.finished:
+                return
+            self.finished.add(j)
+            while self.oldest in self.finished:
+                self.finished.discard(self.oldest)
+                self.oldest += 1
+            for rel in self.needs[j]:
+                self.refs[rel] -= 1
+                if self.refs[rel] == 0:
+                    del self.refs[rel]
+                    fut = self.held.pop(rel)
+                    self.bytes_held -= self.storage.nbytes(rel)
+                    release.append((rel, fut))
+            self.cond.notify_all()
+        for rel, fut in release:
+            if fut.done() and fut.exception() is None:
+                self.storage.release(rel)
+
+    def close(self) -> None:
+        """Stop fetching; let every held shard go."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        with self.cond:
+            held, self.held, self.refs = list(self.held.items()), {}, {}
+        for rel, fut in held:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.storage.release(rel)
