@@ -38,6 +38,23 @@ class DscGroup(click.Group):
             raise click.ClickException(str(e)) from None
 
 
+class DatasetParam(click.ParamType):
+    """A dataset's place: a local path (a Path), or an object-storage URL kept as text (s3://, gs://, az://;
+    a Path would fold its '//')."""
+
+    name = "PATH|URL"
+
+    def convert(self, value, param, ctx):
+        from .formats.remote import is_url, local_path
+
+        if isinstance(value, Path) or is_url(value):
+            return value
+        return Path(local_path(value))
+
+
+DATASET = DatasetParam()
+
+
 class SizeParam(click.ParamType):
     """``224`` -> (224, 224); ``192,256`` or ``192x256`` -> (height 192, width 256)."""
 
@@ -128,6 +145,9 @@ def compile_options(f):
         click.option("--executor", default=None, metavar="ADDRESS",
                      help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786); OUT must be on a "
                           "filesystem the workers share. Needs dsc[dask]."),
+        click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="OUT is a URL (s3://, gs://, az://): stage the shards here before they are uploaded "
+                          "(default: $DSC_CACHE_DIR or ~/.cache/dsc)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -137,7 +157,7 @@ def compile_options(f):
 
 COMPILE_OPTION_KEYS = ("size", "resize", "max_side", "mode", "fill", "background", "filter_", "resizer", "draft",
                        "mask_ignore", "max_pixels", "shard_size", "workers", "on_error", "error_report", "overwrite", "resume",
-                       "executor", "quiet", "update", "dry_run")
+                       "executor", "quiet", "update", "dry_run", "cache_dir")
 
 
 def _options_from(kw: dict):
@@ -155,7 +175,8 @@ def _options_from(kw: dict):
                           workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
                           overwrite=kw["overwrite"], resume=kw["resume"], progress=not kw["quiet"],
-                          executor=kw["executor"], update=kw["update"], dry_run=kw["dry_run"], explicit=given)
+                          executor=kw["executor"], update=kw["update"], dry_run=kw["dry_run"], explicit=given,
+                          cache_dir=str(kw["cache_dir"]) if kw.get("cache_dir") else None)
 
 
 def _mb(n: int) -> str:
@@ -248,7 +269,7 @@ def source_command(cls) -> click.Command:
 
     f = callback
     f = compile_options(f)
-    f = click.argument("out", type=click.Path(path_type=Path))(f)
+    f = click.argument("out", type=DATASET)(f)
     for p in reversed([p for p in cls.params if p.cli and not p.argument]):
         f = _param_decorator(p)(f)
     for p in reversed([p for p in cls.params if p.cli and p.argument]):
@@ -291,6 +312,13 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
+        from .formats.remote import is_url
+
+        if is_url(out):
+            if not isinstance(e, DscError) or "already holds" not in str(e):
+                click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
+                           f"with --resume to continue (finished shards, local and uploaded, are kept)", err=True)
+            raise
         partial = staging_dir(out)
         if partial.exists() and not isinstance(e, CompileLockedError):  # a locked-out compile touched nothing
             click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
@@ -300,7 +328,7 @@ def _compile(out: Path, kw: dict, make_source) -> None:
 
 
 @main.command(name="verify")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
               help="Check this version (default: the latest, and the top-level plain-Zarr view with it).")
 @click.option("--repair-view", is_flag=True,
@@ -311,8 +339,13 @@ def verify_cmd(dataset: Path, version, repair_view: bool):
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
+    from .formats.remote import is_url
     from .formats.verify import verify
 
+    if is_url(dataset) and not repair_view:
+        from .runtime.remote import verify_remote
+
+        verify = verify_remote  # noqa: F811 - the same report, from object storage
     if repair_view:
         from .versions import repair_view as repair
 
@@ -352,7 +385,7 @@ def _counts(e: dict) -> str:
 
 
 @main.command(name="log")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
 def log_cmd(dataset: Path, as_json: bool):
     """The versions of DATASET, oldest first: time, operation, counts (+added -removed ~changed against the
@@ -374,7 +407,7 @@ def log_cmd(dataset: Path, as_json: bool):
 
 
 @main.command(name="tag")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.argument("name")
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
               help="The version to name (default: the latest).")
@@ -385,7 +418,14 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
     from .formats.versions import tag_names
     from .versions import tag
 
-    before = tag_names(Root(dataset)).get(name)
+    from .formats.remote import is_url
+
+    if is_url(dataset):
+        from .formats.remote import open_store, remote_tags
+
+        before = remote_tags(open_store(dataset)).get(name)
+    else:
+        before = tag_names(Root(dataset)).get(name)
     n = tag(dataset, name, version, delete=delete)
     if delete:
         click.echo(f"removed tag {name!r} (it named version {before})")
@@ -396,7 +436,7 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 
 
 @main.command(name="restore")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
 @click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
 def restore_cmd(dataset: Path, version, tag_name):
@@ -410,7 +450,7 @@ def restore_cmd(dataset: Path, version, tag_name):
 
 
 @main.command(name="vacuum")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
               help="Keep the newest K versions (tagged versions are always kept).")
 @click.option("--older-than", default="7d", show_default=True, metavar="DURATION",
@@ -439,7 +479,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
 
 
 @main.command(name="bench")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--order", type=click.Choice(["sequential", "random", "quasi_random"]), default="random",
               show_default=True)
@@ -466,7 +506,7 @@ def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch
 
 
 @main.command(name="preview")
-@click.argument("dataset", type=click.Path(path_type=Path))
+@click.argument("dataset", type=DATASET)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("preview.png"),
               show_default=True, help="PNG to write.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True, help="Number of samples.")
@@ -483,8 +523,81 @@ def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
     click.echo(f"wrote {path}")
 
 
+@main.command(name="push")
+@click.argument("local", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("url")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def push_cmd(local: Path, url: str, quiet: bool):
+    """Publish the compiled dataset LOCAL (every version it keeps, its tags) at URL (s3://, gs://, az://).
+
+    Shards and arrays go first, each version record last by a conditional put; rerunning an interrupted push
+    skips what the bucket already has (same size and SHA-256)."""
+    from .compiler.upload import push
+
+    r = push(local, url, progress=not quiet)
+    click.echo(f"pushed {_n(r['versions'], 'version')} of {local} to {url}: {_n(r['sent'], 'file')} uploaded "
+               f"({_mb(r['bytes_sent'])}), {r['kept']:,} already there")
+
+
+@main.group(name="cache", cls=DscGroup)
+def cache_group():
+    """The local shard cache of datasets in object storage ($DSC_CACHE_DIR, default ~/.cache/dsc)."""
+
+
+_cache_dir_option = click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                                 help="The cache directory (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
+
+
+@cache_group.command(name="warm")
+@click.argument("url")
+@_cache_dir_option
+@click.option("--cache-limit", default=None, metavar="SIZE", help="Bound the cache (200GB, 512MiB, bytes).")
+@click.option("--version", "version", type=click.IntRange(min=0), default=None, help="This version (default: latest).")
+@click.option("--tag", "tag_name", default=None, help="The tagged version.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: bool):
+    """Download URL's shards into the cache before training (as many as --cache-limit holds)."""
+    from .runtime.remote import warm
+
+    r = warm(url, cache_dir, cache_limit, version, tag_name, progress=not quiet)
+    click.echo(f"{url}: {r['downloaded']:,} shards downloaded ({_mb(r['bytes'])}), {r['cached']:,} were cached, "
+               f"{r['shards']:,} in all")
+    if r["left_out"]:
+        click.echo(f"warning: {r['left_out']:,} shards do not fit in --cache-limit {cache_limit}; they are "
+                   f"downloaded during training", err=True)
+
+
+@cache_group.command(name="ls")
+@_cache_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def cache_ls_cmd(cache_dir, as_json: bool):
+    """What the cache holds: each dataset's URL, versions read, shards cached; the bytes in all."""
+    from .runtime.remote import cache_list
+
+    r = cache_list(cache_dir)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"{r['root']}: {_mb(r['bytes'])} in {_n(r['files'], 'shard file')}")
+    for d in r["datasets"]:
+        click.echo(f"  {d['url']}  versions {','.join(map(str, d['versions'])) or '-'}  "
+                   f"{d['cached']:,}/{d['shards']:,} shards cached ({_mb(d['bytes'])})")
+
+
+@cache_group.command(name="clear")
+@click.argument("url", required=False)
+@_cache_dir_option
+def cache_clear_cmd(url, cache_dir):
+    """Delete cached shards (all, or URL's) that no running process is reading."""
+    from .runtime.remote import cache_clear
+
+    removed, freed, kept = cache_clear(cache_dir, url)
+    click.echo(f"removed {_n(removed, 'shard file')} ({_mb(freed)})"
+               + (f"; kept {kept:,} in use by running processes" if kept else ""))
+
+
 @main.command()
-@click.argument("dataset", required=False, type=click.Path(path_type=Path))
+@click.argument("dataset", required=False, type=DATASET)
 @click.option("--env", "show_env", is_flag=True, help="Show the software dsc runs on (PIL build, libjpeg, torch).")
 @click.option("--skipped", is_flag=True, help="List every input left out at compile time, with the reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest (or environment) as JSON.")
@@ -519,7 +632,11 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    check_shard_files(dataset, m)
+    from .formats.remote import is_url
+
+    remote = is_url(dataset)
+    if not remote:
+        check_shard_files(dataset, m)
     pil = pil_build()
     total = sum(s.nbytes for s in shard_specs(m))
     cls = ", ".join(m.classes[:12]) + (", ..." if len(m.classes) > 12 else "")
@@ -533,7 +650,8 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
                        f"which plain Zarr readers see with live == False)" if m.versioned and m.num_rows != m.num_samples
                        else "")),
         ("image", _describe_image(m)),
-        ("bytes", f"{_mb(total)} of shards (all present, sizes match the manifest)"),
+        ("bytes", f"{_mb(total)} of shards " + ("(in object storage; `dsc cache ls` shows what is cached here)"
+                                                 if remote else "(all present, sizes match the manifest)")),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
         *([("objects", _describe_objects(m))] if m.objects is not None else []),
         *_extra_fields(m),

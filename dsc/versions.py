@@ -16,6 +16,7 @@ from .errors import ConfigError, DscError, VersionNotFoundError
 from .formats import layout as L
 from .formats import versions as V
 from .formats.files import Root
+from .formats.remote import is_url
 
 DEFAULT_RETENTION = "7d"
 
@@ -28,9 +29,46 @@ def _root(out) -> Root:
     return root
 
 
+def _remote_records(url: str, only: int | None = None, version=None, tag=None):
+    """(store, {n: record}, tags) of a dataset in object storage: every record, or the one asked for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .errors import DatasetNotFoundError
+    from .formats.remote import open_store, remote_tags, remote_versions
+
+    store = open_store(url)
+    have = remote_versions(store)
+    if not have:
+        raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {V.LOG}/)")
+    tags = remote_tags(store)
+    if version is not None and tag is not None:
+        raise ConfigError("give a version or a tag, not both")
+    if tag is not None:
+        if V.check_tag(tag) not in tags:
+            raise VersionNotFoundError(f"{store.url} has no tag {tag!r}")
+        version = tags[tag]
+    want = have if only is None and version is None else [have[-1] if version is None else version]
+    if want[0] not in have:
+        raise VersionNotFoundError(f"{store.url} has no version {want[0]} (versions: {V._ranges(have)})")
+
+    def one(n):
+        return n, V.parse_record(store.get(V.record_path(n)), store.where(V.record_path(n)), n)
+
+    with ThreadPoolExecutor(8) as ex:
+        records = dict(ex.map(one, want))
+    return store, have, records, tags
+
+
 def manifest_of(out, version: int | None = None, tag: str | None = None):
     """(manifest of ``version`` / ``tag`` / the latest, a line describing it among the versions or None for a
-    dataset without versions)."""
+    dataset without versions). ``out`` may be a URL (its record is read from object storage)."""
+    if is_url(out):
+        store, have, records, tags = _remote_records(out, 0, version, tag)
+        (n, rec), = records.items()
+        names = sorted(name for name, v in tags.items() if v == n)
+        return rec["manifest"], (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; "
+                                 f"{_n_versions(len(have))} in object storage; made {rec['created']} by "
+                                 f"{rec['operation']}" + (f"; tags: {', '.join(names)}" if names else "") + ")")
     root = Root(out)
     if not V.is_versioned(root):
         if version not in (None, 0) or tag is not None:
@@ -52,18 +90,22 @@ def _n_versions(k: int) -> str:
 def log(out) -> list[dict]:
     """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
     "samples", "added", "removed", "changed", "relabelled", "moved", "decoded", "skipped", "options",
-    "source_version", "tags"}`` (counts are relative to the parent)."""
-    root = Root(out)
-    if not V.is_versioned(root):
-        m = L.read_manifest(root)
-        return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
-                 "tags": []}]
+    "source_version", "tags"}`` (counts are relative to the parent). ``out`` may be a URL."""
+    if is_url(out):
+        _, have, records, tag_map = _remote_records(out)
+    else:
+        root = Root(out)
+        if not V.is_versioned(root):
+            m = L.read_manifest(root)
+            return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
+                     "tags": []}]
+        have, records, tag_map = V.versions(root), None, V.tag_names(root)
     tags: dict[int, list[str]] = {}
-    for name, n in V.tag_names(root).items():
+    for name, n in tag_map.items():
         tags.setdefault(n, []).append(name)
     out_list = []
-    for n in V.versions(root):
-        rec = V.read_record(root, n)
+    for n in have:
+        rec = records[n] if records is not None else V.read_record(root, n)
         m = rec["manifest"]
         entry = {"version": n, "parent": rec["parent"], "created": rec["created"], "operation": rec["operation"],
                  "samples": m.num_samples, **{k: v for k, v in rec["summary"].items() if k != "samples"},
@@ -79,6 +121,8 @@ def tag(out, name: str, version: int | None = None, delete: bool = False) -> int
     removes the tag instead. Returns the version tagged."""
     from .compiler.staging import OutLock
 
+    if is_url(out):
+        return _remote_tag(out, name, version, delete)
     root = _root(out)
     V.check_tag(name)
     with OutLock(Path(out), "tag"):  # not while a vacuum decides what to keep
@@ -95,12 +139,36 @@ def tag(out, name: str, version: int | None = None, delete: bool = False) -> int
         return n
 
 
+def _remote_tag(url: str, name: str, version: int | None, delete: bool) -> int | None:
+    """A tag in object storage: one small object, written whole (a put replaces it atomically)."""
+    import json
+
+    V.check_tag(name)
+    store, have, records, tags = _remote_records(url, 0, version)
+    rel = f"{V.TAGS}/{name}.json"
+    if delete:
+        if name not in tags:
+            raise VersionNotFoundError(f"{store.url} has no tag {name!r}")
+        store.delete(rel)
+        return None
+    (n, _), = records.items()
+    store.put(rel, (json.dumps({"version": n, "created": V.now()}) + "\n").encode())
+    return n
+
+
+def _local_only(out, what: str) -> None:
+    if is_url(out):
+        raise ConfigError(f"{out}: dsc {what} of a dataset in object storage is not supported yet; it works on a "
+                          f"local copy (and dsc push publishes one)")
+
+
 def restore(out, version: int | None = None, tag: str | None = None) -> int:
     """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
     copied or decoded. Returns the new version's number."""
     from .compiler.staging import OutLock, sync_filesystem
     from .compiler.update import _view
 
+    _local_only(out, "restore")
     if version is None and tag is None:
         raise ConfigError("restore needs a version or a tag")
     root = _root(out)
@@ -155,6 +223,7 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     this machine cannot see, e.g. on other hosts); then every shard and object no remaining version uses."""
     from .compiler.staging import OutLock
 
+    _local_only(out, "vacuum")
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise ConfigError(f"keep must be at least 1 (the latest version is always kept), got {keep!r}")
     retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
@@ -242,6 +311,7 @@ def repair_view(out) -> int:
     """Rewrite the top-level plain-Zarr view as the latest version (``dsc verify --repair-view``)."""
     from .compiler.staging import OutLock
 
+    _local_only(out, "verify --repair-view")
     root = _root(out)
     with OutLock(Path(out), "repair"):
         V.check_private(Path(out))

@@ -156,7 +156,10 @@ def aws_files_config(env=os.environ) -> dict:
 
 _TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|broken pipe|temporar|throttl|slow ?down|"
                         r"too many requests|service unavailable|internal ?error|bad gateway|gateway|\b5\d\d\b|"
-                        r"retry|dns|eof|incomplete|body)")
+                        r"retry|dns|eof|incomplete|body|sending request|http error)")
+
+
+_STATUS = re.compile(r"(?:status code|status)[: ]+(\d{3})\b", re.IGNORECASE)
 
 
 class ObjectStore(Store):
@@ -209,7 +212,17 @@ class ObjectStore(Store):
                 raise
             except Exception as e:  # noqa: BLE001 - anything else from the network: retry while budget is left
                 attempt += 1
-                transient = isinstance(e, (OSError, TimeoutError, E.GenericError)) or _TRANSIENT.search(str(e))
+                status = _STATUS.search(str(e))
+                code = int(status.group(1)) if status else None
+                if code in (401, 403):
+                    raise CredentialsError(f"{self.where(rel)}: {what} refused ({code}: {_first_line(e)}); "
+                                           f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}") from None
+                if code == 404:
+                    raise FileNotFoundError(self.where(rel)) from None
+                if code is not None:
+                    transient = code >= 500 or code in (408, 429)
+                else:
+                    transient = isinstance(e, (OSError, TimeoutError)) or bool(_TRANSIENT.search(str(e)))
                 left = deadline - time.monotonic()
                 if not transient or left <= 0:
                     raise RemoteError(f"{self.where(rel)}: {what} failed"

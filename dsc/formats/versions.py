@@ -90,17 +90,22 @@ def read_record(root: Root, n: int) -> dict:
                 f"{root.path} has no version {n} (" + (f"versions: {_ranges(have)}" if have else "no versions")
                 + "; `dsc log` lists them; a version removed by `dsc vacuum` is gone)") from None
         raise
-    rec = parse_json(data, root / record_path(n))
+    return parse_record(data, root / record_path(n), n)
+
+
+def parse_record(data: bytes, where, n: int) -> dict:
+    """Version ``n``'s record from its bytes (read from ``where``, named in errors), parsed and checked."""
+    rec = parse_json(data, where)
     if not isinstance(rec, dict) or set(rec) != RECORD_KEYS or rec.get("version") != n:
-        raise CorruptDatasetError(f"{root / record_path(n)}: not a dsc version record for version {n} (edited or copied "
+        raise CorruptDatasetError(f"{where}: not a dsc version record for version {n} (edited or copied "
                                   f"by hand?); put the right file back, or move it out of {LOG} to drop version {n}")
     for key, kind in (("parent", (int, type(None))), ("created", str), ("operation", str), ("summary", dict),
                       ("next_slot", int), ("manifest", dict)):
         if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
-            raise CorruptDatasetError(f"{root / record_path(n)}: {key} has the wrong type")
+            raise CorruptDatasetError(f"{where}: {key} has the wrong type")
     m = Manifest.from_dict(rec["manifest"])
     if m.version is None or m.version.get("number") != n or rec["next_slot"] < len(m.shards):
-        raise CorruptDatasetError(f"{root / record_path(n)}: its manifest is not version {n}'s")
+        raise CorruptDatasetError(f"{where}: its manifest is not version {n}'s")
     rec["manifest"] = m
     return rec
 

@@ -396,3 +396,164 @@ class ShardFeed:
         for rel, fut in held:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.storage.release(rel)
+
+
+# ----------------------------------------------------------------------------- dsc cache / verify
+def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None, tag: str | None = None,
+         progress: bool = True) -> dict:
+    """Download a version's shards into the cache ahead of training (``dsc cache warm``): as many as
+    ``cache_limit`` holds, in shard order. Returns {"shards", "downloaded", "cached", "bytes", "left_out"}."""
+    from tqdm import tqdm
+
+    rec, storage = open_remote(url, version, tag, cache_dir, cache_limit)
+    cache = storage.cache
+    specs = list(storage.specs.values())
+    todo, room = [], cache.limit
+    for s in specs:
+        if room is not None and s.nbytes > room:
+            break
+        todo.append(s)
+        room = None if room is None else room - s.nbytes
+    counts = {"shards": len(specs), "downloaded": 0, "cached": 0, "bytes": 0, "left_out": len(specs) - len(todo)}
+    lock = threading.Lock()
+
+    def one(spec):
+        held = cache.try_hold(spec.sha256)
+        fresh = held is None
+        if fresh:
+            held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb),
+                              storage.store.where(spec.path))
+        held.close()
+        with lock:
+            counts["downloaded" if fresh else "cached"] += 1
+            counts["bytes"] += spec.nbytes if fresh else 0
+
+    with ThreadPoolExecutor(CONNECTIONS) as ex, tqdm(total=len(todo), unit="shard", desc="warm",
+                                                     disable=not progress) as bar:
+        for fut in [ex.submit(one, s) for s in todo]:
+            fut.result()
+            bar.update(1)
+    storage.close()
+    return counts
+
+
+def verify_remote(url: str, version: int | None = None, cache_dir=None):
+    """``dsc verify URL``: every small file (checked against its SHA-256 as it is fetched), the invariants a
+    reader checks at open, and every shard streamed from object storage and hashed (nothing trusted from
+    the local cache)."""
+    from ..formats.verify import Problem, VerifyReport
+    from .dataset import Dataset
+
+    rec, storage = open_remote(url, version, None, cache_dir)
+    m = rec["manifest"]
+    report = VerifyReport(url, [], version=m.version["number"] if m.version else None)
+    report.files_checked = len(m.files)
+    report.bytes_hashed = sum(f["nbytes"] for f in m.files.values())
+    try:
+        Dataset(url, version=report.version, cache_dir=cache_dir)
+    except DscError as e:
+        report.problems.append(Problem(url, str(e)))
+    specs = list(storage.specs.values())
+
+    def one(spec):
+        h = [hashlib.sha256()]
+
+        def on_chunk(mv):
+            if mv is None:
+                h[0] = hashlib.sha256()
+            else:
+                h[0].update(mv)
+        try:
+            n = storage.store.download(spec.path, _Discard(), on_chunk)
+        except FileNotFoundError:
+            return Problem(storage.store.where(spec.path), "is missing from object storage")
+        if n != spec.nbytes or h[0].hexdigest() != spec.sha256:
+            return Problem(storage.store.where(spec.path), f"does not match the manifest ({n:,} bytes, expected "
+                                                          f"{spec.nbytes:,}; or its SHA-256 differs)")
+        return None
+
+    with ThreadPoolExecutor(CONNECTIONS) as ex:
+        for problem in ex.map(one, specs):
+            if problem is not None:
+                report.problems.append(problem)
+    report.shards_checked = len(specs)
+    report.bytes_hashed += sum(s.nbytes for s in specs)
+    storage.close()
+    return report
+
+
+class _Discard:
+    """A file that keeps nothing (hashing a download without storing it)."""
+
+    def seek(self, *a):
+        return 0
+
+    def write(self, b):
+        return len(b)
+
+    def truncate(self, *a):
+        return 0
+
+
+def cache_list(cache_dir=None) -> dict:
+    """What the cache holds (``dsc cache ls``): {"root", "bytes", "files", "datasets": [{"url", "versions",
+    "shards", "cached", "bytes"}]} (counts for the newest version read from each URL)."""
+    cache = ShardCache(cache_dir)
+    entries = cache.entries()
+    out = {"root": str(cache.root), "bytes": sum(st.st_size for _, st in entries), "files": len(entries),
+           "datasets": []}
+    for d in sorted((cache.root / "datasets").iterdir()):
+        try:
+            url = (d / "url").read_text().strip()
+        except OSError:
+            continue
+        nums = sorted(int(p.stem) for p in (d / versions.LOG).glob("*.json") if p.stem.isdigit())
+        item = {"url": url, "versions": nums, "shards": 0, "cached": 0, "bytes": 0}
+        if nums:
+            try:
+                m = versions.read_record(Root(d), nums[-1])["manifest"]
+            except DscError:
+                m = None
+            if m is not None:
+                specs = L.shard_specs(m)
+                have = [s for s in specs if cache.path(s.sha256).is_file()]
+                item.update(shards=len(specs), cached=len(have), bytes=sum(s.nbytes for s in have))
+        out["datasets"].append(item)
+    return out
+
+
+def cache_clear(cache_dir=None, url: str | None = None) -> tuple[int, int, int]:
+    """Delete cached shards no process holds (all, or those of ``url``'s versions read here) and the small
+    files kept for them: (files removed, bytes freed, files kept because in use)."""
+    import shutil
+
+    cache = ShardCache(cache_dir)
+    if url is None:
+        removed = cache.clear()
+        for d in (cache.root / "datasets").iterdir():
+            shutil.rmtree(d, ignore_errors=True)
+        return removed
+    d = cache.root / "datasets" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    if not d.is_dir():
+        raise DatasetNotFoundError(f"the cache {cache.root} holds nothing of {url} (dsc cache ls lists what it holds)")
+    shas = set()
+    for p in (d / versions.LOG).glob("*.json"):
+        if p.stem.isdigit():
+            try:
+                shas |= {s.sha256 for s in L.shard_specs(versions.read_record(Root(d), int(p.stem))["manifest"])}
+            except DscError:
+                pass
+    removed = freed = kept = 0
+    with cache._space_lock():
+        for sha in shas:
+            p = cache.path(sha)
+            try:
+                size = p.stat().st_size
+            except FileNotFoundError:
+                continue
+            if cache.evict(p):
+                removed, freed = removed + 1, freed + size
+            else:
+                kept += 1
+    shutil.rmtree(d, ignore_errors=True)
+    return removed, freed, kept

@@ -1,0 +1,166 @@
+"""Remote datasets, against an S3 API server (moto) started here in its own process on loopback:
+
+* a warm-cache epoch (every shard already in the local cache) against the same dataset read locally
+  (the goal: at least 90%);
+* a cold epoch (empty cache: every shard downloaded, verified and mapped during the epoch) against a
+  plain parallel download of the same objects with obstore (8 connections, streamed to files, nothing
+  else; the goal: within 20% of it);
+* the library choice: obstore against s3fs downloading the same objects (when s3fs is installed).
+
+moto is a Python server: on this 2-core machine it competes with the loader for the cores, the same way
+for both sides of each ratio.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common import BENCH_DIR, scenes
+
+SIZE = 128
+BATCH = 256
+
+
+def _dataset() -> Path:
+    import dsc
+
+    out = BENCH_DIR / f"remote-{SIZE}.dsc"
+    if not out.exists():
+        src = scenes(16, 128, size_range=(48, 96))  # 2,048 small JPEGs
+        dsc.compile_imagefolder(src, out, size=SIZE, resize="stretch", shard_size=128, progress=False)
+    return out
+
+
+def _server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    urllib.request.urlopen(urllib.request.Request(endpoint + "/bench", method="PUT"))
+    return proc, endpoint
+
+
+def _epoch(ds) -> float:
+    import dsc
+
+    t0 = time.perf_counter()
+    for _ in dsc.Loader(ds, batch_size=BATCH, order="quasi_random", window=4, num_threads=2):
+        pass
+    return time.perf_counter() - t0
+
+
+def _raw_download(store, rels: list[str], dst: Path) -> float:
+    """obstore, 8 parallel streams straight into files: what moving the bytes alone costs."""
+    import obstore
+
+    dst.mkdir(parents=True, exist_ok=True)
+
+    def one(rel):
+        with open(dst / rel.replace("/", "_"), "wb") as f:
+            for chunk in obstore.get(store, rel).stream(min_chunk_size=1 << 21):
+                f.write(chunk)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, rels))
+    return time.perf_counter() - t0
+
+
+def _s3fs_download(endpoint: str, url: str, rels: list[str], dst: Path) -> float | None:
+    try:
+        import s3fs
+    except ImportError:
+        return None
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="bench", secret="bench")
+    base = url[5:]
+    t0 = time.perf_counter()
+    fs.get([f"{base}/{r}" for r in rels], [str(dst / r.replace("/", "_")) for r in rels])
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    import dsc
+    from dsc.compiler.upload import push
+    from dsc.formats.remote import open_store
+    from dsc.runtime.remote import warm
+
+    local = _dataset()
+    proc, endpoint = _server()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=endpoint)
+    url = "s3://bench/remote"
+    try:
+        push(local, url, progress=False)
+        ds_local = dsc.open(local)
+        specs = ds_local.manifest.shards
+        total = sum(s.nbytes for s in specs)
+        with tempfile.TemporaryDirectory(dir=BENCH_DIR) as tmp:
+            tmp = Path(tmp)
+            warm(url, tmp / "warm", progress=False)
+            ds_warm = dsc.open(url, cache_dir=tmp / "warm")
+            t_local, t_warm = [], []
+            for _ in range(3):  # interleaved: both sides see the same machine
+                _epoch(ds_local)  # (page cache warm for both)
+                t_local.append(_epoch(ds_local))
+                t_warm.append(_epoch(ds_warm))
+            t_cold, t_raw = [], []
+            store = open_store(url)._store
+            rels = [s.path for s in specs]
+            for k in range(3):
+                shutil.rmtree(tmp / "raw", ignore_errors=True)
+                t_raw.append(_raw_download(store, rels, tmp / "raw"))
+                ds_cold = dsc.open(url, cache_dir=tmp / f"cold{k}")
+                t_cold.append(_epoch(ds_cold))
+                ds_cold.storage.close()
+            t_s3fs = []
+            for _ in range(3):
+                shutil.rmtree(tmp / "s3fs", ignore_errors=True)
+                (tmp / "s3fs").mkdir()
+                t = _s3fs_download(endpoint, url, rels, tmp / "s3fs")
+                if t is None:
+                    break
+                t_s3fs.append(t)
+            t_ob = min(t_raw)
+    finally:
+        proc.kill()
+        proc.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    n = len(ds_local)
+    mb = total / 1e6
+    print(f"remote: {n:,} images {SIZE}x{SIZE} ({mb:.0f} MB in {len(specs)} shards), batch {BATCH}, quasi_random; "
+          f"S3 API server (moto) in its own process")
+    print(f"  local epoch (baseline)                    {n / min(t_local):10,.0f} img/s")
+    print(f"  warm-cache epoch from s3://               {n / min(t_warm):10,.0f} img/s   "
+          f"{min(t_local) / min(t_warm):.0%} of local (goal: at least 90%)")
+    print(f"  plain obstore download, 8 streams (base)  {mb / t_ob:10,.0f} MB/s")
+    print(f"  cold epoch from s3:// (download+verify)   {mb / min(t_cold):10,.0f} MB/s   "
+          f"{t_ob / min(t_cold):.0%} of the plain download rate (goal: at least 80%)")
+    if t_s3fs:
+        print(f"  s3fs download of the same objects          {mb / min(t_s3fs):10,.0f} MB/s   "
+              f"obstore is {min(t_s3fs) / t_ob:.2f}x faster")
+    else:
+        print("  (s3fs not installed: pip install s3fs to compare it with obstore)")
+
+
+if __name__ == "__main__":
+    main()

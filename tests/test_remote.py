@@ -1,0 +1,495 @@
+"""Remote datasets against a real S3 API server (moto's server mode on loopback, started here; no client mock):
+compile to s3://, epochs through a cache bounded at 30% of the dataset, two processes sharing a cache,
+the server stopped and restarted mid-epoch, stopped for good, a corrupted shard, resume of an upload,
+versions in object storage, the CLI."""
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+moto_server = pytest.importorskip("moto.server")
+
+import dsc  # noqa: E402
+from dsc.errors import (ConfigError, CorruptDatasetError, CredentialsError, DscError, OutputExistsError,  # noqa: E402
+                        RemoteError, VersionConflictError)
+from dsc.formats import versions as V  # noqa: E402
+from dsc.formats.remote import aws_files_config, is_url, open_store  # noqa: E402
+from dsc.runtime.cache import ShardCache, parse_size  # noqa: E402
+
+from test_versions import make_folder  # noqa: E402
+
+ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+            "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "DSC_CACHE_DIR", "DSC_RETRY_SECONDS")
+OPTS = dict(size=16, shard_size=16, progress=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3:
+    """A moto S3 server on loopback that can be stopped and started again on the same port (its objects
+    live in this process, so they survive a restart)."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server = None
+        self.start()
+
+    def start(self):
+        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self):
+        self.server.stop()
+
+    def bucket(self, name: str) -> str:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"))
+        return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    server = S3()
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=server.endpoint,
+                      AWS_DEFAULT_REGION="us-east-1")
+    for k in ("AWS_PROFILE", "DSC_CACHE_DIR", "DSC_RETRY_SECONDS", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        os.environ.pop(k, None)
+    server.bucket("dsc-test")
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("remote-src") / "src"
+    make_folder(root, 300)
+    return root
+
+
+@pytest.fixture(scope="module")
+def published(s3, src, tmp_path_factory):
+    """(url, the same dataset compiled locally): 300 images in 19 shards of 16."""
+    url = "s3://dsc-test/folder300"
+    report = dsc.compile_imagefolder(src, url, workers=2, cache_dir=str(tmp_path_factory.mktemp("stage")), **OPTS)
+    assert report.path == url
+    local = tmp_path_factory.mktemp("remote-local") / "local.dsc"
+    dsc.compile_imagefolder(src, local, workers=2, **OPTS)
+    return url, local
+
+
+def samples(ds) -> dict:
+    b = ds.get_batch(range(len(ds)))
+    return {k: (b["image"][i].numpy().tobytes(), int(b["label"][i])) for i, k in enumerate(ds.keys)}
+
+
+def epoch(loader) -> dict:
+    """{index: (pixels, label)} of one epoch; an index served twice fails."""
+    seen = {}
+    for b in loader:
+        for i, im, lab in zip(b["index"].tolist(), b["image"], b["label"].tolist()):
+            assert i not in seen, f"sample {i} served twice"
+            seen[i] = (im.numpy().tobytes(), lab)
+    return seen
+
+
+def dataset_bytes(local) -> int:
+    return sum(s.nbytes for s in dsc.open(local).manifest.shards)
+
+
+class UsageWatch:
+    """Samples the cache's bytes (under its lock) while an epoch runs."""
+
+    def __init__(self, cache_dir):
+        self.cache = ShardCache(cache_dir)
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.cache.usage())
+            self.samples += 1
+            time.sleep(0.001)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# --------------------------------------------------------------------------- acceptance
+def test_compile_to_s3_and_epochs_through_a_cache_of_30_percent(published, tmp_path):
+    url, local = published
+    store = open_store(url)
+    assert store.get_or_none(V.record_path(0)) is not None and store.get_or_none("zarr.json") is not None
+    ref_ds = dsc.open(local)
+    ref = ref_ds.get_batch(range(len(ref_ds)))
+    limit = int(dataset_bytes(local) * 0.3)
+    ds = dsc.open(url, cache_dir=tmp_path / "cache", cache_limit=limit)
+    assert len(ds) == 300 and ds.keys == ref_ds.keys and ds.classes == ref_ds.classes
+    assert ds.storage.cache.downloads == 0  # open fetched the small arrays only
+    for order, kw in (("quasi_random", dict(batch_size=16, window=2)), ("random", dict(batch_size=4))):
+        with UsageWatch(tmp_path / "cache") as watch:
+            if order == "random":
+                with pytest.warns(UserWarning, match="quasi_random"):
+                    seen = epoch(dsc.Loader(ds, order=order, seed=3, **kw))
+            else:
+                seen = epoch(dsc.Loader(ds, order=order, seed=3, **kw))
+        assert sorted(seen) == list(range(300)), order
+        for i, (px, lab) in seen.items():
+            assert px == ref["image"][i].numpy().tobytes() and lab == int(ref["label"][i]), (order, i)
+        assert watch.samples > 10 and 0 < watch.peak <= limit, (order, watch.peak, limit)
+    assert ShardCache(tmp_path / "cache").usage() <= limit
+
+
+def test_the_bucket_is_a_plain_zarr_group(published, tmp_path):
+    """What the bucket holds under the URL is a Zarr v3 group: copied as it is, zarr-python opens it."""
+    zarr = pytest.importorskip("zarr")
+    url, local = published
+    store = open_store(url)
+    for rel, _ in store.list(""):
+        if not rel.startswith("_dsc/"):
+            (tmp_path / "copy" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "copy" / rel).write_bytes(store.get(rel))
+    g = zarr.open_group(tmp_path / "copy", mode="r")
+    assert np.array_equal(g["label"][:], dsc.open(local).labels.numpy())
+    assert np.array_equal(g["image"][5], dsc.open(local)[5]["image"].numpy())
+
+
+def test_open_fetches_only_small_arrays_and_a_sample_maps_from_the_cache(published, tmp_path):
+    url, local = published
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert ds.remote and not dsc.open(local).remote
+    assert not list((tmp_path / "c" / "shards").rglob("*"))
+    assert ds[5]["image"].numpy().tobytes() == dsc.open(local)[5]["image"].numpy().tobytes()
+    assert ds.storage.cache.downloads == 1
+    for i in range(0, 300, 16):  # plain indexing holds at most a few shards at a time
+        ds[i]
+    assert len(ds.storage._held) <= ds.storage.LOOSE
+
+
+def test_a_pickled_handle_reopens_the_same_version_without_the_network(published, tmp_path, s3):
+    url, local = published
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    want = ds[17]["image"].numpy().tobytes()
+    ds.storage.close()
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.storage.version == 0 and clone.storage._failed is None
+    assert clone[17]["image"].numpy().tobytes() == want  # the shard is cached: no request at all
+
+
+def test_two_processes_sharing_a_cache_download_each_shard_once(published, tmp_path):
+    url, _ = published
+    script = textwrap.dedent(f"""
+        import json, sys, dsc
+        ds = dsc.open({url!r}, cache_dir={str(tmp_path / 'shared')!r})
+        seen = set()
+        for b in dsc.Loader(ds, batch_size=32, order="sequential"):
+            seen.update(b["index"].tolist())
+        print(json.dumps({{"downloads": ds.storage.cache.downloads, "samples": len(seen)}}))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+             for _ in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err.decode()[-2000:]
+    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outs]
+    assert all(r["samples"] == 300 for r in results)
+    assert sum(r["downloads"] for r in results) == 19, results  # 19 shards, each fetched by one process only
+
+
+# --------------------------------------------------------------------------- faults
+@pytest.fixture
+def own_server(s3, src, tmp_path):
+    """A second server (own port) holding a copy of the dataset, to stop and start at will."""
+    server = S3()
+    url = server.bucket(f"faults-{next(_BUCKETS)}") + "/ds"  # (moto keeps its buckets for the whole process)
+    saved = os.environ["AWS_ENDPOINT_URL"]
+    os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+    try:
+        dsc.compile_imagefolder(src, url, workers=1, cache_dir=str(tmp_path / "stage"), **OPTS)
+        yield server, url
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = saved
+        try:
+            server.stop()
+        except Exception:
+            pass
+
+
+_BUCKETS = iter(range(10 ** 6))
+
+
+def loader_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(("dsc-loader", "dsc-feed", "dsc-fetch"))]
+
+
+def test_server_restarted_within_the_retry_budget_the_epoch_completes(own_server, tmp_path):
+    server, url = own_server
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=3 * 12548, retry_seconds=60)
+    loader = dsc.Loader(ds, batch_size=16, order="sequential", prefetch=1)
+    seen = set()
+    restarted = threading.Event()
+    for k, b in enumerate(loader):
+        seen.update(b["index"].tolist())
+        if k == 3:
+            server.stop()
+            threading.Timer(2.0, lambda: (server.start(), restarted.set())).start()
+    assert restarted.is_set() and seen == set(range(300))
+
+
+def test_server_gone_for_good_a_clear_error_no_hang(own_server, tmp_path):
+    server, url = own_server
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=3 * 12548, retry_seconds=2)
+    loader = dsc.Loader(ds, batch_size=16, order="sequential", prefetch=1)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{url}/image/c/\d+") as e:
+        for k, _ in enumerate(loader):
+            if k == 2:
+                server.stop()
+    assert time.monotonic() - t0 < 60 and "after" in str(e.value)
+    loader.close()
+    for _ in range(100):
+        if not loader_threads():
+            break
+        time.sleep(0.05)
+    assert loader_threads() == []
+
+
+def test_a_corrupted_shard_is_detected_and_named(own_server, tmp_path):
+    server, url = own_server
+    store = open_store(url)
+    rel = "image/c/3/0/0/0"
+    good = store.get(rel)
+    store.put(rel, bytes(b ^ 0xFF for b in good[:100]) + good[100:])
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    with pytest.raises(CorruptDatasetError, match=rf"{url}/image/c/3/0/0/0: downloaded twice"):
+        epoch(dsc.Loader(ds, batch_size=16))
+    assert not list((tmp_path / "c" / "shards").rglob("*.part"))  # no partial file left, none mapped
+    report = __import__("dsc.runtime.remote", fromlist=["verify_remote"]).verify_remote(url, cache_dir=tmp_path / "c")
+    assert [p.file for p in report.problems] == [f"{url}/{rel}"]
+
+
+def test_missing_credentials_name_the_variables(s3, tmp_path, monkeypatch):
+    """A server that enforces authentication (moto with INITIAL_NO_AUTH_ACTION_COUNT=0, its own process)."""
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "no-such-key")
+        with pytest.raises(CredentialsError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+            dsc.open("s3://locked/ds", cache_dir=tmp_path / "c", retry_seconds=2)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cache_limit_too_small_for_one_batch_is_refused(published, tmp_path):
+    url, _ = published
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="20kB")
+    with pytest.raises(ConfigError, match="smaller than the shards batch"):
+        next(iter(dsc.Loader(ds, batch_size=64)))
+    with pytest.raises(DscError, match="more than the whole cache_limit"):
+        dsc.open(url, cache_dir=tmp_path / "d", cache_limit="1kB")[0]
+
+
+# --------------------------------------------------------------------------- compile to a URL
+def test_an_interrupted_upload_resumes_reusing_uploaded_shards(s3, src, tmp_path, monkeypatch):
+    from dsc.formats import remote
+
+    url = "s3://dsc-test/resumed"
+    puts = []
+    real_put = remote.ObjectStore.put
+
+    def failing_put(self, rel, data, create_only=False, attributes=None):
+        puts.append(rel)
+        if rel == V.record_path(0) and fail[0]:
+            raise remote.RemoteError(f"{self.where(rel)}: writing failed: simulated outage")
+        return real_put(self, rel, data, create_only, attributes)
+
+    fail = [True]
+    monkeypatch.setattr(remote.ObjectStore, "put", failing_put)
+    with pytest.raises(RemoteError, match="simulated outage"):
+        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, **OPTS)
+    with pytest.raises(DscError):  # nothing is published: no version record
+        dsc.open(url, cache_dir=tmp_path / "c")
+    shard_puts = [p for p in puts if p.startswith("image/c/")]
+    assert len(shard_puts) == 19
+    fail[0] = False
+    puts.clear()
+    dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, resume=True, **OPTS)
+    assert not [p for p in puts if p.startswith("image/c/")]  # every shard kept: same size and SHA-256
+    assert V.record_path(0) in puts
+    assert not (tmp_path / "uploads").exists() or not any((tmp_path / "uploads").iterdir())
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert len(ds) == 300
+
+
+def test_compile_to_an_existing_url_is_refused(published, src, tmp_path):
+    url, _ = published
+    with pytest.raises(OutputExistsError, match="already holds a dsc dataset"):
+        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), **OPTS)
+    with pytest.raises(ConfigError, match="--update of a dataset in object storage"):
+        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), update=True, **OPTS)
+
+
+def test_compile_to_url_on_a_dask_cluster(s3, src, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    url = "s3://dsc-test/dask"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        dsc.compile_imagefolder(src, url, executor=client, cache_dir=str(tmp_path), **OPTS)
+    local = tmp_path / "local.dsc"
+    dsc.compile_imagefolder(src, local, workers=1, **OPTS)
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(dsc.open(local))
+
+
+# --------------------------------------------------------------------------- versions
+def test_versions_in_object_storage(s3, src, tmp_path):
+    local = tmp_path / "v.dsc"
+    dsc.compile_imagefolder(src, local, workers=1, **OPTS)
+    make_folder(src.parent / "src2", 40, seed0=5000)  # a second source: version 1 adds it
+    import shutil
+
+    grown = tmp_path / "grown"
+    shutil.copytree(src, grown)
+    shutil.copytree(src.parent / "src2", grown, dirs_exist_ok=True)
+    dsc.compile_imagefolder(grown, local, update=True, workers=1, **OPTS)
+    url = "s3://dsc-test/versions"
+    from dsc.compiler.upload import push
+
+    r = push(local, url, progress=False)
+    assert r["versions"] == 2
+    assert samples(dsc.open(url, version=0, cache_dir=tmp_path / "c")) == samples(dsc.open(local, version=0))
+    latest = dsc.open(url, cache_dir=tmp_path / "c")
+    assert latest.version == 1 and len(latest) == 340
+    assert [e["version"] for e in dsc.log(url)] == [0, 1]
+    dsc.tag(url, "first", version=0)
+    assert dsc.open(url, tag="first", cache_dir=tmp_path / "c").version == 0
+    again = push(local, url, progress=False)  # a push resumed: everything is there already
+    assert again["sent"] == 0
+    # the commit is a conditional put: another dataset's record 0 is never replaced
+    other = tmp_path / "other.dsc"
+    dsc.compile_imagefolder(src.parent / "src2", other, workers=1, **OPTS)
+    with pytest.raises(VersionConflictError, match="another dataset's version 0"):
+        push(other, url, progress=False)
+    assert dsc.open(url, version=0, cache_dir=tmp_path / "c2").manifest.checksum() == \
+        dsc.open(local, version=0).manifest.checksum()
+    with pytest.raises(ConfigError, match="not supported yet"):
+        dsc.vacuum(url)
+
+
+# --------------------------------------------------------------------------- the CLI
+def test_cli_compile_info_verify_log_and_cache(s3, src, tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    run = lambda *a: CliRunner().invoke(main, list(map(str, a)))  # noqa: E731
+    url = "s3://dsc-test/cli"
+    cache = tmp_path / "cache"
+    r = run("compile", "imagefolder", src, url, "--size", 16, "--shard-size", 16, "--workers", 1, "-q",
+            "--cache-dir", tmp_path / "stage")
+    assert r.exit_code == 0, r.output
+    assert url in r.output
+    r = run("info", url)
+    assert r.exit_code == 0 and "300 in 19 shards" in r.output and "in object storage" in r.output, r.output
+    os.environ["DSC_CACHE_DIR"] = str(cache)
+    try:
+        r = run("verify", url)
+        assert r.exit_code == 0 and "OK: 19 shard files" in r.output, r.output
+        r = run("log", url)
+        assert r.exit_code == 0 and "version 0" in r.output, r.output
+        r = run("cache", "warm", url, "--cache-limit", "100kB")
+        assert r.exit_code == 0 and "shards downloaded" in r.output, r.output
+        r = run("cache", "ls")
+        assert r.exit_code == 0 and url in r.output and "/19 shards cached" in r.output, r.output
+        assert ShardCache(cache).usage() <= 100_000
+        r = run("cache", "clear", url)
+        assert r.exit_code == 0 and "removed" in r.output, r.output
+        assert ShardCache(cache).usage() == 0
+        r = run("vacuum", url)
+        assert r.exit_code == 1 and "not supported yet" in r.output and "Traceback" not in r.output
+        r = run("info", "s3://dsc-test/nothing-here")
+        assert r.exit_code == 1 and "no dsc dataset there" in r.output, r.output
+    finally:
+        os.environ.pop("DSC_CACHE_DIR", None)
+
+
+# --------------------------------------------------------------------------- units
+def test_parse_size_and_urls():
+    assert parse_size("200GB") == 200 * 10 ** 9 and parse_size("512MiB") == 512 * 2 ** 20 and parse_size(1000) == 1000
+    assert parse_size(None) is None
+    for bad in ("lots", "-1GB", 0, "12 parsecs"):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+    assert is_url("s3://b/p") and is_url("gs://b/p") and is_url("az://acct/c/p")
+    assert not is_url("file:///x") and not is_url("/data/x") and not is_url(Path("s3:/b"))
+    with pytest.raises(ConfigError, match="s3://, gs:// and az://"):
+        open_store("ftp://host/x")
+
+
+def test_gcs_and_azure_urls_open_through_the_same_store(monkeypatch, tmp_path):
+    """No GCS or Azure server here: the stores are built from the standard variables without a request."""
+    key = tmp_path / "sa.json"
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(key))
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "a2V5")
+    assert open_store("az://container/prefix").scheme == "az"
+    try:
+        store = open_store("gs://bucket/prefix")
+        assert store.scheme == "gs"
+    except ConfigError as e:  # the key file does not exist: obstore says so, dsc names the URL
+        assert "gs://bucket/prefix" in str(e)
+
+
+def test_aws_config_files_give_credentials_region_and_endpoint(tmp_path):
+    (tmp_path / "credentials").write_text("[default]\naws_access_key_id = A\naws_secret_access_key = B\n"
+                                          "[train]\naws_access_key_id = C\naws_secret_access_key = D\n")
+    (tmp_path / "config").write_text("[profile train]\nregion = eu-west-1\nendpoint_url = http://minio:9000\n")
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"), "AWS_CONFIG_FILE": str(tmp_path / "config"),
+           "HOME": str(tmp_path)}
+    assert aws_files_config(env) == {"access_key_id": "A", "secret_access_key": "B"}
+    assert aws_files_config({**env, "AWS_PROFILE": "train"}) == {
+        "access_key_id": "C", "secret_access_key": "D", "region": "eu-west-1", "endpoint": "http://minio:9000"}
+    assert aws_files_config({**env, "AWS_ACCESS_KEY_ID": "env"}) == {}  # the environment wins
