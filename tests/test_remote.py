@@ -194,9 +194,13 @@ def test_open_fetches_only_small_arrays_and_a_sample_maps_from_the_cache(publish
     assert not list((tmp_path / "c" / "shards").rglob("*"))
     assert ds[5]["image"].numpy().tobytes() == dsc.open(local)[5]["image"].numpy().tobytes()
     assert ds.storage.cache.downloads == 1
-    for i in range(0, 300, 16):  # plain indexing holds at most a few shards at a time
+    for i in range(0, 300, 16):  # unbounded cache: every shard stays mapped, as a local dataset's
         ds[i]
-    assert len(ds.storage._held) <= ds.storage.LOOSE
+    assert len(ds.storage._held) == 19
+    bounded = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=8 * 12548)
+    for i in range(0, 300, 16):  # bounded: shards no batch needs are let go beyond a quarter of the limit
+        bounded[i]
+        assert sum(h.nbytes for h in bounded.storage._held.values()) <= bounded.storage.idle_budget
 
 
 def test_a_pickled_handle_reopens_the_same_version_without_the_network(published, tmp_path, s3):

@@ -19,6 +19,7 @@ have passed; then :class:`~dsc.errors.RemoteError` names the URL and the last ca
 from __future__ import annotations
 
 import configparser
+import functools
 import os
 import random
 import re
@@ -107,7 +108,19 @@ def open_store(url: str, retry: float | None = None) -> Store:
         return _FACTORIES[scheme](url, retry_seconds(retry))
     if scheme not in ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl"):
         raise ConfigError(f"{url}: dsc reads s3://, gs:// and az:// URLs (got {scheme}://)")
-    return ObjectStore(url, retry_seconds(retry))
+    return _object_store(url.rstrip("/"), retry_seconds(retry), _settings_key())
+
+
+def _settings_key() -> tuple:
+    """What a store's configuration depends on besides its URL (a changed variable makes a new store)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
+
+
+@functools.lru_cache(maxsize=64)
+def _object_store(url: str, retry: float, settings: tuple) -> "ObjectStore":
+    """One client per URL and settings in a process: building one loads the system's TLS roots (about
+    0.2 s), and a client is safe to share between threads."""
+    return ObjectStore(url, retry)
 
 
 def _family(scheme: str) -> str:

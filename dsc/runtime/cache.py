@@ -123,11 +123,12 @@ class ShardCache:
             pass
         return Held(sha256, p, fd, st.st_size)
 
-    def hold(self, sha256: str, nbytes: int, fetch: Callable, what: str) -> Held:
+    def hold(self, sha256: str, nbytes: int, fetch: Callable, what: str, on_full: Callable | None = None) -> Held:
         """The shard ``sha256`` held, downloading it first when the cache lacks it (once across processes).
 
         ``fetch(f, on_chunk)`` streams the shard's bytes into the open file ``f``; ``what`` (its URL) names
-        it in errors."""
+        it in errors; ``on_full()`` is asked to let go of shards the caller holds but does not need when the
+        cache has no room (it returns the bytes it let go)."""
         held = self.try_hold(sha256)
         if held is not None:
             return held
@@ -139,15 +140,15 @@ class ShardCache:
             held = self.try_hold(sha256)
             if held is not None:
                 return held
-            return self._download(sha256, nbytes, fetch, what)
+            return self._download(sha256, nbytes, fetch, what, on_full)
         finally:
             os.close(lfd)
 
-    def _download(self, sha256: str, nbytes: int, fetch: Callable, what: str) -> Held:
+    def _download(self, sha256: str, nbytes: int, fetch: Callable, what: str, on_full=None) -> Held:
         final = self.path(sha256)
         final.parent.mkdir(parents=True, exist_ok=True)
         part = final.with_name(f"{sha256}.{os.getpid()}.{threading.get_ident()}.part")
-        fd = self._reserve(part, nbytes, what)
+        fd = self._reserve(part, nbytes, what, on_full)
         try:
             for attempt in (1, 2):
                 h = [hashlib.sha256()]
@@ -185,7 +186,7 @@ class ShardCache:
             raise
 
     # ------------------------------------------------------------------ space
-    def _reserve(self, part: Path, nbytes: int, what: str) -> int:
+    def _reserve(self, part: Path, nbytes: int, what: str, on_full=None) -> int:
         """Create ``part`` pre-allocated to ``nbytes`` once the limit has room for it (evicting least recently
         used unheld shards; waiting while other processes hold the rest)."""
         if self.limit is not None and nbytes > self.limit:
@@ -212,6 +213,8 @@ class ShardCache:
                         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                         os.ftruncate(fd, nbytes)
                     return fd
+            if on_full is not None and on_full():
+                continue  # the caller let idle shards go: try again at once
             if time.monotonic() > deadline:
                 raise CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
                                      f"cache_limit {self.limit:,}: other processes hold every cached shard for "

@@ -188,7 +188,7 @@ class Loader:
         ds = self.dataset
         if not ds.remote or start >= len(batches):
             return None
-        from .remote import ShardFeed
+        from .remote import ShardFeed, _local_processes
 
         storage = ds.storage
         needs = [ds.shards_of(b) for b in batches]
@@ -203,7 +203,7 @@ class Loader:
                                   f"batch_size)")
             # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
             # its share, keeping half of it for the batches being gathered.
-            share = limit // max(1, _env_int("LOCAL_WORLD_SIZE", 1))
+            share = limit // _local_processes()
             budget = max(worst[0], share // 2)
             total = sum(s.nbytes for s in storage.specs.values())
             if self.order == "random" and total > limit and not self._warned_random:
@@ -287,13 +287,6 @@ class Loader:
         self._resume = _Resume(int(epoch), int(served))
         self.epoch = self._resume.epoch
         self._served = self._resume.batches
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _describe(transforms) -> str | None:

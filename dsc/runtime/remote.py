@@ -148,10 +148,10 @@ class RemoteStorage(Storage):
     """A remote version's bytes: small arrays from the local mirror, shards through the shard cache.
 
     Shards are held by reference: ``acquire(rel)`` downloads (if needed), holds and maps shard ``rel``;
-    ``release(rel)`` lets it go when no batch needs it any more. ``map`` of a shard nobody acquired (plain
-    ``ds[i]``) holds it loosely: the last few such shards stay held, older ones are let go."""
-
-    LOOSE = 4
+    ``release(rel)`` lets it go when no batch needs it any more. A shard let go stays held and mapped while
+    it is among the most recently used ``idle_budget`` bytes (the next epoch, or ``ds[i]``, finds it mapped,
+    as a local dataset's shards are); the cache takes those back (``drop_idle``) whenever it needs room for
+    a download. ``map`` of a shard nobody acquired (plain ``ds[i]``) acquires and lets go at once."""
 
     def __init__(self, root: Root, store: Store, cache: ShardCache, manifest, retry_seconds=None):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
@@ -162,7 +162,10 @@ class RemoteStorage(Storage):
         self._refs: dict[str, int] = {}
         self._held: dict[str, Held] = {}
         self._pending: dict[str, Future] = {}
-        self._loose: OrderedDict[str, None] = OrderedDict()
+        self._idle: OrderedDict[str, None] = OrderedDict()  # held and mapped, no reference: oldest first
+        # Unbounded cache: keep every shard mapped (like a local dataset). Bounded: a quarter of this process's
+        # share of it, so idle shards never crowd out the downloads ahead of training.
+        self.idle_budget = None if cache.limit is None else cache.limit // (4 * max(1, _local_processes()))
 
     @property
     def remote(self) -> bool:
@@ -176,6 +179,7 @@ class RemoteStorage(Storage):
         with self._lock:
             if rel in self._refs:
                 self._refs[rel] += 1
+                self._idle.pop(rel, None)
                 fut = self._pending.get(rel)
                 if fut is None:
                     return
@@ -194,7 +198,8 @@ class RemoteStorage(Storage):
         spec = self.specs[rel]
         try:
             held = self.cache.hold(spec.sha256, spec.nbytes,
-                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk), self.store.where(rel))
+                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk), self.store.where(rel),
+                                   on_full=self.drop_idle)
             arr = map_fd(held.fd, spec.nbytes, self.store.where(rel))
         except BaseException as e:
             with self._lock:
@@ -215,17 +220,41 @@ class RemoteStorage(Storage):
                 del self._refs[rel]
 
     def release(self, rel: str) -> None:
-        """One reference less; at none the shard is unmapped here and evictable (it stays cached)."""
+        """One reference less; at none the shard goes idle (see the class docstring)."""
         with self._lock:
             n = self._refs.get(rel, 0) - 1
             if n > 0:
                 self._refs[rel] = n
                 return
-            self._refs.pop(rel, None)
-            held = self._held.pop(rel, None)
-            self._maps.pop(rel, None)  # arrays still referenced (a sample a user kept) keep their mapping
-        if held is not None:
+            if rel in self._held:
+                self._refs[rel] = 0
+                self._idle[rel] = None
+                self._idle.move_to_end(rel)
+            else:
+                self._refs.pop(rel, None)
+        self._trim(self.idle_budget)
+
+    def _trim(self, budget: int | None) -> int:
+        """Let go of the oldest idle shards until they hold at most ``budget`` bytes; the bytes let go."""
+        if budget is None:
+            return 0
+        gone = []
+        with self._lock:
+            idle = sum(self._held[r].nbytes for r in self._idle)
+            while self._idle and idle > budget:
+                rel = self._idle.popitem(last=False)[0]
+                held = self._held.pop(rel)
+                self._maps.pop(rel, None)  # arrays still referenced (a sample a user kept) keep their mapping
+                del self._refs[rel]
+                idle -= held.nbytes
+                gone.append(held)
+        for held in gone:
             held.close()
+        return sum(h.nbytes for h in gone)
+
+    def drop_idle(self) -> int:
+        """Let every idle shard go (the cache calls this when it needs room)."""
+        return self._trim(0)
 
     def map(self, rel: str, nbytes: int) -> np.ndarray:
         arr = self._maps.get(rel)
@@ -234,13 +263,8 @@ class RemoteStorage(Storage):
         self.dir  # noqa: B018 - raises if a re-open failed
         self.acquire(rel)
         with self._lock:
-            self._loose[rel] = None
-            drop = []
-            while len(self._loose) > self.LOOSE:
-                drop.append(self._loose.popitem(last=False)[0])
             arr = self._maps[rel]
-        for r in drop:
-            self.release(r)
+        self.release(rel)
         return arr
 
     def held_bytes(self) -> int:
@@ -256,7 +280,7 @@ class RemoteStorage(Storage):
     def close(self) -> None:
         with self._lock:
             held, self._held, self._refs, self._maps = list(self._held.values()), {}, {}, {}
-            self._loose.clear()
+            self._idle.clear()
         for h in held:
             h.close()
 
@@ -282,8 +306,17 @@ class RemoteStorage(Storage):
             self.__dict__.update(other.__dict__)
         except DscError as e:
             self.__dict__.update({"root": state["url"], "checksum": state["checksum"], "version": state["version"],
-                                  "_maps": {}, "_held": {}, "_refs": {}, "_loose": OrderedDict(),
+                                  "_maps": {}, "_held": {}, "_refs": {}, "_idle": OrderedDict(),
+                                  "_pending": {}, "idle_budget": 0,
                                   "_lock": threading.Lock(), "_failed": e, "url": state["url"]})
+
+
+def _local_processes() -> int:
+    """The processes of this node that share the cache (torchrun sets LOCAL_WORLD_SIZE)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    except ValueError:
+        return 1
 
 
 # ----------------------------------------------------------------------------- prefetch
