@@ -9,6 +9,7 @@ import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_recipe  # noqa: E402
+import bench_remote  # noqa: E402
 import bench_versions  # noqa: E402
 
 if __name__ == "__main__":
@@ -18,3 +19,4 @@ if __name__ == "__main__":
     bench_loader.main()
     bench_recipe.main()
     bench_versions.main()
+    bench_remote.main()
