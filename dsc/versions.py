@@ -41,13 +41,10 @@ def _remote_records(url: str, only: int | None = None, version=None, tag=None):
     if not have:
         raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {V.LOG}/)")
     tags = remote_tags(store)
-    if version is not None and tag is not None:
-        raise ConfigError("give a version or a tag, not both")
-    if tag is not None:
-        if V.check_tag(tag) not in tags:
-            raise VersionNotFoundError(f"{store.url} has no tag {tag!r}")
-        version = tags[tag]
-    want = have if only is None and version is None else [have[-1] if version is None else version]
+    if only is None and version is None and tag is None:
+        want = have
+    else:
+        want = [V.choose(store.url, version, tag, lambda: tags, lambda: have, None)]
     if want[0] not in have:
         raise VersionNotFoundError(f"{store.url} has no version {want[0]} (versions: {V._ranges(have)})")
 

@@ -23,6 +23,7 @@ from ..errors import ConfigError, OutputExistsError, RemoteError, VersionConflic
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root
+from ..formats.verify import sha256_file
 from ..formats.remote import Store, default_cache_dir, open_store, remote_versions
 from .staging import is_dsc_dataset, staging_dir
 
@@ -92,14 +93,6 @@ class Uploader:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
          retry_seconds: float | None = None) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
@@ -137,7 +130,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         uploader.wait()
         stat = local / versions.STAT / f"{nums[-1]}.bin"
         if stat.is_file():  # (advisory: a later --update reads it)
-            uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", _sha_file(stat), stat.stat().st_size)
+            uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", sha256_file(stat), stat.stat().st_size)
             uploader.wait()
         for n in nums:  # the commits
             data = bytes(root.read(versions.record_path(n)))

@@ -150,22 +150,29 @@ def check_tag(name: str) -> str:
 
 def resolve(root: Root, version: int | None = None, tag: str | None = None) -> int:
     """The version to open: ``version``, the version ``tag`` names, or the latest."""
+    return choose(root.path, version, tag, lambda: tag_names(root), lambda: versions(root),
+                  lambda: CorruptDatasetError(f"{root.path}: its version log is empty; the dataset is damaged"))
+
+
+def choose(where, version: int | None, tag: str | None, tags, have, empty) -> int:
+    """``version``, the version ``tag`` names in ``tags()``, or the last of ``have()`` (``empty()`` is raised
+    when there is none); ``where`` names the dataset in errors. Local and remote datasets alike."""
     from ..errors import ConfigError
 
     if version is not None and tag is not None:
         raise ConfigError("give a version or a tag, not both")
     if tag is not None:
-        tags = tag_names(root)
-        if check_tag(tag) not in tags:
-            raise VersionNotFoundError(f"{root.path} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(tags))})"
-                                                                           if tags else " (it has no tags)"))
-        return tags[tag]
+        names = tags()
+        if check_tag(tag) not in names:
+            raise VersionNotFoundError(f"{where} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(names))})"
+                                                                       if names else " (it has no tags)"))
+        return names[tag]
     if version is not None:
         return version
-    have = versions(root)
-    if not have:
-        raise CorruptDatasetError(f"{root.path}: its version log is empty; the dataset is damaged")
-    return have[-1]
+    nums = have()
+    if not nums:
+        raise empty()
+    return nums[-1]
 
 
 class Pin:

@@ -61,23 +61,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def resolve(store: Store, version: int | None, tag: str | None) -> int:
-    from ..errors import ConfigError
-
-    if version is not None and tag is not None:
-        raise ConfigError("give a version or a tag, not both")
-    if tag is not None:
-        tags = remote_tags(store)
-        if versions.check_tag(tag) not in tags:
-            raise VersionNotFoundError(f"{store.url} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(tags))})"
-                                                                             if tags else " (it has no tags)"))
-        return tags[tag]
-    if version is not None:
-        return version
-    have = remote_versions(store)
-    if not have:
-        raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {versions.LOG}/); "
-                                   f"compile one with `dsc compile ... {store.url}`")
-    return have[-1]
+    return versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: remote_versions(store),
+                           lambda: DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under "
+                                                        f"{versions.LOG}/); compile one with `dsc compile ... "
+                                                        f"{store.url}`"))
 
 
 def fetch_version(store: Store, cache: ShardCache, n: int) -> tuple[Root, dict]:
