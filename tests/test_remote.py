@@ -373,8 +373,36 @@ def test_compile_to_an_existing_url_is_refused(published, src, tmp_path):
     url, _ = published
     with pytest.raises(OutputExistsError, match="already holds a dsc dataset"):
         dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), **OPTS)
-    with pytest.raises(ConfigError, match="--update of a dataset in object storage"):
-        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), update=True, **OPTS)
+    with pytest.raises(ConfigError, match="--overwrite of a dataset in object storage"):
+        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), overwrite=True, **OPTS)
+
+
+def test_update_in_object_storage_uploads_only_the_new_version(s3, tmp_path, monkeypatch):
+    """--update of a URL: the base is pulled without its shards, only new inputs are decoded, only the new
+    shards are uploaded, and the result is the same set as a fresh compile of the grown source."""
+    from dsc.formats import remote
+
+    src = tmp_path / "src"
+    make_folder(src, 100)
+    url = "s3://dsc-test/updated"
+    opts = dict(OPTS, workers=1, cache_dir=str(tmp_path / "stage"))
+    assert dsc.compile_imagefolder(src, url, update=True, **opts).manifest.version["number"] == 0  # a first compile
+    make_folder(src, 20, seed0=9000)
+    (src / "c1" / "img_00001.jpg").unlink()
+    puts = []
+    real_put = remote.ObjectStore.put
+    monkeypatch.setattr(remote.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
+                                                                               real_put(self, rel, *a, **k))[1])
+    r = dsc.compile_imagefolder(src, url, update=True, **opts)
+    assert r.committed and r.version == 1 and r.plan["decoded"] == 20 and r.plan["removed"] == 1
+    assert sorted(p for p in puts if p.startswith("image/c/")) == ["image/c/7/0/0/0", "image/c/8/0/0/0"]
+    assert V.record_path(1) in puts and V.record_path(0) not in puts
+    local = tmp_path / "fresh.dsc"
+    dsc.compile_imagefolder(src, local, **{k: v for k, v in opts.items() if k != "cache_dir"})
+    assert set(samples(dsc.open(url, cache_dir=tmp_path / "c")).items()) == set(samples(dsc.open(local)).items())
+    assert len(dsc.open(url, version=0, cache_dir=tmp_path / "c")) == 100  # time travel to the base
+    again = dsc.compile_imagefolder(src, url, update=True, **opts)
+    assert not again.committed and [e["version"] for e in dsc.log(url)] == [0, 1]
 
 
 def test_compile_to_url_on_a_dask_cluster(s3, src, tmp_path):

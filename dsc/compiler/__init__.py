@@ -28,7 +28,16 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
     plan goes to ``info``). ``out`` may be a URL (s3://, gs://, az://): see upload.py."""
     if is_url(out):
-        from .upload import compile_to_url
+        from .upload import compile_to_url, update_url
+        from ..formats.remote import open_store, remote_versions
+
+        if options.update and remote_versions(open_store(out)):
+            from .update import update_dataset
+
+            return update_url(lambda stage: update_dataset(_scan(source, warn), stage, options, source, warn=warn,
+                                                           info=info), out, options)
+        if options.dry_run:
+            return _dry_first_compile(out, _scan(source, warn), info)
 
         def compile_local(stage, opts, on_unit):
             return compile_dataset(_scan(source, warn), stage, replace(opts, update=False, dry_run=False), warn=warn,
@@ -41,18 +50,23 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         check_output(out, options.overwrite)
     scanned = _scan(source, warn)
     if options.dry_run and not update:
-        n = len(scanned.records)
-        if info is not None:
-            info(f"{out} does not exist yet: --update would compile its {n:,} inputs as version 0")
-        return CompileReport(path=Path(out), manifest=None, skipped=(), warnings=scanned.warnings, seconds=0.0,
-                             bytes_written=0, plan={"added": n, "removed": 0, "changed": 0, "relabelled": 0, "moved": 0,
-                                                    "unchanged": 0, "decoded": n},
-                             committed=False, dry_run=True)
+        return _dry_first_compile(out, scanned, info)
     if update:
         from .update import update_dataset
 
         return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
     return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)
+
+
+def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
+    """``--update --dry-run`` of an OUT that holds no dataset yet: the plan of a first compile."""
+    n = len(scanned.records)
+    if info is not None:
+        info(f"{out} does not exist yet: --update would compile its {n:,} inputs as version 0")
+    return CompileReport(path=out if is_url(out) else Path(out), manifest=None, skipped=(), warnings=scanned.warnings,
+                         seconds=0.0, bytes_written=0, plan={"added": n, "removed": 0, "changed": 0, "relabelled": 0,
+                                                             "moved": 0, "unchanged": 0, "decoded": n},
+                         committed=False, dry_run=True)
 
 
 def _scan(source: Source, warn) -> ScannedSource:

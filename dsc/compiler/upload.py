@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError, OutputExistsError, RemoteError, VersionConflictError
+from ..errors import ConfigError, CorruptDatasetError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root
@@ -111,13 +111,24 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
     try:
         records = {n: versions.read_record(root, n) for n in nums}
+        remote = remote_versions(store)
+        published = set()  # versions the bucket has already, with these bytes: their files are all there
+        for n in set(nums) & set(remote):
+            if store.get(versions.record_path(n)) != bytes(root.read(versions.record_path(n))):
+                raise VersionConflictError(f"{store.where(versions.record_path(n))} exists and is another dataset's "
+                                           f"version {n}: nothing of {local} was published there. Push to another URL")
+            published.add(n)
+        done = {p for n in published for p in _paths(records[n]["manifest"])}
         jobs = {}
-        for rec in records.values():
+        for n, rec in records.items():
+            if n in published:
+                continue
             m = rec["manifest"]
             for spec in L.shard_specs(m):
                 jobs[spec.path] = (spec.sha256, spec.nbytes)
             for rel, f in m.files.items():
                 jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
+        jobs = {rel: job for rel, job in jobs.items() if rel not in done}
         latest = records[nums[-1]]["manifest"]
         view = {rel: (f["sha256"], f["nbytes"]) for rel, f in latest.files.items()}
         futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
@@ -125,14 +136,18 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
             for f in futs:
                 f.result()
                 bar.update(1)
-        for rel, (sha, n) in view.items():  # the plain-Zarr view: copies of the latest version's objects
-            uploader.submit([local], rel, sha, n)
+        view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
+        if view_is_ours:
+            for rel, (sha, n) in view.items():  # the plain-Zarr view: copies of the latest version's objects
+                uploader.submit([local], rel, sha, n)
         uploader.wait()
         stat = local / versions.STAT / f"{nums[-1]}.bin"
-        if stat.is_file():  # (advisory: a later --update reads it)
+        if stat.is_file() and nums[-1] not in published:  # (advisory: a later --update reads it)
             uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", sha256_file(stat), stat.stat().st_size)
             uploader.wait()
         for n in nums:  # the commits
+            if n in published:
+                continue
             data = bytes(root.read(versions.record_path(n)))
             try:
                 store.put(versions.record_path(n), data, create_only=True)
@@ -143,19 +158,71 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                                                f"Push to another URL") from None
         for name, n in versions.tag_names(root).items():
             store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
-        store.put("zarr.json", bytes(root.read("zarr.json")))
+        if view_is_ours:
+            store.put("zarr.json", bytes(root.read("zarr.json")))
     finally:
         if own:
             uploader.close()
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
 
 
+def _paths(m) -> set[str]:
+    """Every file a version's record references: its shards and its objects."""
+    return {s.path for s in L.shard_specs(m)} | {versions.object_path(f["sha256"]) for f in m.files.values()}
+
+
+def pull_for_update(store: Store, dst: Path) -> int:
+    """The latest version of the dataset at ``store`` as a local dataset without its shards: the record, its
+    objects, the stat cache and the view. An update runs on it (it never reads a base shard: rows it keeps
+    are carried over by reference) and ``push`` then uploads only the new version's files. Returns N."""
+    import hashlib as _h
+
+    have = remote_versions(store)
+    n = have[-1]
+    data = store.get(versions.record_path(n))
+    log = dst / versions.LOG
+    log.mkdir(parents=True, exist_ok=True)
+    (log / f"{n}.json").write_bytes(data)
+    m = versions.read_record(Root(dst), n)["manifest"]
+    for f in m.files.values():
+        rel = versions.object_path(f["sha256"])
+        obj = store.get(rel)
+        if len(obj) != f["nbytes"] or _h.sha256(obj).hexdigest() != f["sha256"]:
+            raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the remote "
+                                      f"dataset is damaged")
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).write_bytes(obj)
+    stat = store.get_or_none(f"{versions.STAT}/{n}.bin")
+    if stat is not None:
+        (dst / versions.STAT).mkdir(parents=True, exist_ok=True)
+        (dst / versions.STAT / f"{n}.bin").write_bytes(stat)
+    versions.refresh_view(dst, m)
+    return n
+
+
+def update_url(update_local, url: str, options):
+    """``--update`` of a dataset in object storage: its latest version pulled without shards into a local
+    staging folder, updated there (``update_local(stage)``: only new and changed inputs decoded), and
+    pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
+    that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
+    store = open_store(url)
+    cache_root = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
+    stage_root = cache_root / "uploads" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
+    stage = stage_root / "update"
+    shutil.rmtree(stage, ignore_errors=True)  # (an interrupted update's leftovers: never a half-pulled base)
+    stage.mkdir(parents=True)
+    (stage_root / "url").write_text(store.url + "\n")
+    pull_for_update(store, stage)
+    report = update_local(stage)
+    if report.committed:
+        push(stage, store.url, progress=options.progress)
+    shutil.rmtree(stage_root, ignore_errors=True)
+    return replace(report, path=store.url)
+
+
 def compile_to_url(compile_local, url: str, options):
     """Compile (``compile_local(stage, options, on_unit)``) into a local staging dataset while uploading its
     shards, then publish it at ``url`` (see the module docstring). Returns the compile report."""
-    if options.update:
-        raise ConfigError(f"{url}: --update of a dataset in object storage is not supported yet; compile the new "
-                          f"version locally (dsc compile ... --update LOCAL) and publish it with dsc push LOCAL URL")
     if options.overwrite:
         raise ConfigError(f"{url}: --overwrite of a dataset in object storage is not supported; compile to a new "
                           f"URL (versions in object storage are never overwritten)")

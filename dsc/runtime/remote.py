@@ -142,7 +142,7 @@ class RemoteStorage(Storage):
 
     def __init__(self, root: Root, store: Store, cache: ShardCache, manifest, retry_seconds=None):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
-        self.url = store.url
+        self.url = self.root = store.url  # (errors name the URL; the small files are read from the mirror)
         self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
         self.specs = {s.path: s for s in L.shard_specs(manifest)}
         self._lock = threading.Lock()
