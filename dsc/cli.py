@@ -315,7 +315,9 @@ def _compile(out: Path, kw: dict, make_source) -> None:
         from .formats.remote import is_url
 
         if is_url(out):
-            if not isinstance(e, DscError) or "already holds" not in str(e):
+            from .errors import ConfigError, OutputExistsError, VersionConflictError
+
+            if not isinstance(e, (ConfigError, OutputExistsError, VersionConflictError)) and not options.update:
                 click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
                            f"with --resume to continue (finished shards, local and uploaded, are kept)", err=True)
             raise

@@ -404,18 +404,23 @@ class ShardFeed:
                 self.storage.release(rel)
 
     def close(self) -> None:
-        """Stop fetching; let every held shard go."""
+        """Stop fetching and let every held shard go, without waiting for downloads in flight (one that is
+        retrying against an unreachable server could take the whole retry budget): each lets its shard go
+        when it ends."""
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
         if threading.current_thread() is not self.thread:
             self.thread.join()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
         with self.cond:
             held, self.held, self.refs = list(self.held.items()), {}, {}
         for rel, fut in held:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.storage.release(rel)
+            fut.add_done_callback(lambda f, rel=rel: self._let_go(f, rel))
+
+    def _let_go(self, fut: Future, rel: str) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.storage.release(rel)
 
 
 # ----------------------------------------------------------------------------- dsc cache / verify
