@@ -47,7 +47,10 @@ class DatasetParam(click.ParamType):
     def convert(self, value, param, ctx):
         from .formats.remote import is_url, local_path
 
-        if isinstance(value, Path) or is_url(value):
+        if is_url(value):
+            scheme, rest = value.split("://", 1)
+            return f"{scheme.lower()}://{rest.rstrip('/')}"
+        if isinstance(value, Path):
             return value
         return Path(local_path(value))
 
@@ -134,7 +137,8 @@ def compile_options(f):
                      help="fail: stop at the first bad input. skip: leave it out and record it in the manifest."),
         click.option("--error-report", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="Also write every skipped input as a JSON line {key, reason} to this file."),
-        click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing dsc dataset."),
+        click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing dsc dataset (not for a URL: "
+                                                       "versions in object storage are never overwritten)."),
         click.option("--update", is_flag=True,
                      help="Make the next version of OUT from the source as it is now: only new or changed inputs "
                           "are decoded (the options OUT was compiled with are kept). Without OUT: a first compile."),
@@ -147,7 +151,7 @@ def compile_options(f):
                           "filesystem the workers share. Needs dsc[dask]."),
         click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="OUT is a URL (s3://, gs://, az://): stage the shards here before they are uploaded "
-                          "(default: $DSC_CACHE_DIR or ~/.cache/dsc)."),
+                          "(default: $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else ~/.cache/dsc)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -315,9 +319,11 @@ def _compile(out: Path, kw: dict, make_source) -> None:
         from .formats.remote import is_url
 
         if is_url(out):
-            from .errors import ConfigError, OutputExistsError, VersionConflictError
+            from .errors import (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
+                                 VersionConflictError)
 
-            if not isinstance(e, (ConfigError, OutputExistsError, VersionConflictError)) and not options.update:
+            if not isinstance(e, (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
+                                  VersionConflictError)) and not options.update:
                 click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
                            f"with --resume to continue (finished shards, local and uploaded, are kept)", err=True)
             raise
@@ -337,7 +343,8 @@ def _compile(out: Path, kw: dict, make_source) -> None:
               help="Rewrite the top-level plain-Zarr view as the latest version (after a crash while it was "
                    "refreshed, or a plain Zarr writer changed it); versions themselves are never touched.")
 def verify_cmd(dataset: Path, version, repair_view: bool):
-    """Re-hash every shard and file against the manifest and check every invariant.
+    """Re-hash every shard and file against the manifest and check every invariant. DATASET may be a URL
+    (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
@@ -390,8 +397,8 @@ def _counts(e: dict) -> str:
 @click.argument("dataset", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
 def log_cmd(dataset: Path, as_json: bool):
-    """The versions of DATASET, oldest first: time, operation, counts (+added -removed ~changed against the
-    parent), the source's version, options and tags."""
+    """The versions of DATASET (a folder or an s3:// gs:// az:// URL), oldest first: time, operation, counts
+    (+added -removed ~changed against the parent), the source's version, options and tags."""
     from .versions import log
 
     entries = log(dataset)
@@ -415,7 +422,8 @@ def log_cmd(dataset: Path, as_json: bool):
               help="The version to name (default: the latest).")
 @click.option("--delete", is_flag=True, help="Remove the tag NAME (the version stays).")
 def tag_cmd(dataset: Path, name: str, version, delete: bool):
-    """Name a version of DATASET; `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never removes it."""
+    """Name a version of DATASET (a folder or a URL); `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never
+    removes it."""
     from .formats.files import Root
     from .formats.versions import tag_names
     from .versions import tag
@@ -538,16 +546,26 @@ def push_cmd(local: Path, url: str, quiet: bool):
 
     r = push(local, url, progress=not quiet)
     click.echo(f"pushed {_n(r['versions'], 'version')} of {local} to {url}: {_n(r['sent'], 'file')} uploaded "
-               f"({_mb(r['bytes_sent'])}), {r['kept']:,} already there")
+               f"({_mb(r['bytes_sent'])}; shards, arrays and metadata), {r['kept']:,} were there already")
 
 
 @main.group(name="cache", cls=DscGroup)
 def cache_group():
-    """The local shard cache of datasets in object storage ($DSC_CACHE_DIR, default ~/.cache/dsc)."""
+    """The local shard cache of datasets in object storage ($DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else
+    ~/.cache/dsc)."""
 
 
 _cache_dir_option = click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-                                 help="The cache directory (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
+                                 help="The cache directory (default: $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else "
+                                      "~/.cache/dsc).")
+
+
+def _cache_exists(cache_dir) -> None:
+    from .formats.remote import default_cache_dir
+
+    where = Path(cache_dir) if cache_dir else default_cache_dir()
+    if not where.is_dir():
+        raise click.ClickException(f"there is no cache at {where} (nothing was downloaded there yet)")
 
 
 @cache_group.command(name="warm")
@@ -562,11 +580,11 @@ def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: b
     from .runtime.remote import warm
 
     r = warm(url, cache_dir, cache_limit, version, tag_name, progress=not quiet)
-    click.echo(f"{url}: {r['downloaded']:,} shards downloaded ({_mb(r['bytes'])}), {r['cached']:,} were cached, "
-               f"{r['shards']:,} in all")
+    click.echo(f"{url}: {r['downloaded']:,} shards downloaded ({_mb(r['bytes'])}), {r['cached']:,} were cached "
+               f"already, {r['shards']:,} in all")
     if r["left_out"]:
-        click.echo(f"warning: {r['left_out']:,} shards do not fit in --cache-limit {cache_limit}; they are "
-                   f"downloaded during training", err=True)
+        click.echo(f"warning: {r['left_out']:,} shards were not warmed: they do not fit in --cache-limit "
+                   f"{cache_limit} (training downloads them when it needs them)", err=True)
 
 
 @cache_group.command(name="ls")
@@ -576,6 +594,7 @@ def cache_ls_cmd(cache_dir, as_json: bool):
     """What the cache holds: each dataset's URL, versions read, shards cached; the bytes in all."""
     from .runtime.remote import cache_list
 
+    _cache_exists(cache_dir)
     r = cache_list(cache_dir)
     if as_json:
         click.echo(json.dumps(r, indent=2))
@@ -593,6 +612,7 @@ def cache_clear_cmd(url, cache_dir):
     """Delete cached shards (all, or URL's) that no running process is reading."""
     from .runtime.remote import cache_clear
 
+    _cache_exists(cache_dir)
     removed, freed, kept = cache_clear(cache_dir, url)
     click.echo(f"removed {_n(removed, 'shard file')} ({_mb(freed)})"
                + (f"; kept {kept:,} in use by running processes" if kept else ""))
@@ -606,7 +626,8 @@ def cache_clear_cmd(url, cache_dir):
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
               help="Describe this version (default: the latest).")
 def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, version):
-    """Describe a compiled DATASET: schema, counts, bytes, classes, shards, and the dsc + PIL build."""
+    """Describe a compiled DATASET (a folder or an s3:// gs:// az:// URL): schema, counts, bytes, classes,
+    shards, and the dsc + PIL build."""
     from .env import environment, pil_build
 
     if dataset is None and not show_env:

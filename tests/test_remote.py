@@ -310,6 +310,32 @@ def test_a_corrupted_shard_is_detected_and_named(own_server, tmp_path):
     assert [p.file for p in report.problems] == [f"{url}/{rel}"]
 
 
+def test_a_missing_bucket_is_named(s3, tmp_path):
+    with pytest.raises(dsc.DatasetNotFoundError, match="the bucket 'no-such-bucket' does not exist"):
+        dsc.open("s3://no-such-bucket/ds", cache_dir=tmp_path / "c")
+
+
+def test_torch_dataloader_workers(published, tmp_path):
+    """Forked workers read cached shards and refuse (never hang) to download; spawned ones download."""
+    import torch
+
+    url, local = published
+    ds = dsc.open(url, cache_dir=tmp_path / "cold")
+    forked = torch.utils.data.DataLoader(ds, batch_size=50, num_workers=1, collate_fn=dsc.collate,
+                                         multiprocessing_context="fork")
+    with pytest.raises(Exception, match="forked from one that had already used object storage"):
+        next(iter(forked))
+    want = samples(dsc.open(local))
+    for context in ("spawn", "fork"):  # spawn downloads (re-opening from the local copy); fork then reads the cache
+        loader = torch.utils.data.DataLoader(ds, batch_size=50, num_workers=1, collate_fn=dsc.collate,
+                                             multiprocessing_context=context)
+        got = {}
+        for b in loader:
+            for i, im, lab in zip(b["index"].tolist(), b["image"], b["label"].tolist()):
+                got[ds.keys[i]] = (im.numpy().tobytes(), lab)
+        assert got == want, context
+
+
 def test_missing_credentials_name_the_variables(s3, tmp_path, monkeypatch):
     """A server that enforces authentication (moto with INITIAL_NO_AUTH_ACTION_COUNT=0, its own process)."""
     port = free_port()
@@ -484,6 +510,10 @@ def test_cli_compile_info_verify_log_and_cache(s3, src, tmp_path):
         r = run("cache", "clear", url)
         assert r.exit_code == 0 and "removed" in r.output, r.output
         assert ShardCache(cache).usage() == 0
+        r = run("cache", "ls", "--cache-dir", tmp_path / "typo")
+        assert r.exit_code == 1 and "there is no cache at" in r.output and not (tmp_path / "typo").exists()
+        r = run("info", "S3://dsc-test/cli/")  # scheme in capitals, a trailing slash: the same dataset
+        assert r.exit_code == 0 and "dataset   s3://dsc-test/cli\n" in r.output, r.output
         r = run("vacuum", url)
         assert r.exit_code == 1 and "not supported yet" in r.output and "Traceback" not in r.output
         r = run("info", "s3://dsc-test/nothing-here")
@@ -529,3 +559,18 @@ def test_aws_config_files_give_credentials_region_and_endpoint(tmp_path):
     assert aws_files_config({**env, "AWS_PROFILE": "train"}) == {
         "access_key_id": "C", "secret_access_key": "D", "region": "eu-west-1", "endpoint": "http://minio:9000"}
     assert aws_files_config({**env, "AWS_ACCESS_KEY_ID": "env"}) == {}  # the environment wins
+
+
+def test_clearing_one_dataset_keeps_the_shards_another_shares(published, tmp_path):
+    from dsc.compiler.upload import push
+    from dsc.runtime.remote import cache_clear, cache_list, warm
+
+    url, local = published
+    twin = "s3://dsc-test/twin"
+    push(local, twin, progress=False)  # the same content at another URL: the same cached files
+    for u in (url, twin):
+        warm(u, tmp_path / "c", progress=False)
+    assert cache_clear(tmp_path / "c", twin) == (0, 0, 0)
+    assert [d["cached"] for d in cache_list(tmp_path / "c")["datasets"]] == [19]
+    removed, _, _ = cache_clear(tmp_path / "c", url)
+    assert removed == 19 and ShardCache(tmp_path / "c").usage() == 0

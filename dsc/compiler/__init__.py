@@ -34,8 +34,12 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         if options.update and remote_versions(open_store(out)):
             from .update import update_dataset
 
-            return update_url(lambda stage: update_dataset(_scan(source, warn), stage, options, source, warn=warn,
-                                                           info=info), out, options)
+            def update_local(stage, name):  # (messages name the URL, not the local staging folder)
+                say = (lambda m: warn(name(m))) if warn is not None else None
+                tell = (lambda m: info(name(m))) if info is not None else None
+                return update_dataset(_scan(source, say), stage, options, source, warn=say, info=tell)
+
+            return update_url(update_local, out, options)
         if options.dry_run:
             return _dry_first_compile(out, _scan(source, warn), info)
 

@@ -131,16 +131,14 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         jobs = {rel: job for rel, job in jobs.items() if rel not in done}
         latest = records[nums[-1]]["manifest"]
         view = {rel: (f["sha256"], f["nbytes"]) for rel, f in latest.files.items()}
+        view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
         futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
+        if view_is_ours:  # the plain-Zarr view: copies of the latest version's objects
+            futs += [uploader.submit([local], rel, sha, n) for rel, (sha, n) in view.items()]
         with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
             for f in futs:
                 f.result()
                 bar.update(1)
-        view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
-        if view_is_ours:
-            for rel, (sha, n) in view.items():  # the plain-Zarr view: copies of the latest version's objects
-                uploader.submit([local], rel, sha, n)
-        uploader.wait()
         stat = local / versions.STAT / f"{nums[-1]}.bin"
         if stat.is_file() and nums[-1] not in published:  # (advisory: a later --update reads it)
             uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", sha256_file(stat), stat.stat().st_size)
@@ -202,7 +200,8 @@ def pull_for_update(store: Store, dst: Path) -> int:
 
 def update_url(update_local, url: str, options):
     """``--update`` of a dataset in object storage: its latest version pulled without shards into a local
-    staging folder, updated there (``update_local(stage)``: only new and changed inputs decoded), and
+    staging folder, updated there (``update_local(stage, name)``: only new and changed inputs decoded;
+    ``name(message)`` puts the URL where a message names the staging folder), and
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
@@ -213,7 +212,7 @@ def update_url(update_local, url: str, options):
     stage.mkdir(parents=True)
     (stage_root / "url").write_text(store.url + "\n")
     pull_for_update(store, stage)
-    report = update_local(stage)
+    report = update_local(stage, lambda message: message.replace(str(stage), store.url))
     if report.committed:
         push(stage, store.url, progress=options.progress)
     shutil.rmtree(stage_root, ignore_errors=True)

@@ -30,7 +30,7 @@ from typing import Callable
 
 from ..errors import ConfigError, CredentialsError, DscError, RemoteError
 
-_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://(.+)$")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.+)$")
 DEFAULT_RETRY_SECONDS = 120.0
 CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE naming a profile of ~/.aws/credentials); "
@@ -45,7 +45,7 @@ def is_url(path) -> bool:
     if not isinstance(path, str):
         return False
     m = _URL.match(path)
-    return m is not None and m.group(1) != "file"
+    return m is not None and m.group(1).lower() != "file"
 
 
 def local_path(path):
@@ -101,9 +101,10 @@ def register_store(scheme: str, factory: Callable[[str, float], Store]) -> None:
 
 def open_store(url: str, retry: float | None = None) -> Store:
     m = _URL.match(url) if isinstance(url, str) else None
-    if m is None or m.group(1) == "file":
+    if m is None or m.group(1).lower() == "file":
         raise ConfigError(f"{url!r} is not an object-storage URL (s3://bucket/prefix, gs://..., az://...)")
-    scheme = m.group(1)
+    scheme = m.group(1).lower()
+    url = f"{scheme}://{m.group(2)}"
     if scheme in _FACTORIES:
         return _FACTORIES[scheme](url, retry_seconds(retry))
     if scheme not in ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl"):
@@ -187,6 +188,8 @@ class ObjectStore(Store):
         self.url = url.rstrip("/")
         self.scheme = _family(_URL.match(url).group(1))
         self.retry = retry
+        self._pid = os.getpid()
+        self._warned = 0.0
         config: dict = {}
         if self.scheme == "s3":
             config.update(aws_files_config())
@@ -209,6 +212,12 @@ class ObjectStore(Store):
         """``fn()`` with retries of transient failures until the budget is spent; errors become dsc's."""
         import obstore.exceptions as E
 
+        if os.getpid() != self._pid:
+            raise ConfigError(
+                f"{self.where(rel)}: this process was forked from one that had already used object storage, and the "
+                f"client library (obstore) cannot make requests after a fork. Use dsc.Loader (threads), or a "
+                f"DataLoader with multiprocessing_context='spawn' (or 'forkserver'), or download the shards first "
+                f"(dsc cache warm URL): a forked worker reads cached shards without a request")
         deadline = time.monotonic() + self.retry
         attempt = 0
         while True:
@@ -238,11 +247,19 @@ class ObjectStore(Store):
                     transient = isinstance(e, (OSError, TimeoutError)) or bool(_TRANSIENT.search(str(e)))
                 left = deadline - time.monotonic()
                 if not transient or left <= 0:
+                    hint = ("; for an S3-compatible server set AWS_ENDPOINT_URL" if self.scheme == "s3" and not
+                            (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")) else "")
                     raise RemoteError(f"{self.where(rel)}: {what} failed"
                                       + (f" after {attempt} attempts over {self.retry:.0f} s" if transient else "")
-                                      + f": {_first_line(e)}. Check the URL, the network and the server"
+                                      + f": {_first_line(e)}. Check the URL, the network and the server{hint}"
                                       + (" (DSC_RETRY_SECONDS sets how long dsc retries)" if transient else "")) \
                         from None
+                if time.monotonic() - self._warned > 60:  # say once a minute that dsc is waiting, not hung
+                    self._warned = time.monotonic()
+                    import warnings
+
+                    warnings.warn(f"{self.where(rel)}: {what} failed ({_first_line(e)[:120]}); retrying for up to "
+                                  f"{left:.0f} s more", RuntimeWarning, stacklevel=3)
                 time.sleep(min(left, random.uniform(0, min(5.0, 0.1 * 2 ** min(attempt, 10)))))  # full jitter
 
     # ------------------------------------------------------------------ operations
@@ -319,11 +336,21 @@ class ObjectStore(Store):
     def list(self, prefix: str) -> list[tuple[str, int]]:
         import obstore
 
+        from ..errors import DatasetNotFoundError
+
         def attempt():
             return [(o["path"], int(o["size"])) for batch in obstore.list(self._store, prefix=prefix or None)
                     for o in batch]
 
-        return self._call("listing", prefix or "/", attempt)
+        try:
+            return self._call("listing", prefix or "/", attempt)
+        except FileNotFoundError:  # listing a missing prefix gives nothing: this is the bucket (container)
+            bucket = self.url.split("://", 1)[1].split("/", 1)[0]
+            endpoint = os.environ.get("AWS_ENDPOINT_URL") if self.scheme == "s3" else None
+            raise DatasetNotFoundError(
+                f"{self.url}: the bucket {bucket!r} does not exist" + (f" at {endpoint}" if endpoint else "")
+                + "; check the URL" + (" (and AWS_ENDPOINT_URL for an S3-compatible server)" if self.scheme == "s3"
+                                       else "")) from None
 
     def delete(self, rel: str) -> None:
         import obstore

@@ -39,7 +39,7 @@ _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 
           "t": 10 ** 12, "tb": 10 ** 12, "p": 10 ** 15, "pb": 10 ** 15, "kib": 2 ** 10, "mib": 2 ** 20,
           "gib": 2 ** 30, "tib": 2 ** 40, "pib": 2 ** 50, "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-WAIT_SECONDS = 300.0  # how long a download waits for space that other processes hold
+WAIT_SECONDS = 60.0  # how long a download waits for space that held shards take (a batch holds its shards for ms)
 
 
 def parse_size(v) -> int | None:
@@ -77,6 +77,7 @@ class Held:
     path: Path
     fd: int
     nbytes: int
+    downloaded: bool = False  # this call downloaded it (else it was in the cache)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -176,7 +177,7 @@ class ShardCache:
                 os.rename(part, final)  # atomic: the name appears with complete, verified bytes
             with self._count_lock:
                 self.downloads += 1
-            return Held(sha256, final, fd, nbytes)
+            return Held(sha256, final, fd, nbytes, downloaded=True)
         except BaseException:
             os.close(fd)
             try:
@@ -217,8 +218,10 @@ class ShardCache:
                 continue  # the caller let idle shards go: try again at once
             if time.monotonic() > deadline:
                 raise CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
-                                     f"cache_limit {self.limit:,}: other processes hold every cached shard for "
-                                     f"{WAIT_SECONDS:.0f} s. Raise cache_limit")
+                                     f"cache_limit {self.limit:,}: every cached shard stayed in use for "
+                                     f"{WAIT_SECONDS:.0f} s, by other processes or by samples this one keeps (ds[i] "
+                                     f"and a DataLoader's samples are views of their shard: .clone() the ones you keep). "
+                                     f"Raise cache_limit")
             time.sleep(0.05)
 
     def _space_lock(self):

@@ -443,15 +443,12 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
     lock = threading.Lock()
 
     def one(spec):
-        held = cache.try_hold(spec.sha256)
-        fresh = held is None
-        if fresh:
-            held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb),
-                              storage.store.where(spec.path))
+        held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb),
+                          storage.store.where(spec.path))
         held.close()
-        with lock:
-            counts["downloaded" if fresh else "cached"] += 1
-            counts["bytes"] += spec.nbytes if fresh else 0
+        with lock:  # (a shard another process downloaded meanwhile counts as cached: it was not downloaded here)
+            counts["downloaded" if held.downloaded else "cached"] += 1
+            counts["bytes"] += spec.nbytes if held.downloaded else 0
 
     with ThreadPoolExecutor(CONNECTIONS) as ex, tqdm(total=len(todo), unit="shard", desc="warm",
                                                      disable=not progress) as bar:
@@ -547,6 +544,18 @@ def cache_list(cache_dir=None) -> dict:
     return out
 
 
+def _cached_shas(d: Path) -> set[str]:
+    """The shards of every version whose record the mirror ``d`` holds."""
+    shas = set()
+    for p in (d / versions.LOG).glob("*.json"):
+        if p.stem.isdigit():
+            try:
+                shas |= {s.sha256 for s in L.shard_specs(versions.read_record(Root(d), int(p.stem))["manifest"])}
+            except DscError:
+                pass
+    return shas
+
+
 def cache_clear(cache_dir=None, url: str | None = None) -> tuple[int, int, int]:
     """Delete cached shards no process holds (all, or those of ``url``'s versions read here) and the small
     files kept for them: (files removed, bytes freed, files kept because in use)."""
@@ -561,13 +570,11 @@ def cache_clear(cache_dir=None, url: str | None = None) -> tuple[int, int, int]:
     d = cache.root / "datasets" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     if not d.is_dir():
         raise DatasetNotFoundError(f"the cache {cache.root} holds nothing of {url} (dsc cache ls lists what it holds)")
-    shas = set()
-    for p in (d / versions.LOG).glob("*.json"):
-        if p.stem.isdigit():
-            try:
-                shas |= {s.sha256 for s in L.shard_specs(versions.read_record(Root(d), int(p.stem))["manifest"])}
-            except DscError:
-                pass
+    others = set()  # shards other cached datasets use too (the cache is content-addressed): kept
+    for other in (cache.root / "datasets").iterdir():
+        if other != d:
+            others |= _cached_shas(other)
+    shas = _cached_shas(d) - others
     removed = freed = kept = 0
     with cache._space_lock():
         for sha in shas:
