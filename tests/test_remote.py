@@ -266,11 +266,12 @@ def test_server_restarted_within_the_retry_budget_the_epoch_completes(own_server
     loader = dsc.Loader(ds, batch_size=16, order="sequential", prefetch=1)
     seen = set()
     restarted = threading.Event()
-    for k, b in enumerate(loader):
-        seen.update(b["index"].tolist())
-        if k == 3:
-            server.stop()
-            threading.Timer(2.0, lambda: (server.start(), restarted.set())).start()
+    with pytest.warns(RuntimeWarning, match="retrying for up to"):  # it says it waits, it does not just hang
+        for k, b in enumerate(loader):
+            seen.update(b["index"].tolist())
+            if k == 3:
+                server.stop()
+                threading.Timer(2.0, lambda: (server.start(), restarted.set())).start()
     assert restarted.is_set() and seen == set(range(300))
 
 
@@ -279,7 +280,7 @@ def test_server_gone_for_good_a_clear_error_no_hang(own_server, tmp_path):
     ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=3 * 12548, retry_seconds=2)
     loader = dsc.Loader(ds, batch_size=16, order="sequential", prefetch=1)
     t0 = time.monotonic()
-    with pytest.raises(RemoteError, match=rf"{url}/image/c/\d+") as e:
+    with pytest.raises(RemoteError, match=rf"{url}/image/c/\d+") as e, pytest.warns(RuntimeWarning):
         for k, _ in enumerate(loader):
             if k == 2:
                 server.stop()
@@ -574,3 +575,49 @@ def test_clearing_one_dataset_keeps_the_shards_another_shares(published, tmp_pat
     assert [d["cached"] for d in cache_list(tmp_path / "c")["datasets"]] == [19]
     removed, _, _ = cache_clear(tmp_path / "c", url)
     assert removed == 19 and ShardCache(tmp_path / "c").usage() == 0
+
+
+def test_two_writers_at_one_url_never_change_each_others_bytes(s3, src, tmp_path):
+    """Shards are created with a conditional put: of two datasets published at one URL at once, one commits
+    and stays intact, the other gets VersionConflictError."""
+    from dsc.compiler.upload import push
+
+    make_folder(tmp_path / "other", 300, seed0=7000)
+    a, b = tmp_path / "a.dsc", tmp_path / "b.dsc"
+    dsc.compile_imagefolder(src, a, workers=1, **OPTS)
+    dsc.compile_imagefolder(tmp_path / "other", b, workers=1, **OPTS)
+    for trial in range(3):
+        url = f"s3://dsc-test/race{trial}"
+        results = {}
+
+        def publish(name, local):
+            try:
+                push(local, url, progress=False)
+                results[name] = "committed"
+            except VersionConflictError as e:
+                results[name] = e
+
+        threads = [threading.Thread(target=publish, args=(n, p)) for n, p in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [n for n, r in results.items() if r == "committed"]
+        assert len(winners) <= 1, results
+        if winners:
+            want = samples(dsc.open(a if winners == ["a"] else b))
+            assert samples(dsc.open(url, cache_dir=tmp_path / f"c{trial}")) == want
+        else:  # both found the other's files: nothing committed; the one rerun alone replaces the leftovers
+            push(a, url, progress=False, replace_leftovers=True)
+            assert samples(dsc.open(url, cache_dir=tmp_path / f"c{trial}")) == samples(dsc.open(a))
+
+
+def test_an_object_larger_than_the_manifest_says_is_cut_off(own_server, tmp_path):
+    server, url = own_server
+    store = open_store(url)
+    store.put("image/c/2/0/0/0", b"x" * 3_000_000)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="100kB")
+    with UsageWatch(tmp_path / "c") as watch:
+        with pytest.raises(CorruptDatasetError, match="more than the 12,548 bytes the manifest records"):
+            epoch(dsc.Loader(ds, batch_size=16))
+    assert watch.peak <= 100_000

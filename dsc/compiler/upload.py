@@ -23,7 +23,6 @@ from ..errors import ConfigError, CorruptDatasetError, OutputExistsError, Remote
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root
-from ..formats.verify import sha256_file
 from ..formats.remote import Store, default_cache_dir, open_store, remote_versions
 from .staging import is_dsc_dataset, staging_dir
 
@@ -32,14 +31,33 @@ CONNECTIONS = 8
 
 class Uploader:
     """Uploads files of a local dataset in the background; a file already in the bucket with the same size
-    and SHA-256 is kept (resume)."""
+    and SHA-256 is kept (resume).
 
-    def __init__(self, store: Store, connections: int = CONNECTIONS):
+    A version's files (shards, objects) are immutable: they are created with a conditional put, never
+    overwritten, so two writers publishing at one URL at once cannot change each other's bytes (the one
+    that finds another's file there stops with VersionConflictError). ``replace_leftovers``: an existing
+    file that no committed version references (left by an interrupted or losing writer) may be replaced;
+    only a writer that knows it is alone may say so (a resumed compile or push)."""
+
+    def __init__(self, store: Store, connections: int = CONNECTIONS, replace_leftovers: bool = False):
         self.store = store
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-upload")
         self.jobs: dict[str, tuple[str, Future]] = {}
         self.lock = threading.Lock()
         self.sent = self.kept = self.bytes_sent = 0
+        self.replace_leftovers = replace_leftovers
+        self._committed: set[str] | None = None
+
+    def committed(self) -> set[str]:
+        """Every file a version committed at the URL references (read once, when a conflict needs it)."""
+        with self.lock:
+            if self._committed is None:
+                paths = set()
+                for n in remote_versions(self.store):
+                    rel = versions.record_path(n)
+                    paths |= _paths(versions.parse_record(self.store.get(rel), self.store.where(rel), n)["manifest"])
+                self._committed = paths
+            return self._committed
 
     def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int) -> Future:
         """Upload ``rel`` (read from the first of ``places`` that has it), unless already done with this hash.
@@ -60,10 +78,14 @@ class Uploader:
             except Exception:  # noqa: BLE001 - superseded by this upload
                 pass
         store = self.store
-        if store.head(rel) == nbytes and store.attributes(rel).get("sha256") == sha256:
-            with self.lock:
-                self.kept += 1
-            return
+        there = store.head(rel)
+        replace = False
+        if there is not None:
+            if there == nbytes and store.attributes(rel).get("sha256") == sha256:
+                with self.lock:
+                    self.kept += 1
+                return
+            replace = self._may_replace(rel)
         for i, base in enumerate(places):  # the staging directory is renamed into place when the compile ends
             path = base / rel
             try:
@@ -80,10 +102,31 @@ class Uploader:
             if f.tell() != nbytes or h.hexdigest() != sha256:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
-            store.put(rel, f, attributes={"sha256": sha256})
+            try:
+                store.put(rel, f, create_only=not replace, attributes={"sha256": sha256})
+            except FileExistsError:  # created meanwhile: by ourselves earlier (same bytes), or by another writer
+                if store.attributes(rel).get("sha256") != sha256:
+                    self._may_replace(rel, racing=True)
+                with self.lock:
+                    self.kept += 1
+                return
         with self.lock:
             self.sent += 1
             self.bytes_sent += nbytes
+
+    def _may_replace(self, rel: str, racing: bool = False) -> bool:
+        """Another file is at ``rel``: True when it may be replaced, else VersionConflictError."""
+        where = self.store.where(rel)
+        if rel in self.committed():
+            raise VersionConflictError(f"{where} belongs to a committed version of another dataset (or another update) "
+                                       f"with other bytes: nothing of this one was published. Publish at another URL, or "
+                                       f"--update on top of the version there")
+        if racing or not self.replace_leftovers:
+            raise VersionConflictError(f"{where} exists with other bytes and no committed version uses it: another "
+                                       f"writer is publishing at {self.store.url} now, or one was interrupted. Nothing of "
+                                       f"this one was committed. If no other writer is running, rerun with --resume to "
+                                       f"replace the leftovers")
+        return True
 
     def wait(self) -> None:
         for _, fut in list(self.jobs.values()):
@@ -94,7 +137,7 @@ class Uploader:
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
-         retry_seconds: float | None = None) -> dict:
+         retry_seconds: float | None = None, replace_leftovers: bool = False) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
     first, then each version record by a conditional put, oldest first, then the view. A record the bucket
     already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
@@ -105,7 +148,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     root = Root(local)
     store = uploader.store if uploader is not None else open_store(url, retry_seconds)
     own = uploader is None
-    uploader = uploader or Uploader(store)
+    uploader = uploader or Uploader(store, replace_leftovers=replace_leftovers)
     nums = versions.versions(root)
     if not nums:
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
@@ -133,16 +176,10 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         view = {rel: (f["sha256"], f["nbytes"]) for rel, f in latest.files.items()}
         view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
         futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
-        if view_is_ours:  # the plain-Zarr view: copies of the latest version's objects
-            futs += [uploader.submit([local], rel, sha, n) for rel, (sha, n) in view.items()]
         with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
             for f in futs:
                 f.result()
                 bar.update(1)
-        stat = local / versions.STAT / f"{nums[-1]}.bin"
-        if stat.is_file() and nums[-1] not in published:  # (advisory: a later --update reads it)
-            uploader.submit([local], f"{versions.STAT}/{nums[-1]}.bin", sha256_file(stat), stat.stat().st_size)
-            uploader.wait()
         for n in nums:  # the commits
             if n in published:
                 continue
@@ -154,6 +191,15 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                     raise VersionConflictError(f"{store.where(versions.record_path(n))} exists and is another "
                                                f"dataset's version {n}: nothing of {local} was published there. "
                                                f"Push to another URL") from None
+        # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
+        # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags.
+        if view_is_ours:
+            with ThreadPoolExecutor(CONNECTIONS) as ex:
+                list(ex.map(lambda item: store.put(item[0], bytes(root.read(versions.object_path(item[1][0])))),
+                            view.items()))
+            stat = local / versions.STAT / f"{nums[-1]}.bin"
+            if stat.is_file():
+                store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
         for name, n in versions.tag_names(root).items():
             store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
         if view_is_ours:
@@ -214,7 +260,7 @@ def update_url(update_local, url: str, options):
     pull_for_update(store, stage)
     report = update_local(stage, lambda message: message.replace(str(stage), store.url))
     if report.committed:
-        push(stage, store.url, progress=options.progress)
+        push(stage, store.url, progress=options.progress, replace_leftovers=options.resume)
     shutil.rmtree(stage_root, ignore_errors=True)
     return replace(report, path=store.url)
 
@@ -235,7 +281,7 @@ def compile_to_url(compile_local, url: str, options):
                                 f"compile to another URL")
     stage_root.mkdir(parents=True, exist_ok=True)
     (stage_root / "url").write_text(store.url + "\n")
-    uploader = Uploader(store)
+    uploader = Uploader(store, replace_leftovers=options.resume)
     try:
         if options.resume and is_dsc_dataset(stage):
             report = None  # compiled already; the upload was interrupted

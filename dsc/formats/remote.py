@@ -28,9 +28,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, CredentialsError, DscError, RemoteError
+from ..errors import ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.+)$")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 DEFAULT_RETRY_SECONDS = 120.0
 CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE naming a profile of ~/.aws/credentials); "
@@ -105,6 +105,8 @@ def open_store(url: str, retry: float | None = None) -> Store:
         raise ConfigError(f"{url!r} is not an object-storage URL (s3://bucket/prefix, gs://..., az://...)")
     scheme = m.group(1).lower()
     url = f"{scheme}://{m.group(2)}"
+    if not m.group(2).strip("/"):
+        raise ConfigError(f"{url!r} names no bucket: give s3://bucket/prefix (gs://bucket/prefix, az://container/prefix)")
     if scheme in _FACTORIES:
         return _FACTORIES[scheme](url, retry_seconds(retry))
     if scheme not in ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl"):
@@ -173,6 +175,7 @@ _TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|brok
                         r"retry|dns|eof|incomplete|body|sending request|http error)")
 
 
+_USED_BY: int | None = None  # the process that made the first request: obstore cannot make requests after a fork
 _STATUS = re.compile(r"(?:status code|status)[: ]+(\d{3})\b", re.IGNORECASE)
 
 
@@ -188,7 +191,6 @@ class ObjectStore(Store):
         self.url = url.rstrip("/")
         self.scheme = _family(_URL.match(url).group(1))
         self.retry = retry
-        self._pid = os.getpid()
         self._warned = 0.0
         config: dict = {}
         if self.scheme == "s3":
@@ -198,8 +200,10 @@ class ObjectStore(Store):
         if self.scheme == "s3" and "region" not in config and not (os.environ.get("AWS_REGION")
                                                                   or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # (an S3-compatible server ignores it; AWS redirects per bucket)
-        retry_config = {"max_retries": 1000, "retry_timeout": timedelta(seconds=max(retry, 0.001)),
-                        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
+        # obstore retries each request briefly (a call into it cannot be interrupted by Ctrl-C); the retry budget
+        # is spent in dsc's own loop, whose sleeps can.
+        retry_config = {"max_retries": 3, "retry_timeout": timedelta(seconds=max(min(retry, 5.0), 0.001)),
+                        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2),
                                     "base": 2}}
         try:
             self._store = from_url(self.url, config=config or None, client_options=client or None,
@@ -212,7 +216,10 @@ class ObjectStore(Store):
         """``fn()`` with retries of transient failures until the budget is spent; errors become dsc's."""
         import obstore.exceptions as E
 
-        if os.getpid() != self._pid:
+        global _USED_BY
+        if _USED_BY is None:
+            _USED_BY = os.getpid()
+        if os.getpid() != _USED_BY:
             raise ConfigError(
                 f"{self.where(rel)}: this process was forked from one that had already used object storage, and the "
                 f"client library (obstore) cannot make requests after a fork. Use dsc.Loader (threads), or a "
@@ -263,12 +270,23 @@ class ObjectStore(Store):
                 time.sleep(min(left, random.uniform(0, min(5.0, 0.1 * 2 ** min(attempt, 10)))))  # full jitter
 
     # ------------------------------------------------------------------ operations
-    def get(self, rel: str) -> bytes:
+    def get(self, rel: str, limit: int | None = None) -> bytes:
+        """The whole object; one of more than ``limit`` bytes is refused before it is read."""
         import obstore
 
-        return self._call("reading", rel, lambda: bytes(obstore.get(self._store, rel).bytes()))
+        if limit is not None:
+            size = self.head(rel)
+            if size is None:
+                raise FileNotFoundError(self.where(rel))
+            if size > limit:
+                raise CorruptDatasetError(f"{self.where(rel)} has {size:,} bytes, more than the {limit:,} a file of its "
+                                          f"kind may have; the dataset in object storage is damaged")
+        data = self._call("reading", rel, lambda: bytes(obstore.get(self._store, rel).bytes()))
+        if limit is not None and len(data) > limit:
+            raise CorruptDatasetError(f"{self.where(rel)} has more than {limit:,} bytes; the dataset is damaged")
+        return data
 
-    def download(self, rel: str, f, on_chunk=None) -> int:
+    def download(self, rel: str, f, on_chunk=None, limit: int | None = None) -> int:
         """Stream the object into the open binary file ``f`` from its start (a failed attempt starts over), then
         cut ``f`` to the bytes written; ``f`` is never made shorter before that (a cache counts its
         pre-allocated size). ``on_chunk`` sees every chunk, and ``None`` whenever an attempt starts (a hash
@@ -282,6 +300,10 @@ class ObjectStore(Store):
             n = 0
             for chunk in obstore.get(self._store, rel).stream(min_chunk_size=1 << 21):
                 mv = memoryview(chunk)
+                if limit is not None and n + len(mv) > limit:  # (never more than the manifest says on disk)
+                    raise CorruptDatasetError(f"{self.where(rel)} has more than the {limit:,} bytes the manifest "
+                                              f"records; the shard in object storage is damaged or was replaced. "
+                                              f"Recompile the dataset (dsc verify URL lists every damaged shard)")
                 f.write(mv)
                 if on_chunk is not None:
                     on_chunk(mv)

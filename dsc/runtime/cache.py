@@ -172,6 +172,7 @@ class ShardCache:
                         f"sha256 {h.hexdigest()[:16]}..., expected {nbytes:,} bytes, {sha256[:16]}...); the shard in "
                         f"object storage is damaged or was replaced. Recompile the dataset (dsc verify URL lists "
                         f"every damaged shard)")
+            os.fsync(fd)  # the name must never stand for bytes a crash could lose (pre-allocated blocks read as zeros)
             fcntl.flock(fd, fcntl.LOCK_SH)
             with self._space_lock():  # (a usage scan never sees the file under both names)
                 os.rename(part, final)  # atomic: the name appears with complete, verified bytes

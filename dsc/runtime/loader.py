@@ -196,14 +196,16 @@ class Loader:
         budget = None
         if limit is not None:
             worst = max((sum(storage.nbytes(r) for r in n), j) for j, n in enumerate(needs))
-            if worst[0] > limit:
-                raise ConfigError(f"cache_limit {limit:,} bytes is smaller than the shards batch {worst[1]} needs "
+            # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
+            # its share, keeping half of it for the batches being gathered; a batch must fit in its share.
+            share = limit // _local_processes()
+            if worst[0] > share:
+                each = f" (this process's share: {share:,} of {limit:,} for LOCAL_WORLD_SIZE processes)" \
+                    if share != limit else ""
+                raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst[1]} needs "
                                   f"({worst[0]:,} bytes, {len(needs[worst[1]])} shards): raise cache_limit, or read "
                                   f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
                                   f"batch_size)")
-            # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
-            # its share, keeping half of it for the batches being gathered.
-            share = limit // _local_processes()
             budget = max(worst[0], share // 2)
             total = sum(s.nbytes for s in storage.specs.values())
             if self.order == "random" and total > limit and not self._warned_random:

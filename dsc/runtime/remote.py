@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,10 +33,12 @@ from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root, map_fd
 from ..formats.remote import Store, open_store, remote_tags, remote_versions
+from ..formats.zarr_v3 import MAX_JSON_BYTES
 from .cache import Held, ShardCache
 from .storage import Storage
 
 CONNECTIONS = 8  # parallel downloads of one feed
+_HANDLES: "weakref.WeakSet[RemoteStorage]" = weakref.WeakSet()  # this process's remote storages (see _make_room)
 
 
 def mirror_dir(cache: ShardCache, url: str) -> Path:
@@ -71,7 +74,7 @@ def fetch_version(store: Store, cache: ShardCache, n: int) -> tuple[Root, dict]:
     """Version ``n``'s record and small files into the local mirror; the mirror's Root pointed at them."""
     mirror = mirror_dir(cache, store.url)
     try:
-        data = store.get(versions.record_path(n))
+        data = store.get(versions.record_path(n), MAX_JSON_BYTES)
     except FileNotFoundError:
         have = remote_versions(store)
         if not have:
@@ -95,7 +98,7 @@ def _fetch_objects(store: Store, mirror: Path, m) -> None:
 
     def one(f):
         rel = versions.object_path(f["sha256"])
-        data = store.get(rel)
+        data = store.get(rel, f["nbytes"])
         if len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
             raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
                                       f"remote dataset is damaged. Recompile it")
@@ -153,6 +156,7 @@ class RemoteStorage(Storage):
         # Unbounded cache: keep every shard mapped (like a local dataset). Bounded: a quarter of this process's
         # share of it, so idle shards never crowd out the downloads ahead of training.
         self.idle_budget = None if cache.limit is None else cache.limit // (4 * max(1, _local_processes()))
+        _HANDLES.add(self)
 
     @property
     def remote(self) -> bool:
@@ -185,8 +189,9 @@ class RemoteStorage(Storage):
         spec = self.specs[rel]
         try:
             held = self.cache.hold(spec.sha256, spec.nbytes,
-                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk), self.store.where(rel),
-                                   on_full=self.drop_idle)
+                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk, spec.nbytes),
+                                   self.store.where(rel),
+                                   on_full=self._make_room)
             arr = map_fd(held.fd, spec.nbytes, self.store.where(rel))
         except BaseException as e:
             with self._lock:
@@ -240,8 +245,12 @@ class RemoteStorage(Storage):
         return sum(h.nbytes for h in gone)
 
     def drop_idle(self) -> int:
-        """Let every idle shard go (the cache calls this when it needs room)."""
+        """Let every idle shard go."""
         return self._trim(0)
+
+    def _make_room(self) -> int:
+        """The cache needs room: every handle of this process on the same cache lets its idle shards go."""
+        return sum(h.drop_idle() for h in list(_HANDLES) if h.cache.root == self.cache.root)
 
     def map(self, rel: str, nbytes: int) -> np.ndarray:
         arr = self._maps.get(rel)
@@ -306,6 +315,44 @@ def _local_processes() -> int:
         return 1
 
 
+class _DaemonPool:
+    """A few daemon threads running submitted calls: unlike ThreadPoolExecutor's, they never hold up the
+    interpreter's exit (a download retrying against an unreachable server may take the whole retry budget)."""
+
+    def __init__(self, n: int, name: str):
+        import queue
+
+        self.q: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"{name}-{k}", daemon=True) for k in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                fut.set_exception(e)
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self.q.put((fut, fn, args))
+        return fut
+
+    def shutdown(self, pending: list[Future]) -> None:
+        """Cancel ``pending`` calls not yet started; the threads end after the call they are in."""
+        for f in pending:
+            f.cancel()
+        for _ in self.threads:
+            self.q.put(None)
+
+
 # ----------------------------------------------------------------------------- prefetch
 class ShardFeed:
     """Downloads the shards of an epoch's batches in the order they will be read (see the module docstring).
@@ -326,7 +373,7 @@ class ShardFeed:
         self.oldest = start  # the oldest batch not yet done
         self.finished: set[int] = set()
         self.stopped = False
-        self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-fetch")
+        self.pool = _DaemonPool(connections, "dsc-fetch")
         self.thread = threading.Thread(target=self._run, name="dsc-feed", daemon=True)
         self.thread.start()
 
@@ -412,9 +459,9 @@ class ShardFeed:
             self.cond.notify_all()
         if threading.current_thread() is not self.thread:
             self.thread.join()
-        self.pool.shutdown(wait=False, cancel_futures=True)
         with self.cond:
             held, self.held, self.refs = list(self.held.items()), {}, {}
+        self.pool.shutdown([fut for _, fut in held])
         for rel, fut in held:
             fut.add_done_callback(lambda f, rel=rel: self._let_go(f, rel))
 
@@ -443,7 +490,7 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
     lock = threading.Lock()
 
     def one(spec):
-        held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb),
+        held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb, spec.nbytes),
                           storage.store.where(spec.path))
         held.close()
         with lock:  # (a shard another process downloaded meanwhile counts as cached: it was not downloaded here)
