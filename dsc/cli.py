@@ -342,7 +342,9 @@ def _compile(out: Path, kw: dict, make_source) -> None:
 @click.option("--repair-view", is_flag=True,
               help="Rewrite the top-level plain-Zarr view as the latest version (after a crash while it was "
                    "refreshed, or a plain Zarr writer changed it); versions themselves are never touched.")
-def verify_cmd(dataset: Path, version, repair_view: bool):
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="DATASET is a URL: where its small files are kept (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
+def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     """Re-hash every shard and file against the manifest and check every invariant. DATASET may be a URL
     (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
@@ -352,9 +354,11 @@ def verify_cmd(dataset: Path, version, repair_view: bool):
     from .formats.verify import verify
 
     if is_url(dataset) and not repair_view:
+        from functools import partial
+
         from .runtime.remote import verify_remote
 
-        verify = verify_remote  # noqa: F811 - the same report, from object storage
+        verify = partial(verify_remote, cache_dir=cache_dir)  # noqa: F811 - the same report, from object storage
     if repair_view:
         from .versions import repair_view as repair
 
@@ -603,6 +607,20 @@ def cache_ls_cmd(cache_dir, as_json: bool):
     for d in r["datasets"]:
         click.echo(f"  {d['url']}  versions {','.join(map(str, d['versions'])) or '-'}  "
                    f"{d['cached']:,}/{d['shards']:,} shards cached ({_mb(d['bytes'])})")
+
+
+@cache_group.command(name="verify")
+@_cache_dir_option
+def cache_verify_cmd(cache_dir):
+    """Re-hash every cached shard; delete the damaged ones (they are downloaded again when needed)."""
+    from .runtime.remote import cache_check
+
+    _cache_exists(cache_dir)
+    checked, bad = cache_check(cache_dir)
+    if bad:
+        raise click.ClickException(f"{bad:,} of {checked:,} cached shards were damaged on this disk and were deleted; "
+                                   f"they are downloaded again when needed")
+    click.echo(f"OK: {checked:,} cached shards match their SHA-256")
 
 
 @cache_group.command(name="clear")

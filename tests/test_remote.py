@@ -508,6 +508,12 @@ def test_cli_compile_info_verify_log_and_cache(s3, src, tmp_path):
         r = run("cache", "ls")
         assert r.exit_code == 0 and url in r.output and "/19 shards cached" in r.output, r.output
         assert ShardCache(cache).usage() <= 100_000
+        r = run("cache", "verify")
+        assert r.exit_code == 0 and "OK: " in r.output, r.output
+        victim = next(p for p in (cache / "shards").rglob("*") if p.is_file())
+        victim.write_bytes(bytes(len(victim.read_bytes())))  # rotted on this disk after its download
+        r = run("cache", "verify")
+        assert r.exit_code == 1 and "1 of" in r.output and not victim.exists(), r.output
         r = run("cache", "clear", url)
         assert r.exit_code == 0 and "removed" in r.output, r.output
         assert ShardCache(cache).usage() == 0

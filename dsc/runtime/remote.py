@@ -98,7 +98,11 @@ def _fetch_objects(store: Store, mirror: Path, m) -> None:
 
     def one(f):
         rel = versions.object_path(f["sha256"])
-        data = store.get(rel, f["nbytes"])
+        try:
+            data = store.get(rel, f["nbytes"])
+        except FileNotFoundError:
+            raise CorruptDatasetError(f"{store.where(rel)} is missing (a small file of the version); the dataset in "
+                                      f"object storage is damaged. Recompile it, or push an intact copy") from None
         if len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
             raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
                                       f"remote dataset is damaged. Recompile it")
@@ -589,6 +593,29 @@ def cache_list(cache_dir=None) -> dict:
                 item.update(shards=len(specs), cached=len(have), bytes=sum(s.nbytes for s in have))
         out["datasets"].append(item)
     return out
+
+
+def cache_check(cache_dir=None) -> tuple[int, int]:
+    """Re-hash every cached shard against its name (``dsc cache verify``); delete those that differ (disk
+    damage after the download) so that they are downloaded again: (files checked, files deleted)."""
+    cache = ShardCache(cache_dir)
+    checked = bad = 0
+    for p, _ in cache.entries():
+        if p.name.endswith(".part"):
+            continue
+        h = hashlib.sha256()
+        try:
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        except FileNotFoundError:
+            continue
+        checked += 1
+        if h.hexdigest() != p.name:
+            bad += 1
+            with cache._space_lock():
+                p.unlink(missing_ok=True)  # (a process holding it keeps its mapping; the next one downloads anew)
+    return checked, bad
 
 
 def _cached_shas(d: Path) -> set[str]:
