@@ -299,7 +299,7 @@ def test_a_corrupted_shard_is_detected_and_named(own_server, tmp_path):
     rel = "image/c/3/0/0/0"
     good = store.get(rel)
     store.put(rel, bytes(b ^ 0xFF for b in good[:100]) + good[100:])
-    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    ds = dsc.open(url, cache_dir=tmp_path / "c", retry_seconds=5)  # (in-flight downloads outlive the server)
     with pytest.raises(CorruptDatasetError, match=rf"{url}/image/c/3/0/0/0: downloaded twice"):
         epoch(dsc.Loader(ds, batch_size=16))
     for _ in range(200):  # downloads in flight when the epoch stopped finish on their own, then none is left
@@ -622,7 +622,7 @@ def test_an_object_larger_than_the_manifest_says_is_cut_off(own_server, tmp_path
     server, url = own_server
     store = open_store(url)
     store.put("image/c/2/0/0/0", b"x" * 3_000_000)
-    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="100kB")
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="100kB", retry_seconds=5)  # (in-flight downloads outlive the server)
     with UsageWatch(tmp_path / "c") as watch:
         with pytest.raises(CorruptDatasetError, match="more than the 12,548 bytes the manifest records"):
             epoch(dsc.Loader(ds, batch_size=16))
