@@ -33,13 +33,12 @@ def _remote_records(url: str, only: int | None = None, version=None, tag=None):
     """(store, {n: record}, tags) of a dataset in object storage: every record, or the one asked for."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .errors import DatasetNotFoundError
-    from .formats.remote import open_store, remote_tags, remote_versions
+    from .formats.remote import no_dataset, open_store, remote_tags, remote_versions
 
     store = open_store(url)
     have = remote_versions(store)
     if not have:
-        raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {V.LOG}/)")
+        raise no_dataset(store)
     tags = remote_tags(store)
     if only is None and version is None and tag is None:
         want = have

@@ -19,11 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError, CorruptDatasetError, OutputExistsError, RemoteError, VersionConflictError
+from ..errors import ConfigError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root
-from ..formats.remote import Store, default_cache_dir, open_store, remote_versions
+from ..formats.remote import Store, default_cache_dir, fetch_version, open_store, remote_versions, url_id
 from .staging import is_dsc_dataset, staging_dir
 
 CONNECTIONS = 8
@@ -78,10 +78,10 @@ class Uploader:
             except Exception:  # noqa: BLE001 - superseded by this upload
                 pass
         store = self.store
-        there = store.head(rel)
+        there = store.stat(rel)
         replace = False
         if there is not None:
-            if there == nbytes and store.attributes(rel).get("sha256") == sha256:
+            if there[0] == nbytes and there[1].get("sha256") == sha256:
                 with self.lock:
                     self.kept += 1
                 return
@@ -102,10 +102,11 @@ class Uploader:
             if f.tell() != nbytes or h.hexdigest() != sha256:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
+            f.seek(0)
             try:
                 store.put(rel, f, create_only=not replace, attributes={"sha256": sha256})
             except FileExistsError:  # created meanwhile: by ourselves earlier (same bytes), or by another writer
-                if store.attributes(rel).get("sha256") != sha256:
+                if (store.stat(rel) or (0, {}))[1].get("sha256") != sha256:
                     self._may_replace(rel, racing=True)
                 with self.lock:
                     self.kept += 1
@@ -219,29 +220,22 @@ def pull_for_update(store: Store, dst: Path) -> int:
     """The latest version of the dataset at ``store`` as a local dataset without its shards: the record, its
     objects, the stat cache and the view. An update runs on it (it never reads a base shard: rows it keeps
     are carried over by reference) and ``push`` then uploads only the new version's files. Returns N."""
-    import hashlib as _h
-
-    have = remote_versions(store)
-    n = have[-1]
-    data = store.get(versions.record_path(n))
-    log = dst / versions.LOG
-    log.mkdir(parents=True, exist_ok=True)
-    (log / f"{n}.json").write_bytes(data)
-    m = versions.read_record(Root(dst), n)["manifest"]
-    for f in m.files.values():
-        rel = versions.object_path(f["sha256"])
-        obj = store.get(rel)
-        if len(obj) != f["nbytes"] or _h.sha256(obj).hexdigest() != f["sha256"]:
-            raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the remote "
-                                      f"dataset is damaged")
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dst / rel).write_bytes(obj)
-    stat = store.get_or_none(f"{versions.STAT}/{n}.bin")
+    n = remote_versions(store)[-1]
+    m = fetch_version(store, dst, n)["manifest"]
+    stat = store.get_or_none(f"{versions.STAT}/{n}.bin", m.num_rows * 48)
     if stat is not None:
         (dst / versions.STAT).mkdir(parents=True, exist_ok=True)
         (dst / versions.STAT / f"{n}.bin").write_bytes(stat)
     versions.refresh_view(dst, m)
     return n
+
+
+def _stage(store: Store, options, name: str) -> tuple[Path, Path]:
+    """(the folder of ``store``'s local staging, its ``name`` subfolder): ``CACHE/uploads/<id>/<name>``."""
+    root = (Path(options.cache_dir) if options.cache_dir else default_cache_dir()) / "uploads" / url_id(store.url)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "url").write_text(store.url + "\n")
+    return root, root / name
 
 
 def update_url(update_local, url: str, options):
@@ -251,12 +245,9 @@ def update_url(update_local, url: str, options):
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
-    cache_root = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
-    stage_root = cache_root / "uploads" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
-    stage = stage_root / "update"
+    stage_root, stage = _stage(store, options, "update")
     shutil.rmtree(stage, ignore_errors=True)  # (an interrupted update's leftovers: never a half-pulled base)
-    stage.mkdir(parents=True)
-    (stage_root / "url").write_text(store.url + "\n")
+    stage.mkdir()
     pull_for_update(store, stage)
     report = update_local(stage, lambda message: message.replace(str(stage), store.url))
     if report.committed:
@@ -273,14 +264,10 @@ def compile_to_url(compile_local, url: str, options):
                           f"URL (versions in object storage are never overwritten)")
     store = open_store(url)
     existing = remote_versions(store)
-    cache_root = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
-    stage_root = cache_root / "uploads" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
-    stage = stage_root / "dataset"
+    stage_root, stage = _stage(store, options, "dataset")
     if existing and not (options.resume and is_dsc_dataset(stage)):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"compile to another URL")
-    stage_root.mkdir(parents=True, exist_ok=True)
-    (stage_root / "url").write_text(store.url + "\n")
     uploader = Uploader(store, replace_leftovers=options.resume)
     try:
         if options.resume and is_dsc_dataset(stage):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import configparser
 import functools
+import hashlib
+import io
 import os
 import random
 import re
@@ -73,17 +75,22 @@ class Store:
 
     url: str
 
-    def get(self, rel: str) -> bytes: ...
-    def download(self, rel: str, f, on_chunk: Callable[[memoryview], None] | None = None) -> int: ...
+    def download(self, rel: str, f, on_chunk: Callable[[memoryview | None], None] | None = None,
+                 limit: int | None = None) -> int: ...
     def put(self, rel: str, data: bytes | Path, create_only: bool = False, attributes: dict | None = None) -> None: ...
-    def head(self, rel: str) -> int | None: ...
-    def attributes(self, rel: str) -> dict: ...
+    def stat(self, rel: str) -> tuple[int, dict] | None: ...
     def list(self, prefix: str) -> list[tuple[str, int]]: ...
     def delete(self, rel: str) -> None: ...
 
-    def get_or_none(self, rel: str) -> bytes | None:
+    def get(self, rel: str, limit: int | None = None) -> bytes:
+        """The whole object, in one request; one of more than ``limit`` bytes is refused once that many arrived."""
+        buf = io.BytesIO()
+        self.download(rel, buf, limit=limit)
+        return buf.getvalue()
+
+    def get_or_none(self, rel: str, limit: int | None = None) -> bytes | None:
         try:
-            return self.get(rel)
+            return self.get(rel, limit)
         except FileNotFoundError:
             return None
 
@@ -195,8 +202,9 @@ class ObjectStore(Store):
         config: dict = {}
         if self.scheme == "s3":
             config.update(aws_files_config())
-        endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        client = {"allow_http": True} if (endpoint or "").startswith("http://") else {}
+        self.endpoint = (config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3")
+                         or os.environ.get("AWS_ENDPOINT_URL")) if self.scheme == "s3" else None
+        client = {"allow_http": True} if (self.endpoint or "").startswith("http://") else {}
         if self.scheme == "s3" and "region" not in config and not (os.environ.get("AWS_REGION")
                                                                   or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # (an S3-compatible server ignores it; AWS redirects per bucket)
@@ -212,6 +220,10 @@ class ObjectStore(Store):
             raise ConfigError(f"{url}: cannot use this object store: {_first_line(e)}") from None
 
     # ------------------------------------------------------------------ retries and errors
+    def _refused(self, what: str, rel: str, detail: str) -> CredentialsError:
+        return CredentialsError(f"{self.where(rel)}: {what} refused ({detail}); "
+                                f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}")
+
     def _call(self, what: str, rel: str, fn):
         """``fn()`` with retries of transient failures until the budget is spent; errors become dsc's."""
         import obstore.exceptions as E
@@ -233,8 +245,7 @@ class ObjectStore(Store):
             except (E.NotFoundError, FileNotFoundError):
                 raise FileNotFoundError(self.where(rel)) from None
             except (E.PermissionDeniedError, E.UnauthenticatedError) as e:
-                raise CredentialsError(f"{self.where(rel)}: {what} refused ({_first_line(e)}); "
-                                       f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}") from None
+                raise self._refused(what, rel, _first_line(e)) from None
             except (E.AlreadyExistsError, E.PreconditionError):
                 raise FileExistsError(self.where(rel)) from None
             except DscError:
@@ -244,8 +255,7 @@ class ObjectStore(Store):
                 status = _STATUS.search(str(e))
                 code = int(status.group(1)) if status else None
                 if code in (401, 403):
-                    raise CredentialsError(f"{self.where(rel)}: {what} refused ({code}: {_first_line(e)}); "
-                                           f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}") from None
+                    raise self._refused(what, rel, f"{code}: {_first_line(e)}") from None
                 if code == 404:
                     raise FileNotFoundError(self.where(rel)) from None
                 if code is not None:
@@ -254,8 +264,8 @@ class ObjectStore(Store):
                     transient = isinstance(e, (OSError, TimeoutError)) or bool(_TRANSIENT.search(str(e)))
                 left = deadline - time.monotonic()
                 if not transient or left <= 0:
-                    hint = ("; for an S3-compatible server set AWS_ENDPOINT_URL" if self.scheme == "s3" and not
-                            (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")) else "")
+                    hint = ("; for an S3-compatible server set AWS_ENDPOINT_URL" if self.scheme == "s3" and
+                            not self.endpoint else "")
                     raise RemoteError(f"{self.where(rel)}: {what} failed"
                                       + (f" after {attempt} attempts over {self.retry:.0f} s" if transient else "")
                                       + f": {_first_line(e)}. Check the URL, the network and the server{hint}"
@@ -270,22 +280,6 @@ class ObjectStore(Store):
                 time.sleep(min(left, random.uniform(0, min(5.0, 0.1 * 2 ** min(attempt, 10)))))  # full jitter
 
     # ------------------------------------------------------------------ operations
-    def get(self, rel: str, limit: int | None = None) -> bytes:
-        """The whole object; one of more than ``limit`` bytes is refused before it is read."""
-        import obstore
-
-        if limit is not None:
-            size = self.head(rel)
-            if size is None:
-                raise FileNotFoundError(self.where(rel))
-            if size > limit:
-                raise CorruptDatasetError(f"{self.where(rel)} has {size:,} bytes, more than the {limit:,} a file of its "
-                                          f"kind may have; the dataset in object storage is damaged")
-        data = self._call("reading", rel, lambda: bytes(obstore.get(self._store, rel).bytes()))
-        if limit is not None and len(data) > limit:
-            raise CorruptDatasetError(f"{self.where(rel)} has more than {limit:,} bytes; the dataset is damaged")
-        return data
-
     def download(self, rel: str, f, on_chunk=None, limit: int | None = None) -> int:
         """Stream the object into the open binary file ``f`` from its start (a failed attempt starts over), then
         cut ``f`` to the bytes written; ``f`` is never made shorter before that (a cache counts its
@@ -301,9 +295,9 @@ class ObjectStore(Store):
             for chunk in obstore.get(self._store, rel).stream(min_chunk_size=1 << 21):
                 mv = memoryview(chunk)
                 if limit is not None and n + len(mv) > limit:  # (never more than the manifest says on disk)
-                    raise CorruptDatasetError(f"{self.where(rel)} has more than the {limit:,} bytes the manifest "
-                                              f"records; the shard in object storage is damaged or was replaced. "
-                                              f"Recompile the dataset (dsc verify URL lists every damaged shard)")
+                    raise CorruptDatasetError(f"{self.where(rel)} has more than the {limit:,} bytes it may have; the "
+                                              f"dataset in object storage is damaged or was replaced. Recompile it "
+                                              f"(dsc verify URL lists every damaged file)")
                 f.write(mv)
                 if on_chunk is not None:
                     on_chunk(mv)
@@ -330,30 +324,24 @@ class ObjectStore(Store):
                 if not create_only:
                     raise
                 # The store has no conditional put: the documented equivalent (docs/REMOTE.md) is a check, then a
-                # put, then a read-back that our bytes are the ones there; two writers racing within one request
-                # time can still both believe they won.
+                # put; two writers racing within one request time can both believe they won.
                 if obstore.head(self._store, rel) is not None:
                     raise FileExistsError(self.where(rel)) from None
                 obstore.put(self._store, rel, src, **kwargs)
         self._call("writing", rel, attempt)
 
-    def head(self, rel: str) -> int | None:
-        import obstore
-
-        try:
-            return int(self._call("checking", rel, lambda: obstore.head(self._store, rel))["size"])
-        except FileNotFoundError:
-            return None
-
-    def attributes(self, rel: str) -> dict:
-        """The object's user metadata (e.g. the ``sha256`` an upload recorded)."""
+    def stat(self, rel: str) -> tuple[int, dict] | None:
+        """(size, user metadata such as the ``sha256`` an upload recorded) in one request; None if absent."""
         import obstore
 
         def attempt():
             r = obstore.get(self._store, rel, options={"head": True})
-            return dict(r.attributes)
+            return int(r.meta["size"]), dict(r.attributes)
 
-        return self._call("checking", rel, attempt)
+        try:
+            return self._call("checking", rel, attempt)
+        except FileNotFoundError:
+            return None
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         import obstore
@@ -368,9 +356,8 @@ class ObjectStore(Store):
             return self._call("listing", prefix or "/", attempt)
         except FileNotFoundError:  # listing a missing prefix gives nothing: this is the bucket (container)
             bucket = self.url.split("://", 1)[1].split("/", 1)[0]
-            endpoint = os.environ.get("AWS_ENDPOINT_URL") if self.scheme == "s3" else None
             raise DatasetNotFoundError(
-                f"{self.url}: the bucket {bucket!r} does not exist" + (f" at {endpoint}" if endpoint else "")
+                f"{self.url}: the bucket {bucket!r} does not exist" + (f" at {self.endpoint}" if self.endpoint else "")
                 + "; check the URL" + (" (and AWS_ENDPOINT_URL for an S3-compatible server)" if self.scheme == "s3"
                                        else "")) from None
 
@@ -423,6 +410,90 @@ def remote_tags(store: Store) -> dict[str, int]:
             if isinstance(d, dict) and isinstance(d.get("version"), int):
                 out[name[:-5]] = d["version"]
     return out
+
+
+def url_id(url: str) -> str:
+    """A short name for the dataset at ``url`` in local folders (its cache mirror, its upload staging)."""
+    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def no_dataset(store: Store):
+    from ..errors import DatasetNotFoundError
+
+    return DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under _dsc/log/); compile one "
+                                f"with `dsc compile ... {store.url}`")
+
+
+class Sha256Sink:
+    """``on_chunk`` for :meth:`Store.download`: the SHA-256 of the attempt that succeeded (it starts over
+    when an attempt does)."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+
+    def __call__(self, chunk) -> None:
+        if chunk is None:
+            self._h = hashlib.sha256()
+        else:
+            self._h.update(chunk)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    import threading
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fetch_version(store: Store, dst: Path, n: int, connections: int = 8) -> dict:
+    """Version ``n``'s record and every small file it lists (its objects, each checked against its size and
+    SHA-256) into the local folder ``dst``, in the dataset layout; returns the parsed record. Objects ``dst``
+    has already are not fetched again (their names are their hashes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..errors import CorruptDatasetError, VersionNotFoundError
+    from . import versions
+    from .zarr_v3 import MAX_JSON_BYTES
+
+    try:
+        data = store.get(versions.record_path(n), MAX_JSON_BYTES)
+    except FileNotFoundError:
+        have = remote_versions(store)
+        if not have:
+            raise no_dataset(store) from None
+        raise VersionNotFoundError(f"{store.url} has no version {n} (versions: {versions._ranges(have)}; a version "
+                                   f"removed by `dsc vacuum` is gone)") from None
+    rec = versions.parse_record(data, store.where(versions.record_path(n)), n)
+    local = dst / versions.record_path(n)
+    if not local.is_file() or local.read_bytes() != data:
+        write_atomic(local, data)
+
+    def one(f):
+        rel = versions.object_path(f["sha256"])
+        try:
+            obj = store.get(rel, f["nbytes"])
+        except FileNotFoundError:
+            raise CorruptDatasetError(f"{store.where(rel)} is missing (a small file of the version); the dataset in "
+                                      f"object storage is damaged. Recompile it, or push an intact copy") from None
+        if len(obj) != f["nbytes"] or hashlib.sha256(obj).hexdigest() != f["sha256"]:
+            raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
+                                      f"dataset in object storage is damaged. Recompile it")
+        write_atomic(dst / rel, obj)
+
+    todo = [f for f in rec["manifest"].files.values() if not (dst / versions.object_path(f["sha256"])).is_file()]
+    if todo:
+        with ThreadPoolExecutor(min(connections, len(todo))) as ex:
+            for fut in [ex.submit(one, f) for f in todo]:
+                fut.result()
+    return rec
 
 
 def _first_line(e: BaseException) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import threading
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CacheFullError, ConfigError, CorruptDatasetError
-from ..formats.remote import default_cache_dir
+from ..formats.remote import Sha256Sink, default_cache_dir
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
@@ -152,18 +151,10 @@ class ShardCache:
         fd = self._reserve(part, nbytes, what, on_full)
         try:
             for attempt in (1, 2):
-                h = [hashlib.sha256()]
-
-                def on_chunk(mv, h=h):
-                    if mv is None:
-                        h[0] = hashlib.sha256()  # the download started over
-                    else:
-                        h[0].update(mv)
-
+                h = Sha256Sink()
                 with os.fdopen(os.dup(fd), "r+b") as f:
-                    n = fetch(f, on_chunk)
+                    n = fetch(f, h)
                     f.flush()
-                h = h[0]
                 if n == nbytes and h.hexdigest() == sha256:
                     break
                 if attempt == 2:

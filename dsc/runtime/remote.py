@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError, VersionNotFoundError
+from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root, map_fd
-from ..formats.remote import Store, open_store, remote_tags, remote_versions
-from ..formats.zarr_v3 import MAX_JSON_BYTES
+from ..formats.remote import (Sha256Sink, Store, fetch_version, no_dataset, open_store, remote_tags, remote_versions,
+                              url_id, write_atomic)
 from .cache import Held, ShardCache
 from .storage import Storage
 
@@ -44,98 +44,47 @@ _HANDLES: "weakref.WeakSet[RemoteStorage]" = weakref.WeakSet()  # this process's
 def mirror_dir(cache: ShardCache, url: str) -> Path:
     """Where the small files of the dataset at ``url`` are kept locally."""
     url = url.rstrip("/")
-    d = cache.root / "datasets" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    d = cache.root / "datasets" / url_id(url)
     (d / versions.LOG).mkdir(parents=True, exist_ok=True)
     (d / versions.OBJECTS).mkdir(parents=True, exist_ok=True)
     marker = d / "url"
     if not marker.is_file():
-        _write_atomic(marker, (url + "\n").encode())
+        write_atomic(marker, (url + "\n").encode())
     return d
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def resolve(store: Store, version: int | None, tag: str | None) -> int:
     return versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: remote_versions(store),
-                           lambda: DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under "
-                                                        f"{versions.LOG}/); compile one with `dsc compile ... "
-                                                        f"{store.url}`"))
+                           lambda: no_dataset(store))
 
 
-def fetch_version(store: Store, cache: ShardCache, n: int) -> tuple[Root, dict]:
-    """Version ``n``'s record and small files into the local mirror; the mirror's Root pointed at them."""
-    mirror = mirror_dir(cache, store.url)
-    try:
-        data = store.get(versions.record_path(n), MAX_JSON_BYTES)
-    except FileNotFoundError:
-        have = remote_versions(store)
-        if not have:
-            raise DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {versions.LOG}/)") \
-                from None
-        raise VersionNotFoundError(f"{store.url} has no version {n} (versions: {versions._ranges(have)}; a version "
-                                   f"removed by `dsc vacuum` is gone)") from None
-    local = mirror / versions.record_path(n)
-    if not local.is_file() or local.read_bytes() != data:
-        _write_atomic(local, data)
-    root = Root(mirror)
-    rec = versions.read_record(root, n)
-    _fetch_objects(store, mirror, rec["manifest"])
-    versions.use(root, rec["manifest"])
-    return root, rec
-
-
-def _fetch_objects(store: Store, mirror: Path, m) -> None:
-    """Every small file of manifest ``m`` (content-addressed objects), downloaded once and verified."""
-    todo = [f for f in m.files.values() if not (mirror / versions.object_path(f["sha256"])).is_file()]
-
-    def one(f):
-        rel = versions.object_path(f["sha256"])
+def _opened(url: str, version, tag, cache_dir, cache_limit, retry_seconds, offline_version):
+    """(record, mirror Root pointed at the version's small files, store, cache) of the dataset at ``url``."""
+    cache = ShardCache(cache_dir, cache_limit)
+    store = open_store(url, retry_seconds)
+    mirror = mirror_dir(cache, url)
+    rec = None
+    if offline_version is not None:  # a re-opening process: the local copy, when it is complete
         try:
-            data = store.get(rel, f["nbytes"])
-        except FileNotFoundError:
-            raise CorruptDatasetError(f"{store.where(rel)} is missing (a small file of the version); the dataset in "
-                                      f"object storage is damaged. Recompile it, or push an intact copy") from None
-        if len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-            raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
-                                      f"remote dataset is damaged. Recompile it")
-        _write_atomic(mirror / rel, data)
-
-    if todo:
-        with ThreadPoolExecutor(min(CONNECTIONS, len(todo))) as ex:
-            for fut in [ex.submit(one, f) for f in todo]:
-                fut.result()
+            rec = versions.read_record(Root(mirror), offline_version)
+            if not all((mirror / versions.object_path(f["sha256"])).is_file() for f in rec["manifest"].files.values()):
+                rec = None
+        except DscError:
+            rec = None
+    if rec is None:
+        rec = fetch_version(store, mirror, resolve(store, offline_version if offline_version is not None else version,
+                                                   tag))
+    root = Root(mirror)
+    versions.use(root, rec["manifest"])
+    return rec, root, store, cache
 
 
 def open_remote(url: str, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,
                 retry_seconds: float | None = None, offline_version: int | None = None):
     """(record, RemoteStorage) of the dataset at ``url``. ``offline_version``: a re-opening process (a
     DataLoader worker) reads that version from the local mirror when it has it, without the network."""
-    cache = ShardCache(cache_dir, cache_limit)
-    store = open_store(url, retry_seconds)
-    rec = root = None
-    if offline_version is not None:
-        try:
-            root = Root(mirror_dir(cache, url))
-            rec = versions.read_record(root, offline_version)
-            if all((root.path / versions.object_path(f["sha256"])).is_file() for f in rec["manifest"].files.values()):
-                versions.use(root, rec["manifest"])
-            else:
-                rec = None
-        except DscError:
-            rec = None
-    if rec is None:
-        n = resolve(store, offline_version if offline_version is not None else version, tag)
-        root, rec = fetch_version(store, cache, n)
-    m = rec["manifest"]
-    return rec, RemoteStorage(root, store, cache, m, retry_seconds)
+    rec, root, store, cache = _opened(url, version, tag, cache_dir, cache_limit, retry_seconds, offline_version)
+    return rec, RemoteStorage(root, store, cache, rec["manifest"], retry_seconds)
 
 
 class RemoteStorage(Storage):
@@ -192,10 +141,7 @@ class RemoteStorage(Storage):
             return
         spec = self.specs[rel]
         try:
-            held = self.cache.hold(spec.sha256, spec.nbytes,
-                                   lambda f, on_chunk: self.store.download(rel, f, on_chunk, spec.nbytes),
-                                   self.store.where(rel),
-                                   on_full=self._make_room)
+            held = self.hold(spec)
             arr = map_fd(held.fd, spec.nbytes, self.store.where(rel))
         except BaseException as e:
             with self._lock:
@@ -208,6 +154,12 @@ class RemoteStorage(Storage):
             self._maps[rel] = arr
             fut = self._pending.pop(rel)
         fut.set_result(None)
+
+    def hold(self, spec) -> Held:
+        """Shard ``spec`` held in the cache, downloaded (at most its recorded size) when the cache lacks it."""
+        return self.cache.hold(spec.sha256, spec.nbytes,
+                               lambda f, on_chunk: self.store.download(spec.path, f, on_chunk, spec.nbytes),
+                               self.store.where(spec.path), on_full=self._make_room)
 
     def _drop(self, rel: str) -> None:
         with self._lock:
@@ -267,10 +219,6 @@ class RemoteStorage(Storage):
         self.release(rel)
         return arr
 
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(h.nbytes for h in self._held.values())
-
     def load_to_ram(self, shards, progress: bool = True) -> None:
         from ..errors import ConfigError
 
@@ -298,17 +246,15 @@ class RemoteStorage(Storage):
         """A spawned DataLoader worker re-opens the same version (from the local mirror, no network needed);
         a failure is raised at its first read (see Storage.__setstate__)."""
         try:
-            rec, other = open_remote(state["url"], None, None, state["cache_dir"], state["cache_limit"],
-                                     state["retry_seconds"], offline_version=state["version"])
+            rec, root, store, cache = _opened(state["url"], None, None, state["cache_dir"], state["cache_limit"],
+                                              state["retry_seconds"], offline_version=state["version"])
             if rec["manifest"].checksum() != state["checksum"]:
                 raise CorruptDatasetError(f"{state['url']}: version {state['version']} is not the one the parent "
                                           f"opened; open it again")
-            self.__dict__.update(other.__dict__)
-        except DscError as e:
-            self.__dict__.update({"root": state["url"], "checksum": state["checksum"], "version": state["version"],
-                                  "_maps": {}, "_held": {}, "_refs": {}, "_idle": OrderedDict(),
-                                  "_pending": {}, "idle_budget": 0,
-                                  "_lock": threading.Lock(), "_failed": e, "url": state["url"]})
+            self.__init__(root, store, cache, rec["manifest"], state["retry_seconds"])
+        except DscError as e:  # raised at the first read (Storage.dir), where DataLoader shows it
+            self.url = self.root = state["url"]
+            self.checksum, self.version, self._failed, self._maps = state["checksum"], state["version"], e, {}
 
 
 def _local_processes() -> int:
@@ -377,6 +323,7 @@ class ShardFeed:
         self.oldest = start  # the oldest batch not yet done
         self.finished: set[int] = set()
         self.stopped = False
+        self.error: BaseException | None = None  # what stopped the feed thread (raised in the batches that wait)
         self.pool = _DaemonPool(connections, "dsc-fetch")
         self.thread = threading.Thread(target=self._run, name="dsc-feed", daemon=True)
         self.thread.start()
@@ -410,8 +357,6 @@ class ShardFeed:
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
-
-    error: BaseException | None = None
 
     def wait(self, j: int, should_stop=lambda: False) -> None:
         """Block until every shard of batch j is held; a failed download raises here (in the filler)."""
@@ -450,9 +395,8 @@ class ShardFeed:
                     self.bytes_held -= self.storage.nbytes(rel)
                     release.append((rel, fut))
             self.cond.notify_all()
-        for rel, fut in release:
-            if fut.done() and fut.exception() is None:
-                self.storage.release(rel)
+        for rel, fut in release:  # (a download still running, after a failed batch, lets go when it ends)
+            fut.add_done_callback(lambda f, rel=rel: self._let_go(f, rel))
 
     def close(self) -> None:
         """Stop fetching and let every held shard go, without waiting for downloads in flight (one that is
@@ -494,8 +438,7 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
     lock = threading.Lock()
 
     def one(spec):
-        held = cache.hold(spec.sha256, spec.nbytes, lambda f, cb: storage.store.download(spec.path, f, cb, spec.nbytes),
-                          storage.store.where(spec.path))
+        held = storage.hold(spec)
         held.close()
         with lock:  # (a shard another process downloaded meanwhile counts as cached: it was not downloaded here)
             counts["downloaded" if held.downloaded else "cached"] += 1
@@ -529,18 +472,14 @@ def verify_remote(url: str, version: int | None = None, cache_dir=None):
     specs = list(storage.specs.values())
 
     def one(spec):
-        h = [hashlib.sha256()]
-
-        def on_chunk(mv):
-            if mv is None:
-                h[0] = hashlib.sha256()
-            else:
-                h[0].update(mv)
+        digest = Sha256Sink()
         try:
-            n = storage.store.download(spec.path, _Discard(), on_chunk)
+            n = storage.store.download(spec.path, _Discard(), digest, spec.nbytes)
         except FileNotFoundError:
             return Problem(storage.store.where(spec.path), "is missing from object storage")
-        if n != spec.nbytes or h[0].hexdigest() != spec.sha256:
+        except CorruptDatasetError as e:
+            return Problem(storage.store.where(spec.path), str(e))
+        if n != spec.nbytes or digest.hexdigest() != spec.sha256:
             return Problem(storage.store.where(spec.path), f"does not match the manifest ({n:,} bytes, expected "
                                                           f"{spec.nbytes:,}; or its SHA-256 differs)")
         return None
@@ -641,7 +580,7 @@ def cache_clear(cache_dir=None, url: str | None = None) -> tuple[int, int, int]:
         for d in (cache.root / "datasets").iterdir():
             shutil.rmtree(d, ignore_errors=True)
         return removed
-    d = cache.root / "datasets" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    d = cache.root / "datasets" / url_id(url)
     if not d.is_dir():
         raise DatasetNotFoundError(f"the cache {cache.root} holds nothing of {url} (dsc cache ls lists what it holds)")
     others = set()  # shards other cached datasets use too (the cache is content-addressed): kept
