@@ -162,7 +162,6 @@ def restore(out, version: int | None = None, tag: str | None = None) -> int:
     """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
     copied or decoded. Returns the new version's number."""
     from .compiler.staging import OutLock, sync_filesystem
-    from .compiler.update import _view
 
     _local_only(out, "restore")
     if version is None and tag is None:
@@ -189,7 +188,7 @@ def restore(out, version: int | None = None, tag: str | None = None) -> int:
         sync_filesystem(Path(out))
         V.commit(Path(out), V.record_json(n_new, have[-1], f"restore {n_old}", summary,
                                           max(latest["next_slot"], old["next_slot"]), new_m))
-        _view(Path(out), new_m)
+        V.show(Path(out), new_m)
         return n_new
 
 

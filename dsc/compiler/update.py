@@ -378,18 +378,7 @@ def _recover(out: Path, say) -> None:
     if not versions.is_versioned(root):
         return
     latest = versions.read_record(root, versions.versions(root)[-1])["manifest"]
-    _view(out, latest)
-
-
-def _view(out: Path, m: Manifest) -> None:
-    from ..formats.layout import read_manifest
-
-    try:
-        old = read_manifest(out)
-    except DscError:
-        old = None
-    if old is None or old.checksum() != m.checksum():
-        versions.refresh_view(out, m, old)
+    versions.show(out, latest)
 
 
 def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: CompileOptions, next_slot: int) -> str:

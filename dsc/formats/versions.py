@@ -376,6 +376,20 @@ def refresh_view(root: Path, m: Manifest, old: Manifest | None = None) -> None:
     write_group(root, "", {"dsc": {**m.to_dict(), "checksum": m.checksum()}})
 
 
+def show(root: Path, m: Manifest) -> None:
+    """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
+    restore)."""
+    from ..errors import DscError
+    from .layout import read_manifest
+
+    try:
+        old = read_manifest(root)
+    except DscError:
+        old = None
+    if old is None or old.checksum() != m.checksum():
+        refresh_view(root, m, old)
+
+
 def _recover_object(root: Path, rel: str, f: dict, obj: Path) -> None:
     """A version's object is missing: take it back from the view when the view has its exact bytes."""
     import hashlib
