@@ -623,6 +623,27 @@ def test_a_crash_between_commit_and_view_refresh(tmp_path, monkeypatch):
     assert dsc.verify(out).ok  # the next update refreshed it
 
 
+def test_a_crash_right_after_the_commit_leaves_no_transaction(tmp_path, monkeypatch):
+    """A kill between the commit and the removal of its transaction folder: the next update (even one with
+    nothing to do) removes the leftover, and verify stays clean."""
+    from dsc.compiler import update
+
+    src, paths, out = compiled(tmp_path, 20)
+    paths[0].unlink()
+    commit = update.versions.commit
+
+    def commit_then_die(*a, **kw):
+        commit(*a, **kw)
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(update.versions, "commit", commit_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    monkeypatch.undo()
+    assert dsc.open(out).version == 1 and (out / V.TXN / "1").exists()
+    assert not dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS).committed
+    assert not (out / V.TXN / "1").exists() and dsc.verify(out).ok and len(dsc.open(out)) == 19
+
+
 # ----------------------------------------------------------------------------- every source
 def full_content(path) -> dict:
     """key -> every field of the sample as bytes (image, label, boxes, labels, mask...)."""

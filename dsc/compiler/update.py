@@ -373,12 +373,19 @@ def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) ->
 
 def _recover(out: Path, say) -> None:
     """Under the lock: a committed version whose view was not refreshed (a kill after the commit) gets it;
-    an update interrupted before its commit leaves a transaction the next update resumes or discards."""
+    an update interrupted before its commit leaves a transaction the next update resumes or discards; the
+    folder of one killed after its commit (before its removal) is removed here."""
     root = Root(out)
     if not versions.is_versioned(root):
         return
-    latest = versions.read_record(root, versions.versions(root)[-1])["manifest"]
+    have = versions.versions(root)
+    latest = versions.read_record(root, have[-1])["manifest"]
     versions.show(out, latest)
+    txns = out / versions.TXN
+    if txns.is_dir():  # a kill between a commit and the removal of its transaction: its leftovers
+        for e in os.scandir(txns):
+            if e.name.isdigit() and int(e.name) <= have[-1]:
+                shutil.rmtree(e.path, ignore_errors=True)
 
 
 def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: CompileOptions, next_slot: int) -> str:
