@@ -218,6 +218,10 @@ def _report(report) -> None:
     m = report.manifest
     if report.resumed_units:
         click.echo(f"resumed: {_n(report.resumed_units, 'finished shard')} verified and kept")
+    if report.uploaded is not None and report.uploaded["kept"]:
+        u = report.uploaded
+        click.echo(f"upload resumed: {_n(u['kept'], 'file')} already in the bucket with the same SHA-256 kept, "
+                   f"{_n(u['sent'], 'file')} ({_mb(u['bytes_sent'])}) sent")
     if report.plan is not None and not report.committed:
         click.echo("dry run: nothing was changed" if report.dry_run else
                    f"{report.path} is up to date with its source (version {report.version}); nothing to do")

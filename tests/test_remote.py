@@ -393,11 +393,21 @@ def test_an_interrupted_upload_resumes_reusing_uploaded_shards(s3, src, tmp_path
     with pytest.raises(DscError):  # nothing is published: no version record
         dsc.open(url, cache_dir=tmp_path / "c")
     shard_puts = [p for p in puts if p.startswith("image/c/")]
+    puts_before = list(puts)
     assert len(shard_puts) == 19
     fail[0] = False
     puts.clear()
-    dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, resume=True, **OPTS)
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    r = CliRunner().invoke(main, ["compile", "imagefolder", str(src), url, "--size", "16", "--shard-size", "16",
+                                  "--workers", "1", "-q", "--resume", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
     assert not [p for p in puts if p.startswith("image/c/")]  # every shard kept: same size and SHA-256
+    kept = len([p for p in shard_puts + [p for p in puts_before if p.startswith(V.OBJECTS)]])
+    assert f"upload resumed: {kept} files already in the bucket with the same SHA-256 kept, 0 files" in r.output, \
+        r.output
     assert V.record_path(0) in puts
     assert not (tmp_path / "uploads").exists() or not any((tmp_path / "uploads").iterdir())
     ds = dsc.open(url, cache_dir=tmp_path / "c")

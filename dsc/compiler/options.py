@@ -119,6 +119,7 @@ class CompileReport:
     committed: bool = True  # False: a dry run, or an update that found nothing to do
     dry_run: bool = False
     reused_shards: int = 0  # an update: shards of earlier versions the new one uses as they are
+    uploaded: dict | None = None  # OUT is a URL: {"sent", "kept", "bytes_sent"} (kept: already in the bucket)
 
     def __repr__(self) -> str:
         if self.manifest is None:

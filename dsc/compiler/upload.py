@@ -250,10 +250,11 @@ def update_url(update_local, url: str, options):
     stage.mkdir()
     pull_for_update(store, stage)
     report = update_local(stage, lambda message: message.replace(str(stage), store.url))
+    sent = None
     if report.committed:
-        push(stage, store.url, progress=options.progress, replace_leftovers=options.resume)
+        sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume)
     shutil.rmtree(stage_root, ignore_errors=True)
-    return replace(report, path=store.url)
+    return replace(report, path=store.url, uploaded=sent)
 
 
 def compile_to_url(compile_local, url: str, options):
@@ -284,7 +285,7 @@ def compile_to_url(compile_local, url: str, options):
                         uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes)
 
             report = compile_local(stage, replace(options, overwrite=False), on_unit)
-        push(stage, store.url, uploader, progress=options.progress)
+        sent = push(stage, store.url, uploader, progress=options.progress)
     finally:
         uploader.close()
     if report is None:
@@ -294,4 +295,4 @@ def compile_to_url(compile_local, url: str, options):
         report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,
                                bytes_written=0, resumed_units=0)
     shutil.rmtree(stage_root, ignore_errors=True)
-    return replace(report, path=store.url)
+    return replace(report, path=store.url, uploaded=sent)

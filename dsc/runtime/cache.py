@@ -47,14 +47,14 @@ def parse_size(v) -> int | None:
         return None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if v <= 0:
-            raise ConfigError(f"cache_limit must be positive, got {v!r}")
+            raise ConfigError(f"cache_limit (--cache-limit) must be positive, got {v!r}")
         return int(v)
     m = _SIZE.match(v) if isinstance(v, str) else None
     if m is None or (m.group(2) or "").lower() not in _UNITS:
-        raise ConfigError(f"cache_limit must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
+        raise ConfigError(f"cache_limit (--cache-limit) must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
     n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
-        raise ConfigError(f"cache_limit must be positive, got {v!r}")
+        raise ConfigError(f"cache_limit (--cache-limit) must be positive, got {v!r}")
     return n
 
 
@@ -184,7 +184,7 @@ class ShardCache:
         used unheld shards; waiting while other processes hold the rest)."""
         if self.limit is not None and nbytes > self.limit:
             raise CacheFullError(f"{what} has {nbytes:,} bytes, more than the whole cache_limit ({self.limit:,}); "
-                                 f"raise cache_limit")
+                                 f"raise cache_limit (--cache-limit)")
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             with self._space_lock():
@@ -199,7 +199,7 @@ class ShardCache:
                         if e.errno in (errno.ENOSPC, errno.EDQUOT):
                             raise CacheFullError(
                                 f"the cache disk is full: no room for {what} ({nbytes:,} bytes) in {self.root}; free "
-                                f"space there, lower cache_limit below the free space, or give another cache_dir") \
+                                f"space there, lower cache_limit (--cache-limit) below the free space, or give another cache_dir (--cache-dir)") \
                                 from None
                         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                             raise
@@ -213,7 +213,7 @@ class ShardCache:
                                      f"cache_limit {self.limit:,}: every cached shard stayed in use for "
                                      f"{WAIT_SECONDS:.0f} s, by other processes or by samples this one keeps (ds[i] "
                                      f"and a DataLoader's samples are views of their shard: .clone() the ones you keep). "
-                                     f"Raise cache_limit")
+                                     f"Raise cache_limit (--cache-limit)")
             time.sleep(0.05)
 
     def _space_lock(self):
