@@ -354,20 +354,13 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
-    from .formats.remote import is_url
     from .formats.verify import verify
 
-    if is_url(dataset) and not repair_view:
-        from functools import partial
-
-        from .runtime.remote import verify_remote
-
-        verify = partial(verify_remote, cache_dir=cache_dir)  # noqa: F811 - the same report, from object storage
     if repair_view:
         from .versions import repair_view as repair
 
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
-    report = verify(dataset, version)
+    report = verify(dataset, version, cache_dir=cache_dir)
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
     view_only = report.problems and all(p.view for p in report.problems)
     if report.ok:
@@ -458,7 +451,8 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
 @click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
 def restore_cmd(dataset: Path, version, tag_name):
-    """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied)."""
+    """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied).
+    DATASET may be a URL (s3://, gs://, az://): only the new version record and the view are written."""
     from .versions import restore
 
     if (version is None) == (tag_name is None):

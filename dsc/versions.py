@@ -160,12 +160,15 @@ def _local_only(out, what: str) -> None:
 
 def restore(out, version: int | None = None, tag: str | None = None) -> int:
     """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
-    copied or decoded. Returns the new version's number."""
+    copied or decoded. Returns the new version's number. ``out`` may be a URL (see ``restore_url``)."""
     from .compiler.staging import OutLock, sync_filesystem
 
-    _local_only(out, "restore")
     if version is None and tag is None:
         raise ConfigError("restore needs a version or a tag")
+    if is_url(out):
+        from .compiler.upload import restore_url
+
+        return restore_url(out, version, tag)
     root = _root(out)
     with OutLock(Path(out), "restore"):
         V.check_private(Path(out))

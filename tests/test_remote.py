@@ -492,6 +492,56 @@ def test_versions_in_object_storage(s3, src, tmp_path):
         push(other, url, progress=False)
     assert dsc.open(url, version=0, cache_dir=tmp_path / "c2").manifest.checksum() == \
         dsc.open(local, version=0).manifest.checksum()
+
+
+def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
+    """dsc restore URL: a new version that lists an earlier one's files; only its record (the conditional
+    put) and the view are written; a writer that commits first makes it fail with nothing committed."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+    from dsc.compiler import upload
+    from dsc.formats import remote
+
+    local = tmp_path / "v.dsc"
+    dsc.compile_imagefolder(src, local, workers=1, **OPTS)
+    grown = tmp_path / "grown"
+    shutil.copytree(src, grown)
+    make_folder(grown, 20, seed0=6000)
+    dsc.compile_imagefolder(grown, local, update=True, workers=1, **OPTS)
+    url = "s3://dsc-test/restored"
+    upload.push(local, url, progress=False)
+    dsc.tag(url, "first", version=0)
+    puts = []
+    real_put = remote.ObjectStore.put
+    monkeypatch.setattr(remote.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
+                                                                               real_put(self, rel, *a, **k))[1])
+    os.environ["DSC_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        r = CliRunner().invoke(main, ["restore", url, "--tag", "first"])
+    finally:
+        del os.environ["DSC_CACHE_DIR"]
+    assert r.exit_code == 0 and f"version 2 of {url} restores tag first" in r.output, r.output
+    assert not [p for p in puts if p.startswith(("image/c/", V.OBJECTS))]  # no shard, no object copied
+    assert V.record_path(2) in puts and "zarr.json" in puts  # the commit, then the view
+    assert not (tmp_path / "cache" / "uploads").exists() or not any((tmp_path / "cache" / "uploads").iterdir())
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert ds.version == 2 and samples(ds) == samples(dsc.open(local, version=0))
+    assert dsc.log(url)[-1]["operation"] == "restore 0" and dsc.verify(url).ok
+    assert samples(dsc.open(url, version=1, cache_dir=tmp_path / "c")) == samples(dsc.open(local, version=1))
+
+    fetch, raced = upload.fetch_version, []
+
+    def another_writer_commits_first(store, dst, n, *a, **k):
+        if not raced:
+            raced.append(store.put(V.record_path(3), store.get(V.record_path(1)), create_only=True))
+        return fetch(store, dst, n, *a, **k)
+    monkeypatch.setattr(upload, "fetch_version", another_writer_commits_first)
+    with pytest.raises(VersionConflictError, match="version 3, or another writer committed it meanwhile: nothing "
+                                                   "of this restore was committed"):
+        dsc.restore(url, version=1)
     with pytest.raises(ConfigError, match="not supported yet"):
         dsc.vacuum(url)
 

@@ -138,7 +138,7 @@ class Uploader:
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
-         retry_seconds: float | None = None, replace_leftovers: bool = False) -> dict:
+         retry_seconds: float | None = None, replace_leftovers: bool = False, what: str | None = None) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
     first, then each version record by a conditional put, oldest first, then the view. A record the bucket
     already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
@@ -159,8 +159,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         published = set()  # versions the bucket has already, with these bytes: their files are all there
         for n in set(nums) & set(remote):
             if store.get(versions.record_path(n)) != bytes(root.read(versions.record_path(n))):
-                raise VersionConflictError(f"{store.where(versions.record_path(n))} exists and is another dataset's "
-                                           f"version {n}: nothing of {local} was published there. Push to another URL")
+                raise _conflict(store, n, what or str(local))
             published.add(n)
         done = {p for n in published for p in _paths(records[n]["manifest"])}
         jobs = {}
@@ -189,9 +188,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                 store.put(versions.record_path(n), data, create_only=True)
             except FileExistsError:
                 if store.get(versions.record_path(n)) != data:
-                    raise VersionConflictError(f"{store.where(versions.record_path(n))} exists and is another "
-                                               f"dataset's version {n}: nothing of {local} was published there. "
-                                               f"Push to another URL") from None
+                    raise _conflict(store, n, what or str(local)) from None
         # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
         # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags.
         if view_is_ours:
@@ -209,6 +206,12 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         if own:
             uploader.close()
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
+
+
+def _conflict(store: Store, n: int, what: str) -> VersionConflictError:
+    return VersionConflictError(f"{store.where(versions.record_path(n))} is another dataset's version {n}, or "
+                                f"another writer committed it meanwhile: nothing of {what} was committed. Publish "
+                                f"to another URL, or run it again (an --update or a restore then applies on top)")
 
 
 def _paths(m) -> set[str]:
@@ -230,9 +233,9 @@ def pull_for_update(store: Store, dst: Path) -> int:
     return n
 
 
-def _stage(store: Store, options, name: str) -> tuple[Path, Path]:
+def _stage(store: Store, cache_dir, name: str) -> tuple[Path, Path]:
     """(the folder of ``store``'s local staging, its ``name`` subfolder): ``CACHE/uploads/<id>/<name>``."""
-    root = (Path(options.cache_dir) if options.cache_dir else default_cache_dir()) / "uploads" / url_id(store.url)
+    root = (Path(cache_dir) if cache_dir else default_cache_dir()) / "uploads" / url_id(store.url)
     root.mkdir(parents=True, exist_ok=True)
     (root / "url").write_text(store.url + "\n")
     return root, root / name
@@ -245,16 +248,42 @@ def update_url(update_local, url: str, options):
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
-    stage_root, stage = _stage(store, options, "update")
+    stage_root, stage = _stage(store, options.cache_dir, "update")
     shutil.rmtree(stage, ignore_errors=True)  # (an interrupted update's leftovers: never a half-pulled base)
     stage.mkdir()
     pull_for_update(store, stage)
     report = update_local(stage, lambda message: message.replace(str(stage), store.url))
     sent = None
     if report.committed:
-        sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume)
+        sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume,
+                    what="this update")
     shutil.rmtree(stage_root, ignore_errors=True)
     return replace(report, path=store.url, uploaded=sent)
+
+
+def restore_url(url: str, version: int | None = None, tag: str | None = None, cache_dir=None) -> int:
+    """``dsc restore`` of a dataset in object storage: a new version whose record lists ``version``'s (or
+    ``tag``'s) shards and objects, which are all in the bucket already, so nothing but the record (by the
+    conditional put: the commit) and the view is written. Returns the new version's number."""
+    from ..versions import restore
+    from ..formats.remote import no_dataset, remote_tags
+
+    store = open_store(url)
+    have = remote_versions(store)
+    if not have:
+        raise no_dataset(store)
+    n_old = versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: have, None)
+    stage_root, stage = _stage(store, cache_dir, "restore")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        pull_for_update(store, stage)  # the latest (the new version's parent)
+        fetch_version(store, stage, n_old)
+        n_new = restore(stage, n_old)
+        push(stage, store.url, progress=False, what="this restore")
+    finally:
+        shutil.rmtree(stage_root, ignore_errors=True)
+    return n_new
 
 
 def compile_to_url(compile_local, url: str, options):
@@ -265,7 +294,7 @@ def compile_to_url(compile_local, url: str, options):
                           f"URL (versions in object storage are never overwritten)")
     store = open_store(url)
     existing = remote_versions(store)
-    stage_root, stage = _stage(store, options, "dataset")
+    stage_root, stage = _stage(store, options.cache_dir, "dataset")
     if existing and not (options.resume and is_dsc_dataset(stage)):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"compile to another URL")
@@ -285,7 +314,7 @@ def compile_to_url(compile_local, url: str, options):
                         uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes)
 
             report = compile_local(stage, replace(options, overwrite=False), on_unit)
-        sent = push(stage, store.url, uploader, progress=options.progress)
+        sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
     finally:
         uploader.close()
     if report is None:

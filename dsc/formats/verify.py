@@ -114,10 +114,17 @@ def try_read(problems: list[Problem], rel: str, fn):
         return None
 
 
-def verify(path: str | os.PathLike, version: int | None = None) -> VerifyReport:
+def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) -> VerifyReport:
     """Check ``version`` (default: the latest) of the dataset at ``path``; for the latest, also that the
-    top-level plain-Zarr view shows it."""
+    top-level plain-Zarr view shows it. ``path`` may be a URL: every shard is streamed from object storage
+    and hashed (``cache_dir`` keeps the small files' mirror)."""
     from . import versions
+    from .remote import is_url
+
+    if is_url(path):
+        from ..runtime.remote import verify_remote
+
+        return verify_remote(path, version, cache_dir)
     from .fields import fields_of
     from .zarr_v3 import read_plain_array
 
