@@ -218,10 +218,11 @@ def _report(report) -> None:
     m = report.manifest
     if report.resumed_units:
         click.echo(f"resumed: {_n(report.resumed_units, 'finished shard')} verified and kept")
-    if report.uploaded is not None and report.uploaded["kept"]:
+    if report.uploaded is not None:
         u = report.uploaded
-        click.echo(f"upload resumed: {_n(u['kept'], 'file')} already in the bucket with the same SHA-256 kept, "
-                   f"{_n(u['sent'], 'file')} ({_mb(u['bytes_sent'])}) sent")
+        click.echo(f"uploaded {_n(u['sent'], 'file')} ({_mb(u['bytes_sent'])})" + (
+            f"; {_n(u['kept'], 'file was', 'files were')} in the bucket already (same SHA-256) and not sent again"
+            if u["kept"] else ""))
     if report.plan is not None and not report.committed:
         click.echo("dry run: nothing was changed" if report.dry_run else
                    f"{report.path} is up to date with its source (version {report.version}); nothing to do")
@@ -450,14 +451,16 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 @click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
 @click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
-def restore_cmd(dataset: Path, version, tag_name):
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="DATASET is a URL: where the new record is staged (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
+def restore_cmd(dataset: Path, version, tag_name, cache_dir):
     """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied).
     DATASET may be a URL (s3://, gs://, az://): only the new version record and the view are written."""
     from .versions import restore
 
     if (version is None) == (tag_name is None):
         raise click.UsageError("give --version N or --tag NAME (one of them, not both)")
-    n = restore(dataset, version, tag_name)
+    n = restore(dataset, version, tag_name, cache_dir=cache_dir)
     click.echo(f"version {n} of {dataset} restores " + (f"version {version}" if tag_name is None else f"tag {tag_name}"))
 
 

@@ -158,9 +158,10 @@ def _local_only(out, what: str) -> None:
                           f"local copy (and dsc push publishes one)")
 
 
-def restore(out, version: int | None = None, tag: str | None = None) -> int:
+def restore(out, version: int | None = None, tag: str | None = None, cache_dir=None) -> int:
     """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
-    copied or decoded. Returns the new version's number. ``out`` may be a URL (see ``restore_url``)."""
+    copied or decoded. Returns the new version's number. ``out`` may be a URL (see ``restore_url``; its
+    ``cache_dir`` stages the new record)."""
     from .compiler.staging import OutLock, sync_filesystem
 
     if version is None and tag is None:
@@ -168,7 +169,7 @@ def restore(out, version: int | None = None, tag: str | None = None) -> int:
     if is_url(out):
         from .compiler.upload import restore_url
 
-        return restore_url(out, version, tag)
+        return restore_url(out, version, tag, cache_dir)
     root = _root(out)
     with OutLock(Path(out), "restore"):
         V.check_private(Path(out))

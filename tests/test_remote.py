@@ -406,8 +406,7 @@ def test_an_interrupted_upload_resumes_reusing_uploaded_shards(s3, src, tmp_path
     assert r.exit_code == 0, r.output
     assert not [p for p in puts if p.startswith("image/c/")]  # every shard kept: same size and SHA-256
     kept = len([p for p in shard_puts + [p for p in puts_before if p.startswith(V.OBJECTS)]])
-    assert f"upload resumed: {kept} files already in the bucket with the same SHA-256 kept, 0 files" in r.output, \
-        r.output
+    assert f"uploaded 0 files (0.0 kB); {kept} files were in the bucket already (same SHA-256)" in r.output, r.output
     assert V.record_path(0) in puts
     assert not (tmp_path / "uploads").exists() or not any((tmp_path / "uploads").iterdir())
     ds = dsc.open(url, cache_dir=tmp_path / "c")
@@ -494,16 +493,11 @@ def test_versions_in_object_storage(s3, src, tmp_path):
         dsc.open(local, version=0).manifest.checksum()
 
 
-def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
-    """dsc restore URL: a new version that lists an earlier one's files; only its record (the conditional
-    put) and the view are written; a writer that commits first makes it fail with nothing committed."""
+def _two_versions_at(url, src, tmp_path):
+    """A local dataset of two versions (version 1 adds 20 images), pushed to ``url``; returns its path."""
     import shutil
 
-    from click.testing import CliRunner
-
-    from dsc.cli import main
-    from dsc.compiler import upload
-    from dsc.formats import remote
+    from dsc.compiler.upload import push
 
     local = tmp_path / "v.dsc"
     dsc.compile_imagefolder(src, local, workers=1, **OPTS)
@@ -511,8 +505,21 @@ def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
     shutil.copytree(src, grown)
     make_folder(grown, 20, seed0=6000)
     dsc.compile_imagefolder(grown, local, update=True, workers=1, **OPTS)
+    push(local, url, progress=False)
+    return local
+
+
+def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
+    """dsc restore URL: a new version that lists an earlier one's files; only its record (the conditional
+    put) and the view are written; a writer that commits first makes it fail with nothing committed."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+    from dsc.compiler import upload
+    from dsc.formats import remote
+
     url = "s3://dsc-test/restored"
-    upload.push(local, url, progress=False)
+    local = _two_versions_at(url, src, tmp_path)
     dsc.tag(url, "first", version=0)
     puts = []
     real_put = remote.ObjectStore.put
@@ -542,8 +549,54 @@ def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
     with pytest.raises(VersionConflictError, match="version 3, or another writer committed it meanwhile: nothing "
                                                    "of this restore was committed"):
         dsc.restore(url, version=1)
+    monkeypatch.setattr(upload, "fetch_version", fetch)
     with pytest.raises(ConfigError, match="not supported yet"):
         dsc.vacuum(url)
+
+
+def test_restores_racing_on_one_machine_and_a_damaged_latest_version(s3, src, tmp_path, monkeypatch):
+    """Two restores of one URL at once, from one cache: each stages in its own folder, the one that
+    commits second is told (nothing of it committed) and leaves the winner's view alone; the files of a
+    damaged latest version are not needed to restore an earlier one."""
+    import dsc.versions
+    from dsc.formats import remote
+
+    url = "s3://dsc-test/restore-race"
+    local = _two_versions_at(url, src, tmp_path)
+    store = remote.open_store(url)
+    view_rows = lambda: json.loads(store.get("label/zarr.json"))["shape"][0]  # noqa: E731 - what plain Zarr sees
+    rows0, rows1 = (dsc.open(local, version=n).manifest.num_rows for n in (0, 1))
+    assert rows0 != rows1 and view_rows() == rows1
+    real_restore, real_put, events = dsc.versions.restore, remote.ObjectStore.put, []
+
+    def a_then_b(out, n, *a, **k):  # restore A has staged; restore B runs whole meanwhile, from the same cache
+        if not events:
+            events.append("B")
+            events[0] = ("B", dsc.restore(url, version=1, cache_dir=tmp_path / "cache"))
+        return real_restore(out, n, *a, **k)
+    monkeypatch.setattr(dsc.versions, "restore", a_then_b)
+    with pytest.raises(VersionConflictError, match="nothing of this restore was committed"):
+        dsc.restore(url, version=0, cache_dir=tmp_path / "cache")
+    assert events == [("B", 2)] and dsc.log(url)[-1]["operation"] == "restore 1" and view_rows() == rows1
+    assert not (tmp_path / "cache" / "uploads").exists() or not any((tmp_path / "cache" / "uploads").iterdir())
+    monkeypatch.setattr(dsc.versions, "restore", real_restore)
+
+    def c_commits_then_d(self, rel, *a, **k):  # C committed version 3; D commits 4 and its view before C's
+        real_put(self, rel, *a, **k)
+        if rel == V.record_path(3) and len(events) == 1:
+            events.append("D")
+            events[1] = ("D", dsc.restore(url, version=1, cache_dir=tmp_path / "cache"))
+    monkeypatch.setattr(remote.ObjectStore, "put", c_commits_then_d)
+    assert dsc.restore(url, version=0, cache_dir=tmp_path / "cache") == 3 and events[-1] == ("D", 4)
+    assert view_rows() == rows1  # version 4's (restores 1), not C's version 3 (restores 0)
+    monkeypatch.setattr(remote.ObjectStore, "put", real_put)
+
+    m4, m0 = dsc.open(url, cache_dir=tmp_path / "c").manifest, dsc.open(local, version=0).manifest
+    only_latest = {f["sha256"] for f in m4.files.values()} - {f["sha256"] for f in m0.files.values()}
+    store.delete(V.object_path(sorted(only_latest)[0]))  # version 4 is damaged now
+    assert dsc.restore(url, version=0) == 5
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c5")) == samples(dsc.open(local, version=0))
+    assert view_rows() == rows0
 
 
 # --------------------------------------------------------------------------- the CLI

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError, OutputExistsError, RemoteError, VersionConflictError
+from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.files import Root
@@ -190,7 +190,10 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                 if store.get(versions.record_path(n)) != data:
                     raise _conflict(store, n, what or str(local)) from None
         # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
-        # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags.
+        # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags. A writer
+        # that committed a newer version meanwhile writes its own view: this one leaves it alone.
+        still_latest = lambda: remote_versions(store)[-1] <= nums[-1]  # noqa: E731
+        view_is_ours = view_is_ours and still_latest()
         if view_is_ours:
             with ThreadPoolExecutor(CONNECTIONS) as ex:
                 list(ex.map(lambda item: store.put(item[0], bytes(root.read(versions.object_path(item[1][0])))),
@@ -200,7 +203,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                 store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
         for name, n in versions.tag_names(root).items():
             store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
-        if view_is_ours:
+        if view_is_ours and still_latest():  # (the root zarr.json last, checked again)
             store.put("zarr.json", bytes(root.read("zarr.json")))
     finally:
         if own:
@@ -233,12 +236,32 @@ def pull_for_update(store: Store, dst: Path) -> int:
     return n
 
 
-def _stage(store: Store, cache_dir, name: str) -> tuple[Path, Path]:
-    """(the folder of ``store``'s local staging, its ``name`` subfolder): ``CACHE/uploads/<id>/<name>``."""
+def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
+    """(the folder of ``store``'s local staging, a subfolder): ``CACHE/uploads/<id>/<name>`` (a compile's,
+    found again by --resume), or with ``name=None`` a new empty folder of this run's own (an update or a
+    restore: another one at the same URL on this machine stages beside it, never in it)."""
+    import tempfile
+
     root = (Path(cache_dir) if cache_dir else default_cache_dir()) / "uploads" / url_id(store.url)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "url").write_text(store.url + "\n")
-    return root, root / name
+    for attempt in range(3):
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            (root / "url").write_text(store.url + "\n")
+            return root, (root / name if name else Path(tempfile.mkdtemp(prefix="run-", dir=root)))
+        except FileNotFoundError:  # another run's _unstage removed the emptied folder just now
+            if attempt == 2:
+                raise
+
+
+def _unstage(root: Path, stage: Path) -> None:
+    """Remove this run's staging ``stage``, then ``root`` if no other run's staging is left in it."""
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        if [e.name for e in os.scandir(root)] == ["url"]:
+            (root / "url").unlink()
+            os.rmdir(root)
+    except OSError:  # (another run staged meanwhile: its folder stays, and _stage rewrote the url file)
+        pass
 
 
 def update_url(update_local, url: str, options):
@@ -248,16 +271,16 @@ def update_url(update_local, url: str, options):
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
-    stage_root, stage = _stage(store, options.cache_dir, "update")
-    shutil.rmtree(stage, ignore_errors=True)  # (an interrupted update's leftovers: never a half-pulled base)
-    stage.mkdir()
-    pull_for_update(store, stage)
-    report = update_local(stage, lambda message: message.replace(str(stage), store.url))
-    sent = None
-    if report.committed:
-        sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume,
-                    what="this update")
-    shutil.rmtree(stage_root, ignore_errors=True)
+    stage_root, stage = _stage(store, options.cache_dir, None)
+    try:
+        pull_for_update(store, stage)
+        report = update_local(stage, lambda message: message.replace(str(stage), store.url))
+        sent = None
+        if report.committed:
+            sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume,
+                        what="this update")
+    finally:
+        _unstage(stage_root, stage)
     return replace(report, path=store.url, uploaded=sent)
 
 
@@ -273,16 +296,22 @@ def restore_url(url: str, version: int | None = None, tag: str | None = None, ca
     if not have:
         raise no_dataset(store)
     n_old = versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: have, None)
-    stage_root, stage = _stage(store, cache_dir, "restore")
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
+    stage_root, stage = _stage(store, cache_dir, None)
     try:
-        pull_for_update(store, stage)  # the latest (the new version's parent)
-        fetch_version(store, stage, n_old)
+        fetch_version(store, stage, have[-1], objects=False)  # the parent: its record only (a damaged latest
+        m = fetch_version(store, stage, n_old)["manifest"]    # version's files are not needed to restore)
+        stat = store.get_or_none(f"{versions.STAT}/{n_old}.bin", m.num_rows * 48)  # (kept for --update)
+        if stat is not None:
+            (stage / versions.STAT).mkdir(parents=True, exist_ok=True)
+            (stage / versions.STAT / f"{n_old}.bin").write_bytes(stat)
+        versions.refresh_view(stage, m)
         n_new = restore(stage, n_old)
         push(stage, store.url, progress=False, what="this restore")
+    except DscError as e:  # a message naming the staging folder names the URL instead
+        e.args = (str(e).replace(str(stage), store.url),)
+        raise
     finally:
-        shutil.rmtree(stage_root, ignore_errors=True)
+        _unstage(stage_root, stage)
     return n_new
 
 
@@ -323,5 +352,5 @@ def compile_to_url(compile_local, url: str, options):
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]
         report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,
                                bytes_written=0, resumed_units=0)
-    shutil.rmtree(stage_root, ignore_errors=True)
+    _unstage(stage_root, stage)
     return replace(report, path=store.url, uploaded=sent)

@@ -453,10 +453,10 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def fetch_version(store: Store, dst: Path, n: int, connections: int = 8) -> dict:
+def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True) -> dict:
     """Version ``n``'s record and every small file it lists (its objects, each checked against its size and
-    SHA-256) into the local folder ``dst``, in the dataset layout; returns the parsed record. Objects ``dst``
-    has already are not fetched again (their names are their hashes)."""
+    SHA-256; not with ``objects=False``) into the local folder ``dst``, in the dataset layout; returns the
+    parsed record. Objects ``dst`` has already are not fetched again (their names are their hashes)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..errors import CorruptDatasetError, VersionNotFoundError
@@ -475,6 +475,8 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8) -> dict
     local = dst / versions.record_path(n)
     if not local.is_file() or local.read_bytes() != data:
         write_atomic(local, data)
+    if not objects:
+        return rec
 
     def one(f):
         rel = versions.object_path(f["sha256"])
