@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,12 +229,17 @@ def pull_for_update(store: Store, dst: Path) -> int:
     are carried over by reference) and ``push`` then uploads only the new version's files. Returns N."""
     n = remote_versions(store)[-1]
     m = fetch_version(store, dst, n)["manifest"]
+    _pull_stat(store, dst, n, m)
+    versions.refresh_view(dst, m)
+    return n
+
+
+def _pull_stat(store: Store, dst: Path, n: int, m) -> None:
+    """Version ``n``'s stat cache (advisory: it lets the next --update skip re-reading unchanged inputs)."""
     stat = store.get_or_none(f"{versions.STAT}/{n}.bin", m.num_rows * 48)
     if stat is not None:
         (dst / versions.STAT).mkdir(parents=True, exist_ok=True)
         (dst / versions.STAT / f"{n}.bin").write_bytes(stat)
-    versions.refresh_view(dst, m)
-    return n
 
 
 def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
@@ -264,6 +270,20 @@ def _unstage(root: Path, stage: Path) -> None:
         pass
 
 
+@contextmanager
+def _run_stage(store: Store, cache_dir):
+    """A staging folder of this run's own (an update or a restore of ``store``), removed afterwards; an
+    error naming it names the URL instead."""
+    root, stage = _stage(store, cache_dir, None)
+    try:
+        yield stage
+    except DscError as e:
+        e.args = (str(e).replace(str(stage), store.url),)
+        raise
+    finally:
+        _unstage(root, stage)
+
+
 def update_url(update_local, url: str, options):
     """``--update`` of a dataset in object storage: its latest version pulled without shards into a local
     staging folder, updated there (``update_local(stage, name)``: only new and changed inputs decoded;
@@ -271,16 +291,13 @@ def update_url(update_local, url: str, options):
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
-    stage_root, stage = _stage(store, options.cache_dir, None)
-    try:
+    with _run_stage(store, options.cache_dir) as stage:
         pull_for_update(store, stage)
         report = update_local(stage, lambda message: message.replace(str(stage), store.url))
         sent = None
         if report.committed:
             sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume,
                         what="this update")
-    finally:
-        _unstage(stage_root, stage)
     return replace(report, path=store.url, uploaded=sent)
 
 
@@ -296,22 +313,12 @@ def restore_url(url: str, version: int | None = None, tag: str | None = None, ca
     if not have:
         raise no_dataset(store)
     n_old = versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: have, None)
-    stage_root, stage = _stage(store, cache_dir, None)
-    try:
+    with _run_stage(store, cache_dir) as stage:
         fetch_version(store, stage, have[-1], objects=False)  # the parent: its record only (a damaged latest
         m = fetch_version(store, stage, n_old)["manifest"]    # version's files are not needed to restore)
-        stat = store.get_or_none(f"{versions.STAT}/{n_old}.bin", m.num_rows * 48)  # (kept for --update)
-        if stat is not None:
-            (stage / versions.STAT).mkdir(parents=True, exist_ok=True)
-            (stage / versions.STAT / f"{n_old}.bin").write_bytes(stat)
-        versions.refresh_view(stage, m)
+        _pull_stat(store, stage, n_old, m)  # (the restore keeps it for the next --update)
         n_new = restore(stage, n_old)
         push(stage, store.url, progress=False, what="this restore")
-    except DscError as e:  # a message naming the staging folder names the URL instead
-        e.args = (str(e).replace(str(stage), store.url),)
-        raise
-    finally:
-        _unstage(stage_root, stage)
     return n_new
 
 

@@ -51,7 +51,8 @@ def parse_size(v) -> int | None:
         return int(v)
     m = _SIZE.match(v) if isinstance(v, str) else None
     if m is None or (m.group(2) or "").lower() not in _UNITS:
-        raise ConfigError(f"cache_limit (--cache-limit) must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
+        raise ConfigError(f"cache_limit (--cache-limit) must be a size such as 200GB, 512MiB or a number of bytes, "
+                          f"got {v!r}")
     n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
         raise ConfigError(f"cache_limit (--cache-limit) must be positive, got {v!r}")
@@ -199,7 +200,8 @@ class ShardCache:
                         if e.errno in (errno.ENOSPC, errno.EDQUOT):
                             raise CacheFullError(
                                 f"the cache disk is full: no room for {what} ({nbytes:,} bytes) in {self.root}; free "
-                                f"space there, lower cache_limit (--cache-limit) below the free space, or give another cache_dir (--cache-dir)") \
+                                f"space there, lower cache_limit (--cache-limit) below the free space, or give "
+                                f"another cache_dir (--cache-dir)") \
                                 from None
                         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                             raise

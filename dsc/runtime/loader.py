@@ -203,7 +203,8 @@ class Loader:
                 each = f" (this process's share: {share:,} of {limit:,} for LOCAL_WORLD_SIZE processes)" \
                     if share != limit else ""
                 raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst[1]} needs "
-                                  f"({worst[0]:,} bytes, {len(needs[worst[1]])} shards): raise cache_limit (--cache-limit), or read "
+                                  f"({worst[0]:,} bytes, {len(needs[worst[1]])} shards): raise cache_limit "
+                                  f"(--cache-limit), or read "
                                   f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
                                   f"batch_size)")
             budget = max(worst[0], share // 2)
