@@ -662,6 +662,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if dataset is None:
             return
     from .formats.layout import check_shard_files, shard_specs
+    from .runtime.reads import describe as describe_reads
     from .versions import manifest_of
 
     m, versions_line = manifest_of(dataset, version)
@@ -701,6 +702,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
                    f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
+        ("reads", f"{describe_reads(total)} (dsc.Loader(read=...) forces one)"),
     ]
     for k, v in rows:
         click.echo(f"{k:10}{v}")
