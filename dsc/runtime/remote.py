@@ -186,11 +186,13 @@ class RemoteStorage(Storage):
         """(Cached shards are the cache's to keep or evict.)"""
 
     def shard_fd(self, rel: str) -> int:
-        """A descriptor of cached shard ``rel`` (downloaded if needed) for direct reads; the caller closes it."""
+        """A descriptor of cached shard ``rel`` (downloaded if needed) for direct reads; the caller closes it.
+        A file description of its own: not the hold's, whose shared flock tells evictors the shard is in use
+        (an open descriptor of an evicted shard still reads it)."""
         self.acquire(rel, mapped=False)
         try:
-            with self._lock:
-                return os.dup(self._held[rel].fd)
+            return os.open(self.cache.path(self.specs[rel].sha256),
+                           os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
         finally:
             self.release(rel)
 

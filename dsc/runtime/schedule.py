@@ -221,11 +221,11 @@ class ShardSchedule:
         with self.cond:
             for j in self.in_flight.pop(key, []):
                 self.pending[j] -= 1
-            if key not in self.refs:  # closed (or every batch done) meanwhile: let it go at once
+            if key not in self.refs:  # closed meanwhile: let it go at once
                 late = True
             self._advance()
         if late:
-            self._release(key)
+            self._let_go([key])
 
     def _advance(self) -> None:
         r = self.ready
@@ -257,16 +257,23 @@ class ShardSchedule:
                     raise DscError("the loader stopped while its shards were being read")
                 self.cond.wait(0.5)
 
-    def _unref(self, key: int, release_now: bool = False) -> bool:
-        """One reference less (under the lock); True when the shard is to be let go."""
+    def _unref(self, key: int) -> bool:
+        """One reference less (under the lock); True when the shard is to be let go (``_let_go``)."""
         self.refs[key] -= 1
         if self.refs[key] > 0 or key in self.in_flight:
             return False
         del self.refs[key]
-        self.bytes_held -= int(self.nbytes[key])
-        if release_now:
-            self._release(key)
         return True
+
+    def _let_go(self, keys: list[int]) -> None:
+        """Release ``keys`` (no longer in ``refs``), then stop counting their bytes: what is held never
+        exceeds the budget, even for the moment between the two."""
+        for key in keys:
+            self._release(key)
+        if keys:
+            with self.cond:
+                self.bytes_held -= int(self.nbytes[keys].sum())
+                self.cond.notify_all()
 
     def done(self, j: int) -> None:
         """Batch j is gathered: with ``per_batch``, the shards no walked batch still reads are let go."""
@@ -284,8 +291,7 @@ class ShardSchedule:
                 if key in self.refs and self._unref(key):
                     release.append(key)
             self.cond.notify_all()
-        for key in release:
-            self._release(key)
+        self._let_go(release)
 
     def close(self) -> None:
         """Stop fetching and let every held shard go, without waiting for fetches in flight (a download
@@ -299,9 +305,7 @@ class ShardSchedule:
         with self.cond:
             held = [k for k in self.refs if k not in self.in_flight]
             self.refs = {}
-            self.bytes_held = 0
             queued = list(self.futures.values())
         if self.pool is not None:
             self.pool.shutdown(queued)  # (not started: cancelled; running: each lets its shard go when it ends)
-        for key in held:
-            self._release(key)
+        self._let_go(held)
