@@ -510,3 +510,17 @@ def test_two_compiles_of_the_same_input_are_byte_identical(tmp_path, monkeypatch
     dsc.compile_imagefolder(src.parent, tmp_path / "out4", on_error="skip", progress=False, shard_size=2)
     tree = _tree(tmp_path / "out4")
     assert {n for n in tree if tree[n] != trees[0].get(n)} <= {"_dsc/log/0.json"}
+
+
+def test_max_pixels_is_the_only_limit_for_tiffs_too(tmp_path, monkeypatch):
+    """PIL's process-wide bomb limit is lifted for the whole decode: a TIFF, which PIL checks again as it
+    loads, is not refused by it once --max-pixels admits it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    scene(30, 50).save(src / "a.tif", compression="tiff_lzw")
+    scene(10, 10).save(src / "b.png")
+    report = dsc.compile_imagefolder(src.parent, tmp_path / "out", progress=False, on_error="skip")
+    assert not report.skipped and Image.MAX_IMAGE_PIXELS == 100
+    report = dsc.compile_imagefolder(src.parent, tmp_path / "out2", progress=False, on_error="skip", max_pixels=1000)
+    assert "50x30 = 1,500 pixels is more than the 1,000 allowed" in report.skipped[0]["reason"]
