@@ -85,8 +85,7 @@ def test_truncated_and_empty_mask_files_are_skipped_named(seg, tmp_path, monkeyp
     reasons = {s["key"].split("/")[-1]: s["reason"] for s in r.skipped}
     assert "cannot decode mask: image file is truncated" in reasons[f"{scenes[0]['file']}.png"]
     assert "the mask file is empty (0 bytes)" in reasons[f"{scenes[1]['file']}.png"]
-    assert (f"cannot decode mask: cannot identify image file '{src / 'masks' / scenes[2]['file']}.png'"
-            in reasons[f"{scenes[2]['file']}.png"])
+    assert reasons[f"{scenes[2]['file']}.png"].endswith("cannot decode mask: cannot identify image file")
     assert len(dsc.open(tmp_path / "out")) == len(scenes) - 3
 
 

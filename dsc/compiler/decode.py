@@ -85,13 +85,11 @@ def pil_rules(max_image_pixels=_KEEP):
 
 
 def failure(e: Exception, obj) -> str:
-    """PIL's message for a file it could not read, naming the file: PIL names an in-memory file by its
-    repr (``<_io.BytesIO object at 0x...>``), which says nothing and changes from run to run."""
+    """PIL's message for a file it could not read, for a reason beside the file's name: without the repr
+    PIL names an in-memory file by (``<_io.BytesIO object at 0x...>``), which says nothing and changes
+    from run to run."""
     reason = str(e) or type(e).__name__
-    if not isinstance(obj, str):
-        name = getattr(obj, "name", None)
-        reason = reason.replace(repr(obj), repr(name) if isinstance(name, str) else "(image bytes)")
-    return reason
+    return reason if isinstance(obj, str) else reason.replace(f" {obj!r}", "").replace(repr(obj), "")
 
 
 def is_empty(obj) -> bool:
