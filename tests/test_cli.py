@@ -136,7 +136,8 @@ def test_error_report_lists_bad_inputs(scenes_src, tmp_path):
     assert r.exit_code == 0
     lines = [json.loads(ln) for ln in report.read_text().splitlines()]
     assert [d["key"] for d in lines] == ["class_01/broken.jpg", "class_02/text.png"]
-    assert all(d["path"] == str(src / d["key"]) and "cannot identify" in d["reason"] for d in lines)
+    assert all(d["path"] == str(src / d["key"]) for d in lines)
+    assert "the file is empty (0 bytes)" in lines[0]["reason"] and "cannot identify" in lines[1]["reason"]
     r = run("compile", "imagefolder", src, tmp_path / "out2", "--size", "8", "--workers", "1",
             "--error-report", report, "-q")
     assert r.exit_code == 1

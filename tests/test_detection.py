@@ -78,6 +78,28 @@ def test_coco_boxes_follow_every_policy(scenes, sources, tmp_path, opts):
     assert frames.tolist() == [int(s["raw_frame"]) for s in scenes]
 
 
+@pytest.mark.parametrize("opts", [dict(size=(64, 80), resize="center-crop"), dict()], ids=["center-crop", "as-is"])
+def test_tiff_boxes_turn_once_with_their_image(tmp_path, opts):
+    """TIFF images with every orientation (Pillow turns a TIFF as it loads it), boxes in the displayed or the
+    raw frame: the same samples as PNG images of the same scenes."""
+    scenes = {ext: detection_scenes(10, seed=4, ext=ext) for ext in (".png", ".tif")}
+    data = {}
+    for ext, sc in scenes.items():
+        ann, images = write_coco(tmp_path / ext[1:], sc)
+        dsc.compile_coco(ann, images, tmp_path / f"out{ext}", progress=False, shard_size=4, **opts)
+        data[ext] = dsc.open(tmp_path / f"out{ext}")
+    png, tif = data[".png"], data[".tif"]
+    assert tif.keys == [s["file"] for s in scenes[".tif"]]
+    np.testing.assert_array_equal(tif.orig_sizes, png.orig_sizes)
+    assert tif.orig_sizes.tolist() == [[s["height"], s["width"]] for s in scenes[".tif"]]
+    for key in ("transform/box_frame", "transform/exif_orientation"):
+        np.testing.assert_array_equal(zarr.open_group(tmp_path / "out.tif", mode="r")[key][:],
+                                      zarr.open_group(tmp_path / "out.png", mode="r")[key][:])
+    for i in range(len(tif)):
+        np.testing.assert_array_equal(tif[i]["image"].numpy(), png[i]["image"].numpy(), err_msg=tif.keys[i])
+        np.testing.assert_array_equal(tif[i]["boxes"].numpy(), png[i]["boxes"].numpy(), err_msg=tif.keys[i])
+
+
 def test_yolo_and_voc_compile_to_the_same_boxes_as_coco(sources, tmp_path):
     opts = dict(size=(64, 80), resize="center-crop", progress=False)
     dsc.compile_coco(*sources["coco"], tmp_path / "coco", **opts)

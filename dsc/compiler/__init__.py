@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..formats.remote import is_url, local_path
+from ..formats.versions import source_date_epoch
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
@@ -27,6 +28,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
     before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
     plan goes to ``info``). ``out`` may be a URL (s3://, gs://, az://): see upload.py."""
+    source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
     if is_url(out):
         from .upload import compile_to_url, update_url
         from ..formats.remote import open_store, remote_versions
