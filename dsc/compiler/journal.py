@@ -116,7 +116,10 @@ class Journal:
         if plan.get("fingerprint") == self.fingerprint:
             return
         then = plan.get("settings")
-        if isinstance(then, dict) and self.settings is not None and then != self.settings:
+        if not isinstance(then, dict) or self.settings is None:  # (a plan that does not say: another dsc's)
+            raise ResumeError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
+                              f"options; rerun without --resume to start over (the finished shards are discarded)")
+        if then != self.settings:
             a, b = _flat(then), _flat(self.settings)
             diff = [f"{k}={a.get(k)!r} then, {b.get(k)!r} now" for k in sorted({*a, *b}) if a.get(k) != b.get(k)]
             raise ResumeError(f"cannot resume: the partial compile in {self.root} was made with other options "
