@@ -337,22 +337,17 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dsc.compiler.journal import fingerprint
+    from dsc.compiler.journal import Journal, fingerprint, settings
     from dsc.compiler.options import CompileOptions
     from dsc.compiler.sources import get_source
-    from dsc.formats.zarr_v3 import write_json
 
     data = [f.read_bytes() for f in sorted(scenes_src.rglob("*.jpg"))]
     pq.write_table(pa.table({"a": data, "b": data[::-1], "label": [0] * len(data)}), tmp_path / "t.parquet")
     opts = CompileOptions(size=(8, 8), shard_size=4, workers=1, progress=False)
-    journal = tmp_path / ".out.dsc-tmp" / ".journal"
-    journal.mkdir(parents=True)  # a partial compile of column a
     table = lambda column: get_source("table")(path=tmp_path / "t.parquet", image_column=column)  # noqa: E731
     print_of = lambda column: fingerprint(table(column).scan(), opts, 4, table(column))  # noqa: E731
-    from dsc.compiler.journal import settings
-
-    write_json(journal / "plan.json", {"fingerprint": print_of("a"), "settings": settings(
-        table("a").scan(), opts, 4, table("a"))})
+    Journal(tmp_path / ".out.dsc-tmp", print_of("a"), (), settings=settings(table("a").scan(), opts, 4,
+                                                                             table("a"))).start()  # column a's plan
     with pytest.raises(dsc.DscError, match="other options .*source.image_column='a' then, 'b' now"):
         dsc.compile_table(tmp_path / "t.parquet", tmp_path / "out", image_column="b", size=(8, 8), shard_size=4,
                           workers=1, progress=False, resume=True)

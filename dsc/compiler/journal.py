@@ -98,7 +98,9 @@ class Journal:
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
-            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint, "settings": self.settings})
+            # the settings as ASCII JSON text: exact, also for a path that is not UTF-8 (escaped, not refused)
+            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint, "settings": json.dumps(
+                self.settings, sort_keys=True) if self.settings is not None else None})
         except OSError as e:
             raise WriteError.writing(self.dir / "plan.json", e) from None
 
@@ -115,7 +117,10 @@ class Journal:
             return  # interrupted before any unit finished: nothing to keep
         if plan.get("fingerprint") == self.fingerprint:
             return
-        then = plan.get("settings")
+        try:
+            then = json.loads(plan["settings"])
+        except (KeyError, TypeError, ValueError):
+            then = None
         if not isinstance(then, dict) or self.settings is None:  # (a plan that does not say: another dsc's)
             raise ResumeError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
                               f"options; rerun without --resume to start over (the finished shards are discarded)")
