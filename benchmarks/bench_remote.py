@@ -224,7 +224,7 @@ def main() -> None:
         print(f"  s3fs download of the same objects          {mb / min(t_s3fs):10,.0f} MB/s   "
               f"obstore is {min(t_s3fs) / t_ob:.2f}x faster")
     else:
-        print("  (s3fs not installed: pip install s3fs to compare it with obstore)")
+        print("  (s3fs not installed: `make bench` installs it; by hand: pip install -e '.[bench]')")
 
 
 if __name__ == "__main__":

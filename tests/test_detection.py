@@ -242,7 +242,8 @@ COCO_CASES = {
     "bad bbox": (lambda d: _set(d, ["annotations", 0, "bbox"], [1, 2]), ["annotation 1", "bbox"]),
     "NaN box": (lambda d: json.dumps(d).replace('"bbox": [', '"bbox": [NaN, ', 1).replace(", ", ",", 0),
                 ["NaN or infinite"]),
-    "negative size": (lambda d: _set(d, ["annotations", 0, "bbox", 2], -5), ["negative width"]),
+    "negative size": (lambda d: _set(d, ["annotations", 0, "bbox"], [10, 10, -5, 20]),
+                      ["annotation 1 has bbox [10, 10, -5, 20] with a negative width (-5)", "[x, y, width, height]"]),
     "outside": (lambda d: _set(d, ["annotations", 0, "bbox", 0], 5000), ["lies outside"]),
     "wrong size": (lambda d: _set(d, ["images", 0, "width"], 17), ["annotation says the image is 17x"]),
 }
@@ -261,6 +262,19 @@ def test_coco_errors_are_one_line(sources, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("Error:"), r.output
     for n in needles:
         assert n in r.output, (n, r.output)
+
+
+def test_coco_wrong_images_folder_says_none_of_the_files_is_there(sources, tmp_path):
+    """A wrong --images stops at once, saying that none of the listed files is there and where they are,
+    instead of 'No such file or directory' for the first one."""
+    ann, images = sources["coco"]
+    n = len(json.loads(ann.read_text())["images"])
+    r = _cli("compile", "coco", "--annotations", ann, "--images", images.parent, tmp_path / "out", "--size", "32", "-q")
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"none of the {n} images {ann.name} lists is in this folder" in lines[0], r.output
+    assert "pass as --images the folder their file_name entries are relative to" in lines[0]
+    assert f"({images} has " in lines[0] and "No such file" not in r.output
 
 
 def test_bad_box_is_skipped_with_skip(sources, tmp_path):

@@ -119,8 +119,11 @@ def test_missing_missized_and_bad_masks_are_sample_errors(seg, tmp_path):
     Image.fromarray(bad).save(src / "masks" / f"{scenes[3]['file']}.png")
     if scenes[3]["raw_mask"]:
         pytest.skip("scene 3 is stored raw")
-    with pytest.raises(dsc.SampleError, match="no mask"):
+    with pytest.raises(dsc.SampleError, match="no mask") as e:
         dsc.compile_segfolder(src, tmp_path / "a", classes=list(SEG_CLASSES), size=32, progress=False)
+    image = next(p.name for p in (src / "images").iterdir() if p.stem == scenes[0]["file"])
+    assert str(e.value).startswith(f"images/{image}: no mask file {src / 'masks' / scenes[0]['file']}.<ext>")
+    assert str(e.value).count(image) == 1  # the image is named once, by its key (not again by its path)
     r = dsc.compile_segfolder(src, tmp_path / "b", classes=list(SEG_CLASSES), size=32, progress=False,
                               on_error="skip", workers=2, shard_size=2)
     reasons = {s["key"].split("/")[-1]: s["reason"] for s in r.skipped}

@@ -54,7 +54,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
     if not update:
         check_output(out, options.overwrite)
-    scanned = _scan(source, warn)
+    scanned = _scan(source, warn, out)
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
@@ -75,10 +75,13 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
                          committed=False, dry_run=True)
 
 
-def _scan(source: Source, warn) -> ScannedSource:
+def _scan(source: Source, warn, out=None) -> ScannedSource:
     """The source's records, with its non-path parameters recorded (--update checks them); its warnings
-    go to ``warn``."""
+    (and one for a local ``out`` inside the source's folder) go to ``warn``."""
     scanned = source.prepare()
+    inside = _out_inside_source(out, scanned) if out is not None else None
+    if inside:
+        scanned = replace(scanned, warnings=(*scanned.warnings, inside))
     paths = {p.name for p in source.params if p.type in ("dir", "file", "path")}  # may move; root says where
     params = {k: v for k, v in source.config().items() if k not in paths and _utf8_json(v)}
     scanned = replace(scanned, summary={**scanned.summary, "params": params})
@@ -86,6 +89,23 @@ def _scan(source: Source, warn) -> ScannedSource:
         if warn is not None:
             warn(w)
     return scanned
+
+
+def _out_inside_source(out, scanned: ScannedSource) -> str | None:
+    """A note when OUT lies inside the source's folder: a dsc dataset is never read as an input, so that
+    folder is left out of the classes (or the images) of this and every later scan of the source."""
+    root = scanned.root
+    if not root or not os.path.isdir(root):
+        return None
+    root, out = os.path.realpath(root), os.path.realpath(out)
+    if out == root or os.path.commonpath([root, out]) != root:
+        return None
+    rel = Path(os.path.relpath(out, root))
+    what = ("the classes" if scanned.task == "classification" and len(rel.parts) == 1 else
+            f"the class {rel.parts[0]!r}'s images" if scanned.task == "classification" else "the inputs")
+    return (f"OUT {out} is inside the source folder {root}: a dsc dataset is never an input, so {rel.as_posix()} is "
+            f"left out of {what} of this and every later compile or --update of {root}; compile into a folder "
+            f"outside {root} to keep dataset and source apart")
 
 
 def _utf8_json(v) -> bool:

@@ -32,7 +32,7 @@ from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec,
 from ..formats import versions
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, fingerprint, inputs_of
+from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
@@ -251,7 +251,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
     with staging:
         tmp = staging.tmp
-        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields)
+        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields,
+                          settings=settings(scanned, options, K, source))
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
@@ -287,7 +288,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in L.shard_specs(manifest)),
-                         resumed_units=len(done))
+                         resumed_units=len(done), decoded=sum(len(t.records) for t in tasks if t.s not in done))
 
 
 def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:

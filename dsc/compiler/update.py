@@ -503,9 +503,10 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     versions.refresh_view(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
-                         bytes_written=sum(r.nbytes for r in results), resumed_units=len(done),
+                         bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),
                          plan=plan.summary(), version=n_new, committed=True,
-                         reused_shards=sum(s is not None for s in new_m.shards[:next_slot]))
+                         reused_shards=sum(s is not None for s in new_m.shards[:next_slot]),
+                         decoded=sum(len(t.records) for t in tasks if t.s not in done))
 
 
 def _field_shard(base: Base, name: str, s: int):
