@@ -660,7 +660,8 @@ def cache_clear_cmd(url, cache_dir):
               help="Describe this version (default: the latest).")
 def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, version):
     """Describe a compiled DATASET (a folder or an s3:// gs:// az:// URL): schema, counts, bytes, classes,
-    shards, and the dsc + PIL build."""
+    shards, the dsc + PIL build, and how dsc.Loader would read it here (`reads`: the dataset's size against
+    the memory available now, the cgroup's limit included; $DSC_MEMORY overrides that figure)."""
     from .env import environment, pil_build
 
     if dataset is None and not show_env:
@@ -676,7 +677,6 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if dataset is None:
             return
     from .formats.layout import check_shard_files, shard_specs
-    from .runtime.reads import describe as describe_reads
     from .versions import manifest_of
 
     m, versions_line = manifest_of(dataset, version)
@@ -716,10 +716,20 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
                    f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
-        ("reads", f"{describe_reads(total)} (dsc.Loader(read=...) forces one)"),
+        ("reads", _reads_line(total)),
     ]
     for k, v in rows:
         click.echo(f"{k:10}{v}")
+
+
+def _reads_line(total: int) -> str:
+    from .errors import DscError
+    from .runtime.reads import describe
+
+    try:
+        return f"{describe(total)} (dsc.Loader(read=...) forces one)"
+    except DscError as e:
+        return f"unknown: {e}"
 
 
 if __name__ == "__main__":  # pragma: no cover

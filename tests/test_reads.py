@@ -206,6 +206,22 @@ def test_windowed_reads_hold_a_bounded_window_of_a_dataset_many_times_bigger(tmp
     assert len(ds.storage._maps) == len(ds.manifest.shards)  # what the mapped strategy does instead
 
 
+@pytest.mark.parametrize("read", STRATEGIES)
+def test_a_loop_that_drops_its_batches_reuses_the_same_buffers(datasets, read):
+    """No strategy keeps a reference to a ring slot after its batch is made (an I/O thread holding a view of
+    the slot would make the ring allocate a new buffer per batch: memory growing epoch after epoch)."""
+    for kind in ("fixed", "ragged"):
+        loader = dsc.Loader(datasets[kind], batch_size=16, order="random", read=read, io_depth=4)
+        for e in range(4):
+            loader.set_epoch(e)
+            for b in loader:
+                del b
+        assert loader._ring.taken == 0, (read, kind)
+        kept = list(loader)  # batches kept: their buffers are left to the user, the ring makes new ones
+        assert loader._ring.taken > 0 and len(kept) == len(loader)
+        loader.close()
+
+
 def _cold(files) -> None:
     for f in files:
         fd = os.open(f, os.O_RDONLY)

@@ -62,8 +62,11 @@ class Loader:
     dataset into this process first). ``read``: how batches get their bytes (``reads.py``): ``auto`` (default:
     ``mapped`` when the dataset fits in the memory available, else ``direct`` for random order and
     ``windowed`` for the others), or one of them forced; ``io_depth``: direct reads in flight.
-    ``loader.read_strategy`` / ``loader.read_reason`` say which runs and why. ``boxes`` / ``images``: batch
-    forms (see :class:`dsc.Dataset`).
+    ``boxes`` / ``images``: batch forms (see :class:`dsc.Dataset`).
+
+    Attributes: ``read_strategy`` and ``read_reason`` (which strategy runs and why: the dataset's size against
+    the memory available when the Loader was made; ``$DSC_MEMORY`` overrides that figure), ``epoch``,
+    ``rank``, ``world_size``.
     ``transforms``: a callable ``(batch, seed=, epoch=, batch_index=) -> batch`` (see dsc.transforms).
     """
 
@@ -131,7 +134,16 @@ class Loader:
         self._streams: list = []
         self._streams_lock = threading.Lock()
         self._warned_random = False
-        memory = R.available_memory() if cache != "ram" else None
+        if io_depth > R.MAX_IO_DEPTH:
+            raise ConfigError(f"io_depth={io_depth} reads in flight would start that many threads; at most "
+                              f"{R.MAX_IO_DEPTH} (16-32 keep a disk busy)")
+        memory = None
+        if cache != "ram":
+            try:
+                memory = R.available_memory()
+            except ConfigError:
+                if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
+                    raise
         self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache)
         self._reads = R.make(self.read_strategy, dataset.storage, io_depth=io_depth,
                              memory=memory[0] if memory else None)

@@ -41,6 +41,8 @@ class Ring:
         self.slots: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
         self.copy_done: list[object] = [None] * n  # CUDA event of the slot's last host-to-device copy
         self.pin = pin
+        self.allocations = 0  # buffers made
+        self.taken = 0  # of which because the slot's buffer was still referenced (a batch kept, or a leak)
 
     def allocator(self, s: int):
         slot = self.slots[s]
@@ -48,13 +50,18 @@ class Ring:
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             numel = int(np.prod(shape)) if len(shape) else 1
             buf = slot.get(name)
-            if buf is None or buf.dtype != dtype or _storage_users(buf) > 1:
-                buf = None  # first use, or the user still holds the last batch of this slot: leave it to them
+            if buf is not None and buf.dtype == dtype and _storage_users(buf) > 1:
+                self.taken += 1
+                buf = None  # the user still holds the last batch of this slot: leave it to them
+            if buf is None or buf.dtype != dtype:
+                buf = None  # first use
             elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom
                 buf = torch.empty(max(numel, int(buf.numel() * 1.25)), dtype=dtype, pin_memory=self.pin)
                 slot[name] = buf
+                self.allocations += 1
             if buf is None:
                 buf = slot[name] = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pin)
+                self.allocations += 1
             return buf[:numel].view(shape)
 
         return alloc

@@ -33,6 +33,7 @@ from .schedule import ShardSchedule, _DaemonPool, live_bytes
 READS = ("auto", "mapped", "windowed", "direct")
 FIT = 0.8  # a dataset "fits" when its shards take at most this share of the memory available
 IO_DEPTH = 16  # direct reads in flight per Loader (measured here: 8-32 threads all reach the disk's rate)
+MAX_IO_DEPTH = 256
 CHUNK = 4 << 20  # a direct read longer than this is split, so that one long run does not serialise a batch
 MAX_FDS = 512  # shard files a direct strategy keeps open
 
@@ -114,12 +115,14 @@ def available_memory() -> tuple[int, str]:
                                                                     os.sysconf("SC_AVPHYS_PAGES"), "free pages")
     cg = _cgroup_limit()
     if cg is not None and cg[0] - cg[1] < best[0]:
-        best = (cg[0] - cg[1], f"{cg[2]} {cg[0] / 2**30:.1f} GiB, {cg[1] / 2**30:.1f} GiB of it held by processes")
+        best = (cg[0] - cg[1], f"{cg[2]} {_gb(cg[0])}, less {_gb(cg[1])} its processes hold now")
     return max(best[0], 0), best[1]
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+def _gb(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{int(n):,} bytes"
 
 
 def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int, str] | None = None,
@@ -135,12 +138,17 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
                               f"disk. Use one or the other")
         return "mapped", "cache='ram': the shards are in this process's memory"
     if read != "auto":
-        return read, f"read={read!r} asked for"
+        why = f"read={read!r} asked for"
+        if memory is not None:
+            auto, reason = choose(order, dataset_bytes, "auto", memory)
+            why += f"; auto would read with {auto}: {reason}"
+        return read, why
     avail, where = memory if memory is not None else available_memory()
     size = f"dataset {_gb(dataset_bytes)}"
+    room = f"{FIT:.0%} of the {_gb(avail)} of memory available = {_gb(FIT * avail)} ({where})"
     if dataset_bytes <= FIT * avail:
-        return "mapped", f"{size} fits in the {_gb(avail)} of memory available ({where})"
-    why = f"{size} > {FIT:.0%} of the {_gb(avail)} of memory available ({where})"
+        return "mapped", f"{size} fits in {room}"
+    why = f"{size} > {room}"
     if order == "random":
         return "direct", f"{why}; order random: one read per sample"
     return "windowed", f"{why}; order {order}: shards read ahead in order and released behind"

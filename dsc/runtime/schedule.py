@@ -68,12 +68,14 @@ class _DaemonPool:
             if item is None:
                 return
             fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-                fut.set_exception(e)
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                    fut.set_exception(e)
+            # Hold nothing while waiting for the next call: the arguments may be views of a ring slot, which
+            # the ring refills in place only when nobody else references it.
+            item = fut = fn = args = None
 
     def submit(self, fn, *args) -> Future:
         fut: Future = Future()
