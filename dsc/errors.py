@@ -108,6 +108,10 @@ class CredentialsError(RemoteError, PermissionError):
     to set."""
 
 
+class TooManyOpenFilesError(DscError, OSError):
+    """The process reached its limit of open files (not damage: raise ``ulimit -n``)."""
+
+
 class CacheFullError(DscError, OSError):
     """The local shard cache cannot take a shard: its disk is full, or ``cache_limit`` is smaller than what
     the batches in flight need."""

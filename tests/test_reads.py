@@ -96,6 +96,20 @@ def test_the_memory_figure_is_the_machines_or_the_cgroups(monkeypatch):
     assert R.available_memory() == (3 << 30, "$DSC_MEMORY")
 
 
+def test_the_cgroup_is_found_where_its_file_system_is_mounted():
+    """In a container the memory controller's mount shows the container's own cgroup at its top (the mount's
+    root is /docker/<id>); /proc/self/cgroup still names /docker/<id>."""
+    v1 = ("31 25 0:28 /docker/abc /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
+          "35 25 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
+    mounts = R._mounts(v1)
+    assert mounts == {"v1": ("/docker/abc", Path("/sys/fs/cgroup/memory")), "v2": ("/", Path("/sys/fs/cgroup/unified"))}
+    assert R._cgroup_dir("v1", "/docker/abc", mounts) == Path("/sys/fs/cgroup/memory")
+    assert R._cgroup_dir("v1", "/docker/abc/sub", mounts) == Path("/sys/fs/cgroup/memory/sub")
+    assert R._cgroup_dir("v2", "/user.slice/x", mounts) == Path("/sys/fs/cgroup/unified/user.slice/x")
+    assert R._cgroup_dir("v1", "/elsewhere", mounts) == Path("/sys/fs/cgroup/memory")  # outside the mount: its top
+    assert R._mounts("garbage\n\n1 2 3 - \n") == {}
+
+
 def test_dsc_info_says_how_each_order_is_read(datasets, monkeypatch):
     from click.testing import CliRunner
 
@@ -331,6 +345,84 @@ def test_schedule_holds_what_is_there_without_a_thread_and_reports_failures():
     with pytest.raises(DscError, match="shard 2 is damaged"):
         s.wait(1)
     s.close()
+
+
+def test_schedule_budget_is_a_bound_with_fillers_finishing_out_of_order():
+    rng = np.random.default_rng(1)
+    needs = _needs([rng.choice(30, int(rng.integers(1, 4)), replace=False) for _ in range(300)])
+    nbytes = rng.integers(50, 150, 30)
+    held, peak = {}, [0]
+    lock = threading.Lock()
+
+    def fetch(k):
+        time.sleep(0.0005)
+        with lock:
+            held[k] = int(nbytes[k])
+            peak[0] = max(peak[0], sum(held.values()))
+
+    def release(k):
+        time.sleep(0.0005)
+        with lock:
+            del held[k]
+
+    budget = 450
+    s = ShardSchedule(needs, 0, nbytes, fetch, release, budget=budget, workers=3)
+    nxt = iter(range(len(needs)))
+    take = threading.Lock()
+
+    def filler():
+        while True:
+            with take:
+                j = next(nxt, None)
+            if j is None:
+                return
+            s.wait(j)
+            time.sleep(float(rng.random()) * 0.001)
+            s.done(j)
+
+    threads = [threading.Thread(target=filler) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s.close()
+    assert held == {} and peak[0] <= budget and s.peak_bytes <= budget, (peak[0], s.peak_bytes)
+
+
+def test_direct_reads_into_a_strided_output_and_too_many_open_files(datasets, tmp_path):
+    ds = datasets["fixed"]
+    reads = R.make("direct", ds.storage, io_depth=2)
+    idx = np.arange(10, 30)
+    out = np.zeros((40, 16, 12, 3), np.uint8)[::2]  # not contiguous
+    ds.readers["image"].px.gather(idx, out, reads)
+    assert np.array_equal(out, ds.get_batch(idx)["image"].numpy())
+    reads.close()
+    import subprocess
+    import sys
+
+    script = f"""
+import os, resource, dsc
+from dsc.errors import TooManyOpenFilesError
+ds = dsc.open({str(ds.path)!r})
+n = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (n + 40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+loader = dsc.Loader(ds, batch_size=64, order="random", read="direct", io_depth=2)
+assert loader._reads.max_fds <= 8, loader._reads.max_fds
+assert sum(b["image"].shape[0] for b in loader) == len(ds)  # 26 shards through at most 8 open files
+hog = []
+try:
+    while True:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+try:
+    ds.storage.dir.open_file(ds.manifest.shards[0].path)
+except TooManyOpenFilesError as e:
+    print("refused:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "ulimit -n" in r.stdout
 
 
 def test_live_bytes_is_the_most_an_order_needs_at_once():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, DatasetNotFoundError, UnsafePathError
+from ..errors import CorruptDatasetError, DatasetNotFoundError, TooManyOpenFilesError, UnsafePathError
 
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -89,6 +89,10 @@ class Root:
             if e.errno in (errno.ELOOP, errno.ENOTDIR, getattr(errno, "EMLINK", -1)):
                 raise UnsafePathError(f"{self.path / rel}: a symbolic link (or not a directory) inside the dataset; "
                                       f"dsc does not follow links inside a dataset") from None
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyOpenFilesError(f"{self.path / rel}: cannot open: this process has as many files open "
+                                            f"as its limit allows (ulimit -n); raise the limit, or open fewer "
+                                            f"datasets and loaders at once") from None
             raise CorruptDatasetError(f"{self.path / rel}: cannot open ({e.strerror})") from None
         finally:
             for d in opened:

@@ -248,6 +248,8 @@ class Loader:
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
                               f"reads a window of shards at a time and keeps the downloads ahead of training",
                               stacklevel=3)
+        if self.read_strategy == "windowed":  # read ahead and released behind within both budgets
+            return self._reads.schedule(needs, start, nbytes, paths, cap=budget, workers=CONNECTIONS)
         mapped = not self._reads.direct
         return ShardSchedule(needs, start, nbytes, lambda k: storage.acquire(paths[k], mapped),
                              lambda k: storage.release(paths[k]), budget=budget, per_batch=limit is not None,

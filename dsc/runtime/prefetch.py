@@ -112,8 +112,10 @@ class _EpochState:
         with self.cond:
             self.stop = True
             self.cond.notify_all()
-        if threading.current_thread() in self.threads:
-            return  # finalized from a filler thread (garbage collection): the threads exit on their own
+        if threading.current_thread() in self.threads:  # finalized from a filler thread (garbage collection):
+            if self.feed is not None:  # the threads exit on their own; the schedule (its walker joins
+                self.feed.close()  # from here) lets its shards go now
+            return
         for t in self.threads:
             t.join()
         if self.feed is not None:

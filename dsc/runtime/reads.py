@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, CorruptDatasetError
+from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from .schedule import ShardSchedule, _DaemonPool, live_bytes
 
 READS = ("auto", "mapped", "windowed", "direct")
@@ -35,7 +35,7 @@ FIT = 0.8  # a dataset "fits" when its shards take at most this share of the mem
 IO_DEPTH = 16  # direct reads in flight per Loader (measured here: 8-32 threads all reach the disk's rate)
 MAX_IO_DEPTH = 256
 CHUNK = 4 << 20  # a direct read longer than this is split, so that one long run does not serialise a batch
-MAX_FDS = 512  # shard files a direct strategy keeps open
+MAX_FDS = 512  # shard files a direct strategy keeps open (at most an eighth of the process's limit)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -63,6 +63,36 @@ def _stat(path: Path, *keys: str) -> int | None:
     return None
 
 
+def _mounts(text: str | None = None) -> dict[str, tuple[str, Path]]:
+    """{"v2" | "v1": (root, mount point)} of the cgroup file systems this process sees (/proc/self/mountinfo:
+    the root is the cgroup that appears at the mount point, "/" unless the mount shows a sub-tree, as in a
+    container)."""
+    out: dict[str, tuple[str, Path]] = {}
+    try:
+        lines = (Path("/proc/self/mountinfo").read_text() if text is None else text).splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if not sep or len(f) < 5 or len(r) < 3:
+            continue
+        if r[0] == "cgroup2":
+            out.setdefault("v2", (f[3], Path(f[4])))
+        elif r[0] == "cgroup" and "memory" in r[2].split(","):
+            out.setdefault("v1", (f[3], Path(f[4])))
+    return out
+
+
+def _cgroup_dir(kind: str, path: str, mounts: dict) -> Path:
+    """Where cgroup ``path`` (from /proc/self/cgroup) is, under its mount (falling back to the usual one)."""
+    root, point = mounts.get(kind, ("/", Path("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup")))
+    root, path = root.rstrip("/"), path.rstrip("/")
+    if path == root or path.startswith(root + "/"):
+        return point / path[len(root):].lstrip("/")
+    return point  # the path lies outside what is mounted: the mount shows this process's own cgroup
+
+
 def _cgroup_limit() -> tuple[int, int, str] | None:
     """(limit, bytes in use that cannot be reclaimed, where) of this process's memory cgroup, if it has a
     limit below the machine's memory: cgroup v2 ``memory.max`` (the lowest along the path), or v1
@@ -71,12 +101,16 @@ def _cgroup_limit() -> tuple[int, int, str] | None:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
+    mounts = _mounts()
     for line in lines:
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if controllers == "":  # cgroup v2: the lowest memory.max from this group up to the root
-            base = Path("/sys/fs/cgroup")
-            d, best = base / rel, None
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2: the lowest memory.max from this group up to the mount's top
+            d = top = _cgroup_dir("v2", path, mounts)
+            base = mounts.get("v2", ("/", Path("/sys/fs/cgroup")))[1]
+            best = None
             while True:
                 lim = _read_int(d / "memory.max")
                 if lim is not None:
@@ -85,11 +119,11 @@ def _cgroup_limit() -> tuple[int, int, str] | None:
                     break
                 d = d.parent
             if best is not None:
-                cur = _read_int(base / rel / "memory.current") or 0
-                file = _stat(base / rel / "memory.stat", "file") or 0
+                cur = _read_int(top / "memory.current") or 0
+                file = _stat(top / "memory.stat", "file") or 0
                 return best, max(0, cur - file), "cgroup memory.max"
         elif "memory" in controllers.split(","):  # cgroup v1
-            d = Path("/sys/fs/cgroup/memory") / rel
+            d = _cgroup_dir("v1", path, mounts)
             lim = _stat(d / "memory.stat", "hierarchical_memory_limit") or _read_int(d / "memory.limit_in_bytes")
             if lim is not None and lim < (1 << 60):
                 use = _read_int(d / "memory.usage_in_bytes") or 0
@@ -176,7 +210,7 @@ class Mapped:
     def map(self, rel: str, nbytes: int) -> np.ndarray:
         return self.storage.map(rel, nbytes)
 
-    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule | None:
+    def schedule(self, needs, start, nbytes, paths, **_) -> ShardSchedule | None:
         return None
 
     @property
@@ -212,26 +246,38 @@ class Windowed:
             arr = self.storage.map_file(rel, nbytes, populate=False)
         return arr
 
-    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule:
+    def schedule(self, needs, start, nbytes, paths, cap: int | None = None, workers: int = 2) -> ShardSchedule:
+        """The epoch's read-ahead: ``cap`` bounds the budget further (a remote cache's share); ``workers``
+        fetch at once (a remote dataset's downloads want more connections than a disk's read-ahead)."""
         need = live_bytes(needs[start:], nbytes)
         biggest = max((int(nbytes[n].sum()) for n in needs[start:]), default=0)
         budget = 2 * need  # what the order needs at once, and as much again read ahead
-        if self.memory is not None:
-            budget = min(budget, self.memory // 2)
+        for limit in (self.memory // 2 if self.memory is not None else None, cap):
+            if limit is not None:
+                budget = min(budget, limit)
         self.budget = budget = max(budget, biggest, int(nbytes.max()) if len(nbytes) else 0)
+        storage = self.storage
 
         def fetch(key: int) -> None:
-            arr = self.storage.map_file(paths[key], int(nbytes[key]), populate=True)
+            rel = paths[key]
+            storage.hold_file(rel)  # (a remote dataset's shard: downloaded into the cache and held)
+            try:
+                arr = storage.map_file(rel, int(nbytes[key]), populate=True)
+            except BaseException:
+                storage.let_go_file(rel)
+                raise
             with self._lock:
-                self._maps[paths[key]] = arr
+                self._maps[rel] = arr
                 self.peak_bytes = max(self.peak_bytes, sum(a.nbytes for a in self._maps.values()))
 
         def release(key: int) -> None:
+            rel = paths[key]
             with self._lock:
-                self._maps.pop(paths[key], None)
-            self.storage.drop_pages(paths[key])
+                self._maps.pop(rel, None)
+            storage.drop_pages(rel)
+            storage.let_go_file(rel)
 
-        return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=2,
+        return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=workers,
                              name="dsc-readahead")
 
     def close(self) -> None:
@@ -248,8 +294,16 @@ class Direct:
     direct = True
 
     def __init__(self, storage, io_depth: int = IO_DEPTH, **_):
+        import resource
+
         self.storage = storage
         self.io_depth = io_depth
+        # A remote dataset's shards are read through the descriptor of their hold in the cache (held by the
+        # epoch's schedule while its batches read them): a descriptor of our own would keep an evicted
+        # shard's bytes on disk, beyond the cache's limit.
+        self.borrow = getattr(storage, "remote", False)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.max_fds = MAX_FDS if soft == resource.RLIM_INFINITY else max(8, min(MAX_FDS, soft // 8))
         self._fds: OrderedDict[str, list] = OrderedDict()  # rel -> [fd, readers using it]
         self._lock = threading.Lock()
         self._pool: _DaemonPool | None = None
@@ -258,7 +312,7 @@ class Direct:
 
     held_bytes = 0  # nothing is mapped or held between batches
 
-    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule | None:
+    def schedule(self, needs, start, nbytes, paths, **_) -> ShardSchedule | None:
         return None
 
     def scratch(self, n: int) -> np.ndarray:
@@ -268,13 +322,19 @@ class Direct:
         return buf[:n]
 
     def _open(self, rel: str) -> int:
+        if self.borrow:
+            return self.storage.held_fd(rel)
         with self._lock:
             entry = self._fds.get(rel)
             if entry is not None:
                 entry[1] += 1
                 self._fds.move_to_end(rel)
                 return entry[0]
-        fd = self.storage.shard_fd(rel)
+        try:
+            fd = self.storage.shard_fd(rel)
+        except TooManyOpenFilesError:  # the process's limit: let our idle files go, and try once more
+            self._close_idle(0)
+            fd = self.storage.shard_fd(rel)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         except (OSError, AttributeError):
@@ -288,16 +348,26 @@ class Direct:
                 fd = entry[0]
             else:
                 self._fds[rel] = [fd, 1]
-            for other in list(self._fds):  # close the least recently used files no reader is using
-                if len(self._fds) <= MAX_FDS:
+        for f in close:
+            os.close(f)
+        self._close_idle(self.max_fds)
+        return fd
+
+    def _close_idle(self, keep: int) -> None:
+        """Close the least recently used files no reader is using, until at most ``keep`` are open."""
+        close = []
+        with self._lock:
+            for other in list(self._fds):
+                if len(self._fds) <= keep:
                     break
                 if self._fds[other][1] == 0:
                     close.append(self._fds.pop(other)[0])
         for f in close:
             os.close(f)
-        return fd
 
     def _done(self, rel: str) -> None:
+        if self.borrow:
+            return
         with self._lock:
             self._fds[rel][1] -= 1
 

@@ -179,22 +179,33 @@ class RemoteStorage(Storage):
     def where(self, rel: str) -> str:
         return self.store.where(rel)
 
+    def hold_file(self, rel: str) -> None:
+        """Hold shard ``rel``'s cached file (downloading it if needed), unmapped: a read strategy maps it."""
+        self.acquire(rel, mapped=False)
+
+    def let_go_file(self, rel: str) -> None:
+        self.release(rel)
+
     def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
-        return self.map(rel, nbytes)
+        """A new mapping of held shard ``rel`` (one not held is mapped and kept like ``map``'s)."""
+        with self._lock:
+            held = self._held.get(rel) if self._refs.get(rel, 0) > 0 else None
+        if held is None:
+            return self.map(rel, nbytes)
+        return map_fd(held.fd, nbytes, self.store.where(rel), populate)
 
     def drop_pages(self, rel: str) -> None:
         """(Cached shards are the cache's to keep or evict.)"""
 
-    def shard_fd(self, rel: str) -> int:
-        """A descriptor of cached shard ``rel`` (downloaded if needed) for direct reads; the caller closes it.
-        A file description of its own: not the hold's, whose shared flock tells evictors the shard is in use
-        (an open descriptor of an evicted shard still reads it)."""
-        self.acquire(rel, mapped=False)
-        try:
-            return os.open(self.cache.path(self.specs[rel].sha256),
-                           os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-        finally:
-            self.release(rel)
+    def held_fd(self, rel: str) -> int:
+        """The descriptor of held shard ``rel``'s cached file, for direct reads while it stays held (the
+        Loader's schedule holds a batch's shards until the batch is gathered); not to be closed."""
+        with self._lock:
+            held = self._held.get(rel)
+            if held is None or self._refs.get(rel, 0) < 1:
+                raise DscError(f"{self.store.where(rel)} is read directly while not held (read='direct' on a "
+                               f"remote dataset reads only within a Loader's epoch)")
+            return held.fd
 
     def hold(self, spec) -> Held:
         """Shard ``spec`` held in the cache, downloaded (at most its recorded size) when the cache lacks it."""

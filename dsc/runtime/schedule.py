@@ -99,8 +99,9 @@ class ShardSchedule:
     costs no I/O, returning False when it cannot). Batch j is ready once the walk has passed it and its
     fetches ended; ``ready`` is the first batch that is not, so a filler's check is one comparison.
     ``per_batch``: each ``done(j)`` drops j's references and lets go (``release``) the shards no batch
-    walked since holds; the walk stays within ``budget`` bytes held, except for the oldest batch not yet
-    done, which is always fetched, so the epoch progresses. Otherwise every shard is held until ``close``."""
+    walked since holds; the walk stays within ``budget`` bytes held (which must hold any one batch's shards:
+    the oldest batch not done is fetched as soon as nothing else is held, so the epoch always progresses).
+    Otherwise every shard is held until ``close``."""
 
     def __init__(self, needs: list[np.ndarray], start: int, nbytes: np.ndarray, fetch: Callable[[int], None],
                  release: Callable[[int], None], budget: int | None = None, per_batch: bool = True,
@@ -146,7 +147,10 @@ class ShardSchedule:
                 keys = self.needs[j].tolist()
                 new = [k for k in keys if k not in self.refs]
                 size = int(self.nbytes[new].sum()) if new else 0
-                if self.budget is None or j <= self.oldest or self.bytes_held + size <= self.budget:
+                # (the oldest batch not done may always fetch, once nothing else is held: every batch walked
+                # before it is done, so what is still counted is being let go; then it fits the budget too)
+                if self.budget is None or self.bytes_held + size <= self.budget or (j <= self.oldest
+                                                                                    and self.bytes_held == 0):
                     break
                 if not block:
                     return None

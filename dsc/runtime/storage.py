@@ -51,6 +51,12 @@ class Storage:
         """A new mapping of a shard's first ``nbytes``, not kept here (a read strategy holds it)."""
         return self.dir.map(rel, nbytes, populate)
 
+    def hold_file(self, rel: str) -> None:
+        """(A local shard is always there: nothing to hold. A remote storage downloads and holds it.)"""
+
+    def let_go_file(self, rel: str) -> None:
+        """(See ``hold_file``.)"""
+
     def shard_fd(self, rel: str) -> int:
         """A descriptor of shard ``rel`` for direct reads (plain path, no links); the caller closes it."""
         return self.dir.open_file(rel)

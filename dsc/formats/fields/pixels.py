@@ -451,8 +451,11 @@ class PixelsReader:
         already, and clip mode skips numpy's bounds-checked buffered path. With direct reads, each sample
         is read from its file straight into its row of ``out``."""
         if reads is not None and reads.direct:
-            self._read_direct(idx, reads, out.reshape(-1).view(np.uint8),
+            dest = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+            self._read_direct(idx, reads, dest.reshape(-1).view(np.uint8),
                               np.arange(len(idx), dtype=np.int64) * self.px.sample_nbytes)
+            if dest is not out:
+                out[...] = dest
             return out
         for s, a, b, local in self.shard_runs(idx):
             np.take(self.shard(s, reads), local, axis=0, out=out[a:b], mode="clip")
@@ -466,7 +469,7 @@ class PixelsReader:
         o[0] = 0
         np.cumsum(sizes, out=o[1:])
         flat = alloc(name, (int(o[-1]),), np.dtype(self.px.dtype))
-        if reads is not None and reads.direct:
+        if reads is not None and reads.direct and flat.flags.c_contiguous:
             self._read_direct(idx, reads, flat.view(np.uint8), o[:-1] * self.px.itemsize)
         else:
             for k, i in enumerate(idx.tolist()):
