@@ -374,3 +374,27 @@ def test_what_is_not_compiled_is_refused_naming_the_fix(fixed, tmp_path):
     # the fix works: compile it, then load it
     dsc.compile(FakeData(), tmp_path / "fake", progress=False)
     assert len(list(dsc.Loader(tmp_path / "fake", batch_size=2, keys=("image", "label")))) == 2
+
+
+# ----------------------------------------------------------------------------------- examples
+def test_examples_parse_and_their_tiny_data_compiles(tmp_path):
+    """The examples need torchvision to run (see examples/README.md); here: they parse, make_tiny.py writes
+    its data, and the compile commands of the README give the datasets the examples read."""
+    import py_compile
+    import runpy
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    scripts = sorted(examples.rglob("*.py"))
+    assert {p.name for p in scripts} >= {"main.py", "detection.py", "segmentation.py", "make_tiny.py"}
+    for p in scripts:
+        py_compile.compile(str(p), cfile=str(tmp_path / "x.pyc"), doraise=True)
+    runpy.run_path(str(examples / "make_tiny.py"), run_name="make_tiny")["main"](str(tmp_path / "tiny"))
+    tiny, out = tmp_path / "tiny", tmp_path / "tiny-dsc"
+    dsc.compile_imagefolder(tiny / "imagenet/val", out / "val", size=256, resize="center-crop", progress=False)
+    r = dsc.compile_voc(tiny / "voc", out / "voc", split="train", masks=True, progress=False)
+    assert r.manifest.task == "segmentation" and not r.warnings
+    val = dsc.Loader(dsc.open(out / "val"), batch_size=8, tail="drop", keys=("image", "label"),
+                     transforms=[T.CenterCrop(224), T.ToFloat()])
+    images, target = next(iter(val))
+    assert images.shape == (8, 3, 224, 224) and target.shape == (8,)
