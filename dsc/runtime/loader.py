@@ -129,6 +129,18 @@ class LoaderSampler:
     def __iter__(self):
         return iter(self.loader.epoch_order().tolist())
 
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    @property
+    def rank(self) -> int:
+        return self.loader.rank
+
+    @property
+    def num_replicas(self) -> int:  # DistributedSampler's name for the world size
+        return self.loader.world_size
+
     def __repr__(self) -> str:
         return f"LoaderSampler({len(self)} samples per epoch on rank {self.loader.rank} of {self.loader.world_size})"
 
