@@ -217,6 +217,26 @@ def test_torchvision_form_detection_fixed_size(det):
     assert images.dtype == torch.float32 and float(images.min()) < 0
 
 
+def test_torchvision_form_detection_with_masks(tmp_path):
+    """VOC with boxes and masks: each target dict carries its semantic mask under "mask", and a box's 1-based
+    label is the mask value inside it (both count 0 as the background)."""
+    root = write_voc_segmentation(tmp_path / "voc", detection_scenes(6, seed=4))
+    dsc.compile_voc(root, tmp_path / "out", split="train", masks=True, max_side=80, progress=False)
+    ds = dsc.open(tmp_path / "out")
+    loader = dsc.Loader(ds, batch_size=3, format="torchvision")
+    assert loader.classes == ["__background__", *VOC_CLASSES]
+    k = 0
+    for images, targets in loader:
+        check_torchvision_detection(images, targets)
+        for img, t in zip(images, targets):
+            assert t["mask"].dtype == torch.int64 and torch.equal(t["mask"], ds[k]["mask"].long())
+            for box, lab in zip(t["boxes"].tolist(), t["labels"].tolist()):
+                cx, cy = int((box[0] + box[2]) / 2), int((box[1] + box[3]) / 2)
+                assert int(t["mask"][cy, cx]) == lab and loader.classes[lab] == ds.mask_classes[lab]
+            k += 1
+    assert k == len(ds)
+
+
 @pytest.fixture(scope="module")
 def voc_seg(tmp_path_factory):
     """A segmentation-only VOC-style set: JPEGImages, SegmentationClass, ImageSets/Segmentation; no XML."""
@@ -269,8 +289,9 @@ def test_torchvision_form_segmentation(voc_seg, tmp_path):
 
 
 def test_torchvision_form_classification(fixed):
-    for (images, labels), b in zip(dsc.Loader(fixed, batch_size=8, format="torchvision"), dsc.Loader(fixed, batch_size=8)):
-        assert images.shape == (8 if len(labels) == 8 else 4, 3, 12, 10) and images.dtype == torch.float32
+    tv, ref = dsc.Loader(fixed, batch_size=8, format="torchvision"), dsc.Loader(fixed, batch_size=8)
+    for (images, labels), b in zip(tv, ref):
+        assert images.shape == (len(labels), 3, 12, 10) and images.dtype == torch.float32
         assert torch.equal(images, b["image"].permute(0, 3, 1, 2).float() / 255) and torch.equal(labels, b["label"])
 
 

@@ -75,7 +75,7 @@ def _samples_of(dataset, indices) -> tuple[Dataset, np.ndarray | None]:
     elif not isinstance(dataset, Dataset):
         raise not_a_dataset(dataset, "dsc.Loader", subset=bool(chain))
     idx = None
-    for k, sub in enumerate(reversed(chain)):  # the innermost Subset indexes the dataset itself
+    for sub in reversed(chain):  # the innermost Subset indexes the dataset itself
         pos = _positions(sub, len(dataset) if idx is None else len(idx), "a Subset's indices")
         idx = pos if idx is None else idx[pos]
     if indices is not None:
@@ -358,7 +358,7 @@ class Loader:
         for it in list(self._iterators):  # one epoch in flight at a time: an older iterator now raises
             it.close(superseded="this epoch's iterator was closed because a new iteration of the same Loader "
                                 "started; use one iterator per Loader at a time (or a second Loader)")
-        self.epoch, start = self._position() if self._resume is not None or self._started else (self.epoch, 0)
+        self.epoch, start = self._position()  # (the older iterators are closed: a started epoch is over)
         self._resume = None
         self._started = True
         self._served = start

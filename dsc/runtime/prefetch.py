@@ -3,8 +3,8 @@
 ``num_threads`` threads take the epoch's batches in order, each gathering one batch straight into a slot
 of a ring of ``prefetch + 2`` reusable buffers (pinned when the device is CUDA), up to ``prefetch``
 batches ahead of the consumer (``num_threads=0``: each batch is made in the consumer's thread when it is
-asked for, nothing ahead: for debugging, and for scripts whose ``-j 0`` means that). The gathers release the GIL and threads share memory, so nothing is
-pickled or copied twice.
+asked for, nothing ahead: for debugging, and for scripts whose ``-j 0`` means that). The gathers release
+the GIL and threads share memory, so nothing is pickled or copied twice.
 
 Ring safety: a slot's buffers are reused only if nothing outside the ring still references them
 (checked on the tensor storage's use count); a batch the user keeps (``list(loader)``) keeps its
