@@ -74,7 +74,7 @@ def threaded_take_limit(ds, loader) -> float:
     batches = loader.batch_indices()
 
     def epoch():
-        with ThreadPoolExecutor(loader.threads_used) as pool:
+        with ThreadPoolExecutor(max(1, loader.threads_used)) as pool:  # num_threads=0: the calling thread
             list(pool.map(lambda kb: ds.gather_images(kb[1], out=ring[kb[0] % slots][:len(kb[1])]),
                           enumerate(batches)))
 

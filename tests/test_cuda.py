@@ -175,3 +175,20 @@ def test_a_failing_device_transform_does_not_leave_the_iterator_waiting(fixed):
         next(it)
     with pytest.raises(StopIteration):  # closed, not waiting for the batch it already took
         next(it)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_torchvision_form_keys_and_num_threads_zero_on_the_device(det, fixed, threads):
+    """format="torchvision" and keys= after the copy (uint8 -> float on the device), from filler threads or
+    from the calling thread (num_threads=0), equal the CPU loader's."""
+    kw = dict(batch_size=4, order="random", seed=1, num_threads=threads, transforms=[T.RandomHorizontalFlip()])
+    cpu = dsc.Loader(det, format="torchvision", **kw)
+    gpu = dsc.Loader(det, format="torchvision", device="cuda", **kw)
+    for (a, ta), (b, tb) in zip(cpu, gpu):
+        assert b.device.type == "cuda" and b.dtype == torch.float32 and torch.equal(a, b.cpu())
+        for x, y in zip(ta, tb):
+            assert y["labels"].device.type == "cuda" and y["image_id"] == x["image_id"]
+            assert torch.equal(x["boxes"], y["boxes"].cpu()) and torch.equal(x["labels"], y["labels"].cpu())
+    for (a, la), (b, lb) in zip(dsc.Loader(fixed, keys=("image", "label"), **kw),
+                                dsc.Loader(fixed, keys=("image", "label"), device="cuda", **kw)):
+        assert torch.equal(a, b.cpu()) and torch.equal(la, lb.cpu())

@@ -7,13 +7,16 @@
   ``box_counts``; labels padded with -1) or ``list`` (torchvision-style target dicts, views of the packed
   tensors). All conversions are batched tensor ops with no Python loop per box;
 * ragged images ``packed`` or ``padded`` (done by the field readers, see ``formats/fields/pixels.py``);
-* ``SampleBatch`` / ``collate``: what torch's DataLoader gets from ``Dataset.__getitems__``.
+* ``SampleBatch`` / ``collate``: what torch's DataLoader gets from ``Dataset.__getitems__``;
+* what a Loader hands out besides the dict: tuples of chosen keys (``select_keys``) and torchvision's
+  ``(images, targets)`` (``torchvision_form``).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..formats.fields import Schema
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -152,3 +155,69 @@ def collate(batch):
     if isinstance(batch, SampleBatch):
         return batch.fields
     return torch.utils.data.default_collate(batch)
+
+
+def select_keys(batch: dict, keys: tuple[str, ...]) -> tuple:
+    """``dsc.Loader(..., keys=("image", "label"))``: the batch as a tuple of those keys, in that order."""
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise ConfigError(f"keys={keys!r}: {missing[0]!r} is not a key of this loader's batches, which have "
+                          f"{', '.join(map(repr, batch))}; pick keys among those")
+    return tuple(batch[k] for k in keys)
+
+
+def sample_pixels(batch: dict, name: str) -> torch.Tensor | list[torch.Tensor]:
+    """An image-like key of a batch, per sample: the (B, ...) tensor itself when its samples are one size
+    (fixed layout, or a fixed-size transform), else a list of each sample's view at its own size (ragged:
+    packed ``<name>_offsets`` / ``<name>_shapes``, or padded ``<name>_sizes``)."""
+    if f"{name}_offsets" in batch:
+        o, shapes = batch[f"{name}_offsets"].tolist(), batch[f"{name}_shapes"].tolist()
+        flat = batch[name]
+        return [flat[o[k]:o[k + 1]].view(shapes[k]) for k in range(len(shapes))]
+    if f"{name}_sizes" in batch:
+        return [batch[name][k, :h, :w] for k, (h, w) in enumerate(batch[f"{name}_sizes"].tolist())]
+    return batch[name]
+
+
+def _each(x, fn):
+    return [fn(v) for v in x] if isinstance(x, list) else fn(x)
+
+
+def _chw_float(image: torch.Tensor) -> torch.Tensor:
+    """uint8 (..., H, W, C) as stored -> float32 (..., C, H, W) in [0, 1], contiguous (torchvision's
+    ``ToTensor``); a float image (dsc.transforms' ToFloat made it (..., C, H, W)) as it is."""
+    if image.is_floating_point():
+        return image
+    return image.movedim(-1, -3).to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+
+
+def torchvision_form(batch: dict, schema: Schema) -> tuple:
+    """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
+
+    ``images``: float (B, C, H, W) in [0, 1] (or as dsc.transforms' ToFloat / Normalize made them) when the
+    batch's images are one size, else a list of (C, H, W) tensors. ``targets``: with boxes, a list of dicts
+    ``{"boxes": float32 (k, 4) xyxy, "labels": int64 (k,) 1-based (0 is torchvision's background: label k
+    is class ``classes[k - 1]``), "image_id", per-box columns (iscrowd, area, difficult...), "mask" (H, W)
+    int64 when the dataset has a semantic mask}``; segmentation, the masks: int64 (B, H, W) (or a list of
+    (H, W)), with the dataset's ignore index for pixels of no class; classification, the labels (B,)."""
+    images = _each(sample_pixels(batch, "image"), _chw_float)
+    masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
+    mask = _each(sample_pixels(batch, masks[0]), lambda m: m.to(torch.int64)) if masks else None
+    if "box_offsets" in batch:
+        cols = {k: batch[k] for k in schema.box_rows() if k in batch}
+        cols["boxes"] = cols["boxes"].to(torch.float32)
+        cols["labels"] = cols["labels"].to(torch.int64) + 1
+        targets = packed_to_list(batch["box_offsets"], cols)
+        ids = batch["image_id"].tolist() if "image_id" in batch else []
+        for k, t in enumerate(targets):
+            if ids:
+                t["image_id"] = ids[k]
+            if mask is not None:
+                t["mask"] = mask[k]
+        return images, targets
+    if mask is not None:
+        return images, mask
+    if "label" in batch:
+        return images, batch["label"]
+    raise ConfigError(f"format='torchvision' needs boxes, a mask or labels in the batch, which has "
+                      f"{', '.join(map(repr, batch))}")

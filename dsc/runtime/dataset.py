@@ -41,6 +41,15 @@ def check_forms(boxes, images, allow_none: bool = False) -> None:
         raise ConfigError(f"images must be one of {', '.join(IMAGE_FORMS)}, got {images!r}")
 
 
+def not_a_dataset(obj, who: str, subset: bool = False) -> ConfigError:
+    """The error for anything given where a compiled dataset (or its path) belongs: what it is, and the fix."""
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
+    inner = "a torch.utils.data.Subset of " if subset else ""
+    return ConfigError(f"{who} reads datasets compiled by dsc, and got {inner}{kind}. Compile it first with "
+                       f"dsc.compile(dataset, 'OUT') (or `dsc compile ...`), then read dsc.open('OUT'); {who} takes a "
+                       f"dsc dataset, the path of one, or a torch.utils.data.Subset of one")
+
+
 class Dataset(torch.utils.data.Dataset):
     """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification),
     ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
@@ -51,6 +60,8 @@ class Dataset(torch.utils.data.Dataset):
     def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed",
                  version: int | None = None, tag: str | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, retry_seconds: float | None = None):
+        if not isinstance(path, (str, os.PathLike)):
+            raise not_a_dataset(path, "dsc.open")
         check_forms(boxes, images)
         self.box_form, self.image_form = boxes, images
         self._record = None

@@ -4,20 +4,25 @@ How a batch is made: the epoch's order (a pure function of seed, epoch, rank, wo
 is cut into batches; a batch's indices are sorted by storage position, so each shard it touches is one
 contiguous run gathered by a single ``numpy.take`` straight into a slot of the prefetch ring
 (``prefetch.py``: its buffers, filler threads and CUDA copies). This module is the API: options,
-epochs, resume.
+epochs (each new iteration starts the next one, as FFCV's loader does), resume, the samples drawn from
+(a ``Subset`` or ``indices=``) and the batch forms handed out (``keys=`` tuples, ``format="torchvision"``).
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import threading
 import weakref
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, DscError
-from .dataset import Dataset, check_forms
+from .batches import select_keys, torchvision_form
+from .dataset import Dataset, check_forms, not_a_dataset
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size
 from .orders.quasi_random import DEFAULT_WINDOW
@@ -31,6 +36,61 @@ def _whole(v) -> bool:
 
 
 MAX_PREFETCH = 256  # batches in flight; the ring holds that many batches' buffers
+FORMATS = ("dict", "torchvision")
+
+
+def _positions(indices, n: int, what: str) -> np.ndarray:
+    """``indices`` (a list, range, array or tensor of ints; negative ones count from the end) checked against
+    ``n`` samples, as an int64 array."""
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    try:
+        idx = np.asarray(indices)
+    except (TypeError, ValueError):
+        idx = np.asarray([], object)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise ConfigError(f"{what} must be a 1-D sequence of sample numbers (ints), got {type(indices).__name__}"
+                          + (f" of {idx.dtype}" if idx.ndim == 1 else f" with shape {idx.shape}"))
+    if idx.size == 0:
+        raise ConfigError(f"{what} selects no sample; give at least one index")
+    idx = idx.astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise ConfigError(f"{what} holds {int(idx[bad][0])}, outside the {n} samples it indexes")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _samples_of(dataset, indices) -> tuple[Dataset, np.ndarray | None]:
+    """The compiled dataset a Loader reads and the samples it draws from (None: all of them), from what was
+    passed: a :class:`Dataset`, a path, or ``torch.utils.data.Subset`` of one (nested ones compose), then
+    ``indices`` (positions in what was passed)."""
+    from torch.utils.data import Subset
+
+    chain = []
+    while isinstance(dataset, Subset):
+        chain.append(dataset.indices)
+        dataset = dataset.dataset
+    if isinstance(dataset, (str, os.PathLike)):
+        dataset = Dataset(dataset)
+    elif not isinstance(dataset, Dataset):
+        raise not_a_dataset(dataset, "dsc.Loader", subset=bool(chain))
+    idx = None
+    for sub in reversed(chain):  # the innermost Subset indexes the dataset itself
+        pos = _positions(sub, len(dataset) if idx is None else len(idx), "a Subset's indices")
+        idx = pos if idx is None else idx[pos]
+    if indices is not None:
+        pos = _positions(indices, len(dataset) if idx is None else len(idx), "indices")
+        idx = pos if idx is None else idx[pos]
+    return dataset, idx
+
+
+def _takes_rank(fn) -> bool:
+    """Whether a plain transforms callable accepts ``rank=`` (older ones take seed, epoch, batch_index)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "rank" or p.kind == p.VAR_KEYWORD for p in params)
 
 
 def _distributed_defaults(rank, world_size) -> tuple[int, int]:
@@ -52,6 +112,39 @@ class _Resume:
     batches: int
 
 
+class LoaderSampler:
+    """``loader.sampler``: the part of a Loader that scripts written for a DataLoader talk to through its
+    sampler (``DistributedSampler``): ``set_epoch(e)``, ``len()`` (this rank's samples per epoch) and
+    iteration (this rank's samples of the loader's epoch, in the order they are drawn)."""
+
+    def __init__(self, loader: "Loader"):
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.loader.samples_per_rank()
+
+    def __iter__(self):
+        return iter(self.loader.epoch_order().tolist())
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    @property
+    def rank(self) -> int:
+        return self.loader.rank
+
+    @property
+    def num_replicas(self) -> int:  # DistributedSampler's name for the world size
+        return self.loader.world_size
+
+    def __repr__(self) -> str:
+        return f"LoaderSampler({len(self)} samples per epoch on rank {self.loader.rank} of {self.loader.world_size})"
+
+
 class Loader:
     """Batches of a compiled dataset, fast: see the module docstring for how.
 
@@ -63,11 +156,19 @@ class Loader:
     ``mapped`` when the dataset fits in the memory available, else ``direct`` for random order and
     ``windowed`` for the others), or one of them forced; ``io_depth``: direct reads in flight.
     ``boxes`` / ``images``: batch forms (see :class:`dsc.Dataset`).
+    ``transforms``: ops of dsc.transforms, or a callable ``(batch, seed=, epoch=, batch_index=[, rank=]) ->
+    batch``; augmentations are drawn from (seed, epoch, rank, batch index).
+
+    Epochs: each new iteration starts the next epoch (the first is 0, or the one ``set_epoch(e)`` pinned;
+    a state loaded by ``load_state_dict`` is continued first). ``dataset`` may be a ``torch.utils.data.Subset``
+    of a dsc dataset, and ``indices=`` picks samples too: the Loader draws from those only. ``keys=("image",
+    "label")``: batches are tuples of those keys, in that order; ``format="torchvision"``: ``(images, targets)``
+    as torchvision's models take them (:func:`~dsc.runtime.batches.torchvision_form`). ``num_threads=0``:
+    batches are made in the calling thread.
 
     Attributes: ``read_strategy`` and ``read_reason`` (which strategy runs and why: the dataset's size against
     the memory available when the Loader was made; ``$DSC_MEMORY`` overrides that figure), ``epoch``,
-    ``rank``, ``world_size``.
-    ``transforms``: a callable ``(batch, seed=, epoch=, batch_index=) -> batch`` (see dsc.transforms).
+    ``rank``, ``world_size``, ``sampler``, ``indices``.
     """
 
     def __init__(self, dataset: Dataset | str, batch_size: int, order: str = "sequential", seed: int = 0,
@@ -75,17 +176,19 @@ class Loader:
                  prefetch: int = 3, rank: int | None = None, world_size: int | None = None, tail: str = "pad",
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None, read: str = "auto",
-                 io_depth: int = R.IO_DEPTH):
-        if not isinstance(dataset, Dataset):
-            dataset = Dataset(dataset)
+                 io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict"):  # noqa: A002
+        dataset, self.indices = _samples_of(dataset, indices)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
+        self._set_output(keys, format, dataset)
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        for name, v in (("batch_size", batch_size), ("num_threads", num_threads), ("prefetch", prefetch),
-                        ("io_depth", io_depth)):
+        for name, v in (("batch_size", batch_size), ("prefetch", prefetch), ("io_depth", io_depth)):
             if not _whole(v) or v < 1:
                 raise ConfigError(f"{name} must be a positive int, got {v!r}")
+        if not _whole(num_threads) or num_threads < 0:
+            raise ConfigError(f"num_threads must be an int >= 0 (0: batches made in the calling thread), got "
+                              f"{num_threads!r}")
         if prefetch > MAX_PREFETCH:
             raise ConfigError(f"prefetch={prefetch} batches in flight would hold that many batches in memory; at most "
                               f"{MAX_PREFETCH} (2-8 keep the GPU fed)")
@@ -113,9 +216,10 @@ class Loader:
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is not in [0, {self.world_size})")
-        if tail == "drop" and self.world_size > len(dataset):
-            raise ConfigError(f"tail='drop' with world_size {self.world_size} > {len(dataset)} samples leaves every "
-                              f"rank empty; use tail='pad'")
+        self.num_samples = len(dataset) if self.indices is None else len(self.indices)
+        if tail == "drop" and self.world_size > self.num_samples:
+            raise ConfigError(f"tail='drop' with world_size {self.world_size} > {self.num_samples} samples leaves "
+                              f"every rank empty; use tail='pad'")
         self.dataset = dataset
         self.batch_size, self.order, self.seed, self.drop_last = batch_size, order, seed, drop_last
         self.num_threads, self.prefetch, self.tail = num_threads, prefetch, tail
@@ -123,10 +227,14 @@ class Loader:
         if order == "quasi_random" and window is None:
             self.window = DEFAULT_WINDOW
         self.transforms = _compose(transforms)
+        self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
+            _takes_rank(self.transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
-        self.threads_used = max(1, min(num_threads, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                       else (os.cpu_count() or 1)))
-        self.epoch = 0
+        self.threads_used = 0 if num_threads == 0 else max(1, min(num_threads, len(os.sched_getaffinity(0))
+                                                                  if hasattr(os, "sched_getaffinity")
+                                                                  else (os.cpu_count() or 1)))
+        self.epoch = 0  # the epoch being iterated (or last iterated), or the next to start when none has
+        self._started = False  # an iteration of self.epoch began: the next iteration starts epoch + 1
         self._served = 0
         self._resume: _Resume | None = None
         self._iterators: weakref.WeakSet = weakref.WeakSet()
@@ -150,16 +258,72 @@ class Loader:
         if cache == "ram":
             dataset.load_to_ram()
 
+    # ------------------------------------------------------------------------ output
+    def _set_output(self, keys, format, dataset: Dataset) -> None:  # noqa: A002
+        """What a batch is handed out as: the dict (default), a tuple of ``keys``, or torchvision's form."""
+        if format not in FORMATS:
+            raise ConfigError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
+        self.format, self.keys, self._output = format, None, None
+        self._gather_boxes = self.boxes
+        if keys is not None:
+            if format != "dict":
+                raise ConfigError("keys= picks keys of the dict batches; format='torchvision' hands out its own tuple "
+                                  "(images, targets): give one of the two")
+            if isinstance(keys, str) or not isinstance(keys, (tuple, list)) or not keys or \
+                    not all(isinstance(k, str) for k in keys):
+                raise ConfigError(f"keys must be a tuple of batch keys, e.g. keys=('image', 'label'), got {keys!r}")
+            self.keys = tuple(keys)
+            self._output = partial(select_keys, keys=self.keys)
+        elif format == "torchvision":
+            if self.boxes not in (None, "packed"):
+                raise ConfigError(f"format='torchvision' makes its own per-image target dicts; drop boxes="
+                                  f"{self.boxes!r}")
+            self._gather_boxes = "packed"
+            self._output = partial(torchvision_form, schema=dataset.schema)
+
+    @property
+    def classes(self) -> list[str]:
+        """What each class label of this loader's batches means: ``classes[k]`` names label k. The dataset's
+        classes, but with ``format="torchvision"`` on a dataset with boxes: ``["__background__", *classes]``
+        (torchvision's detection models keep label 0 for the background, so box labels there are 1-based)."""
+        names = self.dataset.classes
+        if self.format == "torchvision" and "boxes" in self.dataset.schema:
+            return ["__background__", *names]
+        return names
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        """What a script written for a DataLoader asks of ``loader.sampler``: ``set_epoch``, ``len``, iteration."""
+        return LoaderSampler(self)
+
     # ------------------------------------------------------------------------ order
-    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's samples for ``epoch``, in the order they are served (before in-batch sorting)."""
+    def _whole_order(self, epoch: int) -> np.ndarray:
+        """The samples of ``epoch`` on every rank together, in order (dataset indices)."""
         ds = self.dataset
-        order = ORDERS[self.order](len(ds), ds.manifest.shard_size, self.seed,
-                                   self.epoch if epoch is None else epoch, window=self.window)
+        fn, K = ORDERS[self.order], ds.manifest.shard_size
+        if self.indices is None:
+            return fn(len(ds), K, self.seed, epoch, window=self.window)
+        if self.order != "quasi_random":  # an order of the selected samples (sequential: as they were given)
+            return self.indices[fn(len(self.indices), K, self.seed, epoch, window=self.window)]
+        # quasi_random windows are windows of storage: the dataset's order, keeping the selected samples (each as
+        # often as it was selected)
+        full = fn(len(ds), K, self.seed, epoch, window=self.window)
+        by_row = np.argsort(self.indices, kind="stable")
+        rows = self.indices[by_row]
+        lo, hi = np.searchsorted(rows, full, "left"), np.searchsorted(rows, full, "right")
+        counts = hi - lo
+        first = np.repeat(lo, counts)
+        within = np.arange(len(first)) - np.repeat(np.cumsum(counts) - counts, counts)
+        return rows[first + within]
+
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's samples for ``epoch`` (default: the loader's), in the order they are served (before
+        in-batch sorting)."""
+        order = self._whole_order(self.epoch if epoch is None else epoch)
         return partition(order, self.rank, self.world_size, self.tail)
 
     def samples_per_rank(self) -> int:
-        return part_size(len(self.dataset), self.world_size, self.tail)
+        return part_size(self.num_samples, self.world_size, self.tail)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -173,22 +337,42 @@ class Loader:
         return [np.sort(part[a:min(a + self.batch_size, n)]) for a in range(0, n, self.batch_size)]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (the order depends on it). Keeps a position loaded by load_state_dict for it."""
+        """Pin the epoch the next iteration serves (the order and the augmentations depend on it); later
+        iterations go on from it. Not needed: each new iteration starts the next epoch by itself. Keeps a
+        position loaded by load_state_dict for that epoch."""
         if not _whole(epoch) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
         epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None
-        self.epoch = epoch
+        self.epoch, self._started = epoch, False
         self._served = self._resume.batches if self._resume else 0
+
+    def _in_progress(self) -> bool:
+        """An iteration of ``self.epoch`` is under way: an iterator of it is alive and not finished."""
+        return self._served < len(self) and any(it.alive for it in list(self._iterators))
+
+    def _position(self) -> tuple[int, int]:
+        """(epoch, batches of it already handed out) of the next batch this loader serves: in the iteration
+        under way, else where the next iteration starts."""
+        if self._resume is not None:
+            return self._resume.epoch, self._resume.batches
+        if not self._started:
+            return self.epoch, self._served
+        if self._in_progress():
+            return self.epoch, self._served
+        return self.epoch + 1, 0
 
     # ------------------------------------------------------------------------ iteration
     def __iter__(self):
+        """One epoch: the next one (each new iteration advances), the one ``set_epoch`` pinned, or the rest of
+        the one ``load_state_dict`` loaded."""
         for it in list(self._iterators):  # one epoch in flight at a time: an older iterator now raises
             it.close(superseded="this epoch's iterator was closed because a new iteration of the same Loader "
                                 "started; use one iterator per Loader at a time (or a second Loader)")
-        start = self._resume.batches if self._resume is not None and self._resume.epoch == self.epoch else 0
+        self.epoch, start = self._position()  # (the older iterators are closed: a started epoch is over)
         self._resume = None
+        self._started = True
         self._served = start
         it = EpochIterator(self, self.batch_indices(), start)
         self._iterators.add(it)
@@ -288,14 +472,22 @@ class Loader:
 
     # ------------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
-        """Where the loader is: the epoch and how many of its batches were handed out (batches still
-        being prefetched are not counted, so they are served again after a resume)."""
-        return {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed, "order": self.order,
+        """Where the loader is: the epoch of the next batch and how many of its batches were handed out
+        (batches still being prefetched are not counted, so they are served again after a resume). During an
+        iteration, that iteration's epoch; between iterations, where the next one starts (after a whole
+        epoch e: epoch e + 1, 0 batches)."""
+        epoch, served = self._position()
+        return {"epoch": epoch, "batches_served": served, "seed": self.seed, "order": self.order,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
-                "num_samples": len(self.dataset), "shard_size": self.dataset.manifest.shard_size,
+                "num_samples": self.num_samples, "shard_size": self.dataset.manifest.shard_size,
                 "dataset": self.dataset.manifest.checksum(), "version": self.dataset.version,
-                "transforms": _describe(self.transforms)}
+                "transforms": _describe(self.transforms), "indices": self._indices_digest()}
+
+    def _indices_digest(self) -> str | None:
+        if self.indices is None:
+            return None
+        return hashlib.sha256(np.ascontiguousarray(self.indices, "<i8").tobytes()).hexdigest()[:16]
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
@@ -306,7 +498,7 @@ class Loader:
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms", "version"})  # (states saved before they were)
+        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices"})  # (saved before they were)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
@@ -315,9 +507,12 @@ class Loader:
                               f"loader reads version {ours['version']}; open the version the run trained on "
                               f"(dsc.open(path, version={state['version']})) to resume it")
         for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
-                    "num_samples", "shard_size", "dataset", "transforms"):
+                    "num_samples", "shard_size", "dataset", "transforms", "indices"):
             mine = ours[key]
-            if key in state and state[key] != mine:
+            if state.get(key, None if key == "indices" else mine) != mine:
+                if key == "indices":
+                    raise ConfigError("cannot resume: the saved state drew from other samples (a Subset or indices= "
+                                      "that differ from this loader's); build the Loader over the same samples")
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]
@@ -329,7 +524,7 @@ class Loader:
         self._interrupt("load_state_dict() was called during this epoch, which moved the Loader elsewhere; call "
                         "it before iterating")
         self._resume = _Resume(int(epoch), int(served))
-        self.epoch = self._resume.epoch
+        self.epoch, self._started = self._resume.epoch, False
         self._served = self._resume.batches
 
 
@@ -342,7 +537,7 @@ def _describe(transforms) -> str | None:
 
 
 def _compose(transforms):
-    """None, a Compose, a list of ops, one op, or a callable ``(batch, seed=, epoch=, batch_index=)``."""
+    """None, a Compose, a list of ops, one op, or a callable ``(batch, seed=, epoch=, batch_index=[, rank=])``."""
     from ..transforms import Compose, Geometric, PIXEL_OPS
 
     if transforms is None or isinstance(transforms, Compose):

@@ -2,8 +2,9 @@
 
 ``num_threads`` threads take the epoch's batches in order, each gathering one batch straight into a slot
 of a ring of ``prefetch + 2`` reusable buffers (pinned when the device is CUDA), up to ``prefetch``
-batches ahead of the consumer. The gathers release the GIL and threads share memory, so nothing is
-pickled or copied twice.
+batches ahead of the consumer (``num_threads=0``: each batch is made in the consumer's thread when it is
+asked for, nothing ahead: for debugging, and for scripts whose ``-j 0`` means that). The gathers release
+the GIL and threads share memory, so nothing is pickled or copied twice.
 
 Ring safety: a slot's buffers are reused only if nothing outside the ring still references them
 (checked on the tensor storage's use count); a batch the user keeps (``list(loader)``) keeps its
@@ -94,8 +95,10 @@ class _EpochState:
         self.start = 0
         if self.compose is not None:
             self.geometry, self.post, self.start = self.compose.gather_plan(photometric=loader.device.type != "cuda")
-        self.forms = (loader.boxes, loader.images)
-        self.seed, self.epoch = loader.seed, loader.epoch
+        self.forms = (loader._gather_boxes, loader.images)
+        self.output = loader._output  # the batch form handed out (None: the dict as it is)
+        self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
+        self.rank_kw = loader._transforms_take_rank  # a plain callable that takes rank= gets it
         if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
             loader._ring = Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
         self.ring = loader._ring
@@ -135,21 +138,19 @@ def _fill(state: _EpochState, k: int) -> None:
 
 
 def _transform_rest(state: _EpochState, batch, j: int, gen):
-    """The transforms not run in the gather: the rest of a Compose (same generator), or a plain callable."""
-    if state.compose is None:
-        return state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j)
-    if state.start < len(state.compose.stages):
-        return state.compose(batch, gen=gen, start=state.start)
-    return batch
+    """The transforms not run in the gather (the rest of a Compose, same generator, or a plain callable),
+    then the loader's output form (``keys`` tuples, ``format="torchvision"``)."""
+    if state.compose is None and state.transforms is not None:
+        extra = {"rank": state.rank} if state.rank_kw else {}
+        batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j, **extra)
+    elif state.compose is not None and state.start < len(state.compose.stages):
+        batch = state.compose(batch, gen=gen, start=state.start)
+    return state.output(batch) if state.output is not None else batch
 
 
 def _fill_jobs(state: _EpochState, k: int) -> None:
-    from ..transforms import batch_generator
-    from ..transforms.fused import plan_chain
-
-    cuda = state.device.type == "cuda"
     stream = None
-    if cuda:  # the current device is per thread: this one copies to the loader's device, on its own stream
+    if state.device.type == "cuda":  # the current device is per thread: this one copies to the loader's device
         torch.cuda.set_device(state.device)
         stream = state.copy_stream(k)
     torch.set_num_threads(1)  # this thread's resizes run on its own core (the count is per calling thread)
@@ -161,38 +162,47 @@ def _fill_jobs(state: _EpochState, k: int) -> None:
                 return
             j = state.next_job
             state.next_job += 1
-        try:
-            ring = state.ring
-            s = j % len(ring.slots)
-            if ring.copy_done[s] is not None:
-                ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
-            idx = state.batches[j]
-            gen = batch_generator(state.seed, state.epoch, j) if state.transforms is not None else None
-            plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
-            if state.feed is not None:
-                state.feed.wait(j, lambda: state.stop)  # its shards are read in (downloaded) and held
-            try:
-                batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
-                                                geometry=plan, post=state.post, reads=state.reads)
-            finally:
-                if state.feed is not None:
-                    state.feed.done(j)  # gathered: the shards no later batch reads may go
-            event = None
-            if cuda:
-                with torch.cuda.stream(stream):
-                    batch = _to_device(batch, state.device)
-                    event = torch.cuda.Event(blocking=True)  # waiting on it sleeps instead of spinning a core
-                    event.record(stream)
-                ring.copy_done[s] = event
-            elif state.transforms is not None:
-                batch = _transform_rest(state, batch, j, gen)
-            result = (batch, event, gen)
-        except BaseException as e:  # handed to the consumer, raised there
-            result = e
+        result = _make_batch(state, j, stream)
         with state.cond:
             state.results[j] = result
             state.cond.notify_all()
-        batch = result = None  # hold no reference to a ring slot while waiting for the next job
+        result = None  # hold no reference to a ring slot while waiting for the next job
+
+
+def _make_batch(state: _EpochState, j: int, stream):
+    """Batch ``j`` gathered into its ring slot (and on CUDA sent to the device on ``stream``): ``(batch,
+    event, gen)``, or the exception that stopped it (raised in the consumer)."""
+    from ..transforms import batch_generator
+    from ..transforms.fused import plan_chain
+
+    try:
+        ring = state.ring
+        s = j % len(ring.slots)
+        if ring.copy_done[s] is not None:
+            ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
+        idx = state.batches[j]
+        gen = batch_generator(state.seed, state.epoch, j, state.rank) if state.transforms is not None else None
+        plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
+        if state.feed is not None:
+            state.feed.wait(j, lambda: state.stop)  # its shards are read in (downloaded) and held
+        try:
+            batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
+                                            geometry=plan, post=state.post, reads=state.reads)
+        finally:
+            if state.feed is not None:
+                state.feed.done(j)  # gathered: the shards no later batch reads may go
+        event = None
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                batch = _to_device(batch, state.device)
+                event = torch.cuda.Event(blocking=True)  # waiting on it sleeps instead of spinning a core
+                event.record(stream)
+            ring.copy_done[s] = event
+        else:
+            batch = _transform_rest(state, batch, j, gen)
+        return batch, event, gen
+    except BaseException as e:  # handed to the consumer, raised there
+        return e
 
 
 def _to_device(batch, device):
@@ -242,6 +252,9 @@ class EpochIterator:
         if j >= state.end or (state.stop and j not in state.results and state.fatal is None):
             self.close()
             raise StopIteration
+        if not state.threads:  # num_threads=0: the batch is made here, in the calling thread
+            stream = state.copy_stream(0) if state.device.type == "cuda" else None
+            state.results[j] = _make_batch(state, j, stream)
         with state.cond:
             while j not in state.results:
                 if state.fatal is not None:
@@ -263,14 +276,18 @@ class EpochIterator:
                 stream = torch.cuda.current_stream(state.device)
                 stream.wait_event(event)
                 _record_stream(batch, stream)
-                if state.transforms is not None:
-                    batch = _transform_rest(state, batch, j, gen)
+                batch = _transform_rest(state, batch, j, gen)
             except BaseException:
                 self.close()  # the batch was taken: never leave the cursor behind it (next() would wait forever)
                 raise
         self._cursor = j + 1
         self._loader._served = j + 1
         return batch
+
+    @property
+    def alive(self) -> bool:
+        """Not finished, closed nor superseded: its epoch is under way."""
+        return self._finalizer.alive
 
     def close(self, superseded: str | None = None) -> None:
         """Stop the threads; with ``superseded`` (the reason) a later next() raises it instead of ending."""

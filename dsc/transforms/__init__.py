@@ -8,7 +8,8 @@ Consecutive geometric ops draw their parameters once per batch and run per sampl
 (crop, antialiased resize, flip: torchvision's semantics) straight from the stored sample into the output;
 in a ``dsc.Loader`` they run inside the gather, in the filler threads, so only the crop is read and the
 batch leaves the host at its training size. Boxes and masks follow. Randomness comes from a generator
-seeded by (seed, epoch, batch index), so a resumed loader replays the same augmentations.
+seeded by (seed, epoch, rank, batch index): distributed ranks draw independent augmentations, and a resumed
+loader replays the same ones.
 """
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ def _batch_op(op):
     return (lambda batch, gen: op(batch)) if one else op
 
 
-def batch_generator(seed: int, epoch: int, batch_index: int) -> torch.Generator:
-    """A CPU generator determined by (seed, epoch, batch index) alone."""
-    state = np.random.SeedSequence([int(seed), int(epoch), int(batch_index)]).generate_state(1, np.uint64)[0]
+def batch_generator(seed: int, epoch: int, batch_index: int, rank: int = 0) -> torch.Generator:
+    """A CPU generator determined by (seed, epoch, rank, batch index) alone: each distributed rank has its own
+    stream (rank 0's is the one a single process draws)."""
+    key = [int(seed), int(epoch), int(batch_index)] + ([int(rank)] if rank else [])
+    state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(state >> np.uint64(1)))
 
 
@@ -83,16 +86,17 @@ class Compose:
         return geometry, post, k
 
     def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None,
-                 gen: torch.Generator | None = None, start: int = 0) -> dict:
-        """The random draws come from (seed, epoch, batch_index) alone: the same three give the same crops
-        and flips (that is what makes a resumed Loader replay its batches), so a loop of your own passes its
-        epoch and batch number. ``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a
-        batch from dsc carries its own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``:
-        continue a batch whose first stages ran in the gather."""
+                 gen: torch.Generator | None = None, start: int = 0, rank: int = 0) -> dict:
+        """The random draws come from (seed, epoch, rank, batch_index) alone: the same four give the same
+        crops and flips (that is what makes a resumed Loader replay its batches), so a loop of your own passes
+        its epoch and batch number (and, distributed, its rank: ranks then draw different augmentations).
+        ``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries its
+        own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``: continue a batch whose first
+        stages ran in the gather."""
         if not isinstance(batch, dict):
             raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
                               f"list of samples; got a {type(batch).__name__}")
-        gen = gen if gen is not None else batch_generator(seed, epoch, batch_index)
+        gen = gen if gen is not None else batch_generator(seed, epoch, batch_index, rank)
         schema = schema if schema is not None else getattr(batch, "schema", None)
         batch = Batch(batch, schema=schema)
         for kind, op in self.stages[start:]:

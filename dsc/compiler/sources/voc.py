@@ -7,7 +7,9 @@ found in the split, or the list given. ``difficult`` and ``truncated`` are kept 
 With ``masks=True`` the split comes from ``ImageSets/Segmentation/<split>.txt`` and every image gets its
 ``SegmentationClass/<id>.png``: palette indices are the class ids (0 background, k + 1 the k-th class,
 255 the border / ignore). Classes then default to VOC's 20, in VOC's (alphabetical) order, so a box's
-label k and its mask value k + 1 name the same class. An image without an annotation XML has no boxes.
+label k and its mask value k + 1 name the same class. An image without an annotation XML has no boxes;
+when no image of the split has one (a segmentation-only set), the dataset is a segmentation dataset: masks
+and no boxes, its classes the mask values' names (``background`` first).
 """
 from __future__ import annotations
 
@@ -128,7 +130,6 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
                 invalid.append((iid, f"{xml}: annotation file missing for id {iid} listed in {split_file.name}"))
                 continue
             filename, wh, objs = "", None, []  # a segmentation image needs no boxes
-            without_xml += 1
         else:
             filename, wh, objs = _parse_xml(xml)
         img = inside(root / "JPEGImages", filename or f"{iid}.jpg", str(xml), allow_outside_images)
@@ -141,6 +142,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
                             f"{mask}: the mask of id {iid} (listed in {split_file.name}) is {mask_state}"))
             continue
         parsed.append((iid, xml, img, wh, objs))
+        without_xml += xml_state == "missing"
     if classes is None:
         names = list(VOC_CLASSES) if masks else sorted({o[0] for *_, objs in parsed for o in objs})
     else:
@@ -160,6 +162,13 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
             mask=str(root / "SegmentationClass" / f"{iid}.png") if masks else ""))
     if not records and not invalid:
         raise SourceError(f"{split_file}: the split lists no images")
+    if masks and records and without_xml == len(records):  # no XML at all: segmentation only, no empty boxes
+        mask_classes = ("background", *names)
+        return ScannedSource(kind="voc", root=str(root), task="segmentation", classes=mask_classes,
+                             records=[Record(key=r.key, path=r.path, mask=r.mask) for r in records],
+                             invalid=tuple(invalid), masks=MaskInfo(classes=mask_classes),
+                             summary={"kind": "voc", "root": str(root), "split": split, "num_images": len(ids),
+                                      "masks": True})
     warnings = (f"{without_xml} images of split {split!r} have no annotation XML and are kept without boxes",) \
         if without_xml else ()
     return ScannedSource(kind="voc", root=str(root), task="detection", records=records, classes=tuple(names),
@@ -173,7 +182,8 @@ class VocSource(Source):
     """A Pascal VOC split (Annotations/, JPEGImages/, ImageSets/Main/).
 
     With --masks, the split of ImageSets/Segmentation and a class-id mask per image from
-    SegmentationClass/ (palette indices; 255 = border, kept as the ignore index)."""
+    SegmentationClass/ (palette indices; 255 = border, kept as the ignore index); a split none of whose
+    images has an annotation XML compiles as a segmentation dataset (no boxes)."""
 
     name = "voc"
     task = "detection"
