@@ -363,29 +363,38 @@ def test_schedule_budget_is_a_bound_with_fillers_finishing_out_of_order():
     def release(k):
         time.sleep(0.0005)
         with lock:
-            del held[k]
+            del held[k]  # (a release that overlapped the same shard's next fetch would fail here or above)
 
     budget = 450
     s = ShardSchedule(needs, 0, nbytes, fetch, release, budget=budget, workers=3)
     nxt = iter(range(len(needs)))
     take = threading.Lock()
 
+    failed = []
+
     def filler():
-        while True:
-            with take:
-                j = next(nxt, None)
-            if j is None:
-                return
-            s.wait(j)
-            time.sleep(float(rng.random()) * 0.001)
-            s.done(j)
+        try:
+            while True:
+                with take:
+                    j = next(nxt, None)
+                if j is None:
+                    return
+                s.wait(j)
+                with lock:
+                    assert set(needs[j].tolist()) <= set(held)
+                time.sleep(float(rng.random()) * 0.001)
+                s.done(j)
+        except BaseException as e:  # noqa: BLE001
+            failed.append(e)
+            s.close()
 
     threads = [threading.Thread(target=filler) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
     s.close()
+    assert not failed and not any(t.is_alive() for t in threads), failed
     assert held == {} and peak[0] <= budget and s.peak_bytes <= budget, (peak[0], s.peak_bytes)
 
 

@@ -115,6 +115,7 @@ class ShardSchedule:
         self.in_flight: dict[int, list[int]] = {}  # shard being fetched -> the batches waiting for it
         self.pending: dict[int, int] = {}  # walked batch -> its fetches not ended
         self.futures: dict[int, Future] = {}  # fetches submitted to the pool
+        self.releasing: set[int] = set()  # shards being let go (not to be fetched again until that ends)
         self.bytes_held = 0
         self.peak_bytes = 0
         self.walked = start  # batches before it are walked
@@ -146,6 +147,11 @@ class ShardSchedule:
             while True:
                 keys = self.needs[j].tolist()
                 new = [k for k in keys if k not in self.refs]
+                if any(k in self.releasing for k in new):  # fetched again only once its release has ended
+                    self.cond.wait(0.5)
+                    if self.stopped:
+                        return None
+                    continue
                 size = int(self.nbytes[new].sum()) if new else 0
                 # (the oldest batch not done may always fetch, once nothing else is held: every batch walked
                 # before it is done, so what is still counted is being let go; then it fits the budget too)
@@ -229,6 +235,7 @@ class ShardSchedule:
                 self.pending[j] -= 1
             if key not in self.refs:  # closed meanwhile: let it go at once
                 late = True
+                self.releasing.add(key)
             self._advance()
         if late:
             self._let_go([key])
@@ -269,17 +276,21 @@ class ShardSchedule:
         if self.refs[key] > 0 or key in self.in_flight:
             return False
         del self.refs[key]
+        self.releasing.add(key)
         return True
 
     def _let_go(self, keys: list[int]) -> None:
-        """Release ``keys`` (no longer in ``refs``), then stop counting their bytes: what is held never
-        exceeds the budget, even for the moment between the two."""
-        for key in keys:
-            self._release(key)
-        if keys:
-            with self.cond:
-                self.bytes_held -= int(self.nbytes[keys].sum())
-                self.cond.notify_all()
+        """Release ``keys`` (no longer in ``refs``; in ``releasing``), then stop counting their bytes: what is
+        held never exceeds the budget, even for the moment between the two."""
+        try:
+            for key in keys:
+                self._release(key)
+        finally:
+            if keys:
+                with self.cond:
+                    self.bytes_held -= int(self.nbytes[keys].sum())
+                    self.releasing.difference_update(keys)
+                    self.cond.notify_all()
 
     def done(self, j: int) -> None:
         """Batch j is gathered: with ``per_batch``, the shards no walked batch still reads are let go."""
@@ -310,6 +321,7 @@ class ShardSchedule:
             self.thread.join()
         with self.cond:
             held = [k for k in self.refs if k not in self.in_flight]
+            self.releasing.update(held)
             self.refs = {}
             queued = list(self.futures.values())
         if self.pool is not None:
