@@ -76,9 +76,8 @@ class Journal:
         self.fields = fields
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         try:
-            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint})
+            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint}, self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / "plan.json", e) from None
 
@@ -102,7 +101,7 @@ class Journal:
         # No fsync: after a power loss a torn entry fails to parse, and an entry whose shard was not yet on
         # disk fails the SHA-256 check; either way the unit is compiled again.
         try:
-            write_json(self.dir / f"unit-{result.s}.json", {"inputs": inputs, **result.to_json()})
+            write_json(self.dir / f"unit-{result.s}.json", {"inputs": inputs, **result.to_json()}, self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / f"unit-{result.s}.json", e) from None
 
