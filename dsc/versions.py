@@ -198,6 +198,7 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         from dataclasses import replace
 
         new_m = replace(m, version={"number": n_new, "parent": have[-1], "operation": f"restore {n_old}"})
+        view.check(Path(out), new_m)
         stat = V.read_stat(root, n_old, m.num_rows)
         if stat is not None:
             V.write_stat(Path(out), n_new, stat)
@@ -254,6 +255,8 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
             raise CorruptDatasetError(f"{next(iter(bad.values()))}. A tag keeps its version from vacuum, and dsc cannot "
                                       f"tell which version this one keeps: nothing was removed")
         tagged = set(tag_map.values())
+        if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
+            view.show(out, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         held = []

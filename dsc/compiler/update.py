@@ -337,6 +337,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
         base = Base.open(out)
         m = base.manifest
         versions.check_private(out, L.shard_nodes(m))
+        view.check(out, m)
         options = check_options(m, options)
         _check_same_source(m, scanned, source, out, say)
         fields = dataset_fields(scanned, options)

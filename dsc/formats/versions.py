@@ -95,25 +95,30 @@ def read_record(root: Root, n: int) -> dict:
 
 def parse_record(data: bytes, where, n: int) -> dict:
     """Version ``n``'s record from its bytes (read from ``where``, named in errors), parsed and checked."""
+    try:
+        return _parse_record(data, where, n)
+    except CorruptDatasetError as e:  # (its kind kept: an unsafe path stays an UnsafePathError)
+        raise type(e)(f"{e}; the record is damaged: put the right file back, or move it out of {LOG} to drop version "
+                      f"{n} (`dsc restore` makes a new version of an intact one)") from None
+
+
+def _parse_record(data: bytes, where, n: int) -> dict:
     rec = parse_json(data, where)
     if not isinstance(rec, dict) or set(rec) != RECORD_KEYS or rec.get("version") != n:
-        raise CorruptDatasetError(f"{where}: not a dsc version record for version {n} (edited or copied "
-                                  f"by hand?); put the right file back, or move it out of {LOG} to drop version {n}")
-    fix = (f"; the record is damaged: put the right file back, or move it out of {LOG} to drop version {n} "
-           f"(`dsc restore` makes a new version of an intact one)")
+        raise CorruptDatasetError(f"{where}: not a dsc version record for version {n} (edited or copied by hand?)")
     for key, kind in (("parent", (int, type(None))), ("created", str), ("operation", str), ("summary", dict),
                       ("next_slot", int), ("manifest", dict)):
         if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
-            raise CorruptDatasetError(f"{where}: {key} has the wrong type{fix}")
+            raise CorruptDatasetError(f"{where}: {key} has the wrong type")
     try:
         m = Manifest.from_dict(rec["manifest"])
-    except CorruptDatasetError as e:  # (its kind kept: an unsafe path stays an UnsafePathError)
-        raise type(e)(f"{where}: {e}{fix}") from None
+    except CorruptDatasetError as e:
+        raise type(e)(f"{where}: {e}") from None
     if m.version is None or m.version.get("number") != n or rec["next_slot"] < len(m.shards):
-        raise CorruptDatasetError(f"{where}: its manifest is not version {n}'s{fix}")
+        raise CorruptDatasetError(f"{where}: its manifest is not version {n}'s")
     if rec["parent"] != m.version.get("parent"):
         raise CorruptDatasetError(f"{where}: its parent ({rec['parent']!r}) is not its manifest's "
-                                  f"({m.version.get('parent')!r}){fix}")
+                                  f"({m.version.get('parent')!r})")
     rec["manifest"] = m
     return rec
 

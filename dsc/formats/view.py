@@ -20,10 +20,11 @@ version. Only the metadata of the alternating arrays differs from its object: it
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from ..errors import CorruptDatasetError, DscError
-from .files import Root, remove_file, write_atomic
+from .files import Root, not_ours, remove_file, write_atomic
 from .manifest import Manifest
 from .versions import object_path
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
@@ -139,6 +140,16 @@ def refresh(root: Path, m: Manifest, old: Manifest | None = None) -> None:
             remove_file(root / view_path(rel, cur, alternating(old)), root)
 
 
+def check(root: Path, m: Manifest) -> None:
+    """Before a writer commits: every folder the view of ``m`` writes into is a plain folder (or absent), so a
+    link there is refused before anything is committed, not after."""
+    folders = {p for rel in m.files for p in Path(rel).parents if p != Path(".")}
+    for folder in sorted(folders, key=lambda p: len(p.parts)):
+        path = root / folder
+        if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+            raise not_ours(path, "a folder of the dataset's plain-Zarr view")
+
+
 def show(root: Path, m: Manifest) -> None:
     """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
     restore)."""
@@ -184,5 +195,5 @@ def _recover_object(root: Path, r: Root, rel: str, f: dict, sep: str, alt: set[s
                               f"--version N checks one), or recompile")
 
 
-__all__ = ["alternating", "contents", "current", "expected", "other", "refresh", "root_json", "separator", "show",
+__all__ = ["alternating", "check", "contents", "current", "expected", "other", "refresh", "root_json", "separator", "show",
            "view_path", "write_root"]
