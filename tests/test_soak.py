@@ -107,6 +107,34 @@ def test_a_kill_at_any_step_of_the_view_refresh_leaves_one_version_in_the_view(t
     assert seen == {"old"}  # only the last rename (the root) switches it
 
 
+def test_vacuum_never_removes_the_version_the_view_shows(tmp_path, monkeypatch):
+    """A writer killed between its commit and the view refresh leaves the view on the previous version; a
+    vacuum that removes that version first brings the view to the latest, so plain readers never read a
+    version whose shards are gone."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    for s in range(40):
+        put(src, s, s % 3)
+    dsc.compile_imagefolder(src, out, **OPTS)
+    keys = dsc.open(out).keys
+    for key in keys[:16]:  # slot 0's samples: only version 0 uses the slot
+        (src / key).unlink()
+
+    def killed(*a, **kw):
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(view, "refresh", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(src, out, update=True, **OPTS)
+    monkeypatch.undo()
+    assert zarr.open_group(out, mode="r").attrs["dsc"]["version"]["number"] == 0  # the view: still version 0
+    assert dsc.vacuum(out, keep=1, older_than=0).removed == [0] and not (out / "image" / "c" / "0").exists()
+    g = zarr.open_group(out, mode="r")
+    live = np.flatnonzero(g["live"][:])
+    assert g.attrs["dsc"]["version"]["number"] == 1 and sorted(g["keys"][:][live]) == sorted(keys[16:])
+    assert all(np.array_equal(img, pixels(int(k.split("/s")[1][:-4])))
+               for k, img in zip(g["keys"][:][live], g["image"][:][live]))
+    assert dsc.verify(out).ok
+
+
 # ----------------------------------------------------------------------------- the soak
 READER = r'''
 import hashlib, json, os, sys

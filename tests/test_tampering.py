@@ -158,6 +158,7 @@ def test_links_inside_a_dataset_are_never_written_through(two_versions, rel, cmd
     line = one_line_error(cli(*_writers(src, out)[cmd]), "symbolic link")
     assert any(str(p) in line for p in links), line
     assert {p.name: p.read_bytes() for p in victim.iterdir()} == before
+    assert [e["version"] for e in dsc.log(out)] == [0, 1]  # refused before anything was committed or removed
     no_lock_left(out)
     for p in links:
         p.unlink()
