@@ -7,6 +7,7 @@ PILLOW_SIMD_SPEC ?= pillow-simd==12.1.1.post0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.dsc-installed
+BENCH_STAMP := $(VENV)/.dsc-bench-installed
 
 .PHONY: install demo test bench install-simd clean
 
@@ -18,6 +19,11 @@ $(STAMP): $(VENV)/bin/python setup.cfg pyproject.toml
 	$(PIP) install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# `make bench` also installs the bench extra (s3fs, for the remote benchmark's library comparison).
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install --quiet -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -26,7 +32,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py
 
 # Replace Pillow with an AVX2 build of pillow-simd (compiled here, ~20 s; needs libjpeg and zlib headers).

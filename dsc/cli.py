@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import CompileLockedError, DscError
+from .errors import CompileLockedError, DscError, ResumeError
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):
@@ -229,13 +229,17 @@ def _report(report) -> None:
         return
     if report.plan is not None:
         p = report.plan
+        decoded = p["decoded"] if report.decoded is None else report.decoded
+        new = m.shard_count - report.reused_shards - report.resumed_units
         click.echo(f"version {report.version} of {report.path}: {_n(m.num_samples, 'image')} "
-                   f"({_describe_image(m)}); decoded {p['decoded']:,} in {report.seconds:.1f} s, wrote "
-                   f"{_mb(report.bytes_written)} in {_n(m.shard_count - report.reused_shards, 'new shard')}")
+                   f"({_describe_image(m)}); decoded {decoded:,} in {report.seconds:.1f} s, wrote "
+                   f"{_mb(report.bytes_written)} in {_n(new, 'new shard')}"
+                   + (f" (and kept {report.resumed_units:,} from the interrupted run)" if report.resumed_units else ""))
     else:
+        this_run = (f"{report.decoded:,} decoded by this run, " if report.resumed_units else "")
         click.echo(f"compiled {_n(m.num_samples, 'image')} into {report.path} ({_describe_image(m)}; "
                    f"{_n(m.shard_count, 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
-                   f"{report.images_per_second:,.0f} img/s")
+                   f"{this_run}{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
         click.echo(f"objects: {_describe_objects(m)}")
     for name, desc in _extra_fields(m):
@@ -301,6 +305,15 @@ class CompileGroup(DscGroup):
         cls = sources().get(name)
         return source_command(cls) if cls is not None and cls.cli else None
 
+    def resolve_command(self, ctx, args):
+        """``dsc compile imagefoldr``: the source meant, and every source (click suggests only among commands
+        it holds, and these are made on demand)."""
+        from .compiler.sources import unknown_source
+
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            ctx.fail(unknown_source(args[0], self.list_commands(ctx)))
+        return super().resolve_command(ctx, args)
+
 
 @main.group(name="compile", cls=CompileGroup)
 def compile_group():
@@ -335,8 +348,10 @@ def _compile(out: Path, kw: dict, make_source) -> None:
         from .errors import UnsafePathError
 
         partial = staging_dir(out)
-        if partial.is_dir() and not partial.is_symlink() and not isinstance(e, (CompileLockedError, UnsafePathError)):
-            # (a locked-out compile touched nothing; one refused for a link there has nothing to resume)
+        # a locked-out compile touched nothing; a refused --resume says itself that --resume cannot help; one
+        # refused for a link there has nothing to resume
+        if partial.is_dir() and not partial.is_symlink() and not isinstance(
+                e, (CompileLockedError, ResumeError, UnsafePathError)):
             click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
                        f"to continue, or without it to start over", err=True)
         raise
@@ -488,7 +503,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
     r = vacuum(dataset, keep=keep, older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {_n(len(r.removed), 'version')}" + (f" ({', '.join(map(str, r.removed))})" if r.removed else "")
-               + f" and {_n(r.files, 'file')} ({_mb(r.bytes)}); kept {', '.join(map(str, r.kept))}")
+               + f" and {_n(r.files, 'file')} ({r.bytes:,} bytes, {_mb(r.bytes)}); kept {', '.join(map(str, r.kept))}")
     tagged = [n for n in r.kept if n not in r.pinned and n not in r.recent and n in r.tagged]
     if tagged:
         click.echo(f"kept because tagged: {', '.join(map(str, tagged))}")
@@ -668,6 +683,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if dataset is None:
             return
     from .formats.layout import check_shard_files, shard_specs
+    from .runtime.reads import describe as describe_reads
     from .versions import manifest_of
 
     m, versions_line = manifest_of(dataset, version)
@@ -707,6 +723,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
         ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
                    f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
+        ("reads", f"{describe_reads(total)} (dsc.Loader(read=...) forces one)"),
     ]
     for k, v in rows:
         click.echo(f"{k:10}{v}")

@@ -46,6 +46,11 @@ class CompileLockedError(DscError, BlockingIOError):
     """Another compile is writing the same output right now."""
 
 
+class ResumeError(ConfigError):
+    """``--resume`` found a partial compile of other inputs or options: it cannot be continued (a run without
+    ``--resume`` starts over; rerunning with ``--resume`` cannot help)."""
+
+
 class WriteError(DscError, OSError):
     """Writing the output failed (disk full, file-size limit, permissions). Finished shards are kept:
     free space and rerun the same command with ``--resume``."""

@@ -95,7 +95,8 @@ def detection_scenes(n: int = 12, seed: int = 0, size_range=(60, 160), ext: str 
 
 
 def _write_scene_image(scene: dict, path: Path) -> None:
-    """PNG (lossless, for exact tests) or, by the file's extension, JPEG with noise (realistic sizes)."""
+    """PNG (lossless, for exact tests) or, by the file's extension, TIFF (lossless; Pillow applies its
+    orientation as it loads) or JPEG with noise (realistic sizes)."""
     jpeg = path.suffix.lower() in (".jpg", ".jpeg")
     if jpeg:
         im = make_scene(np.random.default_rng(scene["width"] * 7919 + scene["height"]), scene["height"], scene["width"])
@@ -110,7 +111,8 @@ def _write_scene_image(scene: dict, path: Path) -> None:
         im = im.transpose(_TO_RAW[o])
         exif[0x0112] = o
     path.parent.mkdir(parents=True, exist_ok=True)
-    im.save(path, "JPEG" if jpeg else "PNG", exif=exif, **({"quality": 90} if jpeg else {}))
+    fmt = "JPEG" if jpeg else "TIFF" if path.suffix.lower() in (".tif", ".tiff") else "PNG"
+    im.save(path, fmt, exif=exif, **({"quality": 90} if jpeg else {}))
 
 
 def _rect_rle(box, w: int, h: int) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -220,8 +221,8 @@ class VacuumReport:
     pinned: list[int] = field(default_factory=list)  # beyond --keep but open in some process: kept
     recent: list[int] = field(default_factory=list)  # beyond --keep but within the retention period: kept
     tagged: list[int] = field(default_factory=list)  # tagged versions (always kept)
-    files: int = 0
-    bytes: int = 0
+    files: int = 0  # files removed (would be removed): records, stat caches, pins, shards, objects, leftovers
+    bytes: int = 0  # their bytes
     dry_run: bool = False
 
 
@@ -260,6 +261,7 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         held = []
+        pins_before = set(os.listdir(out / V.PINS)) if (out / V.PINS).is_dir() else set()
         try:
             for k, n in enumerate(have):
                 newest = k >= len(have) - keep
@@ -282,25 +284,44 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                 m = records[n]["manifest"]
                 used_shards |= {s.path for s in L.shard_specs(m)}
                 used_objects |= {f["sha256"] for f in m.files.values()}
-            doomed = _unused(out, nodes, used_shards, used_objects)
-            report.files = len(doomed)
-            report.bytes = sum(p.stat().st_size for p in doomed if p.is_file())
+            # Everything the vacuum deletes, records first (a version is gone once its record is); the report
+            # counts the files under these paths as they are now, so it says what the removal frees.
+            doomed = [out / p for n in report.removed for p in (V.record_path(n), f"{V.STAT}/{n}.bin")]
+            doomed += _unused(out, nodes, used_shards, used_objects)
+            doomed += [out / V.PINS / str(n) for n in report.removed if str(n) in pins_before]
+            doomed.append(out / V.TXN)  # under the lock no update runs: an interrupted one's leftovers
+            report.files, report.bytes = _measure(doomed)
             if not dry_run:
-                for n in report.removed:  # the record first: a version is gone once its record is
-                    (out / V.record_path(n)).unlink(missing_ok=True)
-                    (out / V.STAT / f"{n}.bin").unlink(missing_ok=True)
                 for p in doomed:
-                    if p.is_dir():
+                    if p.is_dir() and not p.is_symlink():
                         shutil.rmtree(p, ignore_errors=True)
                     else:
                         p.unlink(missing_ok=True)
-                for n in report.removed:
+                for n in report.removed:  # (the pins this vacuum created to lock the versions it removed)
                     (out / V.PINS / str(n)).unlink(missing_ok=True)
-                shutil.rmtree(out / V.TXN, ignore_errors=True)  # under the lock no update runs: leftovers
         finally:
             for fd in held:
                 os.close(fd)
     return report
+
+
+def _measure(paths: list[Path]) -> tuple[int, int]:
+    """(files, bytes) under ``paths`` (files, or folders walked without following links): every entry that
+    is not a folder is a file; bytes are those of the regular files."""
+    files = nbytes = 0
+    stack = list(paths)
+    while stack:
+        p = stack.pop()
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            stack += [e.path for e in os.scandir(p)]
+        else:
+            files += 1
+            nbytes += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return files, nbytes
 
 
 def _unused(out: Path, nodes: set[str], used_shards: set[str], used_objects: set[str]) -> list[Path]:

@@ -101,3 +101,81 @@ def scenes_compiled(scenes_src, tmp_path_factory):
             made[key] = out
         return dsc.open(made[key])
     return compiled
+
+
+class DecodeCounter:
+    """Counts decoder calls in every process (forked workers included) through an append-only file."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        from dsc.compiler import units
+
+        self.log = tmp_path / "decodes.log"
+        self.log.write_text("")
+        real, log = units.decode_image, str(self.log)
+
+        def counting(obj, *a, **kw):
+            with open(log, "a") as f:
+                f.write(f"{getattr(obj, 'name', obj)}\n")
+            return real(obj, *a, **kw)
+        monkeypatch.setattr(units, "decode_image", counting)
+
+    def reset(self):
+        self.log.write_text("")
+
+    @property
+    def names(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
+_STOP_AT_UNIT = """
+import os, signal, sys
+from dsc.compiler import journal
+from dsc.cli import main
+
+real, done = journal.Journal.record, 0
+
+def record(self, result, inputs):
+    global done
+    real(self, result, inputs)
+    done += 1
+    if done == {units}:
+        os.killpg(0, {sig})  # Ctrl-C reaches the compile and its workers; kill -9 ends them all at once
+
+journal.Journal.record = record
+sys.argv = ["dsc", *{argv!r}]
+main()
+"""
+
+
+def stopped_at_unit(argv, units: int, sig):
+    """Run ``dsc *argv`` in a process group of its own and send the group ``sig`` (SIGINT: Ctrl-C;
+    SIGKILL: kill -9) the moment the resume journal holds ``units`` finished units: a real signal at a
+    known point, not a timing race. Returns the CompletedProcess (text output)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    code = _STOP_AT_UNIT.format(units=int(units), sig=int(sig), argv=[str(a) for a in argv])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          start_new_session=True)
+
+
+def journal_units(staging) -> set[int]:
+    """The units a resume journal (``staging/.journal``) holds finished: their shard slots."""
+    j = Path(staging) / ".journal"
+    return {int(p.name[5:-5]) for p in j.glob("unit-*.json")} if j.is_dir() else set()
+
+
+def tree_size(root) -> tuple[int, int]:
+    """(files, bytes) under ``root``: every entry that is not a folder, the bytes of the regular files."""
+    import os
+    import stat
+
+    files = nbytes = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            st = os.lstat(os.path.join(dirpath, name))
+            files += 1
+            nbytes += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return files, nbytes

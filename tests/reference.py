@@ -3,21 +3,19 @@ documented torchvision rules, so the tests compare dsc against the spec, not aga
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
-
-_TRANSPOSE = {2: [Image.Transpose.FLIP_LEFT_RIGHT], 3: [Image.Transpose.ROTATE_180],
-              4: [Image.Transpose.FLIP_TOP_BOTTOM], 5: [Image.Transpose.TRANSPOSE],
-              6: [Image.Transpose.ROTATE_270], 7: [Image.Transpose.TRANSVERSE], 8: [Image.Transpose.ROTATE_90]}
-
+from PIL import Image, ImageOps
 
 def ref_decode(path, mode="RGB", background=(255, 255, 255)) -> Image.Image:
-    im = Image.open(path)
-    orientation = im.getexif().get(0x0112, 1)
-    im.load()
-    for op in _TRANSPOSE.get(orientation, []):
-        im = im.transpose(op)
+    """The documented rules on PIL's own full load: oriented exactly as ``ImageOps.exif_transpose`` orients
+    the freshly opened file (which loads it first); 16-bit grey keeps its high byte, a 16-bit transparency key
+    compared with the full values; alpha and transparency keys composited over ``background``."""
+    im = ImageOps.exif_transpose(Image.open(path))
     if im.mode.startswith("I"):
-        im = Image.fromarray((np.asarray(im).astype(np.int64).clip(0, 65535) >> 8).astype(np.uint8), "L")
+        wide = np.asarray(im).astype(np.int64)
+        key = im.info.get("transparency")
+        im = Image.fromarray((wide.clip(0, 65535) >> 8).astype(np.uint8), "L")
+        if isinstance(key, int):
+            im = Image.merge("LA", [im, Image.fromarray(((wide != key) * 255).astype(np.uint8), "L")])
     if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
         im = Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im.convert("RGBA"))
     if mode == "L" and im.mode not in ("L", "1"):

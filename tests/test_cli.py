@@ -122,6 +122,33 @@ def test_user_mistakes_give_clean_messages(scenes_src, tmp_path):
     assert isinstance(ds.to_original(0, torch.tensor([[0.0, 0.0, 4.0, 4.0]])), torch.Tensor)
 
 
+def test_a_source_name_typo_says_which_source_was_meant(tmp_path):
+    r = run("compile", "imagefoldr", tmp_path, tmp_path / "out")
+    assert r.exit_code == 2 and "no source named 'imagefoldr'; did you mean 'imagefolder'?" in r.output
+    assert "(the sources are: imagefolder, coco," in r.output
+    r = run("compile", "zzz", tmp_path, tmp_path / "out")
+    assert r.exit_code == 2 and "no source named 'zzz' (the sources are:" in r.output
+    with pytest.raises(dsc.ConfigError, match="did you mean 'coco'"):
+        dsc.compiler.get_source("cocoo")
+
+
+def test_out_inside_src_is_said_to_be_left_out_of_the_classes(scenes_src, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    for out, what in ((src / "out", "out is left out of the classes"),
+                      (src / "class_01" / "ds", "class_01/ds is left out of the class 'class_01''s images")):
+        for extra in ((), ("--update",)):
+            r = run("compile", "imagefolder", src, out, "--size", "8", "-q", *extra)
+            assert r.exit_code == 0, r.output
+            assert f"warning: OUT {out} is inside the source folder {src}" in r.output and what in r.output
+            assert "compile into a folder outside" in r.output
+        assert dsc.open(out).classes == ["class_00", "class_01", "class_02"] and len(dsc.open(out)) == 36
+    r = run("compile", "imagefolder", src, tmp_path / "beside", "--size", "8", "-q")
+    assert r.exit_code == 0 and "warning" not in r.output
+
+
 def test_error_report_lists_bad_inputs(scenes_src, tmp_path):
     import json
     import shutil
@@ -136,7 +163,8 @@ def test_error_report_lists_bad_inputs(scenes_src, tmp_path):
     assert r.exit_code == 0
     lines = [json.loads(ln) for ln in report.read_text().splitlines()]
     assert [d["key"] for d in lines] == ["class_01/broken.jpg", "class_02/text.png"]
-    assert all(d["path"] == str(src / d["key"]) and "cannot identify" in d["reason"] for d in lines)
+    assert all(d["path"] == str(src / d["key"]) for d in lines)
+    assert "the file is empty (0 bytes)" in lines[0]["reason"] and "cannot identify" in lines[1]["reason"]
     r = run("compile", "imagefolder", src, tmp_path / "out2", "--size", "8", "--workers", "1",
             "--error-report", report, "-q")
     assert r.exit_code == 1

@@ -4,6 +4,7 @@ docs/RELIABILITY.md has the same table in prose. Outcomes: "ok" (compiled, pixel
 reference decode), "skip" (left out with --on-error skip, reason recorded; --on-error fail stops naming
 the file), "ignored" (not an input by the ImageFolder rules).
 """
+import io
 import os
 import shutil
 import struct
@@ -13,11 +14,11 @@ import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile, features
 
 import dsc
 from dsc.synthetic import make_scene
-from reference import reference
+from reference import ref_decode, reference
 
 RNG = np.random.default_rng(0)
 
@@ -26,13 +27,60 @@ def scene(h=40, w=56):
     return make_scene(np.random.default_rng(h * 1000 + w), h, w)
 
 
+def _png(chunks) -> bytes:
+    """A PNG file of (type, payload) chunks, each with its length and a correct CRC."""
+    return b"\x89PNG\r\n\x1a\n" + b"".join(struct.pack(">I", len(data)) + kind + data +
+                                          struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+                                          for kind, data in chunks)
+
+
+def _chunks(data: bytes) -> list:
+    """A PNG file's (type, payload) chunks."""
+    out, p = [], 8
+    while p + 8 <= len(data):
+        n, kind = struct.unpack(">I4s", data[p:p + 8])
+        out.append((kind, data[p + 8:p + 8 + n]))
+        p += 12 + n
+    return out
+
+
 def _png_with_size(path, width, height):
     """A valid PNG whose header declares width x height (a decompression bomb when large)."""
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
     ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    idat = zlib.compress(b"\x00" * 64)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    path.write_bytes(_png([(b"IHDR", ihdr), (b"IDAT", zlib.compress(b"\x00" * 64)), (b"IEND", b"")]))
+
+
+def _png_parts(im):
+    """(the chunks before the pixels, the pixels' whole compressed stream) of ``im`` saved as PNG."""
+    b = io.BytesIO()
+    im.save(b, format="PNG")
+    chunks = _chunks(b.getvalue())
+    return [c for c in chunks if c[0] not in (b"IDAT", b"IEND")], b"".join(d for k, d in chunks if k == b"IDAT")
+
+
+def _exif(orientation: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif
+
+
+def _jpeg_bad_exif() -> bytes:
+    """A JPEG whose EXIF block (orientation 6) has a tag pointing past its end: Pillow warns, decodes it."""
+    ifd = (struct.pack("<2sHIH", b"II", 42, 8, 2) + struct.pack("<HHII", 270, 2, 100, 9999)
+           + struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0) + struct.pack("<I", 0))
+    b = io.BytesIO()
+    scene(30, 50).save(b, format="JPEG", quality=95, exif=b"Exif\0\0" + ifd)
+    return b.getvalue()
+
+
+def _tiff_corrupt_deflate() -> bytes:
+    """A deflate TIFF whose compressed strip is damaged: libtiff writes its error to stderr."""
+    b = io.BytesIO()
+    scene().save(b, format="TIFF", compression="tiff_deflate")
+    data = bytearray(b.getvalue())
+    for i in range(300, 900):
+        data[i] ^= 0x5A
+    return bytes(data)
 
 
 def make(kind, d):
@@ -55,6 +103,67 @@ def make(kind, d):
         scene().save(d / "a.jpg", format="PNG")
     elif kind == "cmyk_jpeg":
         scene().convert("CMYK").save(d / "a.jpg")
+    elif kind == "png_stream_truncated":  # the compressed pixel stream cut in half, every chunk well formed
+        head, idat = _png_parts(scene())
+        (d / "a.png").write_bytes(_png(head + [(b"IDAT", idat[: len(idat) // 2]), (b"IEND", b"")]))
+    elif kind == "png_stream_corrupt":  # damaged compressed bytes, the chunk's CRC recomputed to match them
+        head, idat = _png_parts(scene())
+        bad = bytes(b ^ 0xA5 if len(idat) // 3 <= i < len(idat) // 3 + 40 else b for i, b in enumerate(idat))
+        (d / "a.png").write_bytes(_png(head + [(b"IDAT", bad), (b"IEND", b"")]))
+    elif kind == "png_last_chunk_cut":  # the file ends inside a text chunk after the pixels
+        head, idat = _png_parts(scene())
+        data = _png(head + [(b"IDAT", idat), (b"tEXt", b"Comment\0" + b"x" * 50), (b"IEND", b"")])
+        (d / "a.png").write_bytes(data[:-32])
+    elif kind == "png_late_exif_truncated":  # pixels cut, EXIF after them: probing the EXIF loads the pixels
+        head, idat = _png_parts(scene(30, 50))
+        (d / "a.png").write_bytes(_png(head + [(b"IDAT", idat[: len(idat) // 2]), (b"eXIf", _exif(6).tobytes()),
+                                               (b"IEND", b"")]))
+    elif kind == "png_late_exif":  # a whole PNG whose EXIF (orientation 6) comes after the pixels
+        head, idat = _png_parts(scene(30, 50))
+        (d / "a.png").write_bytes(_png(head + [(b"IDAT", idat), (b"eXIf", _exif(6).tobytes()), (b"IEND", b"")]))
+    elif kind == "apng_without_fctl":  # the second frame's frame control chunk removed
+        b = io.BytesIO()
+        scene().save(b, format="PNG", save_all=True, append_images=[scene().transpose(Image.Transpose.ROTATE_180)])
+        chunks = _chunks(b.getvalue())
+        last = max(i for i, (k, _) in enumerate(chunks) if k == b"fcTL")
+        (d / "a.png").write_bytes(_png(chunks[:last] + chunks[last + 1:]))
+    elif kind == "tiff_corrupt_deflate":
+        (d / "a.tif").write_bytes(_tiff_corrupt_deflate())
+        return "a.tif"
+    elif kind.startswith("tiff_orientation_"):
+        scene(30, 50).save(d / "a.tif", exif=_exif(int(kind[-1])), compression="tiff_lzw")
+        return "a.tif"
+    elif kind in ("webp_orientation_6", "avif_orientation_6"):
+        fmt = kind[:4]
+        if not features.check(fmt):
+            pytest.skip(f"this Pillow has no {fmt} support")
+        # (torchvision's extensions, which ImageFolder takes, do not include .avif: dsc reads the content)
+        name = "a.webp" if fmt == "webp" else "avif.png"
+        scene(30, 50).save(d / name, format=fmt.upper(), exif=_exif(6), lossless=True, quality=100)
+        return name
+    elif kind == "jpeg_bad_exif":
+        (d / "a.jpg").write_bytes(_jpeg_bad_exif())
+    elif kind == "i16_transparency":  # 16-bit grey with a tRNS key: one block exactly the key
+        a = np.arange(40 * 56, dtype=np.uint16).reshape(40, 56) * 29
+        a[5:15, 5:20] = 4660
+        Image.fromarray(a).save(d / "a.png", transparency=4660)
+    elif kind == "l_transparency":
+        a = np.asarray(scene().convert("L")).copy()
+        a[5:15, 5:20] = 77
+        Image.fromarray(a).save(d / "a.png", transparency=77)
+    elif kind == "rgb_transparency":
+        a = np.asarray(scene()).copy()
+        a[5:15, 5:20] = (10, 200, 30)
+        Image.fromarray(a).save(d / "a.png", transparency=(10, 200, 30))
+    elif kind == "ycck_jpeg":  # a CMYK JPEG whose Adobe marker says its components are YCCK
+        b = io.BytesIO()
+        scene().convert("CMYK").save(b, format="JPEG")
+        data = bytearray(b.getvalue())
+        i = data.find(b"Adobe") - 4  # FF EE, length, "Adobe", version, flags0, flags1, transform
+        end = i + 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+        assert data[i:i + 2] == b"\xff\xee" and data[end - 1] == 0
+        data[end - 1] = 2
+        (d / "a.jpg").write_bytes(bytes(data))
     elif kind == "png_16bit":
         Image.fromarray(np.arange(40 * 56, dtype=np.uint16).reshape(40, 56) * 29).save(d / "a.png")
     elif kind == "palette_transparency":
@@ -105,9 +214,15 @@ def make(kind, d):
 
 # case -> (outcome, reason substring for skips)
 CASES = {
-    "zero_bytes": ("skip", "cannot identify image file"),
+    "zero_bytes": ("skip", "the file is empty (0 bytes)"),
     "truncated_jpeg": ("skip", "truncated"),
     "truncated_png": ("skip", "cannot decode image"),
+    "png_stream_truncated": ("skip", "image file is truncated"),
+    "png_stream_corrupt": ("skip", "unrecognized data stream contents"),
+    "png_last_chunk_cut": ("skip", "Truncated File Read"),
+    "png_late_exif_truncated": ("skip", "image file is truncated"),
+    "apng_without_fctl": ("skip", "APNG contains frame sequence errors"),
+    "tiff_corrupt_deflate": ("skip", "ZIPDecode: Decoding error"),  # libtiff's stderr line, in the reason
     "random_bytes": ("skip", "cannot identify image file"),
     "text_as_jpg": ("skip", "cannot identify image file"),
     "png_named_jpg": ("ok", None),
@@ -117,6 +232,15 @@ CASES = {
     "la": ("ok", None),
     "bilevel": ("ok", None),
     **{f"exif_{k}": ("ok", None) for k in range(1, 9)},
+    **{f"tiff_orientation_{k}": ("ok", None) for k in range(1, 9)},
+    "png_late_exif": ("ok", None),
+    "webp_orientation_6": ("ok", None),
+    "avif_orientation_6": ("ok", None),
+    "jpeg_bad_exif": ("ok", None),
+    "ycck_jpeg": ("ok", None),
+    "i16_transparency": ("ok", None),
+    "l_transparency": ("ok", None),
+    "rgb_transparency": ("ok", None),
     "one_pixel": ("ok", None),
     "decompression_bomb": ("skip", "--max-pixels"),
     "unicode_space_name": ("ok", None),
@@ -130,8 +254,13 @@ CASES = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Tag data larger than file")  # (the reference's own decode of jpeg_bad_exif)
+@pytest.mark.parametrize("size", [None, 64, (24, 32)], ids=["ragged", "64", "24x32"])
 @pytest.mark.parametrize("kind", list(CASES))
-def test_corpus_case(tmp_path, kind):
+def test_corpus_case(tmp_path, kind, size):
+    """Each input compiled ragged and at a fixed size: pixels equal to PIL's full load under the documented
+    rules (oriented as exif_transpose orients the fresh file), its size as shown recorded; or skipped,
+    named, with the reason."""
     outcome, reason = CASES[kind]
     src = tmp_path / "src"
     d = src / "c"
@@ -139,14 +268,16 @@ def test_corpus_case(tmp_path, kind):
     name = make(kind, d)
     scene().save(src / "c" / "zz_good.png")  # every case also holds a good image
     out = tmp_path / "out"
-    report = dsc.compile_imagefolder(src, out, size=(24, 32), on_error="skip", progress=False, workers=1)
+    report = dsc.compile_imagefolder(src, out, size=size, on_error="skip", progress=False, workers=1)
     ds = dsc.open(out)
     key = f"c/{name}"
     if outcome == "ok":
         assert key in ds.keys and not report.skipped
         i = ds.keys.index(key)
-        want, _ = reference(src / key, size=(24, 32))
+        want, _ = reference(src / key, size=None if size is None else (size, size) if isinstance(size, int) else size)
         np.testing.assert_array_equal(ds[i]["image"].numpy(), want)
+        shown = ref_decode(src / key)
+        assert ds.orig_sizes[i].tolist() == [shown.height, shown.width]
         if kind == "duplicated_files":
             assert ds.keys == ["c/a.png", "c/b.png", "c/zz_good.png"]
         if kind == "symlink_loop":
@@ -157,8 +288,9 @@ def test_corpus_case(tmp_path, kind):
         assert ds.keys == ["c/zz_good.png"]
         assert [s["key"] for s in report.skipped] == [key]
         assert reason in report.skipped[0]["reason"], report.skipped[0]["reason"]
+        assert "object at 0x" not in report.skipped[0]["reason"]  # (PIL's name for bytes in memory)
         with pytest.raises(dsc.SampleError) as e:  # the default policy stops, naming the file
-            dsc.compile_imagefolder(src, tmp_path / "out2", size=(24, 32), progress=False, workers=1)
+            dsc.compile_imagefolder(src, tmp_path / "out2", size=size, progress=False, workers=1)
         assert name in str(e.value) and reason in str(e.value)
         assert not (tmp_path / "out2").exists()
 
@@ -288,3 +420,108 @@ def test_boxes_thinner_than_float32_are_dropped():
     boxes = np.array([[1000.0, 0, 1000.00001, 10], [0, 0, 10, 10]])
     stored, keep = to_stored(boxes, (1.0, 1.0, 0.0, 0.0), 2000, 2000)
     assert keep.tolist() == [False, True] and stored.dtype == np.float32
+
+
+BROKEN = [k for k, (outcome, _) in CASES.items() if outcome == "skip" and k not in ("dangling_symlink", "float_tiff")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_broken_files_are_skipped_whatever_load_truncated_images_says(tmp_path, monkeypatch, workers):
+    """The calling process set PIL's LOAD_TRUNCATED_IMAGES (it turns truncated files into half-black
+    images): dsc still skips every broken file, in its own process and in forked workers, and leaves the
+    setting as it found it."""
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    src = tmp_path / "src"
+    names = {}
+    for kind in BROKEN:
+        (src / kind).mkdir(parents=True)
+        names[kind] = make(kind, src / kind)
+    (src / "good").mkdir()
+    scene().save(src / "good" / "a.png")
+    report = dsc.compile_imagefolder(src, tmp_path / "out", size=64, on_error="skip", progress=False,
+                                     workers=workers, shard_size=4)
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is True
+    assert dsc.open(tmp_path / "out").keys == ["good/a.png"]
+    got = {s["key"]: s["reason"] for s in report.skipped}
+    assert sorted(got) == sorted(f"{k}/{n}" for k, n in names.items())
+    for kind in BROKEN:
+        assert CASES[kind][1] in got[f"{kind}/{names[kind]}"], kind
+
+
+def test_decoding_messages_name_their_file(tmp_path, capfd):
+    """Pillow's warnings and libtiff's stderr lines, caught in the workers per file: a compiled file's are
+    the report's warnings (and the CLI's warning lines), a skipped file's join its reason; none reaches the
+    terminal unnamed."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "exif.jpg").write_bytes(_jpeg_bad_exif())
+    (src / "strip.tif").write_bytes(_tiff_corrupt_deflate())
+    for k in range(6):
+        scene(30 + k, 40).save(src / f"ok{k}.png")
+    report = dsc.compile_imagefolder(src.parent, tmp_path / "out", on_error="skip", progress=False, workers=2,
+                                     shard_size=2)
+    assert report.warnings == (f"{src / 'exif.jpg'}: UserWarning: Tag data larger than file. Skipping tag 270",)
+    [skip] = report.skipped
+    assert skip["key"] == "c/strip.tif" and "ZIPDecode: Decoding error" in skip["reason"]
+    err = capfd.readouterr().err
+    assert "ZIPDecode" not in err and "Tag data larger" not in err
+    r = CliRunner().invoke(main, ["compile", "imagefolder", str(src.parent), str(tmp_path / "out2"), "-q",
+                                  "--on-error", "skip"])
+    assert r.exit_code == 0, r.output
+    assert f"warning: {src / 'exif.jpg'}: UserWarning: Tag data larger than file" in r.output
+    assert "c/strip.tif: cannot decode image: decoder error -2 (decoding also said: ZIPDecode" in r.output
+
+
+def _tree(root) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_compiles_of_the_same_input_are_byte_identical(tmp_path, monkeypatch):
+    """With SOURCE_DATE_EPOCH set, every file of two compiles (different output folders, worker counts),
+    _dsc/ included, is the same; the version record's creation time is that date. Without it, only that
+    time may differ."""
+    import json
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for k in range(5):
+        scene(30 + k, 40).save(src / f"ok{k}.png")
+    scene(30, 50).save(src / "turned.tif", exif=_exif(6))
+    (src / "empty.jpg").write_bytes(b"")
+    (src / "noise.jpg").write_bytes(RNG.integers(0, 256, 500, dtype=np.uint8).tobytes())
+    (src / "strip.tif").write_bytes(_tiff_corrupt_deflate())
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    trees = []
+    for k, workers in enumerate((1, 2)):
+        dsc.compile_imagefolder(src.parent, tmp_path / f"out{k}", on_error="skip", progress=False, workers=workers,
+                                shard_size=2)
+        trees.append(_tree(tmp_path / f"out{k}"))
+    assert any(name.startswith("_dsc/log/") for name in trees[0])
+    assert trees[0] == trees[1]
+    assert json.loads(trees[0]["_dsc/log/0.json"])["created"] == "2023-11-14T22:13:20Z"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(dsc.ConfigError, match="SOURCE_DATE_EPOCH must be a whole number"):
+        dsc.compile_imagefolder(src.parent, tmp_path / "out3", on_error="skip", progress=False)
+    assert not (tmp_path / "out3").exists()
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    dsc.compile_imagefolder(src.parent, tmp_path / "out4", on_error="skip", progress=False, shard_size=2)
+    tree = _tree(tmp_path / "out4")
+    assert {n for n in tree if tree[n] != trees[0].get(n)} <= {"_dsc/log/0.json"}
+
+
+def test_max_pixels_is_the_only_limit_for_tiffs_too(tmp_path, monkeypatch):
+    """PIL's process-wide bomb limit is lifted for the whole decode: a TIFF, which PIL checks again as it
+    loads, is not refused by it once --max-pixels admits it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    scene(30, 50).save(src / "a.tif", compression="tiff_lzw")
+    scene(10, 10).save(src / "b.png")
+    report = dsc.compile_imagefolder(src.parent, tmp_path / "out", progress=False, on_error="skip")
+    assert not report.skipped and Image.MAX_IMAGE_PIXELS == 100
+    report = dsc.compile_imagefolder(src.parent, tmp_path / "out2", progress=False, on_error="skip", max_pixels=1000)
+    assert "50x30 = 1,500 pixels is more than the 1,000 allowed" in report.skipped[0]["reason"]

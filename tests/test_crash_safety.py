@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dsc
-from conftest import tree_bytes
+from conftest import DecodeCounter, journal_units, stopped_at_unit, tree_bytes
 from damage import edit_manifest
 from dsc.formats.verify import verify
 
@@ -127,11 +127,55 @@ def _interrupted_compile(src, out, monkeypatch, **options):
     assert not out.exists() and _units_done(out) > 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_resume_keeps_the_finished_units_and_decodes_only_the_rest(slow_src, reference_tree, tmp_path, monkeypatch,
+                                                                  sig):
+    """Ctrl-C or kill -9 once 15 of the 40 units are journaled: --resume keeps those 15 (reported) and decodes
+    exactly the images of the other 25 units, counted in every worker; the result is byte-identical."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    out = tmp_path / "out"
+    r = stopped_at_unit(compile_cmd(slow_src, out)[3:], 15, sig)
+    assert r.returncode == (1 if sig == signal.SIGINT else -signal.SIGKILL), r.stderr
+    if sig == signal.SIGINT:
+        assert "Traceback" not in r.stderr and "rerun the same command with --resume" in r.stderr, r.stderr
+    kept = journal_units(tmp_path / ".out.dsc-tmp")
+    assert len(kept) == 15 and not out.exists()
+    counter = DecodeCounter(monkeypatch, tmp_path)
+    res = CliRunner().invoke(main, compile_cmd(slow_src, out, "--resume")[3:])
+    assert res.exit_code == 0, res.output
+    keys = dsc.open(out).keys
+    unfinished = sorted(str(slow_src / k) for i, k in enumerate(keys) if i // 6 not in kept)
+    assert len(unfinished) == 240 - 15 * 6
+    assert sorted(counter.names) == unfinished  # the kept units' images were not decoded again
+    assert "resumed: 15 finished shards verified and kept" in res.output
+    assert f"{len(unfinished)} decoded by this run" in res.output
+    assert tree_bytes(out) == reference_tree
+
+
 def test_resume_refuses_other_options(slow_src, tmp_path, monkeypatch):
     out = tmp_path / "out"
     _interrupted_compile(slow_src, out, monkeypatch, size=96, shard_size=6, workers=2)
     r = subprocess.run(compile_cmd(slow_src, out, "--resume", "--fill", "3"), env=ENV, capture_output=True, text=True)
-    assert r.returncode == 1 and "other inputs or options" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "was made with other options (fill=0 then, 3 now)" in r.stderr and "without --resume" in r.stderr
+    assert "with --resume" not in r.stderr  # (no note saying to rerun with --resume: that cannot help)
+
+
+def test_resume_refuses_changed_inputs_and_says_to_start_over(slow_src, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    shutil.copytree(slow_src, src)
+    out = tmp_path / "out"
+    _interrupted_compile(src, out, monkeypatch, size=96, shard_size=6, workers=2)
+    next(src.glob("*/*.jpg")).unlink()
+    r = subprocess.run(compile_cmd(src, out, "--resume"), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "the source's inputs changed since the partial compile" in r.stderr
+    assert "rerun without --resume to start over" in r.stderr and "with --resume" not in r.stderr
+    r = subprocess.run(compile_cmd(src, out), env=ENV, capture_output=True, text=True)  # the advice works
+    assert r.returncode == 0, r.stderr
 
 
 def test_second_compile_into_the_same_out_is_refused(slow_src, tmp_path):
@@ -293,20 +337,18 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dsc.compiler.journal import fingerprint
+    from dsc.compiler.journal import Journal, fingerprint, settings
     from dsc.compiler.options import CompileOptions
     from dsc.compiler.sources import get_source
-    from dsc.formats.zarr_v3 import write_json
 
     data = [f.read_bytes() for f in sorted(scenes_src.rglob("*.jpg"))]
     pq.write_table(pa.table({"a": data, "b": data[::-1], "label": [0] * len(data)}), tmp_path / "t.parquet")
     opts = CompileOptions(size=(8, 8), shard_size=4, workers=1, progress=False)
-    journal = tmp_path / ".out.dsc-tmp" / ".journal"
-    journal.mkdir(parents=True)  # a partial compile of column a
     table = lambda column: get_source("table")(path=tmp_path / "t.parquet", image_column=column)  # noqa: E731
     print_of = lambda column: fingerprint(table(column).scan(), opts, 4, table(column))  # noqa: E731
-    write_json(journal / "plan.json", {"fingerprint": print_of("a")})
-    with pytest.raises(dsc.DscError, match="other inputs or options"):
+    Journal(tmp_path / ".out.dsc-tmp", print_of("a"), (), settings=settings(table("a").scan(), opts, 4,
+                                                                             table("a"))).start()  # column a's plan
+    with pytest.raises(dsc.DscError, match="other options .*source.image_column='a' then, 'b' now"):
         dsc.compile_table(tmp_path / "t.parquet", tmp_path / "out", image_column="b", size=(8, 8), shard_size=4,
                           workers=1, progress=False, resume=True)
     assert print_of("a") != print_of("b")

@@ -78,6 +78,28 @@ def test_coco_boxes_follow_every_policy(scenes, sources, tmp_path, opts):
     assert frames.tolist() == [int(s["raw_frame"]) for s in scenes]
 
 
+@pytest.mark.parametrize("opts", [dict(size=(64, 80), resize="center-crop"), dict()], ids=["center-crop", "as-is"])
+def test_tiff_boxes_turn_once_with_their_image(tmp_path, opts):
+    """TIFF images with every orientation (Pillow turns a TIFF as it loads it), boxes in the displayed or the
+    raw frame: the same samples as PNG images of the same scenes."""
+    scenes = {ext: detection_scenes(10, seed=4, ext=ext) for ext in (".png", ".tif")}
+    data = {}
+    for ext, sc in scenes.items():
+        ann, images = write_coco(tmp_path / ext[1:], sc)
+        dsc.compile_coco(ann, images, tmp_path / f"out{ext}", progress=False, shard_size=4, **opts)
+        data[ext] = dsc.open(tmp_path / f"out{ext}")
+    png, tif = data[".png"], data[".tif"]
+    assert tif.keys == [s["file"] for s in scenes[".tif"]]
+    np.testing.assert_array_equal(tif.orig_sizes, png.orig_sizes)
+    assert tif.orig_sizes.tolist() == [[s["height"], s["width"]] for s in scenes[".tif"]]
+    for key in ("transform/box_frame", "transform/exif_orientation"):
+        np.testing.assert_array_equal(zarr.open_group(tmp_path / "out.tif", mode="r")[key][:],
+                                      zarr.open_group(tmp_path / "out.png", mode="r")[key][:])
+    for i in range(len(tif)):
+        np.testing.assert_array_equal(tif[i]["image"].numpy(), png[i]["image"].numpy(), err_msg=tif.keys[i])
+        np.testing.assert_array_equal(tif[i]["boxes"].numpy(), png[i]["boxes"].numpy(), err_msg=tif.keys[i])
+
+
 def test_yolo_and_voc_compile_to_the_same_boxes_as_coco(sources, tmp_path):
     opts = dict(size=(64, 80), resize="center-crop", progress=False)
     dsc.compile_coco(*sources["coco"], tmp_path / "coco", **opts)
@@ -220,7 +242,8 @@ COCO_CASES = {
     "bad bbox": (lambda d: _set(d, ["annotations", 0, "bbox"], [1, 2]), ["annotation 1", "bbox"]),
     "NaN box": (lambda d: json.dumps(d).replace('"bbox": [', '"bbox": [NaN, ', 1).replace(", ", ",", 0),
                 ["NaN or infinite"]),
-    "negative size": (lambda d: _set(d, ["annotations", 0, "bbox", 2], -5), ["negative width"]),
+    "negative size": (lambda d: _set(d, ["annotations", 0, "bbox"], [10, 10, -5, 20]),
+                      ["annotation 1 has bbox [10, 10, -5, 20] with a negative width (-5)", "[x, y, width, height]"]),
     "outside": (lambda d: _set(d, ["annotations", 0, "bbox", 0], 5000), ["lies outside"]),
     "wrong size": (lambda d: _set(d, ["images", 0, "width"], 17), ["annotation says the image is 17x"]),
 }
@@ -239,6 +262,19 @@ def test_coco_errors_are_one_line(sources, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("Error:"), r.output
     for n in needles:
         assert n in r.output, (n, r.output)
+
+
+def test_coco_wrong_images_folder_says_none_of_the_files_is_there(sources, tmp_path):
+    """A wrong --images stops at once, saying that none of the listed files is there and where they are,
+    instead of 'No such file or directory' for the first one."""
+    ann, images = sources["coco"]
+    n = len(json.loads(ann.read_text())["images"])
+    r = _cli("compile", "coco", "--annotations", ann, "--images", images.parent, tmp_path / "out", "--size", "32", "-q")
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"none of the {n} images {ann.name} lists is in this folder" in lines[0], r.output
+    assert "pass as --images the folder their file_name entries are relative to" in lines[0]
+    assert f"({images} has " in lines[0] and "No such file" not in r.output
 
 
 def test_bad_box_is_skipped_with_skip(sources, tmp_path):

@@ -11,8 +11,8 @@ from PIL import Image, ImageDraw
 
 import dsc
 from dsc import transforms as T
-from dsc.synthetic import (DET_CATEGORIES, SEG_CLASSES, SEG_COLORS, detection_scenes, seg_mask, seg_scenes,
-                           write_coco, write_segfolder, write_voc_segmentation)
+from dsc.synthetic import (DET_CATEGORIES, SEG_CLASSES, SEG_COLORS, detection_scenes, seg_image, seg_mask,
+                           seg_scenes, write_coco, write_segfolder, write_voc_segmentation)
 
 from damage import write_node
 from reference import ref_mask
@@ -48,6 +48,47 @@ def test_segfolder_masks_equal_the_pil_reference(seg, tmp_path, opts):
     assert dsc.verify(out).ok
 
 
+@pytest.mark.parametrize("opts", [dict(size=48), dict()], ids=["center-crop-square", "ragged"])
+def test_tiff_images_turn_their_masks_once(tmp_path, opts):
+    """TIFF images with every orientation (Pillow turns a TIFF as it loads it): masks in the displayed or the
+    raw frame land as with PNG images, the recorded sizes are the displayed ones, the pixels are upright."""
+    scenes = seg_scenes(8, seed=1)
+    root = write_segfolder(tmp_path / "src", scenes, ext=".tif")
+    out = tmp_path / "out"
+    dsc.compile_segfolder(root, out, classes=list(SEG_CLASSES), progress=False, workers=2, **opts)
+    ds = dsc.open(out)
+    size = (opts["size"],) * 2 if opts else None
+    for i, s in enumerate(scenes):
+        assert ds.keys[i] == f"images/{s['file']}.tif"
+        assert ds.orig_sizes[i].tolist() == [s["height"], s["width"]]
+        mask = ref_mask(seg_mask(s), size=size)
+        np.testing.assert_array_equal(ds[i]["mask"].numpy(), mask, err_msg=f"scene {i}")
+        if not opts:  # every pixel the colour of its class: upright, not turned twice
+            np.testing.assert_array_equal(ds[i]["image"].numpy(), np.asarray(seg_image(s)), err_msg=f"scene {i}")
+
+
+def test_truncated_and_empty_mask_files_are_skipped_named(seg, tmp_path, monkeypatch):
+    """A mask file cut short is a recorded skip even where the calling process set LOAD_TRUNCATED_IMAGES; an
+    empty one says so; neither message holds an object's address."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    root, scenes = seg
+    src = tmp_path / "src"
+    shutil.copytree(root, src)
+    cut = src / "masks" / f"{scenes[0]['file']}.png"
+    cut.write_bytes(cut.read_bytes()[:-40])
+    (src / "masks" / f"{scenes[1]['file']}.png").write_bytes(b"")
+    (src / "masks" / f"{scenes[2]['file']}.png").write_bytes(b"not an image at all")
+    r = dsc.compile_segfolder(src, tmp_path / "out", classes=list(SEG_CLASSES), size=32, progress=False,
+                              on_error="skip")
+    reasons = {s["key"].split("/")[-1]: s["reason"] for s in r.skipped}
+    assert "cannot decode mask: image file is truncated" in reasons[f"{scenes[0]['file']}.png"]
+    assert "the mask file is empty (0 bytes)" in reasons[f"{scenes[1]['file']}.png"]
+    assert reasons[f"{scenes[2]['file']}.png"].endswith("cannot decode mask: cannot identify image file")
+    assert len(dsc.open(tmp_path / "out")) == len(scenes) - 3
+
+
 def test_masks_batch_in_every_form(seg, tmp_path):
     root, scenes = seg
     dsc.compile_segfolder(root, tmp_path / "r", max_side=60, progress=False, workers=1)
@@ -78,8 +119,11 @@ def test_missing_missized_and_bad_masks_are_sample_errors(seg, tmp_path):
     Image.fromarray(bad).save(src / "masks" / f"{scenes[3]['file']}.png")
     if scenes[3]["raw_mask"]:
         pytest.skip("scene 3 is stored raw")
-    with pytest.raises(dsc.SampleError, match="no mask"):
+    with pytest.raises(dsc.SampleError, match="no mask") as e:
         dsc.compile_segfolder(src, tmp_path / "a", classes=list(SEG_CLASSES), size=32, progress=False)
+    image = next(p.name for p in (src / "images").iterdir() if p.stem == scenes[0]["file"])
+    assert str(e.value).startswith(f"images/{image}: no mask file {src / 'masks' / scenes[0]['file']}.<ext>")
+    assert str(e.value).count(image) == 1  # the image is named once, by its key (not again by its path)
     r = dsc.compile_segfolder(src, tmp_path / "b", classes=list(SEG_CLASSES), size=32, progress=False,
                               on_error="skip", workers=2, shard_size=2)
     reasons = {s["key"].split("/")[-1]: s["reason"] for s in r.skipped}

@@ -91,7 +91,7 @@ def test_an_installed_entry_point_source_is_a_cli_command(scenes_src, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == str(n), r.stderr
     # without the plugin installed the command does not exist, and says which ones do
     r = subprocess.run(dsc_cli + ["compile", "textlist", "x", "y"], capture_output=True, text=True)
-    assert r.returncode == 2 and "No such command 'textlist'" in r.stderr
+    assert r.returncode == 2 and "no source named 'textlist' (the sources are: imagefolder," in r.stderr
 
 
 @pytest.fixture

@@ -203,6 +203,32 @@ def test_open_fetches_only_small_arrays_and_a_sample_maps_from_the_cache(publish
         assert sum(h.nbytes for h in bounded.storage._held.values()) <= bounded.storage.idle_budget
 
 
+@pytest.mark.parametrize("read", ["mapped", "windowed", "direct"])
+def test_every_read_strategy_reads_the_cached_shards(published, tmp_path, read):
+    """Remote datasets read through the local strategies from the cache; a warm epoch (every shard cached and
+    held) schedules nothing: no fetch thread, no download, no per-batch bookkeeping."""
+    url, local = published
+    ref = samples(dsc.open(local))
+    keys = dsc.open(local).keys
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    loader = dsc.Loader(ds, batch_size=20, order="random", seed=1, read=read)
+    for e in range(2):
+        loader.set_epoch(e)
+        it = iter(loader)
+        feed = it._state.feed
+        seen = epoch(it)
+        assert {keys[i]: v for i, v in seen.items()} == ref
+        if e == 1:
+            assert feed.thread is None and feed.ready == len(loader), read  # warm: everything ready at once
+    assert ds.storage.cache.downloads == 19
+    if read == "direct":
+        assert loader._reads.reads > 0 and not ds.storage._maps  # read from the cache files, nothing mapped
+    loader.close()
+    bounded = dsc.open(url, cache_dir=tmp_path / "b", cache_limit=int(dataset_bytes(local) * 0.4))
+    seen = epoch(dsc.Loader(bounded, batch_size=16, order="quasi_random", window=2, seed=2, read=read))
+    assert {keys[i]: v for i, v in seen.items()} == ref
+
+
 def test_a_pickled_handle_reopens_the_same_version_without_the_network(published, tmp_path, s3):
     url, local = published
     ds = dsc.open(url, cache_dir=tmp_path / "c")

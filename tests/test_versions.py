@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 import dsc
+from conftest import DecodeCounter, journal_units, stopped_at_unit, tree_size
 from dsc.formats import versions as V
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
@@ -59,30 +60,6 @@ def content(path, version=None, tag=None) -> set:
 
 def shard_stats(out: Path) -> dict:
     return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "image" / "c").rglob("*") if p.is_file()}
-
-
-class DecodeCounter:
-    """Counts decoder calls in every process (forked workers included) through an append-only file."""
-
-    def __init__(self, monkeypatch, tmp_path):
-        from dsc.compiler import units
-
-        self.log = tmp_path / "decodes.log"
-        self.log.write_text("")
-        real, log = units.decode_image, str(self.log)
-
-        def counting(obj, *a, **kw):
-            with open(log, "a") as f:
-                f.write(f"{getattr(obj, 'name', obj)}\n")
-            return real(obj, *a, **kw)
-        monkeypatch.setattr(units, "decode_image", counting)
-
-    def reset(self):
-        self.log.write_text("")
-
-    @property
-    def names(self) -> list[str]:
-        return self.log.read_text().splitlines()
 
 
 @pytest.fixture
@@ -378,6 +355,36 @@ def test_concurrent_update_processes(evolving, tmp_path):
     assert V.versions(V.Root(out)) == [0, 1] and dsc.verify(out).ok
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_an_interrupted_update_resumes_keeping_its_finished_shards(tmp_path, monkeypatch, sig):
+    """Ctrl-C or kill -9 once 2 of an update's 6 new units are journaled: the next update keeps those 2
+    (reported) and decodes only the 32 inputs of the other 4, counted in every worker; the version equals an
+    uninterrupted update's."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_folder(src, 40)
+    dsc.compile_imagefolder(src, out, size=8, shard_size=8, workers=1, progress=False)
+    added = {str(p) for p in make_folder(src, 48, seed0=1000)}
+    shutil.copytree(out, ref)
+    dsc.compile_imagefolder(src, ref, update=True, workers=2, progress=False)  # uninterrupted
+    argv = ["compile", "imagefolder", src, out, "--update", "--workers", "2", "-q"]
+    r = stopped_at_unit(argv, 2, sig)
+    assert r.returncode == (1 if sig == signal.SIGINT else -signal.SIGKILL), r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(journal_units(out / V.TXN / "1")) == 2 and dsc.open(out).version == 0
+    counter = DecodeCounter(monkeypatch, tmp_path)
+    res = CliRunner().invoke(main, [str(a) for a in argv])
+    assert res.exit_code == 0, res.output
+    assert len(counter.names) == 32 and len(set(counter.names)) == 32 and set(counter.names) <= added
+    assert "resuming an interrupted update: 2 of 6 new shards kept" in res.output
+    assert "resumed: 2 finished shards verified and kept" in res.output
+    assert "decoded 32 in" in res.output and "in 4 new shards (and kept 2 from the interrupted run)" in res.output
+    assert dsc.open(out).version == 1 and content(out) == content(ref) and dsc.verify(out).ok
+
+
 # ----------------------------------------------------------------------------- history
 def test_time_travel_tags_restore_vacuum(tmp_path):
     src, paths, out = compiled(tmp_path, 30)
@@ -433,6 +440,68 @@ def test_vacuum_removes_unreferenced_slots(tmp_path):
     r = dsc.vacuum(out, keep=1, older_than=0)
     assert r.removed == [0] and not (out / "image" / "c" / "0").exists() and (out / "image" / "c" / "1").exists()
     assert len(dsc.open(out)) == 64 and dsc.verify(out).ok
+
+
+def _vacuum_fixture(tmp_path):
+    """A dataset with 3 versions, a slot only old versions use, a pinned-then-closed version, and the leftovers
+    of an update interrupted after writing a shard (its transaction and its slot)."""
+    from dsc.compiler import journal
+
+    src = tmp_path / "src"
+    make_folder(src, 128)
+    out = tmp_path / "out"
+    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    for k in dsc.open(out).keys[:64]:  # every sample of slot 0 (the handle's pin file stays behind)
+        (src / k).unlink()
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    make_folder(src, 70, seed0=5000)
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    make_folder(src, 70, seed0=9000)
+
+    def stop(self, result, inputs):
+        raise KeyboardInterrupt("killed")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(journal.Journal, "record", stop)
+        with pytest.raises(KeyboardInterrupt):
+            dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    assert (out / V.TXN).is_dir()
+    return out
+
+
+def test_vacuum_reports_exactly_the_files_and_bytes_it_removes(tmp_path):
+    out = _vacuum_fixture(tmp_path)
+    before = tree_size(out)
+    dry = dsc.vacuum(out, keep=1, older_than=0, dry_run=True)
+    assert dry.removed == [0, 1] and tree_size(out) == before  # (a dry run removes nothing)
+    r = dsc.vacuum(out, keep=1, older_than=0)
+    after = tree_size(out)
+    assert r.removed == [0, 1]
+    assert (r.files, r.bytes) == (before[0] - after[0], before[1] - after[1]) == (dry.files, dry.bytes)
+    shard = 64 * 8 * 8 * 3
+    assert r.bytes > 2 * shard  # slot 0 and the interrupted update's shard are among them
+    assert dsc.verify(out).ok and len(dsc.open(out)) == 134
+
+
+def test_vacuum_cli_prints_what_it_removes(tmp_path):
+    import re
+
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    out = _vacuum_fixture(tmp_path)
+    printed = {}
+    for flag in ("--dry-run", None):
+        before = tree_size(out)
+        r = CliRunner().invoke(main, ["vacuum", str(out), "--keep", "1", "--older-than", "0", *([flag] if flag else [])])
+        assert r.exit_code == 0, r.output
+        m = re.search(r"remove[d]? 2 versions \(0, 1\) and ([\d,]+) files \(([\d,]+) bytes", r.output)
+        assert m, r.output
+        printed[flag] = tuple(int(g.replace(",", "")) for g in m.groups())
+        if flag is None:
+            after = tree_size(out)
+            assert printed[None] == (before[0] - after[0], before[1] - after[1])
+    assert printed["--dry-run"] == printed[None]
 
 
 def test_writing_into_the_view_does_not_change_a_version(tmp_path):

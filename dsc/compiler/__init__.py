@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..formats.remote import is_url, local_path
+from ..formats.versions import source_date_epoch
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
@@ -27,6 +28,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     """The one compile flow every entry point (Python and CLI) goes through: refuse an existing OUT
     before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
     plan goes to ``info``). ``out`` may be a URL (s3://, gs://, az://): see upload.py."""
+    source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
     if is_url(out):
         from .upload import compile_to_url, update_url
         from ..formats.remote import open_store, remote_versions
@@ -52,7 +54,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
     if not update:
         check_output(out, options.overwrite)
-    scanned = _scan(source, warn)
+    scanned = _scan(source, warn, out)
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
@@ -73,10 +75,13 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
                          committed=False, dry_run=True)
 
 
-def _scan(source: Source, warn) -> ScannedSource:
+def _scan(source: Source, warn, out=None) -> ScannedSource:
     """The source's records, with its non-path parameters recorded (--update checks them); its warnings
-    go to ``warn``."""
+    (and one for a local ``out`` inside the source's folder) go to ``warn``."""
     scanned = source.prepare()
+    inside = _out_inside_source(out, scanned) if out is not None else None
+    if inside:
+        scanned = replace(scanned, warnings=(*scanned.warnings, inside))
     paths = {p.name for p in source.params if p.type in ("dir", "file", "path")}  # may move; root says where
     params = {k: v for k, v in source.config().items() if k not in paths and _utf8_json(v)}
     scanned = replace(scanned, summary={**scanned.summary, "params": params})
@@ -84,6 +89,23 @@ def _scan(source: Source, warn) -> ScannedSource:
         if warn is not None:
             warn(w)
     return scanned
+
+
+def _out_inside_source(out, scanned: ScannedSource) -> str | None:
+    """A note when OUT lies inside the source's folder: a dsc dataset is never read as an input, so that
+    folder is left out of the classes (or the images) of this and every later scan of the source."""
+    root = scanned.root
+    if not root or not os.path.isdir(root):
+        return None
+    root, out = os.path.realpath(root), os.path.realpath(out)
+    if out == root or os.path.commonpath([root, out]) != root:
+        return None
+    rel = Path(os.path.relpath(out, root))
+    what = ("the classes" if scanned.task == "classification" and len(rel.parts) == 1 else
+            f"the class {rel.parts[0]!r}'s images" if scanned.task == "classification" else "the inputs")
+    return (f"OUT {out} is inside the source folder {root}: a dsc dataset is never an input, so {rel.as_posix()} is "
+            f"left out of {what} of this and every later compile or --update of {root}; compile into a folder "
+            f"outside {root} to keep dataset and source apart")
 
 
 def _utf8_json(v) -> bool:

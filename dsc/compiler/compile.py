@@ -32,7 +32,7 @@ from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec,
 from ..formats import versions, view
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, fingerprint, inputs_of
+from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
@@ -164,6 +164,22 @@ def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, o
     return results, bad
 
 
+SHOWN_WARNINGS = 20  # lines of decode_warnings handed to ``warn``; the rest are counted
+
+
+def decode_warnings(results: list[UnitResult], records: list, warn=None) -> tuple[str, ...]:
+    """What decoding the compiled inputs said (Pillow's warnings, the C libraries' stderr), one line per
+    message naming its file, in input order; the first lines also go to ``warn``, then a count."""
+    lines = tuple(f"{where(records[i])}: {message}" for r in results for i, message in r.warnings)
+    if warn is not None:
+        for line in lines[:SHOWN_WARNINGS]:
+            warn(line)
+        if len(lines) > SHOWN_WARNINGS:
+            warn(f"... and {len(lines) - SHOWN_WARNINGS:,} more messages from decoding (the report's warnings list "
+                 f"them all)")
+    return lines
+
+
 def _write_error_report(path: str, entries) -> None:
     """JSON lines {key, path, reason} from (key, path, reason) triples."""
     with open(path, "w", encoding="utf-8") as f:
@@ -235,7 +251,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
     with staging:
         tmp = staging.tmp
-        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields)
+        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields,
+                          settings=settings(scanned, options, K, source))
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
@@ -255,6 +272,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                 raise _stop(records[i].key, where(records[i]), reason)
         results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers,
                                     on_unit)
+        said = decode_warnings(results, records, warn)
         skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
         kept = np.concatenate([r.kept for r in results])
         if len(kept) == 0:
@@ -268,9 +286,9 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             if isinstance(e, DscError):
                 raise
             raise WriteError.writing(e.filename or tmp, e) from None
-    return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings,
+    return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in L.shard_specs(manifest)),
-                         resumed_units=len(done))
+                         resumed_units=len(done), decoded=sum(len(t.records) for t in tasks if t.s not in done))
 
 
 def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:

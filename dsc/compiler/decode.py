@@ -1,22 +1,25 @@
-"""Decode one image file to a PIL image in the stored mode, EXIF orientation applied.
+"""Decode one image file to a PIL image in the stored mode, EXIF orientation applied once.
 
 Every PIL mode is handled explicitly:
 
 * 16-bit and 32-bit integer grayscale (``I;16*``, ``I``) are scaled to 8 bits by keeping the high
   byte (``v >> 8``), not clipped: PIL's own conversion would saturate them to white;
-* anything with alpha (RGBA, LA, PA, palette or grayscale with a transparency key) is composited over
-  ``background`` (default white), so hidden pixels under alpha = 0 never leak into the sample;
+* anything with alpha (RGBA, LA, PA, palette, grayscale (16-bit too) or RGB with a transparency key) is
+  composited over ``background`` (default white), so hidden pixels under alpha = 0 never leak into the
+  sample; a 16-bit key is compared with the full 16-bit values;
 * palette, 1-bit, CMYK, YCbCr, LAB, HSV images go through PIL's ``convert``;
 * 32-bit float images (``F``) are refused: their value range is not defined by the file.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageOps
 
 from ..errors import ImageDecodeError
+from .capture import LOCK
 
 ORIENTATION_TAG = 0x0112
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
@@ -28,9 +31,13 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
         raise ValueError("32-bit float images (PIL mode F) have no defined 8-bit range; convert them first")
     if im.mode in _WIDE_GRAY:  # the high byte, without widening the pixels first (bounded memory)
         wide = np.asarray(im)
+        key = im.info.get("transparency")
+        alpha = np.where(wide == key, np.uint8(0), np.uint8(255)) if isinstance(key, int) else None
         if wide.dtype.kind == "i":  # mode I (int32): negative values are 0, past 16 bits saturate
             wide = np.clip(wide, 0, 65535)
         im = Image.fromarray((wide >> 8).astype(np.uint8), "L")
+        if alpha is not None:  # a tRNS key: transparent where the full value equals it (then composited)
+            im.putalpha(Image.fromarray(alpha, "L"))
     if im.mode in _ALPHA_MODES or "transparency" in im.info:
         rgba = im.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, tuple(background) + (255,))
@@ -43,31 +50,60 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
 
 
 def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where: str) -> Image.Image:
-    """An already decoded image (from a Python dataset) in the stored mode; errors name ``where``."""
+    """An image from a Python dataset in the stored mode; errors name ``where``. One not loaded yet (a
+    lazily opened file) is loaded under dsc's rules (:func:`pil_rules`): all of it, or an error."""
     try:
-        return _to_mode(im, mode, background)
+        with pil_rules():
+            return _to_mode(im, mode, background)
     except Exception as e:
         raise ImageDecodeError(where, f"cannot convert image: {e}") from None
 
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's decompression-bomb threshold (Image.MAX_IMAGE_PIXELS' default)
-_limit_lock = __import__("threading").Lock()
+_KEEP = object()
 
 
-class _pil_limit:
-    """PIL's own decompression-bomb check off while dsc applies its limit (``--max-pixels``), so one
-    setting decides; restored after. PIL's limit is process-wide, hence the lock."""
+@contextmanager
+def pil_rules(max_image_pixels=_KEEP):
+    """Pillow's process-wide settings as dsc decodes, for the block, restored after:
 
-    def __init__(self, value):
-        self.value = value
+    * ``ImageFile.LOAD_TRUNCATED_IMAGES`` off, whatever the calling process set: a truncated or damaged
+      file is an error (a recorded skip), never an image with its missing rows left black;
+    * ``Image.MAX_IMAGE_PIXELS`` as given (None: off, while dsc applies its own limit, ``--max-pixels``,
+      so that one setting decides); by default PIL's own.
 
-    def __enter__(self):
-        _limit_lock.acquire()
-        self.saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, self.value
+    Held under the decode lock (``capture.LOCK``): the settings belong to the whole process."""
+    with LOCK:
+        saved = ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        if max_image_pixels is not _KEEP:
+            Image.MAX_IMAGE_PIXELS = max_image_pixels
+        try:
+            yield
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS = saved
 
-    def __exit__(self, *exc):
-        Image.MAX_IMAGE_PIXELS = self.saved
-        _limit_lock.release()
+
+def failure(e: Exception, obj) -> str:
+    """PIL's message for a file it could not read, for a reason beside the file's name: without the repr
+    PIL names an in-memory file by (``<_io.BytesIO object at 0x...>``), which says nothing and changes
+    from run to run."""
+    reason = str(e) or type(e).__name__
+    return reason if isinstance(obj, str) else reason.replace(f" {obj!r}", "").replace(repr(obj), "")
+
+
+def is_empty(obj) -> bool:
+    """Whether a path or a binary file holds no bytes (PIL would only say it cannot identify it)."""
+    import os
+
+    if isinstance(obj, str):
+        try:
+            return os.stat(obj).st_size == 0
+        except (OSError, ValueError):
+            return False
+    if hasattr(obj, "getbuffer"):
+        return obj.getbuffer().nbytes == 0
+    return False
 
 
 def check_regular(path: str) -> None:
@@ -151,57 +187,68 @@ def orient_array(arr: np.ndarray, orientation: int) -> np.ndarray:
     return np.flip(arr, flips) if flips else arr
 
 
+def _orientation(im: Image.Image) -> int:
+    """The image's EXIF orientation: 1 when absent, out of range or unreadable (a damaged EXIF block must
+    not hide the pixels)."""
+    try:
+        orientation = int(im.getexif().get(ORIENTATION_TAG, 1))
+    except Exception:  # noqa: BLE001 - PIL raises many types for a bad EXIF block
+        return 1
+    return orientation if orientation in range(1, 9) else 1
+
+
 def decode_image(path, mode: str = "RGB", background: tuple[int, int, int] = (255, 255, 255),
                  draft_for=None, max_pixels: int | None = None) -> Decoded:
-    """Decode one image file.
+    """Decode one image file: the pixels of a load that completed without error, oriented as
+    ``ImageOps.exif_transpose`` orients the freshly opened file, in the stored mode.
 
     ``draft_for(h, w) -> (h, w)``: the resolution the caller needs for a full image of (h, w); a JPEG is
     then decoded with DCT scaling (1/2, 1/4 or 1/8) to the smallest size at least that large, and the
-    returned image is smaller than the full size and left in the file's orientation (``Decoded.pending``). ``path`` may be a path or a binary file object.
-    Any failure becomes :class:`ImageDecodeError` naming the file. An image of more than ``max_pixels``
-    (default :data:`DEFAULT_MAX_PIXELS`, PIL's own decompression-bomb limit) is refused from its header,
-    before any decoding; that one setting decides (PIL's is lifted for the open).
+    returned image is smaller than the full size and left in the file's orientation (``Decoded.pending``).
+    ``path`` may be a path or a binary file object.
+    Any failure becomes :class:`ImageDecodeError` naming the file, a load error anywhere included
+    (``LOAD_TRUNCATED_IMAGES`` is off while dsc decodes, see :func:`pil_rules`). An image of more than
+    ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, PIL's own decompression-bomb limit) is refused from
+    its header, before any decoding; that one setting decides (PIL's is lifted meanwhile).
+
+    The orientation is read after the load (a PNG may carry its EXIF after the pixels, and reading it
+    loads them), except where it is needed before: for a JPEG draft (it decides the draft's size), and
+    for a TIFF, whose load applies the orientation itself and then forgets it (``Decoded.orientation``
+    is still the file's, so boxes and masks in its raw frame turn with it).
     """
     name = path if isinstance(path, str) else getattr(path, "name", "<bytes>")
     if isinstance(path, str):
         check_regular(path)
+    if is_empty(path):
+        raise ImageDecodeError(name, "the file is empty (0 bytes); replace it with the image, or remove it")
     limit = max_pixels or DEFAULT_MAX_PIXELS
     try:
-        with _pil_limit(None):  # only Image.open checks PIL's limit; dsc's own is applied below, from the header
-            opened = Image.open(path)
-        with opened as im:
-            try:
-                orientation = int(im.getexif().get(ORIENTATION_TAG, 1))
-            except Exception:  # a damaged EXIF block must not hide the pixels; treat as upright
-                orientation = 1
-            if orientation not in range(1, 9):
-                orientation = 1
-            swapped = orientation in SWAPS_AXES
+        with pil_rules(max_image_pixels=None), Image.open(path) as im:
             raw_w, raw_h = im.size
             if raw_w * raw_h > limit:  # from the header, before any decoding
                 raise ImageDecodeError(name, f"{raw_w}x{raw_h} = {raw_w * raw_h:,} pixels is more than the "
                                              f"{limit:,} allowed; raise --max-pixels (max_pixels=) if the image is "
                                              f"genuine")
-            full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
+            drafting = draft_for is not None and im.format == "JPEG"
+            first = _orientation(im) if drafting or im.format == "TIFF" else None
             scale = 1
-            if draft_for is not None and im.format == "JPEG":
+            if drafting:
+                swapped = first in SWAPS_AXES
+                full = (raw_w, raw_h) if swapped else (raw_h, raw_w)  # displayed (h, w)
                 need_h, need_w = draft_for(*full)
                 drafted = im.draft(im.mode, (need_h, need_w) if swapped else (need_w, need_h))
                 if drafted is not None:  # box = (0, 0, raw_w / scale, raw_h / scale)
                     scale = round(raw_w / drafted[1][2])
-            im.load()
-            if orientation != 1 and scale == 1:
-                im = ImageOps.exif_transpose(im)
-            return Decoded(_to_mode(im, mode, background), orientation, full, scale)
+            im.load()  # the whole image, or an error naming the file
+            if scale != 1:
+                return Decoded(_to_mode(im, mode, background), first, full, scale)
+            left = _orientation(im)  # what exif_transpose would still apply (a TIFF's load applied its own)
+            shown = ImageOps.exif_transpose(im) if left != 1 else im
+            orientation = left if left != 1 or first is None else first
+            return Decoded(_to_mode(shown, mode, background), orientation, (shown.height, shown.width))
     except ImageDecodeError:
         raise
-    except Image.DecompressionBombError as e:
-        raise ImageDecodeError(name, f"refused as a decompression bomb ({e}); raise --max-pixels (max_pixels=) if "
-                                     f"the image is genuine") from None
     except MemoryError:
         raise
     except Exception as e:  # PIL raises many types for bad files: OSError, SyntaxError, ValueError, ...
-        reason = str(e) or type(e).__name__
-        if not isinstance(path, str):  # PIL names an in-memory file by its repr: say what it is instead
-            reason = reason.replace(repr(path), "(image bytes)")
-        raise ImageDecodeError(name, f"cannot decode image: {reason}") from None
+        raise ImageDecodeError(name, f"cannot decode image: {failure(e, path)}") from None

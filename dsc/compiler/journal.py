@@ -1,10 +1,13 @@
 """The resume journal: which shards of an interrupted compile are finished, and proof of it.
 
 Inside the staging directory, ``.journal/plan.json`` fingerprints the inputs and options, and one
-``.journal/unit-<s>.json`` per finished unit holds the unit's result (sample metadata, boxes, the shard's
-size and SHA-256), written atomically after the shard file itself. ``--resume`` keeps a unit only if its
-journal entry exists, the plan matches, and the shard file re-hashes to the recorded SHA-256; every
-other unit is compiled again, so a resumed compile is byte-identical to an uninterrupted one.
+``.journal/unit-<s>.json`` per finished unit holds ``{"files": the fingerprint of its input files
+(inputs_of), "result": the unit's result}`` (sample metadata, boxes, the shard's size and SHA-256), written
+atomically after the shard file itself. (The two are kept apart: the result has an ``inputs`` array of its
+own, the per-sample fingerprints, which once overwrote the unit's and made every resume start over.)
+``--resume`` keeps a unit only if its journal entry exists, the plan matches, its input files are as they
+were, and the shard file re-hashes to the recorded SHA-256; every other unit is compiled again, so a
+resumed compile is byte-identical to an uninterrupted one, and decodes only the units it had not finished.
 The journal is deleted before the dataset is published. It is JSON: no pickle.
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DscError, WriteError
+from ..errors import DscError, ResumeError, WriteError
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
@@ -26,16 +29,23 @@ from .units import UnitResult
 JOURNAL = ".journal"
 
 
-def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int, source: Source | None = None) -> str:
-    """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks),
-    the source's parameters and the options (not workers, progress, overwrite or on_error, which never
-    change a finished shard)."""
-    h = hashlib.sha256()
+def settings(scanned: ScannedSource, options: CompileOptions, shard_size: int, source: Source | None = None) -> dict:
+    """What decides the shards' bytes besides the records: the options (not workers, progress, overwrite or
+    on_error, which never change a finished shard), the shard size, the task and the source's parameters.
+    As JSON values: ``plan.json`` keeps them, so a refused resume names the setting that differs."""
     opts = options.recorded(masks=scanned.masks is not None)
-    h.update(json.dumps({"options": opts, "shard_size": shard_size, "task": scanned.task, "kind": scanned.kind,
-                         "source": source.config() if source is not None else None,
-                         "masks": None if scanned.masks is None else [list(scanned.masks.classes), scanned.masks.wide]},
-                        sort_keys=True, default=str).encode())
+    return json.loads(json.dumps({
+        **opts, "shard_size": shard_size, "task": scanned.task, "kind": scanned.kind,
+        "source": source.config() if source is not None else None,
+        "masks": None if scanned.masks is None else [list(scanned.masks.classes), scanned.masks.wide]},
+        sort_keys=True, default=str))
+
+
+def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int, source: Source | None = None) -> str:
+    """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks)
+    and the ``settings``."""
+    h = hashlib.sha256()
+    h.update(json.dumps(settings(scanned, options, shard_size, source), sort_keys=True).encode())
     for r in scanned.records:
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
         if r.target is not None:
@@ -63,21 +73,33 @@ def inputs_of(records) -> str:
     return h.hexdigest()
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    """{"source": {"image_column": "a"}} -> {"source.image_column": "a"}: a differing setting by its name."""
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _intact(path: Path, shard) -> bool:
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
 
 
 class Journal:
-    def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple, shard_root: Path | None = None):
+    def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple, shard_root: Path | None = None,
+                 settings: dict | None = None):
         self.dir = staging_dir / JOURNAL
         self.root = staging_dir
         self.shard_root = shard_root or staging_dir  # where the units' shard files are (an update: OUT)
         self.fingerprint = fingerprint
+        self.settings = settings  # (``settings``: kept in the plan to name what differs on a refused resume)
         self.fields = fields
 
     def start(self) -> None:
         try:
-            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint}, self.shard_root)
+            # the settings as ASCII JSON text: exact, also for a path that is not UTF-8 (escaped, not refused)
+            write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint, "settings": json.dumps(
+                self.settings, sort_keys=True) if self.settings is not None else None}, self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / "plan.json", e) from None
 
@@ -92,21 +114,39 @@ class Journal:
             plan = read_json(self.dir / "plan.json")
         except FileNotFoundError:
             return  # interrupted before any unit finished: nothing to keep
-        if plan.get("fingerprint") != self.fingerprint:
-            raise DscError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
-                           f"options; run without --resume to start over")
+        if plan.get("fingerprint") == self.fingerprint:
+            return
+        try:
+            then = json.loads(plan["settings"])
+        except (KeyError, TypeError, ValueError):
+            then = None
+        if not isinstance(then, dict) or self.settings is None:  # (a plan that does not say: another dsc's)
+            raise ResumeError(f"cannot resume: the partial compile in {self.root} was made from other inputs or "
+                              f"options; rerun without --resume to start over (the finished shards are discarded)")
+        if then != self.settings:
+            a, b = _flat(then), _flat(self.settings)
+            diff = [f"{k}={a.get(k)!r} then, {b.get(k)!r} now" for k in sorted({*a, *b}) if a.get(k) != b.get(k)]
+            raise ResumeError(f"cannot resume: the partial compile in {self.root} was made with other options "
+                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}); rerun with the options it "
+                              f"was started with to continue it, or without --resume to start over (the finished "
+                              f"shards are discarded)")
+        raise ResumeError(f"cannot resume: the source's inputs changed since the partial compile in {self.root} "
+                          f"began (files added, removed or renamed, or labels and annotations edited), so its shards "
+                          f"no longer line up with them; rerun without --resume to start over (the finished shards "
+                          f"are discarded)")
 
     def record(self, result: UnitResult, inputs: str) -> None:
         """Journal a finished unit with the fingerprint of its input files (``inputs_of``)."""
         # No fsync: after a power loss a torn entry fails to parse, and an entry whose shard was not yet on
         # disk fails the SHA-256 check; either way the unit is compiled again.
         try:
-            write_json(self.dir / f"unit-{result.s}.json", {"inputs": inputs, **result.to_json()}, self.shard_root)
+            write_json(self.dir / f"unit-{result.s}.json", {"files": inputs, "result": result.to_json()},
+                       self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / f"unit-{result.s}.json", e) from None
 
     def finished_units(self, inputs: dict[int, str]) -> dict[int, UnitResult]:
-        """Units whose journal entry exists, whose input files are as they were (size and mtime), and whose
+        """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now."""
         done = {}
         if not (self.dir / "plan.json").exists():
@@ -117,9 +157,11 @@ class Journal:
                 continue
             try:
                 d = read_json(entry)
-                if d.get("inputs") != inputs[s]:  # an input was edited, replaced or removed since
+                if d.get("files") != inputs[s]:  # an input was edited, replaced or removed since
                     continue
-                res = UnitResult.from_json(d, self.fields)
+                res = UnitResult.from_json(d["result"], self.fields)
+                if res.s != s:
+                    continue
             except (DscError, KeyError, TypeError, ValueError, AttributeError):
                 continue
             shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]

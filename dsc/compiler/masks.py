@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import SampleError
-from .decode import SWAPS_AXES, check_regular, orient_array
+from .decode import SWAPS_AXES, check_regular, failure, is_empty, orient_array, pil_rules
 from .geometry import Plan, oversized
 
 _MASK_MODES = {"L", "P", "1", "I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -29,17 +29,16 @@ def decode_mask(obj, where: str) -> np.ndarray:
     if isinstance(obj, np.ndarray):
         arr = obj
     else:
+        if not isinstance(obj, Image.Image) and is_empty(obj):
+            raise SampleError(where, "the mask file is empty (0 bytes); replace it with the mask, or remove it")
         try:
-            if isinstance(obj, Image.Image):
-                im = obj
-                im.load()
-            else:
-                im = Image.open(obj)
+            with pil_rules():  # a truncated mask is an error, never a half mask
+                im = obj if isinstance(obj, Image.Image) else Image.open(obj)
                 im.load()
         except Image.DecompressionBombError as e:
             raise SampleError(where, f"mask refused as a decompression bomb ({e})") from None
         except Exception as e:  # noqa: BLE001 - PIL raises many types for bad files
-            raise SampleError(where, f"cannot decode mask: {e or type(e).__name__}") from None
+            raise SampleError(where, f"cannot decode mask: {failure(e, obj)}") from None
         if im.mode not in _MASK_MODES:
             raise SampleError(where, f"the mask is a {im.mode} image; a mask holds one class id per pixel (a "
                                      f"palette or grayscale PNG, 8 or 16 bits)")

@@ -113,13 +113,14 @@ class CompileReport:
     seconds: float
     bytes_written: int
 
-    resumed_units: int = 0
+    resumed_units: int = 0  # --resume (or an update resumed): finished units of the interrupted run kept
     plan: dict | None = None  # an update: {"added", "removed", "changed", "relabelled", "moved", "unchanged", "decoded"}
     version: int = 0  # the version OUT is at afterwards
     committed: bool = True  # False: a dry run, or an update that found nothing to do
     dry_run: bool = False
     reused_shards: int = 0  # an update: shards of earlier versions the new one uses as they are
     uploaded: dict | None = None  # OUT is a URL: {"sent", "kept", "bytes_sent"} (kept: already in the bucket)
+    decoded: int | None = None  # inputs this run decoded (fewer than the samples when units were resumed)
 
     def __repr__(self) -> str:
         if self.manifest is None:
@@ -129,7 +130,9 @@ class CompileReport:
 
     @property
     def images_per_second(self) -> float:
-        return self.manifest.num_samples / self.seconds if self.seconds > 0 else float("inf")
+        """Inputs decoded per second by this run (a resumed run counts only what it decoded)."""
+        n = self.manifest.num_samples if self.decoded is None else self.decoded
+        return n / self.seconds if self.seconds > 0 else float("inf")
 
 
 def default_shard_size(num_records: int, options: CompileOptions) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import DscError, SampleError, SourceError
 from ..formats.fields import Field, MaskField, Part
 from .boxes import boxes_in_display_frame, to_stored
+from .capture import captured
 from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
                      to_mode)
 from .geometry import apply_plan, plan_fixed, plan_ragged
@@ -59,10 +60,13 @@ class UnitResult:
     errors: list[tuple[int, str]]
     parts: dict[str, Part]  # field name -> the unit's part of it
     inputs: np.ndarray = None  # (c, 10) int64: each sample's input fingerprint (INPUT_COLUMNS)
+    warnings: list[tuple[int, str]] = None  # (record index, message): what decoding a compiled input said
 
     def __post_init__(self):
         if self.inputs is None:
             self.inputs = np.zeros((len(self.kept), 10), np.int64)
+        if self.warnings is None:
+            self.warnings = []
 
     @property
     def nbytes(self) -> int:
@@ -72,7 +76,8 @@ class UnitResult:
         """Exact round trip: floats are written with Python's shortest repr, which reads back bit-equal."""
         return {"s": self.s, "kept": self.kept.tolist(), "orig": self.orig.tolist(), "affine": self.affine.tolist(),
                 "orientation": self.orientation.tolist(), "errors": [list(e) for e in self.errors],
-                "parts": {k: p.to_json() for k, p in self.parts.items()}, "inputs": self.inputs.tolist()}
+                "parts": {k: p.to_json() for k, p in self.parts.items()}, "inputs": self.inputs.tolist(),
+                "warnings": [list(w) for w in self.warnings]}
 
     @classmethod
     def from_json(cls, d: dict, fields: tuple[Field, ...]) -> "UnitResult":
@@ -82,7 +87,8 @@ class UnitResult:
                    orientation=np.asarray(d["orientation"], np.uint8),
                    errors=[(int(i), str(r)) for i, r in d["errors"]],
                    parts={f.name: f.load_part(d["parts"][f.name]) for f in fields},
-                   inputs=np.asarray(d["inputs"], np.int64).reshape(-1, 10))
+                   inputs=np.asarray(d["inputs"], np.int64).reshape(-1, 10),
+                   warnings=[(int(i), str(m)) for i, m in d.get("warnings", [])])
 
 
 def _mask(item: Item, rec: Record, dec: Decoded, field: MaskField, o: CompileOptions) -> np.ndarray:
@@ -130,9 +136,12 @@ def place_objects(target, orientation: int, h: int, w: int, affine, out_h: int, 
     return target, stored, keep, frame
 
 
-def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None):
+def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None,
+                   notes: list[str] | None = None):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
-    Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint)."""
+    Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint). What
+    decoding its image and mask said (warnings, C libraries' stderr) is appended to ``notes``."""
+    notes = [] if notes is None else notes
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
     try:
@@ -147,13 +156,15 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         mask_obj, mask_fp = _input(item.mask, rec, "mask")
         item.mask = mask_obj
     if item.decoded:
-        im = to_mode(item.obj, o.mode, o.background, rec.key)
+        with captured(notes):
+            im = to_mode(item.obj, o.mode, o.background, rec.key)
         dec = Decoded(im, 1, (im.height, im.width))
         fp = NO_INPUT
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None
         obj, fp = _input(item.obj, rec, "image")
-        dec = decode_image(obj, o.mode, o.background, draft_for, o.max_pixels)
+        with captured(notes):
+            dec = decode_image(obj, o.mode, o.background, draft_for, o.max_pixels)
     (h, w), orientation = dec.full, dec.orientation
     plan = planner(h, w)
     affine = plan.affine(h, w)
@@ -161,7 +172,9 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
     if item.target is not None:
         values["objects"] = place_objects(item.target, orientation, h, w, affine, *plan.out)
     if mask_field is not None:
-        values[mask_field.name] = apply_plan_nearest(_mask(item, rec, dec, mask_field, o), plan, o.mask_ignore)
+        with captured(notes):
+            mask = _mask(item, rec, dec, mask_field, o)
+        values[mask_field.name] = apply_plan_nearest(mask, plan, o.mask_ignore)
     values["image"] = apply_plan(dec.image, plan, o.fill, o.filter, full_size=dec.full, draft_scale=dec.scale,
                                  resizer=o.resizer, file_orientation=dec.pending)
     return values, (h, w), affine, orientation, (*fp, *mask_fp)
@@ -179,7 +192,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     root = Path(task.root)
     mask_field = next((f for f in task.fields if isinstance(f, MaskField)), None)
     parts: dict[str, Part] = {}
-    kept, orig, affine, orient, errors, inputs = [], [], [], [], [], []
+    kept, orig, affine, orient, errors, inputs, warnings = [], [], [], [], [], [], []
     try:
         for f in task.fields:
             parts[f.name] = f.part(root, task.s, task.shard_size)
@@ -191,10 +204,14 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
             raise SourceError(f"the {source.name!r} source failed to open shard {task.s}'s records: "
                               f"{type(e).__name__}: {e}") from None
         for j, rec in enumerate(task.records):
+            notes: list[str] = []
             try:
-                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field)
+                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field, notes)
             except SampleError as e:
-                errors.append((task.start + j, f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason))
+                reason = f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason
+                if notes:  # what the decoders printed says why: it joins the reason
+                    reason += f" (decoding also said: {'; '.join(notes)})"
+                errors.append((task.start + j, reason))
                 if o.on_error == "fail":
                     break
                 continue
@@ -205,6 +222,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
             affine.append(aff)
             orient.append(orientation)
             inputs.append(as_int64(fp))
+            warnings += [(task.start + j, n) for n in notes]
         if errors and o.on_error == "fail":
             for p in parts.values():
                 p.abort()
@@ -217,7 +235,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
         raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(orig, np.int32).reshape(-1, 2),
                       np.asarray(affine, np.float64).reshape(-1, 4), np.asarray(orient, np.uint8), errors, parts,
-                      np.asarray(inputs, np.int64).reshape(-1, 10))
+                      np.asarray(inputs, np.int64).reshape(-1, 10), warnings)
 
 
 def worker_init() -> None:

@@ -403,7 +403,7 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
            fields, t0: float, say) -> CompileReport:
-    from .compile import Rows, _classes, _stop, decode_units, write_version
+    from .compile import Rows, _classes, _stop, decode_units, decode_warnings, write_version
 
     m = base.manifest
     K = m.shard_size
@@ -434,6 +434,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     _discard_slots(out, L.shard_nodes(m), next_slot, keep=set(done))
     results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
                                 options.workers or os.cpu_count() or 1)
+    said = decode_warnings(results, decode, say)
     failed = {decode[i].key for r in results for i, _ in r.errors}
     if not (plan.removed or plan.relabel or plan.moved) and failed == {r.key for r in decode} and \
             {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and scanned.classes == m.classes:
@@ -504,11 +505,12 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                                               next_slot + len(tasks), new_m))
     shutil.rmtree(txn, ignore_errors=True)
     view.refresh(out, new_m, m)
-    return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings,
+    return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
-                         bytes_written=sum(r.nbytes for r in results), resumed_units=len(done),
+                         bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),
                          plan=plan.summary(), version=n_new, committed=True,
-                         reused_shards=sum(s is not None for s in new_m.shards[:next_slot]))
+                         reused_shards=sum(s is not None for s in new_m.shards[:next_slot]),
+                         decoded=sum(len(t.records) for t in tasks if t.s not in done))
 
 
 def _field_shard(base: Base, name: str, s: int):

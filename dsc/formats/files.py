@@ -185,29 +185,35 @@ class Root:
             os.close(fd)
         return h.hexdigest()
 
-    def map(self, rel: str, nbytes: int) -> np.ndarray:
+    def open_file(self, rel: str) -> int:
+        """A descriptor of the regular file ``rel``, read-only (plain components, no links); the caller closes it."""
+        return self._open(rel)
+
+    def map(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
         """The first ``nbytes`` of a file as a flat uint8 array, memory-mapped privately (see runtime/storage)."""
         if nbytes == 0:
             return np.zeros(0, np.uint8)
         fd = self._open(rel)
         try:
-            return map_fd(fd, nbytes, self.path / rel)
+            return map_fd(fd, nbytes, self.path / rel, populate)
         finally:
             os.close(fd)
 
 
-def map_fd(fd: int, nbytes: int, name) -> np.ndarray:
+def map_fd(fd: int, nbytes: int, name, populate: bool = True) -> np.ndarray:
     """The first ``nbytes`` of the open file ``fd`` as a flat uint8 array: a private (copy-on-write) mapping
-    whose page tables are filled up front; the array keeps the mapping alive (the descriptor may close)."""
+    whose page tables are filled up front (``populate``: the whole range is read in now, in large reads);
+    the array keeps the mapping alive (the descriptor may close)."""
     if nbytes == 0:
         return np.zeros(0, np.uint8)
     if os.fstat(fd).st_size < nbytes:
         raise CorruptDatasetError(f"{name} is shorter than the {nbytes} bytes the manifest says")
     mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    try:
-        mm.madvise(MADV_POPULATE_READ)
-    except (OSError, ValueError):
-        mm.madvise(mmap.MADV_WILLNEED)
+    if populate:
+        try:
+            mm.madvise(MADV_POPULATE_READ)
+        except (OSError, ValueError):
+            mm.madvise(mmap.MADV_WILLNEED)
     return np.frombuffer(mm, dtype=np.uint8)
 
 

@@ -29,7 +29,7 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import CorruptDatasetError, VersionConflictError, VersionNotFoundError
+from ..errors import ConfigError, CorruptDatasetError, VersionConflictError, VersionNotFoundError
 from .files import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
 from .manifest import Manifest
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
@@ -305,8 +305,22 @@ def use(root: Root, m: Manifest) -> None:
     root.expected = {rel: f["nbytes"] for rel, f in m.files.items()}
 
 
+def source_date_epoch() -> int | None:
+    """``SOURCE_DATE_EPOCH`` (the reproducible-builds convention: whole seconds since 1970), or None when
+    unset or empty. A malformed value is an error, as the convention asks."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) > 253402300799:  # (9999-12-31T23:59:59Z)
+        raise ConfigError(f"SOURCE_DATE_EPOCH must be a whole number of seconds since 1970-01-01, got {value!r}")
+    return int(value)
+
+
 def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """The time written into records and tags: ``SOURCE_DATE_EPOCH`` when set (then two runs write the
+    same bytes), else the clock."""
+    fixed = source_date_epoch()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if fixed is None else fixed))
 
 
 def parse_time(s: str) -> float:

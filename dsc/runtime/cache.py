@@ -41,21 +41,20 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 WAIT_SECONDS = 60.0  # how long a download waits for space that held shards take (a batch holds its shards for ms)
 
 
-def parse_size(v) -> int | None:
-    """``cache_limit``: None (unbounded), bytes as an int, or text such as ``"200GB"``, ``"512MiB"``."""
+def parse_size(v, what: str = "cache_limit (--cache-limit)") -> int | None:
+    """A size: None (unbounded), bytes as an int, or text such as ``"200GB"``, ``"512MiB"``; errors name ``what``."""
     if v is None:
         return None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if v <= 0:
-            raise ConfigError(f"cache_limit (--cache-limit) must be positive, got {v!r}")
+            raise ConfigError(f"{what} must be positive, got {v!r}")
         return int(v)
     m = _SIZE.match(v) if isinstance(v, str) else None
     if m is None or (m.group(2) or "").lower() not in _UNITS:
-        raise ConfigError(f"cache_limit (--cache-limit) must be a size such as 200GB, 512MiB or a number of bytes, "
-                          f"got {v!r}")
+        raise ConfigError(f"{what} must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
     n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
-        raise ConfigError(f"cache_limit (--cache-limit) must be positive, got {v!r}")
+        raise ConfigError(f"{what} must be positive, got {v!r}")
     return n
 
 

@@ -111,16 +111,42 @@ class Dataset(torch.utils.data.Dataset):
         """Whether the dataset is read from object storage through the local shard cache."""
         return getattr(self.storage, "remote", False)
 
+    def _pixel_readers(self) -> list:
+        return [r.px for r in self.readers.values() if getattr(r, "px", None) is not None]
+
     def shards_of(self, idx) -> list[str]:
         """The shard files (paths relative to the dataset) that samples ``idx`` are read from."""
         rows = self._to_rows(np.asarray(idx, np.int64))
         slots = np.unique(rows // self.manifest.shard_size).tolist()
-        out = []
-        for r in self.readers.values():
-            px = getattr(r, "px", None)
-            if px is not None:
-                out.extend(px.shards[s].path for s in slots if px.shards[s] is not None)
-        return out
+        return [px.shards[s].path for px in self._pixel_readers() for s in slots if px.shards[s] is not None]
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of every shard file this version reads (its image, mask... shards): what reading it whole
+        puts in memory."""
+        return sum(spec.nbytes for px in self._pixel_readers() for spec in px.shards if spec is not None)
+
+    def shard_plan(self, batches: list[np.ndarray]) -> tuple[list[np.ndarray], list[str], np.ndarray]:
+        """For an epoch's batches (sample indices): ``(needs, paths, nbytes)``, ``needs[j]`` the shard files
+        batch j reads as keys into ``paths`` / ``nbytes`` (every image-like field's shard of each slot the
+        batch touches), in storage order. What a read schedule walks (``schedule.py``)."""
+        from .schedule import shard_needs
+
+        pxs = self._pixel_readers()
+        nslots = max(len(px.shards) for px in pxs)
+        key_of = np.full((nslots, len(pxs)), -1, np.int64)
+        paths, nbytes = [], []
+        for f, px in enumerate(pxs):
+            for s, spec in enumerate(px.shards):
+                if spec is not None:
+                    key_of[s, f] = len(paths)
+                    paths.append(spec.path)
+                    nbytes.append(spec.nbytes)
+        needs = []
+        for slots in shard_needs([self._to_rows(np.asarray(b, np.int64)) for b in batches], self.manifest.shard_size):
+            keys = key_of[slots].reshape(-1)
+            needs.append(keys[keys >= 0])
+        return needs, paths, np.asarray(nbytes, np.int64)
 
     def _check_rows(self, rows: np.ndarray) -> None:
         """Every sample of the version sits in a shard the version has, inside its count."""
@@ -278,7 +304,7 @@ class Dataset(torch.utils.data.Dataset):
         return out
 
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
-                  alloc: Allocator = new_tensor, geometry=None, post=None) -> Batch:
+                  alloc: Allocator = new_tensor, geometry=None, post=None, reads=None) -> Batch:
         """Batched fields for ``indices``, in that order (a :class:`Batch`: a dict that carries the
         dataset's ``schema``).
 
@@ -291,15 +317,16 @@ class Dataset(torch.utils.data.Dataset):
         ``box_counts``; ``list`` -> ``targets``. ``index`` (B,) is always there. ``alloc(name, shape,
         dtype)`` provides the output tensors (the Loader passes its ring of reusable, pinned buffers); by
         default they are new tensors. ``geometry`` / ``post``: transforms run per sample during the gather
-        (the Loader passes them; see ``_get_batch``)."""
+        (the Loader passes them; see ``_get_batch``). ``reads``: the Loader's read strategy (``reads.py``);
+        None reads through this handle's own mappings."""
         check_forms(boxes, images, allow_none=True)
-        return self._get_batch(indices, boxes, images, alloc, geometry, post)[0]
+        return self._get_batch(indices, boxes, images, alloc, geometry, post, reads)[0]
 
     def sample_sizes(self, indices) -> torch.Tensor:
         """(B, 2) int64 (height, width) of the stored images ``indices``."""
         return torch.from_numpy(self._image.px.sizes(self._to_rows(self._check_indices(indices))))
 
-    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None):
+    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None, reads=None):
         """``get_batch``, plus the packed batch it was built from (before the box form).
 
         ``geometry`` (a :class:`~dsc.transforms.fused.ChainPlan` for these samples) runs the transforms'
@@ -311,12 +338,12 @@ class Dataset(torch.utils.data.Dataset):
         rows = self._to_rows(idx)
         tensors: dict = {}
         np_alloc = numpy_alloc(alloc, tensors)
-        forms = {"images": images or self.image_form}
+        forms = {"images": images or self.image_form, "reads": reads}
         fields: dict = {}
         pixels = self.schema.pixels() if geometry is not None or post is not None else {}
         for name, r in self.readers.items():
             if name in pixels:
-                fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post)
+                fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
             else:
                 fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
@@ -328,7 +355,7 @@ class Dataset(torch.utils.data.Dataset):
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed
 
-    def _gather_transformed(self, reader, idx, role, alloc, geometry, post) -> torch.Tensor:
+    def _gather_transformed(self, reader, idx, role, alloc, geometry, post, reads=None) -> torch.Tensor:
         """One image-like field of the batch through the geometric steps (and ``post``), per sample."""
         from ..errors import DscError
         from ..transforms.fused import run_batch
@@ -347,7 +374,7 @@ class Dataset(torch.utils.data.Dataset):
             out = image_post.empty(B, h, w, tail[0], alloc)
         else:
             out = alloc(reader.name, (B, h, w, *tail), torch_dtype(px.dtype))
-        views = [reader.px.sample(i) for i in idx.tolist()]
+        views = reader.px.samples(idx, reads)
         return run_batch(views, geometry.programs if geometry is not None else None, out,
                          role.resample == "nearest", role.fill, image_post)
 

@@ -21,6 +21,7 @@ from .dataset import Dataset, check_forms
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size
 from .orders.quasi_random import DEFAULT_WINDOW
+from . import reads as R
 from .prefetch import EpochIterator, Ring
 from .storage import CACHES
 
@@ -58,7 +59,11 @@ class Loader:
     given (seed, epoch, rank, world_size). ``rank`` / ``world_size`` default to torch.distributed's when
     it is initialised; ``tail`` = ``pad`` | ``drop`` makes every rank's part the same size.
     ``device``: ``cpu`` or ``cuda[:k]``. ``cache``: ``page`` (the OS page cache) or ``ram`` (read the
-    dataset into this process first). ``boxes`` / ``images``: batch forms (see :class:`dsc.Dataset`).
+    dataset into this process first). ``read``: how batches get their bytes (``reads.py``): ``auto`` (default:
+    ``mapped`` when the dataset fits in the memory available, else ``direct`` for random order and
+    ``windowed`` for the others), or one of them forced; ``io_depth``: direct reads in flight.
+    ``loader.read_strategy`` / ``loader.read_reason`` say which runs and why. ``boxes`` / ``images``: batch
+    forms (see :class:`dsc.Dataset`).
     ``transforms``: a callable ``(batch, seed=, epoch=, batch_index=) -> batch`` (see dsc.transforms).
     """
 
@@ -66,14 +71,16 @@ class Loader:
                  drop_last: bool = False, device: str | torch.device = "cpu", num_threads: int = 2,
                  prefetch: int = 3, rank: int | None = None, world_size: int | None = None, tail: str = "pad",
                  cache: str = "page", window: int | None = None, transforms=None,
-                 boxes: str | None = None, images: str | None = None):
+                 boxes: str | None = None, images: str | None = None, read: str = "auto",
+                 io_depth: int = R.IO_DEPTH):
         if not isinstance(dataset, Dataset):
             dataset = Dataset(dataset)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        for name, v in (("batch_size", batch_size), ("num_threads", num_threads), ("prefetch", prefetch)):
+        for name, v in (("batch_size", batch_size), ("num_threads", num_threads), ("prefetch", prefetch),
+                        ("io_depth", io_depth)):
             if not _whole(v) or v < 1:
                 raise ConfigError(f"{name} must be a positive int, got {v!r}")
         if prefetch > MAX_PREFETCH:
@@ -124,6 +131,10 @@ class Loader:
         self._streams: list = []
         self._streams_lock = threading.Lock()
         self._warned_random = False
+        memory = R.available_memory() if cache != "ram" else None
+        self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache)
+        self._reads = R.make(self.read_strategy, dataset.storage, io_depth=io_depth,
+                             memory=memory[0] if memory else None)
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -177,37 +188,45 @@ class Loader:
         self._interrupt("the Loader was closed (loader.close()) during this epoch; its remaining batches were not "
                         "served")
         self._release_ring()
+        reads = getattr(self, "_reads", None)
+        if reads is not None:
+            reads.close()
 
     def _interrupt(self, why: str) -> None:
         for it in list(self._iterators):
             it.close(superseded=why)
 
-    def _shard_feed(self, batches: list[np.ndarray], start: int):
-        """For a dataset in object storage: a feed that downloads the coming batches' shards ahead of them
-        (remote.py), within the cache limit; None for a local dataset."""
+    def _schedule(self, batches: list[np.ndarray], start: int):
+        """The epoch's read schedule (``schedule.py``), or None: a dataset in object storage downloads the
+        coming batches' shards ahead of them into the cache, within its limit (whatever the strategy, which
+        then reads the cached files); a windowed read maps and reads them ahead and releases them behind."""
         ds = self.dataset
-        if not ds.remote or start >= len(batches):
+        if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed"):
             return None
-        from .remote import ShardFeed, _local_processes
+        needs, paths, nbytes = ds.shard_plan(batches)
+        if not ds.remote:
+            return self._reads.schedule(needs, start, nbytes, paths)
+        from .remote import CONNECTIONS, _local_processes
+        from .schedule import ShardSchedule
 
         storage = ds.storage
-        needs = [ds.shards_of(b) for b in batches]
         limit = storage.cache.limit
         budget = None
         if limit is not None:
-            worst = max((sum(storage.nbytes(r) for r in n), j) for j, n in enumerate(needs))
+            sizes = [int(nbytes[n].sum()) for n in needs]
+            worst = max(range(len(sizes)), key=sizes.__getitem__)
             # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
             # its share, keeping half of it for the batches being gathered; a batch must fit in its share.
             share = limit // _local_processes()
-            if worst[0] > share:
+            if sizes[worst] > share:
                 each = f" (this process's share: {share:,} of {limit:,} for LOCAL_WORLD_SIZE processes)" \
                     if share != limit else ""
-                raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst[1]} needs "
-                                  f"({worst[0]:,} bytes, {len(needs[worst[1]])} shards): raise cache_limit "
+                raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst} needs "
+                                  f"({sizes[worst]:,} bytes, {len(needs[worst])} shards): raise cache_limit "
                                   f"(--cache-limit), or read "
                                   f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
                                   f"batch_size)")
-            budget = max(worst[0], share // 2)
+            budget = max(sizes[worst], share // 2)
             total = sum(s.nbytes for s in storage.specs.values())
             if self.order == "random" and total > limit and not self._warned_random:
                 import warnings
@@ -217,7 +236,15 @@ class Loader:
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
                               f"reads a window of shards at a time and keeps the downloads ahead of training",
                               stacklevel=3)
-        return ShardFeed(storage, needs, start, budget)
+        mapped = not self._reads.direct
+        return ShardSchedule(needs, start, nbytes, lambda k: storage.acquire(paths[k], mapped),
+                             lambda k: storage.release(paths[k]), budget=budget, per_batch=limit is not None,
+                             workers=CONNECTIONS, fetch_now=lambda k: storage.acquire_cached(paths[k], mapped),
+                             name="dsc-fetch")
+
+    def __repr__(self) -> str:
+        return (f"dsc.Loader({self.dataset!r}, batch_size={self.batch_size}, order={self.order!r}, "
+                f"read={self.read_strategy!r}: {self.read_reason})")
 
     def _release_ring(self) -> None:
         """Drop the ring's buffers (pinned ones go back to torch's pinned-memory cache, for reuse)."""

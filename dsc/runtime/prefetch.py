@@ -94,7 +94,9 @@ class _EpochState:
         self.ring = loader._ring
         self.copy_stream = loader._copy_stream  # made once per Loader (a stream per epoch would strand memory)
         self.loader = weakref.ref(loader)
-        self.feed = loader._shard_feed(batches, start)  # remote datasets: shards fetched ahead (remote.py)
+        # the loader's read strategy (None: the dataset's own mappings) and the epoch's read schedule, if any
+        self.reads = None if loader.read_strategy == "mapped" else loader._reads
+        self.feed = loader._schedule(batches, start)
 
     def shutdown(self) -> None:
         """Stop and join the threads. The ring stays with the loader (also when the epoch was cut short:
@@ -159,13 +161,13 @@ def _fill_jobs(state: _EpochState, k: int) -> None:
             gen = batch_generator(state.seed, state.epoch, j) if state.transforms is not None else None
             plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
             if state.feed is not None:
-                state.feed.wait(j, lambda: state.stop)  # its shards are downloaded and held
+                state.feed.wait(j, lambda: state.stop)  # its shards are read in (downloaded) and held
             try:
                 batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
-                                                geometry=plan, post=state.post)
+                                                geometry=plan, post=state.post, reads=state.reads)
             finally:
                 if state.feed is not None:
-                    state.feed.done(j)  # gathered: the shards may go (they stay cached until evicted)
+                    state.feed.done(j)  # gathered: the shards no later batch reads may go
             event = None
             if cuda:
                 with torch.cuda.stream(stream):

@@ -11,10 +11,11 @@ shards are immutable and named by content). Object storage has no locks to pin w
 remote dataset keeps every version superseded within its retention period, which is what protects a
 reader there.
 
-``ShardFeed``: the Loader knows every coming batch, so a feed thread walks them in order and downloads
-their shards with parallel connections, as far ahead as a byte budget within the cache limit allows;
-the filler thread of batch j waits for batch j's shards, gathers, and lets them go (they stay cached
-until evicted).
+The Loader knows every coming batch, so its shard schedule (``schedule.py``) downloads and holds their
+shards in the order the epoch first needs them, with parallel connections, as far ahead as a byte budget
+within the cache limit allows; what is cached and held already is ready at once, without a thread. The
+batches then read the cached files through the Loader's read strategy (``reads.py``), as a local
+dataset's.
 """
 from __future__ import annotations
 
@@ -118,14 +119,17 @@ class RemoteStorage(Storage):
     def nbytes(self, rel: str) -> int:
         return self.specs[rel].nbytes
 
-    def acquire(self, rel: str) -> None:
-        """Hold shard ``rel`` (one more reference), downloading it when the cache lacks it."""
+    def acquire(self, rel: str, mapped: bool = True) -> None:
+        """Hold shard ``rel`` (one more reference), downloading it when the cache lacks it; ``mapped``: and
+        map it (a direct read only needs the file)."""
         with self._lock:
             if rel in self._refs:
                 self._refs[rel] += 1
                 self._idle.pop(rel, None)
                 fut = self._pending.get(rel)
                 if fut is None:
+                    if mapped and rel not in self._maps:
+                        self._maps[rel] = self._map_held(rel)
                     return
             else:
                 self._refs[rel] = 1
@@ -135,6 +139,10 @@ class RemoteStorage(Storage):
         if fut is not None:  # another thread is fetching it: wait for that
             try:
                 fut.result()
+                if mapped:
+                    with self._lock:
+                        if rel not in self._maps:
+                            self._maps[rel] = self._map_held(rel)
             except BaseException:
                 self._drop(rel)
                 raise
@@ -142,7 +150,7 @@ class RemoteStorage(Storage):
         spec = self.specs[rel]
         try:
             held = self.hold(spec)
-            arr = map_fd(held.fd, spec.nbytes, self.store.where(rel))
+            arr = map_fd(held.fd, spec.nbytes, self.store.where(rel)) if mapped else None
         except BaseException as e:
             with self._lock:
                 fut = self._pending.pop(rel)
@@ -151,9 +159,42 @@ class RemoteStorage(Storage):
             raise
         with self._lock:
             self._held[rel] = held
-            self._maps[rel] = arr
+            if arr is not None:
+                self._maps[rel] = arr
             fut = self._pending.pop(rel)
         fut.set_result(None)
+
+    def acquire_cached(self, rel: str, mapped: bool = True) -> bool:
+        """Hold shard ``rel`` if this handle holds it already (mapped, if asked): no I/O. False otherwise."""
+        with self._lock:
+            if rel not in self._held or rel in self._pending or (mapped and rel not in self._maps):
+                return False
+            self._refs[rel] = self._refs.get(rel, 0) + 1
+            self._idle.pop(rel, None)
+            return True
+
+    def _map_held(self, rel: str) -> np.ndarray:
+        return map_fd(self._held[rel].fd, self.specs[rel].nbytes, self.store.where(rel))
+
+    def where(self, rel: str) -> str:
+        return self.store.where(rel)
+
+    def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
+        return self.map(rel, nbytes)
+
+    def drop_pages(self, rel: str) -> None:
+        """(Cached shards are the cache's to keep or evict.)"""
+
+    def shard_fd(self, rel: str) -> int:
+        """A descriptor of cached shard ``rel`` (downloaded if needed) for direct reads; the caller closes it.
+        A file description of its own: not the hold's, whose shared flock tells evictors the shard is in use
+        (an open descriptor of an evicted shard still reads it)."""
+        self.acquire(rel, mapped=False)
+        try:
+            return os.open(self.cache.path(self.specs[rel].sha256),
+                           os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        finally:
+            self.release(rel)
 
     def hold(self, spec) -> Held:
         """Shard ``spec`` held in the cache, downloaded (at most its recorded size) when the cache lacks it."""
@@ -263,159 +304,6 @@ def _local_processes() -> int:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     except ValueError:
         return 1
-
-
-class _DaemonPool:
-    """A few daemon threads running submitted calls: unlike ThreadPoolExecutor's, they never hold up the
-    interpreter's exit (a download retrying against an unreachable server may take the whole retry budget)."""
-
-    def __init__(self, n: int, name: str):
-        import queue
-
-        self.q: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, name=f"{name}-{k}", daemon=True) for k in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def _work(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-                fut.set_exception(e)
-
-    def submit(self, fn, *args) -> Future:
-        fut: Future = Future()
-        self.q.put((fut, fn, args))
-        return fut
-
-    def shutdown(self, pending: list[Future]) -> None:
-        """Cancel ``pending`` calls not yet started; the threads end after the call they are in."""
-        for f in pending:
-            f.cancel()
-        for _ in self.threads:
-            self.q.put(None)
-
-
-# ----------------------------------------------------------------------------- prefetch
-class ShardFeed:
-    """Downloads the shards of an epoch's batches in the order they will be read (see the module docstring).
-
-    ``needs[j]``: the shard paths batch j reads. The feed holds every shard of the batches it has reached
-    until ``done(j)`` for each batch that needs it; it runs ahead while the bytes it holds stay within
-    ``budget`` (the next batch to be gathered is always fetched, whatever the budget)."""
-
-    def __init__(self, storage: RemoteStorage, needs: list[list[str]], start: int, budget: int | None,
-                 connections: int = CONNECTIONS):
-        self.storage, self.needs, self.start = storage, needs, start
-        self.budget = budget
-        self.cond = threading.Condition()
-        self.futures: dict[int, list[Future]] = {}
-        self.refs: dict[str, int] = {}
-        self.held: dict[str, Future] = {}
-        self.bytes_held = 0
-        self.oldest = start  # the oldest batch not yet done
-        self.finished: set[int] = set()
-        self.stopped = False
-        self.error: BaseException | None = None  # what stopped the feed thread (raised in the batches that wait)
-        self.pool = _DaemonPool(connections, "dsc-fetch")
-        self.thread = threading.Thread(target=self._run, name="dsc-feed", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for j in range(self.start, len(self.needs)):
-                futs = []
-                for rel in self.needs[j]:
-                    with self.cond:
-                        if self.stopped:
-                            return
-                        if rel in self.held:
-                            self.refs[rel] += 1
-                            futs.append(self.held[rel])
-                            continue
-                        nbytes = self.storage.nbytes(rel)
-                        while (not self.stopped and self.budget is not None and j > self.oldest
-                               and self.bytes_held + nbytes > self.budget):
-                            self.cond.wait(0.5)
-                        if self.stopped:
-                            return
-                        self.refs[rel] = 1
-                        self.bytes_held += nbytes
-                        fut = self.held[rel] = self.pool.submit(self.storage.acquire, rel)
-                    futs.append(fut)
-                with self.cond:
-                    self.futures[j] = futs
-                    self.cond.notify_all()
-        except BaseException as e:  # noqa: BLE001 - handed to the batches that wait
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
-
-    def wait(self, j: int, should_stop=lambda: False) -> None:
-        """Block until every shard of batch j is held; a failed download raises here (in the filler)."""
-        with self.cond:
-            while j not in self.futures:
-                if self.error is not None:
-                    raise DscError(f"the shard feed failed: {self.error!r}") from self.error
-                if self.stopped or should_stop():
-                    raise DscError("the loader stopped while its shards were being fetched")
-                self.cond.wait(0.5)
-            futs = self.futures[j]
-        for f in futs:
-            while True:
-                try:
-                    f.result(timeout=0.5)
-                    break
-                except TimeoutError:
-                    if self.stopped or should_stop():
-                        raise DscError("the loader stopped while its shards were being fetched") from None
-
-    def done(self, j: int) -> None:
-        """Batch j is gathered: its shards may go (when no later fetched batch needs them)."""
-        release = []
-        with self.cond:
-            if j not in self.futures or j in self.finished:
-                return
-            self.finished.add(j)
-            while self.oldest in self.finished:
-                self.finished.discard(self.oldest)
-                self.oldest += 1
-            for rel in self.needs[j]:
-                self.refs[rel] -= 1
-                if self.refs[rel] == 0:
-                    del self.refs[rel]
-                    fut = self.held.pop(rel)
-                    self.bytes_held -= self.storage.nbytes(rel)
-                    release.append((rel, fut))
-            self.cond.notify_all()
-        for rel, fut in release:  # (a download still running, after a failed batch, lets go when it ends)
-            fut.add_done_callback(lambda f, rel=rel: self._let_go(f, rel))
-
-    def close(self) -> None:
-        """Stop fetching and let every held shard go, without waiting for downloads in flight (one that is
-        retrying against an unreachable server could take the whole retry budget): each lets its shard go
-        when it ends."""
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-        if threading.current_thread() is not self.thread:
-            self.thread.join()
-        with self.cond:
-            held, self.held, self.refs = list(self.held.items()), {}, {}
-        self.pool.shutdown([fut for _, fut in held])
-        for rel, fut in held:
-            fut.add_done_callback(lambda f, rel=rel: self._let_go(f, rel))
-
-    def _let_go(self, fut: Future, rel: str) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self.storage.release(rel)
 
 
 # ----------------------------------------------------------------------------- dsc cache / verify

@@ -6,6 +6,7 @@ and never touch files themselves, so a strategy (a later remote cache, say) is o
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,30 @@ class Storage:
         if arr is None:
             arr = self._maps[rel] = self.dir.map(rel, nbytes)  # (self.dir raises if the re-open failed)
         return arr
+
+    def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
+        """A new mapping of a shard's first ``nbytes``, not kept here (a read strategy holds it)."""
+        return self.dir.map(rel, nbytes, populate)
+
+    def shard_fd(self, rel: str) -> int:
+        """A descriptor of shard ``rel`` for direct reads (plain path, no links); the caller closes it."""
+        return self.dir.open_file(rel)
+
+    def drop_pages(self, rel: str) -> None:
+        """Ask the OS to drop shard ``rel``'s pages from the page cache (pages another mapping uses stay)."""
+        try:
+            fd = self.dir.open_file(rel)
+        except Exception:  # noqa: BLE001 - advice only
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass
+        finally:
+            os.close(fd)
+
+    def where(self, rel: str) -> str:
+        return str(self.root / rel)
 
     def array(self, rel: str, shape: tuple) -> np.ndarray:
         """A plain (small) array, checked to have ``shape``."""

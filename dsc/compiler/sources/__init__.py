@@ -98,10 +98,21 @@ def sources() -> dict[str, type[Source]]:
 def get_source(name: str) -> type[Source]:
     all_ = sources()
     if name not in all_:
-        raise ConfigError(f"no source named {name!r}; the sources are: {', '.join(all_)}")
+        raise ConfigError(unknown_source(name))
     return all_[name]
+
+
+def unknown_source(name: str, names=None) -> str:
+    """The message for a source name that is not registered: the likely one meant among ``names`` (default:
+    every source), and all of them."""
+    import difflib
+
+    all_ = list(sources() if names is None else names)
+    close = difflib.get_close_matches(str(name).lower(), all_, n=1, cutoff=0.6)
+    return (f"no source named {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" (the sources are: {', '.join(all_)})")
 
 
 __all__ = ["BUILTIN", "DROP_EMPTY", "Item", "MaskInfo", "Param", "Record", "ScannedSource", "Source", "Target",
            "PluginWarning", "as_map_style", "drop_empty", "scan_dataset", "file_item", "get_source", "register_source", "scan_coco",
-           "scan_imagefolder", "scan_table", "scan_voc", "scan_yolo", "sources", "where"]
+           "scan_imagefolder", "scan_table", "scan_voc", "scan_yolo", "sources", "unknown_source", "where"]

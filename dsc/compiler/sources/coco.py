@@ -113,7 +113,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         order.append(iid)
 
     per_image: dict[int, list] = {iid: [] for iid in images}
-    bad_seg: dict[int, str] = {}
+    bad: dict[int, str] = {}  # image id -> why it cannot be compiled (a bad sample: --on-error decides)
     for k, a in enumerate(data["annotations"]):
         aid = a.get("id", f"#{k}") if isinstance(a, dict) else f"#{k}"
         iid = _int(ann_path, f"annotation {aid}", a, "image_id")
@@ -128,13 +128,17 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
             raise SourceError(f"{ann_path}: annotation {aid} has bbox {bbox!r}; expected [x, y, width, height]")
         area = a.get("area", bbox[2] * bbox[3])
         crowd = int(bool(a.get("iscrowd", 0)))
+        negative = [f"{what} ({json.dumps(v)})" for what, v in (("width", bbox[2]), ("height", bbox[3])) if v < 0]
+        if negative:  # said here, as written: once made x0 y0 x1 y1 the box no longer shows what is wrong
+            bad.setdefault(iid, f"{ann_path}: annotation {aid} has bbox {json.dumps(bbox)} with a negative "
+                                f"{' and '.join(negative)}; COCO's bbox is [x, y, width, height]: fix the annotation")
         seg = None
         if masks:
             seg = a.get("segmentation")
             if not _valid_segmentation(seg):  # the image cannot get its mask: a bad sample (--on-error)
-                bad_seg.setdefault(iid, f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
-                                        f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per "
-                                        f"annotation")
+                bad.setdefault(iid, f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
+                                    f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per "
+                                    f"annotation")
             seg = (seg, -1 if crowd else mask_value[cid])
         per_image[iid].append((bbox, label_of[cid], crowd,
                                float(area) if isinstance(area, (int, float)) else math.nan, seg))
@@ -142,8 +146,8 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     records, invalid = [], []
     for iid in order:
         name, size = images[iid]
-        if iid in bad_seg:
-            invalid.append((name, bad_seg[iid]))
+        if iid in bad:
+            invalid.append((name, bad[iid]))
             continue
         anns = per_image[iid]
         b = np.array([a[0] for a in anns], np.float64).reshape(-1, 4)
@@ -157,6 +161,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         records.append(Record(key=name, path=str(path), target=target))
     if not records and not invalid:
         raise SourceError(f"{ann_path}: no images to compile")
+    _check_images_folder(img_dir, ann_path, records)
 
     listed = {images[i][0] for i in order}
     unlisted = sum(1 for p in img_dir.iterdir() if is_image_file(p.name) and p.name not in listed)
@@ -172,6 +177,27 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                  "unlisted_image_files": unlisted,
                  "labels": "category_ids" if keep_category_ids else "contiguous",
                  **({"masks": masks} if masks else {})})
+
+
+def _check_images_folder(img_dir: Path, ann_path: Path, records: list) -> None:
+    """Refuse an images folder that holds none of the listed files (a wrong --images), instead of one
+    "No such file" per image; the first file found ends the look, so a right folder costs one stat."""
+    if not records or any(os.path.exists(r.path) for r in records):
+        return
+    first = records[0].key
+    near = [d for d in (*_subfolders(img_dir), ann_path.parent, *_subfolders(ann_path.parent), img_dir.parent)
+            if (d / first).is_file()]
+    hint = f" ({near[0]} has {first})" if near else ""
+    raise SourceError(f"{img_dir}: none of the {len(records):,} images {ann_path.name} lists is in this folder "
+                      f"(the first, {first}, would be {records[0].path}); pass as --images the folder their "
+                      f"file_name entries are relative to{hint}")
+
+
+def _subfolders(d: Path) -> list[Path]:
+    try:
+        return sorted(Path(e.path) for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))[:50]
+    except OSError:
+        return []
 
 
 def _valid_segmentation(seg) -> bool:

@@ -72,10 +72,10 @@ class SegFolderSource(Source):
             key = Path(os.path.relpath(f, root)).as_posix()
             stem = _stem(f, img_dir, self.image_suffix)
             found = masks.get(stem, [])
-            if len(found) != 1:
-                invalid.append((key, f"{f}: " + (f"no mask file {mask_dir / stem}{self.mask_suffix}.<ext> in the masks "
-                                                 f"folder" if not found else
-                                                 f"{len(found)} mask files for it ({', '.join(found)}); keep one")))
+            if len(found) != 1:  # (the key names the image: the reason does not repeat it)
+                invalid.append((key, f"no mask file {mask_dir / stem}{self.mask_suffix}.<ext> in the masks folder: "
+                                     f"add the image's mask (same relative path and name) or remove the image"
+                                if not found else f"{len(found)} mask files for it ({', '.join(found)}); keep one"))
                 continue
             m = found[0]
             paired.add(stem)

@@ -129,7 +129,9 @@ class Field:
 
 class Reader:
     """A field opened for reading. ``sample(i)``: its keys of ``ds[i]``; ``gather(idx, alloc, forms)``:
-    its keys of a batch; ``split(batch, k)``: sample ``k``'s keys as views of a gathered batch."""
+    its keys of a batch (``forms``: the batch forms, ``images`` packed | padded, and ``reads``, the runtime's
+    read strategy or None: see ``pixels.PixelsReader``); ``split(batch, k)``: sample ``k``'s keys as views
+    of a gathered batch."""
 
     def sample(self, i: int) -> dict:
         raise NotImplementedError

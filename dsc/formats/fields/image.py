@@ -99,13 +99,13 @@ class PixelsReaderField(Reader):
         return {self.name: self.px.sample(i)}
 
     def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
-        px = self.px.px
+        px, reads = self.px.px, forms.get("reads")
         if px.fixed:
             out = alloc(self.name, (len(idx), *px.sample_shape), np.dtype(px.dtype))
-            return {self.name: self.px.gather(idx, out)}
+            return {self.name: self.px.gather(idx, out, reads)}
         if forms.get("images") == "padded":
-            return self.px.pad(idx, alloc, self.fill)
-        return self.px.pack(idx, alloc)
+            return self.px.pad(idx, alloc, self.fill, reads)
+        return self.px.pack(idx, alloc, reads)
 
     def split(self, batch: dict, k: int) -> dict:
         name = self.name

@@ -338,7 +338,14 @@ class RaggedShardWriter(ShardWriter):
 # ----------------------------------------------------------------------------- reading
 class PixelsReader:
     """Samples of one image-like field through a store (``store.map(path, nbytes)`` -> flat uint8 array,
-    ``store.array(rel, shape)`` -> a small array). Outputs come from ``alloc(name, shape, dtype)``."""
+    ``store.array(rel, shape)`` -> a small array). Outputs come from ``alloc(name, shape, dtype)``.
+
+    ``reads`` (optional, every read method): the runtime's read strategy for a Loader's batches, in place of
+    the store's own mappings. A mapping strategy has ``map(path, nbytes)`` like the store; a direct one
+    (``reads.direct``) copies bytes from the shard files straight into the output:
+    ``reads.read(shards, slots, file_offsets, sizes, dest, dest_offsets)`` puts ``sizes[k]`` bytes of shard
+    ``shards[slots[k]]`` at ``file_offsets[k]`` into ``dest[dest_offsets[k]:]``, and ``reads.scratch(n)`` is
+    a reusable buffer of the calling thread (samples that need per-sample work land there first)."""
 
     def __init__(self, pixels: Pixels, store, shards: tuple[ShardSpec, ...], n: int, K: int):
         self.px, self.store, self.shards, self.n, self.K = pixels, store, shards, n, K
@@ -357,25 +364,65 @@ class PixelsReader:
                                           f"(sample {int(np.flatnonzero(bad)[0])}); the dataset is damaged. Recompile it")
             self.shard_starts = starts
 
-    def shard(self, s: int) -> np.ndarray:
-        """Shard ``s``: (count, *sample) for fixed samples, else its flat elements."""
+    def _spec(self, s: int) -> ShardSpec:
         spec = self.shards[s]
-        px = self.px
         if spec is None:
-            raise CorruptDatasetError(f"{self.store.root}: shard slot {s} of {px.node} is not part of this version")
-        flat = self.store.map(spec.path, spec.nbytes)
+            raise CorruptDatasetError(f"{self.store.root}: shard slot {s} of {self.px.node} is not part of this version")
+        return spec
+
+    def shard(self, s: int, reads=None) -> np.ndarray:
+        """Shard ``s``: (count, *sample) for fixed samples, else its flat elements."""
+        spec = self._spec(s)
+        px = self.px
+        flat = (reads or self.store).map(spec.path, spec.nbytes)
         if px.fixed:  # the samples, then the Zarr shard index
             return flat[:spec.count * px.sample_nbytes].view(px.dtype).reshape(spec.count, *px.sample_shape)
         return flat.view(px.dtype)
 
-    def sample(self, i: int) -> np.ndarray:
+    def sample(self, i: int, reads=None) -> np.ndarray:
         """Sample ``i`` as a view of its shard."""
         s = i // self.K
         if self.px.fixed:
-            return self.shard(s)[i - s * self.K]
+            return self.shard(s, reads)[i - s * self.K]
         start = self.shard_starts[s]
-        return self.shard(s)[int(self.offsets[i] - start):int(self.offsets[i + 1] - start)].reshape(
+        return self.shard(s, reads)[int(self.offsets[i] - start):int(self.offsets[i + 1] - start)].reshape(
             self.shapes[i].tolist())
+
+    def extents(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard slot, byte offset in the shard file, byte size) of each sample ``idx``: where a direct read
+        finds it."""
+        idx = np.asarray(idx, np.int64)
+        slots = idx // self.K
+        for s in np.unique(slots).tolist():
+            self._spec(s)
+        if self.px.fixed:
+            nb = self.px.sample_nbytes
+            return slots, (idx - slots * self.K) * nb, np.full(len(idx), nb, np.int64)
+        it = self.px.itemsize
+        return (slots, (self.offsets[idx] - self.shard_starts[slots]) * it,
+                (self.offsets[idx + 1] - self.offsets[idx]) * it)
+
+    def _read_direct(self, idx: np.ndarray, reads, dest: np.ndarray, dest_offsets: np.ndarray) -> None:
+        slots, offsets, sizes = self.extents(idx)
+        reads.read(self.shards, slots, offsets, sizes, dest, dest_offsets)
+
+    def samples(self, idx: np.ndarray, reads=None) -> list[np.ndarray]:
+        """Samples ``idx`` as arrays, for per-sample work (padding, transforms run in the gather): views of
+        their shards, or, with direct reads, of this thread's scratch buffer (valid until its next use)."""
+        if reads is None or not reads.direct:
+            return [self.sample(i, reads) for i in idx.tolist()]
+        px = self.px
+        if px.fixed:
+            sizes = np.full(len(idx), px.sample_nbytes, np.int64)
+        else:
+            sizes = (self.offsets[idx + 1] - self.offsets[idx]) * px.itemsize
+        starts = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        buf = reads.scratch(int(starts[-1]))
+        self._read_direct(idx, reads, buf, starts[:-1])
+        shapes = [px.sample_shape] * len(idx) if px.fixed else self.shapes[idx].tolist()
+        return [buf[a:b].view(px.dtype).reshape(shape)
+                for a, b, shape in zip(starts[:-1].tolist(), starts[1:].tolist(), shapes)]
 
     def sizes(self, idx: np.ndarray) -> np.ndarray:
         """(B, 2) (height, width) of samples ``idx``."""
@@ -392,16 +439,21 @@ class PixelsReader:
         cuts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(idx)]
         return [(int(shard_of[a]), a, b, local[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
-    def gather(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def gather(self, idx: np.ndarray, out: np.ndarray, reads=None) -> np.ndarray:
         """Fixed layout: samples ``idx`` into ``out`` (B, *sample), one ``numpy.take`` per run of indices
         that share a shard (sorted indices make every shard one run). ``numpy.take(mode="clip")`` releases
         the GIL and never enters torch's OpenMP pool, so loader threads scale; the indices are checked
-        already, and clip mode skips numpy's bounds-checked buffered path."""
+        already, and clip mode skips numpy's bounds-checked buffered path. With direct reads, each sample
+        is read from its file straight into its row of ``out``."""
+        if reads is not None and reads.direct:
+            self._read_direct(idx, reads, out.reshape(-1).view(np.uint8),
+                              np.arange(len(idx), dtype=np.int64) * self.px.sample_nbytes)
+            return out
         for s, a, b, local in self.shard_runs(idx):
-            np.take(self.shard(s), local, axis=0, out=out[a:b], mode="clip")
+            np.take(self.shard(s, reads), local, axis=0, out=out[a:b], mode="clip")
         return out
 
-    def pack(self, idx: np.ndarray, alloc) -> dict[str, np.ndarray]:
+    def pack(self, idx: np.ndarray, alloc, reads=None) -> dict[str, np.ndarray]:
         """Ragged: every sample's elements back to back, ``<name>_offsets`` (B+1,), ``<name>_shapes``."""
         name = self.name
         sizes = self.offsets[idx + 1] - self.offsets[idx]
@@ -409,13 +461,16 @@ class PixelsReader:
         o[0] = 0
         np.cumsum(sizes, out=o[1:])
         flat = alloc(name, (int(o[-1]),), np.dtype(self.px.dtype))
-        for k, i in enumerate(idx.tolist()):
-            flat[o[k]:o[k + 1]] = self.sample(i).reshape(-1)
+        if reads is not None and reads.direct:
+            self._read_direct(idx, reads, flat.view(np.uint8), o[:-1] * self.px.itemsize)
+        else:
+            for k, i in enumerate(idx.tolist()):
+                flat[o[k]:o[k + 1]] = self.sample(i, reads).reshape(-1)
         shapes = alloc(f"{name}_shapes", (len(idx), self.px.ndim), np.int32)
         shapes[:] = self.shapes[idx]
         return {name: flat, f"{name}_offsets": o, f"{name}_shapes": shapes}
 
-    def pad(self, idx: np.ndarray, alloc, fill: int = 0) -> dict[str, np.ndarray]:
+    def pad(self, idx: np.ndarray, alloc, fill: int = 0, reads=None) -> dict[str, np.ndarray]:
         """Ragged: (B, max_h, max_w[, C]) padded with ``fill`` at the bottom/right, ``<name>_sizes`` (B, 2)."""
         name, px = self.name, self.px
         shapes = self.shapes[idx]
@@ -423,10 +478,9 @@ class PixelsReader:
         tail = (px.channels,) if px.channels is not None else ()
         out = alloc(name, (len(idx), int(hw[0]), int(hw[1]), *tail), np.dtype(px.dtype))
         out[:] = fill
-        for k, i in enumerate(idx.tolist()):
+        for k, v in enumerate(self.samples(idx, reads)):
             h, w = shapes[k, :2]
-            out[k, :h, :w] = self.sample(i)
+            out[k, :h, :w] = v
         sizes = alloc(f"{name}_sizes", (len(idx), 2), np.int64)
         sizes[:] = shapes[:, :2]
         return {name: out, f"{name}_sizes": sizes}
-

@@ -1,0 +1,381 @@
+"""Read strategies: how a Loader's batches get their bytes from the shard files.
+
+FFCV's memory managers are the model: the epoch's order is known before it starts, so its reads can be
+scheduled from it (``schedule.py``). Three strategies, one small interface (``map`` or ``read``, ``schedule``,
+``close``), chosen per Loader by :func:`choose` from the order and the memory really available:
+
+* ``mapped``: every shard touched is memory-mapped whole, its page tables filled up front, and kept mapped
+  for the Loader's life. When the dataset fits in memory this is the fastest path there is: after the
+  first epoch an epoch is a memory copy.
+* ``windowed`` (``sequential`` and ``quasi_random`` on data bigger than memory): a read-ahead thread maps and
+  reads in the coming shards, in the order the epoch first needs them (large sequential reads), within a
+  byte budget (the most the order needs at once, plus as much again of read-ahead); each shard is unmapped
+  and its pages dropped from the page cache once every batch that reads it is gathered. Memory stays
+  bounded, whatever the dataset's size.
+* ``direct`` (``random`` on data bigger than memory): each sample is read with one ``preadv`` straight
+  into its place in the batch's slot of the ring (pinned memory when the device is CUDA; runs of
+  neighbouring samples are one read), by a pool of ``io_depth`` I/O threads, so many more reads are in
+  flight than there are filler threads. Read-ahead is off on the files (``POSIX_FADV_RANDOM``): the disk
+  reads what is served, not the 64 MiB shard around it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, CorruptDatasetError
+from .schedule import ShardSchedule, _DaemonPool, live_bytes
+
+READS = ("auto", "mapped", "windowed", "direct")
+FIT = 0.8  # a dataset "fits" when its shards take at most this share of the memory available
+IO_DEPTH = 16  # direct reads in flight per Loader (measured here: 8-32 threads all reach the disk's rate)
+CHUNK = 4 << 20  # a direct read longer than this is split, so that one long run does not serialise a batch
+MAX_FDS = 512  # shard files a direct strategy keeps open
+
+
+# ----------------------------------------------------------------------------- memory
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat(path: Path, *keys: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] in keys:
+                return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _cgroup_limit() -> tuple[int, int, str] | None:
+    """(limit, bytes in use that cannot be reclaimed, where) of this process's memory cgroup, if it has a
+    limit below the machine's memory: cgroup v2 ``memory.max`` (the lowest along the path), or v1
+    ``memory.limit_in_bytes`` (its hierarchical limit)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # cgroup v2: the lowest memory.max from this group up to the root
+            base = Path("/sys/fs/cgroup")
+            d, best = base / rel, None
+            while True:
+                lim = _read_int(d / "memory.max")
+                if lim is not None:
+                    best = lim if best is None else min(best, lim)
+                if d == base or base not in d.parents:
+                    break
+                d = d.parent
+            if best is not None:
+                cur = _read_int(base / rel / "memory.current") or 0
+                file = _stat(base / rel / "memory.stat", "file") or 0
+                return best, max(0, cur - file), "cgroup memory.max"
+        elif "memory" in controllers.split(","):  # cgroup v1
+            d = Path("/sys/fs/cgroup/memory") / rel
+            lim = _stat(d / "memory.stat", "hierarchical_memory_limit") or _read_int(d / "memory.limit_in_bytes")
+            if lim is not None and lim < (1 << 60):
+                use = _read_int(d / "memory.usage_in_bytes") or 0
+                cache = _stat(d / "memory.stat", "total_cache", "cache") or 0
+                return lim, max(0, use - cache), "cgroup memory.limit_in_bytes"
+    return None
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes of memory this process can fill with a dataset's pages, where the figure comes from).
+
+    ``$DSC_MEMORY`` (bytes or "8GB") when set; else the smaller of the machine's ``MemAvailable`` and what
+    this process's memory cgroup leaves (its limit minus the memory its processes hold that is not page
+    cache): a container's page cache is charged to its cgroup, so a dataset bigger than the limit does not
+    stay in memory even on a machine with plenty."""
+    from .cache import parse_size
+
+    forced = os.environ.get("DSC_MEMORY")
+    if forced:
+        return parse_size(forced, "$DSC_MEMORY"), "$DSC_MEMORY"
+    avail = _stat(Path("/proc/meminfo"), "MemAvailable:")
+    best = (avail * 1024, "MemAvailable") if avail is not None else (os.sysconf("SC_PAGE_SIZE") *
+                                                                    os.sysconf("SC_AVPHYS_PAGES"), "free pages")
+    cg = _cgroup_limit()
+    if cg is not None and cg[0] - cg[1] < best[0]:
+        best = (cg[0] - cg[1], f"{cg[2]} {cg[0] / 2**30:.1f} GiB, {cg[1] / 2**30:.1f} GiB of it held by processes")
+    return max(best[0], 0), best[1]
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int, str] | None = None,
+           cache: str = "page") -> tuple[str, str]:
+    """(strategy, why) for reading a dataset of ``dataset_bytes`` in ``order``: ``mapped`` when it fits in
+    memory (at most ``FIT`` of it), else ``direct`` for random order and ``windowed`` for the others;
+    ``read`` other than ``auto`` forces one."""
+    if read not in READS:
+        raise ConfigError(f"read must be one of {', '.join(READS)}, got {read!r}")
+    if cache == "ram":
+        if read not in ("auto", "mapped"):
+            raise ConfigError(f"cache='ram' reads the dataset into memory; read={read!r} is for data read from "
+                              f"disk. Use one or the other")
+        return "mapped", "cache='ram': the shards are in this process's memory"
+    if read != "auto":
+        return read, f"read={read!r} asked for"
+    avail, where = memory if memory is not None else available_memory()
+    size = f"dataset {_gb(dataset_bytes)}"
+    if dataset_bytes <= FIT * avail:
+        return "mapped", f"{size} fits in the {_gb(avail)} of memory available ({where})"
+    why = f"{size} > {FIT:.0%} of the {_gb(avail)} of memory available ({where})"
+    if order == "random":
+        return "direct", f"{why}; order random: one read per sample"
+    return "windowed", f"{why}; order {order}: shards read ahead in order and released behind"
+
+
+def describe(dataset_bytes: int, memory: tuple[int, str] | None = None) -> str:
+    """What a Loader with ``read="auto"`` reads this dataset with, in every order, and why (``dsc info``)."""
+    memory = memory or available_memory()
+    name, why = choose("random", dataset_bytes, memory=memory)
+    if name == "mapped":
+        return f"mapped in every order: {why}"
+    return f"direct (order random), windowed (sequential, quasi_random): {why.split(';')[0]}"
+
+
+# ----------------------------------------------------------------------------- the strategies
+class Mapped:
+    """Shards mapped whole on first use and kept (the storage's own mappings)."""
+
+    name = "mapped"
+    direct = False
+
+    def __init__(self, storage, **_):
+        self.storage = storage
+
+    def map(self, rel: str, nbytes: int) -> np.ndarray:
+        return self.storage.map(rel, nbytes)
+
+    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule | None:
+        return None
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(a.nbytes for a in list(self.storage._maps.values()))
+
+    def close(self) -> None:
+        pass
+
+
+class Windowed:
+    """Shards read ahead in first-use order within a budget, released behind (see the module docstring)."""
+
+    name = "windowed"
+    direct = False
+
+    def __init__(self, storage, memory: int | None = None, **_):
+        self.storage = storage
+        self.memory = memory  # the budget never asks for more than half of it (at least one batch's shards)
+        self._maps: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.peak_bytes = 0
+        self.budget = None
+
+    @property
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(a.nbytes for a in self._maps.values())
+
+    def map(self, rel: str, nbytes: int) -> np.ndarray:
+        arr = self._maps.get(rel)
+        if arr is None:  # not scheduled (a batch read outside an epoch): mapped for this read only
+            arr = self.storage.map_file(rel, nbytes, populate=False)
+        return arr
+
+    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule:
+        need = live_bytes(needs[start:], nbytes)
+        biggest = max((int(nbytes[n].sum()) for n in needs[start:]), default=0)
+        budget = 2 * need  # what the order needs at once, and as much again read ahead
+        if self.memory is not None:
+            budget = min(budget, self.memory // 2)
+        self.budget = budget = max(budget, biggest, int(nbytes.max()) if len(nbytes) else 0)
+
+        def fetch(key: int) -> None:
+            arr = self.storage.map_file(paths[key], int(nbytes[key]), populate=True)
+            with self._lock:
+                self._maps[paths[key]] = arr
+                self.peak_bytes = max(self.peak_bytes, sum(a.nbytes for a in self._maps.values()))
+
+        def release(key: int) -> None:
+            with self._lock:
+                self._maps.pop(paths[key], None)
+            self.storage.drop_pages(paths[key])
+
+        return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=2,
+                             name="dsc-readahead")
+
+    def close(self) -> None:
+        with self._lock:
+            rels, self._maps = list(self._maps), {}
+        for rel in rels:
+            self.storage.drop_pages(rel)
+
+
+class Direct:
+    """One read per sample (or run of neighbouring samples) into the batch (see the module docstring)."""
+
+    name = "direct"
+    direct = True
+
+    def __init__(self, storage, io_depth: int = IO_DEPTH, **_):
+        self.storage = storage
+        self.io_depth = io_depth
+        self._fds: OrderedDict[str, list] = OrderedDict()  # rel -> [fd, readers using it]
+        self._lock = threading.Lock()
+        self._pool: _DaemonPool | None = None
+        self._local = threading.local()
+        self.reads = 0  # read calls made (tests count them)
+
+    held_bytes = 0  # nothing is mapped or held between batches
+
+    def schedule(self, needs, start, nbytes, paths, window_bytes=None) -> ShardSchedule | None:
+        return None
+
+    def scratch(self, n: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.buf = np.empty(max(n, int(len(buf) * 1.25) if buf is not None else n), np.uint8)
+        return buf[:n]
+
+    def _open(self, rel: str) -> int:
+        with self._lock:
+            entry = self._fds.get(rel)
+            if entry is not None:
+                entry[1] += 1
+                self._fds.move_to_end(rel)
+                return entry[0]
+        fd = self.storage.shard_fd(rel)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except (OSError, AttributeError):
+            pass
+        close = []
+        with self._lock:
+            entry = self._fds.get(rel)
+            if entry is not None:  # another thread opened it meanwhile
+                close.append(fd)
+                entry[1] += 1
+                fd = entry[0]
+            else:
+                self._fds[rel] = [fd, 1]
+            for other in list(self._fds):  # close the least recently used files no reader is using
+                if len(self._fds) <= MAX_FDS:
+                    break
+                if self._fds[other][1] == 0:
+                    close.append(self._fds.pop(other)[0])
+        for f in close:
+            os.close(f)
+        return fd
+
+    def _done(self, rel: str) -> None:
+        with self._lock:
+            self._fds[rel][1] -= 1
+
+    def _run(self, jobs: list[tuple]) -> None:
+        """Read ``jobs`` [(rel, file offset, memoryview)] in order (each job one or more ``preadv``)."""
+        for rel, off, view in jobs:
+            fd = self._open(rel)
+            try:
+                got = 0
+                while got < len(view):
+                    n = os.preadv(fd, [view[got:]], off + got)
+                    if n == 0:
+                        raise CorruptDatasetError(f"{self.storage.where(rel)} ended before byte {off + len(view):,}; "
+                                                  f"the dataset is damaged (dsc verify names the samples)")
+                    got += n
+            finally:
+                self._done(rel)
+
+    def read(self, shards, slots, file_offsets, sizes, dest: np.ndarray, dest_offsets) -> None:
+        """Put ``sizes[k]`` bytes at ``file_offsets[k]`` of shard ``shards[slots[k]]`` into ``dest`` at
+        ``dest_offsets[k]``, for every k: neighbouring samples (next in the file and in ``dest``) make one
+        read, runs longer than ``CHUNK`` are split, and the reads are spread over the I/O threads (the
+        calling thread takes a share)."""
+        n = len(slots)
+        if n == 0:
+            return
+        slots = np.asarray(slots, np.int64)
+        fo, sz, do = (np.asarray(a, np.int64) for a in (file_offsets, sizes, dest_offsets))
+        cut = np.r_[True, (slots[1:] != slots[:-1]) | (fo[1:] != fo[:-1] + sz[:-1]) | (do[1:] != do[:-1] + sz[:-1])]
+        starts = np.flatnonzero(cut)
+        lengths = np.add.reduceat(sz, starts)
+        view = memoryview(dest).cast("B") if dest.ndim != 1 or dest.dtype != np.uint8 else memoryview(dest)
+        jobs = []
+        for s, a, length in zip(slots[starts].tolist(), starts.tolist(), lengths.tolist()):
+            rel, f0, d0 = shards[s].path, int(fo[a]), int(do[a])
+            for c in range(0, max(length, 1), CHUNK):
+                m = min(CHUNK, length - c)
+                if m > 0:
+                    jobs.append((rel, f0 + c, view[d0 + c:d0 + c + m]))
+        self.reads += len(jobs)
+        groups = min(len(jobs), self.io_depth + 1)
+        if groups <= 1:
+            self._run(jobs)
+            return
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = _DaemonPool(self.io_depth, "dsc-read")
+        parts = [jobs[g::groups] for g in range(groups)]  # interleaved: each thread gets a spread of the batch
+        futs = [self._pool.submit(self._run, p) for p in parts[1:]]
+        err = None
+        try:
+            self._run(parts[0])
+        except BaseException as e:  # noqa: BLE001 - raised after the others are done with ``dest``
+            err = e
+        for f in futs:
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001
+                err = err or e
+        if err is not None:
+            raise err
+
+    def close(self) -> None:
+        with self._lock:
+            fds = [e[0] for e in self._fds.values()]
+            self._fds.clear()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+STRATEGIES = {"mapped": Mapped, "windowed": Windowed, "direct": Direct}
+
+
+def make(name: str, storage, **kw):
+    """The strategy ``name`` over ``storage`` (a runtime Storage)."""
+    return STRATEGIES[name](storage, **kw)

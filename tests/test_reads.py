@@ -1,0 +1,322 @@
+"""Read strategies (runtime/reads.py, runtime/schedule.py): which one runs, the same batches under each,
+bounded memory, and the disk reading what is served."""
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import dsc
+from dsc.errors import ConfigError, DscError
+from dsc.runtime import reads as R
+from dsc.runtime.schedule import ShardSchedule, live_bytes
+
+STRATEGIES = ("mapped", "windowed", "direct")
+ORDERS = ("sequential", "random", "quasi_random")
+
+
+class Arrays(torch.utils.data.Dataset):
+    """Distinct uint8 samples without a decode: fixed (h, w) or each its own size."""
+
+    def __init__(self, n, size=None, seed=0, masks=False):
+        self.n, self.size, self.seed, self.masks = n, size, seed, masks
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng([self.seed, i])
+        h, w = self.size or (int(rng.integers(5, 30)), int(rng.integers(5, 30)))
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        if self.masks:
+            return img, rng.integers(0, 4, (h, w)).astype(np.uint8)
+        return img, i % 7
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reads")
+    dsc.compile(Arrays(230, (16, 12)), root / "fixed", size=(16, 12), shard_size=9, progress=False, workers=1)
+    dsc.compile(Arrays(230), root / "ragged", shard_size=9, progress=False, workers=1)
+    dsc.compile(Arrays(120, masks=True), root / "masks", shard_size=7, progress=False, workers=1)
+    return {k: dsc.open(root / k) for k in ("fixed", "ragged", "masks")}
+
+
+def batches_of(loader, epochs=(0, 1)):
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        out += [{k: v.clone() for k, v in b.items()} for b in loader]
+    return out
+
+
+def assert_same(a, b, what):
+    assert len(a) == len(b), what
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys(), what
+        for k in x:
+            assert torch.equal(x[k], y[k]), (what, k)
+
+
+# ----------------------------------------------------------------------------- the choice
+def test_a_dataset_that_fits_is_mapped_one_that_does_not_is_read_by_order(datasets, monkeypatch):
+    ds = datasets["fixed"]
+    size = ds.shard_bytes
+    assert size == sum(s.nbytes for s in ds.manifest.shards)
+    monkeypatch.setenv("DSC_MEMORY", str(size * 10))
+    for order in ORDERS:
+        ld = dsc.Loader(ds, batch_size=8, order=order)
+        assert ld.read_strategy == "mapped" and "fits" in ld.read_reason and "$DSC_MEMORY" in ld.read_reason
+    monkeypatch.setenv("DSC_MEMORY", str(size // 2))
+    got = {o: dsc.Loader(ds, batch_size=8, order=o) for o in ORDERS}
+    assert {o: ld.read_strategy for o, ld in got.items()} == {"sequential": "windowed", "quasi_random": "windowed",
+                                                                "random": "direct"}
+    assert "read='direct'" in repr(got["random"]) and "one read per sample" in repr(got["random"])
+    assert dsc.Loader(ds, batch_size=8, order="random", read="windowed").read_strategy == "windowed"  # forced
+    assert dsc.Loader(ds, batch_size=8, order="random", cache="ram").read_strategy == "mapped"
+    with pytest.raises(ConfigError, match="read must be one of"):
+        dsc.Loader(ds, batch_size=8, read="fast")
+    with pytest.raises(ConfigError, match="cache='ram'"):
+        dsc.Loader(ds, batch_size=8, read="direct", cache="ram")
+    with pytest.raises(ConfigError, match=r"\$DSC_MEMORY"):
+        monkeypatch.setenv("DSC_MEMORY", "lots")
+        dsc.Loader(ds, batch_size=8)
+
+
+def test_the_memory_figure_is_the_machines_or_the_cgroups(monkeypatch):
+    monkeypatch.delenv("DSC_MEMORY", raising=False)
+    avail, where = R.available_memory()
+    assert avail > 0 and ("MemAvailable" in where or "cgroup" in where)
+    meminfo = {ln.split()[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()}
+    assert avail <= meminfo["MemAvailable:"] * 1024
+    monkeypatch.setenv("DSC_MEMORY", "3GiB")
+    assert R.available_memory() == (3 << 30, "$DSC_MEMORY")
+
+
+def test_dsc_info_says_how_each_order_is_read(datasets, monkeypatch):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    path = str(datasets["fixed"].path)
+    r = CliRunner().invoke(main, ["info", path])
+    assert r.exit_code == 0 and "mapped in every order" in r.output, r.output
+    monkeypatch.setenv("DSC_MEMORY", "1000")
+    r = CliRunner().invoke(main, ["info", path])
+    assert "direct (order random), windowed (sequential, quasi_random)" in r.output, r.output
+
+
+# ----------------------------------------------------------------------------- the same batches
+@pytest.mark.parametrize("kind,forms", [("fixed", {}), ("ragged", {}), ("ragged", {"images": "padded"}),
+                                        ("masks", {}), ("masks", {"images": "padded"})])
+@pytest.mark.parametrize("order", ORDERS)
+def test_every_strategy_serves_the_same_batches(datasets, kind, forms, order):
+    ds = datasets[kind]
+    runs = {}
+    for read in STRATEGIES:
+        loader = dsc.Loader(ds, batch_size=13, order=order, seed=4, window=3, read=read, **forms)
+        runs[read] = batches_of(loader)
+        loader.close()
+    for read in STRATEGIES[1:]:
+        assert_same(runs["mapped"], runs[read], (kind, forms, order, read))
+    served = np.concatenate([b["index"].numpy() for b in runs["direct"][:len(runs["direct"]) // 2]])
+    assert sorted(served.tolist()) == list(range(len(ds)))
+    ref = ds.get_batch(runs["direct"][3]["index"].numpy(), images=forms.get("images"))
+    for k in ref:
+        assert torch.equal(ref[k], runs["direct"][3][k]), k
+
+
+@pytest.mark.parametrize("read", STRATEGIES[1:])
+def test_strategies_keep_resume_and_rank_partitions(datasets, read):
+    ds = datasets["ragged"]
+    for order in ORDERS:
+        for rank in range(3):
+            kw = dict(batch_size=6, order=order, seed=2, window=2, rank=rank, world_size=3)
+            ref = batches_of(dsc.Loader(ds, read="mapped", **kw), epochs=(1,))
+            got = batches_of(dsc.Loader(ds, read=read, **kw), epochs=(1,))
+            assert_same(ref, got, (read, order, rank))
+            a = dsc.Loader(ds, read="mapped", **kw)
+            a.set_epoch(1)
+            it = iter(a)
+            for _ in range(4):
+                next(it)
+            state = a.state_dict()
+            a.close()
+            b = dsc.Loader(ds, read=read, **kw)
+            b.load_state_dict(state)
+            assert_same(ref[4:], [{k: v.clone() for k, v in x.items()} for x in b], (read, order, rank, "resume"))
+
+
+def test_transforms_in_the_gather_read_the_same_pixels(datasets):
+    from dsc import transforms as T
+
+    ds = datasets["ragged"]
+    chain = [T.RandomResizedCrop(8, scale=(0.3, 1.0)), T.RandomHorizontalFlip()]
+    runs = {read: batches_of(dsc.Loader(ds, batch_size=16, order="random", seed=1, read=read, transforms=chain))
+            for read in STRATEGIES}
+    assert_same(runs["mapped"], runs["direct"], "direct")
+    assert_same(runs["mapped"], runs["windowed"], "windowed")
+
+
+def test_detection_batches_under_every_strategy(tmp_path):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(30, seed=3))
+    for opts in (dict(size=32, resize="pad"), dict(max_side=40)):
+        out = tmp_path / f"out{len(opts)}"
+        dsc.compile_coco(ann, images, out, shard_size=6, progress=False, workers=1, **opts)
+        ds = dsc.open(out)
+        for boxes in ("packed", "padded"):
+            runs = {read: batches_of(dsc.Loader(ds, batch_size=7, order="random", read=read, boxes=boxes))
+                    for read in STRATEGIES}
+            assert_same(runs["mapped"], runs["direct"], ("direct", opts, boxes))
+            assert_same(runs["mapped"], runs["windowed"], ("windowed", opts, boxes))
+
+
+# ----------------------------------------------------------------------------- bounded memory
+def test_windowed_reads_hold_a_bounded_window_of_a_dataset_many_times_bigger(tmp_path):
+    dsc.compile(Arrays(600, (16, 16)), tmp_path / "big", size=(16, 16), shard_size=10, progress=False, workers=1)
+    ds = dsc.open(tmp_path / "big")
+    shard = ds.manifest.shards[0].nbytes
+    for order in ("sequential", "quasi_random"):
+        loader = dsc.Loader(ds, batch_size=8, order=order, window=2, read="windowed", prefetch=2)
+        reads = loader._reads
+        peaks, schedules = [], []
+        for e in range(3):
+            loader.set_epoch(e)
+            it = iter(loader)
+            schedules.append(it._state.feed)
+            for b in it:
+                peaks.append(reads.held_bytes)
+        assert all(s is not None for s in schedules)
+        budget = reads.budget
+        assert budget <= 8 * shard, (order, budget, shard)  # a window of 2 shards read ahead: not 60 shards
+        assert max(peaks) <= budget and reads.peak_bytes <= budget and max(s.peak_bytes for s in schedules) <= budget
+        assert ds.shard_bytes > 6 * budget
+        assert reads.held_bytes == 0 and not ds.storage._maps  # released behind; the dataset's own maps unused
+        loader.close()
+    direct = dsc.Loader(ds, batch_size=8, order="random", read="direct")
+    batches_of(direct)
+    assert direct._reads.held_bytes == 0 and not ds.storage._maps and direct._reads.reads > 0
+    mapped = dsc.Loader(ds, batch_size=8, order="random", read="mapped")
+    batches_of(mapped, epochs=(0,))
+    assert len(ds.storage._maps) == len(ds.manifest.shards)  # what the mapped strategy does instead
+
+
+def _cold(files) -> None:
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_bytes() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return -1
+
+
+def test_the_disk_reads_what_is_served_on_a_cold_cache(tmp_path):
+    dsc.compile(Arrays(1200, (64, 64)), tmp_path / "cold", size=(64, 64), shard_size=100, progress=False, workers=1)
+    ds = dsc.open(tmp_path / "cold")
+    files = [ds.path / s.path for s in ds.manifest.shards]
+    _cold(files)
+    b0 = _read_bytes()
+    (files[0]).read_bytes()
+    if b0 < 0 or _read_bytes() - b0 < files[0].stat().st_size // 2:
+        pytest.skip("this file system or kernel does not let a test drop a file's pages and count what is read")
+    sample = 64 * 64 * 3
+    # (a batch prefetched but not served is read and not counted: one thread, one batch ahead, 16 batches served)
+    for order, read, batches in (("random", "direct", 16), ("quasi_random", "windowed", None),
+                                 ("sequential", "windowed", None)):
+        _cold(files)
+        loader = dsc.Loader(dsc.open(tmp_path / "cold"), batch_size=32, order=order, read=read, window=2,
+                            num_threads=1, prefetch=1)
+        b0, served = _read_bytes(), 0
+        for j, b in enumerate(loader):
+            served += b["image"].numel()
+            if batches is not None and j + 1 == batches:
+                break
+        loader.close()
+        ratio = (_read_bytes() - b0) / served
+        assert served >= 4 * 32 * sample and ratio <= 1.15, (order, read, ratio)
+    _cold(files)  # what the mapped strategy reads for the same few random batches: whole shards
+    loader = dsc.Loader(dsc.open(tmp_path / "cold"), batch_size=32, order="random", read="mapped", num_threads=1,
+                        prefetch=1)
+    b0, served = _read_bytes(), 0
+    for j, b in zip(range(16), loader):
+        served += b["image"].numel()
+    loader.close()
+    assert (_read_bytes() - b0) / served > 2
+
+
+# ----------------------------------------------------------------------------- the schedule itself
+def _needs(batches):
+    return [np.asarray(b, np.int64) for b in batches]
+
+
+def test_schedule_keeps_its_budget_fetches_in_order_and_lets_everything_go():
+    rng = np.random.default_rng(0)
+    needs = _needs([rng.choice(20, 3, replace=False) for _ in range(40)])
+    nbytes = np.full(20, 100)
+    log, held = [], set()
+    lock = threading.Lock()
+
+    def fetch(k):
+        with lock:
+            assert k not in held
+            held.add(k)
+            log.append(k)
+            peak.append(len(held))
+
+    def release(k):
+        with lock:
+            held.remove(k)
+
+    peak = []
+    s = ShardSchedule(needs, 0, nbytes, fetch, release, budget=500, workers=3)
+    for j in range(len(needs)):
+        s.wait(j)
+        with lock:
+            assert set(needs[j].tolist()) <= held
+        s.done(j)
+    s.close()
+    assert held == set() and max(peak) <= 5 and s.peak_bytes <= 500
+    assert len(log) > 20  # shards no batch walked still needed were let go and fetched again later
+
+
+def test_schedule_holds_what_is_there_without_a_thread_and_reports_failures():
+    needs = _needs([[0, 1], [1, 2], [2, 3]])
+    nbytes = np.full(4, 10)
+    released = []
+    s = ShardSchedule(needs, 0, nbytes, lambda k: None, released.append, per_batch=False, fetch_now=lambda k: True)
+    assert s.thread is None and s.ready == 3  # a warm cache: nothing to fetch, nothing to wait for
+    for j in range(3):
+        s.wait(j)
+        s.done(j)
+    assert released == []  # held until the epoch ends
+    s.close()
+    assert sorted(released) == [0, 1, 2, 3]
+
+    def fetch(k):
+        if k == 2:
+            raise DscError("shard 2 is damaged")
+        time.sleep(0.01)
+
+    s = ShardSchedule(needs, 0, nbytes, fetch, lambda k: None, budget=100, workers=2)
+    s.wait(0)
+    with pytest.raises(DscError, match="shard 2 is damaged"):
+        s.wait(1)
+    s.close()
+
+
+def test_live_bytes_is_the_most_an_order_needs_at_once():
+    assert live_bytes(_needs([[0], [0, 1], [1], [2]]), np.array([5, 7, 11])) == 12
+    assert live_bytes(_needs([[0], [1], [2]]), np.array([5, 7, 11])) == 11
