@@ -371,10 +371,10 @@ def remove_file(path: Path, base: Path) -> None:
 
 
 def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: bool = False,
-                 create_only: bool = False) -> None:
+                 create_only: bool = False, unique: bool | None = None) -> None:
     """``data`` (bytes, or an open binary file to copy) as the file ``path``, complete or absent (see
-    :class:`NewFile`)."""
-    f = NewFile(path, base, unique=create_only)
+    :class:`NewFile`; ``unique`` defaults to ``create_only``)."""
+    f = NewFile(path, base, unique=create_only if unique is None else unique)
     try:
         if isinstance(data, (bytes, bytearray, memoryview)):
             f.write(data)

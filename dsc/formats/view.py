@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import CorruptDatasetError, DscError
 from .files import Root, not_ours, remove_file, write_atomic
+from .layout import read_manifest
 from .manifest import Manifest
 from .versions import object_path
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
@@ -153,8 +154,6 @@ def check(root: Path, m: Manifest) -> None:
 def show(root: Path, m: Manifest) -> None:
     """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
     restore)."""
-    from .layout import read_manifest
-
     try:
         old = read_manifest(root)
     except DscError:
@@ -195,5 +194,5 @@ def _recover_object(root: Path, r: Root, rel: str, f: dict, sep: str, alt: set[s
                               f"--version N checks one), or recompile")
 
 
-__all__ = ["alternating", "check", "contents", "current", "expected", "other", "refresh", "root_json", "separator", "show",
-           "view_path", "write_root"]
+__all__ = ["alternating", "check", "contents", "current", "expected", "other", "refresh", "root_json", "separator",
+           "show", "view_path", "write_root"]
