@@ -345,9 +345,13 @@ def _compile(out: Path, kw: dict, make_source) -> None:
                 click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
                            f"with --resume to continue (finished shards, local and uploaded, are kept)", err=True)
             raise
+        from .errors import UnsafePathError
+
         partial = staging_dir(out)
-        # a locked-out compile touched nothing; a refused --resume says itself that --resume cannot help
-        if partial.exists() and not isinstance(e, (CompileLockedError, ResumeError)):
+        # a locked-out compile touched nothing; a refused --resume says itself that --resume cannot help; one
+        # refused for a link there has nothing to resume
+        if partial.is_dir() and not partial.is_symlink() and not isinstance(
+                e, (CompileLockedError, ResumeError, UnsafePathError)):
             click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
                        f"to continue, or without it to start over", err=True)
         raise
@@ -388,6 +392,9 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
         raise click.ClickException(f"the top-level view of {dataset} (what plain Zarr readers open) differs from "
                                    f"version {report.version}, which is itself intact: run `dsc verify {dataset} "
                                    f"--repair-view`")
+    if all(p.view or p.tag for p in report.problems):
+        raise click.ClickException(f"{what} is intact, but the dataset's tags or view are not: each line above says "
+                                   f"how to fix it")
     n = len(report.damaged_samples)
     raise click.ClickException(f"{what} is damaged: {len(report.problems)} problems"
                                + (f", {n} samples affected" if n else "") + "; recompile it")
@@ -454,7 +461,7 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
         before = tag_names(Root(dataset)).get(name)
     n = tag(dataset, name, version, delete=delete)
     if delete:
-        click.echo(f"removed tag {name!r} (it named version {before})")
+        click.echo(f"removed tag {name!r}" + (f" (it named version {before})" if before is not None else ""))
     elif before is not None and before != n:
         click.echo(f"moved tag {name!r} from version {before} to version {n} of {dataset}")
     else:

@@ -56,10 +56,13 @@ class WriteError(DscError, OSError):
     free space and rerun the same command with ``--resume``."""
 
     @classmethod
-    def writing(cls, path, e: OSError) -> "WriteError":
-        """The one message for a failed write of ``path``: the cause as the OS says it, and the fix."""
+    def writing(cls, path, e: OSError) -> "DscError":
+        """The one message for a failed write of ``path``: the cause as the OS says it, and the fix. A dsc
+        error (a link dsc refuses to write through...) is already that message: it is returned as it is."""
         import errno
 
+        if isinstance(e, DscError):
+            return e
         full = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         if e.errno in full:
             fix = "free space (or raise the file-size limit) and rerun the same command with --resume"

@@ -10,12 +10,14 @@ import re
 import shutil
 import stat
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, DscError, VersionNotFoundError
+from .errors import ConfigError, CorruptDatasetError, DscError, VersionNotFoundError
 from .formats import layout as L
 from .formats import versions as V
+from .formats import view
 from .formats.files import Root
 from .formats.remote import is_url
 
@@ -74,10 +76,18 @@ def manifest_of(out, version: int | None = None, tag: str | None = None):
     n = V.resolve(root, version, tag)
     rec = V.read_record(root, n)
     have = V.versions(root)
-    tags = sorted(name for name, v in V.tag_names(root).items() if v == n)
+    tags = sorted(name for name, v in _tags(root).items() if v == n)
     line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {_n_versions(len(have))} on disk; "
             f"made {rec['created']} by {rec['operation']}" + (f"; tags: {', '.join(tags)}" if tags else "") + ")")
     return rec["manifest"], line
+
+
+def _tags(root: Root) -> dict[str, int]:
+    """{tag: version}; a damaged tag file is a warning (it breaks only its own tag)."""
+    good, bad = V.read_tags(root)
+    for problem in bad.values():
+        warnings.warn(problem, stacklevel=3)
+    return good
 
 
 def _n_versions(k: int) -> str:
@@ -96,7 +106,7 @@ def log(out) -> list[dict]:
             m = L.read_manifest(root)
             return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
                      "tags": []}]
-        have, records, tag_map = V.versions(root), None, V.tag_names(root)
+        have, records, tag_map = V.versions(root), None, _tags(root)
     tags: dict[int, list[str]] = {}
     for name, n in tag_map.items():
         tags.setdefault(n, []).append(name)
@@ -124,12 +134,18 @@ def tag(out, name: str, version: int | None = None, delete: bool = False) -> int
     V.check_tag(name)
     with OutLock(Path(out), "tag"):  # not while a vacuum decides what to keep
         V.check_private(Path(out))
-        if delete:
-            path = Path(out) / V.TAGS / f"{name}.json"
-            if not path.exists():
+        path = Path(out) / V.TAGS / f"{name}.json"
+        if delete:  # whatever is there, damaged or not (a link: the link, never its target)
+            if not os.path.lexists(path):
                 raise VersionNotFoundError(f"{out} has no tag {name!r}")
-            path.unlink()
+            if path.is_dir() and not path.is_symlink():
+                os.rmdir(path)
+            else:
+                path.unlink()
             return None
+        bad = V.read_tags(root)[1].get(name)
+        if bad is not None:  # its version is unknown: replacing it silently could lose it
+            raise CorruptDatasetError(f"{bad}; dsc does not replace a tag it cannot read")
         n = V.resolve(root, version)
         V.read_record(root, n)  # it exists
         V.write_tag(Path(out), name, n)
@@ -183,6 +199,7 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         from dataclasses import replace
 
         new_m = replace(m, version={"number": n_new, "parent": have[-1], "operation": f"restore {n_old}"})
+        view.check(Path(out), new_m)
         stat = V.read_stat(root, n_old, m.num_rows)
         if stat is not None:
             V.write_stat(Path(out), n_new, stat)
@@ -193,7 +210,7 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         sync_filesystem(Path(out))
         V.commit(Path(out), V.record_json(n_new, have[-1], f"restore {n_old}", summary,
                                           max(latest["next_slot"], old["next_slot"]), new_m))
-        V.show(Path(out), new_m)
+        view.show(Path(out), new_m)
         return n_new
 
 
@@ -234,7 +251,13 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         records = {n: V.read_record(root, n) for n in have}
         nodes = {node for rec in records.values() for node in L.shard_nodes(rec["manifest"])}
         V.check_private(out, sorted(nodes))
-        tagged = set(V.tag_names(root).values())
+        tag_map, bad = V.read_tags(root)
+        if bad:  # a tag keeps its version: while one cannot be read, nothing is removed
+            raise CorruptDatasetError(f"{next(iter(bad.values()))}. A tag keeps its version from vacuum, and dsc cannot "
+                                      f"tell which version this one keeps: nothing was removed")
+        tagged = set(tag_map.values())
+        if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
+            view.show(out, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         held = []
@@ -336,7 +359,7 @@ def repair_view(out) -> int:
     with OutLock(Path(out), "repair"):
         V.check_private(Path(out))
         n = V.versions(root)[-1]
-        V.refresh_view(Path(out), V.read_record(root, n)["manifest"], None)
+        view.refresh(Path(out), V.read_record(root, n)["manifest"], None)
     return n
 
 

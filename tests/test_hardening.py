@@ -508,7 +508,7 @@ def test_12_messages(tmp_path, monkeypatch, scenes_src):
     assert "free space" in str(full) and "--resume" in str(full)
     import dsc.compiler.journal as J
 
-    def no_space(path, obj):
+    def no_space(path, obj, *base):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
     monkeypatch.setattr(J, "write_json", no_space)
     r = cli("compile", "imagefolder", scenes_src, tmp_path / "j", "--size", "8", "-q")

@@ -687,7 +687,7 @@ def test_a_crash_between_commit_and_view_refresh(tmp_path, monkeypatch):
 
     def crash(*a, **kw):
         raise KeyboardInterrupt("killed")
-    monkeypatch.setattr(update.versions, "refresh_view", crash)
+    monkeypatch.setattr(update.view, "refresh", crash)
     with pytest.raises(KeyboardInterrupt):
         dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
     monkeypatch.undo()

@@ -29,7 +29,7 @@ from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
-from ..formats import versions
+from ..formats import versions, view
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of, settings
@@ -355,7 +355,7 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
                   parts: dict, rows: Rows, K: int, skipped: tuple[dict, ...], version: dict,
                   classes: tuple[str, ...]) -> Manifest:
     """Every field's arrays, the keys, per-row geometry, input fingerprints and liveness into ``stage``;
-    their objects under ``out``; the manifest (written into ``stage`` as its root zarr.json)."""
+    their objects under ``out``; the manifest (a fresh compile's: written into ``stage`` as its root zarr.json)."""
     R = len(rows.keys)
     write_group(stage, L.CHECKSUMS)
     contributions: dict = {"fields": {}}
@@ -387,7 +387,8 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
         num_samples=int(rows.live.sum()), shard_size=K, classes=classes, category_ids=scanned.category_ids,
         source={**scanned.summary, "options": opts}, skipped=skipped, files=files, rows=R, version=version,
         **contributions)
-    L.write_manifest(stage, manifest)
+    if stage == out:  # a fresh compile: the staged files are the view (an update's view is written once it commits)
+        view.write_root(stage, manifest)
     versions.store_objects(stage, out, files)
     return manifest
 

@@ -96,11 +96,10 @@ class Journal:
         self.fields = fields
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         try:
             # the settings as ASCII JSON text: exact, also for a path that is not UTF-8 (escaped, not refused)
             write_json(self.dir / "plan.json", {"fingerprint": self.fingerprint, "settings": json.dumps(
-                self.settings, sort_keys=True) if self.settings is not None else None})
+                self.settings, sort_keys=True) if self.settings is not None else None}, self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / "plan.json", e) from None
 
@@ -141,7 +140,8 @@ class Journal:
         # No fsync: after a power loss a torn entry fails to parse, and an entry whose shard was not yet on
         # disk fails the SHA-256 check; either way the unit is compiled again.
         try:
-            write_json(self.dir / f"unit-{result.s}.json", {"files": inputs, "result": result.to_json()})
+            write_json(self.dir / f"unit-{result.s}.json", {"files": inputs, "result": result.to_json()},
+                       self.shard_root)
         except OSError as e:
             raise WriteError.writing(self.dir / f"unit-{result.s}.json", e) from None
 

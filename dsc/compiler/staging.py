@@ -6,12 +6,15 @@ holds everything until the last step renames it to OUT, so OUT is a complete dat
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from ..errors import CompileLockedError, DscError, OutputExistsError
+from ..formats.files import _NOFOLLOW, not_ours, refuse_links
 from ..formats.zarr_v3 import read_json
 
 
@@ -32,7 +35,7 @@ class OutLock:
     def __enter__(self) -> "OutLock":
         self.out.parent.mkdir(parents=True, exist_ok=True)
         while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)  # writer unlinks it: retry on the new one)
+            fd = self._open()  # writer unlinks it: retry on the new one)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -44,7 +47,7 @@ class OutLock:
                 raise CompileLockedError(f"another dsc {holder} is writing {self.out} right now "
                                          f"(lock {self.path}); wait for it to finish") from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
             if same:
@@ -53,6 +56,21 @@ class OutLock:
                 os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
                 return self
             os.close(fd)
+
+    def _open(self) -> int:
+        """The lock file, never through a link (a link planted there would have dsc truncate its target), and
+        only a plain file of one name (not a FIFO, a device, a folder, a hard link to another file)."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            os.close(fd)
+            raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}")
+        return fd
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
@@ -79,11 +97,21 @@ class Staging:
 
     def __enter__(self) -> "Staging":
         self._lock.__enter__()
-        if self.tmp.exists() and not self.resume:  # an interrupted compile's; we hold the lock, so it is stale
-            self.warn(f"removing the partial output of an interrupted compile ({self.tmp}); "
-                      f"pass --resume to continue it instead")
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir(exist_ok=True)
+        try:
+            if os.path.lexists(self.tmp):
+                if not self.tmp.is_dir() or self.tmp.is_symlink():
+                    raise not_ours(self.tmp, f"the staging folder dsc compiles {self.out} in")
+                if not self.resume:  # an interrupted compile's; we hold the lock, so it is stale
+                    self.warn(f"removing the partial output of an interrupted compile ({self.tmp}); "
+                              f"pass --resume to continue it instead")
+                    shutil.rmtree(self.tmp)
+                else:
+                    refuse_links(self.tmp, "in dsc's staging folder; remove it, or run without --resume to start "
+                                           "over")
+            self.tmp.mkdir(exist_ok=True)
+        except BaseException:  # refused: the lock goes with the run
+            self._lock.__exit__()
+            raise
         return self
 
     def reset(self) -> None:

@@ -32,8 +32,8 @@ import numpy as np
 
 from ..errors import ConfigError, DscError, SampleError, SourceError
 from ..formats import layout as L
-from ..formats import versions
-from ..formats.files import Root
+from ..formats import versions, view
+from ..formats.files import Root, not_ours, open_folder, refuse_links
 from ..formats.fields import fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_plain_array, read_string_array
@@ -337,6 +337,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
         base = Base.open(out)
         m = base.manifest
         versions.check_private(out, L.shard_nodes(m))
+        view.check(out, m)
         options = check_options(m, options)
         _check_same_source(m, scanned, source, out, say)
         fields = dataset_fields(scanned, options)
@@ -380,7 +381,7 @@ def _recover(out: Path, say) -> None:
         return
     have = versions.versions(root)
     latest = versions.read_record(root, have[-1])["manifest"]
-    versions.show(out, latest)
+    view.show(out, latest)
     txns = out / versions.TXN
     if txns.is_dir():  # a kill between a commit and the removal of its transaction: its leftovers
         for e in os.scandir(txns):
@@ -417,7 +418,10 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out)
     inputs = {t.s: inputs_of(t.records) for t in tasks}
     done = {}
-    if txn.exists():
+    if os.path.lexists(txn):
+        if txn.is_symlink() or not txn.is_dir():
+            raise not_ours(txn, f"the folder of an interrupted update (dsc's, under {versions.TXN})")
+        refuse_links(txn, "in the folder of an interrupted update; remove it (the update starts over)")
         try:
             journal.check_plan()
             done = journal.finished_units(inputs)
@@ -491,7 +495,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     version = {"number": n_new, "parent": m.version["number"], "operation": "update"}
     stage = txn / "stage"
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    os.close(open_folder(stage, out))
     new_m = write_version(stage, out, scanned, options, tuple(fields), parts, rows, K, skipped, version,
                           _classes(scanned, parts.get("label", []), parts.get("objects", [])))
     summary = {"samples": new_m.num_samples, **plan.summary(), "skipped": len(skipped)}
@@ -500,7 +504,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     versions.commit(out, versions.record_json(n_new, m.version["number"], "update", summary,
                                               next_slot + len(tasks), new_m))
     shutil.rmtree(txn, ignore_errors=True)
-    versions.refresh_view(out, new_m, m)
+    view.refresh(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
                          bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),

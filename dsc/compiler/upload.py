@@ -22,8 +22,9 @@ from pathlib import Path
 
 from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
-from ..formats import versions
+from ..formats import versions, view
 from ..formats.files import Root
+from ..formats.zarr_v3 import json_bytes
 from ..formats.remote import Store, default_cache_dir, fetch_version, open_store, remote_versions, url_id
 from .staging import is_dsc_dataset, staging_dir
 
@@ -174,7 +175,6 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
                 jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
         jobs = {rel: job for rel, job in jobs.items() if rel not in done}
         latest = records[nums[-1]]["manifest"]
-        view = {rel: (f["sha256"], f["nbytes"]) for rel, f in latest.files.items()}
         view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
         futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
         with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
@@ -195,17 +195,20 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         # that committed a newer version meanwhile writes its own view: this one leaves it alone.
         still_latest = lambda: remote_versions(store)[-1] <= nums[-1]  # noqa: E731
         view_is_ours = view_is_ours and still_latest()
-        if view_is_ours:
+        metas = None
+        if view_is_ours:  # (formats/view.py: chunks under the separator the bucket's view does not use, then metadata)
+            files, metas = view.contents(root, latest, view.other(view.separator(store.get_or_none("zarr.json"))))
             with ThreadPoolExecutor(CONNECTIONS) as ex:
-                list(ex.map(lambda item: store.put(item[0], bytes(root.read(versions.object_path(item[1][0])))),
-                            view.items()))
+                list(ex.map(lambda item: store.put(item[0], bytes(root.read(
+                    versions.object_path(latest.files[item[1]]["sha256"])))), files))
+                list(ex.map(lambda item: store.put(f"{item[0]}/zarr.json", json_bytes(item[1])), metas.items()))
             stat = local / versions.STAT / f"{nums[-1]}.bin"
             if stat.is_file():
                 store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
         for name, n in versions.tag_names(root).items():
             store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
         if view_is_ours and still_latest():  # (the root zarr.json last, checked again)
-            store.put("zarr.json", bytes(root.read("zarr.json")))
+            store.put("zarr.json", json_bytes(view.root_json(latest, metas)))
     finally:
         if own:
             uploader.close()
@@ -230,7 +233,7 @@ def pull_for_update(store: Store, dst: Path) -> int:
     n = remote_versions(store)[-1]
     m = fetch_version(store, dst, n)["manifest"]
     _pull_stat(store, dst, n, m)
-    versions.refresh_view(dst, m)
+    view.refresh(dst, m)
     return n
 
 

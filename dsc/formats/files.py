@@ -127,6 +127,10 @@ class Root:
             os.close(d)
         return opened[-1]
 
+    def open(self, rel: str):
+        """The file ``rel`` to read (a binary file object; see ``_open``)."""
+        return os.fdopen(self._open(rel), "rb")
+
     def size(self, rel: str) -> int:
         fd = self._open(rel)
         try:
@@ -219,3 +223,170 @@ def map_fd(fd: int, nbytes: int, name, populate: bool = True) -> np.ndarray:
 
 def as_root(root) -> Root:
     return root if isinstance(root, Root) else Root(root)
+
+
+# ----------------------------------------------------------------------------- writing
+# Every file dsc writes beside or inside a dataset (shards, metadata, journal, records, tags, the view) is
+# written here: a private temporary name created with O_EXCL | O_NOFOLLOW (a link planted there is never
+# followed), flushed when asked, then renamed into place (a rename replaces a link, never writes through
+# it). Below ``base`` (the dataset or staging folder) every folder is opened one component at a time
+# without following links, so nothing planted inside a dataset can make dsc write outside it.
+_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def not_ours(path, what: str, fix: str = "") -> UnsafePathError:
+    """The one message for an entry dsc would write or lock through that is not what dsc made there."""
+    try:
+        st = os.lstat(path)
+        kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                else "not a regular file" if not stat.S_ISREG(st.st_mode)
+                else f"a file with {st.st_nlink} names (hard links)" if st.st_nlink > 1 else "a file")
+    except OSError:
+        kind = "not what dsc made there"
+    return UnsafePathError(f"{path} is {kind}, not {what}; dsc does not write through links or into what it did not "
+                           f"make. {fix or 'Remove it'}, then run again")
+
+
+def refuse_links(folder: Path, where: str) -> None:
+    """Refuse a folder dsc will write into again (a staging folder, an update's journal) that holds a symbolic
+    link: ``where`` completes the message ("in dsc's staging folder; remove it...")."""
+    for dirpath, dirnames, filenames in os.walk(folder):  # os.walk never descends into a link
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                raise UnsafePathError(f"{p} is a symbolic link {where}")
+
+
+def open_folder(path: Path, base: Path | None = None, create: bool = True) -> int:
+    """A descriptor of the folder ``path``: below ``base``, each component opened without following links (and
+    made when missing, if ``create``); ``base`` itself, or ``path`` without a base, as the caller names it."""
+    path = Path(path)
+    rel = path.relative_to(base).parts if base is not None else ()
+    top = base if base is not None else path
+    if create and not os.path.exists(top):
+        Path(top).mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, _DIR)
+    try:
+        for k, part in enumerate(rel):
+            try:
+                try:
+                    nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise not_ours(Path(base).joinpath(*rel[:k + 1]), "a folder dsc made") from None
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class NewFile:
+    """A file written privately beside its final name ``path``, published by :meth:`commit` (a rename, or with
+    ``create_only`` a link that fails when the name exists: put-if-absent). ``base``: see :func:`open_folder`.
+    ``link``: a file of dsc's own whose inode becomes the new file (a hard link, nothing written).
+
+    The private name is ``.NAME.tmp``: writers of one dataset hold its lock, and a dead writer's leftover is
+    replaced by the next writer of that file. ``unique`` names it after the process and thread instead, for a
+    put-if-absent that writers without a working lock may race (each must publish its own bytes)."""
+
+    def __init__(self, path: str | os.PathLike, base: Path | None = None, mode: int = 0o644,
+                 link: Path | None = None, unique: bool = False):
+        import threading
+
+        self.path = Path(path)
+        self.file = None
+        self.dfd = open_folder(self.path.parent, base)
+        self.tmp = f".{self.path.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp"
+        try:
+            for attempt in (0, 1):
+                try:
+                    if link is not None:
+                        os.link(link, self.tmp, dst_dir_fd=self.dfd, follow_symlinks=False)
+                    else:
+                        self.file = os.fdopen(os.open(self.tmp, _FILE, mode, dir_fd=self.dfd), "wb")
+                    break
+                except FileExistsError:  # a dead writer's leftover (or a link planted there): removed, not followed
+                    if attempt:
+                        raise
+                    os.unlink(self.tmp, dir_fd=self.dfd)
+        except BaseException:
+            os.close(self.dfd)
+            raise
+
+    def write(self, data) -> None:
+        self.file.write(data)
+
+    def commit(self, sync: bool = False, create_only: bool = False) -> None:
+        try:
+            if self.file is not None:
+                self.file.flush()
+                if sync:
+                    os.fsync(self.file.fileno())
+                self.file.close()
+            if create_only:
+                os.link(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
+            else:
+                os.replace(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+            if sync:
+                os.fsync(self.dfd)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if self.dfd is None:
+            return
+        try:
+            if self.file is not None:
+                self.file.close()
+        except OSError:  # a full disk can fail the flush of what is thrown away anyway
+            pass
+        try:
+            os.unlink(self.tmp, dir_fd=self.dfd)
+        except FileNotFoundError:
+            pass
+        os.close(self.dfd)
+        self.dfd = None
+
+
+def remove_file(path: Path, base: Path) -> None:
+    """Remove the file ``path`` (a link there: the link) if it is there, its folders below ``base`` opened without
+    following links."""
+    try:
+        dfd = open_folder(Path(path).parent, base, create=False)
+    except FileNotFoundError:
+        return
+    try:
+        os.unlink(Path(path).name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: bool = False,
+                 create_only: bool = False, unique: bool | None = None) -> None:
+    """``data`` (bytes, or an open binary file to copy) as the file ``path``, complete or absent (see
+    :class:`NewFile`; ``unique`` defaults to ``create_only``)."""
+    f = NewFile(path, base, unique=create_only if unique is None else unique)
+    try:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            f.write(data)
+        else:
+            import shutil
+
+            shutil.copyfileobj(data, f.file, 1 << 20)
+    except BaseException:
+        f.abort()
+        raise
+    f.commit(sync, create_only)

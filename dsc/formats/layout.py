@@ -1,12 +1,11 @@
 """Where each piece of a dataset lives, relative to its root. docs/FORMAT.md is the prose version."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..errors import DatasetNotFoundError
 from .files import as_root
 from .manifest import Manifest, ShardSpec
-from .zarr_v3 import ZARR_JSON, read_node_json, write_group
+from .zarr_v3 import ZARR_JSON, read_node_json
 
 IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
 RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
@@ -30,11 +29,6 @@ CHECKSUMS = "checksums"              # group
 SAMPLE_CRC32C = "checksums/crc32c"   # (N,) uint32: crc32c of each sample's stored image bytes
 BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
                                      # 1: on the raw pixels (rotated with the image)
-
-
-def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Write the root group with the manifest. Called last: its presence marks a complete dataset."""
-    write_group(root, "", {"dsc": {**manifest.to_dict(), "checksum": manifest.checksum()}})
 
 
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
+from . import files
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 DEFAULT_RETRY_SECONDS = 120.0
@@ -442,15 +443,9 @@ class Sha256Sink:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    import threading
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """A file of a local mirror or cache, complete or absent; processes sharing the folder may write it at once
+    (each under a private name of its own)."""
+    files.write_atomic(path, data, unique=True)
 
 
 def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True) -> dict:

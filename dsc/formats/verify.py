@@ -54,6 +54,7 @@ class Problem:
     what: str
     samples: list[int] = field(default_factory=list)
     view: bool = False  # a difference of the top-level plain-Zarr view only (the version itself is intact)
+    tag: bool = False  # a damaged tag (the version itself is intact)
 
     def __str__(self):
         s = f"{self.file}: {self.what}"
@@ -82,27 +83,49 @@ class VerifyReport:
 
 
 def _verify_view(view: Root, m: Manifest, P: list) -> None:
-    """The top-level files a plain Zarr reader opens are the latest version's (copies of its objects)."""
+    """The top-level files a plain Zarr reader opens are the latest version's (copies of its objects; see
+    formats/view.py)."""
+    from .view import expected
     from .zarr_v3 import read_node_json
 
-    stale = []
-    for rel, info in m.files.items():
-        try:
-            if view.size(rel) != info["nbytes"] or view.sha256(rel) != info["sha256"]:
-                stale.append(rel)
-        except DscError:
-            stale.append(rel)
     try:
-        top = read_node_json(view, "").get("attributes", {}).get("dsc")
-        if top != {**m.to_dict(), "checksum": m.checksum()}:
+        want, root = expected(view, m)
+    except DscError:
+        return  # the version's own files are damaged: reported below
+    stale = []
+    for path, (nbytes, sha) in want.items():
+        try:
+            if view.size(path) != nbytes or view.sha256(path) != sha:
+                stale.append(path)
+        except DscError:
+            stale.append(path)
+    try:
+        top = read_node_json(view, "")
+        if "consolidated_metadata" not in top:  # a view written before dsc wrote it (still one version's)
+            top = {**top, "consolidated_metadata": root["consolidated_metadata"]}
+        if top != root:
             stale.insert(0, ZARR_JSON)
-    except (DscError, AttributeError):
+    except (DscError, TypeError):
         stale.insert(0, ZARR_JSON)
     if stale:
         P.append(Problem(", ".join(stale[:5]) + (" ..." if len(stale) > 5 else ""),
                          f"the top-level view (what plain Zarr readers open) differs from version "
                          f"{m.version['number']}; dsc reads the version itself. `dsc verify OUT --repair-view` "
                          f"rewrites the view", view=True))
+
+
+def _verify_tags(root: Root, have: list[int], P: list) -> None:
+    """Every tag file is readable and names a version the dataset has."""
+    from .versions import TAGS, read_tags
+
+    good, bad = read_tags(root)
+    for name, problem in bad.items():
+        P.append(Problem(f"tag {name!r}", problem, tag=True))
+    for name, n in good.items():
+        if n not in have:
+            P.append(Problem(f"tag {name!r}", f"{root / TAGS}/{name}.json names version {n}, which the dataset does "
+                                              f"not have; remove the tag with `dsc tag {root.path} {name} --delete`",
+                             tag=True))
 
 
 def try_read(problems: list[Problem], rel: str, fn):
@@ -140,6 +163,8 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     P = report.problems
     if m.version is not None and m.version["number"] == latest:
         _verify_view(Root(path), m, P)
+    if m.version is not None:
+        _verify_tags(root, versions.versions(root), P)
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():

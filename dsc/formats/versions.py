@@ -25,14 +25,14 @@ import fcntl
 import json
 import os
 import re
-import shutil
+import stat
 import time
 from pathlib import Path
 
 from ..errors import ConfigError, CorruptDatasetError, VersionConflictError, VersionNotFoundError
-from .files import Root
+from .files import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
 from .manifest import Manifest
-from .zarr_v3 import MAX_JSON_BYTES, parse_json, write_group
+from .zarr_v3 import MAX_JSON_BYTES, parse_json
 
 DSC_DIR = "_dsc"
 LOG = "_dsc/log"
@@ -95,17 +95,30 @@ def read_record(root: Root, n: int) -> dict:
 
 def parse_record(data: bytes, where, n: int) -> dict:
     """Version ``n``'s record from its bytes (read from ``where``, named in errors), parsed and checked."""
+    try:
+        return _parse_record(data, where, n)
+    except CorruptDatasetError as e:  # (its kind kept: an unsafe path stays an UnsafePathError)
+        raise type(e)(f"{e}; the record is damaged: put the right file back, or move it out of {LOG} to drop version "
+                      f"{n} (`dsc restore` makes a new version of an intact one)") from None
+
+
+def _parse_record(data: bytes, where, n: int) -> dict:
     rec = parse_json(data, where)
     if not isinstance(rec, dict) or set(rec) != RECORD_KEYS or rec.get("version") != n:
-        raise CorruptDatasetError(f"{where}: not a dsc version record for version {n} (edited or copied "
-                                  f"by hand?); put the right file back, or move it out of {LOG} to drop version {n}")
+        raise CorruptDatasetError(f"{where}: not a dsc version record for version {n} (edited or copied by hand?)")
     for key, kind in (("parent", (int, type(None))), ("created", str), ("operation", str), ("summary", dict),
                       ("next_slot", int), ("manifest", dict)):
         if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
             raise CorruptDatasetError(f"{where}: {key} has the wrong type")
-    m = Manifest.from_dict(rec["manifest"])
+    try:
+        m = Manifest.from_dict(rec["manifest"])
+    except CorruptDatasetError as e:
+        raise type(e)(f"{where}: {e}") from None
     if m.version is None or m.version.get("number") != n or rec["next_slot"] < len(m.shards):
         raise CorruptDatasetError(f"{where}: its manifest is not version {n}'s")
+    if rec["parent"] != m.version.get("parent"):
+        raise CorruptDatasetError(f"{where}: its parent ({rec['parent']!r}) is not its manifest's "
+                                  f"({m.version.get('parent')!r})")
     rec["manifest"] = m
     return rec
 
@@ -121,23 +134,39 @@ def _ranges(nums: list[int]) -> str:
     return ", ".join(out)
 
 
-def tag_names(root: Root) -> dict[str, int]:
-    """{tag: version}."""
+def read_tags(root: Root) -> tuple[dict[str, int], dict[str, str]]:
+    """({tag: version}, {tag: what is wrong with its file}): a damaged tag file breaks only its own tag."""
     try:
         fd = root.open_dir(TAGS)
-    except (CorruptDatasetError, FileNotFoundError):
-        return {}
+    except FileNotFoundError:
+        return {}, {}
     try:
         names = sorted(os.listdir(fd))
     finally:
         os.close(fd)
-    out = {}
+    good, bad = {}, {}
     for name in names:
         if name.endswith(".json") and _TAG.match(name[:-5]):
-            d = parse_json(root.read(f"{TAGS}/{name}", 1 << 16), root / f"{TAGS}/{name}")
-            if isinstance(d, dict) and isinstance(d.get("version"), int):
-                out[name[:-5]] = d["version"]
-    return out
+            try:
+                good[name[:-5]] = parse_tag(root.read(f"{TAGS}/{name}", 1 << 16), root / f"{TAGS}/{name}")
+            except CorruptDatasetError as e:
+                bad[name[:-5]] = f"{e}; fix it, or remove the tag with `dsc tag {root.path} {name[:-5]} --delete`"
+    return good, bad
+
+
+def parse_tag(data: bytes, where) -> int:
+    """The version a tag file names (``{"version": N, "created": ...}``)."""
+    d = parse_json(data, where)
+    n = d.get("version") if isinstance(d, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise CorruptDatasetError(f"{where}: not a dsc tag (a tag file holds {{\"version\": N, \"created\": ...}}"
+                                  + (f"; its version is {n!r}" if isinstance(d, dict) and "version" in d else "") + ")")
+    return n
+
+
+def tag_names(root: Root) -> dict[str, int]:
+    """{tag: version} of the tags whose files are readable (``read_tags`` also says which are not)."""
+    return read_tags(root)[0]
 
 
 def check_tag(name: str) -> str:
@@ -150,7 +179,12 @@ def check_tag(name: str) -> str:
 
 def resolve(root: Root, version: int | None = None, tag: str | None = None) -> int:
     """The version to open: ``version``, the version ``tag`` names, or the latest."""
-    return choose(root.path, version, tag, lambda: tag_names(root), lambda: versions(root),
+    def tags():
+        good, bad = read_tags(root)
+        if tag in bad:
+            raise CorruptDatasetError(bad[tag])
+        return good
+    return choose(root.path, version, tag, tags, lambda: versions(root),
                   lambda: CorruptDatasetError(f"{root.path}: its version log is empty; the dataset is damaged"))
 
 
@@ -182,10 +216,8 @@ class Pin:
 
     def __init__(self, path: Path, n: int):
         self.fd: int | None = None
-        pins = path / PINS
         try:
-            pins.mkdir(parents=True, exist_ok=True)
-            fd = os.open(pins / str(n), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+            fd = open_pin(path, n)
         except OSError as e:
             if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 return
@@ -202,11 +234,32 @@ class Pin:
         self.release()
 
 
+_PIN_FIX = "Remove it (dsc makes its pin files again as readers open versions)"
+
+
+def open_pin(path: Path, n: int) -> int:
+    """Version ``n``'s pin file, made if missing; never through a link, and only a plain file (a folder or a
+    link there is refused, naming it)."""
+    path = Path(path)
+    dfd = open_folder(path / PINS, path)
+    try:
+        fd = os.open(str(n), os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise not_ours(path / PINS / str(n), f"version {n}'s pin file", _PIN_FIX) from None
+        raise
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise not_ours(path / PINS / str(n), f"version {n}'s pin file", _PIN_FIX)
+    return fd
+
+
 def lock_unpinned(path: Path, n: int) -> int | None:
     """An exclusive lock on version N's pin, held by the returned descriptor (close it when N is removed),
     or None when an open reader holds N. While held, a reader that opens N waits, then finds it gone."""
-    (path / PINS).mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / PINS / str(n), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+    fd = open_pin(path, n)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -286,17 +339,12 @@ def store_objects(src: Path, out: Path, files: dict) -> None:
         obj = out / object_path(f["sha256"])
         if obj.exists():
             continue
-        obj.parent.mkdir(parents=True, exist_ok=True)
         private = src != out and (src / rel).exists()
-        tmp = obj.with_name(f".{obj.name}.{os.getpid()}.tmp")
-        try:
-            if private:
-                os.link(src / rel, tmp)
-            else:
-                shutil.copyfile(out / rel, tmp)
-            os.replace(tmp, obj)
-        finally:
-            tmp.unlink(missing_ok=True)
+        if private:  # the staged file itself: no copy
+            NewFile(obj, out, link=src / rel).commit()
+        else:
+            with Root(out).open(rel) as data:
+                write_atomic(obj, data, out)
 
 
 STAT = "_dsc/stat"
@@ -308,11 +356,7 @@ def write_stat(root: Path, n: int, stat) -> None:
     with a damaged one) it reads every input and compares contents. Not part of the dataset's bytes."""
     import numpy as np
 
-    d = root / STAT
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{n}.tmp"
-    np.ascontiguousarray(stat, "<i8").tofile(tmp)
-    os.replace(tmp, d / f"{n}.bin")
+    write_atomic(root / STAT / f"{n}.bin", memoryview(np.ascontiguousarray(stat, "<i8")).cast("B"), root)
 
 
 def read_stat(root: Root, n: int, rows: int):
@@ -338,102 +382,19 @@ def commit(root: Path, record: dict) -> None:
     """Create ``log/<N>.json`` if no one did: write a private file, flush it, link it in (link fails on an
     existing name: put-if-absent, the same rule Delta's log relies on)."""
     n = record["version"]
-    log = root / LOG
-    log.mkdir(parents=True, exist_ok=True)
-    tmp = log / f".{n}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1, ensure_ascii=False, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
     try:
-        os.link(tmp, log / f"{n}.json")
+        write_atomic(root / LOG / f"{n}.json", data, root, sync=True, create_only=True)
     except FileExistsError:
         raise VersionConflictError(f"{root}: another update committed version {n} first; nothing of this update "
                                    f"was published. Run it again to apply it on top of version {n}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(log, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def refresh_view(root: Path, m: Manifest, old: Manifest | None = None) -> None:
-    """Make the top-level plain-Zarr view show manifest ``m``: each small file replaced by a copy of its
-    object (atomically, file by file; a copy, so that writing into the view never changes a version),
-    the files of the previous view (``old``) that ``m`` lacks removed, the root zarr.json last. Shard files
-    are not the view's: they stay until ``dsc vacuum``."""
-    from ..errors import UnsafePathError
-
-    for rel, f in m.files.items():
-        dst = root / rel
-        obj = root / object_path(f["sha256"])
-        if old is not None and old.files.get(rel) == f and dst.is_file() and not dst.is_symlink():
-            continue  # the view already has these bytes (as recorded: a damaged view is repaired with old=None)
-        parts = rel.split("/")
-        for k in range(1, len(parts)):
-            if (root.joinpath(*parts[:k])).is_symlink():
-                raise UnsafePathError(f"{root.joinpath(*parts[:k])} is a symbolic link; dsc does not write through "
-                                      f"links inside a dataset. Replace it with the directory it should be")
-        if not obj.is_file():
-            _recover_object(root, rel, f, obj)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.view")
-        tmp.unlink(missing_ok=True)
-        shutil.copyfile(obj, tmp)
-        os.replace(tmp, dst)
-    if old is not None:  # the previous view's files that this version does not have
-        for rel in set(old.files) - set(m.files):
-            (root / rel).unlink(missing_ok=True)
-    write_group(root, "", {"dsc": {**m.to_dict(), "checksum": m.checksum()}})
-
-
-def show(root: Path, m: Manifest) -> None:
-    """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
-    restore)."""
-    from ..errors import DscError
-    from .layout import read_manifest
-
-    try:
-        old = read_manifest(root)
-    except DscError:
-        old = None
-    if old is None or old.checksum() != m.checksum():
-        refresh_view(root, m, old)
-
-
-def _recover_object(root: Path, rel: str, f: dict, obj: Path) -> None:
-    """A version's object is missing: take it back from the view when the view has its exact bytes."""
-    import hashlib
-
-    from ..errors import CorruptDatasetError
-
-    view = root / rel
-    try:
-        data = view.read_bytes() if view.is_file() and not view.is_symlink() else None
-    except OSError:
-        data = None
-    if data is None or len(data) != f["nbytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-        raise CorruptDatasetError(f"{obj} (the content of {rel} in the latest version) is missing and no copy has its "
-                                  f"bytes; the version is damaged: `dsc restore` an intact version (dsc verify "
-                                  f"--version N checks one), or recompile")
-    obj.parent.mkdir(parents=True, exist_ok=True)
-    tmp = obj.with_name(f".{obj.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, obj)
 
 
 def write_tag(root: Path, name: str, n: int) -> None:
     check_tag(name)
-    tags = root / TAGS
-    tags.mkdir(parents=True, exist_ok=True)
-    tmp = tags / f".{name}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"version": n, "created": now()}) + "\n", encoding="utf-8")
-    os.replace(tmp, tags / f"{name}.json")
+    write_atomic(root / TAGS / f"{name}.json", (json.dumps({"version": n, "created": now()}) + "\n").encode(), root)
 
 
 __all__ = ["DSC_DIR", "LOG", "OBJECTS", "Pin", "commit", "is_versioned", "lock_unpinned", "object_path",
-           "open_version", "read_record", "record_json", "refresh_view", "resolve", "store_objects", "tag_names",
+           "open_version", "read_record", "read_tags", "record_json", "resolve", "store_objects", "tag_names",
            "versions", "write_tag"]

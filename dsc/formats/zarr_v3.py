@@ -84,15 +84,18 @@ def _array_json(shape: Sequence[int], dtype: str, chunk_shape: Sequence[int], co
     return meta
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename), with a stable key order. Durability is the writer's
-    business: dsc flushes a whole dataset with one syncfs before publishing it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
+def json_bytes(obj: Any) -> bytes:
+    """The bytes dsc writes for a JSON document (a stable key order, indented)."""
+    return (json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def write_json(path: Path, obj: Any, base: Path | None = None) -> None:
+    """Write JSON atomically (temp file + rename, never through a link below ``base``: files.write_atomic),
+    with a stable key order. Durability is the writer's business: dsc flushes a whole dataset with one
+    syncfs before publishing it."""
+    from .files import write_atomic
+
+    write_atomic(path, json_bytes(obj), base)
 
 
 MAX_JSON_BYTES = 1 << 28  # the root's manifest: it lists every shard, file and skipped input
@@ -132,7 +135,7 @@ def read_node_json(root, rel: str) -> dict:
 
 def write_group(root: Path, rel: str = "", attributes: dict | None = None) -> None:
     write_json(node_dir(root, rel) / ZARR_JSON,
-               {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}})
+               {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}, Path(root))
 
 
 def chunk_key(ndim: int, first: int = 0) -> str:
@@ -150,15 +153,14 @@ def write_plain_array(root: Path, rel: str, data: np.ndarray,
         raise TypeError(f"dtype {data.dtype} is not stored by dsc")
     if data.ndim == 0:
         raise ValueError(f"{rel}: dsc stores no 0-d arrays")
+    from .files import write_atomic
+
     d = node_dir(root, rel)
     if data.size:
-        chunk = d / chunk_key(data.ndim)
-        chunk.parent.mkdir(parents=True, exist_ok=True)
-        with open(chunk, "wb") as f:
-            f.write(data.tobytes())
+        write_atomic(d / chunk_key(data.ndim), memoryview(data).cast("B"), Path(root))
     fill = False if data.dtype == np.bool_ else 0
     write_json(d / ZARR_JSON, _array_json(data.shape, _DTYPES[data.dtype.name], [max(1, s) for s in data.shape],
-                                          [_bytes_codec(data.dtype)], fill, dimension_names, None))
+                                          [_bytes_codec(data.dtype)], fill, dimension_names, None), Path(root))
 
 
 def plain_array_json(length: int, dtype: str = "uint8", dimension_name: str = "byte") -> dict:
@@ -216,14 +218,13 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
     for b in encoded:
         parts.append(struct.pack("<I", len(b)))
         parts.append(b)
+    from .files import write_atomic
+
     d = node_dir(root, rel)
-    chunk = d / chunk_key(1)
-    chunk.parent.mkdir(parents=True, exist_ok=True)
-    with open(chunk, "wb") as f:
-        f.write(b"".join(parts))
+    write_atomic(d / chunk_key(1), b"".join(parts), Path(root))
     n = len(encoded)
     write_json(d / ZARR_JSON, _array_json([n], "string", [n], [{"name": "vlen-utf8", "configuration": {}}],
-                                          "", ["sample"], None))
+                                          "", ["sample"], None), Path(root))
 
 
 def read_string_array(root, rel: str) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptDatasetError, WriteError
+from ..files import NewFile
 from ..manifest import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, plain_array_json, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)
@@ -105,7 +106,7 @@ class Pixels:
         group with its offsets and shapes; and the per-sample checksums."""
         if self.fixed:
             write_json(node_dir(root, self.node) / ZARR_JSON,
-                       sharded_array_json((n, *self.sample_shape), K, self.dim_names, self.dtype))
+                       sharded_array_json((n, *self.sample_shape), K, self.dim_names, self.dtype), Path(root))
         else:
             write_group(root, self.node)
             write_group(root, f"{self.node}/values")
@@ -252,18 +253,17 @@ def _rmtree(path: Path) -> None:
 class ShardWriter:
     """Appends samples in order, hashes while writing, publishes the file by rename on close.
 
-    A shard file only ever appears under its final name complete, so a crash leaves at most a ``.partial``
+    A shard file only ever appears under its final name complete, so a crash leaves at most a hidden ``.*.tmp``
     file behind (and resume re-hashes every shard it keeps). Every OSError becomes :class:`WriteError`
     naming the shard (disk full, limits)."""
 
     def __init__(self, root: Path, pixels: Pixels, rel_path: str):
         self.pixels = pixels
         self.rel_path = rel_path
+        self.root = Path(root)
         self.path = node_dir(root, rel_path)
-        self._tmp = self.path.with_name(self.path.name + ".partial")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self._tmp, "wb")
+            self._f = NewFile(self.path, self.root)  # private until close() renames it: never through a link
         except OSError as e:
             raise WriteError.writing(self.path, e) from None
         self._hash = hashlib.sha256()
@@ -295,18 +295,13 @@ class ShardWriter:
             return None
         self._finish()
         try:
-            self._f.close()
-            os.replace(self._tmp, self.path)
+            self._f.commit()
         except OSError as e:
             raise WriteError.writing(self.path, e) from None
         return ShardSpec(path=self.rel_path, count=self.count, nbytes=self.nbytes, sha256=self._hash.hexdigest())
 
     def abort(self) -> None:
-        try:
-            self._f.close()
-        except OSError:  # a full disk can fail the flush of what we are throwing away anyway
-            pass
-        self._tmp.unlink(missing_ok=True)
+        self._f.abort()
 
 
 class FixedShardWriter(ShardWriter):
@@ -337,7 +332,7 @@ class RaggedShardWriter(ShardWriter):
     def _finish(self) -> None:
         write_json(self._node / ZARR_JSON,
                    plain_array_json(self.nbytes // self.pixels.itemsize, self.pixels.dtype,
-                                    "byte" if self.pixels.itemsize == 1 else "element"))
+                                    "byte" if self.pixels.itemsize == 1 else "element"), self.root)
 
 
 # ----------------------------------------------------------------------------- reading

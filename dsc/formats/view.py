@@ -1,0 +1,198 @@
+"""The plain-Zarr view at the top of a versioned dataset: what ``zarr.open_group(OUT)`` reads (docs/FORMAT.md,
+"Versions"). dsc never reads it; it shows the latest version to readers that do not know dsc.
+
+A plain reader opens the root ``zarr.json``, then reads each array's metadata and chunk files. The view is
+written so that a kill at any moment leaves one version's view, never arrays of two versions:
+
+* The root ``zarr.json`` carries every node's metadata (zarr-python's consolidated metadata, which it reads
+  by default instead of each array's ``zarr.json``): replacing that one file switches the whole view.
+* The small arrays' chunks alternate between the chunk-key separators ``/`` and ``.`` from one view to the
+  next (``label/c/0``, then ``label/c.0``): a refresh writes the new chunks under the separator the current
+  view does not use, so nothing the current view reads changes, then each array's ``zarr.json`` (an array
+  read through its own metadata switches with it), then the root. The previous view's chunks stay until the
+  refresh after next overwrites them, so a reader that opened the group just before a switch still reads
+  the version it opened.
+
+The shards are not the view's (they sit at their slots, shared by every version); the view's files are copies
+of the version's objects, never their inodes, so a plain Zarr writer changing the view cannot change a
+version. Only the metadata of the alternating arrays differs from its object: its chunk-key separator.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from ..errors import CorruptDatasetError, DscError
+from .files import Root, not_ours, remove_file, write_atomic
+from .layout import read_manifest
+from .manifest import Manifest
+from .versions import object_path
+from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
+
+
+def alternating(m: Manifest) -> set[str]:
+    """The small arrays whose chunks are in the manifest's ``files`` (not shards): their chunk files change
+    name from one view to the next."""
+    out = set()
+    for rel in m.files:
+        if "/c/" in rel:
+            node, key = rel.rsplit("/c/", 1)
+            if f"{node}/{ZARR_JSON}" in m.files and all(p.isdigit() for p in key.split("/")):
+                out.add(node)
+    return out
+
+
+def view_path(rel: str, sep: str, alt: set[str]) -> str:
+    """Where the view with chunk separator ``sep`` keeps the file ``rel`` of the version."""
+    if sep != "/" and "/c/" in rel:
+        node, key = rel.rsplit("/c/", 1)
+        if node in alt:
+            return f"{node}/c{sep}{key.replace('/', sep)}"
+    return rel
+
+
+def node_meta(data: bytes, node: str, sep: str, alt: set[str], where) -> dict:
+    """A node's metadata as the view shows it: its object's, with ``sep`` for an alternating array."""
+    meta = parse_json(data, where)
+    if node in alt and isinstance(meta, dict):
+        meta["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": sep}}
+    try:
+        json_bytes(meta)
+    except ValueError as e:  # NaN or infinity (which parse_json takes) in a damaged object
+        raise CorruptDatasetError(f"{where}: not Zarr metadata ({e})") from None
+    return meta
+
+
+def separator(root_json) -> str:
+    """The chunk separator of the view whose root ``zarr.json`` holds ``root_json`` (bytes): ``.`` when its
+    consolidated metadata says so, else ``/`` (also for a view without it, as dsc wrote before)."""
+    try:
+        nodes = parse_json(root_json, ZARR_JSON)["consolidated_metadata"]["metadata"]
+        return "." if any(meta["chunk_key_encoding"]["configuration"]["separator"] == "."
+                          for meta in nodes.values() if meta.get("node_type") == "array") else "/"
+    except (DscError, KeyError, TypeError, AttributeError):
+        return "/"
+
+
+def root_json(m: Manifest, metas: dict) -> dict:
+    """The root ``zarr.json``: the manifest, and every node's metadata (consolidated: the one file a switch
+    replaces)."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": {"dsc": {**m.to_dict(), "checksum": m.checksum()}},
+            "consolidated_metadata": {"kind": "inline", "must_understand": False,
+                                      "metadata": {node: metas[node] for node in sorted(metas)}}}
+
+
+def other(sep: str) -> str:
+    return "." if sep == "/" else "/"
+
+
+def contents(r: Root, m: Manifest, sep: str) -> tuple[list[tuple[str, str]], dict[str, dict]]:
+    """The view of ``m`` with chunk separator ``sep``: its files that are not metadata as (view path, the
+    version's file they copy), and every node's metadata as the view shows it ({node: dict}; each is written
+    as ``<node>/zarr.json`` and into the root's consolidated metadata). Node metadata is read from the
+    version's objects in ``r``."""
+    alt = alternating(m)
+    files, metas = [], {}
+    for rel, f in m.files.items():
+        if rel.endswith(f"/{ZARR_JSON}"):
+            node = rel[:-len(ZARR_JSON) - 1]
+            obj = object_path(f["sha256"])
+            metas[node] = node_meta(bytes(r.read(obj, MAX_JSON_BYTES)), node, sep, alt, r / obj)
+        else:
+            files.append((view_path(rel, sep, alt), rel))
+    return files, metas
+
+
+def write_root(root: Path, m: Manifest) -> None:
+    """The root ``zarr.json`` of a fresh compile (the files beside it are its view, separator ``/``)."""
+    r = Root(root)
+    metas = {rel[:-len(ZARR_JSON) - 1]: node_meta(r.read(rel, MAX_JSON_BYTES), "", "/", set(), root / rel)
+             for rel in m.files if rel.endswith(f"/{ZARR_JSON}")}
+    write_atomic(root / ZARR_JSON, json_bytes(root_json(m, metas)), root)
+
+
+def current(r: Root) -> str:
+    """The chunk separator of the view at ``r`` now."""
+    try:
+        return separator(bytes(r.read(ZARR_JSON, MAX_JSON_BYTES)))
+    except DscError:
+        return "/"
+
+
+def refresh(root: Path, m: Manifest, old: Manifest | None = None) -> None:
+    """Make the view show ``m`` (see the module docstring): the chunks under the separator the current view
+    does not use, then each node's metadata, then the root; then the files of the previous view (``old``)
+    that ``m`` has no node for are removed. Anything in the way that dsc did not make (a link) is refused."""
+    r = Root(root)
+    cur = current(r)
+    for rel, f in m.files.items():
+        if not r.exists(object_path(f["sha256"])):
+            _recover_object(root, r, rel, f, cur, alternating(m))
+    files, metas = contents(r, m, other(cur))
+    for path, rel in files:
+        with r.open(object_path(m.files[rel]["sha256"])) as src:
+            write_atomic(root / path, src, root)
+    for node, meta in metas.items():
+        write_atomic(root / node / ZARR_JSON, json_bytes(meta), root)
+    write_atomic(root / ZARR_JSON, json_bytes(root_json(m, metas)), root)
+    if old is not None:  # files of nodes this version does not have (a ragged slot no longer used)
+        for rel in set(old.files) - set(m.files):
+            remove_file(root / view_path(rel, cur, alternating(old)), root)
+
+
+def check(root: Path, m: Manifest) -> None:
+    """Before a writer commits: every folder the view of ``m`` writes into is a plain folder (or absent), so a
+    link there is refused before anything is committed, not after."""
+    folders = {p for rel in m.files for p in Path(rel).parents if p != Path(".")}
+    for folder in sorted(folders, key=lambda p: len(p.parts)):
+        path = root / folder
+        if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+            raise not_ours(path, "a folder of the dataset's plain-Zarr view")
+
+
+def show(root: Path, m: Manifest) -> None:
+    """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
+    restore)."""
+    try:
+        old = read_manifest(root)
+    except DscError:
+        old = None
+    if old is None or old.checksum() != m.checksum():
+        refresh(root, m, old)
+
+
+def expected(r: Root, m: Manifest) -> tuple[dict, dict]:
+    """What ``dsc verify`` compares the view at ``r`` with: ({view path: (nbytes, sha256)}, the root zarr.json
+    as parsed), for the separator the view uses now."""
+    files, metas = contents(r, m, current(r))
+    want = {path: (m.files[rel]["nbytes"], m.files[rel]["sha256"]) for path, rel in files}
+    for node, meta in metas.items():
+        data = json_bytes(meta)
+        want[f"{node}/{ZARR_JSON}"] = (len(data), hashlib.sha256(data).hexdigest())
+    return want, root_json(m, metas)
+
+
+def _recover_object(root: Path, r: Root, rel: str, f: dict, sep: str, alt: set[str]) -> None:
+    """A version's object is missing: take it back from the view when the view has its exact bytes."""
+    obj = object_path(f["sha256"])
+    for path in dict.fromkeys((view_path(rel, sep, alt), rel)):
+        try:
+            data = bytes(r.read(path))
+        except DscError:
+            continue
+        if rel.endswith(ZARR_JSON) and rel[:-len(ZARR_JSON) - 1] in alt:  # the view's differs by its separator
+            try:
+                data = json_bytes(node_meta(data, rel[:-len(ZARR_JSON) - 1], "/", alt, root / path))
+            except DscError:
+                continue
+        if len(data) == f["nbytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]:
+            write_atomic(root / obj, data, root)
+            return
+    raise CorruptDatasetError(f"{root / obj} (the content of {rel} in the latest version) is missing and no copy has "
+                              f"its bytes; the version is damaged: `dsc restore` an intact version (dsc verify "
+                              f"--version N checks one), or recompile")
+
+
+__all__ = ["alternating", "check", "contents", "current", "expected", "other", "refresh", "root_json", "separator",
+           "show", "view_path", "write_root"]
