@@ -137,7 +137,7 @@ def _s3fs_download(endpoint: str, url: str, rels: list[str], dst: Path) -> float
 def main() -> None:
     import dsc
     from dsc.compiler.upload import push
-    from dsc.formats.remote import open_store
+    from dsc.store import open_store
     from dsc.runtime.remote import warm
 
     local = _dataset()

@@ -45,7 +45,7 @@ class DatasetParam(click.ParamType):
     name = "PATH|URL"
 
     def convert(self, value, param, ctx):
-        from .formats.remote import is_url, local_path
+        from .store import is_url, local_path
 
         if is_url(value):
             scheme, rest = value.split("://", 1)
@@ -334,7 +334,7 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
-        from .formats.remote import is_url
+        from .store import is_url
 
         if is_url(out):
             from .errors import (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
@@ -447,14 +447,15 @@ def log_cmd(dataset: Path, as_json: bool):
 def tag_cmd(dataset: Path, name: str, version, delete: bool):
     """Name a version of DATASET (a folder or a URL); `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never
     removes it."""
-    from .formats.files import Root
+    from .store.local import Root
     from .formats.versions import tag_names
     from .versions import tag
 
-    from .formats.remote import is_url
+    from .store import is_url
 
     if is_url(dataset):
-        from .formats.remote import open_store, remote_tags
+        from .store import open_store
+        from .formats.remote import remote_tags
 
         before = remote_tags(open_store(dataset)).get(name)
     else:
@@ -587,7 +588,7 @@ _cache_dir_option = click.option("--cache-dir", type=click.Path(path_type=Path, 
 
 
 def _cache_exists(cache_dir) -> None:
-    from .formats.remote import default_cache_dir
+    from .store import default_cache_dir
 
     where = Path(cache_dir) if cache_dir else default_cache_dir()
     if not where.is_dir():
@@ -696,7 +697,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    from .formats.remote import is_url
+    from .store import is_url
 
     remote = is_url(dataset)
     if not remote:

@@ -18,8 +18,8 @@ from .errors import ConfigError, CorruptDatasetError, DscError, VersionNotFoundE
 from .formats import layout as L
 from .formats import versions as V
 from .formats import view
-from .formats.files import Root
-from .formats.remote import is_url
+from .store.local import Root
+from .store import is_url
 
 DEFAULT_RETENTION = "7d"
 
@@ -36,7 +36,8 @@ def _remote_records(url: str, only: int | None = None, version=None, tag=None):
     """(store, {n: record}, tags) of a dataset in object storage: every record, or the one asked for."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .formats.remote import no_dataset, open_store, remote_tags, remote_versions
+    from .store import open_store
+    from .formats.remote import no_dataset, remote_tags, remote_versions
 
     store = open_store(url)
     have = remote_versions(store)

@@ -1,7 +1,6 @@
 """Issue 12's cases, each found trying to break dsc: a clear one-line error or a recorded skip, never a
 traceback, a hang, a silently wrong or missing sample, or unbounded memory. Numbers refer to the issue."""
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -17,7 +16,6 @@ from PIL import Image
 import dsc
 from dsc.cli import main
 from damage import edit_manifest, manifest_file, node_file, read_manifest, read_node, write_node
-from dsc.formats.zarr_v3 import read_json, write_json
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 

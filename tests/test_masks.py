@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 import dsc
 from dsc import transforms as T
@@ -423,7 +423,7 @@ def test_two_masks_for_one_image_are_refused_not_picked(seg, tmp_path):
 
 @pytest.mark.parametrize("edit", ["dtype", "height", "shards", "image-shards"])
 def test_a_mask_field_that_does_not_fit_the_dataset_is_refused(seg, tmp_path, edit):
-    from damage import edit_manifest, write_node
+    from damage import edit_manifest
 
     root, _ = seg
     out = tmp_path / "out"

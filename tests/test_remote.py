@@ -24,7 +24,9 @@ import dsc  # noqa: E402
 from dsc.errors import (ConfigError, CorruptDatasetError, CredentialsError, DscError, OutputExistsError,  # noqa: E402
                         RemoteError, VersionConflictError)
 from dsc.formats import versions as V  # noqa: E402
-from dsc.formats.remote import aws_files_config, is_url, open_store  # noqa: E402
+from dsc.store import is_url, open_store  # noqa: E402
+from dsc.store.object import aws_files_config  # noqa: E402
+
 from dsc.runtime.cache import ShardCache, parse_size  # noqa: E402
 
 from test_versions import make_folder  # noqa: E402
@@ -420,20 +422,20 @@ def test_cache_limit_too_small_for_one_batch_is_refused(published, tmp_path):
 
 # --------------------------------------------------------------------------- compile to a URL
 def test_an_interrupted_upload_resumes_reusing_uploaded_shards(s3, src, tmp_path, monkeypatch):
-    from dsc.formats import remote
+    from dsc.store import object as object_store
 
     url = "s3://dsc-test/resumed"
     puts = []
-    real_put = remote.ObjectStore.put
+    real_put = object_store.ObjectStore.put
 
     def failing_put(self, rel, data, create_only=False, attributes=None):
         puts.append(rel)
         if rel == V.record_path(0) and fail[0]:
-            raise remote.RemoteError(f"{self.where(rel)}: writing failed: simulated outage")
+            raise object_store.RemoteError(f"{self.where(rel)}: writing failed: simulated outage")
         return real_put(self, rel, data, create_only, attributes)
 
     fail = [True]
-    monkeypatch.setattr(remote.ObjectStore, "put", failing_put)
+    monkeypatch.setattr(object_store.ObjectStore, "put", failing_put)
     with pytest.raises(RemoteError, match="simulated outage"):
         dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, **OPTS)
     with pytest.raises(DscError):  # nothing is published: no version record
@@ -470,7 +472,7 @@ def test_compile_to_an_existing_url_is_refused(published, src, tmp_path):
 def test_update_in_object_storage_uploads_only_the_new_version(s3, tmp_path, monkeypatch):
     """--update of a URL: the base is pulled without its shards, only new inputs are decoded, only the new
     shards are uploaded, and the result is the same set as a fresh compile of the grown source."""
-    from dsc.formats import remote
+    from dsc.store import object as object_store
 
     src = tmp_path / "src"
     make_folder(src, 100)
@@ -480,8 +482,8 @@ def test_update_in_object_storage_uploads_only_the_new_version(s3, tmp_path, mon
     make_folder(src, 20, seed0=9000)
     (src / "c1" / "img_00001.jpg").unlink()
     puts = []
-    real_put = remote.ObjectStore.put
-    monkeypatch.setattr(remote.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
+    real_put = object_store.ObjectStore.put
+    monkeypatch.setattr(object_store.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
                                                                                real_put(self, rel, *a, **k))[1])
     r = dsc.compile_imagefolder(src, url, update=True, **opts)
     assert r.committed and r.version == 1 and r.plan["decoded"] == 20 and r.plan["removed"] == 1
@@ -562,14 +564,14 @@ def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
 
     from dsc.cli import main
     from dsc.compiler import upload
-    from dsc.formats import remote
+    from dsc.store import object as object_store
 
     url = "s3://dsc-test/restored"
     local = _two_versions_at(url, src, tmp_path)
     dsc.tag(url, "first", version=0)
     puts = []
-    real_put = remote.ObjectStore.put
-    monkeypatch.setattr(remote.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
+    real_put = object_store.ObjectStore.put
+    monkeypatch.setattr(object_store.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
                                                                                real_put(self, rel, *a, **k))[1])
     os.environ["DSC_CACHE_DIR"] = str(tmp_path / "cache")
     try:
@@ -605,15 +607,15 @@ def test_restores_racing_on_one_machine_and_a_damaged_latest_version(s3, src, tm
     commits second is told (nothing of it committed) and leaves the winner's view alone; the files of a
     damaged latest version are not needed to restore an earlier one."""
     import dsc.versions
-    from dsc.formats import remote
+    from dsc.store import object as object_store
 
     url = "s3://dsc-test/restore-race"
     local = _two_versions_at(url, src, tmp_path)
-    store = remote.open_store(url)
+    store = open_store(url)
     view_rows = lambda: json.loads(store.get("label/zarr.json"))["shape"][0]  # noqa: E731 - what plain Zarr sees
     rows0, rows1 = (dsc.open(local, version=n).manifest.num_rows for n in (0, 1))
     assert rows0 != rows1 and view_rows() == rows1
-    real_restore, real_put, events = dsc.versions.restore, remote.ObjectStore.put, []
+    real_restore, real_put, events = dsc.versions.restore, object_store.ObjectStore.put, []
 
     def a_then_b(out, n, *a, **k):  # restore A has staged; restore B runs whole meanwhile, from the same cache
         if not events:
@@ -632,10 +634,10 @@ def test_restores_racing_on_one_machine_and_a_damaged_latest_version(s3, src, tm
         if rel == V.record_path(3) and len(events) == 1:
             events.append("D")
             events[1] = ("D", dsc.restore(url, version=1, cache_dir=tmp_path / "cache"))
-    monkeypatch.setattr(remote.ObjectStore, "put", c_commits_then_d)
+    monkeypatch.setattr(object_store.ObjectStore, "put", c_commits_then_d)
     assert dsc.restore(url, version=0, cache_dir=tmp_path / "cache") == 3 and events[-1] == ("D", 4)
     assert view_rows() == rows1  # version 4's (restores 1), not C's version 3 (restores 0)
-    monkeypatch.setattr(remote.ObjectStore, "put", real_put)
+    monkeypatch.setattr(object_store.ObjectStore, "put", real_put)
 
     m4, m0 = dsc.open(url, cache_dir=tmp_path / "c").manifest, dsc.open(local, version=0).manifest
     only_latest = {f["sha256"] for f in m4.files.values()} - {f["sha256"] for f in m0.files.values()}
@@ -796,7 +798,7 @@ class FolderStore:
     """A registered store over a local folder: the Store interface is all dsc needs from a backend."""
 
     def __init__(self, url, retry):
-        from dsc.formats.remote import Store
+        from dsc.store import Store
 
         self.__class__ = type("FolderStore", (FolderStore, Store), {})
         self.url = url.rstrip("/")
@@ -841,7 +843,7 @@ class FolderStore:
 
 
 def test_a_registered_store_serves_compile_open_and_cache(src, tmp_path):
-    from dsc.formats.remote import register_store
+    from dsc.store import register_store
     from dsc.runtime.remote import cache_list
 
     register_store("folder", FolderStore)

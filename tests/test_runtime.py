@@ -6,7 +6,6 @@ import torch
 
 import dsc
 from damage import edit_manifest
-from dsc.formats.zarr_v3 import read_json
 
 
 @pytest.fixture(scope="module")

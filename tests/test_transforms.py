@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 import dsc

@@ -525,7 +525,7 @@ def test_open_cost_does_not_grow_with_versions(tmp_path):
         os.rename(paths[i], paths[i].with_name("x" + paths[i].name))
         paths[i] = paths[i].with_name("x" + paths[i].name)
         dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
-    from dsc.formats import files
+    from dsc.store import local as files
 
     reads = []
     real = files.Root.read

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..formats.remote import is_url, local_path
+from ..store import is_url, local_path
 from ..formats.versions import source_date_epoch
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
@@ -31,7 +31,8 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
     if is_url(out):
         from .upload import compile_to_url, update_url
-        from ..formats.remote import open_store, remote_versions
+        from ..store import open_store
+        from ..formats.remote import remote_versions
 
         if options.update and remote_versions(open_store(out)):
             from .update import update_dataset

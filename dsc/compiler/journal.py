@@ -17,7 +17,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 
 from ..errors import DscError, ResumeError, WriteError
 from ..formats.verify import sha256_file

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from ..errors import CompileLockedError, DscError, OutputExistsError
-from ..formats.files import _NOFOLLOW, not_ours, refuse_links
+from ..store.local import _NOFOLLOW, not_ours, refuse_links
 from ..formats.zarr_v3 import read_json
 
 

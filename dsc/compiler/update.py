@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ConfigError, DscError, SampleError, SourceError
 from ..formats import layout as L
 from ..formats import versions, view
-from ..formats.files import Root, not_ours, open_folder, refuse_links
+from ..store.local import Root, not_ours, open_folder, refuse_links
 from ..formats.fields import fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_plain_array, read_string_array

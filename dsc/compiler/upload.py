@@ -23,9 +23,10 @@ from pathlib import Path
 from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
 from ..formats import versions, view
-from ..formats.files import Root
+from ..store.local import Root
 from ..formats.zarr_v3 import json_bytes
-from ..formats.remote import Store, default_cache_dir, fetch_version, open_store, remote_versions, url_id
+from ..store import Store, default_cache_dir, open_store
+from ..formats.remote import fetch_version, remote_versions, url_id
 from .staging import is_dsc_dataset, staging_dir
 
 CONNECTIONS = 8

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 from ..errors import DatasetNotFoundError
-from .files import as_root
+from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
 from .zarr_v3 import ZARR_JSON, read_node_json
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ..errors import DscError
 from . import layout as L
-from .files import Root
+from ..store.local import Root
 from .manifest import Manifest
-from .zarr_v3 import ZARR_JSON, node_dir, read_string_array
+from .zarr_v3 import ZARR_JSON, read_string_array
 
 
 def sha256_file(path: Path) -> str:
@@ -142,7 +142,7 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     top-level plain-Zarr view shows it. ``path`` may be a URL: every shard is streamed from object storage
     and hashed (``cache_dir`` keeps the small files' mirror)."""
     from . import versions
-    from .remote import is_url
+    from ..store import is_url
 
     if is_url(path):
         from ..runtime.remote import verify_remote

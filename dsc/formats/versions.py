@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, CorruptDatasetError, VersionConflictError, VersionNotFoundError
-from .files import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
+from ..store.local import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
 from .manifest import Manifest
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 

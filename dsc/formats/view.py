@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from ..errors import CorruptDatasetError, DscError
-from .files import Root, not_ours, remove_file, write_atomic
+from ..store.local import Root, not_ours, remove_file, write_atomic
 from .layout import read_manifest
 from .manifest import Manifest
 from .versions import object_path

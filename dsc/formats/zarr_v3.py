@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, UnsafePathError
+from ..errors import CorruptDatasetError
+from ..store.paths import check_node_path
 
 ZARR_JSON = "zarr.json"
 EMPTY_ENTRY = 0xFFFF_FFFF_FFFF_FFFF  # index entry of an inner chunk that is not stored
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 # numpy dtype <-> zarr v3 data_type names for the dtypes dsc stores.
 _DTYPES = {
@@ -37,18 +36,6 @@ _DTYPES = {
     "uint32": "uint32", "int32": "int32", "uint64": "uint64", "int64": "int64",
     "float32": "float32", "float64": "float64", "bool": "bool",
 }
-
-
-def check_node_path(rel: str) -> str:
-    """Validate a dataset-relative node path ('image/values/3'): every part a plain name.
-
-    Metadata can never make dsc touch a path outside the dataset: no '..', no absolute paths,
-    no separators other than '/'.
-    """
-    parts = rel.split("/")
-    if not rel or any(not _NAME_RE.match(p) or p in (".", "..") for p in parts):
-        raise UnsafePathError(f"refusing node path {rel!r}: only plain names joined by '/' are allowed")
-    return rel
 
 
 def node_dir(root: Path, rel: str) -> Path:
@@ -93,7 +80,7 @@ def write_json(path: Path, obj: Any, base: Path | None = None) -> None:
     """Write JSON atomically (temp file + rename, never through a link below ``base``: files.write_atomic),
     with a stable key order. Durability is the writer's business: dsc flushes a whole dataset with one
     syncfs before publishing it."""
-    from .files import write_atomic
+    from ..store.local import write_atomic
 
     write_atomic(path, json_bytes(obj), base)
 
@@ -126,7 +113,7 @@ def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> dict:
 
 def read_node_json(root, rel: str) -> dict:
     """The ``zarr.json`` of node ``rel`` of a dataset (a :class:`~dsc.formats.files.Root`)."""
-    from .files import as_root
+    from ..store.local import as_root
 
     root = as_root(root)
     name = f"{rel}/{ZARR_JSON}" if rel else ZARR_JSON
@@ -153,7 +140,7 @@ def write_plain_array(root: Path, rel: str, data: np.ndarray,
         raise TypeError(f"dtype {data.dtype} is not stored by dsc")
     if data.ndim == 0:
         raise ValueError(f"{rel}: dsc stores no 0-d arrays")
-    from .files import write_atomic
+    from ..store.local import write_atomic
 
     d = node_dir(root, rel)
     if data.size:
@@ -187,7 +174,7 @@ def read_array_meta(root, rel: str) -> dict:
 
 def read_plain_array(root, rel: str) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
-    from .files import as_root
+    from ..store.local import as_root
 
     root = as_root(root)
     meta = read_array_meta(root, rel)
@@ -205,7 +192,7 @@ def read_plain_array(root, rel: str) -> np.ndarray:
 
 
 def check_file_size(root, rel: str, expect: int) -> None:
-    from .files import as_root
+    from ..store.local import as_root
 
     as_root(root).check_size(rel, expect)
 
@@ -218,7 +205,7 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
     for b in encoded:
         parts.append(struct.pack("<I", len(b)))
         parts.append(b)
-    from .files import write_atomic
+    from ..store.local import write_atomic
 
     d = node_dir(root, rel)
     write_atomic(d / chunk_key(1), b"".join(parts), Path(root))
@@ -228,7 +215,7 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
 
 
 def read_string_array(root, rel: str) -> list[str]:
-    from .files import as_root
+    from ..store.local import as_root
 
     root = as_root(root)
     meta = read_array_meta(root, rel)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CacheFullError, ConfigError, CorruptDatasetError
-from ..formats.remote import Sha256Sink, default_cache_dir
+from ..store import Sha256Sink, default_cache_dir
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,

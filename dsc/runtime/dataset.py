@@ -21,8 +21,8 @@ from ..formats import Manifest
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.coords import invert_affine
-from ..formats.files import Root
-from ..formats.remote import is_url, local_path
+from ..store.local import Root
+from ..store import is_url, local_path
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,

@@ -20,7 +20,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..errors import ConfigError, DscError
+from ..errors import ConfigError
 from .batches import select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
 from .orders import ORDERS, partition

@@ -32,9 +32,9 @@ import numpy as np
 from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError
 from ..formats import layout as L
 from ..formats import versions
-from ..formats.files import Root, map_fd
-from ..formats.remote import (Sha256Sink, Store, fetch_version, no_dataset, open_store, remote_tags, remote_versions,
-                              url_id, write_atomic)
+from ..store.local import Root, map_fd
+from ..store import Sha256Sink, Store, open_store
+from ..formats.remote import fetch_version, no_dataset, remote_tags, remote_versions, url_id, write_atomic
 from .cache import Held, ShardCache
 from .storage import Storage
 

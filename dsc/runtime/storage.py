@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import CorruptDatasetError
 from ..formats import versions
-from ..formats.files import Root
+from ..store.local import Root
 from ..formats.zarr_v3 import read_plain_array
 
 CACHES = ("page", "ram")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptDatasetError, WriteError
-from ..files import NewFile
+from ...store.local import NewFile
 from ..manifest import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, plain_array_json, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)

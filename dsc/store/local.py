@@ -1,5 +1,7 @@
-"""Reading a dataset's files safely: every file is opened relative to the dataset directory as it was when
-it was opened, one path component at a time, never through a symbolic link.
+"""A dataset in a local folder: :class:`LocalStore`, and how it reads and writes files safely.
+
+Reading: every file is opened relative to the dataset directory as it was when it was opened, one path
+component at a time, never through a symbolic link.
 
 * **One dataset, whatever happens to the path.** ``Root(path)`` holds a descriptor of the directory. A
   compile that replaces the dataset (``--overwrite`` swaps a new directory in) does not change what the
@@ -21,13 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptDatasetError, DatasetNotFoundError, TooManyOpenFilesError, UnsafePathError
+from .base import Store
+from .paths import check_node_path
 
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 
-class _Missing(CorruptDatasetError):
+class _Missing(CorruptDatasetError, FileNotFoundError):
     """The file is not there (as opposed to there but unsafe or unreadable)."""
 
 
@@ -70,8 +74,6 @@ class Root:
 
     def _open(self, rel: str) -> int:
         """A descriptor of the regular file ``rel`` (plain components, no links)."""
-        from .zarr_v3 import check_node_path
-
         target = self.redirect.get(rel, rel) if self.redirect else rel
         parts = check_node_path(target).split("/") if target != "zarr.json" else ["zarr.json"]
         dfd, opened = self.fd, []
@@ -106,8 +108,6 @@ class Root:
 
     def open_dir(self, rel: str) -> int:
         """A descriptor of the directory ``rel`` (plain components, no links); FileNotFoundError if absent."""
-        from .zarr_v3 import check_node_path
-
         dfd = self.fd
         opened = []
         try:
@@ -390,3 +390,85 @@ def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: 
         f.abort()
         raise
     f.commit(sync, create_only)
+
+
+# ----------------------------------------------------------------------------- the store
+class LocalStore(Store):
+    """A dataset in the local folder ``path`` (see the module docstring): reads through one :class:`Root`
+    opened on first use (links refused), writes by write + fsync + rename, put-if-absent by link."""
+
+    local = True
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.url = str(self.path)
+        self._root: Root | None = None
+
+    @property
+    def root(self) -> Root:
+        """The folder, opened once: reads never mix two folders that took turns at the path."""
+        if self._root is None:
+            self._root = Root(self.path)
+        return self._root
+
+    def where(self, rel: str) -> str:
+        return str(self.path / rel)
+
+    def download(self, rel: str, f, on_chunk=None, limit: int | None = None) -> int:
+        fd = self.root.open_file(rel)
+        n = 0
+        try:
+            if on_chunk is not None:
+                on_chunk(None)
+            while chunk := os.read(fd, 1 << 22):
+                if limit is not None and n + len(chunk) > limit:
+                    raise CorruptDatasetError(f"{self.where(rel)} has more than the {limit:,} bytes it may have; the "
+                                              f"dataset is damaged")
+                f.write(chunk)
+                if on_chunk is not None:
+                    on_chunk(memoryview(chunk))
+                n += len(chunk)
+        finally:
+            os.close(fd)
+        return n
+
+    def get(self, rel: str, limit: int | None = None) -> bytes:
+        return bytes(self.root.read(rel, limit))
+
+    def get_range(self, rel: str, start: int, length: int) -> bytes:
+        fd = self.root.open_file(rel)
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+
+    def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
+        if isinstance(data, (str, os.PathLike)):  # a file of ours: its bytes
+            with open(data, "rb") as f:
+                write_atomic(self.path / check_node_path(rel), f, base=self.path, sync=True, create_only=create_only)
+            return
+        write_atomic(self.path / check_node_path(rel), data, base=self.path, sync=True, create_only=create_only)
+
+    def stat(self, rel: str) -> tuple[int, dict] | None:
+        try:
+            return self.root.size(rel), {}
+        except _Missing:
+            return None
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        out = []
+        top = self.path / prefix.rstrip("/") if prefix.strip("/") else self.path
+        start = prefix if prefix.endswith("/") or not prefix else prefix.rsplit("/", 1)[0] + "/"
+        for dirpath, _, filenames in os.walk(top if top.is_dir() else top.parent):  # (never into a link)
+            for name in filenames:
+                p = os.path.join(dirpath, name)
+                rel = os.path.relpath(p, self.path).replace(os.sep, "/")
+                if not rel.startswith(prefix) and not rel.startswith(start):
+                    continue
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode):
+                    out.append((rel, st.st_size))
+        return sorted(out)
+
+    def delete(self, rel: str) -> None:
+        remove_file(self.path / check_node_path(rel), self.path)

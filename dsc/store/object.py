@@ -1,0 +1,287 @@
+"""Object storage through obstore (Rust's ``object_store``): ``s3://``, ``gs://``, ``az://`` (docs/REMOTE.md).
+
+One library for every cloud: on the same local S3 server it streamed shards about 1.7x faster than s3fs,
+it has the conditional put (If-None-Match) a version commit needs, and it has no async stack to pin.
+Credentials, endpoints and regions come from each cloud's standard variables (``AWS_*``, ``GOOGLE_*``,
+``AZURE_*``) and, for S3, from ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_PROFILE``).
+
+Faults: requests are retried with exponential backoff and full jitter (obstore's own retries for each
+request, and one more loop around whole operations such as a streamed download) until ``retry_seconds``
+have passed; then :class:`~dsc.errors.RemoteError` names the URL and the last cause.
+"""
+from __future__ import annotations
+
+import configparser
+import os
+import random
+import re
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from ..errors import ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
+from .base import Store
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+DEFAULT_RETRY_SECONDS = 120.0
+CREDENTIAL_HINTS = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE naming a profile of ~/.aws/credentials); "
+          "for an S3-compatible server also AWS_ENDPOINT_URL",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT) to a service-account key file",
+    "az": "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY)",
+}
+
+
+
+def retry_seconds(value: float | None = None) -> float:
+    """The retry budget: ``value``, else ``$DSC_RETRY_SECONDS``, else 120 s."""
+    if value is None:
+        env = os.environ.get("DSC_RETRY_SECONDS")
+        try:
+            value = float(env) if env else DEFAULT_RETRY_SECONDS
+        except ValueError:
+            raise ConfigError(f"DSC_RETRY_SECONDS={env!r} is not a number of seconds") from None
+    if not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"retry_seconds must be a non-negative number, got {value!r}")
+    return float(value)
+
+def aws_files_config(env=os.environ) -> dict:
+    """S3 settings from the AWS config files when the environment does not give them: the profile
+    ``AWS_PROFILE`` (or ``default``) of ``AWS_SHARED_CREDENTIALS_FILE`` (~/.aws/credentials) and of
+    ``AWS_CONFIG_FILE`` (~/.aws/config). Environment variables win (obstore reads them itself)."""
+    out: dict = {}
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    home = Path(env.get("HOME") or Path.home())
+    cred_file = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials")
+    conf_file = Path(env.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
+    if "AWS_ACCESS_KEY_ID" not in env and cred_file.is_file():
+        cp = configparser.ConfigParser()
+        try:
+            cp.read(cred_file)
+        except configparser.Error as e:
+            raise ConfigError(f"{cred_file}: not a valid AWS credentials file ({e})") from None
+        if cp.has_section(profile):
+            sec = cp[profile]
+            for key, name in (("aws_access_key_id", "access_key_id"), ("aws_secret_access_key", "secret_access_key"),
+                              ("aws_session_token", "token")):
+                if sec.get(key):
+                    out[name] = sec[key]
+    if conf_file.is_file():
+        cp = configparser.ConfigParser()
+        try:
+            cp.read(conf_file)
+        except configparser.Error as e:
+            raise ConfigError(f"{conf_file}: not a valid AWS config file ({e})") from None
+        section = "default" if profile == "default" else f"profile {profile}"
+        if cp.has_section(section):
+            sec = cp[section]
+            if sec.get("region") and not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+                out["region"] = sec["region"]
+            if sec.get("endpoint_url") and not env.get("AWS_ENDPOINT_URL"):
+                out["endpoint"] = sec["endpoint_url"]
+            for key, name in (("aws_access_key_id", "access_key_id"), ("aws_secret_access_key", "secret_access_key")):
+                if sec.get(key) and name not in out and "AWS_ACCESS_KEY_ID" not in env:
+                    out[name] = sec[key]
+    return out
+
+
+_TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|broken pipe|temporar|throttl|slow ?down|"
+                        r"too many requests|service unavailable|internal ?error|bad gateway|gateway|\b5\d\d\b|"
+                        r"retry|dns|eof|incomplete|body|sending request|http error)")
+
+
+_USED_BY: int | None = None  # the process that made the first request: obstore cannot make requests after a fork
+_STATUS = re.compile(r"(?:status code|status)[: ]+(\d{3})\b", re.IGNORECASE)
+
+
+def _family(scheme: str) -> str:
+    return {"s3a": "s3", "gcs": "gs", "azure": "az", "abfs": "az", "abfss": "az", "adl": "az"}.get(scheme, scheme)
+
+
+class ObjectStore(Store):
+    """S3 / GCS / Azure through obstore."""
+
+    def __init__(self, url: str, retry: float = DEFAULT_RETRY_SECONDS):
+        try:
+            import obstore  # noqa: F401
+            from obstore.store import from_url
+        except ImportError:
+            raise ConfigError(f"{url}: remote datasets need obstore: pip install 'dsc[remote]'") from None
+        self.url = url.rstrip("/")
+        self.scheme = _family(_URL.match(url).group(1))
+        self.retry = retry
+        self._warned = 0.0
+        config: dict = {}
+        if self.scheme == "s3":
+            config.update(aws_files_config())
+        self.endpoint = (config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3")
+                         or os.environ.get("AWS_ENDPOINT_URL")) if self.scheme == "s3" else None
+        client = {"allow_http": True} if (self.endpoint or "").startswith("http://") else {}
+        if self.scheme == "s3" and "region" not in config and not (os.environ.get("AWS_REGION")
+                                                                  or os.environ.get("AWS_DEFAULT_REGION")):
+            config["region"] = "us-east-1"  # (an S3-compatible server ignores it; AWS redirects per bucket)
+        # obstore retries each request briefly (a call into it cannot be interrupted by Ctrl-C); the retry budget
+        # is spent in dsc's own loop, whose sleeps can.
+        retry_config = {"max_retries": 3, "retry_timeout": timedelta(seconds=max(min(retry, 5.0), 0.001)),
+                        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2),
+                                    "base": 2}}
+        try:
+            self._store = from_url(self.url, config=config or None, client_options=client or None,
+                                   retry_config=retry_config)
+        except Exception as e:  # bad URL or settings: obstore's own message says which
+            raise ConfigError(f"{url}: cannot use this object store: {_first_line(e)}") from None
+
+    # ------------------------------------------------------------------ retries and errors
+    def _refused(self, what: str, rel: str, detail: str) -> CredentialsError:
+        return CredentialsError(f"{self.where(rel)}: {what} refused ({detail}); "
+                                f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}")
+
+    def _call(self, what: str, rel: str, fn):
+        """``fn()`` with retries of transient failures until the budget is spent; errors become dsc's."""
+        import obstore.exceptions as E
+
+        global _USED_BY
+        if _USED_BY is None:
+            _USED_BY = os.getpid()
+        if os.getpid() != _USED_BY:
+            raise ConfigError(
+                f"{self.where(rel)}: this process was forked from one that had already used object storage, and the "
+                f"client library (obstore) cannot make requests after a fork. Use dsc.Loader (threads), or a "
+                f"DataLoader with multiprocessing_context='spawn' (or 'forkserver'), or download the shards first "
+                f"(dsc cache warm URL): a forked worker reads cached shards without a request")
+        deadline = time.monotonic() + self.retry
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except (E.NotFoundError, FileNotFoundError):
+                raise FileNotFoundError(self.where(rel)) from None
+            except (E.PermissionDeniedError, E.UnauthenticatedError) as e:
+                raise self._refused(what, rel, _first_line(e)) from None
+            except (E.AlreadyExistsError, E.PreconditionError):
+                raise FileExistsError(self.where(rel)) from None
+            except DscError:
+                raise
+            except Exception as e:  # noqa: BLE001 - anything else from the network: retry while budget is left
+                attempt += 1
+                status = _STATUS.search(str(e))
+                code = int(status.group(1)) if status else None
+                if code in (401, 403):
+                    raise self._refused(what, rel, f"{code}: {_first_line(e)}") from None
+                if code == 404:
+                    raise FileNotFoundError(self.where(rel)) from None
+                if code is not None:
+                    transient = code >= 500 or code in (408, 429)
+                else:
+                    transient = isinstance(e, (OSError, TimeoutError)) or bool(_TRANSIENT.search(str(e)))
+                left = deadline - time.monotonic()
+                if not transient or left <= 0:
+                    hint = ("; for an S3-compatible server set AWS_ENDPOINT_URL" if self.scheme == "s3" and
+                            not self.endpoint else "")
+                    raise RemoteError(f"{self.where(rel)}: {what} failed"
+                                      + (f" after {attempt} attempts over {self.retry:.0f} s" if transient else "")
+                                      + f": {_first_line(e)}. Check the URL, the network and the server{hint}"
+                                      + (" (DSC_RETRY_SECONDS sets how long dsc retries)" if transient else "")) \
+                        from None
+                if time.monotonic() - self._warned > 60:  # say once a minute that dsc is waiting, not hung
+                    self._warned = time.monotonic()
+                    import warnings
+
+                    warnings.warn(f"{self.where(rel)}: {what} failed ({_first_line(e)[:120]}); retrying for up to "
+                                  f"{left:.0f} s more", RuntimeWarning, stacklevel=3)
+                time.sleep(min(left, random.uniform(0, min(5.0, 0.1 * 2 ** min(attempt, 10)))))  # full jitter
+
+    # ------------------------------------------------------------------ operations
+    def download(self, rel: str, f, on_chunk=None, limit: int | None = None) -> int:
+        """Stream the object into the open binary file ``f`` from its start (a failed attempt starts over), then
+        cut ``f`` to the bytes written; ``f`` is never made shorter before that (a cache counts its
+        pre-allocated size). ``on_chunk`` sees every chunk, and ``None`` whenever an attempt starts (a hash
+        starts over then)."""
+        import obstore
+
+        def attempt():
+            f.seek(0)
+            if on_chunk is not None:
+                on_chunk(None)
+            n = 0
+            for chunk in obstore.get(self._store, rel).stream(min_chunk_size=1 << 21):
+                mv = memoryview(chunk)
+                if limit is not None and n + len(mv) > limit:  # (never more than the manifest says on disk)
+                    raise CorruptDatasetError(f"{self.where(rel)} has more than the {limit:,} bytes it may have; the "
+                                              f"dataset in object storage is damaged or was replaced. Recompile it "
+                                              f"(dsc verify URL lists every damaged file)")
+                f.write(mv)
+                if on_chunk is not None:
+                    on_chunk(mv)
+                n += len(mv)
+            f.truncate()
+            return n
+
+        return self._call("downloading", rel, attempt)
+
+    def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
+        import obstore
+        import obstore.exceptions as E
+
+        def attempt():
+            if hasattr(data, "read"):  # an open binary file: from its start on every attempt
+                data.seek(0)
+                src = data
+            else:
+                src = data if isinstance(data, (bytes, bytearray, memoryview)) else Path(data)
+            kwargs = {"attributes": attributes} if attributes else {}
+            try:
+                obstore.put(self._store, rel, src, mode="create" if create_only else "overwrite", **kwargs)
+            except E.NotSupportedError:
+                if not create_only:
+                    raise
+                # The store has no conditional put: the documented equivalent (docs/REMOTE.md) is a check, then a
+                # put; two writers racing within one request time can both believe they won.
+                if obstore.head(self._store, rel) is not None:
+                    raise FileExistsError(self.where(rel)) from None
+                obstore.put(self._store, rel, src, **kwargs)
+        self._call("writing", rel, attempt)
+
+    def stat(self, rel: str) -> tuple[int, dict] | None:
+        """(size, user metadata such as the ``sha256`` an upload recorded) in one request; None if absent."""
+        import obstore
+
+        def attempt():
+            r = obstore.get(self._store, rel, options={"head": True})
+            return int(r.meta["size"]), dict(r.attributes)
+
+        try:
+            return self._call("checking", rel, attempt)
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        import obstore
+
+        from ..errors import DatasetNotFoundError
+
+        def attempt():
+            return [(o["path"], int(o["size"])) for batch in obstore.list(self._store, prefix=prefix or None)
+                    for o in batch]
+
+        try:
+            return self._call("listing", prefix or "/", attempt)
+        except FileNotFoundError:  # listing a missing prefix gives nothing: this is the bucket (container)
+            bucket = self.url.split("://", 1)[1].split("/", 1)[0]
+            raise DatasetNotFoundError(
+                f"{self.url}: the bucket {bucket!r} does not exist" + (f" at {self.endpoint}" if self.endpoint else "")
+                + "; check the URL" + (" (and AWS_ENDPOINT_URL for an S3-compatible server)" if self.scheme == "s3"
+                                       else "")) from None
+
+    def delete(self, rel: str) -> None:
+        import obstore
+
+        try:
+            self._call("deleting", rel, lambda: obstore.delete(self._store, rel))
+        except FileNotFoundError:
+            pass
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:300]
