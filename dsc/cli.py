@@ -334,9 +334,9 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
-        from .store import is_url
+        from .store import open_store
 
-        if is_url(out):
+        if not open_store(out).local:
             from .errors import (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
                                  VersionConflictError)
 
@@ -447,19 +447,10 @@ def log_cmd(dataset: Path, as_json: bool):
 def tag_cmd(dataset: Path, name: str, version, delete: bool):
     """Name a version of DATASET (a folder or a URL); `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never
     removes it."""
-    from .store.local import Root
     from .formats.versions import tag_names
     from .versions import tag
 
-    from .store import is_url
-
-    if is_url(dataset):
-        from .store import open_store
-        from .formats.remote import remote_tags
-
-        before = remote_tags(open_store(dataset)).get(name)
-    else:
-        before = tag_names(Root(dataset)).get(name)
+    before = tag_names(dataset).get(name)
     n = tag(dataset, name, version, delete=delete)
     if delete:
         click.echo(f"removed tag {name!r}" + (f" (it named version {before})" if before is not None else ""))
@@ -697,9 +688,9 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    from .store import is_url
+    from .store import open_store
 
-    remote = is_url(dataset)
+    remote = not open_store(dataset).local
     if not remote:
         check_shard_files(dataset, m)
     pil = pil_build()

@@ -1,94 +1,81 @@
 """Working with a dataset's versions: history, tags, restore, vacuum (``dsc log / tag / restore / vacuum``).
 
 Versions are made by compiles and ``--update``; the format is ``formats/versions.py`` (docs/FORMAT.md,
-"Versions"). Every function here that writes holds OUT's lock, like a compile.
+"Versions"). Each command is written once, over the dataset's :class:`~dsc.store.Store`: a local folder
+or object storage. A writer of a folder holds its lock (like a compile); in object storage a version is
+committed by one conditional put, and readers' leases stand in for the folder's pins.
 """
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import stat
 import time
 import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError, CorruptDatasetError, DscError, VersionNotFoundError
 from .formats import layout as L
 from .formats import versions as V
 from .formats import view
-from .store.local import Root
-from .store import is_url
+from .store import Store, open_store
 
 DEFAULT_RETENTION = "7d"
 
 
-def _root(out) -> Root:
-    root = Root(out)
-    if not V.is_versioned(root):
+def _versioned(out) -> Store:
+    store = open_store(out)
+    if not V.is_versioned(store):
+        if not store.local:
+            raise V.no_dataset(store)
+        L.read_manifest(store)  # (not a dataset at all: that error first)
         raise VersionNotFoundError(f"{out} was compiled by a dsc without versions: it has only version 0 (compile it "
                                    f"again with this dsc to keep versions)")
-    return root
+    return store
 
 
-def _remote_records(url: str, only: int | None = None, version=None, tag=None):
-    """(store, {n: record}, tags) of a dataset in object storage: every record, or the one asked for."""
-    from concurrent.futures import ThreadPoolExecutor
+@contextmanager
+def writing(store: Store, what: str, nodes=()):
+    """What a writer holds while it writes: a folder's lock (and its private folders checked for links); in
+    object storage nothing (its writes never collide: see docs/REMOTE.md)."""
+    with store.lock(what):
+        if store.local:
+            V.check_private(store.path, nodes)
+        yield
 
-    from .store import open_store
-    from .formats.remote import no_dataset, remote_tags, remote_versions
 
-    store = open_store(url)
-    have = remote_versions(store)
-    if not have:
-        raise no_dataset(store)
-    tags = remote_tags(store)
-    if only is None and version is None and tag is None:
-        want = have
-    else:
-        want = [V.choose(store.url, version, tag, lambda: tags, lambda: have, None)]
-    if want[0] not in have:
-        raise VersionNotFoundError(f"{store.url} has no version {want[0]} (versions: {V._ranges(have)})")
-
-    def one(n):
-        return n, V.parse_record(store.get(V.record_path(n)), store.where(V.record_path(n)), n)
-
+def _records(store: Store, nums: list[int]) -> dict[int, dict]:
+    """The records of versions ``nums`` (in parallel requests for object storage)."""
+    if store.local or len(nums) < 2:
+        return {n: V.read_record(store, n) for n in nums}
     with ThreadPoolExecutor(8) as ex:
-        records = dict(ex.map(one, want))
-    return store, have, records, tags
+        return dict(zip(nums, ex.map(lambda n: V.read_record(store, n), nums)))
+
+
+def _tags(store: Store) -> dict[str, int]:
+    """{tag: version}; a damaged tag file is a warning (it breaks only its own tag)."""
+    good, bad = V.read_tags(store)
+    for problem in bad.values():
+        warnings.warn(problem, stacklevel=3)
+    return good
 
 
 def manifest_of(out, version: int | None = None, tag: str | None = None):
     """(manifest of ``version`` / ``tag`` / the latest, a line describing it among the versions or None for a
     dataset without versions). ``out`` may be a URL (its record is read from object storage)."""
-    if is_url(out):
-        store, have, records, tags = _remote_records(out, 0, version, tag)
-        (n, rec), = records.items()
-        names = sorted(name for name, v in tags.items() if v == n)
-        return rec["manifest"], (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; "
-                                 f"{_n_versions(len(have))} in object storage; made {rec['created']} by "
-                                 f"{rec['operation']}" + (f"; tags: {', '.join(names)}" if names else "") + ")")
-    root = Root(out)
-    if not V.is_versioned(root):
-        if version not in (None, 0) or tag is not None:
-            _root(out)
-        return L.read_manifest(root), None
-    n = V.resolve(root, version, tag)
-    rec = V.read_record(root, n)
-    have = V.versions(root)
-    tags = sorted(name for name, v in _tags(root).items() if v == n)
-    line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {_n_versions(len(have))} on disk; "
+    store = open_store(out)
+    if not V.is_versioned(store):
+        if version not in (None, 0) or tag is not None or not store.local:
+            _versioned(out)
+        return L.read_manifest(store), None
+    n = V.resolve(store, version, tag)
+    rec = V.read_record(store, n)
+    have = V.versions(store)
+    tags = sorted(name for name, v in _tags(store).items() if v == n)
+    where = "on disk" if store.local else "in object storage"
+    line = (f"{n} ({'the latest' if n == have[-1] else f'latest is {have[-1]}'}; {_n_versions(len(have))} {where}; "
             f"made {rec['created']} by {rec['operation']}" + (f"; tags: {', '.join(tags)}" if tags else "") + ")")
     return rec["manifest"], line
-
-
-def _tags(root: Root) -> dict[str, int]:
-    """{tag: version}; a damaged tag file is a warning (it breaks only its own tag)."""
-    good, bad = V.read_tags(root)
-    for problem in bad.values():
-        warnings.warn(problem, stacklevel=3)
-    return good
 
 
 def _n_versions(k: int) -> str:
@@ -99,21 +86,19 @@ def log(out) -> list[dict]:
     """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
     "samples", "added", "removed", "changed", "relabelled", "moved", "decoded", "skipped", "options",
     "source_version", "tags"}`` (counts are relative to the parent). ``out`` may be a URL."""
-    if is_url(out):
-        _, have, records, tag_map = _remote_records(out)
-    else:
-        root = Root(out)
-        if not V.is_versioned(root):
-            m = L.read_manifest(root)
-            return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
-                     "tags": []}]
-        have, records, tag_map = V.versions(root), None, _tags(root)
+    store = open_store(out)
+    if not V.is_versioned(store):
+        m = L.read_manifest(_versioned(out) if not store.local else store)
+        return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
+                 "tags": []}]
+    have = V.versions(store)
+    records = _records(store, have)
     tags: dict[int, list[str]] = {}
-    for name, n in tag_map.items():
+    for name, n in _tags(store).items():
         tags.setdefault(n, []).append(name)
     out_list = []
     for n in have:
-        rec = records[n] if records is not None else V.read_record(root, n)
+        rec = records[n]
         m = rec["manifest"]
         entry = {"version": n, "parent": rec["parent"], "created": rec["created"], "operation": rec["operation"],
                  "samples": m.num_samples, **{k: v for k, v in rec["summary"].items() if k != "samples"},
@@ -126,92 +111,66 @@ def log(out) -> list[dict]:
 
 def tag(out, name: str, version: int | None = None, delete: bool = False) -> int | None:
     """Name ``version`` (default: the latest) ``name``; a tagged version is never vacuumed. ``delete``
-    removes the tag instead. Returns the version tagged."""
-    from .compiler.staging import OutLock
-
-    if is_url(out):
-        return _remote_tag(out, name, version, delete)
-    root = _root(out)
+    removes the tag instead (whatever is there, damaged or not). Returns the version tagged."""
+    store = _versioned(out)
     V.check_tag(name)
-    with OutLock(Path(out), "tag"):  # not while a vacuum decides what to keep
-        V.check_private(Path(out))
-        path = Path(out) / V.TAGS / f"{name}.json"
-        if delete:  # whatever is there, damaged or not (a link: the link, never its target)
-            if not os.path.lexists(path):
-                raise VersionNotFoundError(f"{out} has no tag {name!r}")
-            if path.is_dir() and not path.is_symlink():
-                os.rmdir(path)
-            else:
-                path.unlink()
+    rel = f"{V.TAGS}/{name}.json"
+    with writing(store, "tag"):  # (a folder: not while a vacuum decides what to keep)
+        if delete:
+            there = store.stat(rel) is not None if not store.local else _lexists(store, rel)
+            if not there:
+                raise VersionNotFoundError(f"{store.url} has no tag {name!r}")
+            store.delete(rel)
             return None
-        bad = V.read_tags(root)[1].get(name)
+        bad = V.read_tags(store)[1].get(name)
         if bad is not None:  # its version is unknown: replacing it silently could lose it
             raise CorruptDatasetError(f"{bad}; dsc does not replace a tag it cannot read")
-        n = V.resolve(root, version)
-        V.read_record(root, n)  # it exists
-        V.write_tag(Path(out), name, n)
+        n = V.resolve(store, version)
+        V.read_record(store, n)  # it exists
+        V.write_tag(store, name, n)
         return n
 
 
-def _remote_tag(url: str, name: str, version: int | None, delete: bool) -> int | None:
-    """A tag in object storage: one small object, written whole (a put replaces it atomically)."""
-    import json
+def _lexists(store, rel: str) -> bool:
+    """Whether a folder has anything at ``rel`` (a damaged tag may be a folder or a link)."""
+    import os
 
-    V.check_tag(name)
-    store, have, records, tags = _remote_records(url, 0, version)
-    rel = f"{V.TAGS}/{name}.json"
-    if delete:
-        if name not in tags:
-            raise VersionNotFoundError(f"{store.url} has no tag {name!r}")
-        store.delete(rel)
-        return None
-    (n, _), = records.items()
-    store.put(rel, (json.dumps({"version": n, "created": V.now()}) + "\n").encode())
-    return n
-
-
-def _local_only(out, what: str) -> None:
-    if is_url(out):
-        raise ConfigError(f"{out}: dsc {what} of a dataset in object storage is not supported yet; it works on a "
-                          f"local copy (and dsc push publishes one)")
+    return os.path.lexists(store.path / rel)
 
 
 def restore(out, version: int | None = None, tag: str | None = None, cache_dir=None) -> int:
-    """A new version whose content is ``version``'s (or ``tag``'s): the same shards and arrays, nothing
-    copied or decoded. Returns the new version's number. ``out`` may be a URL (see ``restore_url``; its
-    ``cache_dir`` stages the new record)."""
-    from .compiler.staging import OutLock, sync_filesystem
-
+    """A new version whose content is ``version``'s (or ``tag``'s): its record lists the same shards and
+    objects, so nothing is copied or decoded; then the view shows it. Returns the new version's number.
+    ``out`` may be a URL: the record is committed by the conditional put, a restore racing another writer
+    is told (VersionConflictError), and only the record, the stat cache and the view are written.
+    (``cache_dir`` is accepted for compatibility: nothing is staged.)"""
     if version is None and tag is None:
         raise ConfigError("restore needs a version or a tag")
-    if is_url(out):
-        from .compiler.upload import restore_url
-
-        return restore_url(out, version, tag, cache_dir)
-    root = _root(out)
-    with OutLock(Path(out), "restore"):
-        V.check_private(Path(out))
-        n_old = V.resolve(root, version, tag)
-        old = V.read_record(root, n_old)
-        have = V.versions(root)
-        latest = V.read_record(root, have[-1])
-        n_new = have[-1] + 1
+    store = _versioned(out)
+    with writing(store, "restore"):
+        n_old = V.resolve(store, version, tag)
+        old = V.read_record(store, n_old)
+        have = V.versions(store)
+        parent = have[-1]
+        latest = old if parent == n_old else V.read_record(store, parent)  # (only its record: a damaged latest
+        n_new = parent + 1                                                # version's files are not needed)
         m = old["manifest"]
-        from dataclasses import replace
-
-        new_m = replace(m, version={"number": n_new, "parent": have[-1], "operation": f"restore {n_old}"})
-        view.check(Path(out), new_m)
-        stat = V.read_stat(root, n_old, m.num_rows)
+        new_m = replace(m, version={"number": n_new, "parent": parent, "operation": f"restore {n_old}"})
+        view.check(store, new_m)
+        stat = store.get_or_none(f"{V.STAT}/{n_old}.bin", m.num_rows * 48)
         if stat is not None:
-            V.write_stat(Path(out), n_new, stat)
+            store.put(f"{V.STAT}/{n_new}.bin", stat)
         else:  # a crashed update's cache for this number must not become the restored version's
-            (Path(out) / V.STAT / f"{n_new}.bin").unlink(missing_ok=True)
-        shutil.rmtree(Path(out) / V.TXN, ignore_errors=True)  # an interrupted update of another base
+            store.delete(f"{V.STAT}/{n_new}.bin")
+        if store.local:
+            from .compiler.staging import sync_filesystem  # (lazy: the compiler is not needed to read versions)
+
+            shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # an interrupted update of another base
+            sync_filesystem(store.path)
         summary = {"samples": m.num_samples, "restored": n_old}
-        sync_filesystem(Path(out))
-        V.commit(Path(out), V.record_json(n_new, have[-1], f"restore {n_old}", summary,
-                                          max(latest["next_slot"], old["next_slot"]), new_m))
-        view.show(Path(out), new_m)
+        V.commit(store, V.record_json(n_new, parent, f"restore {n_old}", summary,
+                                      max(latest["next_slot"], old["next_slot"]), new_m))
+        view.show(store, new_m, still_latest=lambda: V.versions(store)[-1] == n_new)
         return n_new
 
 
@@ -225,10 +184,13 @@ class VacuumReport:
     files: int = 0  # files removed (would be removed): records, stat caches, pins, shards, objects, leftovers
     bytes: int = 0  # their bytes
     dry_run: bool = False
+    leftovers: int = 0  # of the files: objects no version references (interrupted or losing writers)
 
 
 def parse_duration(s: str) -> float:
     """'7d', '12h', '30m', '45s', '0' -> seconds."""
+    import re
+
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(s))
     if not m:
         raise ConfigError(f"a duration is a number with s, m, h, d or w (e.g. 7d, 12h, 0), got {s!r}")
@@ -236,33 +198,33 @@ def parse_duration(s: str) -> float:
 
 
 def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_run: bool = False) -> VacuumReport:
-    """Remove versions beyond the newest ``keep`` that are not tagged, not open in any process (pinned),
-    and were superseded more than ``older_than`` ago (a retention period, like Delta's: it protects readers
-    this machine cannot see, e.g. on other hosts); then every shard and object no remaining version uses."""
-    from .compiler.staging import OutLock
-
-    _local_only(out, "vacuum")
+    """Remove versions beyond the newest ``keep`` that are not tagged, not open in any process (a folder's
+    pins; readers' leases in object storage) and were superseded more than ``older_than`` ago (a retention
+    period, like Delta's: it protects readers this machine cannot see, e.g. on other hosts); then every shard
+    and object no remaining version uses. In object storage, where writers hold no lock, an object no version
+    references is removed only once it is older than the retention period too (a writer may be about to
+    commit it)."""
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise ConfigError(f"keep must be at least 1 (the latest version is always kept), got {keep!r}")
     retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
-    out = Path(out)
-    root = _root(out)
-    with OutLock(out, "vacuum"):
-        have = V.versions(root)
-        records = {n: V.read_record(root, n) for n in have}
-        nodes = {node for rec in records.values() for node in L.shard_nodes(rec["manifest"])}
-        V.check_private(out, sorted(nodes))
-        tag_map, bad = V.read_tags(root)
+    store = _versioned(out)
+    have = V.versions(store)
+    records = _records(store, have)
+    nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
+    with writing(store, "vacuum", nodes):
+        have = V.versions(store)  # (under the lock: what a folder's writers left is final)
+        records.update(_records(store, [n for n in have if n not in records]))
+        tag_map, bad = V.read_tags(store)
         if bad:  # a tag keeps its version: while one cannot be read, nothing is removed
             raise CorruptDatasetError(f"{next(iter(bad.values()))}. A tag keeps its version from vacuum, and dsc cannot "
                                       f"tell which version this one keeps: nothing was removed")
         tagged = set(tag_map.values())
         if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
-            view.show(out, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
+            view.show(store, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
+        leases = V.leased(store, now) if not store.local else {}
         held = []
-        pins_before = set(os.listdir(out / V.PINS)) if (out / V.PINS).is_dir() else set()
         try:
             for k, n in enumerate(have):
                 newest = k >= len(have) - keep
@@ -272,97 +234,100 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                 elif now - superseded < retention:
                     report.recent.append(n)
                     report.kept.append(n)
+                elif n in leases or (store.local and not _lock_unpinned(store, n, held)):
+                    report.pinned.append(n)
+                    report.kept.append(n)
                 else:
-                    fd = V.lock_unpinned(out, n)
-                    if fd is None:
-                        report.pinned.append(n)
-                        report.kept.append(n)
-                    else:
-                        held.append(fd)
-                        report.removed.append(n)
-            used_shards, used_objects = set(), set()
-            for n in report.kept:
-                m = records[n]["manifest"]
-                used_shards |= {s.path for s in L.shard_specs(m)}
-                used_objects |= {f["sha256"] for f in m.files.values()}
-            # Everything the vacuum deletes, records first (a version is gone once its record is); the report
-            # counts the files under these paths as they are now, so it says what the removal frees.
-            doomed = [out / p for n in report.removed for p in (V.record_path(n), f"{V.STAT}/{n}.bin")]
-            doomed += _unused(out, nodes, used_shards, used_objects)
-            doomed += [out / V.PINS / str(n) for n in report.removed if str(n) in pins_before]
-            doomed.append(out / V.TXN)  # under the lock no update runs: an interrupted one's leftovers
-            report.files, report.bytes = _measure(doomed)
+                    report.removed.append(n)
+            doomed = _doomed(store, report, records, nodes, now - retention)
+            report.files = len(doomed)
+            report.bytes = sum(size for _, size in doomed)
+            referenced = _referenced(records)
+            report.leftovers = sum(1 for rel, _ in doomed if not rel.startswith(V.DSC_DIR + "/") or
+                                   rel.startswith(V.OBJECTS + "/")
+                                   if rel not in referenced and "/".join(rel.split("/")[:3]) not in referenced)
             if not dry_run:
-                for p in doomed:
-                    if p.is_dir() and not p.is_symlink():
-                        shutil.rmtree(p, ignore_errors=True)
-                    else:
-                        p.unlink(missing_ok=True)
-                for n in report.removed:  # (the pins this vacuum created to lock the versions it removed)
-                    (out / V.PINS / str(n)).unlink(missing_ok=True)
+                for rel, _ in doomed:  # records first (a version is gone once its record is)
+                    if not rel.startswith(V.TXN + "/"):
+                        store.delete(rel)
+                if store.local:
+                    shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # (os.walk-free: rmtree never follows links)
+                    for node in nodes:
+                        for sub in ("c", "values"):
+                            store.prune(f"{node}/{sub}")
         finally:
-            for fd in held:
-                os.close(fd)
+            for pin in held:
+                import os
+
+                os.close(pin)
     return report
 
 
-def _measure(paths: list[Path]) -> tuple[int, int]:
-    """(files, bytes) under ``paths`` (files, or folders walked without following links): every entry that
-    is not a folder is a file; bytes are those of the regular files."""
-    files = nbytes = 0
-    stack = list(paths)
-    while stack:
-        p = stack.pop()
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            stack += [e.path for e in os.scandir(p)]
-        else:
-            files += 1
-            nbytes += st.st_size if stat.S_ISREG(st.st_mode) else 0
-    return files, nbytes
+def _lock_unpinned(store: Store, n: int, held: list) -> bool:
+    """A folder: lock version n's pin exclusively (kept in ``held`` until the vacuum ends); False if a reader
+    holds it open."""
+    fd = V.lock_unpinned(store.path, n)
+    if fd is None:
+        return False
+    held.append(fd)
+    return True
 
 
-def _unused(out: Path, nodes: set[str], used_shards: set[str], used_objects: set[str]) -> list[Path]:
-    """Shard slot directories (``<node>/c/<slot>``, ``<node>/values/<slot>`` of the fields that have shards)
-    and objects that no kept version uses."""
-    doomed = []
-    for node in sorted(nodes):
+def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str], cutoff: float) -> list[tuple[str, int]]:
+    """Every file the vacuum removes, (path, bytes), records first: the removed versions' records, stat caches,
+    pins and leases; shard slots and objects no kept version uses (in object storage, only those older than
+    ``cutoff``); a folder's interrupted update (under the lock, no update runs)."""
+    used_shards, used_objects = set(), set()
+    for n in report.kept:
+        m = records[n]["manifest"]
+        used_shards |= {s.path for s in L.shard_specs(m)}
+        used_objects |= {f["sha256"] for f in m.files.values()}
+    used_slots = {"/".join(p.split("/")[:3]) for p in used_shards}
+    removed = set(report.removed)
+    out = []
+    for rel, size, _ in store.list_detailed(V.LOG + "/"):
+        name = rel.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) in removed:
+            out.append((rel, size))
+    for prefix in (V.STAT + "/", V.PINS + "/", V.LEASES + "/"):
+        for rel, size, _ in store.list_detailed(prefix):
+            stem = rel[len(prefix):].split("/")[0].split(".")[0]
+            if stem.isdigit() and int(stem) in removed:
+                out.append((rel, size))
+    young = (lambda mtime: False) if store.local else (lambda mtime: mtime > cutoff)
+    for node in nodes:
         for sub in ("c", "values"):
-            d = out / node / sub
-            if not d.is_dir() or d.is_symlink():
-                continue
-            for e in os.scandir(d):
-                if not e.name.isdigit() or not e.is_dir(follow_symlinks=False):
-                    continue
-                slot = f"{node}/{sub}/{e.name}"
-                if not any(s == slot or s.startswith(slot + "/") for s in used_shards):
-                    doomed.append(Path(e.path))
-    objects = out / V.OBJECTS
-    if objects.is_dir():
-        for sub in os.scandir(objects):
-            if not sub.is_dir(follow_symlinks=False):
-                continue  # not dsc's (a stray file, a link): left alone
-            for p in os.scandir(sub.path):
-                if p.name not in used_objects and p.is_file(follow_symlinks=False):
-                    doomed.append(Path(p.path))
-    return doomed
+            for rel, size, mtime in store.list_detailed(f"{node}/{sub}/"):
+                parts = rel.split("/")
+                if len(parts) > 3 and parts[2].isdigit() and "/".join(parts[:3]) not in used_slots and not young(mtime):
+                    out.append((rel, size))
+    for rel, size, mtime in store.list_detailed(V.OBJECTS + "/"):
+        parts = rel.split("/")
+        if len(parts) == 4 and parts[3] not in used_objects and not young(mtime):
+            out.append((rel, size))
+    if store.local:
+        out += [(rel, size) for rel, size, _ in store.list_detailed(V.TXN + "/")]
+    return out
+
+
+def _referenced(records: dict) -> set[str]:
+    """The shard slots and objects of every version in the log (a file outside them is a writer's leftover)."""
+    every = set()
+    for rec in records.values():
+        m = rec["manifest"]
+        every |= {"/".join(s.path.split("/")[:3]) for s in L.shard_specs(m)}
+        every |= {V.object_path(f["sha256"]) for f in m.files.values()}
+    return every
 
 
 def repair_view(out) -> int:
     """Rewrite the top-level plain-Zarr view as the latest version (``dsc verify --repair-view``)."""
-    from .compiler.staging import OutLock
-
-    _local_only(out, "verify --repair-view")
-    root = _root(out)
-    with OutLock(Path(out), "repair"):
-        V.check_private(Path(out))
-        n = V.versions(root)[-1]
-        view.refresh(Path(out), V.read_record(root, n)["manifest"], None)
+    store = _versioned(out)
+    with writing(store, "repair"):
+        n = V.versions(store)[-1]
+        view.refresh(store, V.read_record(store, n)["manifest"], None)
     return n
 
 
-__all__ = ["DEFAULT_RETENTION", "VacuumReport", "log", "manifest_of", "parse_duration", "repair_view", "restore", "tag", "vacuum",
-           "DscError"]
+__all__ = ["DEFAULT_RETENTION", "VacuumReport", "log", "manifest_of", "parse_duration", "repair_view", "restore",
+           "tag", "vacuum", "DscError"]

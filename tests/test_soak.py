@@ -242,6 +242,10 @@ class Writer:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
+            if time.monotonic() - t0 > 120:  # a writer stuck (not a kill of the soak's): fail, never hang
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"the {name} writer ran for 2 minutes without finishing")
             if time.monotonic() >= deadline:
                 os.kill(pid, signal.SIGKILL)
                 _, status = os.waitpid(pid, 0)
@@ -258,7 +262,20 @@ class Writer:
         return False
 
 
+def _quiet_tqdm_monitor() -> None:
+    """The writer is forked from this (threaded) test process: tqdm's monitor thread, started by any earlier
+    progress bar of the session, takes tqdm's lock every few seconds, and a fork while it holds it leaves
+    the child's copy locked forever (the child's first progress bar would wait on it)."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+    if tqdm.tqdm.monitor is not None:
+        tqdm.tqdm.monitor.exit()
+        tqdm.tqdm.monitor = None
+
+
 def test_soak_readers_see_only_committed_content_while_a_writer_is_killed(tmp_path):
+    _quiet_tqdm_monitor()
     rng = random.Random(26)
     src, out = tmp_path / "src", tmp_path / "out"
     source = {}  # key -> seed: what the next update compiles

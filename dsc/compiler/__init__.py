@@ -14,7 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..store import is_url, local_path
+from ..store import open_store
+from ..formats import versions
 from ..formats.versions import source_date_epoch
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
@@ -29,12 +30,11 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     before a possibly long scan, scan, hand the source's warnings to ``warn``, compile (or update: its
     plan goes to ``info``). ``out`` may be a URL (s3://, gs://, az://): see upload.py."""
     source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
-    if is_url(out):
+    store = open_store(out)
+    if not store.local:  # object storage: compiled in a local staging folder, published there (upload.py)
         from .upload import compile_to_url, update_url
-        from ..store import open_store
-        from ..formats.remote import remote_versions
 
-        if options.update and remote_versions(open_store(out)):
+        if options.update and versions.versions(store):
             from .update import update_dataset
 
             def update_local(stage, name):  # (messages name the URL, not the local staging folder)
@@ -51,7 +51,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
                                    source=source, on_unit=on_unit)
 
         return compile_to_url(compile_local, out, options)
-    out = local_path(out)
+    out = store.path
     update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
     if not update:
         check_output(out, options.overwrite)
@@ -70,7 +70,7 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
     n = len(scanned.records)
     if info is not None:
         info(f"{out} does not exist yet: --update would compile its {n:,} inputs as version 0")
-    return CompileReport(path=out if is_url(out) else Path(out), manifest=None, skipped=(), warnings=scanned.warnings,
+    return CompileReport(path=out if not open_store(out).local else Path(out), manifest=None, skipped=(), warnings=scanned.warnings,
                          seconds=0.0, bytes_written=0, plan={"added": n, "removed": 0, "changed": 0, "relabelled": 0,
                                                              "moved": 0, "unchanged": 0, "decoded": n},
                          committed=False, dry_run=True)

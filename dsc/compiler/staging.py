@@ -6,80 +6,18 @@ holds everything until the last step renames it to OUT, so OUT is a complete dat
 from __future__ import annotations
 
 import ctypes
-import errno
-import fcntl
 import os
 import shutil
-import stat
 from pathlib import Path
 
-from ..errors import CompileLockedError, DscError, OutputExistsError
-from ..store.local import _NOFOLLOW, not_ours, refuse_links
+from ..errors import DscError, OutputExistsError
+from ..store.local import OutLock, not_ours, refuse_links  # noqa: F401 - OutLock: the lock every writer holds
 from ..formats.zarr_v3 import read_json
 
 
 def staging_dir(out: Path) -> Path:
     """Where a compile into ``out`` writes until it publishes: ``.OUT.dsc-tmp`` beside OUT."""
     return out.parent / f".{out.name}.dsc-tmp"
-
-
-class OutLock:
-    """The exclusive lock every writer of OUT holds (a compile, an update, a restore, a vacuum):
-    ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock."""
-
-    def __init__(self, out: Path, what: str = "compile"):
-        self.out, self.what = Path(out), what
-        self.path = self.out.parent / f".{self.out.name}.dsc-lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "OutLock":
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
-            fd = self._open()  # writer unlinks it: retry on the new one)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    holder = os.read(fd, 64).decode("utf-8", "replace").strip() or "compile"
-                except OSError:
-                    holder = "compile"
-                os.close(fd)
-                raise CompileLockedError(f"another dsc {holder} is writing {self.out} right now "
-                                         f"(lock {self.path}); wait for it to finish") from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self.fd = fd
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
-                return self
-            os.close(fd)
-
-    def _open(self) -> int:
-        """The lock file, never through a link (a link planted there would have dsc truncate its target), and
-        only a plain file of one name (not a FIFO, a device, a folder, a hard link to another file)."""
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}") from None
-            raise
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-            os.close(fd)
-            raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}")
-        return fd
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
-            os.close(self.fd)  # closing releases the flock
-            self.fd = None
 
 
 class Staging:

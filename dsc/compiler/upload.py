@@ -24,9 +24,8 @@ from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, Vers
 from ..formats import layout as L
 from ..formats import versions, view
 from ..store.local import Root
-from ..formats.zarr_v3 import json_bytes
 from ..store import Store, default_cache_dir, open_store
-from ..formats.remote import fetch_version, remote_versions, url_id
+from ..formats.remote import fetch_version, url_id
 from .staging import is_dsc_dataset, staging_dir
 
 CONNECTIONS = 8
@@ -56,7 +55,7 @@ class Uploader:
         with self.lock:
             if self._committed is None:
                 paths = set()
-                for n in remote_versions(self.store):
+                for n in versions.versions(self.store):
                     rel = versions.record_path(n)
                     paths |= _paths(versions.parse_record(self.store.get(rel), self.store.where(rel), n)["manifest"])
                 self._committed = paths
@@ -158,7 +157,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
     try:
         records = {n: versions.read_record(root, n) for n in nums}
-        remote = remote_versions(store)
+        remote = versions.versions(store)
         published = set()  # versions the bucket has already, with these bytes: their files are all there
         for n in set(nums) & set(remote):
             if store.get(versions.record_path(n)) != bytes(root.read(versions.record_path(n))):
@@ -194,22 +193,14 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
         # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags. A writer
         # that committed a newer version meanwhile writes its own view: this one leaves it alone.
-        still_latest = lambda: remote_versions(store)[-1] <= nums[-1]  # noqa: E731
-        view_is_ours = view_is_ours and still_latest()
-        metas = None
-        if view_is_ours:  # (formats/view.py: chunks under the separator the bucket's view does not use, then metadata)
-            files, metas = view.contents(root, latest, view.other(view.separator(store.get_or_none("zarr.json"))))
-            with ThreadPoolExecutor(CONNECTIONS) as ex:
-                list(ex.map(lambda item: store.put(item[0], bytes(root.read(
-                    versions.object_path(latest.files[item[1]]["sha256"])))), files))
-                list(ex.map(lambda item: store.put(f"{item[0]}/zarr.json", json_bytes(item[1])), metas.items()))
+        still_latest = lambda: versions.versions(store)[-1] <= nums[-1]  # noqa: E731
+        if view_is_ours and still_latest():  # (formats/view.py: chunks, node metadata, the root last)
+            view.refresh(store, latest, None, src=versions.as_store(root), still_latest=still_latest)
             stat = local / versions.STAT / f"{nums[-1]}.bin"
             if stat.is_file():
                 store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
         for name, n in versions.tag_names(root).items():
             store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
-        if view_is_ours and still_latest():  # (the root zarr.json last, checked again)
-            store.put("zarr.json", json_bytes(view.root_json(latest, metas)))
     finally:
         if own:
             uploader.close()
@@ -231,7 +222,7 @@ def pull_for_update(store: Store, dst: Path) -> int:
     """The latest version of the dataset at ``store`` as a local dataset without its shards: the record, its
     objects, the stat cache and the view. An update runs on it (it never reads a base shard: rows it keeps
     are carried over by reference) and ``push`` then uploads only the new version's files. Returns N."""
-    n = remote_versions(store)[-1]
+    n = versions.versions(store)[-1]
     m = fetch_version(store, dst, n)["manifest"]
     _pull_stat(store, dst, n, m)
     view.refresh(dst, m)
@@ -305,27 +296,6 @@ def update_url(update_local, url: str, options):
     return replace(report, path=store.url, uploaded=sent)
 
 
-def restore_url(url: str, version: int | None = None, tag: str | None = None, cache_dir=None) -> int:
-    """``dsc restore`` of a dataset in object storage: a new version whose record lists ``version``'s (or
-    ``tag``'s) shards and objects, which are all in the bucket already, so nothing but the record (by the
-    conditional put: the commit) and the view is written. Returns the new version's number."""
-    from ..versions import restore
-    from ..formats.remote import no_dataset, remote_tags
-
-    store = open_store(url)
-    have = remote_versions(store)
-    if not have:
-        raise no_dataset(store)
-    n_old = versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: have, None)
-    with _run_stage(store, cache_dir) as stage:
-        fetch_version(store, stage, have[-1], objects=False)  # the parent: its record only (a damaged latest
-        m = fetch_version(store, stage, n_old)["manifest"]    # version's files are not needed to restore)
-        _pull_stat(store, stage, n_old, m)  # (the restore keeps it for the next --update)
-        n_new = restore(stage, n_old)
-        push(stage, store.url, progress=False, what="this restore")
-    return n_new
-
-
 def compile_to_url(compile_local, url: str, options):
     """Compile (``compile_local(stage, options, on_unit)``) into a local staging dataset while uploading its
     shards, then publish it at ``url`` (see the module docstring). Returns the compile report."""
@@ -333,7 +303,7 @@ def compile_to_url(compile_local, url: str, options):
         raise ConfigError(f"{url}: --overwrite of a dataset in object storage is not supported; compile to a new "
                           f"URL (versions in object storage are never overwritten)")
     store = open_store(url)
-    existing = remote_versions(store)
+    existing = versions.versions(store)
     stage_root, stage = _stage(store, options.cache_dir, "dataset")
     if existing and not (options.resume and is_dsc_dataset(stage)):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "

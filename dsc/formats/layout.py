@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import DatasetNotFoundError
 from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
-from .zarr_v3 import ZARR_JSON, read_node_json
+from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json
 
 IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
 RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
@@ -51,15 +51,27 @@ def check_shard_files(root, manifest: Manifest) -> None:
 
 
 def read_manifest(root) -> Manifest:
-    """The manifest of the dataset at ``root`` (a path or an open :class:`~dsc.formats.files.Root`)."""
-    root = as_root(root)
+    """The manifest of the dataset at ``root`` (a path, an open :class:`~dsc.store.local.Root`, or a store: the
+    root ``zarr.json`` of its plain-Zarr view)."""
+    from ..store import Store
+
+    if isinstance(root, Store) and not root.local:
+        try:
+            data = root.get(ZARR_JSON, MAX_JSON_BYTES)
+        except FileNotFoundError:
+            raise DatasetNotFoundError(f"{root.url} is not a dsc dataset: it has no zarr.json") from None
+        return _manifest(parse_json(data, root.where(ZARR_JSON)), root.url)
+    root = as_root(root.root if isinstance(root, Store) else root)
     if not root.exists(ZARR_JSON):
         raise DatasetNotFoundError(f"{root.path} is not a dsc dataset: it has no zarr.json "
                                    f"(an interrupted compile never leaves one)")
-    meta = read_node_json(root, "")
-    attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
-        raise DatasetNotFoundError(f"{root.path} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
-    manifest = Manifest.from_dict(attrs["dsc"])
+    manifest = _manifest(read_node_json(root, ""), root.path)
     root.expected = {rel: f["nbytes"] for rel, f in manifest.files.items()}  # every later whole-file read: that size
     return manifest
+
+
+def _manifest(meta, where) -> Manifest:
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
+        raise DatasetNotFoundError(f"{where} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
+    return Manifest.from_dict(attrs["dsc"])

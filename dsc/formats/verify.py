@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import DscError
 from . import layout as L
-from ..store.local import Root
+from ..store import open_store
 from .manifest import Manifest
 from .zarr_v3 import ZARR_JSON, read_string_array
 
@@ -82,14 +82,15 @@ class VerifyReport:
         return sorted({i for p in self.problems for i in p.samples})
 
 
-def _verify_view(view: Root, m: Manifest, P: list) -> None:
+def _verify_view(store, m: Manifest, P: list) -> None:
     """The top-level files a plain Zarr reader opens are the latest version's (copies of its objects; see
     formats/view.py)."""
     from .view import expected
     from .zarr_v3 import read_node_json
 
+    view = store.files()
     try:
-        want, root = expected(view, m)
+        want, root = expected(store, m)
     except DscError:
         return  # the version's own files are damaged: reported below
     stale = []
@@ -114,18 +115,18 @@ def _verify_view(view: Root, m: Manifest, P: list) -> None:
                          f"rewrites the view", view=True))
 
 
-def _verify_tags(root: Root, have: list[int], P: list) -> None:
+def _verify_tags(store, have: list[int], P: list) -> None:
     """Every tag file is readable and names a version the dataset has."""
     from .versions import TAGS, read_tags
 
-    good, bad = read_tags(root)
+    good, bad = read_tags(store)
     for name, problem in bad.items():
         P.append(Problem(f"tag {name!r}", problem, tag=True))
     for name, n in good.items():
         if n not in have:
-            P.append(Problem(f"tag {name!r}", f"{root / TAGS}/{name}.json names version {n}, which the dataset does "
-                                              f"not have; remove the tag with `dsc tag {root.path} {name} --delete`",
-                             tag=True))
+            P.append(Problem(f"tag {name!r}", f"{store.where(TAGS)}/{name}.json names version {n}, which the dataset "
+                                              f"does not have; remove the tag with `dsc tag {store.url} {name} "
+                                              f"--delete`", tag=True))
 
 
 def try_read(problems: list[Problem], rel: str, fn):
@@ -139,32 +140,30 @@ def try_read(problems: list[Problem], rel: str, fn):
 
 def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) -> VerifyReport:
     """Check ``version`` (default: the latest) of the dataset at ``path``; for the latest, also that the
-    top-level plain-Zarr view shows it. ``path`` may be a URL: every shard is streamed from object storage
-    and hashed (``cache_dir`` keeps the small files' mirror)."""
+    top-level plain-Zarr view shows it. ``path`` may be a URL: the same checks, every file streamed from
+    object storage and hashed, one shard in memory at a time (``cache_dir`` is accepted for compatibility)."""
     from . import versions
-    from ..store import is_url
-
-    if is_url(path):
-        from ..runtime.remote import verify_remote
-
-        return verify_remote(path, version, cache_dir)
     from .fields import fields_of
     from .zarr_v3 import read_plain_array
 
-    root = Root(path)
+    store = open_store(path)
     latest = None
-    if versions.is_versioned(root):
-        record, _pin = versions.open_version(root, version)  # raises on a missing / damaged / newer manifest
+    pin = None
+    if versions.is_versioned(store):
+        record, pin = versions.open_version(store, version)  # raises on a missing / damaged / newer manifest
         m: Manifest = record["manifest"]
-        latest = versions.versions(root)[-1]
+        latest = versions.versions(store)[-1]
+        root = versions.version_files(store, m)
     else:
+        root = store.files()
         m = L.read_manifest(root)
-    report = VerifyReport(Path(path), [], version=None if m.version is None else m.version["number"])
+    report = VerifyReport(store.path if store.local else store.url, [],
+                          version=None if m.version is None else m.version["number"])
     P = report.problems
     if m.version is not None and m.version["number"] == latest:
-        _verify_view(Root(path), m, P)
+        _verify_view(store, m, P)
     if m.version is not None:
-        _verify_tags(root, versions.versions(root), P)
+        _verify_tags(store, versions.versions(store), P)
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():
@@ -197,4 +196,6 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     shards = L.shard_specs(m)
     report.shards_checked = len(shards)
     report.bytes_hashed += sum(s.nbytes for s in shards)
+    if pin is not None:
+        pin.release()
     return report

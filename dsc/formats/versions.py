@@ -29,7 +29,8 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, CorruptDatasetError, VersionConflictError, VersionNotFoundError
+from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, VersionConflictError, VersionNotFoundError
+from ..store import LocalStore, Store, open_store
 from ..store.local import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
 from .manifest import Manifest
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
@@ -39,7 +40,9 @@ LOG = "_dsc/log"
 OBJECTS = "_dsc/objects"
 TAGS = "_dsc/tags"
 PINS = "_dsc/pins"
+LEASES = "_dsc/leases"
 TXN = "_dsc/txn"
+LEASE_SECONDS = 7 * 86400.0  # a reader's lease on a version in object storage (renewed while it reads)
 _RECORD = re.compile(r"^(0|[1-9][0-9]{0,8})\.json$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RECORD_KEYS = {"version", "parent", "created", "operation", "summary", "next_slot", "manifest"}
@@ -54,43 +57,57 @@ def record_path(n: int) -> str:
     return f"{LOG}/{n}.json"
 
 
-def is_versioned(root: Root) -> bool:
+def as_store(where) -> Store:
+    """The store of a dataset given as a Store, an open :class:`Root`, a path or a URL."""
+    if isinstance(where, Store):
+        return where
+    if isinstance(where, Root):
+        return LocalStore.of(where)
+    return open_store(where)
+
+
+def is_versioned(where) -> bool:
     """Whether the dataset keeps versions (compiled by a dsc with versions); older ones are version-less."""
-    try:
-        fd = root.open_dir(LOG)
-    except (CorruptDatasetError, FileNotFoundError):
-        return False
-    os.close(fd)
-    return True
+    store = as_store(where)
+    return store.has_folder(LOG) if store.local else bool(versions(store))
 
 
-def versions(root: Root) -> list[int]:
+def versions(where) -> list[int]:
     """The committed version numbers, ascending (vacuumed ones are absent)."""
-    try:
-        fd = root.open_dir(LOG)
-    except (CorruptDatasetError, FileNotFoundError):
-        return []
-    try:
-        names = os.listdir(fd)
-    finally:
-        os.close(fd)
-    return sorted(int(m.group(1)) for m in map(_RECORD.match, names) if m)
+    out = []
+    for rel, _ in as_store(where).list(LOG + "/"):
+        parts = rel.split("/")
+        m = _RECORD.match(parts[-1])
+        if m and len(parts) == 3:
+            out.append(int(m.group(1)))
+    return sorted(out)
 
 
-def read_record(root: Root, n: int) -> dict:
+def no_dataset(store: Store) -> DatasetNotFoundError:
+    return DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {LOG}/); compile one with "
+                                f"`dsc compile ... {store.url}`")
+
+
+def read_record(where, n: int) -> dict:
     """Version ``n``'s record, parsed and checked (its manifest too: ``record["manifest"]`` is a Manifest)."""
+    return read_record_bytes(where, n)[0]
+
+
+def read_record_bytes(where, n: int) -> tuple[dict, bytes]:
+    """(record, the record file's bytes) of version ``n`` (see ``read_record``)."""
+    store = as_store(where)
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise VersionNotFoundError(f"{root.path}: a version is a number 0, 1, 2...; got {n!r}")
+        raise VersionNotFoundError(f"{store.url}: a version is a number 0, 1, 2...; got {n!r}")
     try:
-        data = root.read(record_path(n), MAX_JSON_BYTES)
-    except CorruptDatasetError as e:
-        if "is missing" in str(e):
-            have = versions(root)
-            raise VersionNotFoundError(
-                f"{root.path} has no version {n} (" + (f"versions: {_ranges(have)}" if have else "no versions")
-                + "; `dsc log` lists them; a version removed by `dsc vacuum` is gone)") from None
-        raise
-    return parse_record(data, root / record_path(n), n)
+        data = store.get(record_path(n), MAX_JSON_BYTES)
+    except FileNotFoundError:
+        have = versions(store)
+        if not have and not store.local:
+            raise no_dataset(store) from None
+        raise VersionNotFoundError(
+            f"{store.url} has no version {n} (" + (f"versions: {_ranges(have)}" if have else "no versions")
+            + "; `dsc log` lists them; a version removed by `dsc vacuum` is gone)") from None
+    return parse_record(data, store.where(record_path(n)), n), data
 
 
 def parse_record(data: bytes, where, n: int) -> dict:
@@ -134,23 +151,19 @@ def _ranges(nums: list[int]) -> str:
     return ", ".join(out)
 
 
-def read_tags(root: Root) -> tuple[dict[str, int], dict[str, str]]:
+def read_tags(where) -> tuple[dict[str, int], dict[str, str]]:
     """({tag: version}, {tag: what is wrong with its file}): a damaged tag file breaks only its own tag."""
-    try:
-        fd = root.open_dir(TAGS)
-    except FileNotFoundError:
-        return {}, {}
-    try:
-        names = sorted(os.listdir(fd))
-    finally:
-        os.close(fd)
+    store = as_store(where)
     good, bad = {}, {}
-    for name in names:
+    for rel, size in store.list(TAGS + "/"):
+        name = rel[len(TAGS) + 1:]
         if name.endswith(".json") and _TAG.match(name[:-5]):
             try:
-                good[name[:-5]] = parse_tag(root.read(f"{TAGS}/{name}", 1 << 16), root / f"{TAGS}/{name}")
+                good[name[:-5]] = parse_tag(store.get(rel, 1 << 16), store.where(rel))
+            except FileNotFoundError:  # deleted since the listing
+                continue
             except CorruptDatasetError as e:
-                bad[name[:-5]] = f"{e}; fix it, or remove the tag with `dsc tag {root.path} {name[:-5]} --delete`"
+                bad[name[:-5]] = f"{e}; fix it, or remove the tag with `dsc tag {store.url} {name[:-5]} --delete`"
     return good, bad
 
 
@@ -164,9 +177,9 @@ def parse_tag(data: bytes, where) -> int:
     return n
 
 
-def tag_names(root: Root) -> dict[str, int]:
+def tag_names(where) -> dict[str, int]:
     """{tag: version} of the tags whose files are readable (``read_tags`` also says which are not)."""
-    return read_tags(root)[0]
+    return read_tags(where)[0]
 
 
 def check_tag(name: str) -> str:
@@ -177,35 +190,27 @@ def check_tag(name: str) -> str:
     return name
 
 
-def resolve(root: Root, version: int | None = None, tag: str | None = None) -> int:
-    """The version to open: ``version``, the version ``tag`` names, or the latest."""
-    def tags():
-        good, bad = read_tags(root)
-        if tag in bad:
-            raise CorruptDatasetError(bad[tag])
-        return good
-    return choose(root.path, version, tag, tags, lambda: versions(root),
-                  lambda: CorruptDatasetError(f"{root.path}: its version log is empty; the dataset is damaged"))
-
-
-def choose(where, version: int | None, tag: str | None, tags, have, empty) -> int:
-    """``version``, the version ``tag`` names in ``tags()``, or the last of ``have()`` (``empty()`` is raised
-    when there is none); ``where`` names the dataset in errors. Local and remote datasets alike."""
-    from ..errors import ConfigError
-
+def resolve(where, version: int | None = None, tag: str | None = None) -> int:
+    """The version to open: ``version``, the version ``tag`` names, or the latest. The one version choice,
+    for a folder and for object storage alike."""
+    store = as_store(where)
     if version is not None and tag is not None:
         raise ConfigError("give a version or a tag, not both")
     if tag is not None:
-        names = tags()
-        if check_tag(tag) not in names:
-            raise VersionNotFoundError(f"{where} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(names))})"
-                                                                       if names else " (it has no tags)"))
-        return names[tag]
+        good, bad = read_tags(store)
+        if check_tag(tag) in bad:
+            raise CorruptDatasetError(bad[tag])
+        if tag not in good:
+            raise VersionNotFoundError(f"{store.url} has no tag {tag!r}" + (f" (tags: {', '.join(sorted(good))})"
+                                                                          if good else " (it has no tags)"))
+        return good[tag]
     if version is not None:
         return version
-    nums = have()
+    nums = versions(store)
     if not nums:
-        raise empty()
+        if not store.local:
+            raise no_dataset(store)
+        raise CorruptDatasetError(f"{store.url}: its version log is empty; the dataset is damaged")
     return nums[-1]
 
 
@@ -232,6 +237,60 @@ class Pin:
 
     def __del__(self):
         self.release()
+
+
+class Lease:
+    """A reader of version N of a dataset in object storage, where there is no flock: the object
+    ``_dsc/leases/<N>/<id>.json`` holding when it expires. ``dsc vacuum URL`` keeps every version with an
+    unexpired lease; the reader removes its lease when it closes (a reader that died leaves one that expires,
+    after ``LEASE_SECONDS``; ``renew`` pushes the expiry on for long runs)."""
+
+    def __init__(self, store: Store, n: int, seconds: float = LEASE_SECONDS):
+        import secrets
+
+        from ..errors import CredentialsError
+
+        self.store, self.n, self.seconds = store, n, seconds
+        self.rel = f"{LEASES}/{n}/{secrets.token_hex(8)}.json"
+        try:
+            self.renew()
+        except CredentialsError:  # read-only credentials: read without a lease (the retention period protects)
+            self.rel = None
+
+    def renew(self) -> None:
+        if self.rel is not None:
+            self.expires = time.time() + self.seconds
+            self.store.put(self.rel, json.dumps({"version": self.n, "expires": self.expires}).encode())
+
+    def release(self) -> None:
+        rel, self.rel = getattr(self, "rel", None), None
+        if rel is not None:
+            try:
+                self.store.delete(rel, best_effort=True)
+            except Exception:  # noqa: BLE001 - the lease expires anyway
+                pass
+
+    def __del__(self):
+        self.release()
+
+
+def leased(store: Store, now: float | None = None) -> dict[int, float]:
+    """{version: the latest expiry of its unexpired leases} (see :class:`Lease`); a damaged lease counts as held
+    for the retention period from its upload."""
+    now = time.time() if now is None else now
+    out: dict[int, float] = {}
+    for rel, size, mtime in store.list_detailed(LEASES + "/"):
+        parts = rel.split("/")
+        if len(parts) != 4 or not parts[2].isdigit():
+            continue
+        try:
+            expires = float(json.loads(store.get(rel, 1 << 12))["expires"])
+        except (ValueError, KeyError, TypeError, FileNotFoundError, CorruptDatasetError):
+            expires = mtime + LEASE_SECONDS
+        if expires > now:
+            n = int(parts[2])
+            out[n] = max(out.get(n, 0.0), expires)
+    return out
 
 
 _PIN_FIX = "Remove it (dsc makes its pin files again as readers open versions)"
@@ -268,20 +327,22 @@ def lock_unpinned(path: Path, n: int) -> int | None:
     return fd
 
 
-def open_version(root: Root, version: int | None = None, tag: str | None = None) -> tuple[dict, Pin]:
-    """Pin, then read, version ``version`` / ``tag`` / the latest, and point ``root`` at its files (its small
-    files are read from their objects, whatever the top-level view shows)."""
+def open_version(where, version: int | None = None, tag: str | None = None) -> tuple[dict, "Pin | Lease"]:
+    """Pin (a folder) or lease (object storage), then read, version ``version`` / ``tag`` / the latest; a local
+    dataset's folder then reads that version's small files from their objects, whatever the view shows."""
+    store = as_store(where)
     for attempt in range(8):
-        n = resolve(root, version, tag)
-        pin = Pin(root.path, n)
+        n = resolve(store, version, tag)
+        pin = Pin(store.path, n) if store.local else Lease(store, n)
         try:
-            rec = read_record(root, n)  # after the pin: a vacuum that removed N meanwhile has removed this record
+            rec = read_record(store, n)  # after the pin: a vacuum that removed N meanwhile has removed this record
         except VersionNotFoundError:
             pin.release()
             if version is not None or attempt == 7:
                 raise
             continue  # the latest (or the tagged) version was superseded and vacuumed meanwhile: resolve again
-        use(root, rec["manifest"])
+        if store.local:
+            use(store.root, rec["manifest"])
         return rec, pin
     raise AssertionError("unreachable")
 
@@ -300,9 +361,17 @@ def check_private(path: Path, nodes=()) -> None:
                                   f"Replace it with the directory it should be")
 
 
-def use(root: Root, m: Manifest) -> None:
+def use(root, m: Manifest) -> None:
+    """Point ``root`` (a Root, or a store's Files) at version ``m``'s small files: their content objects."""
     root.redirect = {rel: object_path(f["sha256"]) for rel, f in m.files.items()}
     root.expected = {rel: f["nbytes"] for rel, f in m.files.items()}
+
+
+def version_files(store: Store, m: Manifest):
+    """The files of version ``m`` of the dataset in ``store`` (small files read from their objects)."""
+    files = store.files()
+    use(files, m)
+    return files
 
 
 def source_date_epoch() -> int | None:
@@ -378,23 +447,28 @@ def record_json(n: int, parent: int | None, operation: str, summary: dict, next_
             "manifest": {**m.to_dict(), "checksum": m.checksum()}}
 
 
-def commit(root: Path, record: dict) -> None:
-    """Create ``log/<N>.json`` if no one did: write a private file, flush it, link it in (link fails on an
-    existing name: put-if-absent, the same rule Delta's log relies on)."""
+def commit(where, record: dict) -> None:
+    """Create ``log/<N>.json`` if no one did: the store's put-if-absent (a private file linked in, locally; a
+    conditional put, in object storage), the same rule Delta's log relies on."""
+    store = as_store(where)
     n = record["version"]
     data = (json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
     try:
-        write_atomic(root / LOG / f"{n}.json", data, root, sync=True, create_only=True)
+        store.put_if_absent(record_path(n), data)
     except FileExistsError:
-        raise VersionConflictError(f"{root}: another update committed version {n} first; nothing of this update "
+        raise VersionConflictError(f"{store.url}: another writer committed version {n} first; nothing of this run "
                                    f"was published. Run it again to apply it on top of version {n}") from None
 
 
-def write_tag(root: Path, name: str, n: int) -> None:
+def write_tag(where, name: str, n: int) -> None:
     check_tag(name)
-    write_atomic(root / TAGS / f"{name}.json", (json.dumps({"version": n, "created": now()}) + "\n").encode(), root)
+    as_store(where).put(f"{TAGS}/{name}.json", (json.dumps({"version": n, "created": now()}) + "\n").encode())
 
 
-__all__ = ["DSC_DIR", "LOG", "OBJECTS", "Pin", "commit", "is_versioned", "lock_unpinned", "object_path",
-           "open_version", "read_record", "read_tags", "record_json", "resolve", "store_objects", "tag_names",
-           "versions", "write_tag"]
+def delete_tag(where, name: str) -> None:
+    as_store(where).delete(f"{TAGS}/{check_tag(name)}.json")
+
+
+__all__ = ["DSC_DIR", "LOG", "OBJECTS", "Pin", "as_store", "commit", "delete_tag", "is_versioned", "lock_unpinned",
+           "no_dataset", "object_path", "open_version", "read_record", "read_tags", "record_json", "resolve",
+           "store_objects", "tag_names", "versions", "write_tag"]

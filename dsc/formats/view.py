@@ -16,6 +16,8 @@ written so that a kill at any moment leaves one version's view, never arrays of 
 The shards are not the view's (they sit at their slots, shared by every version); the view's files are copies
 of the version's objects, never their inodes, so a plain Zarr writer changing the view cannot change a
 version. Only the metadata of the alternating arrays differs from its object: its chunk-key separator.
+
+Everything here goes through a :class:`~dsc.store.Store`: a folder and a bucket get the same view.
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ import os
 from pathlib import Path
 
 from ..errors import CorruptDatasetError, DscError
-from ..store.local import Root, not_ours, remove_file, write_atomic
+from ..store import Store
+from ..store.local import not_ours
 from .layout import read_manifest
 from .manifest import Manifest
-from .versions import object_path
+from .versions import as_store, object_path
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
 
 
@@ -87,85 +90,100 @@ def other(sep: str) -> str:
     return "." if sep == "/" else "/"
 
 
-def contents(r: Root, m: Manifest, sep: str) -> tuple[list[tuple[str, str]], dict[str, dict]]:
+def contents(src, m: Manifest, sep: str) -> tuple[list[tuple[str, str]], dict[str, dict]]:
     """The view of ``m`` with chunk separator ``sep``: its files that are not metadata as (view path, the
     version's file they copy), and every node's metadata as the view shows it ({node: dict}; each is written
     as ``<node>/zarr.json`` and into the root's consolidated metadata). Node metadata is read from the
-    version's objects in ``r``."""
+    version's objects in the store ``src``."""
+    src = as_store(src)
     alt = alternating(m)
     files, metas = [], {}
     for rel, f in m.files.items():
         if rel.endswith(f"/{ZARR_JSON}"):
             node = rel[:-len(ZARR_JSON) - 1]
             obj = object_path(f["sha256"])
-            metas[node] = node_meta(bytes(r.read(obj, MAX_JSON_BYTES)), node, sep, alt, r / obj)
+            metas[node] = node_meta(src.get(obj, MAX_JSON_BYTES), node, sep, alt, src.where(obj))
         else:
             files.append((view_path(rel, sep, alt), rel))
     return files, metas
 
 
-def write_root(root: Path, m: Manifest) -> None:
+def write_root(where, m: Manifest) -> None:
     """The root ``zarr.json`` of a fresh compile (the files beside it are its view, separator ``/``)."""
-    r = Root(root)
-    metas = {rel[:-len(ZARR_JSON) - 1]: node_meta(r.read(rel, MAX_JSON_BYTES), "", "/", set(), root / rel)
+    store = as_store(where)
+    metas = {rel[:-len(ZARR_JSON) - 1]: node_meta(store.get(rel, MAX_JSON_BYTES), "", "/", set(), store.where(rel))
              for rel in m.files if rel.endswith(f"/{ZARR_JSON}")}
-    write_atomic(root / ZARR_JSON, json_bytes(root_json(m, metas)), root)
+    store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
 
 
-def current(r: Root) -> str:
-    """The chunk separator of the view at ``r`` now."""
+def current(where) -> str:
+    """The chunk separator of the view at ``where`` now."""
     try:
-        return separator(bytes(r.read(ZARR_JSON, MAX_JSON_BYTES)))
-    except DscError:
+        return separator(as_store(where).get(ZARR_JSON, MAX_JSON_BYTES))
+    except (DscError, FileNotFoundError):
         return "/"
 
 
-def refresh(root: Path, m: Manifest, old: Manifest | None = None) -> None:
-    """Make the view show ``m`` (see the module docstring): the chunks under the separator the current view
-    does not use, then each node's metadata, then the root; then the files of the previous view (``old``)
-    that ``m`` has no node for are removed. Anything in the way that dsc did not make (a link) is refused."""
-    r = Root(root)
-    cur = current(r)
+def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None = None,
+            still_latest=lambda: True) -> None:
+    """Make the view at ``where`` show ``m`` (see the module docstring): the chunks under the separator the
+    current view does not use, then each node's metadata, then the root; then the files of the previous view
+    (``old``) that ``m`` has no node for are removed. The version's objects are read from ``src`` (default:
+    the same store; a push reads them from the local copy). ``still_latest()`` is asked before the root is
+    switched: a writer overtaken by a newer commit leaves the newer view alone. Anything in the way that dsc
+    did not make (a link) is refused."""
+    store = as_store(where)
+    src = store if src is None else src
+    cur = current(store)
     for rel, f in m.files.items():
-        if not r.exists(object_path(f["sha256"])):
-            _recover_object(root, r, rel, f, cur, alternating(m))
-    files, metas = contents(r, m, other(cur))
+        if not src.stat(object_path(f["sha256"])):
+            _recover_object(src, rel, f, cur, alternating(m))
+    files, metas = contents(src, m, other(cur))
+    if not still_latest():  # (asked before each step: the chunks, the nodes' metadata, the root)
+        return
     for path, rel in files:
-        with r.open(object_path(m.files[rel]["sha256"])) as src:
-            write_atomic(root / path, src, root)
+        store.put(path, src.get(object_path(m.files[rel]["sha256"])))
+    if not still_latest():
+        return
     for node, meta in metas.items():
-        write_atomic(root / node / ZARR_JSON, json_bytes(meta), root)
-    write_atomic(root / ZARR_JSON, json_bytes(root_json(m, metas)), root)
+        store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
+    if not still_latest():
+        return
+    store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
     if old is not None:  # files of nodes this version does not have (a ragged slot no longer used)
         for rel in set(old.files) - set(m.files):
-            remove_file(root / view_path(rel, cur, alternating(old)), root)
+            store.delete(view_path(rel, cur, alternating(old)))
 
 
-def check(root: Path, m: Manifest) -> None:
+def check(where, m: Manifest) -> None:
     """Before a writer commits: every folder the view of ``m`` writes into is a plain folder (or absent), so a
-    link there is refused before anything is committed, not after."""
+    link there is refused before anything is committed, not after. (Object storage has no links.)"""
+    store = as_store(where)
+    if not store.local:
+        return
     folders = {p for rel in m.files for p in Path(rel).parents if p != Path(".")}
     for folder in sorted(folders, key=lambda p: len(p.parts)):
-        path = root / folder
+        path = store.path / folder
         if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
             raise not_ours(path, "a folder of the dataset's plain-Zarr view")
 
 
-def show(root: Path, m: Manifest) -> None:
+def show(where, m: Manifest, still_latest=lambda: True) -> None:
     """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
-    restore)."""
+    restore); see ``refresh``."""
+    store = as_store(where)
     try:
-        old = read_manifest(root)
+        old = read_manifest(store)
     except DscError:
         old = None
     if old is None or old.checksum() != m.checksum():
-        refresh(root, m, old)
+        refresh(store, m, old, still_latest=still_latest)
 
 
-def expected(r: Root, m: Manifest) -> tuple[dict, dict]:
-    """What ``dsc verify`` compares the view at ``r`` with: ({view path: (nbytes, sha256)}, the root zarr.json
-    as parsed), for the separator the view uses now."""
-    files, metas = contents(r, m, current(r))
+def expected(where, m: Manifest) -> tuple[dict, dict]:
+    """What ``dsc verify`` compares the view at ``where`` with: ({view path: (nbytes, sha256)}, the root
+    zarr.json as parsed), for the separator the view uses now."""
+    files, metas = contents(where, m, current(where))
     want = {path: (m.files[rel]["nbytes"], m.files[rel]["sha256"]) for path, rel in files}
     for node, meta in metas.items():
         data = json_bytes(meta)
@@ -173,24 +191,24 @@ def expected(r: Root, m: Manifest) -> tuple[dict, dict]:
     return want, root_json(m, metas)
 
 
-def _recover_object(root: Path, r: Root, rel: str, f: dict, sep: str, alt: set[str]) -> None:
+def _recover_object(store: Store, rel: str, f: dict, sep: str, alt: set[str]) -> None:
     """A version's object is missing: take it back from the view when the view has its exact bytes."""
     obj = object_path(f["sha256"])
     for path in dict.fromkeys((view_path(rel, sep, alt), rel)):
         try:
-            data = bytes(r.read(path))
-        except DscError:
+            data = store.get(path)
+        except (DscError, FileNotFoundError):
             continue
         if rel.endswith(ZARR_JSON) and rel[:-len(ZARR_JSON) - 1] in alt:  # the view's differs by its separator
             try:
-                data = json_bytes(node_meta(data, rel[:-len(ZARR_JSON) - 1], "/", alt, root / path))
+                data = json_bytes(node_meta(data, rel[:-len(ZARR_JSON) - 1], "/", alt, store.where(path)))
             except DscError:
                 continue
         if len(data) == f["nbytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]:
-            write_atomic(root / obj, data, root)
+            store.put(obj, data)
             return
-    raise CorruptDatasetError(f"{root / obj} (the content of {rel} in the latest version) is missing and no copy has "
-                              f"its bytes; the version is damaged: `dsc restore` an intact version (dsc verify "
+    raise CorruptDatasetError(f"{store.where(obj)} (the content of {rel} in the latest version) is missing and no copy "
+                              f"has its bytes; the version is damaged: `dsc restore` an intact version (dsc verify "
                               f"--version N checks one), or recompile")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import os
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..formats import layout as L
 from ..formats import versions
 from ..formats.coords import invert_affine
 from ..store.local import Root
-from ..store import is_url, local_path
+from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
@@ -65,17 +64,18 @@ class Dataset(torch.utils.data.Dataset):
         check_forms(boxes, images)
         self.box_form, self.image_form = boxes, images
         self._record = None
-        if is_url(path):  # object storage: small files fetched now, shards through the local cache (remote.py)
+        store = open_store(path, retry_seconds)
+        if not store.local:  # object storage: small files fetched now, shards through the local cache (remote.py)
             from .remote import open_remote
 
-            self.path = path.rstrip("/")
-            self._record, self.storage = open_remote(self.path, version, tag, cache_dir, cache_limit, retry_seconds)
+            self.path = store.url
+            self._record, self.storage = open_remote(store, version, tag, cache_dir, cache_limit, retry_seconds)
             self.manifest: Manifest = self._record["manifest"]
         else:
             if cache_dir is not None or cache_limit is not None:
                 raise ConfigError("cache_dir and cache_limit are for datasets in object storage (s3://, gs://, "
                                   "az://); a local dataset is read in place")
-            self.path = Path(local_path(path))
+            self.path = store.path
             self.storage = self._open_local(version, tag)
         m = self.manifest
         self.fields = fields_of(m)

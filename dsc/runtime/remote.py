@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError
+from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError, VersionNotFoundError
 from ..formats import layout as L
 from ..formats import versions
 from ..store.local import Root, map_fd
-from ..store import Sha256Sink, Store, open_store
-from ..formats.remote import fetch_version, no_dataset, remote_tags, remote_versions, url_id, write_atomic
+from ..store import Store, open_store
+from ..formats.remote import fetch_version, url_id, write_atomic
 from .cache import Held, ShardCache
 from .storage import Storage
 
@@ -54,17 +54,14 @@ def mirror_dir(cache: ShardCache, url: str) -> Path:
     return d
 
 
-def resolve(store: Store, version: int | None, tag: str | None) -> int:
-    return versions.choose(store.url, version, tag, lambda: remote_tags(store), lambda: remote_versions(store),
-                           lambda: no_dataset(store))
-
-
-def _opened(url: str, version, tag, cache_dir, cache_limit, retry_seconds, offline_version):
-    """(record, mirror Root pointed at the version's small files, store, cache) of the dataset at ``url``."""
+def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_version):
+    """(record, mirror Root pointed at the version's small files, store, cache, lease) of the dataset at
+    ``where`` (a URL or its store). A first open leases the version (``versions.Lease``: vacuum keeps it while
+    this handle lives); a re-opening process (``offline_version``) reads under its parent's lease."""
     cache = ShardCache(cache_dir, cache_limit)
-    store = open_store(url, retry_seconds)
-    mirror = mirror_dir(cache, url)
-    rec = None
+    store = where if isinstance(where, Store) else open_store(where, retry_seconds)
+    mirror = mirror_dir(cache, store.url)
+    rec = lease = None
     if offline_version is not None:  # a re-opening process: the local copy, when it is complete
         try:
             rec = versions.read_record(Root(mirror), offline_version)
@@ -72,20 +69,33 @@ def _opened(url: str, version, tag, cache_dir, cache_limit, retry_seconds, offli
                 rec = None
         except DscError:
             rec = None
-    if rec is None:
-        rec = fetch_version(store, mirror, resolve(store, offline_version if offline_version is not None else version,
-                                                   tag))
+    for attempt in range(8):
+        if rec is not None:
+            break
+        n = versions.resolve(store, offline_version if offline_version is not None else version, tag)
+        lease = versions.Lease(store, n) if offline_version is None else None
+        try:  # after the lease: a vacuum that removed n meanwhile has removed its record
+            rec = fetch_version(store, mirror, n)
+        except VersionNotFoundError:
+            if lease is not None:
+                lease.release()
+            if version is not None or offline_version is not None or attempt == 7:
+                raise
     root = Root(mirror)
     versions.use(root, rec["manifest"])
-    return rec, root, store, cache
+    return rec, root, store, cache, lease
 
 
-def open_remote(url: str, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,
+def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,
                 retry_seconds: float | None = None, offline_version: int | None = None):
-    """(record, RemoteStorage) of the dataset at ``url``. ``offline_version``: a re-opening process (a
-    DataLoader worker) reads that version from the local mirror when it has it, without the network."""
-    rec, root, store, cache = _opened(url, version, tag, cache_dir, cache_limit, retry_seconds, offline_version)
-    return rec, RemoteStorage(root, store, cache, rec["manifest"], retry_seconds)
+    """(record, RemoteStorage) of the dataset at ``where`` (a URL or its store). ``offline_version``: a
+    re-opening process (a DataLoader worker) reads that version from the local mirror when it has it, without
+    the network."""
+    rec, root, store, cache, lease = _opened(where, version, tag, cache_dir, cache_limit, retry_seconds,
+                                             offline_version)
+    storage = RemoteStorage(root, store, cache, rec["manifest"], retry_seconds)
+    storage._pin = lease  # released when the storage closes
+    return rec, storage
 
 
 class RemoteStorage(Storage):
@@ -283,6 +293,9 @@ class RemoteStorage(Storage):
             self._idle.clear()
         for h in held:
             h.close()
+        lease, self._pin = self._pin, None
+        if lease is not None:
+            lease.release()
 
     def __del__(self):
         try:
@@ -298,8 +311,8 @@ class RemoteStorage(Storage):
         """A spawned DataLoader worker re-opens the same version (from the local mirror, no network needed);
         a failure is raised at its first read (see Storage.__setstate__)."""
         try:
-            rec, root, store, cache = _opened(state["url"], None, None, state["cache_dir"], state["cache_limit"],
-                                              state["retry_seconds"], offline_version=state["version"])
+            rec, root, store, cache, _ = _opened(state["url"], None, None, state["cache_dir"], state["cache_limit"],
+                                                 state["retry_seconds"], offline_version=state["version"])
             if rec["manifest"].checksum() != state["checksum"]:
                 raise CorruptDatasetError(f"{state['url']}: version {state['version']} is not the one the parent "
                                           f"opened; open it again")
@@ -350,60 +363,6 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
             bar.update(1)
     storage.close()
     return counts
-
-
-def verify_remote(url: str, version: int | None = None, cache_dir=None):
-    """``dsc verify URL``: every small file (checked against its SHA-256 as it is fetched), the invariants a
-    reader checks at open, and every shard streamed from object storage and hashed (nothing trusted from
-    the local cache)."""
-    from ..formats.verify import Problem, VerifyReport
-    from .dataset import Dataset
-
-    rec, storage = open_remote(url, version, None, cache_dir)
-    m = rec["manifest"]
-    report = VerifyReport(url, [], version=m.version["number"] if m.version else None)
-    report.files_checked = len(m.files)
-    report.bytes_hashed = sum(f["nbytes"] for f in m.files.values())
-    try:
-        Dataset(url, version=report.version, cache_dir=cache_dir)
-    except DscError as e:
-        report.problems.append(Problem(url, str(e)))
-    specs = list(storage.specs.values())
-
-    def one(spec):
-        digest = Sha256Sink()
-        try:
-            n = storage.store.download(spec.path, _Discard(), digest, spec.nbytes)
-        except FileNotFoundError:
-            return Problem(storage.store.where(spec.path), "is missing from object storage")
-        except CorruptDatasetError as e:
-            return Problem(storage.store.where(spec.path), str(e))
-        if n != spec.nbytes or digest.hexdigest() != spec.sha256:
-            return Problem(storage.store.where(spec.path), f"does not match the manifest ({n:,} bytes, expected "
-                                                          f"{spec.nbytes:,}; or its SHA-256 differs)")
-        return None
-
-    with ThreadPoolExecutor(CONNECTIONS) as ex:
-        for problem in ex.map(one, specs):
-            if problem is not None:
-                report.problems.append(problem)
-    report.shards_checked = len(specs)
-    report.bytes_hashed += sum(s.nbytes for s in specs)
-    storage.close()
-    return report
-
-
-class _Discard:
-    """A file that keeps nothing (hashing a download without storing it)."""
-
-    def seek(self, *a):
-        return 0
-
-    def write(self, b):
-        return len(b)
-
-    def truncate(self, *a):
-        return 0
 
 
 def cache_list(cache_dir=None) -> dict:

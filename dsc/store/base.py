@@ -14,6 +14,13 @@ from pathlib import Path
 from typing import Callable
 
 
+from ..errors import CorruptDatasetError
+
+
+class MissingFile(CorruptDatasetError, FileNotFoundError):
+    """A file of the dataset is not there (as opposed to there but unsafe or unreadable)."""
+
+
 class Store:
     """One dataset's prefix. Paths are relative to it and checked (``paths.check_node_path``)."""
 
@@ -42,11 +49,15 @@ class Store:
         raise NotImplementedError
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
-        """(path, size) of every object under ``prefix`` (a folder-like prefix ending in '/', or '')."""
+        """(path, size) of every object whose path starts with ``prefix``."""
+        return [(rel, size) for rel, size, _ in self.list_detailed(prefix)]
+
+    def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
+        """(path, size, last modified as a Unix time) of every object whose path starts with ``prefix``."""
         raise NotImplementedError
 
-    def delete(self, rel: str) -> None:
-        """Remove the object; one that is not there is no error."""
+    def delete(self, rel: str, best_effort: bool = False) -> None:
+        """Remove the object; one that is not there is no error. ``best_effort``: one attempt, no error."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ built on it
@@ -68,6 +79,21 @@ class Store:
     def where(self, rel: str) -> str:
         """The object's full name, for messages."""
         return f"{self.url.rstrip('/')}/{rel}"
+
+    def files(self, redirect: dict | None = None, expected: dict | None = None) -> "Files":
+        """The dataset's files to read, as a local :class:`~dsc.store.local.Root` reads them (``read``, ``size``,
+        ``exists``, ``sha256``...): reads of a path in ``redirect`` go to its content object (a version's small
+        files), and a file read whole must have the size ``expected`` says."""
+        f = Files(self)
+        f.redirect, f.expected = redirect, expected
+        return f
+
+    def lock(self, what: str):
+        """Held by a writer while it writes (a folder's flock); object storage has none: its writers' objects
+        never collide, and a version is committed by one conditional put (docs/REMOTE.md)."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
 
 class Sha256Sink:
@@ -95,3 +121,78 @@ def default_cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "dsc"
+
+
+class Files:
+    """A store's files read as a local dataset folder's are (:class:`~dsc.store.local.Root`'s interface), so the
+    format's readers and ``verify`` run unchanged on object storage. Missing files are ``FileNotFoundError``."""
+
+    redirect: dict | None = None
+    expected: dict | None = None
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.path = store.url
+
+    def __truediv__(self, rel: str) -> str:  # for messages
+        return self.store.where(rel)
+
+    def _target(self, rel: str) -> str:
+        from .paths import check_node_path
+
+        return check_node_path(self.redirect.get(rel, rel) if self.redirect else rel) if rel != "zarr.json" \
+            else rel
+
+    def size(self, rel: str) -> int:
+        st = self.store.stat(self._target(rel))
+        if st is None:
+            raise MissingFile(f"{self.store.where(rel)} is missing; the dataset is incomplete or damaged")
+        return st[0]
+
+    def exists(self, rel: str) -> bool:
+        return self.store.stat(self._target(rel)) is not None
+
+    def read(self, rel: str, limit: int | None = None) -> bytearray:
+        want = self.expected.get(rel) if self.expected else None
+        cap = want if want is not None else limit
+        try:
+            data = self.store.get(self._target(rel), cap)
+        except FileNotFoundError:
+            raise MissingFile(f"{self.store.where(rel)} is missing; the dataset is incomplete or damaged") from None
+        if want is not None and len(data) != want:
+            raise CorruptDatasetError(f"{self.store.where(rel)} has {len(data):,} bytes, the manifest records "
+                                      f"{want:,}; the dataset is damaged (dsc verify lists every problem)")
+        return bytearray(data)
+
+    def check_size(self, rel: str, expect: int) -> None:
+        size = self.size(rel)
+        if size != expect:
+            raise CorruptDatasetError(f"{self.store.where(rel)} has {size} bytes, the manifest expects {expect}; the "
+                                      f"file is truncated or damaged")
+
+    def fromfile(self, rel: str, dtype, expect: int):
+        import numpy as np
+
+        self.check_size(rel, expect)
+        return np.frombuffer(self.read(rel), dtype=dtype)
+
+    def sha256(self, rel: str) -> str:
+        sink = Sha256Sink()
+        try:
+            self.store.download(self._target(rel), _Discard(), sink)
+        except FileNotFoundError:
+            raise MissingFile(f"{self.store.where(rel)} is missing; the dataset is incomplete or damaged") from None
+        return sink.hexdigest()
+
+
+class _Discard:
+    """A file that keeps nothing (hashing a download without storing it)."""
+
+    def seek(self, *a):
+        return 0
+
+    def write(self, b):
+        return len(b)
+
+    def truncate(self, *a):
+        return 0

@@ -14,6 +14,7 @@ component at a time, never through a symbolic link.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import mmap
 import os
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, DatasetNotFoundError, TooManyOpenFilesError, UnsafePathError
-from .base import Store
+from ..errors import CompileLockedError, CorruptDatasetError, DatasetNotFoundError, TooManyOpenFilesError, UnsafePathError
+from .base import MissingFile, Store
 from .paths import check_node_path
 
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -31,8 +32,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 
-class _Missing(CorruptDatasetError, FileNotFoundError):
-    """The file is not there (as opposed to there but unsafe or unreadable)."""
+_Missing = MissingFile  # the file is not there (as opposed to there but unsafe or unreadable)
 
 
 class Root:
@@ -221,8 +221,9 @@ def map_fd(fd: int, nbytes: int, name, populate: bool = True) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-def as_root(root) -> Root:
-    return root if isinstance(root, Root) else Root(root)
+def as_root(root):
+    """An open folder (or a store's files: anything that reads like a Root) as it is; a path opened."""
+    return root if hasattr(root, "read") and not isinstance(root, (str, os.PathLike)) else Root(root)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -370,6 +371,8 @@ def remove_file(path: Path, base: Path) -> None:
         os.unlink(Path(path).name, dir_fd=dfd)
     except FileNotFoundError:
         pass
+    except IsADirectoryError:
+        os.rmdir(Path(path).name, dir_fd=dfd)
     finally:
         os.close(dfd)
 
@@ -392,7 +395,118 @@ def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: 
     f.commit(sync, create_only)
 
 
+# ----------------------------------------------------------------------------- the lock
+class OutLock:
+    """The exclusive lock every writer of OUT holds (a compile, an update, a restore, a vacuum):
+    ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock."""
+
+    def __init__(self, out: Path, what: str = "compile"):
+        self.out, self.what = Path(out), what
+        self.path = self.out.parent / f".{self.out.name}.dsc-lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "OutLock":
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
+            fd = self._open()  # writer unlinks it: retry on the new one)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 64).decode("utf-8", "replace").strip() or "compile"
+                except OSError:
+                    holder = "compile"
+                os.close(fd)
+                raise CompileLockedError(f"another dsc {holder} is writing {self.out} right now "
+                                         f"(lock {self.path}); wait for it to finish") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
+                return self
+            os.close(fd)
+
+    def _open(self) -> int:
+        """The lock file, never through a link (a link planted there would have dsc truncate its target), and
+        only a plain file of one name (not a FIFO, a device, a folder, a hard link to another file)."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            os.close(fd)
+            raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}")
+        return fd
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
+
 # ----------------------------------------------------------------------------- the store
+def _walk(fd: int, rel: str, prefix: str, out: list) -> None:
+    """Regular files (and links, never followed) below the open folder ``fd`` (named ``rel``) whose path starts
+    with ``prefix``; closes ``fd``."""
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for e in entries:
+            name = f"{rel}/{e.name}" if rel else e.name
+            if e.is_dir(follow_symlinks=False):
+                if name.startswith(prefix) or prefix.startswith(name + "/"):
+                    try:
+                        sub = os.open(e.name, _DIR | _NOFOLLOW, dir_fd=fd)
+                    except OSError:
+                        continue
+                    _walk(sub, name, prefix, out)
+            elif (e.is_file(follow_symlinks=False) or e.is_symlink()) and name.startswith(prefix):
+                try:
+                    st = e.stat(follow_symlinks=False)  # (a link is listed, so that reading it is refused)
+                except FileNotFoundError:  # removed since the folder was read (a vacuum meanwhile)
+                    continue
+                out.append((name, st.st_size, st.st_mtime))
+    finally:
+        os.close(fd)
+
+
+def _prune(fd: int) -> bool:
+    """Remove the empty folders below the open folder ``fd`` (closed here); True if it is empty then."""
+    try:
+        empty = True
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                try:
+                    sub = os.open(e.name, _DIR | _NOFOLLOW, dir_fd=fd)
+                except OSError:
+                    empty = False
+                    continue
+                if _prune(sub):
+                    try:
+                        os.rmdir(e.name, dir_fd=fd)
+                        continue
+                    except OSError:
+                        pass
+            empty = False
+        return empty
+    finally:
+        os.close(fd)
+
+
 class LocalStore(Store):
     """A dataset in the local folder ``path`` (see the module docstring): reads through one :class:`Root`
     opened on first use (links refused), writes by write + fsync + rename, put-if-absent by link."""
@@ -443,11 +557,13 @@ class LocalStore(Store):
             os.close(fd)
 
     def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
+        """Write + rename (a create-only put, a commit: write, fsync, link). ``attributes`` are not kept: a
+        folder's files are checked against the manifest's hashes, not against metadata."""
         if isinstance(data, (str, os.PathLike)):  # a file of ours: its bytes
             with open(data, "rb") as f:
-                write_atomic(self.path / check_node_path(rel), f, base=self.path, sync=True, create_only=create_only)
+                self.put(rel, f, create_only)
             return
-        write_atomic(self.path / check_node_path(rel), data, base=self.path, sync=True, create_only=create_only)
+        write_atomic(self.path / check_node_path(rel), data, base=self.path, sync=create_only, create_only=create_only)
 
     def stat(self, rel: str) -> tuple[int, dict] | None:
         try:
@@ -455,20 +571,65 @@ class LocalStore(Store):
         except _Missing:
             return None
 
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        out = []
-        top = self.path / prefix.rstrip("/") if prefix.strip("/") else self.path
-        start = prefix if prefix.endswith("/") or not prefix else prefix.rsplit("/", 1)[0] + "/"
-        for dirpath, _, filenames in os.walk(top if top.is_dir() else top.parent):  # (never into a link)
-            for name in filenames:
-                p = os.path.join(dirpath, name)
-                rel = os.path.relpath(p, self.path).replace(os.sep, "/")
-                if not rel.startswith(prefix) and not rel.startswith(start):
-                    continue
-                st = os.lstat(p)
-                if stat.S_ISREG(st.st_mode):
-                    out.append((rel, st.st_size))
+    def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
+        """Regular files under ``prefix``, read from the folder as opened, never through a link."""
+        folder = prefix.rstrip("/") if prefix.endswith("/") else prefix.rpartition("/")[0]
+        try:
+            fd = self.root.open_dir(folder) if folder else os.dup(self.root.fd)
+        except FileNotFoundError:
+            return []
+        out: list[tuple[str, int, float]] = []
+        _walk(fd, folder, prefix, out)
         return sorted(out)
 
-    def delete(self, rel: str) -> None:
-        remove_file(self.path / check_node_path(rel), self.path)
+    @classmethod
+    def of(cls, root: Root) -> "LocalStore":
+        """The store of an open :class:`Root` (reading through the same descriptor)."""
+        store = cls(root.path)
+        store._root = root
+        return store
+
+    def files(self, redirect: dict | None = None, expected: dict | None = None) -> Root:
+        """The folder's files through a :class:`Root` of their own (``redirect``, ``expected``: see Store)."""
+        root = Root(self.path)
+        root.redirect, root.expected = redirect, expected
+        return root
+
+    def lock(self, what: str) -> OutLock:
+        """The exclusive lock every writer of the folder holds (``.OUT.dsc-lock`` beside it)."""
+        return OutLock(self.path, what)
+
+    def prune(self, folder: str) -> None:
+        """Remove the empty folders under ``folder`` (itself too, if it ends up empty), never through a link."""
+        try:
+            fd = self.root.open_dir(folder)
+        except (FileNotFoundError, UnsafePathError):
+            return
+        if _prune(fd):
+            try:
+                parent, name = folder.rpartition("/")[::2]
+                pfd = self.root.open_dir(parent) if parent else os.dup(self.root.fd)
+                try:
+                    os.rmdir(name, dir_fd=pfd)
+                finally:
+                    os.close(pfd)
+            except OSError:
+                pass
+
+    def has_folder(self, rel: str) -> bool:
+        try:
+            os.close(self.root.open_dir(rel))
+        except (FileNotFoundError, UnsafePathError):
+            return False
+        return True
+
+    def delete(self, rel: str, best_effort: bool = False) -> None:
+        """Remove the file ``rel`` (a link there: the link; an empty folder of that name too)."""
+        folder, _, name = rel.rpartition("/")
+        if name in ("", ".", "..") or "\x00" in name:
+            raise UnsafePathError(f"refusing to delete {rel!r}: not a file name")
+        try:  # (the folders are plain names; the file may be a leftover's hidden temporary name)
+            remove_file(self.path / (check_node_path(folder) if folder else "") / name, self.path)
+        except OSError:
+            if not best_effort:
+                raise

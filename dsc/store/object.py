@@ -136,8 +136,9 @@ class ObjectStore(Store):
         return CredentialsError(f"{self.where(rel)}: {what} refused ({detail}); "
                                 f"{CREDENTIAL_HINTS.get(self.scheme, 'check the credentials')}")
 
-    def _call(self, what: str, rel: str, fn):
-        """``fn()`` with retries of transient failures until the budget is spent; errors become dsc's."""
+    def _call(self, what: str, rel: str, fn, budget: float | None = None):
+        """``fn()`` with retries of transient failures until the budget (``retry_seconds``, or ``budget``) is
+        spent; errors become dsc's."""
         import obstore.exceptions as E
 
         global _USED_BY
@@ -149,7 +150,7 @@ class ObjectStore(Store):
                 f"client library (obstore) cannot make requests after a fork. Use dsc.Loader (threads), or a "
                 f"DataLoader with multiprocessing_context='spawn' (or 'forkserver'), or download the shards first "
                 f"(dsc cache warm URL): a forked worker reads cached shards without a request")
-        deadline = time.monotonic() + self.retry
+        deadline = time.monotonic() + (self.retry if budget is None else budget)
         attempt = 0
         while True:
             try:
@@ -255,14 +256,14 @@ class ObjectStore(Store):
         except FileNotFoundError:
             return None
 
-    def list(self, prefix: str) -> list[tuple[str, int]]:
+    def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
         import obstore
 
         from ..errors import DatasetNotFoundError
 
         def attempt():
-            return [(o["path"], int(o["size"])) for batch in obstore.list(self._store, prefix=prefix or None)
-                    for o in batch]
+            return [(o["path"], int(o["size"]), o["last_modified"].timestamp())
+                    for batch in obstore.list(self._store, prefix=prefix or None) for o in batch]
 
         try:
             return self._call("listing", prefix or "/", attempt)
@@ -273,13 +274,18 @@ class ObjectStore(Store):
                 + "; check the URL" + (" (and AWS_ENDPOINT_URL for an S3-compatible server)" if self.scheme == "s3"
                                        else "")) from None
 
-    def delete(self, rel: str) -> None:
+    def delete(self, rel: str, best_effort: bool = False) -> None:
+        """Remove the object; ``best_effort``: one attempt (a lease let go when a reader closes: it expires
+        anyway), and no error."""
         import obstore
 
         try:
-            self._call("deleting", rel, lambda: obstore.delete(self._store, rel))
+            self._call("deleting", rel, lambda: obstore.delete(self._store, rel), budget=0.0 if best_effort else None)
         except FileNotFoundError:
             pass
+        except DscError:
+            if not best_effort:
+                raise
 
 
 def _first_line(e: BaseException) -> str:
