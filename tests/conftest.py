@@ -5,6 +5,8 @@ import pytest
 from PIL import Image, features
 
 from dsc.synthetic import make_scene
+# Object-storage servers on loopback (S3, GCS, Azure) and `object_store_url`, a test's URL on each of them.
+from object_servers import azure_server, gcs_server, object_server, object_store_url, s3_server  # noqa: F401
 
 # (relative path, kind) of every image the mixed ImageFolder holds, in torchvision order.
 MIXED_IMAGES = [

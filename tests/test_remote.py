@@ -5,7 +5,6 @@ versions in object storage, the CLI."""
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("obstore")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 import dsc  # noqa: E402
 from dsc.errors import (ConfigError, CorruptDatasetError, CredentialsError, DscError, OutputExistsError,  # noqa: E402
@@ -29,45 +28,12 @@ from dsc.store.object import aws_files_config  # noqa: E402
 
 from dsc.runtime.cache import ShardCache, parse_size  # noqa: E402
 
+from object_servers import S3, free_port  # noqa: E402  (the moto server, shared with test_object_servers.py)
 from test_versions import make_folder  # noqa: E402
 
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
             "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "DSC_CACHE_DIR", "DSC_RETRY_SECONDS")
 OPTS = dict(size=16, shard_size=16, progress=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3:
-    """A moto S3 server on loopback that can be stopped and started again on the same port (its objects
-    live in this process, so they survive a restart)."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.server = None
-        self.start()
-
-    def start(self):
-        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.05)
-
-    def stop(self):
-        self.server.stop()
-
-    def bucket(self, name: str) -> str:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"))
-        return f"s3://{name}"
 
 
 @pytest.fixture(scope="module")
