@@ -207,6 +207,9 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise ConfigError(f"keep must be at least 1 (the latest version is always kept), got {keep!r}")
     retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
+    store = open_store(out)
+    if not store.local and not V.is_versioned(store):  # no version: only what interrupted writers left
+        return _leftovers_only(store, time.time() - retention, dry_run)
     store = _versioned(out)
     have = V.versions(store)
     records = _records(store, have)
@@ -261,6 +264,25 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
 
                 os.close(pin)
     return report
+
+
+def _leftovers_only(store: Store, cutoff: float, dry_run: bool) -> VacuumReport:
+    """A URL where no version was ever committed: the shards and objects writers left there (a first compile
+    that was interrupted, or lost a race), older than ``cutoff``. Only dsc's own paths are touched."""
+    doomed = []
+    for node in ("image", "mask"):
+        for sub in ("c", "values"):
+            for rel, size, mtime in store.list_detailed(f"{node}/{sub}/"):
+                if rel.split("/")[2].isdigit() and mtime <= cutoff:
+                    doomed.append((rel, size))
+    doomed += [(rel, size) for rel, size, mtime in store.list_detailed(V.DSC_DIR + "/") if mtime <= cutoff]
+    if not doomed and not store.list(""):
+        raise V.no_dataset(store)
+    if not dry_run:
+        for rel, _ in doomed:
+            store.delete(rel)
+    return VacuumReport(kept=[], removed=[], files=len(doomed), bytes=sum(n for _, n in doomed), dry_run=dry_run,
+                        leftovers=len(doomed))
 
 
 def _lock_unpinned(store: Store, n: int, held: list) -> bool:

@@ -14,7 +14,7 @@ pytest.importorskip("obstore")
 
 import dsc  # noqa: E402
 from dsc.errors import CorruptDatasetError, DatasetNotFoundError  # noqa: E402
-from dsc.formats.remote import open_store  # noqa: E402
+from dsc.store import open_store  # noqa: E402
 
 from object_servers import BUCKET  # noqa: E402  (the fixtures come through conftest.py)
 from test_versions import make_folder  # noqa: E402

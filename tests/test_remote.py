@@ -741,8 +741,9 @@ def test_two_writers_at_one_url_never_change_each_others_bytes(s3, src, tmp_path
         if winners:
             want = samples(dsc.open(a if winners == ["a"] else b))
             assert samples(dsc.open(url, cache_dir=tmp_path / f"c{trial}")) == want
-        else:  # both found the other's files: nothing committed; the one rerun alone replaces the leftovers
-            push(a, url, progress=False, replace_leftovers=True)
+        else:  # both found the other's files: nothing committed; vacuum removes the leftovers, then one publishes
+            assert dsc.vacuum(url, older_than=0).leftovers > 0
+            push(a, url, progress=False)
             assert samples(dsc.open(url, cache_dir=tmp_path / f"c{trial}")) == samples(dsc.open(a))
 
 

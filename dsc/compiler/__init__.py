@@ -37,10 +37,11 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         if options.update and versions.versions(store):
             from .update import update_dataset
 
-            def update_local(stage, name):  # (messages name the URL, not the local staging folder)
+            def update_local(stage, name, first_slot):  # (messages name the URL, not the local staging folder)
                 say = (lambda m: warn(name(m))) if warn is not None else None
                 tell = (lambda m: info(name(m))) if info is not None else None
-                return update_dataset(_scan(source, say), stage, options, source, warn=say, info=tell)
+                return update_dataset(_scan(source, say), stage, options, source, warn=say, info=tell,
+                                      first_slot=first_slot)
 
             return update_url(update_local, out, options)
         if options.dry_run:

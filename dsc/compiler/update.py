@@ -310,9 +310,11 @@ def _norm(v):
 
 
 def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, source: Source, warn=None,
-                   info=None) -> CompileReport:
+                   info=None, first_slot: int = 0) -> CompileReport:
     """Make the next version of ``out`` from ``scanned`` (see the module docstring). ``info(message)``
-    receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt)."""
+    receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt).
+    ``first_slot``: new shards go to slots from there on at least (a dataset in object storage: past every
+    shard already in the bucket)."""
     from .compile import _stop, dataset_fields
 
     t0 = time.perf_counter()
@@ -354,7 +356,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                                  version=m.version["number"], committed=False, dry_run=options.dry_run)
-        return _apply(base, plan, scanned, out, options, source, fields, t0, say)
+        return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot)
 
 
 def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:
@@ -402,13 +404,13 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
-           fields, t0: float, say) -> CompileReport:
+           fields, t0: float, say, first_slot: int = 0) -> CompileReport:
     from .compile import Rows, _classes, _stop, decode_units, decode_warnings, write_version
 
     m = base.manifest
     K = m.shard_size
     n_new = m.version["number"] + 1
-    next_slot = base.record["next_slot"]
+    next_slot = max(base.record["next_slot"], first_slot)
     records = scanned.records
     decode = [records[i] for i in plan.decode]
     txn = out / versions.TXN / str(n_new)

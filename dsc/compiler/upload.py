@@ -32,34 +32,24 @@ CONNECTIONS = 8
 
 
 class Uploader:
-    """Uploads files of a local dataset in the background; a file already in the bucket with the same size
-    and SHA-256 is kept (resume).
+    """Uploads files of a local dataset in the background.
 
-    A version's files (shards, objects) are immutable: they are created with a conditional put, never
-    overwritten, so two writers publishing at one URL at once cannot change each other's bytes (the one
-    that finds another's file there stops with VersionConflictError). ``replace_leftovers``: an existing
-    file that no committed version references (left by an interrupted or losing writer) may be replaced;
-    only a writer that knows it is alone may say so (a resumed compile or push)."""
+    Nothing is ever overwritten: every file is created by a conditional put (create-only), so writers at one
+    URL cannot change each other's bytes, committed or not. A file that is there already is kept when it is
+    provably this dataset's: a content-addressed object (its name is its SHA-256) with those bytes, or a
+    shard with the same SHA-256 uploaded by this very writer (``writer``: a token kept in the writer's local
+    staging, so a resumed upload has the same one; it travels in each shard's metadata). Anything else there
+    (another writer's shard at that slot: one publishing now, or one that was interrupted) stops the upload
+    with VersionConflictError, nothing committed. An update picks slots past every shard in the bucket
+    (``free_slot``), so such leftovers never block the next writer; ``dsc vacuum`` removes them."""
 
-    def __init__(self, store: Store, connections: int = CONNECTIONS, replace_leftovers: bool = False):
+    def __init__(self, store: Store, writer: str, connections: int = CONNECTIONS):
         self.store = store
+        self.writer = writer
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-upload")
         self.jobs: dict[str, tuple[str, Future]] = {}
         self.lock = threading.Lock()
         self.sent = self.kept = self.bytes_sent = 0
-        self.replace_leftovers = replace_leftovers
-        self._committed: set[str] | None = None
-
-    def committed(self) -> set[str]:
-        """Every file a version committed at the URL references (read once, when a conflict needs it)."""
-        with self.lock:
-            if self._committed is None:
-                paths = set()
-                for n in versions.versions(self.store):
-                    rel = versions.record_path(n)
-                    paths |= _paths(versions.parse_record(self.store.get(rel), self.store.where(rel), n)["manifest"])
-                self._committed = paths
-            return self._committed
 
     def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int) -> Future:
         """Upload ``rel`` (read from the first of ``places`` that has it), unless already done with this hash.
@@ -73,6 +63,14 @@ class Uploader:
             self.jobs[rel] = (sha256, fut)
             return fut
 
+    def _ours(self, rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int) -> bool:
+        """Whether what is at ``rel`` is the file this writer would put there (see the class docstring)."""
+        if there is None or there[0] != nbytes:
+            return False
+        if rel.startswith(versions.OBJECTS + "/"):
+            return rel.endswith("/" + sha256)
+        return there[1].get("sha256") == sha256 and there[1].get("writer") == self.writer
+
     def _one(self, places: list[Path], rel: str, sha256: str, nbytes: int, before: Future | None) -> None:
         if before is not None:  # (submitted earlier, so already running or ahead in the queue)
             try:
@@ -81,13 +79,12 @@ class Uploader:
                 pass
         store = self.store
         there = store.stat(rel)
-        replace = False
         if there is not None:
-            if there[0] == nbytes and there[1].get("sha256") == sha256:
-                with self.lock:
-                    self.kept += 1
-                return
-            replace = self._may_replace(rel)
+            if not self._ours(rel, there, sha256, nbytes):
+                raise self._taken(rel)
+            with self.lock:
+                self.kept += 1
+            return
         for i, base in enumerate(places):  # the staging directory is renamed into place when the compile ends
             path = base / rel
             try:
@@ -106,10 +103,10 @@ class Uploader:
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
             f.seek(0)
             try:
-                store.put(rel, f, create_only=not replace, attributes={"sha256": sha256})
+                store.put(rel, f, create_only=True, attributes={"sha256": sha256, "writer": self.writer})
             except FileExistsError:  # created meanwhile: by ourselves earlier (same bytes), or by another writer
-                if (store.stat(rel) or (0, {}))[1].get("sha256") != sha256:
-                    self._may_replace(rel, racing=True)
+                if not self._ours(rel, store.stat(rel), sha256, nbytes):
+                    raise self._taken(rel) from None
                 with self.lock:
                     self.kept += 1
                 return
@@ -117,19 +114,12 @@ class Uploader:
             self.sent += 1
             self.bytes_sent += nbytes
 
-    def _may_replace(self, rel: str, racing: bool = False) -> bool:
-        """Another file is at ``rel``: True when it may be replaced, else VersionConflictError."""
-        where = self.store.where(rel)
-        if rel in self.committed():
-            raise VersionConflictError(f"{where} belongs to a committed version of another dataset (or another update) "
-                                       f"with other bytes: nothing of this one was published. Publish at another URL, or "
-                                       f"--update on top of the version there")
-        if racing or not self.replace_leftovers:
-            raise VersionConflictError(f"{where} exists with other bytes and no committed version uses it: another "
-                                       f"writer is publishing at {self.store.url} now, or one was interrupted. Nothing of "
-                                       f"this one was committed. If no other writer is running, rerun with --resume to "
-                                       f"replace the leftovers")
-        return True
+    def _taken(self, rel: str) -> VersionConflictError:
+        return VersionConflictError(
+            f"{self.store.where(rel)} is another writer's (one publishing at {self.store.url} now, or one that was "
+            f"interrupted): dsc never overwrites a file in object storage, and nothing of this run was committed. "
+            f"Run it again: an update then writes past every file there (a first compile cannot: compile to "
+            f"another URL, or remove the leftovers with `dsc vacuum {self.store.url}` once no writer runs)")
 
     def wait(self) -> None:
         for _, fut in list(self.jobs.values()):
@@ -140,7 +130,7 @@ class Uploader:
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
-         retry_seconds: float | None = None, replace_leftovers: bool = False, what: str | None = None) -> dict:
+         retry_seconds: float | None = None, what: str | None = None, writer: str | None = None) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
     first, then each version record by a conditional put, oldest first, then the view. A record the bucket
     already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
@@ -151,7 +141,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     root = Root(local)
     store = uploader.store if uploader is not None else open_store(url, retry_seconds)
     own = uploader is None
-    uploader = uploader or Uploader(store, replace_leftovers=replace_leftovers)
+    uploader = uploader or Uploader(store, writer or _token(local))
     nums = versions.versions(root)
     if not nums:
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
@@ -207,6 +197,36 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
 
 
+def _token(stage: Path) -> str:
+    """This writer's token (see :class:`Uploader`), kept beside its staging folder ``stage`` (the file
+    ``writer-<name>``) so that a resumed upload is the same writer; a new one when there is none."""
+    import secrets
+
+    where = Path(stage).parent / f"writer-{Path(stage).name}"
+    try:
+        token = where.read_text().strip()
+        if token:
+            return token
+    except OSError:
+        pass
+    token = secrets.token_hex(12)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text(token + "\n")
+    return token
+
+
+def free_slot(store: Store, m) -> int:
+    """The first shard slot past every shard file in the bucket (committed, or a writer's leftover)."""
+    top = -1
+    for node in L.shard_nodes(m):
+        for sub in ("c", "values"):
+            for rel, _ in store.list(f"{node}/{sub}/"):
+                part = rel.split("/")[2]
+                if part.isdigit():
+                    top = max(top, int(part))
+    return top + 1
+
+
 def _conflict(store: Store, n: int, what: str) -> VersionConflictError:
     return VersionConflictError(f"{store.where(versions.record_path(n))} is another dataset's version {n}, or "
                                 f"another writer committed it meanwhile: nothing of {what} was committed. Publish "
@@ -257,6 +277,7 @@ def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
 def _unstage(root: Path, stage: Path) -> None:
     """Remove this run's staging ``stage``, then ``root`` if no other run's staging is left in it."""
     shutil.rmtree(stage, ignore_errors=True)
+    (root / f"writer-{stage.name}").unlink(missing_ok=True)  # (its writer token: see _token)
     try:
         if [e.name for e in os.scandir(root)] == ["url"]:
             (root / "url").unlink()
@@ -288,11 +309,12 @@ def update_url(update_local, url: str, options):
     store = open_store(url)
     with _run_stage(store, options.cache_dir) as stage:
         pull_for_update(store, stage)
-        report = update_local(stage, lambda message: message.replace(str(stage), store.url))
+        base = versions.read_record(stage, versions.versions(stage)[-1])["manifest"]
+        first = free_slot(store, base)  # past every shard there: another writer's leftovers are never in the way
+        report = update_local(stage, lambda message: message.replace(str(stage), store.url), first)
         sent = None
         if report.committed:
-            sent = push(stage, store.url, progress=options.progress, replace_leftovers=options.resume,
-                        what="this update")
+            sent = push(stage, store.url, progress=options.progress, what="this update")
     return replace(report, path=store.url, uploaded=sent)
 
 
@@ -308,7 +330,7 @@ def compile_to_url(compile_local, url: str, options):
     if existing and not (options.resume and is_dsc_dataset(stage)):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"compile to another URL")
-    uploader = Uploader(store, replace_leftovers=options.resume)
+    uploader = Uploader(store, _token(stage))
     try:
         if options.resume and is_dsc_dataset(stage):
             report = None  # compiled already; the upload was interrupted

@@ -1,0 +1,227 @@
+"""One behaviour, whatever holds the dataset: the same suite against a local folder, S3 (moto), GCS
+(fake-gcs-server) and Azure Blob (Azurite), each started on loopback by tests/object_servers.py. Compile,
+open and read every sample, update, tag, restore, log, verify, vacuum (a reader's pin or lease keeps its
+version), and for object storage the shard cache's warm / ls / clear; then writers racing at one URL."""
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dsc
+from dsc.errors import VersionConflictError, VersionNotFoundError
+from dsc.formats import versions as V
+from dsc.store import open_store
+
+from object_servers import _FIXTURE, BUCKET, use_server  # noqa: F401  (the fixtures come through conftest.py)
+from test_versions import make_folder
+
+OPTS = dict(size=16, shard_size=8, workers=1, progress=False)
+WHERE = ("folder", "s3", "gs", "az")
+
+
+@pytest.fixture(params=WHERE)
+def where(request, monkeypatch, tmp_path) -> str:
+    """Where the dataset lives: a folder, or a fresh prefix on one of the three servers."""
+    if request.param == "folder":
+        return str(tmp_path / "out.dsc")
+    pytest.importorskip("obstore")
+    server = request.getfixturevalue(_FIXTURE[request.param])
+    use_server(server, monkeypatch)
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))
+    return f"{request.param}://{BUCKET}/suite-{request.node.callspec.id}-{tmp_path.name}"
+
+
+def content(ds) -> dict:
+    """{key: (pixels, label)} of every sample."""
+    b = ds.get_batch(range(len(ds)))
+    return {k: (b["image"][i].numpy().tobytes(), int(b["label"][i])) for i, k in enumerate(ds.keys)}
+
+
+def reference(src: Path, tmp_path: Path, name: str) -> dict:
+    return content(dsc.open(dsc.compile_imagefolder(src, tmp_path / name, **OPTS).path))
+
+
+def test_the_same_behaviour_in_every_store(where, tmp_path):
+    src = tmp_path / "src"
+    paths = make_folder(src, 24, classes=3)
+    v0 = reference(src, tmp_path, "ref0")
+    dsc.compile_imagefolder(src, where, **OPTS)
+    assert content(dsc.open(where)) == v0
+
+    make_folder(src, 8, classes=3, seed0=900)  # version 1: 8 new images, 2 removed
+    for p in paths[:2]:
+        p.unlink()
+    v1 = reference(src, tmp_path, "ref1")
+    r = dsc.compile_imagefolder(src, where, update=True, **OPTS)
+    assert r.committed and r.version == 1
+    assert content(dsc.open(where)) == v1 and content(dsc.open(where, version=0)) == v0
+
+    assert dsc.tag(where, "first", version=0) == 0
+    assert content(dsc.open(where, tag="first")) == v0
+    assert dsc.restore(where, tag="first") == 2
+    assert content(dsc.open(where)) == v0
+    log = dsc.log(where)
+    assert [e["version"] for e in log] == [0, 1, 2] and log[0]["tags"] == ["first"]
+    assert log[2]["operation"] == "restore 0"
+    for n in (None, 0, 1):
+        report = dsc.verify(where, version=n)
+        assert report.ok, (n, report.problems)
+
+    reader = dsc.open(where, version=1)  # a reader of version 1: its pin (a folder) or lease (a bucket)
+    r = dsc.vacuum(where, keep=1, older_than=0)
+    assert r.removed == [] and 1 in r.pinned and 0 in r.tagged and 2 in r.kept
+    assert content(reader) == v1
+    del reader
+    gc.collect()
+    dry = dsc.vacuum(where, keep=1, older_than=0, dry_run=True)
+    r = dsc.vacuum(where, keep=1, older_than=0)
+    assert r.removed == dry.removed == [1] and r.files == dry.files > 0 and r.bytes == dry.bytes
+    with pytest.raises(VersionNotFoundError):
+        dsc.open(where, version=1)
+    assert content(dsc.open(where)) == v0 and content(dsc.open(where, version=0)) == v0
+    assert dsc.verify(where).ok and dsc.verify(where, version=0).ok
+    again = dsc.vacuum(where, keep=1, older_than=0)
+    assert again.removed == [] and again.files == 0  # nothing left to remove
+
+
+def test_the_shard_cache_commands_in_every_object_store(where, tmp_path):
+    if not where.startswith(("s3", "gs", "az")):
+        pytest.skip("the shard cache is for datasets in object storage")
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    src = tmp_path / "src"
+    make_folder(src, 24, classes=3)
+    dsc.compile_imagefolder(src, where, **OPTS)
+    cache = str(tmp_path / "cli-cache")
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
+    r = run("cache", "warm", where, "--cache-dir", cache)
+    assert r.exit_code == 0 and "3 shards downloaded" in r.output, r.output
+    r = run("cache", "ls", "--cache-dir", cache)
+    assert r.exit_code == 0 and where in r.output, r.output
+    r = run("cache", "clear", where, "--cache-dir", cache)
+    assert r.exit_code == 0 and "removed" in r.output, r.output
+    r = run("info", where)
+    assert r.exit_code == 0 and "24" in r.output, r.output
+
+
+# --------------------------------------------------------------------------- writers racing in object storage
+RACER = """
+import sys, dsc
+from dsc.errors import VersionConflictError
+try:
+    dsc.compile_imagefolder(sys.argv[1], sys.argv[2], update=True, resume=sys.argv[3] == "1", size=16,
+                            shard_size=8, workers=1, progress=False, cache_dir=sys.argv[4])
+    print("committed")
+except VersionConflictError as e:
+    print("conflict:", e)
+"""
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_racing_updates_never_damage_a_committed_version(s3_server, monkeypatch, tmp_path, resume):
+    """Two --update runs of different sources at one URL at once, round after round (with and without
+    --resume, which a failed update suggests): at most one commits each version, a loser is told and commits
+    nothing, no file of a committed version is ever replaced (every version verifies), and an update run
+    alone afterwards always succeeds (a loser's leftovers never block it; vacuum removes them)."""
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/race-{int(resume)}-{tmp_path.name}"
+    base = tmp_path / "base"
+    make_folder(base, 16, classes=2)
+    dsc.compile_imagefolder(base, url, cache_dir=str(tmp_path / "c0"), **OPTS)
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    srcs = []
+    for k in range(2):
+        src = tmp_path / f"src{k}"
+        make_folder(src, 16, classes=2)
+        srcs.append(src)
+    for rnd in range(3):
+        for k, src in enumerate(srcs):  # each racer's source grows by its own images every round
+            make_folder(src, 3, classes=2, seed0=1000 * (k + 1) + 10 * rnd)
+        procs = [subprocess.Popen([sys.executable, str(script), str(src), url, "1" if resume else "0",
+                                   str(tmp_path / f"cache{k}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=env, text=True) for k, src in enumerate(srcs)]
+        outs = [p.communicate(timeout=240) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0 and ("committed" in out or "conflict:" in out), err[-3000:]
+        have = V.versions(open_store(url))
+        assert have == list(range(len(have)))
+        for n in have:
+            report = dsc.verify(url, version=n)
+            assert report.ok, (rnd, n, report.problems)
+    alone = tmp_path / "alone"
+    make_folder(alone, 16, classes=2, seed0=5000)
+    n_before = V.versions(open_store(url))[-1]
+    r = dsc.compile_imagefolder(alone, url, update=True, cache_dir=str(tmp_path / "c9"), **OPTS)
+    assert r.committed and r.version == n_before + 1
+    assert content(dsc.open(url)) == reference(alone, tmp_path, "alone-ref")
+    vac = dsc.vacuum(url, keep=100, older_than=0)  # every version kept; the losers' leftovers go
+    assert vac.removed == [] and all(dsc.verify(url, version=n).ok for n in V.versions(open_store(url)))
+    assert dsc.vacuum(url, keep=100, older_than=0).leftovers == 0
+
+
+def test_a_loser_of_a_commit_race_commits_nothing_and_the_winner_stays_intact(s3_server, monkeypatch, tmp_path):
+    """In process, deterministically: writer B commits version 1 while A is about to publish its own version 1.
+    A is told and commits nothing; B's version stays intact; A run again applies on top of B's."""
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/loser-{tmp_path.name}"
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_folder(a, 16, classes=2)
+    dsc.compile_imagefolder(a, url, cache_dir=str(tmp_path / "c"), **OPTS)
+    make_folder(b, 20, classes=2, seed0=300)
+    make_folder(a, 4, classes=2, seed0=700)
+    real, done = V.commit, []
+
+    def b_first(store, record):  # A's update commits in its local staging, then publishes: B runs meanwhile
+        if not done:
+            done.append("running")
+            done[0] = dsc.compile_imagefolder(b, url, update=True, cache_dir=str(tmp_path / "cb"), **OPTS)
+        return real(store, record)
+    monkeypatch.setattr(V, "commit", b_first)
+    with pytest.raises(VersionConflictError, match="another writer committed it meanwhile: nothing of this update"):
+        dsc.compile_imagefolder(a, url, update=True, cache_dir=str(tmp_path / "ca"), **OPTS)
+    monkeypatch.setattr(V, "commit", real)
+    assert done[0].version == 1 and content(dsc.open(url)) == reference(b, tmp_path, "refb")
+    assert dsc.verify(url).ok  # (A saw B's record before sending anything: it left nothing behind either)
+    assert dsc.vacuum(url, keep=5, older_than=0, dry_run=True).leftovers == 0
+    r = dsc.compile_imagefolder(a, url, update=True, cache_dir=str(tmp_path / "ca2"), **OPTS)
+    assert r.version == 2 and content(dsc.open(url)) == reference(a, tmp_path, "refa")
+    assert dsc.verify(url).ok and dsc.verify(url, version=1).ok
+
+
+def test_an_upload_never_replaces_a_file_that_is_not_its_own(s3_server, monkeypatch, tmp_path):
+    """What made racing `--update --resume` runs damage a committed version: the loser, resuming, replaced a
+    shard the winner had committed. An upload now creates files only (a conditional put); a file there is
+    kept only when it is the same content-addressed object, or the same shard this writer itself uploaded
+    (its token, kept beside its staging): a resumed writer reuses its own work and nothing else."""
+    from dsc.compiler.upload import Uploader
+
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/own-{tmp_path.name}"
+    store = open_store(url)
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for folder, data in ((mine, b"my shard bytes"), (theirs, b"a committed shard")):
+        (folder / "image/c/5/0/0").mkdir(parents=True)
+        (folder / "image/c/5/0/0/0").write_bytes(data)
+    import hashlib
+
+    sha = {k: hashlib.sha256((f / "image/c/5/0/0/0").read_bytes()).hexdigest() for k, f in (("m", mine), ("t", theirs))}
+    a = Uploader(store, writer="winner")
+    a.submit([theirs], "image/c/5/0/0/0", sha["t"], 17).result()
+    a.close()
+    b = Uploader(store, writer="loser")
+    with pytest.raises(VersionConflictError, match="never overwrites"):
+        b.submit([mine], "image/c/5/0/0/0", sha["m"], 14).result()
+    with pytest.raises(VersionConflictError, match="never overwrites"):  # the same bytes, another writer's: not ours
+        b.submit([theirs], "image/c/5/0/0/0", sha["t"], 17).result()
+    b.close()
+    assert store.get("image/c/5/0/0/0") == b"a committed shard"
+    again = Uploader(store, writer="winner")  # the winner resuming: its own shard is kept, not sent again
+    again.submit([theirs], "image/c/5/0/0/0", sha["t"], 17).result()
+    assert again.kept == 1 and again.sent == 0
+    again.close()
