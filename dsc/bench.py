@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from . import transforms as T
+from .compiler.decode import decode_image
+from .compiler.geometry import apply_plan, plan_fixed
+from .errors import ConfigError
+from .runtime import Loader
+from .runtime import open as open_dataset
 
 
 @dataclass
@@ -102,8 +108,6 @@ class _PILSource(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        from .compiler.decode import decode_image
-        from .compiler.geometry import apply_plan, plan_fixed
 
         im = decode_image(self.paths[i], self.m.image.mode).image
         plan = plan_fixed(im.height, im.width, self.m.resize.size, self.m.resize.policy)
@@ -115,10 +119,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def recipe(name: str, size: int = 224) -> list:
     """A named training recipe as dsc transforms (``imagenet``: RandomResizedCrop, flip, float, normalise)."""
-    from . import transforms as T
 
     if name != "imagenet":
-        from .errors import ConfigError
 
         raise ConfigError(f"unknown recipe {name!r}; the recipes are: imagenet")
     return [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToFloat(), T.Normalize(MEAN, STD)]
@@ -137,8 +139,6 @@ class _PILRecipe(torch.utils.data.Dataset):
     def __getitem__(self, i):
         import numpy as np
         from PIL import Image
-
-        from . import transforms as T
 
         gen = torch.Generator().manual_seed(i)
         with Image.open(self.paths[i]) as im:
@@ -203,7 +203,6 @@ def pil_dataloader_rate(ds, batch_size: int, limit: int = 4096) -> float | None:
 def recipe_rates(ds, batch_size: int = 256, order: str = "random", num_threads: int = 2, epochs: int = 3,
                  name: str = "imagenet", device: str = "cpu", baseline_limit: int = 2048) -> dict:
     """The recipe through the Loader, plain epochs of the same dataset, and the PIL recipe DataLoader."""
-    from .runtime import Loader
 
     plain = loader_rate(Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, device=device),
                         epochs)
@@ -219,7 +218,6 @@ def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: i
     """On CUDA: the pinned host-to-device copy limit (one pinned batch copied again and again), the Loader's
     delivery rate to the device in GB/s beside it, and how much of the copies overlapped a consumer that
     keeps the GPU busy about as long as the copies take (100%: fully hidden behind it)."""
-    from .runtime import Loader
 
     im = ds.manifest.image
     if im.layout != "fixed":
@@ -282,7 +280,6 @@ def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: i
 
 def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order: str = "random",
                      num_threads: int = 2, epochs: int = 3, device: str = "cpu", echo=print) -> dict:
-    from .runtime import open as open_dataset
 
     ds = open_dataset(path)
     r = recipe_rates(ds, batch_size, order, num_threads, epochs, name, device)
@@ -302,11 +299,9 @@ def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order:
 
 def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
               epochs: int = 3, echo=print, device: str = "cpu") -> dict:
-    from .runtime import Loader, open as open_dataset
 
     ds = open_dataset(path)
     if device != "cpu":
-        from .errors import ConfigError
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: CUDA is not available here")

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import CompileLockedError, DscError, ResumeError
+from .errors import (CompileLockedError, ConfigError, CredentialsError, DatasetNotFoundError, DscError, OutputExistsError,
+                     ResumeError, UnsafePathError, VersionConflictError)
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):
@@ -45,7 +46,7 @@ class DatasetParam(click.ParamType):
     name = "PATH|URL"
 
     def convert(self, value, param, ctx):
-        from .store import is_url, local_path
+        from .store import is_url, local_path  # lazy: numpy, for dsc --help's speed
 
         if is_url(value):
             scheme, rest = value.split("://", 1)
@@ -95,9 +96,9 @@ class RGBParam(click.ParamType):
 
 def compile_options(f):
     """Options every ``dsc compile <source>`` command shares: the CompileOptions fields."""
-    from .compiler.options import ON_ERROR
-    from .compiler.resample import FILTERS
-    from .formats.manifest import RESIZE_POLICIES, RESIZERS
+    from .compiler.options import ON_ERROR  # lazy: PIL, for the compile commands
+    from .compiler.resample import FILTERS  # lazy: PIL, for the compile commands
+    from .formats.manifest import RESIZE_POLICIES, RESIZERS  # lazy: numpy, for dsc --help's speed
 
     opts = [
         click.option("--size", type=SizeParam(), default=None,
@@ -165,7 +166,7 @@ COMPILE_OPTION_KEYS = ("size", "resize", "max_side", "mode", "fill", "background
 
 
 def _options_from(kw: dict):
-    from .compiler import CompileOptions
+    from .compiler import CompileOptions  # lazy: PIL, for the compile commands
 
     if kw["size"] is not None and kw["max_side"] is not None:
         raise click.UsageError("give either --size (fixed shape) or --max-side (ragged), not both")
@@ -209,7 +210,7 @@ def _describe_objects(m) -> str:
 
 def _extra_fields(m) -> list[tuple[str, str]]:
     """(name, description) of the fields beyond image, label and objects (masks...)."""
-    from .formats.fields import fields_of
+    from .formats.fields import fields_of  # lazy: numpy, for dsc --help's speed
 
     return [(f.name, f.describe()) for f in fields_of(m) if f.kind not in ("image", "label", "objects")]
 
@@ -295,12 +296,12 @@ class CompileGroup(DscGroup):
     """``dsc compile``: one command per registered source, built-in or from a plugin (entry points)."""
 
     def list_commands(self, ctx):
-        from .compiler.sources import sources
+        from .compiler.sources import sources  # lazy: PIL, for the compile commands
 
         return [name for name, cls in sources().items() if cls.cli]
 
     def get_command(self, ctx, name):
-        from .compiler.sources import sources
+        from .compiler.sources import sources  # lazy: PIL, for the compile commands
 
         cls = sources().get(name)
         return source_command(cls) if cls is not None and cls.cli else None
@@ -308,7 +309,7 @@ class CompileGroup(DscGroup):
     def resolve_command(self, ctx, args):
         """``dsc compile imagefoldr``: the source meant, and every source (click suggests only among commands
         it holds, and these are made on demand)."""
-        from .compiler.sources import unknown_source
+        from .compiler.sources import unknown_source  # lazy: PIL, for the compile commands
 
         if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
             ctx.fail(unknown_source(args[0], self.list_commands(ctx)))
@@ -326,26 +327,23 @@ def compile_group():
 def _compile(out: Path, kw: dict, make_source) -> None:
     """Shared by every ``dsc compile <source>``: validate options, refuse an existing OUT before a long
     scan, print the source's warnings, compile, report."""
-    from .compiler import compile_source
-    from .compiler.staging import staging_dir
+    from .compiler import compile_source  # lazy: PIL, for the compile commands
+    from .compiler.staging import staging_dir  # lazy: PIL, for the compile commands
 
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     options = _options_from(kw)
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
-        from .store import open_store
+        from .store import open_store  # lazy: numpy, for dsc --help's speed
 
         if not open_store(out).local:
-            from .errors import (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
-                                 VersionConflictError)
 
             if not isinstance(e, (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
                                   VersionConflictError)) and not options.update:
                 click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
                            f"with --resume to continue (finished shards, local and uploaded, are kept)", err=True)
             raise
-        from .errors import UnsafePathError
 
         partial = staging_dir(out)
         # a locked-out compile touched nothing; a refused --resume says itself that --resume cannot help; one
@@ -373,10 +371,10 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
-    from .formats.verify import verify
+    from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
 
     if repair_view:
-        from .versions import repair_view as repair
+        from .versions import repair_view as repair  # lazy: numpy, for dsc --help's speed
 
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
     report = verify(dataset, version, cache_dir=cache_dir)
@@ -422,7 +420,7 @@ def _counts(e: dict) -> str:
 def log_cmd(dataset: Path, as_json: bool):
     """The versions of DATASET (a folder or an s3:// gs:// az:// URL), oldest first: time, operation, counts
     (+added -removed ~changed against the parent), the source's version, options and tags."""
-    from .versions import log
+    from .versions import log  # lazy: numpy, for dsc --help's speed
 
     entries = log(dataset)
     if as_json:
@@ -447,8 +445,8 @@ def log_cmd(dataset: Path, as_json: bool):
 def tag_cmd(dataset: Path, name: str, version, delete: bool):
     """Name a version of DATASET (a folder or a URL); `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never
     removes it."""
-    from .formats.versions import tag_names
-    from .versions import tag
+    from .formats.versions import tag_names  # lazy: numpy, for dsc --help's speed
+    from .versions import tag  # lazy: numpy, for dsc --help's speed
 
     before = tag_names(dataset).get(name)
     n = tag(dataset, name, version, delete=delete)
@@ -469,7 +467,7 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 def restore_cmd(dataset: Path, version, tag_name, cache_dir):
     """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied).
     DATASET may be a URL (s3://, gs://, az://): only the new version record and the view are written."""
-    from .versions import restore
+    from .versions import restore  # lazy: numpy, for dsc --help's speed
 
     if (version is None) == (tag_name is None):
         raise click.UsageError("give --version N or --tag NAME (one of them, not both)")
@@ -490,7 +488,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
 
     A version is kept when it is among the newest K, tagged, open in a process on this machine (pinned), or
     superseded less than --older-than ago."""
-    from .versions import vacuum
+    from .versions import vacuum  # lazy: numpy, for dsc --help's speed
 
     r = vacuum(dataset, keep=keep, older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
@@ -523,7 +521,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
 def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int, recipe,
               device: str):
     """Loader images/s and GB/s beside the machine's copy limit and a PIL-decoding DataLoader."""
-    from .bench import run_bench, run_recipe_bench
+    from .bench import run_bench, run_recipe_bench  # lazy: torch, for dsc bench
 
     if recipe:
         run_recipe_bench(dataset, recipe, batch_size=batch_size, order=order, num_threads=threads, epochs=epochs,
@@ -544,8 +542,8 @@ def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch
               help="Draw N random samples with this seed (default: the first N, often all of one class).")
 def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
     """Draw a grid of samples with boxes and class names (detection) or class names (classification)."""
-    from .runtime import open as open_dataset
-    from .runtime.preview import preview
+    from .runtime import open as open_dataset  # lazy: torch, for the read commands
+    from .runtime.preview import preview  # lazy: torch, for the read commands
 
     path = preview(open_dataset(dataset), output, n=n, cols=cols, cell=cell, seed=seed)
     click.echo(f"wrote {path}")
@@ -560,7 +558,7 @@ def push_cmd(local: Path, url: str, quiet: bool):
 
     Shards and arrays go first, each version record last by a conditional put; rerunning an interrupted push
     skips what the bucket already has (same size and SHA-256)."""
-    from .compiler.upload import push
+    from .compiler.upload import push  # lazy: PIL, for the compile commands
 
     r = push(local, url, progress=not quiet)
     click.echo(f"pushed {_n(r['versions'], 'version')} of {local} to {url}: {_n(r['sent'], 'file')} uploaded "
@@ -579,7 +577,7 @@ _cache_dir_option = click.option("--cache-dir", type=click.Path(path_type=Path, 
 
 
 def _cache_exists(cache_dir) -> None:
-    from .store import default_cache_dir
+    from .store import default_cache_dir  # lazy: numpy, for dsc --help's speed
 
     where = Path(cache_dir) if cache_dir else default_cache_dir()
     if not where.is_dir():
@@ -595,7 +593,7 @@ def _cache_exists(cache_dir) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: bool):
     """Download URL's shards into the cache before training (as many as --cache-limit holds)."""
-    from .runtime.remote import warm
+    from .runtime.remote import warm  # lazy: torch, for the read commands
 
     r = warm(url, cache_dir, cache_limit, version, tag_name, progress=not quiet)
     click.echo(f"{url}: {r['downloaded']:,} shards downloaded ({_mb(r['bytes'])}), {r['cached']:,} were cached "
@@ -610,7 +608,7 @@ def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: b
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def cache_ls_cmd(cache_dir, as_json: bool):
     """What the cache holds: each dataset's URL, versions read, shards cached; the bytes in all."""
-    from .runtime.remote import cache_list
+    from .runtime.remote import cache_list  # lazy: torch, for the read commands
 
     _cache_exists(cache_dir)
     r = cache_list(cache_dir)
@@ -627,7 +625,7 @@ def cache_ls_cmd(cache_dir, as_json: bool):
 @_cache_dir_option
 def cache_verify_cmd(cache_dir):
     """Re-hash every cached shard; delete the damaged ones (they are downloaded again when needed)."""
-    from .runtime.remote import cache_check
+    from .runtime.remote import cache_check  # lazy: torch, for the read commands
 
     _cache_exists(cache_dir)
     checked, bad = cache_check(cache_dir)
@@ -642,7 +640,7 @@ def cache_verify_cmd(cache_dir):
 @_cache_dir_option
 def cache_clear_cmd(url, cache_dir):
     """Delete cached shards (all, or URL's) that no running process is reading."""
-    from .runtime.remote import cache_clear
+    from .runtime.remote import cache_clear  # lazy: torch, for the read commands
 
     _cache_exists(cache_dir)
     removed, freed, kept = cache_clear(cache_dir, url)
@@ -661,7 +659,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
     """Describe a compiled DATASET (a folder or an s3:// gs:// az:// URL): schema, counts, bytes, classes,
     shards, the dsc + PIL build, and how dsc.Loader would read it here (`reads`: the dataset's size against
     the memory available now, the cgroup's limit included; $DSC_MEMORY overrides that figure)."""
-    from .env import environment, pil_build
+    from .env import environment, pil_build  # lazy: PIL, for dsc info
 
     if dataset is None and not show_env:
         raise click.UsageError("give a DATASET, or --env for the environment")
@@ -675,8 +673,8 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
                 click.echo(f"{k:{width}}{v}")
         if dataset is None:
             return
-    from .formats.layout import check_shard_files, shard_specs
-    from .versions import manifest_of
+    from .formats.layout import check_shard_files, shard_specs  # lazy: numpy, for dsc --help's speed
+    from .versions import manifest_of  # lazy: numpy, for dsc --help's speed
 
     m, versions_line = manifest_of(dataset, version)
     if as_json:
@@ -688,7 +686,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    from .store import open_store
+    from .store import open_store  # lazy: numpy, for dsc --help's speed
 
     remote = not open_store(dataset).local
     if not remote:
@@ -722,8 +720,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
 
 
 def _reads_line(total: int) -> str:
-    from .errors import DscError
-    from .runtime.reads import describe
+    from .runtime.reads import describe  # lazy: torch, for the read commands
 
     try:
         return f"{describe(total)} (dsc.Loader(read=...) forces one)"

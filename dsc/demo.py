@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from dsc.env import pil_build
+from dsc.synthetic import write_imagefolder
+import dsc
 
 
 def pil_epoch_rate(paths: list[Path], size: int) -> float:
@@ -27,9 +30,6 @@ def pil_epoch_rate(paths: list[Path], size: int) -> float:
 
 
 def main(argv=None) -> None:
-    import dsc
-    from dsc.env import pil_build
-    from dsc.synthetic import write_imagefolder
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("build/demo"))

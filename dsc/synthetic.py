@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+from .compiler.sources.voc import VOC_CLASSES
 
 
 def make_scene(rng: np.random.Generator, height: int, width: int, noise: float = 12.0) -> Image.Image:
@@ -252,7 +253,6 @@ def write_segfolder(root: str | os.PathLike, scenes: list[dict], ext: str = ".pn
 def write_voc_segmentation(root: str | os.PathLike, scenes: list[dict], split: str = "train") -> Path:
     """A VOC segmentation split of detection scenes: JPEGImages, Annotations, ImageSets/Segmentation and
     SegmentationClass palette PNGs whose index is the VOC class + 1, with 255 on each object's border."""
-    from .compiler.sources.voc import VOC_CLASSES
 
     root = Path(root)
     write_voc(root, scenes, split)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -18,6 +17,7 @@ from .errors import ConfigError, CorruptDatasetError, DscError, VersionNotFoundE
 from .formats import layout as L
 from .formats import versions as V
 from .formats import view
+from .compiler.staging import sync_filesystem
 from .store import Store, open_store
 
 DEFAULT_RETENTION = "7d"
@@ -42,14 +42,6 @@ def writing(store: Store, what: str, nodes=()):
         if store.local:
             V.check_private(store.path, nodes)
         yield
-
-
-def _records(store: Store, nums: list[int]) -> dict[int, dict]:
-    """The records of versions ``nums`` (in parallel requests for object storage)."""
-    if store.local or len(nums) < 2:
-        return {n: V.read_record(store, n) for n in nums}
-    with ThreadPoolExecutor(8) as ex:
-        return dict(zip(nums, ex.map(lambda n: V.read_record(store, n), nums)))
 
 
 def _tags(store: Store) -> dict[str, int]:
@@ -83,30 +75,13 @@ def _n_versions(k: int) -> str:
 
 
 def log(out) -> list[dict]:
-    """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
-    "samples", "added", "removed", "changed", "relabelled", "moved", "decoded", "skipped", "options",
-    "source_version", "tags"}`` (counts are relative to the parent). ``out`` may be a URL."""
+    """Every version still in the log, oldest first (see ``formats.versions.history``). ``out`` may be a URL."""
     store = open_store(out)
     if not V.is_versioned(store):
         m = L.read_manifest(_versioned(out) if not store.local else store)
         return [{"version": 0, "parent": None, "created": None, "operation": "compile", "samples": m.num_samples,
                  "tags": []}]
-    have = V.versions(store)
-    records = _records(store, have)
-    tags: dict[int, list[str]] = {}
-    for name, n in _tags(store).items():
-        tags.setdefault(n, []).append(name)
-    out_list = []
-    for n in have:
-        rec = records[n]
-        m = rec["manifest"]
-        entry = {"version": n, "parent": rec["parent"], "created": rec["created"], "operation": rec["operation"],
-                 "samples": m.num_samples, **{k: v for k, v in rec["summary"].items() if k != "samples"},
-                 "options": {k: v for k, v in m.source.get("options", {}).items()}, "tags": sorted(tags.get(n, []))}
-        if "table_version" in m.source:
-            entry["source_version"] = m.source["table_version"]
-        out_list.append(entry)
-    return out_list
+    return V.history(store, _tags(store))
 
 
 def tag(out, name: str, version: int | None = None, delete: bool = False) -> int | None:
@@ -163,8 +138,6 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         else:  # a crashed update's cache for this number must not become the restored version's
             store.delete(f"{V.STAT}/{n_new}.bin")
         if store.local:
-            from .compiler.staging import sync_filesystem  # (lazy: the compiler is not needed to read versions)
-
             shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # an interrupted update of another base
             sync_filesystem(store.path)
         summary = {"samples": m.num_samples, "restored": n_old}
@@ -212,11 +185,11 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         return _leftovers_only(store, time.time() - retention, dry_run)
     store = _versioned(out)
     have = V.versions(store)
-    records = _records(store, have)
+    records = V.records(store, have)
     nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
     with writing(store, "vacuum", nodes):
         have = V.versions(store)  # (under the lock: what a folder's writers left is final)
-        records.update(_records(store, [n for n in have if n not in records]))
+        records.update(V.records(store, [n for n in have if n not in records]))
         tag_map, bad = V.read_tags(store)
         if bad:  # a tag keeps its version: while one cannot be read, nothing is removed
             raise CorruptDatasetError(f"{next(iter(bad.values()))}. A tag keeps its version from vacuum, and dsc cannot "

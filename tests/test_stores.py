@@ -225,3 +225,63 @@ def test_an_upload_never_replaces_a_file_that_is_not_its_own(s3_server, monkeypa
     again.submit([theirs], "image/c/5/0/0/0", sha["t"], 17).result()
     assert again.kept == 1 and again.sent == 0
     again.close()
+
+
+# --------------------------------------------------------------------------- one cache, several processes
+SHARER = """
+import sys, time, dsc
+t0 = time.monotonic()
+ds = dsc.open(sys.argv[1], version=int(sys.argv[2]), cache_dir=sys.argv[3], cache_limit=int(sys.argv[4]))
+seen = set()
+with dsc.Loader(ds, batch_size=8, order="quasi_random", window=2, seed=int(sys.argv[2])) as loader:
+    for epoch in range(6):
+        for b in loader:
+            seen.update(b["index"].tolist())
+ds.close()
+print(len(seen), len(ds), round(time.monotonic() - t0, 1))
+"""
+
+
+def test_two_processes_on_one_small_cache_both_finish(s3_server, monkeypatch, tmp_path):
+    """Two processes reading two versions of one dataset through one cache of ~10 shards (each needs a few
+    at once): each gets a share of the limit and lets idle shards go when the other waits, so both finish
+    (before, both waited 60 s and failed with CacheFullError); demands that cannot fit together fail at once."""
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/shared-{tmp_path.name}"
+    src = tmp_path / "src"
+    make_folder(src, 120, classes=3)
+    dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path / "c0"), **OPTS)
+    for p in sorted(src.rglob("*.jpg"))[::2]:  # version 1: half the images replaced (other shards)
+        p.unlink()
+    make_folder(src, 60, classes=3, seed0=500)
+    dsc.compile_imagefolder(src, url, update=True, cache_dir=str(tmp_path / "c1"), **OPTS)
+    shard = max(s.nbytes for s in dsc.open(url, cache_dir=tmp_path / "p").manifest.shards if s is not None)
+    script = tmp_path / "sharer.py"
+    script.write_text(SHARER)
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cache = tmp_path / "shared-cache"
+    procs = [subprocess.Popen([sys.executable, str(script), url, str(v), str(cache), str(10 * shard)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) for v in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        seen, n, seconds = out.split()
+        assert seen == n and float(seconds) < 45, out  # every sample, and no 60 s wait for room
+    from dsc.runtime.cache import ShardCache, cache_users
+
+    assert ShardCache(cache).usage() <= 10 * shard and cache_users(cache) == []  # closed: no user left
+    import time
+
+    from dsc.runtime.cache import CacheUser
+
+    other = CacheUser(cache)  # another process reading through the cache, needing 9 shards at once
+    other.need(9 * shard)
+    with dsc.open(url, cache_dir=cache, cache_limit=10 * shard) as ds:
+        loader = dsc.Loader(ds, batch_size=8, order="sequential")  # needs 2 or 3: 11 or 12 > 10 do not fit
+        t0 = time.monotonic()
+        with pytest.raises(dsc.errors.CacheFullError, match=r"cache_limit .* smaller than what the 2 processes"):
+            next(iter(loader))
+        assert time.monotonic() - t0 < 10  # at once, not after a 60 s wait for room
+        loader.close()
+    other.close()
+    assert cache_users(cache) == []

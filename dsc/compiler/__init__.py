@@ -23,6 +23,8 @@ from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_s
                       register_source, scan_coco, scan_imagefolder, scan_table, scan_voc, scan_yolo)
 from .sources import sources as all_sources  # (not `sources`: that name is the subpackage)
 from .staging import check_output
+from .update import update_dataset
+from .upload import compile_to_url, update_url
 
 
 def compile_source(source: Source, out, options: CompileOptions, warn=None, info=None) -> CompileReport:
@@ -32,10 +34,8 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
     store = open_store(out)
     if not store.local:  # object storage: compiled in a local staging folder, published there (upload.py)
-        from .upload import compile_to_url, update_url
 
         if options.update and versions.versions(store):
-            from .update import update_dataset
 
             def update_local(stage, name, first_slot):  # (messages name the URL, not the local staging folder)
                 say = (lambda m: warn(name(m))) if warn is not None else None
@@ -60,7 +60,6 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
-        from .update import update_dataset
 
         return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
     return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)

@@ -38,6 +38,7 @@ from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
 from .staging import Staging, check_output
 from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
+from ..formats.manifest import batch_name_problem
 
 
 def _stop(key: str, path: str, reason: str) -> SampleError:
@@ -199,7 +200,6 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
     if scanned.task == "classification":
         fields.append(LabelField())
     if scanned.task == "detection":
-        from ..formats.manifest import batch_name_problem
 
         for name in scanned.attributes:
             problem = batch_name_problem(name)

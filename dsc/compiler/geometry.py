@@ -13,6 +13,7 @@ from PIL import Image
 
 from .decode import SWAPS_AXES, orient_array
 from .resample import FILTERS, as_hwc, resize
+from ..formats.coords import dwarfs  # noqa: F401 - (shared with the transforms: formats/coords.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +61,6 @@ def plan_ragged(h: int, w: int, max_side: int | None) -> Plan:
     else:
         nh, nw = max_side, max(1, round(w * max_side / h))
     return Plan(resized=(nh, nw), out=(nh, nw))
-
-
-def dwarfs(resized: tuple[int, int], crop: tuple[int, int]) -> bool:
-    """A resize whose whole output would dwarf the crop taken from it (an extreme aspect ratio: a 1x4000
-    image at 224 would be resized to 224x896000 first). Then only the region that survives the crop is
-    resampled, so no intermediate is much larger than the output (values may differ by a level from
-    resizing the whole image, as the filter weights round differently; ordinary images keep
-    resize-then-crop). The compiler and the runtime's transforms share this rule."""
-    return resized[0] * resized[1] > max(4 * crop[0] * crop[1], 1 << 22)
 
 
 def oversized(plan: Plan) -> bool:

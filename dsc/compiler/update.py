@@ -43,6 +43,10 @@ from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
+from ..errors import CorruptDatasetError
+from .compile import Rows
+from .compile import _classes, _stop, decode_units, decode_warnings, write_version
+from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
                   "mask_ignore", "max_pixels")
@@ -57,7 +61,6 @@ class _Store:
     def array(self, rel: str, shape: tuple) -> np.ndarray:
         arr = read_plain_array(self.dir, rel)
         if arr.shape != tuple(shape):
-            from ..errors import CorruptDatasetError
 
             raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
         return arr
@@ -315,7 +318,6 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
     receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt).
     ``first_slot``: new shards go to slots from there on at least (a dataset in object storage: past every
     shard already in the bucket)."""
-    from .compile import _stop, dataset_fields
 
     t0 = time.perf_counter()
     say = warn or (lambda msg: None)
@@ -405,7 +407,6 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
            fields, t0: float, say, first_slot: int = 0) -> CompileReport:
-    from .compile import Rows, _classes, _stop, decode_units, decode_warnings, write_version
 
     m = base.manifest
     K = m.shard_size
@@ -525,7 +526,6 @@ def _field_shard(base: Base, name: str, s: int):
 
 
 def _base_rows(base: Base, start: int, count: int, live: np.ndarray):
-    from .compile import Rows
 
     sl = slice(start, start + count)
     stat = base.stat[sl].copy() if base.stat is not None else np.zeros((count, 6), np.int64)
@@ -555,7 +555,6 @@ def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest)
 
 
 def _pad(parts: dict, rows, n: int) -> None:
-    from .compile import Rows
 
     if n <= 0:
         return

@@ -27,6 +27,7 @@ from ..store.local import Root
 from ..store import Store, default_cache_dir, open_store
 from ..formats.remote import fetch_version, url_id
 from .staging import is_dsc_dataset, staging_dir
+from .options import CompileReport
 
 CONNECTIONS = 8
 
@@ -350,7 +351,6 @@ def compile_to_url(compile_local, url: str, options):
     finally:
         uploader.close()
     if report is None:
-        from .options import CompileReport
 
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]
         report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,

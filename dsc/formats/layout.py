@@ -5,31 +5,10 @@ from __future__ import annotations
 from ..errors import DatasetNotFoundError
 from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
+from .names import *  # noqa: F401,F403 - every node's name: layout.IMAGE, layout.LABEL... (their home is names.py)
+from .names import IMAGE
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json
-
-IMAGE = "image"                      # fixed: (N, H, W, C) uint8 sharded array; ragged: a group
-RAGGED_VALUES = "image/values"       # ragged: group of one plain uint8 array per shard
-RAGGED_OFFSETS = "image/offsets"     # ragged: (N+1,) int64, global byte offsets (CSR)
-RAGGED_SHAPES = "image/shapes"       # ragged: (N, 3) int32 (h, w, c)
-LABEL = "label"                      # classification: (N,) int64
-KEYS = "keys"
-IMAGE_ID = "image_id"                # detection: (N,) int64 id of each image in its source
-OBJECTS = "objects"                  # detection: group; box-offset index + per-box columns
-OBJ_OFFSETS = "objects/offsets"      # (N+1,) int64: sample i owns box rows [offsets[i], offsets[i+1])
-OBJ_BOXES = "objects/boxes"          # (M, 4) float32 xyxy, absolute pixels of the stored image
-OBJ_LABELS = "objects/labels"        # (M,) int64                        # (N,) string: source path / id of every sample
-TRANSFORM = "transform"              # group of per-sample geometry
-ORIG_SIZE = "transform/orig_size"    # (N, 2) int32 (h, w) of the decoded image, EXIF applied
-AFFINE = "transform/affine"          # (N, 4) float64 (sx, sy, tx, ty): stored = s * original + t
-EXIF_ORIENTATION = "transform/exif_orientation"  # (N,) uint8, EXIF orientation tag applied (1 = none)
-LIVE = "live"                        # format 3: (rows,) bool, whether each row is a sample of this version
-INPUTS = "inputs"                    # format 3: group
-FINGERPRINT = "inputs/fingerprint"   # (rows, 5) int64: size, crc32c of each row's input (and mask), annotation digest
-CHECKSUMS = "checksums"              # group
-SAMPLE_CRC32C = "checksums/crc32c"   # (N,) uint32: crc32c of each sample's stored image bytes
-BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
-                                     # 1: on the raw pixels (rotated with the image)
-
+from ..store import Store
 
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:
     """Every shard file of the dataset: the image's, then those of each later field (masks)."""
@@ -53,7 +32,6 @@ def check_shard_files(root, manifest: Manifest) -> None:
 def read_manifest(root) -> Manifest:
     """The manifest of the dataset at ``root`` (a path, an open :class:`~dsc.store.local.Root`, or a store: the
     root ``zarr.json`` of its plain-Zarr view)."""
-    from ..store import Store
 
     if isinstance(root, Store) and not root.local:
         try:

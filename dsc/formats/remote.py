@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..store import Store
 from ..store.local import write_atomic as _write_atomic
+from . import versions
+from ..errors import CorruptDatasetError
 
 
 def url_id(url: str) -> str:
@@ -26,9 +28,6 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects
     SHA-256; not with ``objects=False``) into the local folder ``dst``, in the dataset layout; returns the
     parsed record. Objects ``dst`` has already are not fetched again (their names are their hashes)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from ..errors import CorruptDatasetError
-    from . import versions
 
     rec, data = versions.read_record_bytes(store, n)
     local = dst / versions.record_path(n)

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DscError
 from . import layout as L
 from ..store import open_store
 from .manifest import Manifest
+from .problems import Problem, VerifyReport, try_read  # noqa: F401 - (their home; verify reports them)
 from .zarr_v3 import ZARR_JSON, read_string_array
+from . import versions
+from .fields import fields_of
+from .versions import TAGS, read_tags
+from .view import expected
+from .zarr_v3 import read_node_json
+from .zarr_v3 import read_plain_array
 
 
 def sha256_file(path: Path) -> str:
@@ -48,45 +54,9 @@ def file_checksums_one(root: Path, rel: str) -> dict:
     return {"nbytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-@dataclass
-class Problem:
-    file: str
-    what: str
-    samples: list[int] = field(default_factory=list)
-    view: bool = False  # a difference of the top-level plain-Zarr view only (the version itself is intact)
-    tag: bool = False  # a damaged tag (the version itself is intact)
-
-    def __str__(self):
-        s = f"{self.file}: {self.what}"
-        if self.samples:
-            shown = ", ".join(map(str, self.samples[:20])) + (" ..." if len(self.samples) > 20 else "")
-            s += f" (samples {shown})"
-        return s
-
-
-@dataclass
-class VerifyReport:
-    path: Path
-    problems: list[Problem]
-    shards_checked: int = 0
-    files_checked: int = 0
-    bytes_hashed: int = 0
-    version: int | None = None  # the version checked (None: a dataset without versions)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def damaged_samples(self) -> list[int]:
-        return sorted({i for p in self.problems for i in p.samples})
-
-
 def _verify_view(store, m: Manifest, P: list) -> None:
     """The top-level files a plain Zarr reader opens are the latest version's (copies of its objects; see
     formats/view.py)."""
-    from .view import expected
-    from .zarr_v3 import read_node_json
 
     view = store.files()
     try:
@@ -117,7 +87,6 @@ def _verify_view(store, m: Manifest, P: list) -> None:
 
 def _verify_tags(store, have: list[int], P: list) -> None:
     """Every tag file is readable and names a version the dataset has."""
-    from .versions import TAGS, read_tags
 
     good, bad = read_tags(store)
     for name, problem in bad.items():
@@ -129,22 +98,10 @@ def _verify_tags(store, have: list[int], P: list) -> None:
                                               f"--delete`", tag=True))
 
 
-def try_read(problems: list[Problem], rel: str, fn):
-    """``fn()``, or None with the failure recorded as a problem of ``rel``."""
-    try:
-        return fn()
-    except (DscError, OSError, ValueError) as e:
-        problems.append(Problem(rel, str(e)))
-        return None
-
-
 def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) -> VerifyReport:
     """Check ``version`` (default: the latest) of the dataset at ``path``; for the latest, also that the
     top-level plain-Zarr view shows it. ``path`` may be a URL: the same checks, every file streamed from
     object storage and hashed, one shard in memory at a time (``cache_dir`` is accepted for compatibility)."""
-    from . import versions
-    from .fields import fields_of
-    from .zarr_v3 import read_plain_array
 
     store = open_store(path)
     latest = None

@@ -34,6 +34,8 @@ from ..store import LocalStore, Store, open_store
 from ..store.local import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
 from .manifest import Manifest
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
+from ..errors import CredentialsError
+from ..errors import UnsafePathError
 
 DSC_DIR = "_dsc"
 LOG = "_dsc/log"
@@ -110,6 +112,42 @@ def read_record_bytes(where, n: int) -> tuple[dict, bytes]:
     return parse_record(data, store.where(record_path(n)), n), data
 
 
+def records(where, nums: list[int]) -> dict[int, dict]:
+    """The records of versions ``nums`` (in parallel requests for object storage)."""
+    store = as_store(where)
+    if store.local or len(nums) < 2:
+        return {n: read_record(store, n) for n in nums}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as ex:
+        return dict(zip(nums, ex.map(lambda n: read_record(store, n), nums)))
+
+
+def history(where, tags: dict[str, int] | None = None) -> list[dict]:
+    """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
+    "samples", "added", "removed", "changed", "relabelled", "moved", "decoded", "skipped", "options",
+    "source_version", "tags"}`` (counts are relative to the parent); ``tags``: {tag: version} (default: the
+    readable tags)."""
+    store = as_store(where)
+    have = versions(store)
+    recs = records(store, have)
+    by_version: dict[int, list[str]] = {}
+    for name, n in (tag_names(store) if tags is None else tags).items():
+        by_version.setdefault(n, []).append(name)
+    out = []
+    for n in have:
+        rec = recs[n]
+        m = rec["manifest"]
+        entry = {"version": n, "parent": rec["parent"], "created": rec["created"], "operation": rec["operation"],
+                 "samples": m.num_samples, **{k: v for k, v in rec["summary"].items() if k != "samples"},
+                 "options": {k: v for k, v in m.source.get("options", {}).items()},
+                 "tags": sorted(by_version.get(n, []))}
+        if "table_version" in m.source:
+            entry["source_version"] = m.source["table_version"]
+        out.append(entry)
+    return out
+
+
 def parse_record(data: bytes, where, n: int) -> dict:
     """Version ``n``'s record from its bytes (read from ``where``, named in errors), parsed and checked."""
     try:
@@ -155,7 +193,9 @@ def read_tags(where) -> tuple[dict[str, int], dict[str, str]]:
     """({tag: version}, {tag: what is wrong with its file}): a damaged tag file breaks only its own tag."""
     store = as_store(where)
     good, bad = {}, {}
-    for rel, size in store.list(TAGS + "/"):
+    rels = [f"{TAGS}/{name}" for name in store.names(TAGS)] if store.local else [rel for rel, _ in
+                                                                                 store.list(TAGS + "/")]
+    for rel in rels:  # (in a folder, everything there: a folder or a link named like a tag is a damaged tag)
         name = rel[len(TAGS) + 1:]
         if name.endswith(".json") and _TAG.match(name[:-5]):
             try:
@@ -183,7 +223,6 @@ def tag_names(where) -> dict[str, int]:
 
 
 def check_tag(name: str) -> str:
-    from ..errors import ConfigError
 
     if not isinstance(name, str) or not _TAG.match(name):
         raise ConfigError(f"a tag is a plain name (letters, digits, '_', '.', '-'; at most 100), got {name!r}")
@@ -247,8 +286,6 @@ class Lease:
 
     def __init__(self, store: Store, n: int, seconds: float = LEASE_SECONDS):
         import secrets
-
-        from ..errors import CredentialsError
 
         self.store, self.n, self.seconds = store, n, seconds
         self.rel = f"{LEASES}/{n}/{secrets.token_hex(8)}.json"
@@ -350,7 +387,6 @@ def open_version(where, version: int | None = None, tag: str | None = None) -> t
 def check_private(path: Path, nodes=()) -> None:
     """Before a writer deletes or creates files under OUT: ``_dsc`` and its folders, and the shard folders of
     ``nodes``, are real directories (a symbolic link there would make a vacuum delete files elsewhere)."""
-    from ..errors import UnsafePathError
 
     for rel in (DSC_DIR, LOG, OBJECTS, TAGS, PINS, TXN, STAT, *nodes,
                 *(f"{n}/{sub}" for n in nodes for sub in ("c", "values"))):

@@ -26,6 +26,8 @@ import numpy as np
 
 from ..errors import CorruptDatasetError
 from ..store.paths import check_node_path
+from ..store.local import as_root
+from ..store.local import write_atomic
 
 ZARR_JSON = "zarr.json"
 EMPTY_ENTRY = 0xFFFF_FFFF_FFFF_FFFF  # index entry of an inner chunk that is not stored
@@ -80,7 +82,6 @@ def write_json(path: Path, obj: Any, base: Path | None = None) -> None:
     """Write JSON atomically (temp file + rename, never through a link below ``base``: files.write_atomic),
     with a stable key order. Durability is the writer's business: dsc flushes a whole dataset with one
     syncfs before publishing it."""
-    from ..store.local import write_atomic
 
     write_atomic(path, json_bytes(obj), base)
 
@@ -113,7 +114,6 @@ def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> dict:
 
 def read_node_json(root, rel: str) -> dict:
     """The ``zarr.json`` of node ``rel`` of a dataset (a :class:`~dsc.formats.files.Root`)."""
-    from ..store.local import as_root
 
     root = as_root(root)
     name = f"{rel}/{ZARR_JSON}" if rel else ZARR_JSON
@@ -140,7 +140,6 @@ def write_plain_array(root: Path, rel: str, data: np.ndarray,
         raise TypeError(f"dtype {data.dtype} is not stored by dsc")
     if data.ndim == 0:
         raise ValueError(f"{rel}: dsc stores no 0-d arrays")
-    from ..store.local import write_atomic
 
     d = node_dir(root, rel)
     if data.size:
@@ -174,7 +173,6 @@ def read_array_meta(root, rel: str) -> dict:
 
 def read_plain_array(root, rel: str) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
-    from ..store.local import as_root
 
     root = as_root(root)
     meta = read_array_meta(root, rel)
@@ -192,7 +190,6 @@ def read_plain_array(root, rel: str) -> np.ndarray:
 
 
 def check_file_size(root, rel: str, expect: int) -> None:
-    from ..store.local import as_root
 
     as_root(root).check_size(rel, expect)
 
@@ -205,7 +202,6 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
     for b in encoded:
         parts.append(struct.pack("<I", len(b)))
         parts.append(b)
-    from ..store.local import write_atomic
 
     d = node_dir(root, rel)
     write_atomic(d / chunk_key(1), b"".join(parts), Path(root))
@@ -215,7 +211,6 @@ def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
 
 
 def read_string_array(root, rel: str) -> list[str]:
-    from ..store.local import as_root
 
     root = as_root(root)
     meta = read_array_meta(root, rel)

@@ -18,31 +18,10 @@ import torch
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
+from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
 IMAGE_FORMS = ("packed", "padded")
-
-
-class Batch(dict):
-    """A batch: {key: tensor}. ``schema`` says what each key is to geometric transforms."""
-
-    schema: Schema | None = None
-
-    def __init__(self, *args, schema: Schema | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.schema = schema
-
-    def to(self, device, non_blocking: bool = False) -> "Batch":
-        """Every tensor on ``device`` (lists of target dicts too); the schema stays with the batch."""
-        def move(v):
-            if isinstance(v, torch.Tensor):
-                return v.to(device, non_blocking=non_blocking)
-            if isinstance(v, list):
-                return [move(x) for x in v]
-            if isinstance(v, dict):
-                return {k: move(x) for k, x in v.items()}
-            return v
-        return Batch({k: move(v) for k, v in self.items()}, schema=self.schema)
 
 
 def new_tensor(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:

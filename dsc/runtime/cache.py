@@ -6,6 +6,10 @@ processes of a node.
     CACHE/locks/<sha[:2]>/<sha>         per-shard download lock (flock): each shard is downloaded once
     CACHE/.space                        lock taken while space is reserved (usage scan and eviction)
     CACHE/datasets/<id>/                per URL: the version records and small files read at open
+    CACHE/users/<pid>-<id>              a process reading through the cache (flock'ed while it lives): what it
+                                        needs at once (its largest batch's shards)
+    CACHE/queue/<time>-<pid>-<thread>   a download waiting for room: served in arrival order
+    CACHE/pressure                      touched by a waiting download: every process lets its idle shards go
 
 * **Named by content.** A shard's file name is its SHA-256 from the manifest, so the same bytes are shared
   by every version and every dataset that reference them, and a cached file can never stand for other
@@ -17,6 +21,10 @@ processes of a node.
 * **Shared.** A process holds a shard it is reading with a shared flock on the open file; eviction takes
   an exclusive non-blocking flock before it unlinks, so a held shard is never evicted. A shard is mapped
   from the file the process holds, never from a partial file (those have other names).
+* **Fair.** Every process reading through the cache is a *user* (a file it keeps flock'ed) declaring what it
+  needs at once; each gets an equal share of the limit (``share()``), and when the users' needs together do
+  not fit, the next epoch fails at once naming ``cache_limit`` and the needs. A download that finds no room
+  waits its turn (arrival order) and asks every process to let its idle shards go.
 """
 from __future__ import annotations
 
@@ -84,6 +92,66 @@ class Held:
             self.fd = -1
 
 
+class CacheUser:
+    """This process as a user of the cache (see the module docstring): a file ``users/<pid>-<id>`` holding
+    what it needs at once, flock'ed while the process lives (a dead process's file is unlocked: ignored and
+    removed). ``need(n)`` declares the bytes its coming epoch needs at once."""
+
+    def __init__(self, root: Path):
+        import secrets
+
+        d = root / "users"
+        d.mkdir(parents=True, exist_ok=True)
+        self.path = d / f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        self.need(0)
+
+    def need(self, nbytes: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(int(nbytes)).encode(), 0)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def cache_users(root: Path) -> list[int]:
+    """What every live user of the cache at ``root`` needs at once (bytes; 0: not declared)."""
+    out = []
+    d = root / "users"
+    for e in os.scandir(d) if d.is_dir() else ():
+        try:
+            fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # got it: its process is gone
+                os.unlink(e.path)
+                continue
+            except BlockingIOError:
+                pass
+            try:
+                out.append(int(os.pread(fd, 32, 0) or b"0"))
+            except ValueError:
+                out.append(0)
+        finally:
+            os.close(fd)
+    return out
+
+
 class ShardCache:
     """A cache directory and its byte limit (``None``: unbounded)."""
 
@@ -98,6 +166,46 @@ class ShardCache:
                                  f"(--cache-dir) or $DSC_CACHE_DIR a writable folder") from None
         self.downloads = 0  # shards this object downloaded (tests and `dsc cache warm` report it)
         self._count_lock = threading.Lock()
+        self.user: CacheUser | None = None
+
+    def join(self) -> CacheUser:
+        """This process as a user of the cache (made once)."""
+        if self.user is None:
+            self.user = CacheUser(self.root)
+        return self.user
+
+    def users(self) -> int:
+        """How many live processes read through the cache (this one at least)."""
+        return max(1, len(cache_users(self.root)))
+
+    def share(self, local_processes: int = 1) -> int | None:
+        """This process's share of the limit: an equal part for each live user (or each of the node's
+        ``local_processes``, if more)."""
+        if self.limit is None:
+            return None
+        return self.limit // max(self.users(), local_processes)
+
+    def check_needs(self, mine: int) -> None:
+        """Declare that this process needs ``mine`` bytes at once; fail at once when the users' needs together
+        exceed the limit (they would wait on each other until one gives up)."""
+        self.join().need(mine)
+        if self.limit is None:
+            return
+        needs = cache_users(self.root)
+        if sum(needs) > self.limit:
+            raise CacheFullError(
+                f"cache_limit {self.limit:,} bytes (--cache-limit) of {self.root} is smaller than what the "
+                f"{len(needs)} processes reading through it need at once: {' + '.join(f'{n:,}' for n in needs)} = "
+                f"{sum(needs):,} bytes (each its largest batch's shards). Raise cache_limit, give each process a "
+                f"cache_dir of its own, or read fewer shards per batch (quasi_random with a smaller window, or a "
+                f"smaller batch_size)")
+
+    def pressure(self) -> float:
+        """When a download last found no room (0 if never): processes then let their idle shards go."""
+        try:
+            return os.stat(self.root / "pressure").st_mtime
+        except FileNotFoundError:
+            return 0.0
 
     def path(self, sha256: str) -> Path:
         if not _SHA.match(sha256):
@@ -186,36 +294,81 @@ class ShardCache:
             raise CacheFullError(f"{what} has {nbytes:,} bytes, more than the whole cache_limit ({self.limit:,}); "
                                  f"raise cache_limit (--cache-limit)")
         deadline = time.monotonic() + WAIT_SECONDS
-        while True:
-            with self._space_lock():
-                if self.limit is None or self._make_room(nbytes):
-                    fd = os.open(part, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                    try:
-                        if nbytes:
-                            os.posix_fallocate(fd, 0, nbytes)
-                    except OSError as e:
-                        os.close(fd)
-                        part.unlink(missing_ok=True)
-                        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                            raise CacheFullError(
-                                f"the cache disk is full: no room for {what} ({nbytes:,} bytes) in {self.root}; free "
-                                f"space there, lower cache_limit (--cache-limit) below the free space, or give "
-                                f"another cache_dir (--cache-dir)") \
-                                from None
-                        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                            raise
-                        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                        os.ftruncate(fd, nbytes)
+        ticket = None
+        try:
+            while True:
+                if self.limit is not None and ticket is not None and not self._first(ticket):
+                    time.sleep(0.02)  # an earlier waiter is served first
+                    if time.monotonic() > deadline:
+                        raise self._full(what, nbytes)
+                    continue
+                fd = self._try_reserve(part, nbytes, what)
+                if fd is not None:
                     return fd
-            if on_full is not None and on_full():
-                continue  # the caller let idle shards go: try again at once
-            if time.monotonic() > deadline:
-                raise CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
-                                     f"cache_limit {self.limit:,}: every cached shard stayed in use for "
-                                     f"{WAIT_SECONDS:.0f} s, by other processes or by samples this one keeps (ds[i] "
-                                     f"and a DataLoader's samples are views of their shard: .clone() the ones you keep). "
-                                     f"Raise cache_limit (--cache-limit)")
-            time.sleep(0.05)
+                if ticket is None:  # no room: wait in line, and ask every process for its idle shards
+                    ticket = self._queue()
+                (self.root / "pressure").touch()
+                if on_full is not None and on_full():
+                    continue  # the caller let idle shards go: try again at once
+                if time.monotonic() > deadline:
+                    raise self._full(what, nbytes)
+                time.sleep(0.05)
+        finally:
+            if ticket is not None:
+                ticket.unlink(missing_ok=True)
+
+    def _full(self, what: str, nbytes: int) -> CacheFullError:
+        return CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
+                              f"cache_limit {self.limit:,}: every cached shard stayed in use for "
+                              f"{WAIT_SECONDS:.0f} s, by other processes or by samples this one keeps (ds[i] "
+                              f"and a DataLoader's samples are views of their shard: .clone() the ones you keep). "
+                              f"Raise cache_limit (--cache-limit)")
+
+    def _queue(self) -> Path:
+        d = self.root / "queue"
+        d.mkdir(exist_ok=True)
+        p = d / f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
+        p.touch()
+        return p
+
+    def _first(self, ticket: Path) -> bool:
+        """Whether ``ticket`` is the oldest live waiter's (a dead process's tickets are removed)."""
+        for e in sorted(os.scandir(self.root / "queue"), key=lambda e: e.name):
+            if e.name == ticket.name:
+                return True
+            try:
+                pid = int(e.name.split("-")[1])
+            except (IndexError, ValueError):
+                pid = 0
+            if _alive(pid):
+                return False
+            Path(e.path).unlink(missing_ok=True)
+        return True
+
+    def _try_reserve(self, part: Path, nbytes: int, what: str) -> int | None:
+        """``part`` created and pre-allocated if the limit has room for it now (evicting unheld shards), else
+        None."""
+        with self._space_lock():
+            if self.limit is None or self._make_room(nbytes):
+                fd = os.open(part, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    if nbytes:
+                        os.posix_fallocate(fd, 0, nbytes)
+                except OSError as e:
+                    os.close(fd)
+                    part.unlink(missing_ok=True)
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise CacheFullError(
+                            f"the cache disk is full: no room for {what} ({nbytes:,} bytes) in {self.root}; free "
+                            f"space there, lower cache_limit (--cache-limit) below the free space, or give "
+                            f"another cache_dir (--cache-dir)") \
+                            from None
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    os.ftruncate(fd, nbytes)
+                return fd
+        return None
 
     def _space_lock(self):
         return _FileLock(self.root / ".space")

@@ -27,6 +27,11 @@ from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
                       numpy_alloc)
 from .storage import Storage
+from ..errors import DscError
+from ..transforms.fused import run_batch
+from ..transforms.resample import transform_boxes
+from .remote import open_remote
+from .schedule import shard_needs
 
 Allocator = Callable[[str, tuple, torch.dtype], torch.Tensor]
 
@@ -66,7 +71,6 @@ class Dataset(torch.utils.data.Dataset):
         self._record = None
         store = open_store(path, retry_seconds)
         if not store.local:  # object storage: small files fetched now, shards through the local cache (remote.py)
-            from .remote import open_remote
 
             self.path = store.url
             self._record, self.storage = open_remote(store, version, tag, cache_dir, cache_limit, retry_seconds)
@@ -141,7 +145,6 @@ class Dataset(torch.utils.data.Dataset):
         """For an epoch's batches (sample indices): ``(needs, paths, nbytes)``, ``needs[j]`` the shard files
         batch j reads as keys into ``paths`` / ``nbytes`` (every image-like field's shard of each slot the
         batch touches), in storage order. What a read schedule walks (``schedule.py``)."""
-        from .schedule import shard_needs
 
         pxs = self._pixel_readers()
         nslots = max(len(px.shards) for px in pxs)
@@ -182,9 +185,10 @@ class Dataset(torch.utils.data.Dataset):
     def history(self) -> list[dict]:
         """Every version still in the log, oldest first: ``{"version", "parent", "created", "operation",
         "samples", "added", "removed", "changed", "relabelled", "decoded", "tags"}``."""
-        from ..versions import log
-
-        return log(self.path)
+        if self.manifest.version is None:
+            return [{"version": 0, "parent": None, "created": None, "operation": "compile",
+                     "samples": self.manifest.num_samples, "tags": []}]
+        return versions.history(self.path)
 
     # --------------------------------------------------------------------------- metadata
     def __len__(self) -> int:
@@ -234,6 +238,21 @@ class Dataset(torch.utils.data.Dataset):
         if self._affine is None:
             self._affine = self.row(self.storage.array(L.AFFINE, (self.manifest.num_rows, 4)))
         return self._affine
+
+    def close(self) -> None:
+        """Let go of what this handle holds: a remote dataset's cached shards (other processes sharing the cache
+        may evict them) and its lease, a local one's pin and mappings: ``dsc vacuum`` may then remove the
+        version. Samples already taken stay valid (they keep their mappings). Also on ``with dsc.open(...)``
+        exit; a dropped handle does the same when it is deleted."""
+        close = getattr(self.storage, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -359,7 +378,6 @@ class Dataset(torch.utils.data.Dataset):
                 fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
         if geometry is not None and "boxes" in batch:
-            from ..transforms.resample import transform_boxes
 
             transform_boxes(batch, geometry.matrices, geometry.out[1], geometry.out[0], self.schema.box_rows())
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
@@ -368,8 +386,6 @@ class Dataset(torch.utils.data.Dataset):
 
     def _gather_transformed(self, reader, idx, role, alloc, geometry, post, reads=None) -> torch.Tensor:
         """One image-like field of the batch through the geometric steps (and ``post``), per sample."""
-        from ..errors import DscError
-        from ..transforms.fused import run_batch
 
         px = reader.px.px
         if geometry is not None:

@@ -29,6 +29,9 @@ from .orders.quasi_random import DEFAULT_WINDOW
 from . import reads as R
 from .prefetch import EpochIterator, Ring
 from .storage import CACHES
+from ..transforms import Compose, Geometric, PIXEL_OPS
+from .remote import CONNECTIONS, _local_processes
+from .schedule import ShardSchedule
 
 
 def _whole(v) -> bool:
@@ -177,6 +180,7 @@ class Loader:
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None, read: str = "auto",
                  io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict"):  # noqa: A002
+        self._owns_dataset = isinstance(dataset, (str, os.PathLike))  # (opened here: closed with the Loader)
         dataset, self.indices = _samples_of(dataset, indices)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
@@ -387,6 +391,8 @@ class Loader:
         reads = getattr(self, "_reads", None)
         if reads is not None:
             reads.close()
+        if getattr(self, "_owns_dataset", False):
+            self.dataset.close()
 
     def _interrupt(self, why: str) -> None:
         for it in list(self._iterators):
@@ -402,8 +408,6 @@ class Loader:
         needs, paths, nbytes = ds.shard_plan(batches)
         if not ds.remote:
             return self._reads.schedule(needs, start, nbytes, paths)
-        from .remote import CONNECTIONS, _local_processes
-        from .schedule import ShardSchedule
 
         storage = ds.storage
         limit = storage.cache.limit
@@ -411,12 +415,15 @@ class Loader:
         if limit is not None:
             sizes = [int(nbytes[n].sum()) for n in needs]
             worst = max(range(len(sizes)), key=sizes.__getitem__)
-            # The processes of a node share the cache (torchrun sets LOCAL_WORLD_SIZE): each runs ahead within
-            # its share, keeping half of it for the batches being gathered; a batch must fit in its share.
-            share = limit // _local_processes()
+            # The processes reading through the cache share it (each an equal part; torchrun's LOCAL_WORLD_SIZE
+            # counts those yet to start): each runs ahead within its share, keeping half of it for the batches
+            # being gathered; a batch must fit in its share, and the processes' needs together in the limit.
+            share = storage.cache.share(_local_processes())
+            if sizes[worst] <= share:
+                storage.cache.check_needs(sizes[worst])
             if sizes[worst] > share:
-                each = f" (this process's share: {share:,} of {limit:,} for LOCAL_WORLD_SIZE processes)" \
-                    if share != limit else ""
+                each = f" (this process's share: {share:,} of {limit:,}, shared by the processes reading through " \
+                       f"the cache)" if share != limit else ""
                 raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst} needs "
                                   f"({sizes[worst]:,} bytes, {len(needs[worst])} shards): raise cache_limit "
                                   f"(--cache-limit), or read "
@@ -538,7 +545,6 @@ def _describe(transforms) -> str | None:
 
 def _compose(transforms):
     """None, a Compose, a list of ops, one op, or a callable ``(batch, seed=, epoch=, batch_index=[, rank=])``."""
-    from ..transforms import Compose, Geometric, PIXEL_OPS
 
     if transforms is None or isinstance(transforms, Compose):
         return transforms

@@ -26,6 +26,9 @@ import torch
 
 from ..errors import DscError
 from .batches import Batch
+from ..transforms import batch_generator
+from ..transforms.fused import plan_chain
+
 
 
 def _storage_users(t: torch.Tensor) -> int:
@@ -72,7 +75,7 @@ class _EpochState:
     """Shared between the consumer and the filler threads (the threads never reference the iterator,
     so dropping the iterator finalizes it and stops them)."""
 
-    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):  # noqa: F821 - (loader.py imports this module)
         end = len(batches)
         self.cond = threading.Condition()
         self.next_job = start
@@ -172,8 +175,6 @@ def _fill_jobs(state: _EpochState, k: int) -> None:
 def _make_batch(state: _EpochState, j: int, stream):
     """Batch ``j`` gathered into its ring slot (and on CUDA sent to the device on ``stream``): ``(batch,
     event, gen)``, or the exception that stopped it (raised in the consumer)."""
-    from ..transforms import batch_generator
-    from ..transforms.fused import plan_chain
 
     try:
         ring = state.ring
@@ -230,7 +231,7 @@ class EpochIterator:
     """One epoch of batches. Only one per Loader at a time: starting a new iteration closes the previous
     one, which then raises instead of ending quietly."""
 
-    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):
+    def __init__(self, loader: "Loader", batches: list[np.ndarray], start: int):  # noqa: F821 - (loader.py imports this module)
         self._loader = loader  # `for b in Loader(...)` must keep the loader alive while it iterates
         self._state = state = _EpochState(loader, batches, start)
         end = state.end

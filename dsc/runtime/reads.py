@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from .schedule import ShardSchedule, _DaemonPool, live_bytes
+from .cache import parse_size
 
 READS = ("auto", "mapped", "windowed", "direct")
 FIT = 0.8  # a dataset "fits" when its shards take at most this share of the memory available
@@ -139,7 +140,6 @@ def available_memory() -> tuple[int, str]:
     this process's memory cgroup leaves (its limit minus the memory its processes hold that is not page
     cache): a container's page cache is charged to its cgroup, so a dataset bigger than the limit does not
     stay in memory even on a machine with plenty."""
-    from .cache import parse_size
 
     forced = os.environ.get("DSC_MEMORY")
     if forced:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +38,7 @@ from ..store import Store, open_store
 from ..formats.remote import fetch_version, url_id, write_atomic
 from .cache import Held, ShardCache
 from .storage import Storage
+from ..errors import ConfigError
 
 CONNECTIONS = 8  # parallel downloads of one feed
 _HANDLES: "weakref.WeakSet[RemoteStorage]" = weakref.WeakSet()  # this process's remote storages (see _make_room)
@@ -119,8 +121,22 @@ class RemoteStorage(Storage):
         self._idle: OrderedDict[str, None] = OrderedDict()  # held and mapped, no reference: oldest first
         # Unbounded cache: keep every shard mapped (like a local dataset). Bounded: a quarter of this process's
         # share of it, so idle shards never crowd out the downloads ahead of training.
-        self.idle_budget = None if cache.limit is None else cache.limit // (4 * max(1, _local_processes()))
+        self._budget_at, self._budget = 0.0, None
+        self._pressure_at = time.monotonic()
+        self._pressure_seen = cache.pressure()
+        cache.join()  # a user of the cache: its share of the limit counts every process reading through it
         _HANDLES.add(self)
+
+    @property
+    def idle_budget(self) -> int | None:
+        """The bytes of idle shards kept mapped: a quarter of this process's share of the limit (recomputed
+        at most once a second: the number of processes sharing the cache changes)."""
+        if self.cache.limit is None:
+            return None
+        now = time.monotonic()
+        if now - self._budget_at > 1.0:
+            self._budget, self._budget_at = self.cache.share(_local_processes()) // 4, now
+        return self._budget
 
     @property
     def remote(self) -> bool:
@@ -243,6 +259,13 @@ class RemoteStorage(Storage):
             else:
                 self._refs.pop(rel, None)
         self._trim(self.idle_budget)
+        now = time.monotonic()
+        if self.cache.limit is not None and now - self._pressure_at > 0.2:  # another process waits for room:
+            self._pressure_at = now                                         # let every idle shard go
+            seen = self.cache.pressure()
+            if seen > self._pressure_seen:
+                self._pressure_seen = seen
+                self.drop_idle()
 
     def _trim(self, budget: int | None) -> int:
         """Let go of the oldest idle shards until they hold at most ``budget`` bytes; the bytes let go."""
@@ -282,7 +305,6 @@ class RemoteStorage(Storage):
         return arr
 
     def load_to_ram(self, shards, progress: bool = True) -> None:
-        from ..errors import ConfigError
 
         raise ConfigError(f"{self.url}: cache='ram' reads the whole dataset into each process; for a remote dataset "
                           f"warm the shard cache instead (dsc cache warm URL)")
@@ -296,6 +318,9 @@ class RemoteStorage(Storage):
         lease, self._pin = self._pin, None
         if lease is not None:
             lease.release()
+        if self.cache.user is not None:
+            self.cache.user.close()
+            self.cache.user = None
 
     def __del__(self):
         try:

@@ -15,6 +15,8 @@ from ..errors import CorruptDatasetError
 from ..formats import versions
 from ..store.local import Root
 from ..formats.zarr_v3 import read_plain_array
+from ..errors import DscError
+from ..formats.layout import read_manifest
 
 CACHES = ("page", "ram")
 
@@ -46,6 +48,13 @@ class Storage:
         if arr is None:
             arr = self._maps[rel] = self.dir.map(rel, nbytes)  # (self.dir raises if the re-open failed)
         return arr
+
+    def close(self) -> None:
+        """Drop this storage's mappings (arrays still referenced keep theirs) and its version pin."""
+        self._maps = {}
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.release()
 
     def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
         """A new mapping of a shard's first ``nbytes``, not kept here (a read strategy holds it)."""
@@ -102,8 +111,6 @@ class Storage:
         """Re-open the path and check it is the same dataset. A failure is kept and raised at the first read,
         not here: an exception while a spawned DataLoader worker unpickles its dataset reaches the parent
         only as 'worker exited unexpectedly', one raised by a read is shown with its message."""
-        from ..errors import DscError
-        from ..formats.layout import read_manifest
 
         self.root, self.checksum, self._maps = Path(state["path"]), state["checksum"], {}
         self.version, self._pin = state.get("version"), None

@@ -15,6 +15,7 @@ from typing import Callable
 
 
 from ..errors import CorruptDatasetError
+from .paths import check_node_path
 
 
 class MissingFile(CorruptDatasetError, FileNotFoundError):
@@ -138,7 +139,6 @@ class Files:
         return self.store.where(rel)
 
     def _target(self, rel: str) -> str:
-        from .paths import check_node_path
 
         return check_node_path(self.redirect.get(rel, rel) if self.redirect else rel) if rel != "zarr.json" \
             else rel

@@ -616,6 +616,17 @@ class LocalStore(Store):
             except OSError:
                 pass
 
+    def names(self, folder: str) -> list[str]:
+        """The names of everything in ``folder`` (files, folders, links: a damaged entry is named too)."""
+        try:
+            fd = self.root.open_dir(folder)
+        except FileNotFoundError:
+            return []
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
     def has_folder(self, rel: str) -> bool:
         try:
             os.close(self.root.open_dir(rel))

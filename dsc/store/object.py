@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
 from .base import Store
+from ..errors import DatasetNotFoundError
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 DEFAULT_RETRY_SECONDS = 120.0
@@ -258,8 +259,6 @@ class ObjectStore(Store):
 
     def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
         import obstore
-
-        from ..errors import DatasetNotFoundError
 
         def attempt():
             return [(o["path"], int(o["size"]), o["last_modified"].timestamp())

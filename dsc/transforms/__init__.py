@@ -21,7 +21,7 @@ from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, 
 from .photometric import (PIXEL_OPS, ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat,
                           fuse_photometric)
 from ..errors import ConfigError
-from ..runtime.batches import Batch
+from ..formats.fields.base import Batch
 from .resample import apply_geometric
 
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..compiler.geometry import dwarfs
+from ..formats.coords import dwarfs
 from .geometric import Geometric
+from ..errors import ConfigError
 
 _aa = getattr(torch.ops.aten._upsample_bilinear2d_aa, "out", None)
 
@@ -40,7 +41,6 @@ class ChainPlan:
 
 def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
     """Draw every op's parameters for a batch of samples of ``sizes`` (B, 2) (h, w), in op order."""
-    from ..errors import ConfigError
 
     B = len(sizes)
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()

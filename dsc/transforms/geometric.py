@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 
 import torch
+from ..errors import ConfigError
 
 Size = tuple[int, int]
 
 
 def _size(size) -> Size:
     """``s`` or ``(h, w)`` of positive ints; a ConfigError otherwise."""
-    from ..errors import ConfigError
 
     pair = (size, size) if isinstance(size, int) else size
     try:
@@ -139,7 +139,6 @@ class Letterbox(Geometric):
     is filled with ``fill`` (0-255; masks get their ignore index)."""
 
     def __init__(self, size, fill: int = 0):
-        from ..errors import ConfigError
 
         _size(size)
         ok = isinstance(fill, (int, float)) and not isinstance(fill, bool) and math.isfinite(fill) \
@@ -178,7 +177,6 @@ class RandomResizedCrop(Geometric):
     crop clamped to ``ratio``. The crop is resized to ``size``."""
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-        from ..errors import ConfigError
 
         _size(size)
         self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)

@@ -20,6 +20,7 @@ from .segfolder import SegFolderSource
 from .table import TableSource, scan_table
 from .voc import VocSource, scan_voc
 from .yolo import YoloSource, scan_yolo
+from ..options import CompileOptions
 
 BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DeltaSource, DatasetSource)
 ENTRY_POINT_GROUP = "dsc.sources"
@@ -36,7 +37,6 @@ def register_source(cls: type[Source], replace: bool = False) -> type[Source]:
     name = cls.name
     if not name or not name.replace("_", "").isalnum() or not name[0].isalpha() or name != name.lower():
         raise ConfigError(f"{cls.__name__}.name must be a lower-case identifier (letters, digits, _), got {name!r}")
-    from ..options import CompileOptions
 
     import keyword
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ...errors import ConfigError
+from ...errors import DscError, SourceError
 
 
 def utf8(text: str) -> bool:
@@ -42,7 +43,6 @@ def check_text(scanned: "ScannedSource") -> "ScannedSource":
     """Keys and class names a dataset can store: a record whose key is not valid UTF-8 or holds a NUL (or
     whose file name holds a NUL) becomes an invalid input (the on_error policy decides), a class name like that is
     a SourceError; the summary and the invalid list are made printable."""
-    from ...errors import SourceError
 
     for name in scanned.classes:
         if not utf8(name):
@@ -198,8 +198,6 @@ def read_input(path, what: str, text: bool = True):
     file is opened (a FIFO would block), and a file that is not UTF-8 text is a one-line SourceError."""
     import os
     import stat
-
-    from ...errors import SourceError
 
     try:
         st = os.stat(path)
@@ -361,7 +359,6 @@ class Source:
     def prepare(self) -> ScannedSource:
         """``scan()``, then what shared parameters do to its records (``drop_empty_images``). Whatever else a
         source's own code raises becomes a SourceError naming the source."""
-        from ...errors import DscError, SourceError
 
         try:
             scanned = self.scan()

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlparse
 from ...errors import SourceError
 from .base import Param, ScannedSource
 from .table import TableSource, scan_table_files
+from ...errors import ConfigError
 
 
 def _deltalake():
@@ -118,7 +119,6 @@ class DeltaSource(TableSource):
 
     def scan(self) -> ScannedSource:
         if self.version is not None and self.version < 0:
-            from ...errors import ConfigError
 
             raise ConfigError(f"delta: version is a table version 0, 1, 2...; got {self.version}")
         dt = open_table(self.uri, self.version)

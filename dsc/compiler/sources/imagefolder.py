@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import SourceError
 from .base import Param, Record, ScannedSource, Source, display, utf8 as _utf8
+from ..staging import is_dsc_dataset
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -28,7 +29,6 @@ def is_image_file(name: str) -> bool:
 
 def _is_dataset(path: str) -> bool:
     """A dsc dataset (a compile's output, maybe inside the folder being compiled): never an input."""
-    from ..staging import is_dsc_dataset
 
     return os.path.isfile(os.path.join(path, "zarr.json")) and is_dsc_dataset(Path(path))
 

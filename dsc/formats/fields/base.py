@@ -55,6 +55,28 @@ class Schema(dict):
         return cls(image=Role("pixels"))
 
 
+class Batch(dict):
+    """A batch: {key: tensor}. ``schema`` says what each key is to geometric transforms."""
+
+    schema: Schema | None = None
+
+    def __init__(self, *args, schema: Schema | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.schema = schema
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """Every tensor on ``device`` (lists of target dicts too); the schema stays with the batch."""
+        def move(v):
+            if isinstance(v, list):
+                return [move(x) for x in v]
+            if isinstance(v, dict):
+                return {k: move(x) for k, x in v.items()}
+            if hasattr(v, "to"):  # a tensor (formats/ does not import torch)
+                return v.to(device, non_blocking=non_blocking)
+            return v
+        return Batch({k: move(v) for k, v in self.items()}, schema=self.schema)
+
+
 class Part:
     """One unit's share of a field: accumulated sample by sample in a worker, journaled as JSON."""
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import ImageSpec, ResizeSpec, ShardSpec
+from ..specs import ImageSpec, ResizeSpec, ShardSpec
 from .base import Field, Part, Reader, Role
 from .pixels import Pixels
+from ...errors import CorruptDatasetError
 
 
 class PixelsPart(Part):
@@ -152,7 +153,6 @@ class ImageField(Field):
     @staticmethod
     def same_geometry(image: PixelsReaderField, other: PixelsReaderField, where: str) -> None:
         """Another image-like field's samples have the image's (height, width) (ragged: checked per sample)."""
-        from ...errors import CorruptDatasetError
 
         if not image.px.px.fixed and not np.array_equal(image.px.shapes[:, :2], other.px.shapes[:, :2]):
             raise CorruptDatasetError(f"{where}: the {other.name} shapes differ from the image shapes; the dataset "

@@ -8,7 +8,8 @@ import numpy as np
 from ..zarr_v3 import read_plain_array, write_plain_array
 from .base import Field, Part, Reader, Role
 
-from ..layout import LABEL as NODE
+from ..names import LABEL as NODE
+from ..problems import Problem, try_read
 
 
 class LabelPart(Part):
@@ -69,8 +70,6 @@ class LabelField(Field):
         return LabelReader(store, m.num_rows)
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
-        from ..verify import Problem, try_read
-
         labels = try_read(problems, NODE, lambda: read_plain_array(root, NODE))
         if labels is None:
             return

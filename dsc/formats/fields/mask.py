@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptDatasetError
-from ..manifest import LAYOUTS, ShardSpec, check_spec_keys
+from ..specs import LAYOUTS, ShardSpec, check_spec_keys
 from ..zarr_v3 import check_node_path
 from .base import Field, Role
 from .image import PixelsPart, PixelsReaderField, finish_pixels, pixels_rows_part
 from .pixels import Pixels
+from ..problems import Problem
 
 MASK_DTYPES = ("uint8", "uint16")
 
@@ -127,8 +128,6 @@ class MaskField(Field):
                                  fill=self.spec.ignore_index)
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
-        from ..verify import Problem
-
         before = len(problems)
         shapes = self.pixels.verify(root, self.spec.shards, m.num_rows, m.shard_size, problems,
                                     self.pixels.crc_node + "/c/0" in m.files)

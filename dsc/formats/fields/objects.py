@@ -18,8 +18,9 @@ from ..zarr_v3 import read_plain_array, write_group, write_plain_array
 from .base import Field, Part, Reader, Role
 from .pixels import valid_offsets
 
-from ..layout import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
+from ..names import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
                       OBJECTS, ORIG_SIZE)
+from ..problems import Problem, try_read
 
 
 @dataclass
@@ -198,8 +199,6 @@ class ObjectsField(Field):
         return ObjectsReader(store, m, self.attributes)
 
     def verify(self, root: Path, m, problems: list, context: dict) -> None:
-        from ..verify import Problem, try_read
-
         n = m.num_rows
         off = try_read(problems, OFFSETS, lambda: read_plain_array(root, OFFSETS))
         boxes = try_read(problems, BOXES, lambda: read_plain_array(root, BOXES))

@@ -19,9 +19,11 @@ import numpy as np
 
 from ...errors import CorruptDatasetError, WriteError
 from ...store.local import NewFile
-from ..manifest import ShardSpec
+from ..problems import Problem, try_read
+from ..specs import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, plain_array_json, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)
+from ..zarr_v3 import read_array_meta, read_node_json
 
 
 def bad_shapes(shapes: np.ndarray, sizes: np.ndarray, channels: int | None) -> np.ndarray:
@@ -153,7 +155,6 @@ class Pixels:
 
     def check_meta(self, root, n: int, K: int) -> None:
         """The array's own zarr.json says what the manifest says (a generic Zarr reader trusts it)."""
-        from ..zarr_v3 import read_array_meta, read_node_json
 
         if not self.fixed:
             meta = read_node_json(root, self.node)
@@ -179,8 +180,6 @@ class Pixels:
     def verify(self, root: Path, shards: tuple[ShardSpec, ...], n: int, K: int, problems: list, crc_known: bool):
         """Shard sizes and hashes (naming damaged samples through the per-sample crc32c), ragged offsets and
         shapes, and the fixed shards' Zarr index. Returns the ragged shapes (or None)."""
-        from ..verify import Problem, try_read
-
         try_read(problems, self.node, lambda: self.check_meta(root, n, K))
         crc = try_read(problems, self.crc_node, lambda: read_plain_array(root, self.crc_node)) if crc_known else None
         if crc is not None and crc.shape != (n,):
