@@ -36,37 +36,19 @@ from ..formats import versions, view
 from ..store.local import Root, not_ours, open_folder, refuse_links
 from ..formats.fields import fields_of
 from ..formats.manifest import Manifest
-from ..formats.zarr_v3 import read_plain_array, read_string_array
+from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
-from ..errors import CorruptDatasetError
 from .compile import Rows
 from .compile import _classes, _stop, decode_units, decode_warnings, write_version
 from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
                   "mask_ignore", "max_pixels")
-
-
-class _Store:
-    """What the field readers need of an open version: its arrays (and shards, never read here)."""
-
-    def __init__(self, root: Root):
-        self.dir, self.root = root, root.path
-
-    def array(self, rel: str, shape: tuple) -> np.ndarray:
-        arr = read_plain_array(self.dir, rel)
-        if arr.shape != tuple(shape):
-
-            raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
-        return arr
-
-    def map(self, rel: str, nbytes: int) -> np.ndarray:
-        return self.dir.map(rel, nbytes)
 
 
 @dataclass
@@ -93,7 +75,7 @@ class Base:
                               f"source with; compile it again once (without --update), then --update works")
         record, _pin = versions.open_version(root)
         m: Manifest = record["manifest"]
-        store, R = _Store(root), m.num_rows
+        store, R = L.Arrays(root), m.num_rows
         fields = fields_of(m)
         return cls(record, m, read_string_array(root, L.KEYS), store.array(L.LIVE, (R,)),
                    store.array(L.FINGERPRINT, (R, 5)), versions.read_stat(root, m.version["number"], R),

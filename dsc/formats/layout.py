@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 
-from ..errors import DatasetNotFoundError
+from ..errors import CorruptDatasetError, DatasetNotFoundError
 from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
 from .names import *  # noqa: F401,F403 - every node's name: layout.IMAGE, layout.LABEL... (their home is names.py)
 from .names import IMAGE
-from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json
+from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json, read_plain_array
 from ..store import Store
 
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:
@@ -53,3 +53,27 @@ def _manifest(meta, where) -> Manifest:
     if not isinstance(meta, dict) or meta.get("node_type") != "group" or not isinstance(attrs, dict) or "dsc" not in attrs:
         raise DatasetNotFoundError(f"{where} is a Zarr node but not a dsc dataset (no 'dsc' manifest attribute)")
     return Manifest.from_dict(attrs["dsc"])
+
+
+class Arrays:
+    """An open version's files as the field readers read them (``formats/fields``): ``array(rel, shape)``, a
+    small array read whole and checked to have ``shape``; ``map(rel, nbytes)``, a shard's bytes; ``dir``, the
+    files (a :class:`~dsc.store.local.Root`, or a store's files); ``root``, its name in messages. The runtime's
+    storage builds on it (mapping shards once, pinning the version); an update reads its base through it."""
+
+    def __init__(self, files):
+        self._dir = files
+        self.root = files.path
+
+    @property
+    def dir(self):
+        return self._dir
+
+    def array(self, rel: str, shape: tuple):
+        arr = read_plain_array(self.dir, rel)
+        if arr.shape != tuple(shape):
+            raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
+        return arr
+
+    def map(self, rel: str, nbytes: int):
+        return self.dir.map(rel, nbytes)

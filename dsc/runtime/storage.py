@@ -14,21 +14,19 @@ import numpy as np
 from ..errors import CorruptDatasetError
 from ..formats import versions
 from ..store.local import Root
-from ..formats.zarr_v3 import read_plain_array
 from ..errors import DscError
-from ..formats.layout import read_manifest
+from ..formats.layout import Arrays, read_manifest
 
 CACHES = ("page", "ram")
 
 
-class Storage:
+class Storage(Arrays):
     """A dataset directory's bytes: shards mapped on first use and kept, small arrays read whole."""
 
     _failed: Exception | None = None  # why a re-opened (unpickled) storage cannot be read
 
     def __init__(self, root: Root, checksum: str | None = None, version: int | None = None, pin=None):
-        self._dir = root  # every file is read relative to the directory as opened (formats/files.py)
-        self.root = root.path
+        super().__init__(root)  # every file is read relative to the directory as opened (store/local.py)
         self.checksum = checksum  # the manifest's: a process that re-opens the path checks it is the same
         self.version = version  # a versioned dataset's version: a re-opening process reads (and pins) that one
         self._pin = pin  # held while this storage lives: dsc vacuum keeps the version
@@ -85,13 +83,6 @@ class Storage:
 
     def where(self, rel: str) -> str:
         return str(self.root / rel)
-
-    def array(self, rel: str, shape: tuple) -> np.ndarray:
-        """A plain (small) array, checked to have ``shape``."""
-        arr = read_plain_array(self.dir, rel)
-        if arr.shape != tuple(shape):
-            raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
-        return arr
 
     def load_to_ram(self, shards, progress: bool = True) -> None:
         """Read ``shards`` (ShardSpecs) into process memory: no page-cache eviction or page faults during
