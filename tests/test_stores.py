@@ -285,3 +285,45 @@ def test_two_processes_on_one_small_cache_both_finish(s3_server, monkeypatch, tm
         loader.close()
     other.close()
     assert cache_users(cache) == []
+
+
+def test_a_writer_killed_mid_upload_never_blocks_the_next_one(s3_server, monkeypatch, tmp_path):
+    """An update killed after some of its shards were uploaded (kill -9 of a remote writer) leaves files no
+    version references: the next update, with or without --resume, writes past them and commits; vacuum
+    removes them once they are older than --older-than."""
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/killed-{tmp_path.name}"
+    src = tmp_path / "src"
+    make_folder(src, 16, classes=2)
+    dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path / "c"), **OPTS)
+    make_folder(src, 24, classes=2, seed0=100)
+    script = tmp_path / "killed.py"
+    script.write_text(f"""
+import os, sys, dsc
+from dsc.compiler import upload
+real = upload.Uploader._one
+count = [0]
+def one(self, *a, **k):
+    real(self, *a, **k)
+    count[0] += 1
+    if count[0] == 2:  # two files of the new version are in the bucket: the writer dies here
+        os.kill(os.getpid(), 9)
+upload.Uploader._one = one
+dsc.compile_imagefolder({str(src)!r}, {url!r}, update=True, size=16, shard_size=8, workers=1, progress=False,
+                        cache_dir={str(tmp_path / 'ck')!r})
+""")
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert V.versions(open_store(url)) == [0]
+    left = dsc.vacuum(url, keep=5, older_than=0, dry_run=True).leftovers
+    assert left >= 2  # what the killed writer sent
+    for resume in (True, False):
+        r = dsc.compile_imagefolder(src, url, update=True, resume=resume, cache_dir=str(tmp_path / f"c{resume}"),
+                                    **OPTS)
+        assert r.committed, resume
+        make_folder(src, 8, classes=2, seed0=300 + 10 * resume)
+    assert V.versions(open_store(url)) == [0, 1, 2]
+    assert all(dsc.verify(url, version=n).ok for n in (0, 1, 2))
+    assert dsc.vacuum(url, keep=5, older_than=0).leftovers == left
+    assert dsc.vacuum(url, keep=5, older_than=0).leftovers == 0 and dsc.verify(url).ok
