@@ -372,6 +372,7 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
+    from .store import open_store  # lazy: numpy, for dsc --help's speed
 
     if repair_view:
         from .versions import repair_view as repair  # lazy: numpy, for dsc --help's speed
@@ -394,8 +395,12 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
         raise click.ClickException(f"{what} is intact, but the dataset's tags or view are not: each line above says "
                                    f"how to fix it")
     n = len(report.damaged_samples)
-    raise click.ClickException(f"{what} is damaged: {len(report.problems)} problems"
-                               + (f", {n} samples affected" if n else "") + "; recompile it")
+    k = len(report.problems)
+    raise click.ClickException(f"{what} is damaged: {k} problem{'s' if k != 1 else ''}"
+                               + (f", {n} sample{'s' if n != 1 else ''} affected" if n else "")
+                               + "; `dsc restore` an intact version (dsc verify --version N checks one), put the "
+                                 "damaged files back from a copy, or compile again "
+                               + ("into a new folder" if open_store(dataset).local else "to a new URL"))
 
 
 def _counts(e: dict) -> str:
@@ -484,24 +489,37 @@ def restore_cmd(dataset: Path, version, tag_name, cache_dir):
                    "another machine may still have them open.")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
 def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
-    """Remove old versions of DATASET and every file no remaining version uses.
+    """Remove old versions of DATASET (a folder or an s3:// gs:// az:// URL) and every file no remaining version
+    uses.
 
-    A version is kept when it is among the newest K, tagged, open in a process on this machine (pinned), or
-    superseded less than --older-than ago."""
+    A version is kept when it is among the newest K, tagged, open in a reader (a folder: a process on this
+    machine holds its pin; a URL: a reader holds a lease on it, until it closes or the lease expires), or
+    superseded less than --older-than ago. In object storage, files no version references (an interrupted
+    or losing writer's) are removed once older than --older-than, and vacuum does not run beside a writer."""
     from .versions import vacuum  # lazy: numpy, for dsc --help's speed
+
+    from .store import open_store  # lazy: numpy, for dsc --help's speed
 
     r = vacuum(dataset, keep=keep, older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {_n(len(r.removed), 'version')}" + (f" ({', '.join(map(str, r.removed))})" if r.removed else "")
-               + f" and {_n(r.files, 'file')} ({r.bytes:,} bytes, {_mb(r.bytes)}); kept {', '.join(map(str, r.kept))}")
+               + f" and {_n(r.files, 'file')} ({r.bytes:,} bytes, {_mb(r.bytes)})"
+               + (f"; kept {', '.join(map(str, r.kept))}" if r.kept else ""))
     tagged = [n for n in r.kept if n not in r.pinned and n not in r.recent and n in r.tagged]
     if tagged:
         click.echo(f"kept because tagged: {', '.join(map(str, tagged))}")
     if r.pinned:
-        click.echo(f"kept because open in a running process: {', '.join(map(str, r.pinned))}")
+        what = "open in a running process" if open_store(dataset).local else \
+            "a reader holds a lease on it (_dsc/leases/; one that died expires 7 days after it opened)"
+        click.echo(f"kept because {what}: {', '.join(map(str, r.pinned))}")
     if r.recent:
         click.echo(f"kept because superseded less than {older_than} ago: {', '.join(map(str, r.recent))} "
                    f"(--older-than 0 removes them)")
+    if r.leftovers:
+        click.echo(f"{_n(r.leftovers, 'file')} of those no version referenced (an interrupted or losing writer's)")
+    if r.young:
+        click.echo(f"kept {_n(r.young, 'file')} no version references, younger than {older_than} (a writer may "
+                   f"be about to commit them; --older-than 0 removes them once no writer runs)")
 
 
 @main.command(name="bench")

@@ -13,7 +13,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, CorruptDatasetError, DscError, VersionNotFoundError
+from .errors import ConfigError, CorruptDatasetError, DscError, VersionConflictError, VersionNotFoundError
 from .formats import layout as L
 from .formats import versions as V
 from .formats import view
@@ -37,9 +37,11 @@ def _versioned(out) -> Store:
 @contextmanager
 def writing(store: Store, what: str, nodes=()):
     """What a writer holds while it writes: a folder's lock (and its private folders checked for links); in
-    object storage nothing (its writes never collide: see docs/REMOTE.md)."""
+    object storage a writer's lease (its writes never collide with another writer's, but a vacuum does not
+    run beside one: see docs/REMOTE.md)."""
     with store.lock(what):
         if store.local:
+            store.reopen()  # (what is at the path now: a folder read before the lock may have been replaced)
             V.check_private(store.path, nodes)
         yield
 
@@ -95,7 +97,10 @@ def tag(out, name: str, version: int | None = None, delete: bool = False) -> int
             there = store.stat(rel) is not None if not store.local else _lexists(store, rel)
             if not there:
                 raise VersionNotFoundError(f"{store.url} has no tag {name!r}")
-            store.delete(rel)
+            if store.local and (store.path / rel).is_dir() and not (store.path / rel).is_symlink():
+                shutil.rmtree(store.path / rel)  # (a folder where a tag file belongs: damage, removed whole)
+            else:
+                store.delete(rel)
             return None
         bad = V.read_tags(store)[1].get(name)
         if bad is not None:  # its version is unknown: replacing it silently could lose it
@@ -133,16 +138,15 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         new_m = replace(m, version={"number": n_new, "parent": parent, "operation": f"restore {n_old}"})
         view.check(store, new_m)
         stat = store.get_or_none(f"{V.STAT}/{n_old}.bin", m.num_rows * 48)
-        if stat is not None:
-            store.put(f"{V.STAT}/{n_new}.bin", stat)
-        else:  # a crashed update's cache for this number must not become the restored version's
-            store.delete(f"{V.STAT}/{n_new}.bin")
         if store.local:
+            store.delete(f"{V.STAT}/{n_new}.bin")  # (a crashed update's cache for this number is not the restore's)
             shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # an interrupted update of another base
             sync_filesystem(store.path)
         summary = {"samples": m.num_samples, "restored": n_old}
         V.commit(store, V.record_json(n_new, parent, f"restore {n_old}", summary,
                                       max(latest["next_slot"], old["next_slot"]), new_m))
+        if stat is not None:  # (after the commit: a restore that lost the race never touches the winner's)
+            store.put(f"{V.STAT}/{n_new}.bin", stat)
         view.show(store, new_m, still_latest=lambda: V.versions(store)[-1] == n_new)
         return n_new
 
@@ -158,6 +162,7 @@ class VacuumReport:
     bytes: int = 0  # their bytes
     dry_run: bool = False
     leftovers: int = 0  # of the files: objects no version references (interrupted or losing writers)
+    young: int = 0  # such files kept for being younger than the retention period (object storage)
 
 
 def parse_duration(s: str) -> float:
@@ -165,8 +170,8 @@ def parse_duration(s: str) -> float:
     import re
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(s))
-    if not m:
-        raise ConfigError(f"a duration is a number with s, m, h, d or w (e.g. 7d, 12h, 0), got {s!r}")
+    if not m or (not m.group(2) and float(m.group(1)) != 0):  # ("7" alone: seconds or days? say which)
+        raise ConfigError(f"a duration is a number with s, m, h, d or w (e.g. 7d, 12h, 30m, or 0), got {s!r}")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
 
 
@@ -184,19 +189,20 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     if not store.local and not V.is_versioned(store):  # no version: only what interrupted writers left
         return _leftovers_only(store, time.time() - retention, dry_run)
     store = _versioned(out)
-    have = V.versions(store)
-    records = V.records(store, have)
-    nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
-    with writing(store, "vacuum", nodes):
-        have = V.versions(store)  # (under the lock: what a folder's writers left is final)
-        records.update(V.records(store, [n for n in have if n not in records]))
+    with writing(store, "vacuum"):  # (everything is read under the lock: what a folder's writers left is final)
+        have = V.versions(store)
+        records = V.records(store, have)
+        nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
+        if store.local:
+            V.check_private(store.path, nodes)
         tag_map, bad = V.read_tags(store)
         if bad:  # a tag keeps its version: while one cannot be read, nothing is removed
             raise CorruptDatasetError(f"{next(iter(bad.values()))}. A tag keeps its version from vacuum, and dsc cannot "
                                       f"tell which version this one keeps: nothing was removed")
         tagged = set(tag_map.values())
         if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
-            view.show(store, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
+            view.show(store, records[have[-1]]["manifest"],  # vacuum removes is never the one plain readers see
+                      still_latest=lambda: V.versions(store)[-1] == have[-1])
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         leases = V.leased(store, now) if not store.local else {}
@@ -219,9 +225,14 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
             report.files = len(doomed)
             report.bytes = sum(size for _, size in doomed)
             referenced = _referenced(records)
-            report.leftovers = sum(1 for rel, _ in doomed if not rel.startswith(V.DSC_DIR + "/") or
-                                   rel.startswith(V.OBJECTS + "/")
-                                   if rel not in referenced and "/".join(rel.split("/")[:3]) not in referenced)
+            report.leftovers = sum(1 for rel, _ in doomed if _is_leftover(rel, referenced))
+            if not store.local:  # unreferenced files kept for being younger than the retention period
+                report.young = sum(1 for rel, _ in _doomed(store, report, records, nodes, float("inf"))
+                                   if _is_leftover(rel, referenced)) - report.leftovers
+            if not dry_run and (V.versions(store) != have or V.read_tags(store)[0] != tag_map):
+                raise VersionConflictError(  # (object storage: a writer that came after the lease check)
+                    f"{store.url} changed while vacuum decided what to remove (a version committed or a tag "
+                    f"moved): nothing was removed; run vacuum again")
             if not dry_run:
                 for rel, _ in doomed:  # records first (a version is gone once its record is)
                     if not rel.startswith(V.TXN + "/"):
@@ -242,20 +253,21 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
 def _leftovers_only(store: Store, cutoff: float, dry_run: bool) -> VacuumReport:
     """A URL where no version was ever committed: the shards and objects writers left there (a first compile
     that was interrupted, or lost a race), older than ``cutoff``. Only dsc's own paths are touched."""
-    doomed = []
+    found = []
     for node in ("image", "mask"):
         for sub in ("c", "values"):
-            for rel, size, mtime in store.list_detailed(f"{node}/{sub}/"):
-                if rel.split("/")[2].isdigit() and mtime <= cutoff:
-                    doomed.append((rel, size))
-    doomed += [(rel, size) for rel, size, mtime in store.list_detailed(V.DSC_DIR + "/") if mtime <= cutoff]
-    if not doomed and not store.list(""):
+            found += [(rel, size, mtime) for rel, size, mtime in store.list_detailed(f"{node}/{sub}/")
+                      if rel.split("/")[2].isdigit()]
+    found += store.list_detailed(V.DSC_DIR + "/")
+    if not found and not store.list(""):
         raise V.no_dataset(store)
-    if not dry_run:
-        for rel, _ in doomed:
-            store.delete(rel)
+    with writing(store, "vacuum"):
+        doomed = [(rel, size) for rel, size, mtime in found if mtime <= cutoff]
+        if not dry_run:
+            for rel, _ in doomed:
+                store.delete(rel)
     return VacuumReport(kept=[], removed=[], files=len(doomed), bytes=sum(n for _, n in doomed), dry_run=dry_run,
-                        leftovers=len(doomed))
+                        leftovers=len(doomed), young=len(found) - len(doomed))
 
 
 def _lock_unpinned(store: Store, n: int, held: list) -> bool:
@@ -303,6 +315,13 @@ def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str],
     if store.local:
         out += [(rel, size) for rel, size, _ in store.list_detailed(V.TXN + "/")]
     return out
+
+
+def _is_leftover(rel: str, referenced: set[str]) -> bool:
+    """A shard or object file no version in the log references (a writer's leftover)."""
+    if rel.startswith(V.DSC_DIR + "/") and not rel.startswith(V.OBJECTS + "/"):
+        return False
+    return rel not in referenced and "/".join(rel.split("/")[:3]) not in referenced
 
 
 def _referenced(records: dict) -> set[str]:

@@ -327,3 +327,123 @@ dsc.compile_imagefolder({str(src)!r}, {url!r}, update=True, size=16, shard_size=
     assert all(dsc.verify(url, version=n).ok for n in (0, 1, 2))
     assert dsc.vacuum(url, keep=5, older_than=0).leftovers == left
     assert dsc.vacuum(url, keep=5, older_than=0).leftovers == 0 and dsc.verify(url).ok
+
+
+# --------------------------------------------------------------------------- from the review of this layer
+def test_a_vacuum_and_a_writer_never_run_together_in_object_storage(s3_server, monkeypatch, tmp_path):
+    """No flock in a bucket: writers (tag, restore, update, push, compile) and a vacuum each hold a lease
+    (_dsc/writers/); a vacuum does not start beside a live writer, nor a writer beside a live vacuum (before,
+    a restore or a tag landing in a running vacuum lost their version's files); a dead local writer's lease
+    does not block; a change that slips past is caught before anything is deleted."""
+    from dsc.errors import CompileLockedError
+    from dsc.store.object import WriterLease
+
+    use_server(s3_server, monkeypatch)
+    url = f"s3://{BUCKET}/excl-{tmp_path.name}"
+    src = tmp_path / "src"
+    make_folder(src, 16, classes=2)
+    dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path / "c"), **OPTS)
+    make_folder(src, 8, classes=2, seed0=100)
+    dsc.compile_imagefolder(src, url, update=True, cache_dir=str(tmp_path / "c"), **OPTS)
+    store = open_store(url)
+    with WriterLease(store, "update"):  # a writer at work (elsewhere)
+        with pytest.raises(CompileLockedError, match="a vacuum does not run beside a writer"):
+            dsc.vacuum(url, older_than=0)
+    assert V.versions(store) == [0, 1]
+    with WriterLease(store, "vacuum"):
+        for write in (lambda: dsc.tag(url, "t", version=0), lambda: dsc.restore(url, version=0)):
+            with pytest.raises(CompileLockedError, match="vacuum"):
+                write()
+    assert not store.list("_dsc/writers/")  # every lease let go
+    dead = WriterLease(store, "update")
+    dead.__enter__()
+    store.put(dead.rel, store.get(dead.rel).replace(str(__import__("os").getpid()).encode(), b"999999"))
+    dead.rel = None  # (a writer of this machine that was killed: its process is gone)
+    assert dsc.vacuum(url, keep=1, older_than=0).removed == [0]
+    assert not store.list("_dsc/writers/")
+
+    real, hooked = V.read_tags, []
+
+    def a_tag_lands_meanwhile(where):  # past the leases: a tag written by hand while vacuum decides
+        out = real(where)
+        if not hooked:
+            hooked.append(open_store(url).put(f"{V.TAGS}/late.json", b'{"version": 1, "created": "x"}\n'))
+        return out
+    make_folder(src, 4, classes=2, seed0=200)
+    dsc.compile_imagefolder(src, url, update=True, cache_dir=str(tmp_path / "c"), **OPTS)
+    monkeypatch.setattr(V, "read_tags", a_tag_lands_meanwhile)
+    with pytest.raises(VersionConflictError, match="changed while vacuum decided"):
+        dsc.vacuum(url, keep=1, older_than=0)
+    monkeypatch.setattr(V, "read_tags", real)
+    assert V.versions(store) == [1, 2] and dsc.verify(url, version=1).ok
+
+
+def test_a_local_vacuum_works_on_the_folder_at_the_path_once_it_holds_the_lock(tmp_path, monkeypatch):
+    """A folder moved away and another compiled at its path just before the vacuum took the lock: the vacuum
+    reads and deletes in the same (new) folder; the moved one keeps its versions."""
+    import os
+
+    out = tmp_path / "out.dsc"
+    src, other = tmp_path / "src", tmp_path / "other"
+    make_folder(src, 16, classes=2)
+    dsc.compile_imagefolder(src, out, **OPTS)
+    make_folder(src, 8, classes=2, seed0=50)
+    dsc.compile_imagefolder(src, out, update=True, **OPTS)
+    make_folder(other, 16, classes=2, seed0=500)
+    from dsc.store.local import OutLock
+
+    real_enter, moved = OutLock.__enter__, []
+
+    def enter(self):
+        if not moved:  # the user swaps the dataset at the path, then the vacuum gets its lock
+            moved.append(os.rename(out, tmp_path / "backup.dsc"))
+            dsc.compile_imagefolder(other, out, **OPTS)
+        return real_enter(self)
+    monkeypatch.setattr(OutLock, "__enter__", enter)
+    r = dsc.vacuum(out, keep=1, older_than=0)
+    monkeypatch.setattr(OutLock, "__enter__", real_enter)
+    assert r.removed == [] and V.versions(out) == [0] and dsc.verify(out).ok
+    assert V.versions(tmp_path / "backup.dsc") == [0, 1] and dsc.verify(tmp_path / "backup.dsc").ok
+
+
+def test_a_dead_waiters_ticket_never_blocks_the_cache(tmp_path, monkeypatch):
+    """A process killed while it waited for room leaves its ticket; whatever its process id became since,
+    the next waiter is served as soon as there is room (waiters hold a lock on their tickets)."""
+    import hashlib
+    import time
+
+    from dsc.runtime import cache as C
+
+    monkeypatch.setattr(C, "WAIT_SECONDS", 8.0)
+    c = C.ShardCache(tmp_path / "cache", 100)
+
+    def fetcher(data):
+        def fetch(f, on_chunk):
+            on_chunk(None)
+            f.write(data)
+            on_chunk(memoryview(data))
+            f.truncate()
+            return len(data)
+        return fetch
+
+    a, b = b"a" * 80, b"b" * 80
+    held = c.hold(hashlib.sha256(a).hexdigest(), 80, fetcher(a), "A")
+    (c.root / "queue").mkdir(exist_ok=True)
+    (c.root / "queue" / f"{1:020d}-1-1").touch()  # a dead waiter's ticket, its pid (1) alive
+    import threading
+
+    threading.Timer(1.0, held.close).start()
+    t0 = time.monotonic()
+    c.hold(hashlib.sha256(b).hexdigest(), 80, fetcher(b), "B").close()
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_duration_says_its_unit():
+    """`--older-than 7` was read as 7 seconds (and removed versions a user meant to keep for 7 days)."""
+    from dsc.errors import ConfigError
+    from dsc.versions import parse_duration
+
+    assert parse_duration("7d") == 7 * 86400 and parse_duration("0") == 0 and parse_duration("12h") == 43200
+    for bad in ("7", "1.5", "-1d", "7 days"):
+        with pytest.raises(ConfigError, match="a duration is a number with s, m, h, d or w"):
+            parse_duration(bad)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
 from ..formats import layout as L
+from ..formats.layout import read_manifest
 from ..formats import versions, view
 from ..store.local import Root
 from ..store import Store, default_cache_dir, open_store
@@ -141,11 +142,21 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     local = Path(local)
     root = Root(local)
     store = uploader.store if uploader is not None else open_store(url, retry_seconds)
-    own = uploader is None
-    uploader = uploader or Uploader(store, writer or _token(local))
+    if store.local:
+        raise ConfigError(f"dsc push publishes to object storage (s3://, gs://, az://), got {url}; a local copy of a "
+                          f"dataset is a copy of its folder")
     nums = versions.versions(root)
     if not nums:
+        read_manifest(root)  # (not a dataset at all: that error first)
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
+    own = uploader is None
+    if own:  # (a push of a user's dataset: its writer token is kept in the cache, not beside the dataset)
+        key = hashlib.sha256(str(local.resolve()).encode()).hexdigest()[:16]
+        writer = writer or _token(default_cache_dir() / "uploads" / url_id(store.url) / f"push-{key}")
+    uploader = uploader or Uploader(store, writer)
+    lease = store.lock("push") if own else None
+    if lease is not None:
+        lease.__enter__()
     try:
         records = {n: versions.read_record(root, n) for n in nums}
         remote = versions.versions(store)
@@ -195,6 +206,7 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     finally:
         if own:
             uploader.close()
+            lease.__exit__()
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
 
 
@@ -308,7 +320,7 @@ def update_url(update_local, url: str, options):
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
     that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
     store = open_store(url)
-    with _run_stage(store, options.cache_dir) as stage:
+    with store.lock("update"), _run_stage(store, options.cache_dir) as stage:
         pull_for_update(store, stage)
         base = versions.read_record(stage, versions.versions(stage)[-1])["manifest"]
         first = free_slot(store, base)  # past every shard there: another writer's leftovers are never in the way
@@ -332,6 +344,8 @@ def compile_to_url(compile_local, url: str, options):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"compile to another URL")
     uploader = Uploader(store, _token(stage))
+    lease = store.lock("compile")
+    lease.__enter__()
     try:
         if options.resume and is_dsc_dataset(stage):
             report = None  # compiled already; the upload was interrupted
@@ -350,6 +364,7 @@ def compile_to_url(compile_local, url: str, options):
         sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
     finally:
         uploader.close()
+        lease.__exit__()
     if report is None:
 
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]

@@ -81,8 +81,8 @@ def _verify_view(store, m: Manifest, P: list) -> None:
     if stale:
         P.append(Problem(", ".join(stale[:5]) + (" ..." if len(stale) > 5 else ""),
                          f"the top-level view (what plain Zarr readers open) differs from version "
-                         f"{m.version['number']}; dsc reads the version itself. `dsc verify OUT --repair-view` "
-                         f"rewrites the view", view=True))
+                         f"{m.version['number']}; dsc reads the version itself. `dsc verify {store.url} "
+                         f"--repair-view` rewrites the view", view=True))
 
 
 def _verify_tags(store, have: list[int], P: list) -> None:
@@ -120,7 +120,11 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     if m.version is not None and m.version["number"] == latest:
         _verify_view(store, m, P)
     if m.version is not None:
-        _verify_tags(store, versions.versions(store), P)
+        have = versions.versions(store)
+        _verify_tags(store, have, P)
+        for n in have:  # every record of the log reads (a damaged one stops log and vacuum)
+            if n != m.version["number"]:
+                try_read(P, versions.record_path(n), lambda n=n: versions.read_record(store, n))
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():

@@ -102,10 +102,13 @@ class CacheUser:
 
         d = root / "users"
         d.mkdir(parents=True, exist_ok=True)
-        self.path = d / f"{os.getpid()}-{secrets.token_hex(4)}"
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = d / f".{name}.tmp"  # made and locked under another name: a scan never sees it unlocked
+        self.fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_SH)
         self.need(0)
+        self.path = d / name
+        os.rename(tmp, self.path)
 
     def need(self, nbytes: int) -> None:
         os.ftruncate(self.fd, 0)
@@ -132,6 +135,8 @@ def cache_users(root: Path) -> list[int]:
     out = []
     d = root / "users"
     for e in os.scandir(d) if d.is_dir() else ():
+        if e.name.startswith("."):
+            continue
         try:
             fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -269,8 +274,8 @@ class ShardCache:
                     raise CorruptDatasetError(
                         f"{what}: downloaded twice and both times its bytes do not match the manifest ({n:,} bytes, "
                         f"sha256 {h.hexdigest()[:16]}..., expected {nbytes:,} bytes, {sha256[:16]}...); the shard in "
-                        f"object storage is damaged or was replaced. Recompile the dataset (dsc verify URL lists "
-                        f"every damaged shard)")
+                        f"object storage is damaged or was replaced: `dsc verify URL` lists every damaged file; "
+                        f"`dsc restore` an intact version, or compile again to a new URL")
             os.fsync(fd)  # the name must never stand for bytes a crash could lose (pre-allocated blocks read as zeros)
             fcntl.flock(fd, fcntl.LOCK_SH)
             with self._space_lock():  # (a usage scan never sees the file under both names)
@@ -315,7 +320,7 @@ class ShardCache:
                 time.sleep(0.05)
         finally:
             if ticket is not None:
-                ticket.unlink(missing_ok=True)
+                ticket.close()
 
     def _full(self, what: str, nbytes: int) -> CacheFullError:
         return CacheFullError(f"no room in the cache {self.root} for {what} ({nbytes:,} bytes) within "
@@ -324,24 +329,27 @@ class ShardCache:
                               f"and a DataLoader's samples are views of their shard: .clone() the ones you keep). "
                               f"Raise cache_limit (--cache-limit)")
 
-    def _queue(self) -> Path:
-        d = self.root / "queue"
-        d.mkdir(exist_ok=True)
-        p = d / f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
-        p.touch()
-        return p
+    def _queue(self) -> "_Ticket":
+        return _Ticket(self.root / "queue")
 
-    def _first(self, ticket: Path) -> bool:
-        """Whether ``ticket`` is the oldest live waiter's (a dead process's tickets are removed)."""
+    def _first(self, ticket: "_Ticket") -> bool:
+        """Whether ``ticket`` is the oldest live waiter's. A waiter holds a flock on its ticket: one nobody
+        holds is a dead process's (whatever its process id became since), and is removed."""
         for e in sorted(os.scandir(self.root / "queue"), key=lambda e: e.name):
-            if e.name == ticket.name:
+            if e.name == ticket.path.name:
                 return True
+            if e.name.startswith("."):
+                continue
             try:
-                pid = int(e.name.split("-")[1])
-            except (IndexError, ValueError):
-                pid = 0
-            if _alive(pid):
-                return False
+                fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a live waiter ahead
+            finally:
+                os.close(fd)
             Path(e.path).unlink(missing_ok=True)
         return True
 
@@ -444,6 +452,23 @@ class ShardCache:
                 else:
                     kept += 1
         return removed, freed, kept
+
+
+class _Ticket:
+    """A download's place in the line for room (``queue/<time>-<pid>-<thread>``), flock'ed while it waits."""
+
+    def __init__(self, d: Path):
+        d.mkdir(exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
+        tmp = d / f".{name}.tmp"
+        self.fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self.path = d / name
+        os.rename(tmp, self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
 
 
 class _FileLock:

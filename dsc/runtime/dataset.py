@@ -75,12 +75,21 @@ class Dataset(torch.utils.data.Dataset):
             self.path = store.url
             self._record, self.storage = open_remote(store, version, tag, cache_dir, cache_limit, retry_seconds)
             self.manifest: Manifest = self._record["manifest"]
+            try:
+                self._init_readers()
+            except BaseException:  # (its lease and cache hold go at once, not at garbage collection)
+                self.storage.close()
+                raise
+            return
         else:
             if cache_dir is not None or cache_limit is not None:
                 raise ConfigError("cache_dir and cache_limit are for datasets in object storage (s3://, gs://, "
                                   "az://); a local dataset is read in place")
             self.path = store.path
             self.storage = self._open_local(version, tag)
+        self._init_readers()
+
+    def _init_readers(self) -> None:
         m = self.manifest
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}

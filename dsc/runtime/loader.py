@@ -410,6 +410,7 @@ class Loader:
             return self._reads.schedule(needs, start, nbytes, paths)
 
         storage = ds.storage
+        storage.renew_lease()
         limit = storage.cache.limit
         budget = None
         if limit is not None:

@@ -95,7 +95,12 @@ def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cac
     the network."""
     rec, root, store, cache, lease = _opened(where, version, tag, cache_dir, cache_limit, retry_seconds,
                                              offline_version)
-    storage = RemoteStorage(root, store, cache, rec["manifest"], retry_seconds)
+    try:
+        storage = RemoteStorage(root, store, cache, rec["manifest"], retry_seconds)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     storage._pin = lease  # released when the storage closes
     return rec, storage
 
@@ -308,6 +313,12 @@ class RemoteStorage(Storage):
 
         raise ConfigError(f"{self.url}: cache='ram' reads the whole dataset into each process; for a remote dataset "
                           f"warm the shard cache instead (dsc cache warm URL)")
+
+    def renew_lease(self) -> None:
+        """Push the reader's lease on (each epoch asks): a long training run keeps its version from vacuum."""
+        lease = self._pin
+        if lease is not None and getattr(lease, "rel", None) and lease.expires - time.time() < lease.seconds / 2:
+            lease.renew()
 
     def close(self) -> None:
         with self._lock:

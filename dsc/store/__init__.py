@@ -32,8 +32,8 @@ def is_url(path) -> bool:
 
 
 def local_path(path):
-    """``file:///x`` -> ``/x``; anything else unchanged."""
-    if isinstance(path, str) and path.startswith("file://"):
+    """``file:///x`` (any case of ``file``) -> ``/x``; anything else unchanged."""
+    if isinstance(path, str) and path[:7].lower() == "file://":
         return Path(path[7:])
     return path
 

@@ -518,6 +518,11 @@ class LocalStore(Store):
         self.url = str(self.path)
         self._root: Root | None = None
 
+    def reopen(self) -> None:
+        """Read the folder that is at the path now (after taking its lock: one read before may have been of a
+        folder since replaced)."""
+        self._root = None
+
     @property
     def root(self) -> Root:
         """The folder, opened once: reads never mix two folders that took turns at the path."""

@@ -19,8 +19,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from ..errors import ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
-from .base import Store
+from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
+from .base import MissingFile, Store
 from ..errors import DatasetNotFoundError
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
@@ -157,7 +157,7 @@ class ObjectStore(Store):
             try:
                 return fn()
             except (E.NotFoundError, FileNotFoundError):
-                raise FileNotFoundError(self.where(rel)) from None
+                raise MissingFile(f"{self.where(rel)} is missing") from None
             except (E.PermissionDeniedError, E.UnauthenticatedError) as e:
                 raise self._refused(what, rel, _first_line(e)) from None
             except (E.AlreadyExistsError, E.PreconditionError):
@@ -171,7 +171,7 @@ class ObjectStore(Store):
                 if code in (401, 403):
                     raise self._refused(what, rel, f"{code}: {_first_line(e)}") from None
                 if code == 404:
-                    raise FileNotFoundError(self.where(rel)) from None
+                    raise MissingFile(f"{self.where(rel)} is missing") from None
                 if code is not None:
                     transient = code >= 500 or code in (408, 429)
                 else:
@@ -273,6 +273,10 @@ class ObjectStore(Store):
                 + "; check the URL" + (" (and AWS_ENDPOINT_URL for an S3-compatible server)" if self.scheme == "s3"
                                        else "")) from None
 
+    def lock(self, what: str) -> "WriterLease":
+        """A writer's lease (see :class:`WriterLease`): no flock in object storage."""
+        return WriterLease(self, what)
+
     def delete(self, rel: str, best_effort: bool = False) -> None:
         """Remove the object; ``best_effort``: one attempt (a lease let go when a reader closes: it expires
         anyway), and no error."""
@@ -290,3 +294,79 @@ class ObjectStore(Store):
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:300]
+
+
+WRITER_LEASE_SECONDS = 12 * 3600.0
+
+
+class WriterLease:
+    """A writer of a dataset in object storage (``ObjectStore.lock``), where there is no flock: the object
+    ``_dsc/writers/<id>.json`` (what, process, host, expiry) while it runs. Writers do not exclude each other
+    (their files never collide: conditional creates), but a vacuum and a writer do: a vacuum removes nothing
+    while another writer's lease is live, and a writer does not start while a vacuum's is. Each puts its lease,
+    then lists the others, so of two starting at once at least one sees the other. A writer that died leaves a
+    lease that expires after ``WRITER_LEASE_SECONDS``."""
+
+    PREFIX = "_dsc/writers/"
+
+    def __init__(self, store: "ObjectStore", what: str):
+        self.store, self.what, self.rel = store, what, None
+
+    def __enter__(self) -> "WriterLease":
+        import json
+        import secrets
+        import socket
+
+        rel = f"{self.PREFIX}{secrets.token_hex(8)}.json"
+        now = time.time()
+        self.store.put(rel, json.dumps({"what": self.what, "pid": os.getpid(), "host": socket.gethostname(),
+                                        "started": now, "expires": now + WRITER_LEASE_SECONDS}).encode())
+        self.rel = rel
+        for other, info in self.others(now):
+            if self.what == "vacuum" or info.get("what") == "vacuum":
+                self.__exit__()
+                since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info.get("started", 0))))
+                raise CompileLockedError(
+                    f"another dsc {info.get('what', 'writer')} (pid {info.get('pid')} on {info.get('host')}, since "
+                    f"{since}) is writing {self.store.url}, and a vacuum does not run beside a writer; run it again "
+                    f"when that one ends (one that died: its lease {self.store.where(other)} expires "
+                    f"{WRITER_LEASE_SECONDS / 3600:.0f} h after it started; delete that object to go on now)")
+        return self
+
+    def others(self, now: float):
+        """(path, contents) of the other live writers' leases. A lease of a process of this machine that is gone
+        (killed) is removed: only writers on other machines wait for their lease to expire."""
+        import json
+        import socket
+
+        out = []
+        for rel, _ in self.store.list(self.PREFIX):
+            if rel == self.rel:
+                continue
+            try:
+                info = json.loads(self.store.get(rel, 1 << 12))
+                live = float(info["expires"]) > now
+            except (ValueError, KeyError, TypeError, DscError, FileNotFoundError):
+                continue
+            if live and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) \
+                    and not _alive(info["pid"]):
+                self.store.delete(rel, best_effort=True)
+                continue
+            if live:
+                out.append((rel, info))
+        return out
+
+    def __exit__(self, *exc) -> None:
+        rel, self.rel = self.rel, None
+        if rel is not None:
+            self.store.delete(rel, best_effort=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
