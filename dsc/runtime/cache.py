@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CacheFullError, ConfigError, CorruptDatasetError
+from ..store.local import pid_alive as _alive
 from ..store import Sha256Sink, default_cache_dir
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
@@ -64,16 +65,6 @@ def parse_size(v, what: str = "cache_limit (--cache-limit)") -> int | None:
     if n <= 0:
         raise ConfigError(f"{what} must be positive, got {v!r}")
     return n
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

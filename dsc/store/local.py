@@ -649,3 +649,16 @@ class LocalStore(Store):
         except OSError:
             if not best_effort:
                 raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (0 and negative numbers name none)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
 from .base import MissingFile, Store
+from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
@@ -361,12 +362,3 @@ class WriterLease:
         if rel is not None:
             self.store.delete(rel, best_effort=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
