@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -51,6 +52,10 @@ class DatasetParam(click.ParamType):
         if is_url(value):
             scheme, rest = value.split("://", 1)
             return f"{scheme.lower()}://{rest.rstrip('/')}"
+        typo = re.match(r"^(s3|gs|gcs|az|azure|abfss?|file):/*([^/].*)$", value, re.IGNORECASE) if isinstance(
+            value, str) else None
+        if typo and not os.path.exists(value):
+            self.fail(f"{value!r} is not a URL: did you mean {typo.group(1).lower()}://{typo.group(2)}?", param, ctx)
         if isinstance(value, Path):
             return value
         return Path(local_path(value))
@@ -614,8 +619,8 @@ def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: b
     from .runtime.remote import warm  # lazy: torch, for the read commands
 
     r = warm(url, cache_dir, cache_limit, version, tag_name, progress=not quiet)
-    click.echo(f"{url}: {r['downloaded']:,} shards downloaded ({_mb(r['bytes'])}), {r['cached']:,} were cached "
-               f"already, {r['shards']:,} in all")
+    click.echo(f"{url}: {_n(r['downloaded'], 'shard')} downloaded ({_mb(r['bytes'])}), "
+               f"{_n(r['cached'], 'was', 'were')} cached already, {r['shards']:,} in all")
     if r["left_out"]:
         click.echo(f"warning: {r['left_out']:,} shards were not warmed: they do not fit in --cache-limit "
                    f"{cache_limit} (training downloads them when it needs them)", err=True)

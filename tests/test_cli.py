@@ -190,3 +190,17 @@ def test_cli_choices_match_the_library():
     assert set(choices["filter_"]) == set(FILTERS) and choices["mode"] == ("RGB", "L")
     assert choices["resizer"] == RESIZERS
     assert choices["order"] == tuple(ORDERS)
+
+
+def test_a_url_with_a_missing_slash_is_named_not_read_as_a_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run("info", "s3:/bucket/ds")
+    assert r.exit_code == 2 and "'s3:/bucket/ds' is not a URL: did you mean s3://bucket/ds?" in r.output
+    r = run("verify", "gs:bucket/ds")
+    assert r.exit_code == 2 and "did you mean gs://bucket/ds?" in r.output
+
+
+def test_cache_warm_of_a_local_folder_says_it_is_read_in_place(scenes_compiled, tmp_path):
+    r = run("cache", "warm", str(scenes_compiled(size=8)), "--cache-dir", tmp_path / "cache")
+    assert r.exit_code != 0 and "a local dataset is read in place" in r.output
+    assert not (tmp_path / "cache").exists()

@@ -60,8 +60,11 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
     """(record, mirror Root pointed at the version's small files, store, cache, lease) of the dataset at
     ``where`` (a URL or its store). A first open leases the version (``versions.Lease``: vacuum keeps it while
     this handle lives); a re-opening process (``offline_version``) reads under its parent's lease."""
-    cache = ShardCache(cache_dir, cache_limit)
     store = where if isinstance(where, Store) else open_store(where, retry_seconds)
+    if store.local:
+        raise ConfigError(f"{store.url}: the shard cache is for datasets in object storage (s3://, gs://, az://); a "
+                          f"local dataset is read in place")
+    cache = ShardCache(cache_dir, cache_limit)
     mirror = mirror_dir(cache, store.url)
     rec = lease = None
     if offline_version is not None:  # a re-opening process: the local copy, when it is complete
