@@ -529,7 +529,6 @@ def test_restore_in_object_storage(s3, src, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from dsc.cli import main
-    from dsc.compiler import upload
     from dsc.store import object as object_store
 
     url = "s3://dsc-test/restored"

@@ -428,7 +428,7 @@ def test_time_travel_tags_restore_vacuum(tmp_path):
 
 def test_vacuum_removes_unreferenced_slots(tmp_path):
     src = tmp_path / "src"
-    paths = make_folder(src, 128)  # two shards of 64
+    make_folder(src, 128)  # two shards of 64
     out = tmp_path / "out"
     dsc.compile_imagefolder(src, out, workers=1, **OPTS)
     ds = dsc.open(out)
@@ -595,7 +595,7 @@ def test_delta_table_across_three_table_versions(tmp_path, monkeypatch, key_colu
     deltalake.write_deltalake(str(table), _rows(range(0, 60)))  # table version 0
     out = tmp_path / "out"
     kw = dict(key_column=key_column, size=8, shard_size=32, workers=1, progress=False)
-    r0 = dsc.compile_delta(str(table), out, **kw)
+    dsc.compile_delta(str(table), out, **kw)
     assert dsc.open(out).manifest.source["table_version"] == 0 and len(dsc.open(out)) == 60
     deltalake.write_deltalake(str(table), _rows(range(60, 80)), mode="append")  # version 1: +20
     deltalake.DeltaTable(str(table)).delete("id = 'r5' OR id = 'r61'")  # version 2: -2 (files rewritten)
