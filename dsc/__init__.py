@@ -6,7 +6,7 @@
 
 Names are imported lazily so that ``import dsc`` (and the CLI) does not pay for torch until needed.
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 _LAZY = {
     "open": ("dsc.runtime", "open"),

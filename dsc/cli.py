@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import click
 
 from . import __version__
 from .errors import (CompileLockedError, ConfigError, CredentialsError, DatasetNotFoundError, DscError, OutputExistsError,
-                     ResumeError, UnsafePathError, VersionConflictError)
+                     ResumeError, SampleError, UnsafePathError, VersionConflictError)
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):
@@ -38,6 +37,9 @@ class DscGroup(click.Group):
             raise click.ClickException(str(e)) from None
         except OSError as e:  # disk full, permissions, ...: the OS message names the file
             raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:  # Ctrl-C: what shells expect (128 + SIGINT), not a failure's 1
+            click.echo("Aborted!", err=True)
+            ctx.exit(130)
 
 
 class DatasetParam(click.ParamType):
@@ -47,15 +49,15 @@ class DatasetParam(click.ParamType):
     name = "PATH|URL"
 
     def convert(self, value, param, ctx):
-        from .store import is_url, local_path  # lazy: numpy, for dsc --help's speed
+        from .store import is_url, local_path, url_typo  # lazy: numpy, for dsc --help's speed
 
         if is_url(value):
             scheme, rest = value.split("://", 1)
             return f"{scheme.lower()}://{rest.rstrip('/')}"
-        typo = re.match(r"^(s3|gs|gcs|az|azure|abfss?|file):/*([^/].*)$", value, re.IGNORECASE) if isinstance(
-            value, str) else None
-        if typo and not os.path.exists(value):
-            self.fail(f"{value!r} is not a URL: did you mean {typo.group(1).lower()}://{typo.group(2)}?", param, ctx)
+        meant = url_typo(value)
+        if meant:
+            self.fail(f"{value!r} is not a URL: did you mean {meant}? (a local folder of that name: ./{value})",
+                      param, ctx)
         if isinstance(value, Path):
             return value
         return Path(local_path(value))
@@ -355,8 +357,13 @@ def _compile(out: Path, kw: dict, make_source) -> None:
         # refused for a link there has nothing to resume
         if partial.is_dir() and not partial.is_symlink() and not isinstance(
                 e, (CompileLockedError, ResumeError, UnsafePathError)):
-            click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
-                       f"to continue, or without it to start over", err=True)
+            if isinstance(e, SampleError):  # (removing the input changes the inputs: a resume would be refused)
+                click.echo(f"note: the finished shards are kept in {partial}; fix that input in place (or pass "
+                           f"--on-error skip) and rerun the same command with --resume to continue; after removing "
+                           f"it, rerun without --resume", err=True)
+            else:
+                click.echo(f"note: the finished shards are kept in {partial}; rerun the same command with --resume "
+                           f"to continue, or without it to start over", err=True)
         raise
     _report(report)
 
@@ -509,7 +516,8 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
     verb = "would remove" if dry_run else "removed"
     click.echo(f"{verb} {_n(len(r.removed), 'version')}" + (f" ({', '.join(map(str, r.removed))})" if r.removed else "")
                + f" and {_n(r.files, 'file')} ({r.bytes:,} bytes, {_mb(r.bytes)})"
-               + (f"; kept {', '.join(map(str, r.kept))}" if r.kept else ""))
+               + (f"; kept {'versions' if len(r.kept) > 1 else 'version'} {', '.join(map(str, r.kept))}"
+                  if r.kept else ""))
     tagged = [n for n in r.kept if n not in r.pinned and n not in r.recent and n in r.tagged]
     if tagged:
         click.echo(f"kept because tagged: {', '.join(map(str, tagged))}")

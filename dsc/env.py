@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
+from ._version import __version__
+
 
 def _dist_version(name: str) -> str | None:
     try:
@@ -30,8 +32,6 @@ def pil_build() -> dict:
 
 def environment(with_torch: bool = True) -> dict:
     import numpy
-
-    from . import __version__
 
     env = {"dsc": __version__, "python": platform.python_version(), "platform": platform.platform(),
            "numpy": numpy.__version__, "zarr": _dist_version("zarr"), **pil_build()}

@@ -34,7 +34,7 @@ def test_info_env_names_the_pil_build():
 @pytest.mark.parametrize("case,msg", [
     ("missing", "no such directory"),
     ("noclass", "no class folders"),
-    ("exists", "already exists"),
+    ("exists", "is an empty folder; pass --overwrite"),
     ("bad", "cannot decode image"),
     ("both", "not both"),
     ("size", "not SIZE"),
@@ -204,3 +204,59 @@ def test_cache_warm_of_a_local_folder_says_it_is_read_in_place(scenes_compiled, 
     r = run("cache", "warm", str(scenes_compiled(size=8)), "--cache-dir", tmp_path / "cache")
     assert r.exit_code != 0 and "a local dataset is read in place" in r.output
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_url_with_a_missing_slash_is_refused_in_python_too(scenes_src, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(dsc.ConfigError, match=r"did you mean s3://demo/x\?"):
+        dsc.compile_imagefolder(scenes_src, "s3:/demo/x", size=8, progress=False)
+    r = run("compile", "imagefolder", scenes_src, "S3:/demo/x", "--size", "8")
+    assert r.exit_code == 2 and "did you mean s3://demo/x?" in r.output
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "S3:").exists()
+    (tmp_path / "gs:kept").mkdir()  # a folder that exists under such a name is still a folder
+    assert dsc.store.open_store("gs:kept").local
+
+
+def test_an_out_that_is_not_a_dataset_is_refused_with_what_would_work(scenes_src, tmp_path):
+    (tmp_path / "notds").mkdir()
+    (tmp_path / "notds" / "a").write_text("x")
+    (tmp_path / "afile").write_text("y")
+    (tmp_path / "empty").mkdir()
+    for out in ("notds", "afile"):
+        for update in ([], ["--update"]):
+            r = run("compile", "imagefolder", scenes_src, tmp_path / out, "--size", "8", *update)
+            assert r.exit_code != 0 and "is not a dsc dataset; dsc writes only to a new path" in r.output
+            assert "--update" not in r.output
+    r = run("compile", "imagefolder", scenes_src, tmp_path / "empty", "--size", "8", "--update")
+    assert r.exit_code != 0 and "is an empty folder; pass --overwrite to compile into it" in r.output
+    assert run("compile", "imagefolder", scenes_src, tmp_path / "empty", "--size", "8", "--overwrite").exit_code == 0
+    r = run("compile", "imagefolder", scenes_src, tmp_path / "empty", "--size", "8")
+    assert r.exit_code != 0 and "already exists; pass --update" in r.output
+    assert (tmp_path / "notds" / "a").read_text() == "x" and (tmp_path / "afile").read_text() == "y"
+    (tmp_path / "lnk").symlink_to(tmp_path / "empty")
+    r = run("compile", "imagefolder", scenes_src, tmp_path / "lnk", "--size", "8", "--overwrite")
+    assert r.exit_code != 0 and "is a link; dsc does not compile over a link: give the real path" in r.output
+
+
+def test_a_compile_stopped_by_a_bad_input_says_to_fix_it_before_resuming(scenes_src, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(scenes_src, src)
+    (src / "zz").mkdir()
+    (src / "zz" / "bad.jpg").write_bytes(b"garbage")
+    argv = ["compile", "imagefolder", src, tmp_path / "out", "--size", "8", "--shard-size", "2", "--workers", "1"]
+    r = run(*argv)
+    assert r.exit_code == 1 and "bad.jpg: cannot decode image" in r.output
+    assert "fix that input in place (or pass --on-error skip) and rerun the same command with --resume" in r.output
+    assert "after removing it, rerun without --resume" in r.output
+    shutil.copy(next((src / "class_00").iterdir()), src / "zz" / "bad.jpg")  # fixed in place: the resume keeps
+    r = run(*argv, "--resume")  # what was finished
+    assert r.exit_code == 0 and "finished shards verified and kept" in r.output, r.output
+
+
+def test_an_out_in_a_folder_dsc_cannot_write_names_out_and_the_fix(scenes_src, tmp_path):
+    (tmp_path / "afile").write_text("y")
+    r = run("compile", "imagefolder", scenes_src, tmp_path / "afile" / "x", "--size", "8")
+    assert r.exit_code == 1 and "afile/x: cannot make the lock file dsc keeps beside it" in r.output
+    assert "a part of that path is a file, not a folder" in r.output and "Errno" not in r.output

@@ -138,7 +138,7 @@ def test_resume_keeps_the_finished_units_and_decodes_only_the_rest(slow_src, ref
 
     out = tmp_path / "out"
     r = stopped_at_unit(compile_cmd(slow_src, out)[3:], 15, sig)
-    assert r.returncode == (1 if sig == signal.SIGINT else -signal.SIGKILL), r.stderr
+    assert r.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), r.stderr
     if sig == signal.SIGINT:
         assert "Traceback" not in r.stderr and "rerun the same command with --resume" in r.stderr, r.stderr
     kept = journal_units(tmp_path / ".out.dsc-tmp")

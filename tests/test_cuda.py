@@ -192,3 +192,41 @@ def test_torchvision_form_keys_and_num_threads_zero_on_the_device(det, fixed, th
     for (a, la), (b, lb) in zip(dsc.Loader(fixed, keys=("image", "label"), **kw),
                                 dsc.Loader(fixed, keys=("image", "label"), device="cuda", **kw)):
         assert torch.equal(a, b.cpu()) and torch.equal(la, lb.cpu())
+
+
+@pytest.mark.parametrize("read", ["mapped", "windowed", "direct"])
+@pytest.mark.parametrize("order", ["sequential", "quasi_random", "random"])
+def test_every_read_strategy_fills_pinned_slots_and_device_batches_equal_the_dataset(fixed, monkeypatch, read,
+                                                                                     order):
+    """Windowed and direct reads land in the ring's pinned slots (preadv straight into them), and the copies
+    from there to the device never overtake the reads or the consumer."""
+    slow_copies(monkeypatch)
+    loader = dsc.Loader(fixed, batch_size=5, order=order, device="cuda", read=read, prefetch=2, num_threads=2)
+    assert loader.read_strategy == read
+    seen = []
+    for b in loader:
+        torch.cuda._sleep(1_000_000)
+        ref = fixed.get_batch(b["index"].cpu())
+        assert torch.equal(b["image"].cpu(), ref["image"]) and torch.equal(b["label"].cpu(), ref["label"])
+        seen += b["index"].tolist()
+        bufs = [t for slot in loader._ring.slots for t in slot.values()]
+        assert bufs and all(t.is_pinned() for t in bufs)
+    assert sorted(seen) == list(range(len(fixed)))
+    loader.close()
+
+
+def test_torchvision_form_per_box_masks_on_the_device(tmp_path):
+    """Detection with a semantic mask: "mask" and "masks" made on the device equal the CPU loader's."""
+    from dsc.synthetic import detection_scenes, write_voc_segmentation
+
+    root = write_voc_segmentation(tmp_path / "voc", detection_scenes(6, seed=4))
+    dsc.compile_voc(root, tmp_path / "out", split="train", masks=True, size=64, resize="pad", progress=False)
+    ds = dsc.open(tmp_path / "out")
+    kw = dict(batch_size=3, order="random", seed=1, format="torchvision")
+    n = 0
+    for (_, ta), (_, tb) in zip(dsc.Loader(ds, **kw), dsc.Loader(ds, device="cuda", **kw)):
+        for x, y in zip(ta, tb):
+            assert y["masks"].device.type == "cuda" and torch.equal(x["masks"], y["masks"].cpu())
+            assert torch.equal(x["mask"], y["mask"].cpu())
+            n += len(x["masks"])
+    assert n

@@ -127,6 +127,9 @@ def test_register_source_from_python(scenes_src, tmp_path, registry):
         dsc.compile_flat(folder, tmp_path / "c", colour=3)
     with pytest.raises(dsc.ConfigError, match="unknown option"):
         dsc.compile_flat(folder, tmp_path / "c", sise=8)
+    with pytest.raises(dsc.ConfigError, match="unknown option explicit;") as e:  # internal: neither listed nor taken
+        dsc.compile_flat(folder, tmp_path / "c", explicit=("size",))
+    assert "explicit" not in str(e.value).split(";")[1]
 
 
 def test_the_registry_refuses_what_would_break(registry):

@@ -217,9 +217,19 @@ def test_torchvision_form_detection_fixed_size(det):
     assert images.dtype == torch.float32 and float(images.min()) < 0
 
 
-def test_torchvision_form_detection_with_masks(tmp_path):
+def box_class_pixels(mask: torch.Tensor, box, value) -> np.ndarray:
+    """What "masks" must hold for one box: the pixels of ``value`` in ``mask`` whose squares meet the box."""
+    want = np.zeros(mask.shape, np.uint8)
+    x0, y0, x1, y1 = int(np.floor(box[0])), int(np.floor(box[1])), int(np.ceil(box[2])), int(np.ceil(box[3]))
+    if box[2] > box[0] and box[3] > box[1]:
+        want[y0:y1, x0:x1] = mask.numpy()[y0:y1, x0:x1] == value
+    return want
+
+
+def test_torchvision_form_detection_with_masks(tmp_path, monkeypatch):
     """VOC with boxes and masks: each target dict carries its semantic mask under "mask", and a box's 1-based
-    label is the mask value inside it (both count 0 as the background)."""
+    label is the mask value inside it (both count 0 as the background); "masks" (k, H, W) uint8 has, per box,
+    the pixels of its class inside it, as torchvision's Mask R-CNN takes them."""
     root = write_voc_segmentation(tmp_path / "voc", detection_scenes(6, seed=4))
     dsc.compile_voc(root, tmp_path / "out", split="train", masks=True, max_side=80, progress=False)
     ds = dsc.open(tmp_path / "out")
@@ -230,11 +240,51 @@ def test_torchvision_form_detection_with_masks(tmp_path):
         check_torchvision_detection(images, targets)
         for img, t in zip(images, targets):
             assert t["mask"].dtype == torch.int64 and torch.equal(t["mask"], ds[k]["mask"].long())
-            for box, lab in zip(t["boxes"].tolist(), t["labels"].tolist()):
+            h, w = t["mask"].shape
+            assert t["masks"].dtype == torch.uint8 and t["masks"].shape == (len(t["boxes"]), h, w)
+            for j, (box, lab) in enumerate(zip(t["boxes"].tolist(), t["labels"].tolist())):
                 cx, cy = int((box[0] + box[2]) / 2), int((box[1] + box[3]) / 2)
                 assert int(t["mask"][cy, cx]) == lab and loader.classes[lab] == ds.mask_classes[lab]
+                want = box_class_pixels(t["mask"], box, lab)
+                assert np.array_equal(t["masks"][j].numpy(), want) and want.any()
             k += 1
     assert k == len(ds)
+    cropped = dsc.Loader(ds, batch_size=3, format="torchvision", transforms=[T.RandomResizedCrop(40)], seed=3)
+    filled = 0
+    for images, targets in cropped:  # after a crop: the masks follow the boxes and the mask
+        for t in targets:
+            assert t["masks"].shape == (len(t["boxes"]), 40, 40)
+            for j, (box, lab) in enumerate(zip(t["boxes"].tolist(), t["labels"].tolist())):
+                assert np.array_equal(t["masks"][j].numpy(), box_class_pixels(t["mask"], box, lab))
+                filled += bool(t["masks"][j].any())
+    assert filled
+    monkeypatch.setattr(type(ds), "mask_classes", property(lambda self: ["background", "something else"]))
+    with pytest.warns(UserWarning, match='no per-box "masks": the mask\'s classes do not name box class'):
+        loader = dsc.Loader(ds, batch_size=3, format="torchvision")
+    _, targets = next(iter(loader))
+    assert "masks" not in targets[0] and "mask" in targets[0]
+
+
+def test_per_box_masks_find_each_class_value():
+    """Which mask value is a box's class: dsc's sources' rules (label + 1; COCO's category ids as they are),
+    a category named "background" included, else unique names; else no "masks" (and the Loader says why)."""
+    from dsc.runtime.batches import instance_masks, mask_values_of_labels
+
+    def values(*a):
+        v, why = mask_values_of_labels(*a)
+        return v.tolist() if v is not None else why
+
+    assert values(["background", "dog"], ["background", "background", "dog"]) == [-1, 1, 2]
+    assert values(["", "", "cat"], ["background", "", "cat"], True) == [-1, -1, 1, 2]
+    assert values(["cat", "dog"], []) == [-1, 1, 2]  # unnamed mask values: the sources' rule
+    assert values(["dog", "cat"], ["bg", "cat", "dog"]) == [-1, 2, 1]
+    assert "do not name box class 'a' exactly once" in values(["a", "b"], ["background", "b"])
+    assert "exactly once" in values(["a", "b"], ["x", "b", "a", "a"])
+    ones = torch.ones(4, 5, dtype=torch.int64)
+    assert instance_masks(ones, torch.tensor([[2.5, 1.0, 2.5, 3.0]]), torch.tensor([1])).sum() == 0  # no area
+    assert instance_masks(ones, torch.tensor([[0.5, 0.5, 1.5, 1.0]]), torch.tensor([1]))[0].nonzero().tolist() == \
+        [[0, 0], [0, 1]]
+    assert instance_masks(ones, torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)).shape == (0, 4, 5)
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +422,15 @@ def test_bad_indices(fixed):
         with pytest.raises(dsc.ConfigError, match=match):
             dsc.Loader(fixed, batch_size=2, indices=bad)
     assert dsc.Loader(fixed, batch_size=2, indices=torch.tensor([-1])).epoch_order().tolist() == [35]
+
+
+@pytest.mark.parametrize("order", ["sequential", "quasi_random", "random"])
+def test_an_index_listed_twice_is_served_twice(fixed, order):
+    from collections import Counter
+
+    served = Counter(i for b in dsc.Loader(fixed, batch_size=3, order=order, indices=[1, 1, 2, -1, 5, 5, 5])
+                     for i in b["index"].tolist())
+    assert served == {1: 2, 2: 1, 35: 1, 5: 3}
 
 
 class FakeData(torch.utils.data.Dataset):

@@ -119,7 +119,7 @@ def _utf8_json(v) -> bool:
 
 def options_from(source_name: str, kwargs: dict) -> CompileOptions:
     """CompileOptions from keywords; an unknown keyword is a ConfigError naming what is accepted."""
-    known = CompileOptions.names()
+    known = [n for n in CompileOptions.names() if n != "explicit"]  # (explicit: what the caller gave, set here)
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         params = [p.name for p in get_source(source_name).params if p.python] if source_name else []

@@ -140,10 +140,18 @@ def check_output(out: Path, overwrite: bool) -> None:
                                 f"that ends in a new name, e.g. ./train.dsc")
     if not out.exists() and not out.is_symlink():
         return
-    if not overwrite:
+    if out.is_symlink():
+        raise OutputExistsError(f"{out} is a link; dsc does not compile over a link: give the real path (--update "
+                                f"makes a new version of a dataset through it)")
+    folder = out.is_dir()
+    if folder and is_dsc_dataset(out):
+        if overwrite:
+            return
         raise OutputExistsError(f"{out} already exists; pass --update to make a new version of it from the source as it "
                                 f"is now, or --overwrite to replace it")
-    if out.is_dir() and not out.is_symlink() and (is_dsc_dataset(out) or not any(out.iterdir())):
-        return
-    raise OutputExistsError(f"{out} exists and is not a dsc dataset; refusing to overwrite it. "
-                            f"Remove it yourself or choose another output path")
+    if folder and not any(out.iterdir()):
+        if overwrite:
+            return
+        raise OutputExistsError(f"{out} is an empty folder; pass --overwrite to compile into it")
+    raise OutputExistsError(f"{out} exists and is not a dsc dataset; dsc writes only to a new path, an empty folder or "
+                            f"a dataset. Remove it yourself or choose another output path")

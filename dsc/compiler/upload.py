@@ -342,7 +342,7 @@ def compile_to_url(compile_local, url: str, options):
     stage_root, stage = _stage(store, options.cache_dir, "dataset")
     if existing and not (options.resume and is_dsc_dataset(stage)):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
-                                f"compile to another URL")
+                                f"pass --update to make a new version of it, or compile to another URL")
     uploader = Uploader(store, _token(stage))
     lease = store.lock("compile")
     lease.__enter__()

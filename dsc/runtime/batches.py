@@ -170,15 +170,52 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
     return image.movedim(-1, -3).to(torch.float32, memory_format=torch.contiguous_format).div_(255)
 
 
-def torchvision_form(batch: dict, schema: Schema) -> tuple:
+def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
+    """For a detection dataset with a semantic mask: (the mask value of each 1-based torchvision label, index 0
+    the background: -1; why there is none, when there is none). dsc's sources' rules first: with ``ids``
+    (COCO's --keep-category-ids: labels are category ids) stored label k is the value k; else 0 is the
+    background and label k the value k + 1 (VOC, COCO; also where the mask's values are unnamed); for another
+    layout, each class by a name that the box classes and the mask's classes both hold exactly once."""
+    if mask_classes is None:
+        return None, "the dataset has no mask"
+    classes, mask_classes, n = list(classes), list(mask_classes), len(classes)
+    if ids:
+        return torch.tensor([-1, -1, *range(1, n)], dtype=torch.int64)[:n + 1], ""
+    if not mask_classes or mask_classes[1:n + 1] == classes:
+        return torch.tensor([-1, *range(1, n + 1)], dtype=torch.int64), ""
+    values = [-1]
+    for name in classes:
+        if classes.count(name) != 1 or mask_classes.count(name) != 1:
+            return None, (f"the mask's classes do not name box class {name!r} exactly once, so which mask value "
+                          f"is its class is not known")
+        values.append(mask_classes.index(name))
+    return torch.tensor(values, dtype=torch.int64), ""
+
+
+def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """uint8 (k, H, W): for each box, the pixels of the semantic ``mask`` (H, W) that hold its class's value
+    ``values[j]`` and lie in the box (a pixel whose square meets the box's interior)."""
+    h, w = mask.shape[-2:]
+    ys = torch.arange(h, device=mask.device).view(1, h, 1)
+    xs = torch.arange(w, device=mask.device).view(1, 1, w)
+    b = boxes.to(mask.device).view(-1, 4, 1, 1)
+    inside = ((xs + 1 > b[:, 0]) & (xs < b[:, 2]) & (ys + 1 > b[:, 1]) & (ys < b[:, 3])
+              & (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]))  # (a box of no area has no interior)
+    return ((mask.unsqueeze(0) == values.to(mask.device).view(-1, 1, 1)) & inside).to(torch.uint8)
+
+
+def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None) -> tuple:
     """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
 
     ``images``: float (B, C, H, W) in [0, 1] (or as dsc.transforms' ToFloat / Normalize made them) when the
     batch's images are one size, else a list of (C, H, W) tensors. ``targets``: with boxes, a list of dicts
     ``{"boxes": float32 (k, 4) xyxy, "labels": int64 (k,) 1-based (0 is torchvision's background: label k
-    is class ``classes[k - 1]``), "image_id", per-box columns (iscrowd, area, difficult...), "mask" (H, W)
-    int64 when the dataset has a semantic mask}``; segmentation, the masks: int64 (B, H, W) (or a list of
-    (H, W)), with the dataset's ignore index for pixels of no class; classification, the labels (B,)."""
+    is class ``classes[k - 1]``), "image_id", per-box columns (iscrowd, area, difficult...)}``, and when the
+    dataset has a semantic mask, "mask" (H, W) int64 and "masks" uint8 (k, H, W), one per box: the pixels
+    of the box's class inside the box (``mask_values``: each label's mask value; dsc stores class masks, not
+    instances, so two overlapping boxes of one class share their pixels); segmentation, the masks: int64
+    (B, H, W) (or a list of (H, W)), with the dataset's ignore index for pixels of no class; classification,
+    the labels (B,)."""
     images = _each(sample_pixels(batch, "image"), _chw_float)
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
     mask = _each(sample_pixels(batch, masks[0]), lambda m: m.to(torch.int64)) if masks else None
@@ -193,6 +230,8 @@ def torchvision_form(batch: dict, schema: Schema) -> tuple:
                 t["image_id"] = ids[k]
             if mask is not None:
                 t["mask"] = mask[k]
+                if mask_values is not None:
+                    t["masks"] = instance_masks(mask[k], t["boxes"], mask_values.to(t["labels"].device)[t["labels"]])
         return images, targets
     if mask is not None:
         return images, mask

@@ -83,6 +83,44 @@ class Held:
             self.fd = -1
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def held_file(d: Path, name: str, lock: int, data: bytes = b"") -> tuple[int, Path]:
+    """(fd, path) of a new file ``d/name`` holding ``data``, flock'ed (``lock``) while this process keeps ``fd``
+    open: a process's mark in a shared folder. Made and locked under a private name first, so a scan never
+    sees it unlocked."""
+    tmp = d / f".{name}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | _NOFOLLOW, 0o644)
+    fcntl.flock(fd, lock)
+    os.pwrite(fd, data, 0)
+    os.rename(tmp, d / name)
+    return fd, d / name
+
+
+def live_holder(path: str) -> int | None:
+    """An open descriptor of the mark ``path`` (see :func:`held_file`) while its process holds it; None when
+    it is gone or its process is (whatever its process id became since): a dead one's mark is removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return fd
+    except OSError:  # cannot tell: not counted as a live one
+        os.close(fd)
+        return None
+    try:
+        Path(path).unlink(missing_ok=True)  # (under its lock: nobody takes it for a live one meanwhile)
+    except OSError:  # (another user's mark in a shared folder it may not remove: dead all the same)
+        pass
+    finally:
+        os.close(fd)
+    return None
+
+
 class CacheUser:
     """This process as a user of the cache (see the module docstring): a file ``users/<pid>-<id>`` holding
     what it needs at once, flock'ed while the process lives (a dead process's file is unlocked: ignored and
@@ -93,13 +131,7 @@ class CacheUser:
 
         d = root / "users"
         d.mkdir(parents=True, exist_ok=True)
-        name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        tmp = d / f".{name}.tmp"  # made and locked under another name: a scan never sees it unlocked
-        self.fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
-        self.need(0)
-        self.path = d / name
-        os.rename(tmp, self.path)
+        self.fd, self.path = held_file(d, f"{os.getpid()}-{secrets.token_hex(4)}", fcntl.LOCK_SH, b"0")
 
     def need(self, nbytes: int) -> None:
         os.ftruncate(self.fd, 0)
@@ -126,19 +158,10 @@ def cache_users(root: Path) -> list[int]:
     out = []
     d = root / "users"
     for e in os.scandir(d) if d.is_dir() else ():
-        if e.name.startswith("."):
+        fd = None if e.name.startswith(".") else live_holder(e.path)
+        if fd is None:
             continue
         try:
-            fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # got it: its process is gone
-                os.unlink(e.path)
-                continue
-            except BlockingIOError:
-                pass
             try:
                 out.append(int(os.pread(fd, 32, 0) or b"0"))
             except ValueError:
@@ -329,19 +352,10 @@ class ShardCache:
         for e in sorted(os.scandir(self.root / "queue"), key=lambda e: e.name):
             if e.name == ticket.path.name:
                 return True
-            if e.name.startswith("."):
-                continue
-            try:
-                fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # a live waiter ahead
-            finally:
+            fd = None if e.name.startswith(".") else live_holder(e.path)
+            if fd is not None:
                 os.close(fd)
-            Path(e.path).unlink(missing_ok=True)
+                return False  # a live waiter ahead
         return True
 
     def _try_reserve(self, part: Path, nbytes: int, what: str) -> int | None:
@@ -450,12 +464,8 @@ class _Ticket:
 
     def __init__(self, d: Path):
         d.mkdir(exist_ok=True)
-        name = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
-        tmp = d / f".{name}.tmp"
-        self.fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        self.path = d / name
-        os.rename(tmp, self.path)
+        self.fd, self.path = held_file(d, f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}",
+                                       fcntl.LOCK_EX)
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import os
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .batches import select_keys, torchvision_form
+from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size
@@ -283,7 +284,14 @@ class Loader:
                 raise ConfigError(f"format='torchvision' makes its own per-image target dicts; drop boxes="
                                   f"{self.boxes!r}")
             self._gather_boxes = "packed"
-            self._output = partial(torchvision_form, schema=dataset.schema)
+            mask_values = None
+            if "boxes" in dataset.schema and dataset.mask_classes is not None:
+                mask_values, why = mask_values_of_labels(dataset.classes, dataset.mask_classes,
+                                                         (dataset.manifest.source or {}).get("labels") == "category_ids")
+                if mask_values is None:
+                    warnings.warn(f"format='torchvision': the targets carry no per-box \"masks\": {why} "
+                                  f"(\"mask\", the semantic mask, is there)", stacklevel=2)
+            self._output = partial(torchvision_form, schema=dataset.schema, mask_values=mask_values)
 
     @property
     def classes(self) -> list[str]:

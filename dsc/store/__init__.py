@@ -38,6 +38,18 @@ def local_path(path):
     return path
 
 
+_SLASH_MISSING = re.compile(rf"^({'|'.join(OBJECT_SCHEMES)}):/?([^/].*)$", re.IGNORECASE)
+
+
+def url_typo(path) -> str | None:
+    """The URL a path that does not exist almost certainly meant (``s3:/b/x``, ``gs:b/x`` -> ``s3://b/x``...),
+    else None: such a path would otherwise become a local folder named ``s3:``."""
+    m = _SLASH_MISSING.match(path) if isinstance(path, str) else None
+    if m is None or os.path.lexists(path):
+        return None
+    return f"{m.group(1).lower()}://{m.group(2)}"
+
+
 _FACTORIES: dict[str, Callable[[str, float], Store]] = {}
 
 
@@ -49,6 +61,10 @@ def register_store(scheme: str, factory: Callable[[str, float], Store]) -> None:
 def open_store(url, retry: float | None = None) -> Store:
     """The store of the dataset at ``url``: a local folder (a path, or ``file://``), or object storage."""
     if not is_url(url):
+        meant = url_typo(url)
+        if meant:
+            raise ConfigError(f"{url!r} is not a URL: did you mean {meant}? (a local folder of that name: "
+                              f"./{url})")
         return LocalStore(local_path(url))
     m = _URL.match(url)
     scheme = m.group(1).lower()

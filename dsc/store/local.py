@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CompileLockedError, CorruptDatasetError, DatasetNotFoundError, TooManyOpenFilesError, UnsafePathError
+from ..errors import (CompileLockedError, CorruptDatasetError, DatasetNotFoundError, DscError, TooManyOpenFilesError,
+                      UnsafePathError, WriteError)
 from .base import MissingFile, Store
 from .paths import check_node_path
 
@@ -406,7 +407,10 @@ class OutLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "OutLock":
-        self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._unwritable(e) from None
         while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
             fd = self._open()  # writer unlinks it: retry on the new one)
             try:
@@ -438,12 +442,25 @@ class OutLock:
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}") from None
-            raise
+            raise self._unwritable(e) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
             os.close(fd)
             raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}")
         return fd
+
+    def _unwritable(self, e: OSError) -> DscError:
+        """The error for a lock file that cannot be made: what is wrong with where OUT goes, when that is it."""
+        if e.errno in (errno.EEXIST, errno.ENOTDIR):
+            why = "a part of that path is a file, not a folder"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            why = "the folder OUT goes in must be one dsc can write in"
+        else:
+            return WriteError.writing(self.path, e)
+        err = WriteError(f"{self.out}: cannot make the lock file dsc keeps beside it, {self.path} ({e.strerror}); "
+                         f"{why}")
+        err.errno = e.errno
+        return err
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:

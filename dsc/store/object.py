@@ -191,7 +191,7 @@ class ObjectStore(Store):
                     import warnings
 
                     warnings.warn(f"{self.where(rel)}: {what} failed ({_first_line(e)[:120]}); retrying for up to "
-                                  f"{left:.0f} s more", RuntimeWarning, stacklevel=3)
+                                  f"{left:.0f} s more (DSC_RETRY_SECONDS sets how long; Ctrl-C stops)", RuntimeWarning, stacklevel=3)
                 time.sleep(min(left, random.uniform(0, min(5.0, 0.1 * 2 ** min(attempt, 10)))))  # full jitter
 
     # ------------------------------------------------------------------ operations
