@@ -61,31 +61,17 @@ def _shard_files(path: Path) -> list[Path]:
     return [path / spec.path for spec in ds.manifest.shards if spec is not None]
 
 
-def _drop(files) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _read_bytes() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ----------------------------------------------------------------------------- children (in the cgroup)
 def _child(mode: str, path: Path) -> dict:
-    files = _shard_files(path)
-    _drop(files)
-    b0, t0 = _read_bytes(), time.perf_counter()
+    from dsc.bench import disk_read_bytes, drop_page_cache
+
+    files = _shard_files(path)  # (dsc.open: torch is imported in every mode)
+    drop_page_cache(files)
+    b0, t0 = disk_read_bytes(), time.perf_counter()
     first = None
     if mode == "seqread":
         buf = bytearray(8 << 20)
@@ -129,7 +115,7 @@ def _child(mode: str, path: Path) -> dict:
         strategy = loader.read_strategy
         loader.close()
     dt = time.perf_counter() - t0
-    out = {"mb_s": served / dt / 1e6, "ratio": (_read_bytes() - b0) / served, "rss": _peak_rss(), "first": first,
+    out = {"mb_s": served / dt / 1e6, "ratio": (disk_read_bytes() - b0) / served, "rss": _peak_rss(), "first": first,
            "served": served}
     if mode.startswith("loader"):
         out["strategy"] = strategy

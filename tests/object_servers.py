@@ -69,9 +69,7 @@ class S3:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.server = None
-        t = time.monotonic()
         self.start()
-        self.startup_s = time.monotonic() - t
 
     def start(self):
         self.server = self._moto.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
@@ -189,9 +187,7 @@ class GCS(_Process):
         self.data = tempfile.TemporaryDirectory(prefix="dsc-gcs-")
         self.upstream_port, self.port = free_port(), free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        t = time.monotonic()
         self.start()
-        self.startup_s = time.monotonic() - t
 
     def start(self) -> None:
         up = f"127.0.0.1:{self.upstream_port}"
@@ -253,9 +249,7 @@ class Azure(_Process):
         self.data = tempfile.TemporaryDirectory(prefix="dsc-azurite-")
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
-        t = time.monotonic()
         self.start()
-        self.startup_s = time.monotonic() - t
 
     def start(self) -> None:
         proc = self._spawn([*self.cmd, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),

@@ -1,6 +1,5 @@
 """Read strategies (runtime/reads.py, runtime/schedule.py): which one runs, the same batches under each,
 bounded memory, and the disk reading what is served."""
-import os
 import threading
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 import dsc
+from dsc.bench import disk_read_bytes, drop_page_cache
 from dsc.errors import ConfigError, DscError
 from dsc.runtime import reads as R
 from dsc.runtime.schedule import ShardSchedule, live_bytes
@@ -108,6 +108,25 @@ def test_the_cgroup_is_found_where_its_file_system_is_mounted():
     assert R._cgroup_dir("v2", "/user.slice/x", mounts) == Path("/sys/fs/cgroup/unified/user.slice/x")
     assert R._cgroup_dir("v1", "/elsewhere", mounts) == Path("/sys/fs/cgroup/memory")  # outside the mount: its top
     assert R._mounts("garbage\n\n1 2 3 - \n") == {}
+
+
+def test_the_cgroup_figures_are_its_limit_and_what_it_holds_besides_page_cache(tmp_path):
+    """v1: the hierarchical limit, and usage (hierarchical) minus total_cache (hierarchical), not the group's
+    own "cache" line that memory.stat lists first; v2: the lowest memory.max up the tree, current minus file."""
+    v1 = tmp_path / "v1" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.stat").write_text("cache 100\nrss 5\nhierarchical_memory_limit 4000\ntotal_cache 700\n")
+    (v1 / "memory.limit_in_bytes").write_text("9000\n")
+    (v1 / "memory.usage_in_bytes").write_text("1000\n")
+    assert R._cgroup_limit("4:memory:/job\n", {"v1": ("/", tmp_path / "v1")}) == (
+        4000, 300, "cgroup memory.limit_in_bytes")
+    v2 = tmp_path / "v2" / "a" / "b"
+    v2.mkdir(parents=True)
+    (tmp_path / "v2" / "a" / "memory.max").write_text("5000\n")
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text("2000\n")
+    (v2 / "memory.stat").write_text("anon 10\nfile 1500\n")
+    assert R._cgroup_limit("0::/a/b\n", {"v2": ("/", tmp_path / "v2")}) == (5000, 500, "cgroup memory.max")
 
 
 def test_dsc_info_says_how_each_order_is_read(datasets, monkeypatch):
@@ -236,55 +255,38 @@ def test_a_loop_that_drops_its_batches_reuses_the_same_buffers(datasets, read):
         loader.close()
 
 
-def _cold(files) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _read_bytes() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return -1
-
-
 def test_the_disk_reads_what_is_served_on_a_cold_cache(tmp_path):
     dsc.compile(Arrays(1200, (64, 64)), tmp_path / "cold", size=(64, 64), shard_size=100, progress=False, workers=1)
     ds = dsc.open(tmp_path / "cold")
     files = [ds.path / s.path for s in ds.manifest.shards]
-    _cold(files)
-    b0 = _read_bytes()
+    drop_page_cache(files)
+    b0 = disk_read_bytes()
     (files[0]).read_bytes()
-    if b0 < 0 or _read_bytes() - b0 < files[0].stat().st_size // 2:
+    if b0 is None or disk_read_bytes() - b0 < files[0].stat().st_size // 2:
         pytest.skip("this file system or kernel does not let a test drop a file's pages and count what is read")
     sample = 64 * 64 * 3
     # (a batch prefetched but not served is read and not counted: one thread, one batch ahead, 16 batches served)
     for order, read, batches in (("random", "direct", 16), ("quasi_random", "windowed", None),
                                  ("sequential", "windowed", None)):
-        _cold(files)
+        drop_page_cache(files)
         loader = dsc.Loader(dsc.open(tmp_path / "cold"), batch_size=32, order=order, read=read, window=2,
                             num_threads=1, prefetch=1)
-        b0, served = _read_bytes(), 0
+        b0, served = disk_read_bytes(), 0
         for j, b in enumerate(loader):
             served += b["image"].numel()
             if batches is not None and j + 1 == batches:
                 break
         loader.close()
-        ratio = (_read_bytes() - b0) / served
+        ratio = (disk_read_bytes() - b0) / served
         assert served >= 4 * 32 * sample and ratio <= 1.15, (order, read, ratio)
-    _cold(files)  # what the mapped strategy reads for the same few random batches: whole shards
+    drop_page_cache(files)  # what the mapped strategy reads for the same few random batches: whole shards
     loader = dsc.Loader(dsc.open(tmp_path / "cold"), batch_size=32, order="random", read="mapped", num_threads=1,
                         prefetch=1)
-    b0, served = _read_bytes(), 0
+    b0, served = disk_read_bytes(), 0
     for j, b in zip(range(16), loader):
         served += b["image"].numel()
     loader.close()
-    assert (_read_bytes() - b0) / served > 2
+    assert (disk_read_bytes() - b0) / served > 2
 
 
 # ----------------------------------------------------------------------------- the schedule itself

@@ -296,8 +296,13 @@ def test_soak_readers_see_only_committed_content_while_a_writer_is_killed(tmp_pa
         while not all(Path(f"{results}.{k}").exists() for k in ("dsc", "zarr")):
             assert time.monotonic() - t < 60 and all(p.poll() is None for p in readers), "the readers did not start"
             time.sleep(0.05)
-        t0 = time.monotonic()  # about 25 s, longer (up to 50 s) on a machine too slow for a dozen kills and commits
-        while time.monotonic() - t0 < 25 or (writer.kills < 12 or len(oracle) < 12) and time.monotonic() - t0 < 50:
+        def readings_so_far() -> tuple[int, int]:  # (readings, of them of the plain view) the readers reported
+            lines = [line for k in ("dsc", "zarr") for line in Path(f"{results}.{k}").read_text().splitlines()]
+            return sum('"version"' in line for line in lines), sum('"view": true' in line for line in lines)
+
+        t0 = time.monotonic()  # until what the final check counts is there (a few seconds; at most 50)
+        while time.monotonic() - t0 < 50 and (writer.kills < 12 or len(oracle) < 12
+                                              or (lambda r, v: r < 24 or v < 6)(*readings_so_far())):
             before = V.versions(V.Root(out))
             op = rng.choices(list(kinds), weights=list(kinds.values()))[0]
             kill = rng.random() < 0.6

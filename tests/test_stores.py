@@ -86,13 +86,13 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     assert again.removed == [] and again.files == 0  # nothing left to remove
 
 
-def test_the_shard_cache_commands_in_every_object_store(where, tmp_path):
-    if not where.startswith(("s3", "gs", "az")):
-        pytest.skip("the shard cache is for datasets in object storage")
+def test_the_shard_cache_commands_in_every_object_store(object_store_url, monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from dsc.cli import main
 
+    where = object_store_url
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "src"
     make_folder(src, 24, classes=3)
     dsc.compile_imagefolder(src, where, **OPTS)
@@ -105,7 +105,7 @@ def test_the_shard_cache_commands_in_every_object_store(where, tmp_path):
     r = run("cache", "clear", where, "--cache-dir", cache)
     assert r.exit_code == 0 and "removed" in r.output, r.output
     r = run("info", where)
-    assert r.exit_code == 0 and "24" in r.output, r.output
+    assert r.exit_code == 0 and "samples   24 in 3 shards" in r.output, r.output
 
 
 # --------------------------------------------------------------------------- writers racing in object storage
@@ -229,8 +229,9 @@ def test_an_upload_never_replaces_a_file_that_is_not_its_own(s3_server, monkeypa
 
 # --------------------------------------------------------------------------- one cache, several processes
 SHARER = """
-import sys, time, dsc
-t0 = time.monotonic()
+import sys, dsc
+import dsc.runtime.cache
+dsc.runtime.cache.WAIT_SECONDS = 20.0  # a wait for room this long fails the process (it was 60 s before the fix)
 ds = dsc.open(sys.argv[1], version=int(sys.argv[2]), cache_dir=sys.argv[3], cache_limit=int(sys.argv[4]))
 seen = set()
 with dsc.Loader(ds, batch_size=8, order="quasi_random", window=2, seed=int(sys.argv[2])) as loader:
@@ -238,7 +239,7 @@ with dsc.Loader(ds, batch_size=8, order="quasi_random", window=2, seed=int(sys.a
         for b in loader:
             seen.update(b["index"].tolist())
 ds.close()
-print(len(seen), len(ds), round(time.monotonic() - t0, 1))
+print(len(seen), len(ds))
 """
 
 
@@ -265,23 +266,21 @@ def test_two_processes_on_one_small_cache_both_finish(s3_server, monkeypatch, tm
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        seen, n, seconds = out.split()
-        assert seen == n and float(seconds) < 45, out  # every sample, and no 60 s wait for room
+        seen, n = out.split()
+        assert seen == n, out  # every sample
     from dsc.runtime.cache import ShardCache, cache_users
 
     assert ShardCache(cache).usage() <= 10 * shard and cache_users(cache) == []  # closed: no user left
-    import time
-
+    from dsc.runtime import cache as C
     from dsc.runtime.cache import CacheUser
 
+    monkeypatch.setattr(C, "WAIT_SECONDS", 0.5)  # (a wait for room would end in another error than the one asked)
     other = CacheUser(cache)  # another process reading through the cache, needing 9 shards at once
     other.need(9 * shard)
     with dsc.open(url, cache_dir=cache, cache_limit=10 * shard) as ds:
         loader = dsc.Loader(ds, batch_size=8, order="sequential")  # needs 2 or 3: 11 or 12 > 10 do not fit
-        t0 = time.monotonic()
         with pytest.raises(dsc.errors.CacheFullError, match=r"cache_limit .* smaller than what the 2 processes"):
-            next(iter(loader))
-        assert time.monotonic() - t0 < 10  # at once, not after a 60 s wait for room
+            next(iter(loader))  # at once, declared needs against the limit: not after a wait for room
         loader.close()
     other.close()
     assert cache_users(cache) == []
@@ -339,12 +338,15 @@ def test_a_vacuum_and_a_writer_never_run_together_in_object_storage(s3_server, m
     from dsc.store.object import WriterLease
 
     use_server(s3_server, monkeypatch)
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "default-cache"))
     url = f"s3://{BUCKET}/excl-{tmp_path.name}"
     src = tmp_path / "src"
     make_folder(src, 16, classes=2)
     dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path / "c"), **OPTS)
     make_folder(src, 8, classes=2, seed0=100)
     dsc.compile_imagefolder(src, url, update=True, cache_dir=str(tmp_path / "c"), **OPTS)
+    # the update published under its own lease, with its staging's token: nothing of it is left in any cache
+    assert not (tmp_path / "default-cache").exists() and not list((tmp_path / "c").rglob("writer-*"))
     store = open_store(url)
     with WriterLease(store, "update"):  # a writer at work (elsewhere)
         with pytest.raises(CompileLockedError, match="a vacuum does not run beside a writer"):
@@ -410,11 +412,10 @@ def test_a_dead_waiters_ticket_never_blocks_the_cache(tmp_path, monkeypatch):
     """A process killed while it waited for room leaves its ticket; whatever its process id became since,
     the next waiter is served as soon as there is room (waiters hold a lock on their tickets)."""
     import hashlib
-    import time
 
     from dsc.runtime import cache as C
 
-    monkeypatch.setattr(C, "WAIT_SECONDS", 8.0)
+    monkeypatch.setattr(C, "WAIT_SECONDS", 8.0)  # (blocked behind the dead ticket: CacheFullError after 8 s)
     c = C.ShardCache(tmp_path / "cache", 100)
 
     def fetcher(data):
@@ -432,10 +433,8 @@ def test_a_dead_waiters_ticket_never_blocks_the_cache(tmp_path, monkeypatch):
     (c.root / "queue" / f"{1:020d}-1-1").touch()  # a dead waiter's ticket, its pid (1) alive
     import threading
 
-    threading.Timer(1.0, held.close).start()
-    t0 = time.monotonic()
-    c.hold(hashlib.sha256(b).hexdigest(), 80, fetcher(b), "B").close()
-    assert time.monotonic() - t0 < 5
+    threading.Timer(0.2, held.close).start()
+    c.hold(hashlib.sha256(b).hexdigest(), 80, fetcher(b), "B").close()  # served once A is let go
 
 
 def test_a_duration_says_its_unit():

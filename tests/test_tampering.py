@@ -176,6 +176,7 @@ def test_a_link_at_a_temporary_name_is_replaced_never_followed(two_versions):
         p.symlink_to(victim / "precious")
     assert cli(*_writers(src, out)["update"]).exit_code == 0
     assert (victim / "precious").read_text() == "keep me" and dsc.verify(out).ok
+    assert not any(os.path.lexists(p) for p in traps)  # each trap was at a name dsc wrote: replaced, then renamed
 
 
 # ----------------------------------------------------------------------------- damaged metadata

@@ -16,7 +16,7 @@ import shutil
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,16 +132,14 @@ class Uploader:
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
-         retry_seconds: float | None = None, what: str | None = None, writer: str | None = None) -> dict:
+         what: str | None = None) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
     first, then each version record by a conditional put, oldest first, then the view. A record the bucket
     already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
     :class:`~dsc.errors.VersionConflictError`. Returns counts."""
-    from tqdm import tqdm
-
     local = Path(local)
     root = Root(local)
-    store = uploader.store if uploader is not None else open_store(url, retry_seconds)
+    store = uploader.store if uploader is not None else open_store(url)
     if store.local:
         raise ConfigError(f"dsc push publishes to object storage (s3://, gs://, az://), got {url}; a local copy of a "
                           f"dataset is a copy of its folder")
@@ -149,64 +147,64 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
     if not nums:
         read_manifest(root)  # (not a dataset at all: that error first)
         raise ConfigError(f"{local} keeps no versions (compiled by a dsc before versions); recompile it to push it")
-    own = uploader is None
-    if own:  # (a push of a user's dataset: its writer token is kept in the cache, not beside the dataset)
+    if uploader is None:  # a push of a user's dataset (its writer token is kept in the cache, not beside it)
         key = hashlib.sha256(str(local.resolve()).encode()).hexdigest()[:16]
-        writer = writer or _token(default_cache_dir() / "uploads" / url_id(store.url) / f"push-{key}")
-    uploader = uploader or Uploader(store, writer)
-    lease = store.lock("push") if own else None
-    if lease is not None:
-        lease.__enter__()
-    try:
-        records = {n: versions.read_record(root, n) for n in nums}
-        remote = versions.versions(store)
-        published = set()  # versions the bucket has already, with these bytes: their files are all there
-        for n in set(nums) & set(remote):
-            if store.get(versions.record_path(n)) != bytes(root.read(versions.record_path(n))):
-                raise _conflict(store, n, what or str(local))
-            published.add(n)
-        done = {p for n in published for p in _paths(records[n]["manifest"])}
-        jobs = {}
-        for n, rec in records.items():
-            if n in published:
-                continue
-            m = rec["manifest"]
-            for spec in L.shard_specs(m):
-                jobs[spec.path] = (spec.sha256, spec.nbytes)
-            for rel, f in m.files.items():
-                jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
-        jobs = {rel: job for rel, job in jobs.items() if rel not in done}
-        latest = records[nums[-1]]["manifest"]
-        view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
-        futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
-        with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
-            for f in futs:
-                f.result()
-                bar.update(1)
-        for n in nums:  # the commits
-            if n in published:
-                continue
-            data = bytes(root.read(versions.record_path(n)))
-            try:
-                store.put(versions.record_path(n), data, create_only=True)
-            except FileExistsError:
-                if store.get(versions.record_path(n)) != data:
-                    raise _conflict(store, n, what or str(local)) from None
-        # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
-        # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags. A writer
-        # that committed a newer version meanwhile writes its own view: this one leaves it alone.
-        still_latest = lambda: versions.versions(store)[-1] <= nums[-1]  # noqa: E731
-        if view_is_ours and still_latest():  # (formats/view.py: chunks, node metadata, the root last)
-            view.refresh(store, latest, None, src=versions.as_store(root), still_latest=still_latest)
-            stat = local / versions.STAT / f"{nums[-1]}.bin"
-            if stat.is_file():
-                store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
-        for name, n in versions.tag_names(root).items():
-            store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
-    finally:
-        if own:
-            uploader.close()
-            lease.__exit__()
+        with store.lock("push"), closing(Uploader(store, _token(default_cache_dir() / "uploads" / url_id(store.url)
+                                                               / f"push-{key}"))) as own:
+            return _push(local, root, nums, store, own, progress, what)
+    return _push(local, root, nums, store, uploader, progress, what)
+
+
+def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uploader, progress: bool,
+          what: str | None) -> dict:
+    """(See :func:`push`: the upload of ``nums``' files, by ``uploader``, then the commits, view, tags.)"""
+    from tqdm import tqdm
+
+    records = {n: versions.read_record(root, n) for n in nums}
+    remote = versions.versions(store)
+    published = set()  # versions the bucket has already, with these bytes: their files are all there
+    for n in set(nums) & set(remote):
+        if store.get(versions.record_path(n)) != bytes(root.read(versions.record_path(n))):
+            raise _conflict(store, n, what or str(local))
+        published.add(n)
+    done = {p for n in published for p in _paths(records[n]["manifest"])}
+    jobs = {}
+    for n, rec in records.items():
+        if n in published:
+            continue
+        m = rec["manifest"]
+        for spec in L.shard_specs(m):
+            jobs[spec.path] = (spec.sha256, spec.nbytes)
+        for rel, f in m.files.items():
+            jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
+    jobs = {rel: job for rel, job in jobs.items() if rel not in done}
+    latest = records[nums[-1]]["manifest"]
+    view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
+    futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
+    with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
+        for f in futs:
+            f.result()
+            bar.update(1)
+    for n in nums:  # the commits
+        if n in published:
+            continue
+        data = bytes(root.read(versions.record_path(n)))
+        try:
+            store.put(versions.record_path(n), data, create_only=True)
+        except FileExistsError:
+            if store.get(versions.record_path(n)) != data:
+                raise _conflict(store, n, what or str(local)) from None
+    # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
+    # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags. A writer
+    # that committed a newer version meanwhile writes its own view: this one leaves it alone.
+    still_latest = lambda: versions.versions(store)[-1] <= nums[-1]  # noqa: E731
+    if view_is_ours and still_latest():  # (formats/view.py: chunks, node metadata, the root last)
+        view.refresh(store, latest, None, src=versions.as_store(root), still_latest=still_latest)
+        stat = local / versions.STAT / f"{nums[-1]}.bin"
+        if stat.is_file():
+            store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
+    for name, n in versions.tag_names(root).items():
+        store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
 
 
@@ -326,8 +324,9 @@ def update_url(update_local, url: str, options):
         first = free_slot(store, base)  # past every shard there: another writer's leftovers are never in the way
         report = update_local(stage, lambda message: message.replace(str(stage), store.url), first)
         sent = None
-        if report.committed:
-            sent = push(stage, store.url, progress=options.progress, what="this update")
+        if report.committed:  # (this writer's: under its lease, with a token that goes with its staging)
+            with closing(Uploader(store, _token(stage))) as uploader:
+                sent = push(stage, store.url, uploader, progress=options.progress, what="this update")
     return replace(report, path=store.url, uploaded=sent)
 
 
@@ -340,17 +339,15 @@ def compile_to_url(compile_local, url: str, options):
     store = open_store(url)
     existing = versions.versions(store)
     stage_root, stage = _stage(store, options.cache_dir, "dataset")
-    if existing and not (options.resume and is_dsc_dataset(stage)):
+    staged = is_dsc_dataset(stage)
+    if existing and not (options.resume and staged):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"pass --update to make a new version of it, or compile to another URL")
-    uploader = Uploader(store, _token(stage))
-    lease = store.lock("compile")
-    lease.__enter__()
-    try:
-        if options.resume and is_dsc_dataset(stage):
+    with store.lock("compile"), closing(Uploader(store, _token(stage))) as uploader:
+        if options.resume and staged:
             report = None  # compiled already; the upload was interrupted
         else:
-            if is_dsc_dataset(stage):
+            if staged:
                 shutil.rmtree(stage)  # a finished compile of an earlier run that was not resumed
             tmp = staging_dir(stage)
 
@@ -362,11 +359,7 @@ def compile_to_url(compile_local, url: str, options):
 
             report = compile_local(stage, replace(options, overwrite=False), on_unit)
         sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
-    finally:
-        uploader.close()
-        lease.__exit__()
     if report is None:
-
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]
         report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,
                                bytes_written=0, resumed_units=0)

@@ -41,10 +41,27 @@ def _positive_int(name: str, v: Any, allow_zero: bool = False) -> int:
     return v
 
 
+class _Spec:
+    """A manifest part: a frozen dataclass written as a dict of its fields, read back with the fields checked
+    (``_what`` names it in messages)."""
+
+    _what = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        _check_fields(cls, cls._what, d)
+        return cls(**d)
+
+
 @dataclass(frozen=True, kw_only=True)
-class ImageSpec:
+class ImageSpec(_Spec):
     """How images are stored. ``fixed``: one (N, H, W, C) array. ``ragged``: flat bytes per shard +
     offsets + shapes."""
+
+    _what = "image"
 
     layout: str
     channels: int
@@ -69,18 +86,13 @@ class ImageSpec:
         assert self.layout == "fixed"
         return self.height * self.width * self.channels
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ImageSpec":
-        _check_fields(cls, "image", d)
-        return cls(**d)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResizeSpec:
+class ResizeSpec(_Spec):
     """The geometric policy applied at compile time; per-sample scale/offset live in ``transform/``."""
+
+    _what = "resize"
 
     policy: str | None  # stretch | center-crop | pad for fixed; None for ragged
     size: tuple[int, int] | None = None  # (height, width) for fixed
@@ -110,18 +122,18 @@ class ResizeSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResizeSpec":
-        _check_fields(cls, "resize", d)
-        d = dict(d)
-        if d.get("size") is not None:
+        if isinstance(d, dict) and d.get("size") is not None:
             if not isinstance(d["size"], list):
                 raise CorruptDatasetError("manifest: resize.size must be [height, width]")
-            d["size"] = tuple(d["size"])
-        return cls(**d)
+            d = {**d, "size": tuple(d["size"])}
+        return super().from_dict(d)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardSpec:
+class ShardSpec(_Spec):
     """One shard file: where it is (relative to the dataset), how many samples, its size and hash."""
+
+    _what = "shard"
 
     path: str
     count: int
@@ -137,12 +149,5 @@ class ShardSpec:
         if not isinstance(self.sha256, str) or not _SHA256.match(self.sha256):
             raise CorruptDatasetError(f"manifest: shard {self.path} has no valid sha256")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ShardSpec":
-        _check_fields(cls, "shard", d)
-        return cls(**d)
 
 

@@ -365,8 +365,10 @@ def lock_unpinned(path: Path, n: int) -> int | None:
 
 
 def open_version(where, version: int | None = None, tag: str | None = None) -> tuple[dict, "Pin | Lease"]:
-    """Pin (a folder) or lease (object storage), then read, version ``version`` / ``tag`` / the latest; a local
-    dataset's folder then reads that version's small files from their objects, whatever the view shows."""
+    """Pin (a folder) or lease (object storage), then read, version ``version`` / ``tag`` / the latest. Given
+    an open :class:`Root` (the caller's), it then reads that version's small files from their objects, whatever
+    the view shows; a Store is left as it is (``version_files`` gives its version's files), so that what it
+    reads stays what it writes."""
     store = as_store(where)
     for attempt in range(8):
         n = resolve(store, version, tag)
@@ -378,8 +380,8 @@ def open_version(where, version: int | None = None, tag: str | None = None) -> t
             if version is not None or attempt == 7:
                 raise
             continue  # the latest (or the tagged) version was superseded and vacuumed meanwhile: resolve again
-        if store.local:
-            use(store.root, rec["manifest"])
+        if isinstance(where, Root):
+            use(where, rec["manifest"])
         return rec, pin
     raise AssertionError("unreachable")
 

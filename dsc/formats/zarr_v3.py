@@ -189,11 +189,6 @@ def read_plain_array(root, rel: str) -> np.ndarray:
     return root.fromfile(f"{rel}/{chunk_key(len(shape))}", dtype, int(np.prod(shape)) * dtype.itemsize).reshape(shape)
 
 
-def check_file_size(root, rel: str, expect: int) -> None:
-
-    as_root(root).check_size(rel, expect)
-
-
 # ----------------------------------------------------------------------------- string arrays
 def write_string_array(root: Path, rel: str, values: Iterable[str]) -> None:
     """vlen-utf8: uint32 count, then for each item uint32 byte length + UTF-8 bytes."""

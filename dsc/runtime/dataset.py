@@ -138,12 +138,6 @@ class Dataset(torch.utils.data.Dataset):
     def _pixel_readers(self) -> list:
         return [r.px for r in self.readers.values() if getattr(r, "px", None) is not None]
 
-    def shards_of(self, idx) -> list[str]:
-        """The shard files (paths relative to the dataset) that samples ``idx`` are read from."""
-        rows = self._to_rows(np.asarray(idx, np.int64))
-        slots = np.unique(rows // self.manifest.shard_size).tolist()
-        return [px.shards[s].path for px in self._pixel_readers() for s in slots if px.shards[s] is not None]
-
     @property
     def shard_bytes(self) -> int:
         """Bytes of every shard file this version reads (its image, mask... shards): what reading it whole

@@ -428,8 +428,6 @@ class Loader:
             # counts those yet to start): each runs ahead within its share, keeping half of it for the batches
             # being gathered; a batch must fit in its share, and the processes' needs together in the limit.
             share = storage.cache.share(_local_processes())
-            if sizes[worst] <= share:
-                storage.cache.check_needs(sizes[worst])
             if sizes[worst] > share:
                 each = f" (this process's share: {share:,} of {limit:,}, shared by the processes reading through " \
                        f"the cache)" if share != limit else ""
@@ -438,11 +436,10 @@ class Loader:
                                   f"(--cache-limit), or read "
                                   f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
                                   f"batch_size)")
+            storage.cache.check_needs(sizes[worst])
             budget = max(sizes[worst], share // 2)
-            total = sum(s.nbytes for s in storage.specs.values())
+            total = ds.shard_bytes
             if self.order == "random" and total > limit and not self._warned_random:
-                import warnings
-
                 self._warned_random = True
                 warnings.warn(f"order='random' over {ds.path} with a cache ({limit:,} bytes) smaller than the dataset "
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "

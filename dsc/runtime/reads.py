@@ -53,15 +53,18 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _stat(path: Path, *keys: str) -> int | None:
+def _stats(path: Path) -> dict[str, int]:
+    """A ``key value`` file (memory.stat, /proc/meminfo) as a dict; empty when it cannot be read."""
+    out = {}
     try:
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] in keys:
-                return int(parts[1])
-    except (OSError, ValueError):
-        pass
-    return None
+        lines = path.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
 
 
 def _mounts(text: str | None = None) -> dict[str, tuple[str, Path]]:
@@ -94,15 +97,16 @@ def _cgroup_dir(kind: str, path: str, mounts: dict) -> Path:
     return point  # the path lies outside what is mounted: the mount shows this process's own cgroup
 
 
-def _cgroup_limit() -> tuple[int, int, str] | None:
+def _cgroup_limit(cgroups: str | None = None, mounts: dict | None = None) -> tuple[int, int, str] | None:
     """(limit, bytes in use that cannot be reclaimed, where) of this process's memory cgroup, if it has a
     limit below the machine's memory: cgroup v2 ``memory.max`` (the lowest along the path), or v1
-    ``memory.limit_in_bytes`` (its hierarchical limit)."""
+    ``memory.limit_in_bytes`` (its hierarchical limit). ``cgroups`` / ``mounts``: /proc/self/cgroup's text and
+    :func:`_mounts`'s answer, read here when not given."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = (Path("/proc/self/cgroup").read_text() if cgroups is None else cgroups).splitlines()
     except OSError:
         return None
-    mounts = _mounts()
+    mounts = _mounts() if mounts is None else mounts
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -121,14 +125,15 @@ def _cgroup_limit() -> tuple[int, int, str] | None:
                 d = d.parent
             if best is not None:
                 cur = _read_int(top / "memory.current") or 0
-                file = _stat(top / "memory.stat", "file") or 0
+                file = _stats(top / "memory.stat").get("file", 0)
                 return best, max(0, cur - file), "cgroup memory.max"
         elif "memory" in controllers.split(","):  # cgroup v1
             d = _cgroup_dir("v1", path, mounts)
-            lim = _stat(d / "memory.stat", "hierarchical_memory_limit") or _read_int(d / "memory.limit_in_bytes")
+            stats = _stats(d / "memory.stat")
+            lim = stats.get("hierarchical_memory_limit") or _read_int(d / "memory.limit_in_bytes")
             if lim is not None and lim < (1 << 60):
-                use = _read_int(d / "memory.usage_in_bytes") or 0
-                cache = _stat(d / "memory.stat", "total_cache", "cache") or 0
+                use = _read_int(d / "memory.usage_in_bytes") or 0  # (hierarchical: so is total_cache)
+                cache = stats.get("total_cache", stats.get("cache", 0))
                 return lim, max(0, use - cache), "cgroup memory.limit_in_bytes"
     return None
 
@@ -144,7 +149,7 @@ def available_memory() -> tuple[int, str]:
     forced = os.environ.get("DSC_MEMORY")
     if forced:
         return parse_size(forced, "$DSC_MEMORY"), "$DSC_MEMORY"
-    avail = _stat(Path("/proc/meminfo"), "MemAvailable:")
+    avail = _stats(Path("/proc/meminfo")).get("MemAvailable:")
     best = (avail * 1024, "MemAvailable") if avail is not None else (os.sysconf("SC_PAGE_SIZE") *
                                                                     os.sysconf("SC_AVPHYS_PAGES"), "free pages")
     cg = _cgroup_limit()

@@ -150,33 +150,25 @@ class RemoteStorage(Storage):
     def remote(self) -> bool:
         return True
 
-    def nbytes(self, rel: str) -> int:
-        return self.specs[rel].nbytes
-
     def acquire(self, rel: str, mapped: bool = True) -> None:
         """Hold shard ``rel`` (one more reference), downloading it when the cache lacks it; ``mapped``: and
         map it (a direct read only needs the file)."""
         with self._lock:
-            if rel in self._refs:
+            downloads = rel not in self._refs
+            if downloads:  # this thread downloads it
+                self._refs[rel] = 1
+                self._pending[rel] = Future()
+                self._pending[rel].set_running_or_notify_cancel()
+            else:
                 self._refs[rel] += 1
                 self._idle.pop(rel, None)
                 fut = self._pending.get(rel)
-                if fut is None:
-                    if mapped and rel not in self._maps:
-                        self._maps[rel] = self._map_held(rel)
-                    return
-            else:
-                self._refs[rel] = 1
-                fut = self._pending[rel] = Future()
-                fut.set_running_or_notify_cancel()
-                fut = None  # this thread downloads
-        if fut is not None:  # another thread is fetching it: wait for that
+        if not downloads:
             try:
-                fut.result()
+                if fut is not None:  # another thread is fetching it: wait for that
+                    fut.result()
                 if mapped:
-                    with self._lock:
-                        if rel not in self._maps:
-                            self._maps[rel] = self._map_held(rel)
+                    self._map_held(rel)
             except BaseException:
                 self._drop(rel)
                 raise
@@ -207,8 +199,15 @@ class RemoteStorage(Storage):
             self._idle.pop(rel, None)
             return True
 
-    def _map_held(self, rel: str) -> np.ndarray:
-        return map_fd(self._held[rel].fd, self.specs[rel].nbytes, self.store.where(rel))
+    def _map_held(self, rel: str) -> None:
+        """Map held shard ``rel`` unless it is (its pages read in outside the lock: the other threads go on)."""
+        with self._lock:
+            if rel in self._maps:
+                return
+            held = self._held[rel]
+        arr = map_fd(held.fd, self.specs[rel].nbytes, self.store.where(rel))
+        with self._lock:
+            self._maps.setdefault(rel, arr)
 
     def where(self, rel: str) -> str:
         return self.store.where(rel)

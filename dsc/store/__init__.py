@@ -17,10 +17,10 @@ from typing import Callable
 from ..errors import ConfigError
 from .base import Sha256Sink, Store, default_cache_dir
 from .local import LocalStore
-from .object import ObjectStore, retry_seconds
+from .object import FAMILY, ObjectStore, retry_seconds
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
-OBJECT_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl")
+OBJECT_SCHEMES = tuple(FAMILY)
 
 
 def is_url(path) -> bool:

@@ -35,10 +35,6 @@ class Store:
         sees every chunk, and ``None`` when an attempt starts over; more than ``limit`` bytes is refused."""
         raise NotImplementedError
 
-    def get_range(self, rel: str, start: int, length: int) -> bytes:
-        """``length`` bytes of the object from ``start`` (fewer at its end)."""
-        raise NotImplementedError
-
     def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
         """Write the object whole (``data``: bytes, a path, or an open binary file), atomically: readers see
         the old bytes or the new ones. ``create_only``: put-if-absent, ``FileExistsError`` if it exists (the
@@ -124,7 +120,30 @@ def default_cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "dsc"
 
 
-class Files:
+class FileReads:
+    """What the format's readers ask of a dataset's files, over ``size`` and ``read`` (a local folder's
+    :class:`~dsc.store.local.Root`, or a store's :class:`Files`)."""
+
+    def check_size(self, rel: str, expect: int) -> None:
+        size = self.size(rel)
+        if size != expect:
+            raise self._wrong_size(rel, size, expect)
+
+    def fromfile(self, rel: str, dtype, expect: int):
+        """The file's ``expect`` bytes as an array of ``dtype`` (read once; any other size is damage)."""
+        import numpy as np
+
+        data = self.read(rel, limit=expect)
+        if len(data) != expect:
+            raise self._wrong_size(rel, len(data), expect)
+        return np.frombuffer(data, dtype=dtype)
+
+    def _wrong_size(self, rel: str, size: int, expect: int) -> CorruptDatasetError:
+        return CorruptDatasetError(f"{self / rel} has {size:,} bytes, the manifest expects {expect:,}; the file is "
+                                   f"truncated or damaged (dsc verify lists every problem)")
+
+
+class Files(FileReads):
     """A store's files read as a local dataset folder's are (:class:`~dsc.store.local.Root`'s interface), so the
     format's readers and ``verify`` run unchanged on object storage. Missing files are ``FileNotFoundError``."""
 
@@ -139,9 +158,7 @@ class Files:
         return self.store.where(rel)
 
     def _target(self, rel: str) -> str:
-
-        return check_node_path(self.redirect.get(rel, rel) if self.redirect else rel) if rel != "zarr.json" \
-            else rel
+        return check_node_path(self.redirect.get(rel, rel) if self.redirect else rel)
 
     def size(self, rel: str) -> int:
         st = self.store.stat(self._target(rel))
@@ -163,18 +180,6 @@ class Files:
             raise CorruptDatasetError(f"{self.store.where(rel)} has {len(data):,} bytes, the manifest records "
                                       f"{want:,}; the dataset is damaged (dsc verify lists every problem)")
         return bytearray(data)
-
-    def check_size(self, rel: str, expect: int) -> None:
-        size = self.size(rel)
-        if size != expect:
-            raise CorruptDatasetError(f"{self.store.where(rel)} has {size} bytes, the manifest expects {expect}; the "
-                                      f"file is truncated or damaged")
-
-    def fromfile(self, rel: str, dtype, expect: int):
-        import numpy as np
-
-        self.check_size(rel, expect)
-        return np.frombuffer(self.read(rel), dtype=dtype)
 
     def sha256(self, rel: str) -> str:
         sink = Sha256Sink()

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import (CompileLockedError, CorruptDatasetError, DatasetNotFoundError, DscError, TooManyOpenFilesError,
                       UnsafePathError, WriteError)
-from .base import MissingFile, Store
+from .base import FileReads, MissingFile, Store
 from .paths import check_node_path
 
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -36,7 +36,7 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 _Missing = MissingFile  # the file is not there (as opposed to there but unsafe or unreadable)
 
 
-class Root:
+class Root(FileReads):
     """A dataset directory, opened once (see the module docstring). ``expected``: {path: bytes} the
     manifest records (its ``files``); a file read whole must have that size, so a damaged or swapped
     one is refused before its bytes are read, whatever its size."""
@@ -76,7 +76,7 @@ class Root:
     def _open(self, rel: str) -> int:
         """A descriptor of the regular file ``rel`` (plain components, no links)."""
         target = self.redirect.get(rel, rel) if self.redirect else rel
-        parts = check_node_path(target).split("/") if target != "zarr.json" else ["zarr.json"]
+        parts = check_node_path(target).split("/")
         dfd, opened = self.fd, []
         try:
             for part in parts[:-1]:
@@ -167,17 +167,6 @@ class Root:
             return buf
         finally:
             os.close(fd)
-
-    def check_size(self, rel: str, expect: int) -> None:
-        size = self.size(rel)
-        if size != expect:
-            raise CorruptDatasetError(f"{self.path / rel} has {size} bytes, the manifest expects {expect}; the file is "
-                                      f"truncated or damaged. Recompile the dataset.")
-
-    def fromfile(self, rel: str, dtype, expect: int) -> np.ndarray:
-        """The file's ``expect`` bytes as an array of ``dtype`` (its size checked first)."""
-        self.check_size(rel, expect)
-        return np.frombuffer(self.read(rel), dtype=dtype)
 
     def sha256(self, rel: str) -> str:
         h = hashlib.sha256()
@@ -570,13 +559,6 @@ class LocalStore(Store):
 
     def get(self, rel: str, limit: int | None = None) -> bytes:
         return bytes(self.root.read(rel, limit))
-
-    def get_range(self, rel: str, start: int, length: int) -> bytes:
-        fd = self.root.open_file(rel)
-        try:
-            return os.pread(fd, length, start)
-        finally:
-            os.close(fd)
 
     def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
         """Write + rename (a create-only put, a commit: write, fsync, link). ``attributes`` are not kept: a

@@ -24,7 +24,8 @@ from .base import MissingFile, Store
 from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+FAMILY = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "azure": "az", "abfs": "az", "abfss": "az",
+          "adl": "az"}  # the URL schemes obstore speaks, each to its service
 DEFAULT_RETRY_SECONDS = 120.0
 CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE naming a profile of ~/.aws/credentials); "
@@ -96,10 +97,6 @@ _USED_BY: int | None = None  # the process that made the first request: obstore 
 _STATUS = re.compile(r"(?:status code|status)[: ]+(\d{3})\b", re.IGNORECASE)
 
 
-def _family(scheme: str) -> str:
-    return {"s3a": "s3", "gcs": "gs", "azure": "az", "abfs": "az", "abfss": "az", "adl": "az"}.get(scheme, scheme)
-
-
 class ObjectStore(Store):
     """S3 / GCS / Azure through obstore."""
 
@@ -110,7 +107,7 @@ class ObjectStore(Store):
         except ImportError:
             raise ConfigError(f"{url}: remote datasets need obstore: pip install 'dsc[remote]'") from None
         self.url = url.rstrip("/")
-        self.scheme = _family(_URL.match(url).group(1))
+        self.scheme = FAMILY[url.split("://", 1)[0].lower()]
         self.retry = retry
         self._warned = 0.0
         config: dict = {}
