@@ -342,10 +342,9 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
-        from .store import open_store  # lazy: numpy, for dsc --help's speed
+        from .store import is_url  # lazy: numpy, for dsc --help's speed
 
-        if not open_store(out).local:
-
+        if is_url(out):
             if not isinstance(e, (ConfigError, CredentialsError, DatasetNotFoundError, OutputExistsError,
                                   VersionConflictError)) and not options.update:
                 click.echo(f"note: nothing is published at {out} until the compile ends; rerun the same command "
@@ -384,7 +383,7 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected)."""
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
-    from .store import open_store  # lazy: numpy, for dsc --help's speed
+    from .store import is_url  # lazy: numpy, for dsc --help's speed
 
     if repair_view:
         from .versions import repair_view as repair  # lazy: numpy, for dsc --help's speed
@@ -412,7 +411,7 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
                                + (f", {n} sample{'s' if n != 1 else ''} affected" if n else "")
                                + "; `dsc restore` an intact version (dsc verify --version N checks one), put the "
                                  "damaged files back from a copy, or compile again "
-                               + ("into a new folder" if open_store(dataset).local else "to a new URL"))
+                               + ("into a new folder" if not is_url(dataset) else "to a new URL"))
 
 
 def _counts(e: dict) -> str:
@@ -480,7 +479,8 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
 @click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="DATASET is a URL: where the new record is staged (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
+              help="Accepted for scripts written for earlier versions: a restore stages nothing (it writes only "
+                   "the new record, the stat cache and the view).")
 def restore_cmd(dataset: Path, version, tag_name, cache_dir):
     """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied).
     DATASET may be a URL (s3://, gs://, az://): only the new version record and the view are written."""
@@ -510,7 +510,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
     or losing writer's) are removed once older than --older-than, and vacuum does not run beside a writer."""
     from .versions import vacuum  # lazy: numpy, for dsc --help's speed
 
-    from .store import open_store  # lazy: numpy, for dsc --help's speed
+    from .store import is_url  # lazy: numpy, for dsc --help's speed
 
     r = vacuum(dataset, keep=keep, older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
@@ -522,7 +522,7 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
     if tagged:
         click.echo(f"kept because tagged: {', '.join(map(str, tagged))}")
     if r.pinned:
-        what = "open in a running process" if open_store(dataset).local else \
+        what = "open in a running process" if not is_url(dataset) else \
             "a reader holds a lease on it (_dsc/leases/; one that died expires 7 days after it opened)"
         click.echo(f"kept because {what}: {', '.join(map(str, r.pinned))}")
     if r.recent:
@@ -717,9 +717,9 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         if not m.skipped:
             click.echo("no input was skipped", err=True)
         return
-    from .store import open_store  # lazy: numpy, for dsc --help's speed
+    from .store import is_url  # lazy: numpy, for dsc --help's speed
 
-    remote = not open_store(dataset).local
+    remote = is_url(dataset)
     if not remote:
         check_shard_files(dataset, m)
     pil = pil_build()

@@ -7,6 +7,7 @@ committed by one conditional put, and readers' leases stand in for the folder's 
 """
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import warnings
@@ -24,7 +25,7 @@ DEFAULT_RETENTION = "7d"
 
 
 def _versioned(out) -> Store:
-    store = open_store(out)
+    store = out if isinstance(out, Store) else open_store(out)
     if not V.is_versioned(store):
         if not store.local:
             raise V.no_dataset(store)
@@ -113,8 +114,6 @@ def tag(out, name: str, version: int | None = None, delete: bool = False) -> int
 
 def _lexists(store, rel: str) -> bool:
     """Whether a folder has anything at ``rel`` (a damaged tag may be a folder or a link)."""
-    import os
-
     return os.path.lexists(store.path / rel)
 
 
@@ -147,7 +146,7 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
                                       max(latest["next_slot"], old["next_slot"]), new_m))
         if stat is not None:  # (after the commit: a restore that lost the race never touches the winner's)
             store.put(f"{V.STAT}/{n_new}.bin", stat)
-        view.show(store, new_m, still_latest=lambda: V.versions(store)[-1] == n_new)
+        view.show(store, new_m)
         return n_new
 
 
@@ -186,9 +185,10 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         raise ConfigError(f"keep must be at least 1 (the latest version is always kept), got {keep!r}")
     retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
     store = open_store(out)
-    if not store.local and not V.is_versioned(store):  # no version: only what interrupted writers left
-        return _leftovers_only(store, time.time() - retention, dry_run)
-    store = _versioned(out)
+    if not V.is_versioned(store):
+        if not store.local:  # no version: only what interrupted writers left
+            return _leftovers_only(store, time.time() - retention, dry_run)
+        _versioned(store)  # (raises: a folder compiled by a dsc without versions, or no dataset)
     with writing(store, "vacuum"):  # (everything is read under the lock: what a folder's writers left is final)
         have = V.versions(store)
         records = V.records(store, have)
@@ -201,8 +201,7 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                                       f"tell which version this one keeps: nothing was removed")
         tagged = set(tag_map.values())
         if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
-            view.show(store, records[have[-1]]["manifest"],  # vacuum removes is never the one plain readers see
-                      still_latest=lambda: V.versions(store)[-1] == have[-1])
+            view.show(store, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
         now = time.time()
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         leases = V.leased(store, now) if not store.local else {}
@@ -221,14 +220,13 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                     report.kept.append(n)
                 else:
                     report.removed.append(n)
-            doomed = _doomed(store, report, records, nodes, now - retention)
+            found = _doomed(store, report, records, nodes, now - retention)
+            doomed = [(rel, size) for rel, size, young in found if not young]
             report.files = len(doomed)
             report.bytes = sum(size for _, size in doomed)
             referenced = _referenced(records)
             report.leftovers = sum(1 for rel, _ in doomed if _is_leftover(rel, referenced))
-            if not store.local:  # unreferenced files kept for being younger than the retention period
-                report.young = sum(1 for rel, _ in _doomed(store, report, records, nodes, float("inf"))
-                                   if _is_leftover(rel, referenced)) - report.leftovers
+            report.young = sum(1 for rel, _, young in found if young and _is_leftover(rel, referenced))
             if not dry_run and (V.versions(store) != have or V.read_tags(store)[0] != tag_map):
                 raise VersionConflictError(  # (object storage: a writer that came after the lease check)
                     f"{store.url} changed while vacuum decided what to remove (a version committed or a tag "
@@ -239,13 +237,10 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
                         store.delete(rel)
                 if store.local:
                     shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # (os.walk-free: rmtree never follows links)
-                    for node in nodes:
-                        for sub in ("c", "values"):
-                            store.prune(f"{node}/{sub}")
+                    for folder in L.slot_folders(nodes):
+                        store.prune(folder)
         finally:
             for pin in held:
-                import os
-
                 os.close(pin)
     return report
 
@@ -253,11 +248,8 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
 def _leftovers_only(store: Store, cutoff: float, dry_run: bool) -> VacuumReport:
     """A URL where no version was ever committed: the shards and objects writers left there (a first compile
     that was interrupted, or lost a race), older than ``cutoff``. Only dsc's own paths are touched."""
-    found = []
-    for node in ("image", "mask"):
-        for sub in ("c", "values"):
-            found += [(rel, size, mtime) for rel, size, mtime in store.list_detailed(f"{node}/{sub}/")
-                      if rel.split("/")[2].isdigit()]
+    found = [(rel, size, mtime) for folder in L.slot_folders((L.IMAGE, "mask"))  # (no manifest: every node that
+             for rel, size, mtime in store.list_detailed(folder + "/") if L.slot_of(rel) is not None]  # has slots)
     found += store.list_detailed(V.DSC_DIR + "/")
     if not found and not store.list(""):
         raise V.no_dataset(store)
@@ -280,10 +272,12 @@ def _lock_unpinned(store: Store, n: int, held: list) -> bool:
     return True
 
 
-def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str], cutoff: float) -> list[tuple[str, int]]:
-    """Every file the vacuum removes, (path, bytes), records first: the removed versions' records, stat caches,
-    pins and leases; shard slots and objects no kept version uses (in object storage, only those older than
-    ``cutoff``); a folder's interrupted update (under the lock, no update runs)."""
+def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str],
+            cutoff: float) -> list[tuple[str, int, bool]]:
+    """Every file the vacuum removes, (path, bytes, kept for now), records first: the removed versions' records,
+    stat caches, pins and leases; shard slots and objects no kept version uses (in object storage, those newer
+    than ``cutoff`` are kept for now: a writer may be about to commit them); a folder's interrupted update (under
+    the lock, no update runs)."""
     used_shards, used_objects = set(), set()
     for n in report.kept:
         m = records[n]["manifest"]
@@ -295,25 +289,23 @@ def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str],
     for rel, size, _ in store.list_detailed(V.LOG + "/"):
         name = rel.rsplit("/", 1)[-1]
         if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) in removed:
-            out.append((rel, size))
+            out.append((rel, size, False))
     for prefix in (V.STAT + "/", V.PINS + "/", V.LEASES + "/"):
         for rel, size, _ in store.list_detailed(prefix):
             stem = rel[len(prefix):].split("/")[0].split(".")[0]
             if stem.isdigit() and int(stem) in removed:
-                out.append((rel, size))
-    young = (lambda mtime: False) if store.local else (lambda mtime: mtime > cutoff)
-    for node in nodes:
-        for sub in ("c", "values"):
-            for rel, size, mtime in store.list_detailed(f"{node}/{sub}/"):
-                parts = rel.split("/")
-                if len(parts) > 3 and parts[2].isdigit() and "/".join(parts[:3]) not in used_slots and not young(mtime):
-                    out.append((rel, size))
+                out.append((rel, size, False))
+    young = (lambda mtime: False) if store.local else (lambda mtime: mtime > cutoff)  # noqa: E731
+    for folder in L.slot_folders(nodes):
+        for rel, size, mtime in store.list_detailed(folder + "/"):
+            if L.slot_of(rel) is not None and rel.count("/") > 2 and "/".join(rel.split("/")[:3]) not in used_slots:
+                out.append((rel, size, young(mtime)))
     for rel, size, mtime in store.list_detailed(V.OBJECTS + "/"):
         parts = rel.split("/")
-        if len(parts) == 4 and parts[3] not in used_objects and not young(mtime):
-            out.append((rel, size))
+        if len(parts) == 4 and parts[3] not in used_objects:
+            out.append((rel, size, young(mtime)))
     if store.local:
-        out += [(rel, size) for rel, size, _ in store.list_detailed(V.TXN + "/")]
+        out += [(rel, size, False) for rel, size, _ in store.list_detailed(V.TXN + "/")]
     return out
 
 

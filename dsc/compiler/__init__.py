@@ -34,7 +34,6 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     source_date_epoch()  # a malformed SOURCE_DATE_EPOCH stops the run now, not at its commit
     store = open_store(out)
     if not store.local:  # object storage: compiled in a local staging folder, published there (upload.py)
-
         if options.update and versions.versions(store):
 
             def update_local(stage, name, first_slot):  # (messages name the URL, not the local staging folder)
@@ -60,7 +59,6 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
-
         return update_dataset(scanned, Path(out), options, source, warn=warn, info=info)
     return compile_dataset(scanned, out, replace(options, update=False, dry_run=False), warn=warn, source=source)
 
@@ -70,7 +68,7 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
     n = len(scanned.records)
     if info is not None:
         info(f"{out} does not exist yet: --update would compile its {n:,} inputs as version 0")
-    return CompileReport(path=out if not open_store(out).local else Path(out), manifest=None, skipped=(), warnings=scanned.warnings,
+    return CompileReport(path=out, manifest=None, skipped=(), warnings=scanned.warnings,
                          seconds=0.0, bytes_written=0, plan={"added": n, "removed": 0, "changed": 0, "relabelled": 0,
                                                              "moved": 0, "unchanged": 0, "decoded": n},
                          committed=False, dry_run=True)

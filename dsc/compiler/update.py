@@ -551,14 +551,13 @@ def _pad(parts: dict, rows, n: int) -> None:
 def _discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:
     """Remove shard slots of ``nodes`` from ``first`` on that an interrupted attempt left (no committed version
     uses them: slots are handed out past every version's), but the finished units being resumed (``keep``)."""
-    for node in nodes:
-        for sub in ("c", "values"):
-            d = out / node / sub
-            if not d.is_dir():
-                continue
-            for e in os.scandir(d):
-                if e.name.isdigit() and int(e.name) >= first and int(e.name) not in keep:
-                    shutil.rmtree(e.path, ignore_errors=True)
+    for folder in L.slot_folders(nodes):
+        d = out / folder
+        if not d.is_dir():
+            continue
+        for e in os.scandir(d):
+            if e.name.isdigit() and int(e.name) >= first and int(e.name) not in keep:
+                shutil.rmtree(e.path, ignore_errors=True)
 
 
 __all__ = ["Plan", "plan_update", "update_dataset"]

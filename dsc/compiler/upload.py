@@ -197,9 +197,8 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
     # After the commits, by the writer that made them: the view (copies of the latest version's objects, for
     # plain Zarr readers; dsc never reads it), the stat cache (advisory, for --update), the tags. A writer
     # that committed a newer version meanwhile writes its own view: this one leaves it alone.
-    still_latest = lambda: versions.versions(store)[-1] <= nums[-1]  # noqa: E731
-    if view_is_ours and still_latest():  # (formats/view.py: chunks, node metadata, the root last)
-        view.refresh(store, latest, None, src=versions.as_store(root), still_latest=still_latest)
+    if view_is_ours and not view.superseded(store, latest):  # (formats/view.py: chunks, node metadata, the root)
+        view.refresh(store, latest, None, src=versions.as_store(root))
         stat = local / versions.STAT / f"{nums[-1]}.bin"
         if stat.is_file():
             store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
@@ -228,14 +227,8 @@ def _token(stage: Path) -> str:
 
 def free_slot(store: Store, m) -> int:
     """The first shard slot past every shard file in the bucket (committed, or a writer's leftover)."""
-    top = -1
-    for node in L.shard_nodes(m):
-        for sub in ("c", "values"):
-            for rel, _ in store.list(f"{node}/{sub}/"):
-                part = rel.split("/")[2]
-                if part.isdigit():
-                    top = max(top, int(part))
-    return top + 1
+    slots = [L.slot_of(rel) for folder in L.slot_folders(L.shard_nodes(m)) for rel, _ in store.list(folder + "/")]
+    return max((s for s in slots if s is not None), default=-1) + 1
 
 
 def _conflict(store: Store, n: int, what: str) -> VersionConflictError:

@@ -21,5 +21,18 @@ INPUTS = "inputs"                    # format 3: group
 FINGERPRINT = "inputs/fingerprint"   # (rows, 5) int64: size, crc32c of each row's input (and mask), annotation digest
 CHECKSUMS = "checksums"              # group
 SAMPLE_CRC32C = "checksums/crc32c"   # (N,) uint32: crc32c of each sample's stored image bytes
+SLOT_DIRS = ("c", "values")         # below a sharded node: its shard slots, <node>/c/<slot>/... (a fixed array's
+                                     # chunks) and <node>/values/<slot> (a ragged field's bytes)
 BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
                                      # 1: on the raw pixels (rotated with the image)
+
+
+def slot_folders(nodes) -> list[str]:
+    """The folders of ``nodes`` that hold their shard slots (``image/c``, ``image/values``...)."""
+    return [f"{node}/{sub}" for node in nodes for sub in SLOT_DIRS]
+
+
+def slot_of(rel: str) -> int | None:
+    """The shard slot a path below a slot folder is in (``image/c/12/0/0/0`` -> 12); None for any other path."""
+    parts = rel.split("/")
+    return int(parts[2]) if len(parts) > 2 and parts[1] in SLOT_DIRS and parts[2].isdigit() else None

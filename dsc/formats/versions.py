@@ -25,14 +25,14 @@ import fcntl
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 
 from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, VersionConflictError, VersionNotFoundError
 from ..store import LocalStore, Store, open_store
-from ..store.local import _NOFOLLOW, NewFile, Root, not_ours, open_folder, write_atomic
+from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
 from .manifest import Manifest
+from .names import slot_folders
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 from ..errors import CredentialsError
 from ..errors import UnsafePathError
@@ -339,17 +339,10 @@ def open_pin(path: Path, n: int) -> int:
     path = Path(path)
     dfd = open_folder(path / PINS, path)
     try:
-        fd = os.open(str(n), os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666, dir_fd=dfd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-            raise not_ours(path / PINS / str(n), f"version {n}'s pin file", _PIN_FIX) from None
-        raise
+        return open_lock_file(str(n), f"version {n}'s pin file", _PIN_FIX, dir_fd=dfd, shown=path / PINS / str(n),
+                              mode=0o666)
     finally:
         os.close(dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise not_ours(path / PINS / str(n), f"version {n}'s pin file", _PIN_FIX)
-    return fd
 
 
 def lock_unpinned(path: Path, n: int) -> int | None:
@@ -364,19 +357,23 @@ def lock_unpinned(path: Path, n: int) -> int | None:
     return fd
 
 
-def open_version(where, version: int | None = None, tag: str | None = None) -> tuple[dict, "Pin | Lease"]:
-    """Pin (a folder) or lease (object storage), then read, version ``version`` / ``tag`` / the latest. Given
-    an open :class:`Root` (the caller's), it then reads that version's small files from their objects, whatever
-    the view shows; a Store is left as it is (``version_files`` gives its version's files), so that what it
-    reads stays what it writes."""
+def open_version(where, version: int | None = None, tag: str | None = None, read=None,
+                 hold: bool = True) -> tuple[dict, "Pin | Lease | None"]:
+    """Pin (a folder) or lease (object storage), then read, version ``version`` / ``tag`` / the latest: its
+    record, by ``read(n)`` (default: ``read_record``; a remote reader also fetches the version's small files).
+    ``hold=False``: no pin or lease (a process reading under its parent's). Given an open :class:`Root` (the
+    caller's), it then reads that version's small files from their objects, whatever the view shows; a Store is
+    left as it is (``version_files`` gives its version's files), so that what it reads stays what it writes."""
     store = as_store(where)
+    read = read or (lambda n: read_record(store, n))
     for attempt in range(8):
         n = resolve(store, version, tag)
-        pin = Pin(store.path, n) if store.local else Lease(store, n)
+        pin = (Pin(store.path, n) if store.local else Lease(store, n)) if hold else None
         try:
-            rec = read_record(store, n)  # after the pin: a vacuum that removed N meanwhile has removed this record
+            rec = read(n)  # after the pin: a vacuum that removed N meanwhile has removed this record
         except VersionNotFoundError:
-            pin.release()
+            if pin is not None:
+                pin.release()
             if version is not None or attempt == 7:
                 raise
             continue  # the latest (or the tagged) version was superseded and vacuumed meanwhile: resolve again
@@ -390,8 +387,7 @@ def check_private(path: Path, nodes=()) -> None:
     """Before a writer deletes or creates files under OUT: ``_dsc`` and its folders, and the shard folders of
     ``nodes``, are real directories (a symbolic link there would make a vacuum delete files elsewhere)."""
 
-    for rel in (DSC_DIR, LOG, OBJECTS, TAGS, PINS, TXN, STAT, *nodes,
-                *(f"{n}/{sub}" for n in nodes for sub in ("c", "values"))):
+    for rel in (DSC_DIR, LOG, OBJECTS, TAGS, PINS, TXN, STAT, *nodes, *slot_folders(nodes)):
         p = path / rel
         if p.is_symlink() or (p.exists() and not p.is_dir()):
             raise UnsafePathError(f"{p} is {'a symbolic link' if p.is_symlink() else 'not a directory'}; dsc does "

@@ -30,7 +30,7 @@ from ..store import Store
 from ..store.local import not_ours
 from .layout import read_manifest
 from .manifest import Manifest
-from .versions import as_store, object_path
+from .versions import as_store, object_path, record_path
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
 
 
@@ -124,13 +124,18 @@ def current(where) -> str:
         return "/"
 
 
-def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None = None,
-            still_latest=lambda: True) -> None:
+def superseded(store: Store, m: Manifest) -> bool:
+    """Whether a version after ``m``'s is committed (its record is there; versions are numbered one after
+    another and vacuum keeps the latest): that version's writer shows it, a view of ``m`` would turn it back."""
+    return m.version is not None and store.stat(record_path(m.version["number"] + 1)) is not None
+
+
+def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None = None) -> None:
     """Make the view at ``where`` show ``m`` (see the module docstring): the chunks under the separator the
     current view does not use, then each node's metadata, then the root; then the files of the previous view
     (``old``) that ``m`` has no node for are removed. The version's objects are read from ``src`` (default:
-    the same store; a push reads them from the local copy). ``still_latest()`` is asked before the root is
-    switched: a writer overtaken by a newer commit leaves the newer view alone. Anything in the way that dsc
+    the same store; a push reads them from the local copy). Before each step it stops if ``m`` was
+    superseded: a writer overtaken by a newer commit leaves the newer view alone. Anything in the way that dsc
     did not make (a link) is refused."""
     store = as_store(where)
     src = store if src is None else src
@@ -139,20 +144,21 @@ def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None =
         if not src.stat(object_path(f["sha256"])):
             _recover_object(src, rel, f, cur, alternating(m))
     files, metas = contents(src, m, other(cur))
-    if not still_latest():  # (asked before each step: the chunks, the nodes' metadata, the root)
+    if superseded(store, m):  # (asked before each step: the chunks, the nodes' metadata, the root)
         return
     for path, rel in files:
         store.put(path, src.get(object_path(m.files[rel]["sha256"])))
-    if not still_latest():
+    if superseded(store, m):
         return
     for node, meta in metas.items():
         store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
-    if not still_latest():
+    if superseded(store, m):
         return
     store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
     if old is not None:  # files of nodes this version does not have (a ragged slot no longer used)
+        alt = alternating(old)
         for rel in set(old.files) - set(m.files):
-            store.delete(view_path(rel, cur, alternating(old)))
+            store.delete(view_path(rel, cur, alt))
 
 
 def check(where, m: Manifest) -> None:
@@ -168,7 +174,7 @@ def check(where, m: Manifest) -> None:
             raise not_ours(path, "a folder of the dataset's plain-Zarr view")
 
 
-def show(where, m: Manifest, still_latest=lambda: True) -> None:
+def show(where, m: Manifest) -> None:
     """Make the view show ``m`` unless it does already (after a crash between a commit and its refresh, or a
     restore); see ``refresh``."""
     store = as_store(where)
@@ -177,7 +183,7 @@ def show(where, m: Manifest, still_latest=lambda: True) -> None:
     except DscError:
         old = None
     if old is None or old.checksum() != m.checksum():
-        refresh(store, m, old, still_latest=still_latest)
+        refresh(store, m, old)
 
 
 def expected(where, m: Manifest) -> tuple[dict, dict]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError, VersionNotFoundError
+from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError
 from ..formats import layout as L
 from ..formats import versions
 from ..store.local import Root, map_fd
@@ -74,18 +74,10 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
                 rec = None
         except DscError:
             rec = None
-    for attempt in range(8):
-        if rec is not None:
-            break
-        n = versions.resolve(store, offline_version if offline_version is not None else version, tag)
-        lease = versions.Lease(store, n) if offline_version is None else None
-        try:  # after the lease: a vacuum that removed n meanwhile has removed its record
-            rec = fetch_version(store, mirror, n)
-        except VersionNotFoundError:
-            if lease is not None:
-                lease.release()
-            if version is not None or offline_version is not None or attempt == 7:
-                raise
+    if rec is None:
+        rec, lease = versions.open_version(store, offline_version if offline_version is not None else version, tag,
+                                           read=lambda n: fetch_version(store, mirror, n),
+                                           hold=offline_version is None)
     root = Root(mirror)
     versions.use(root, rec["manifest"])
     return rec, root, store, cache, lease

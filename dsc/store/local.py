@@ -225,6 +225,26 @@ def as_root(root):
 _FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
+def open_lock_file(path, what: str, fix: str = "", dir_fd: int | None = None, shown: Path | None = None,
+                   mode: int = 0o644, one_name: bool = False) -> int:
+    """A descriptor of the file to flock at ``path`` (a name in ``dir_fd`` when given; ``shown`` in messages),
+    made if missing; never opened through a link (one planted there would have dsc truncate its target) and
+    only a plain file (not a FIFO, a device, a folder; with ``one_name``, not a hard link to another file
+    either): else ``not_ours`` naming ``what``. Other failures are the OSError."""
+    shown = shown or Path(path)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise not_ours(shown, what, fix) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (one_name and st.st_nlink > 1):
+        os.close(fd)
+        raise not_ours(shown, what, fix)
+    return fd
+
+
 def not_ours(path, what: str, fix: str = "") -> UnsafePathError:
     """The one message for an entry dsc would write or lock through that is not what dsc made there."""
     try:
@@ -424,19 +444,13 @@ class OutLock:
             os.close(fd)
 
     def _open(self) -> int:
-        """The lock file, never through a link (a link planted there would have dsc truncate its target), and
-        only a plain file of one name (not a FIFO, a device, a folder, a hard link to another file)."""
+        """The lock file (see ``open_lock_file``: of one name, so no hard link to another file either)."""
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            return open_lock_file(self.path, f"the lock file dsc keeps beside {self.out}", one_name=True)
+        except DscError:
+            raise
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}") from None
             raise self._unwritable(e) from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-            os.close(fd)
-            raise not_ours(self.path, f"the lock file dsc keeps beside {self.out}")
-        return fd
 
     def _unwritable(self, e: OSError) -> DscError:
         """The error for a lock file that cannot be made: what is wrong with where OUT goes, when that is it."""
