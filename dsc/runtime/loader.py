@@ -32,7 +32,6 @@ from .prefetch import EpochIterator, Ring
 from .storage import CACHES
 from ..transforms import Compose, Geometric, PIXEL_OPS
 from .remote import CONNECTIONS, _local_processes
-from .schedule import ShardSchedule
 
 
 def _whole(v) -> bool:
@@ -412,11 +411,10 @@ class Loader:
         then reads the cached files); a windowed read maps and reads them ahead and releases them behind."""
         ds = self.dataset
         if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed"):
-            return None
+            return None  # (a local dataset read in place: nothing to schedule)
         needs, paths, nbytes = ds.shard_plan(batches)
         if not ds.remote:
             return self._reads.schedule(needs, start, nbytes, paths)
-
         storage = ds.storage
         storage.renew_lease()
         limit = storage.cache.limit
@@ -445,13 +443,8 @@ class Loader:
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
                               f"reads a window of shards at a time and keeps the downloads ahead of training",
                               stacklevel=3)
-        if self.read_strategy == "windowed":  # read ahead and released behind within both budgets
-            return self._reads.schedule(needs, start, nbytes, paths, cap=budget, workers=CONNECTIONS)
-        mapped = not self._reads.direct
-        return ShardSchedule(needs, start, nbytes, lambda k: storage.acquire(paths[k], mapped),
-                             lambda k: storage.release(paths[k]), budget=budget, per_batch=limit is not None,
-                             workers=CONNECTIONS, fetch_now=lambda k: storage.acquire_cached(paths[k], mapped),
-                             name="dsc-fetch")
+        return self._reads.schedule(needs, start, nbytes, paths, budget=budget, per_batch=limit is not None,
+                                    workers=CONNECTIONS)
 
     def __repr__(self) -> str:
         return (f"dsc.Loader({self.dataset!r}, batch_size={self.batch_size}, order={self.order!r}, "

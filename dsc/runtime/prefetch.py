@@ -106,9 +106,8 @@ class _EpochState:
             loader._ring = Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
         self.ring = loader._ring
         self.copy_stream = loader._copy_stream  # made once per Loader (a stream per epoch would strand memory)
-        self.loader = weakref.ref(loader)
-        # the loader's read strategy (None: the dataset's own mappings) and the epoch's read schedule, if any
-        self.reads = None if loader.read_strategy == "mapped" else loader._reads
+        # the loader's read strategy and the epoch's read schedule, if any
+        self.reads = loader._reads
         self.feed = loader._schedule(batches, start)
 
     def shutdown(self) -> None:

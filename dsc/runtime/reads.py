@@ -203,6 +203,18 @@ def describe(dataset_bytes: int, memory: tuple[int, str] | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- the strategies
+def hold_schedule(storage, needs, start, nbytes, paths, mapped: bool, budget: int | None, per_batch: bool,
+                  workers: int) -> ShardSchedule | None:
+    """The epoch's schedule of a strategy that reads held shards in place: none for a local dataset (its shards
+    are always there); for a remote one, the coming batches' shards downloaded into the cache and held (mapped,
+    or for direct reads only held) ahead of them, let go behind within ``budget``."""
+    if not storage.remote:
+        return None
+    return ShardSchedule(needs, start, nbytes, lambda k: storage.acquire(paths[k], mapped),
+                         lambda k: storage.release(paths[k]), budget=budget, per_batch=per_batch, workers=workers,
+                         fetch_now=lambda k: storage.acquire_cached(paths[k], mapped), name="dsc-fetch")
+
+
 class Mapped:
     """Shards mapped whole on first use and kept (the storage's own mappings)."""
 
@@ -215,12 +227,8 @@ class Mapped:
     def map(self, rel: str, nbytes: int) -> np.ndarray:
         return self.storage.map(rel, nbytes)
 
-    def schedule(self, needs, start, nbytes, paths, **_) -> ShardSchedule | None:
-        return None
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(a.nbytes for a in list(self.storage._maps.values()))
+    def schedule(self, needs, start, nbytes, paths, budget=None, per_batch=True, workers=1) -> ShardSchedule | None:
+        return hold_schedule(self.storage, needs, start, nbytes, paths, True, budget, per_batch, workers)
 
     def close(self) -> None:
         pass
@@ -251,9 +259,11 @@ class Windowed:
             arr = self.storage.map_file(rel, nbytes, populate=False)
         return arr
 
-    def schedule(self, needs, start, nbytes, paths, cap: int | None = None, workers: int = 2) -> ShardSchedule:
-        """The epoch's read-ahead: ``cap`` bounds the budget further (a remote cache's share); ``workers``
-        fetch at once (a remote dataset's downloads want more connections than a disk's read-ahead)."""
+    def schedule(self, needs, start, nbytes, paths, budget: int | None = None, per_batch=True,
+                 workers: int = 2) -> ShardSchedule:
+        """The epoch's read-ahead: ``budget`` bounds it further (a remote cache's share); ``workers`` fetch at
+        once (a remote dataset's downloads want more connections than a disk's read-ahead)."""
+        cap = budget
         need = live_bytes(needs[start:], nbytes)
         biggest = max((int(nbytes[n].sum()) for n in needs[start:]), default=0)
         budget = 2 * need  # what the order needs at once, and as much again read ahead
@@ -265,11 +275,11 @@ class Windowed:
 
         def fetch(key: int) -> None:
             rel = paths[key]
-            storage.hold_file(rel)  # (a remote dataset's shard: downloaded into the cache and held)
+            storage.acquire(rel, mapped=False)  # (a remote dataset's shard: downloaded into the cache and held)
             try:
                 arr = storage.map_file(rel, int(nbytes[key]), populate=True)
             except BaseException:
-                storage.let_go_file(rel)
+                storage.release(rel)
                 raise
             with self._lock:
                 self._maps[rel] = arr
@@ -280,7 +290,7 @@ class Windowed:
             with self._lock:
                 self._maps.pop(rel, None)
             storage.drop_pages(rel)
-            storage.let_go_file(rel)
+            storage.release(rel)
 
         return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=workers,
                              name="dsc-readahead")
@@ -317,8 +327,8 @@ class Direct:
 
     held_bytes = 0  # nothing is mapped or held between batches
 
-    def schedule(self, needs, start, nbytes, paths, **_) -> ShardSchedule | None:
-        return None
+    def schedule(self, needs, start, nbytes, paths, budget=None, per_batch=True, workers=1) -> ShardSchedule | None:
+        return hold_schedule(self.storage, needs, start, nbytes, paths, False, budget, per_batch, workers)
 
     def scratch(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "buf", None)

@@ -204,13 +204,6 @@ class RemoteStorage(Storage):
     def where(self, rel: str) -> str:
         return self.store.where(rel)
 
-    def hold_file(self, rel: str) -> None:
-        """Hold shard ``rel``'s cached file (downloading it if needed), unmapped: a read strategy maps it."""
-        self.acquire(rel, mapped=False)
-
-    def let_go_file(self, rel: str) -> None:
-        self.release(rel)
-
     def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
         """A new mapping of held shard ``rel`` (one not held is mapped and kept like ``map``'s)."""
         with self._lock:

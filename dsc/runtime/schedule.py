@@ -106,7 +106,7 @@ class ShardSchedule:
     def __init__(self, needs: list[np.ndarray], start: int, nbytes: np.ndarray, fetch: Callable[[int], None],
                  release: Callable[[int], None], budget: int | None = None, per_batch: bool = True,
                  workers: int = 1, fetch_now: Callable[[int], bool] | None = None, name: str = "dsc-reads"):
-        self.needs, self.start, self.end = needs, start, len(needs)
+        self.needs, self.end = needs, len(needs)
         self.nbytes = np.asarray(nbytes, np.int64)
         self._fetch, self._release, self._fetch_now, self.per_batch = fetch, release, fetch_now, per_batch
         self.budget = budget if per_batch else None

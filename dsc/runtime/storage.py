@@ -58,11 +58,12 @@ class Storage(Arrays):
         """A new mapping of a shard's first ``nbytes``, not kept here (a read strategy holds it)."""
         return self.dir.map(rel, nbytes, populate)
 
-    def hold_file(self, rel: str) -> None:
-        """(A local shard is always there: nothing to hold. A remote storage downloads and holds it.)"""
+    def acquire(self, rel: str, mapped: bool = True) -> None:
+        """Hold shard ``rel`` (a local shard is always there: nothing to do; a remote storage downloads it into
+        the cache and holds it there, and with ``mapped`` maps it)."""
 
-    def let_go_file(self, rel: str) -> None:
-        """(See ``hold_file``.)"""
+    def release(self, rel: str) -> None:
+        """(See ``acquire``.)"""
 
     def shard_fd(self, rel: str) -> int:
         """A descriptor of shard ``rel`` for direct reads (plain path, no links); the caller closes it."""
