@@ -204,11 +204,7 @@ class GCS(_Process):
         req = urllib.request.Request(f"http://127.0.0.1:{self.upstream_port}/storage/v1/b?project=test",
                                      data=json.dumps({"name": name}).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-        except urllib.error.HTTPError as e:
-            if e.code != 409:  # (it exists already)
-                raise
+        _create(req)
         return f"gs://{name}"
 
     @property
@@ -216,6 +212,15 @@ class GCS(_Process):
         key = {"gcs_base_url": self.endpoint, "disable_oauth": True, "client_email": "", "private_key": "",
                "private_key_id": ""}
         return {"GOOGLE_SERVICE_ACCOUNT_KEY": json.dumps(key)}
+
+
+def _create(req: urllib.request.Request) -> None:
+    """Send a request that makes a bucket (a container); one that exists already (409) is fine."""
+    try:
+        urllib.request.urlopen(req, timeout=10)
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise
 
 
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -266,11 +271,7 @@ class Azure(_Process):
         req = urllib.request.Request(f"{self.endpoint}/{name}?restype=container", method="PUT",
                                      headers={**hdr, "Content-Length": "0",
                                               "Authorization": f"SharedKey {AZURITE_ACCOUNT}:{sig.decode()}"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-        except urllib.error.HTTPError as e:
-            if e.code != 409:  # (it exists already)
-                raise
+        _create(req)
         return f"az://{name}"
 
     @property

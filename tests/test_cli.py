@@ -201,7 +201,7 @@ def test_a_url_with_a_missing_slash_is_named_not_read_as_a_folder(tmp_path, monk
 
 
 def test_cache_warm_of_a_local_folder_says_it_is_read_in_place(scenes_compiled, tmp_path):
-    r = run("cache", "warm", str(scenes_compiled(size=8)), "--cache-dir", tmp_path / "cache")
+    r = run("cache", "warm", scenes_compiled(size=8).path, "--cache-dir", tmp_path / "cache")
     assert r.exit_code != 0 and "a local dataset is read in place" in r.output
     assert not (tmp_path / "cache").exists()
 

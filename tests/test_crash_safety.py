@@ -345,7 +345,10 @@ def test_resume_refuses_another_table_column(scenes_src, tmp_path):
     pq.write_table(pa.table({"a": data, "b": data[::-1], "label": [0] * len(data)}), tmp_path / "t.parquet")
     opts = CompileOptions(size=(8, 8), shard_size=4, workers=1, progress=False)
     table = lambda column: get_source("table")(path=tmp_path / "t.parquet", image_column=column)  # noqa: E731
-    print_of = lambda column: fingerprint(table(column).scan(), opts, 4, table(column))  # noqa: E731
+    def print_of(column):
+        scanned = table(column).scan()
+        return fingerprint(scanned.records, settings(scanned, opts, 4, table(column)))
+
     Journal(tmp_path / ".out.dsc-tmp", print_of("a"), (), settings=settings(table("a").scan(), opts, 4,
                                                                              table("a"))).start()  # column a's plan
     with pytest.raises(dsc.DscError, match="other options .*source.image_column='a' then, 'b' now"):

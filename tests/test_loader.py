@@ -16,10 +16,8 @@ ORDER_NAMES = list(ORDERS)
 
 
 @pytest.fixture(scope="module")
-def fixed(scenes_src, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ld") / "fixed"
-    dsc.compile_imagefolder(scenes_src, out, size=(12, 10), shard_size=5, progress=False)
-    return dsc.open(out)
+def fixed(scenes_compiled):
+    return scenes_compiled(size=(12, 10), shard_size=5)
 
 
 def loader_threads():

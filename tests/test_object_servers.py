@@ -87,27 +87,6 @@ def test_a_missing_object_and_a_missing_bucket(object_store_url):
         gone.list("")
 
 
-def test_compile_open_epoch_verify(object_store_url, tmp_path):
-    src = tmp_path / "src"
-    make_folder(src, 24, classes=3)
-    url = object_store_url + "/ds"
-    report = dsc.compile_imagefolder(src, url, size=32, shard_size=8, workers=1, progress=False,
-                                     cache_dir=str(tmp_path / "stage"))
-    assert report.path == url
-    local = dsc.open(dsc.compile_imagefolder(src, tmp_path / "local.dsc", size=32, shard_size=8, workers=1,
-                                             progress=False).path)
-    ds = dsc.open(url, cache_dir=tmp_path / "cache")
-    assert len(ds) == 24 and ds.keys == local.keys and ds.classes == local.classes
-    seen = {}
-    for b in dsc.Loader(ds, batch_size=8, seed=1):
-        for i, im in zip(b["index"].tolist(), b["image"]):
-            seen[i] = im.numpy().tobytes()
-    assert sorted(seen) == list(range(24))
-    assert all(seen[i] == local[i]["image"].numpy().tobytes() for i in range(24))
-    v = dsc.verify(url, cache_dir=tmp_path / "vcache")
-    assert v.ok and v.shards_checked > 0, v.problems
-
-
 def test_an_outage_mid_epoch_is_survived(object_server, object_store_url, tmp_path):
     """The server stopped after the third batch and started again 2 s later (its objects kept): the epoch
     waits, says so, and completes with every sample."""

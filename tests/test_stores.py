@@ -47,8 +47,12 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     src = tmp_path / "src"
     paths = make_folder(src, 24, classes=3)
     v0 = reference(src, tmp_path, "ref0")
-    dsc.compile_imagefolder(src, where, **OPTS)
-    assert content(dsc.open(where)) == v0
+    assert str(dsc.compile_imagefolder(src, where, **OPTS).path) == where
+    ds = dsc.open(where)
+    assert content(ds) == v0
+    served = {ds.keys[i]: (im.numpy().tobytes(), int(label)) for b in dsc.Loader(ds, batch_size=8, order="random")
+              for i, im, label in zip(b["index"].tolist(), b["image"], b["label"])}
+    assert served == v0  # an epoch of the Loader (in object storage: through the shard cache)
 
     make_folder(src, 8, classes=3, seed0=900)  # version 1: 8 new images, 2 removed
     for p in paths[:2]:
@@ -67,7 +71,7 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     assert log[2]["operation"] == "restore 0"
     for n in (None, 0, 1):
         report = dsc.verify(where, version=n)
-        assert report.ok, (n, report.problems)
+        assert report.ok and report.shards_checked > 0, (n, report.problems)
 
     reader = dsc.open(where, version=1)  # a reader of version 1: its pin (a folder) or lease (a bucket)
     r = dsc.vacuum(where, keep=1, older_than=0)

@@ -21,10 +21,8 @@ RECIPE = [T.RandomResizedCrop(8, scale=(0.2, 1.0)), T.RandomHorizontalFlip()]
 
 
 @pytest.fixture(scope="module")
-def fixed(scenes_src, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ts") / "fixed"
-    dsc.compile_imagefolder(scenes_src, out, size=(12, 10), shard_size=5, progress=False)
-    return dsc.open(out)
+def fixed(scenes_compiled):
+    return scenes_compiled(size=(12, 10), shard_size=5)
 
 
 @pytest.fixture(scope="module")

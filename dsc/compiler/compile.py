@@ -251,8 +251,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
     with staging:
         tmp = staging.tmp
-        journal = Journal(tmp, fingerprint(scanned, options, K, source), fields,
-                          settings=settings(scanned, options, K, source))
+        recorded = settings(scanned, options, K, source)
+        journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)

@@ -40,12 +40,12 @@ def settings(scanned: ScannedSource, options: CompileOptions, shard_size: int, s
         sort_keys=True, default=str))
 
 
-def fingerprint(scanned: ScannedSource, options: CompileOptions, shard_size: int, source: Source | None = None) -> str:
+def fingerprint(records, settings: dict) -> str:
     """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks)
-    and the ``settings``."""
+    and the ``settings`` (see :func:`settings`)."""
     h = hashlib.sha256()
-    h.update(json.dumps(settings(scanned, options, shard_size, source), sort_keys=True).encode())
-    for r in scanned.records:
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for r in records:
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
         if r.target is not None:
             h.update(r.target.digest().to_bytes(8, "little", signed=True))

@@ -64,9 +64,9 @@ def _verify_view(store, m: Manifest, P: list) -> None:
     except DscError:
         return  # the version's own files are damaged: reported below
     stale = []
-    for path, (nbytes, sha) in want.items():
+    for path, (_, sha) in want.items():
         try:
-            if view.size(path) != nbytes or view.sha256(path) != sha:
+            if view.sha256(path) != sha:  # (another size is another hash: one read, no stat first)
                 stale.append(path)
         except DscError:
             stale.append(path)
@@ -104,12 +104,11 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     object storage and hashed, one shard in memory at a time (``cache_dir`` is accepted for compatibility)."""
 
     store = open_store(path)
-    latest = None
-    pin = None
+    have, pin = [], None
     if versions.is_versioned(store):
         record, pin = versions.open_version(store, version)  # raises on a missing / damaged / newer manifest
         m: Manifest = record["manifest"]
-        latest = versions.versions(store)[-1]
+        have = versions.versions(store)
         root = versions.version_files(store, m)
     else:
         root = store.files()
@@ -117,10 +116,9 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     report = VerifyReport(store.path if store.local else store.url, [],
                           version=None if m.version is None else m.version["number"])
     P = report.problems
-    if m.version is not None and m.version["number"] == latest:
+    if m.version is not None and have and m.version["number"] == have[-1]:
         _verify_view(store, m, P)
     if m.version is not None:
-        have = versions.versions(store)
         _verify_tags(store, have, P)
         for n in have:  # every record of the log reads (a damaged one stops log and vacuum)
             if n != m.version["number"]:
