@@ -437,7 +437,9 @@ def test_compile_to_an_existing_url_is_refused(published, src, tmp_path):
 
 def test_update_in_object_storage_uploads_only_the_new_version(s3, tmp_path, monkeypatch):
     """--update of a URL: the base is pulled without its shards, only new inputs are decoded, only the new
-    shards are uploaded, and the result is the same set as a fresh compile of the grown source."""
+    shards are uploaded, and the result is the same set as a fresh compile of the grown source. The local
+    staging gets no plain-Zarr view (nothing reads it there): only the bucket's is written."""
+    from dsc.formats import view
     from dsc.store import object as object_store
 
     src = tmp_path / "src"
@@ -447,12 +449,15 @@ def test_update_in_object_storage_uploads_only_the_new_version(s3, tmp_path, mon
     assert dsc.compile_imagefolder(src, url, update=True, **opts).manifest.version["number"] == 0  # a first compile
     make_folder(src, 20, seed0=9000)
     (src / "c1" / "img_00001.jpg").unlink()
-    puts = []
-    real_put = object_store.ObjectStore.put
+    puts, views = [], []
+    real_put, real_refresh = object_store.ObjectStore.put, view.refresh
     monkeypatch.setattr(object_store.ObjectStore, "put", lambda self, rel, *a, **k: (puts.append(rel),
                                                                                real_put(self, rel, *a, **k))[1])
+    monkeypatch.setattr(view, "refresh", lambda where, *a, **k: (views.append(str(getattr(where, "url", where))),
+                                                                 real_refresh(where, *a, **k))[1])
     r = dsc.compile_imagefolder(src, url, update=True, **opts)
     assert r.committed and r.version == 1 and r.plan["decoded"] == 20 and r.plan["removed"] == 1
+    assert views == [url]
     assert sorted(p for p in puts if p.startswith("image/c/")) == ["image/c/7/0/0/0", "image/c/8/0/0/0"]
     assert V.record_path(1) in puts and V.record_path(0) not in puts
     local = tmp_path / "fresh.dsc"

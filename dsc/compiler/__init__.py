@@ -40,7 +40,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
                 say = (lambda m: warn(name(m))) if warn is not None else None
                 tell = (lambda m: info(name(m))) if info is not None else None
                 return update_dataset(_scan(source, say), stage, options, source, warn=say, info=tell,
-                                      first_slot=first_slot)
+                                      first_slot=first_slot, view_too=False)
 
             return update_url(update_local, out, options)
         if options.dry_run:

@@ -295,11 +295,12 @@ def _norm(v):
 
 
 def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, source: Source, warn=None,
-                   info=None, first_slot: int = 0) -> CompileReport:
+                   info=None, first_slot: int = 0, view_too: bool = True) -> CompileReport:
     """Make the next version of ``out`` from ``scanned`` (see the module docstring). ``info(message)``
     receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt).
     ``first_slot``: new shards go to slots from there on at least (a dataset in object storage: past every
-    shard already in the bucket)."""
+    shard already in the bucket). ``view_too=False``: the plain-Zarr view is not written (a staging copy of a
+    dataset in object storage: the push writes the bucket's view from the version's objects)."""
 
     t0 = time.perf_counter()
     say = warn or (lambda msg: None)
@@ -319,7 +320,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
                           f"image in a split list) or compile again without --update")
     with OutLock(out, "dsc update"):
         versions.check_private(out, ["image"])
-        _recover(out, say)
+        _recover(out, say, view_too)
         base = Base.open(out)
         m = base.manifest
         versions.check_private(out, L.shard_nodes(m))
@@ -340,7 +341,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                                  version=m.version["number"], committed=False, dry_run=options.dry_run)
-        return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot)
+        return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot, view_too)
 
 
 def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:
@@ -358,7 +359,7 @@ def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) ->
             raise ConfigError(f"{out}: the masks' classes, dtype or ignore index changed: that is a new compile")
 
 
-def _recover(out: Path, say) -> None:
+def _recover(out: Path, say, view_too: bool = True) -> None:
     """Under the lock: a committed version whose view was not refreshed (a kill after the commit) gets it;
     an update interrupted before its commit leaves a transaction the next update resumes or discards; the
     folder of one killed after its commit (before its removal) is removed here."""
@@ -366,8 +367,8 @@ def _recover(out: Path, say) -> None:
     if not versions.is_versioned(root):
         return
     have = versions.versions(root)
-    latest = versions.read_record(root, have[-1])["manifest"]
-    view.show(out, latest)
+    if view_too:
+        view.show(out, versions.read_record(root, have[-1])["manifest"])
     txns = out / versions.TXN
     if txns.is_dir():  # a kill between a commit and the removal of its transaction: its leftovers
         for e in os.scandir(txns):
@@ -388,7 +389,7 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
-           fields, t0: float, say, first_slot: int = 0) -> CompileReport:
+           fields, t0: float, say, first_slot: int = 0, view_too: bool = True) -> CompileReport:
 
     m = base.manifest
     K = m.shard_size
@@ -489,7 +490,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     versions.commit(out, versions.record_json(n_new, m.version["number"], "update", summary,
                                               next_slot + len(tasks), new_m))
     shutil.rmtree(txn, ignore_errors=True)
-    view.refresh(out, new_m, m)
+    if view_too:
+        view.refresh(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
                          bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),

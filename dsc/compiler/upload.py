@@ -243,13 +243,13 @@ def _paths(m) -> set[str]:
 
 
 def pull_for_update(store: Store, dst: Path) -> int:
-    """The latest version of the dataset at ``store`` as a local dataset without its shards: the record, its
-    objects, the stat cache and the view. An update runs on it (it never reads a base shard: rows it keeps
-    are carried over by reference) and ``push`` then uploads only the new version's files. Returns N."""
+    """The latest version of the dataset at ``store`` as a local dataset without its shards or view: the
+    record, its objects, the stat cache. An update runs on it (it never reads a base shard: rows it keeps are
+    carried over by reference; nor the view, which it does not write there) and ``push`` then uploads only the
+    new version's files. Returns N."""
     n = versions.versions(store)[-1]
     m = fetch_version(store, dst, n)["manifest"]
     _pull_stat(store, dst, n, m)
-    view.refresh(dst, m)
     return n
 
 
