@@ -136,16 +136,16 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
         m = old["manifest"]
         new_m = replace(m, version={"number": n_new, "parent": parent, "operation": f"restore {n_old}"})
         view.check(store, new_m)
-        stat = store.get_or_none(f"{V.STAT}/{n_old}.bin", m.num_rows * 48)
+        stat = store.get_or_none(V.stat_path(n_old), V.stat_bytes(m.num_rows))
         if store.local:
-            store.delete(f"{V.STAT}/{n_new}.bin")  # (a crashed update's cache for this number is not the restore's)
+            store.delete(V.stat_path(n_new))  # (a crashed update's cache for this number is not the restore's)
             shutil.rmtree(store.path / V.TXN, ignore_errors=True)  # an interrupted update of another base
             sync_filesystem(store.path)
         summary = {"samples": m.num_samples, "restored": n_old}
         V.commit(store, V.record_json(n_new, parent, f"restore {n_old}", summary,
                                       max(latest["next_slot"], old["next_slot"]), new_m))
         if stat is not None:  # (after the commit: a restore that lost the race never touches the winner's)
-            store.put(f"{V.STAT}/{n_new}.bin", stat)
+            store.put(V.stat_path(n_new), stat)
         view.show(store, new_m)
         return n_new
 

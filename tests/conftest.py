@@ -76,6 +76,12 @@ def scenes_src(tmp_path_factory) -> Path:
     return root
 
 
+def samples(ds) -> dict:
+    """{key: (stored pixels, label)} of every sample of ``ds``: what two datasets must agree on."""
+    b = ds.get_batch(range(len(ds)))
+    return {k: (b["image"][i].numpy().tobytes(), int(b["label"][i])) for i, k in enumerate(ds.keys)}
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file's bytes, but the version records (the time of the commit), the stat caches (times and inodes
     of the inputs) and the readers' pin files."""

@@ -63,38 +63,16 @@ def _imports():
 
 
 def test_no_import_circle():
+    import graphlib
+
     edges: dict[str, set] = {}
     for a, b, *_, parent in _imports():
         if not parent:
             edges.setdefault(a, set()).add(b)
-    index, low, stack, on, circles, n = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = n[0]
-        n[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                circles.append(sorted(comp))
-
-    for v in list(edges):
-        if v not in index:
-            visit(v)
-    assert not circles, f"import circles: {circles}"
+    try:
+        graphlib.TopologicalSorter(edges).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"an import circle: {' -> '.join(e.args[1])}") from None
 
 
 def test_imports_point_down_the_layers():

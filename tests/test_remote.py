@@ -29,6 +29,7 @@ from dsc.store.object import aws_files_config  # noqa: E402
 from dsc.runtime.cache import ShardCache, parse_size  # noqa: E402
 
 from object_servers import S3, free_port  # noqa: E402  (the moto server, shared with test_object_servers.py)
+from conftest import samples  # noqa: E402
 from test_versions import make_folder  # noqa: E402
 
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
@@ -70,11 +71,6 @@ def published(s3, src, tmp_path_factory):
     local = tmp_path_factory.mktemp("remote-local") / "local.dsc"
     dsc.compile_imagefolder(src, local, workers=2, **OPTS)
     return url, local
-
-
-def samples(ds) -> dict:
-    b = ds.get_batch(range(len(ds)))
-    return {k: (b["image"][i].numpy().tobytes(), int(b["label"][i])) for i, k in enumerate(ds.keys)}
 
 
 def epoch(loader) -> dict:

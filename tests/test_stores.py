@@ -3,6 +3,7 @@
 open and read every sample, update, tag, restore, log, verify, vacuum (a reader's pin or lease keeps its
 version), and for object storage the shard cache's warm / ls / clear; then writers racing at one URL."""
 import gc
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,15 @@ from dsc.formats import versions as V
 from dsc.store import open_store
 
 from object_servers import _FIXTURE, BUCKET, use_server  # noqa: F401  (the fixtures come through conftest.py)
+from conftest import samples
 from test_versions import make_folder
 
 OPTS = dict(size=16, shard_size=8, workers=1, progress=False)
+
+
+def child_env() -> dict:
+    """The environment for a child process: this one's now (the servers' variables included), dsc importable."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 WHERE = ("folder", "s3", "gs", "az")
 
 
@@ -33,14 +40,8 @@ def where(request, monkeypatch, tmp_path) -> str:
     return f"{request.param}://{BUCKET}/suite-{request.node.callspec.id}-{tmp_path.name}"
 
 
-def content(ds) -> dict:
-    """{key: (pixels, label)} of every sample."""
-    b = ds.get_batch(range(len(ds)))
-    return {k: (b["image"][i].numpy().tobytes(), int(b["label"][i])) for i, k in enumerate(ds.keys)}
-
-
 def reference(src: Path, tmp_path: Path, name: str) -> dict:
-    return content(dsc.open(dsc.compile_imagefolder(src, tmp_path / name, **OPTS).path))
+    return samples(dsc.open(dsc.compile_imagefolder(src, tmp_path / name, **OPTS).path))
 
 
 def test_the_same_behaviour_in_every_store(where, tmp_path):
@@ -49,7 +50,7 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     v0 = reference(src, tmp_path, "ref0")
     assert str(dsc.compile_imagefolder(src, where, **OPTS).path) == where
     ds = dsc.open(where)
-    assert content(ds) == v0
+    assert samples(ds) == v0
     served = {ds.keys[i]: (im.numpy().tobytes(), int(label)) for b in dsc.Loader(ds, batch_size=8, order="random")
               for i, im, label in zip(b["index"].tolist(), b["image"], b["label"])}
     assert served == v0  # an epoch of the Loader (in object storage: through the shard cache)
@@ -60,12 +61,12 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     v1 = reference(src, tmp_path, "ref1")
     r = dsc.compile_imagefolder(src, where, update=True, **OPTS)
     assert r.committed and r.version == 1
-    assert content(dsc.open(where)) == v1 and content(dsc.open(where, version=0)) == v0
+    assert samples(dsc.open(where)) == v1 and samples(dsc.open(where, version=0)) == v0
 
     assert dsc.tag(where, "first", version=0) == 0
-    assert content(dsc.open(where, tag="first")) == v0
+    assert samples(dsc.open(where, tag="first")) == v0
     assert dsc.restore(where, tag="first") == 2
-    assert content(dsc.open(where)) == v0
+    assert samples(dsc.open(where)) == v0
     log = dsc.log(where)
     assert [e["version"] for e in log] == [0, 1, 2] and log[0]["tags"] == ["first"]
     assert log[2]["operation"] == "restore 0"
@@ -76,7 +77,7 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     reader = dsc.open(where, version=1)  # a reader of version 1: its pin (a folder) or lease (a bucket)
     r = dsc.vacuum(where, keep=1, older_than=0)
     assert r.removed == [] and 1 in r.pinned and 0 in r.tagged and 2 in r.kept
-    assert content(reader) == v1
+    assert samples(reader) == v1
     del reader
     gc.collect()
     dry = dsc.vacuum(where, keep=1, older_than=0, dry_run=True)
@@ -84,7 +85,7 @@ def test_the_same_behaviour_in_every_store(where, tmp_path):
     assert r.removed == dry.removed == [1] and r.files == dry.files > 0 and r.bytes == dry.bytes
     with pytest.raises(VersionNotFoundError):
         dsc.open(where, version=1)
-    assert content(dsc.open(where)) == v0 and content(dsc.open(where, version=0)) == v0
+    assert samples(dsc.open(where)) == v0 and samples(dsc.open(where, version=0)) == v0
     assert dsc.verify(where).ok and dsc.verify(where, version=0).ok
     again = dsc.vacuum(where, keep=1, older_than=0)
     assert again.removed == [] and again.files == 0  # nothing left to remove
@@ -138,7 +139,7 @@ def test_racing_updates_never_damage_a_committed_version(s3_server, monkeypatch,
     dsc.compile_imagefolder(base, url, cache_dir=str(tmp_path / "c0"), **OPTS)
     script = tmp_path / "racer.py"
     script.write_text(RACER)
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = child_env()
     srcs = []
     for k in range(2):
         src = tmp_path / f"src{k}"
@@ -163,7 +164,7 @@ def test_racing_updates_never_damage_a_committed_version(s3_server, monkeypatch,
     n_before = V.versions(open_store(url))[-1]
     r = dsc.compile_imagefolder(alone, url, update=True, cache_dir=str(tmp_path / "c9"), **OPTS)
     assert r.committed and r.version == n_before + 1
-    assert content(dsc.open(url)) == reference(alone, tmp_path, "alone-ref")
+    assert samples(dsc.open(url)) == reference(alone, tmp_path, "alone-ref")
     vac = dsc.vacuum(url, keep=100, older_than=0)  # every version kept; the losers' leftovers go
     assert vac.removed == [] and all(dsc.verify(url, version=n).ok for n in V.versions(open_store(url)))
     assert dsc.vacuum(url, keep=100, older_than=0).leftovers == 0
@@ -190,11 +191,11 @@ def test_a_loser_of_a_commit_race_commits_nothing_and_the_winner_stays_intact(s3
     with pytest.raises(VersionConflictError, match="another writer committed it meanwhile: nothing of this update"):
         dsc.compile_imagefolder(a, url, update=True, cache_dir=str(tmp_path / "ca"), **OPTS)
     monkeypatch.setattr(V, "commit", real)
-    assert done[0].version == 1 and content(dsc.open(url)) == reference(b, tmp_path, "refb")
+    assert done[0].version == 1 and samples(dsc.open(url)) == reference(b, tmp_path, "refb")
     assert dsc.verify(url).ok  # (A saw B's record before sending anything: it left nothing behind either)
     assert dsc.vacuum(url, keep=5, older_than=0, dry_run=True).leftovers == 0
     r = dsc.compile_imagefolder(a, url, update=True, cache_dir=str(tmp_path / "ca2"), **OPTS)
-    assert r.version == 2 and content(dsc.open(url)) == reference(a, tmp_path, "refa")
+    assert r.version == 2 and samples(dsc.open(url)) == reference(a, tmp_path, "refa")
     assert dsc.verify(url).ok and dsc.verify(url, version=1).ok
 
 
@@ -263,7 +264,7 @@ def test_two_processes_on_one_small_cache_both_finish(s3_server, monkeypatch, tm
     shard = max(s.nbytes for s in dsc.open(url, cache_dir=tmp_path / "p").manifest.shards if s is not None)
     script = tmp_path / "sharer.py"
     script.write_text(SHARER)
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = child_env()
     cache = tmp_path / "shared-cache"
     procs = [subprocess.Popen([sys.executable, str(script), url, str(v), str(cache), str(10 * shard)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) for v in (0, 1)]
@@ -315,7 +316,7 @@ upload.Uploader._one = one
 dsc.compile_imagefolder({str(src)!r}, {url!r}, update=True, size=16, shard_size=8, workers=1, progress=False,
                         cache_dir={str(tmp_path / 'ck')!r})
 """)
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = child_env()
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == -9, r.stderr[-2000:]
     assert V.versions(open_store(url)) == [0]
@@ -363,7 +364,7 @@ def test_a_vacuum_and_a_writer_never_run_together_in_object_storage(s3_server, m
     assert not store.list("_dsc/writers/")  # every lease let go
     dead = WriterLease(store, "update")
     dead.__enter__()
-    store.put(dead.rel, store.get(dead.rel).replace(str(__import__("os").getpid()).encode(), b"999999"))
+    store.put(dead.rel, store.get(dead.rel).replace(str(os.getpid()).encode(), b"999999"))
     dead.rel = None  # (a writer of this machine that was killed: its process is gone)
     assert dsc.vacuum(url, keep=1, older_than=0).removed == [0]
     assert not store.list("_dsc/writers/")

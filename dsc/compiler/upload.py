@@ -199,9 +199,9 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
     # that committed a newer version meanwhile writes its own view: this one leaves it alone.
     if view_is_ours and not view.superseded(store, latest):  # (formats/view.py: chunks, node metadata, the root)
         view.refresh(store, latest, None, src=versions.as_store(root))
-        stat = local / versions.STAT / f"{nums[-1]}.bin"
+        stat = local / versions.stat_path(nums[-1])
         if stat.is_file():
-            store.put(f"{versions.STAT}/{nums[-1]}.bin", stat.read_bytes())
+            store.put(versions.stat_path(nums[-1]), stat.read_bytes())
     for name, n in versions.tag_names(root).items():
         store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
@@ -255,10 +255,10 @@ def pull_for_update(store: Store, dst: Path) -> int:
 
 def _pull_stat(store: Store, dst: Path, n: int, m) -> None:
     """Version ``n``'s stat cache (advisory: it lets the next --update skip re-reading unchanged inputs)."""
-    stat = store.get_or_none(f"{versions.STAT}/{n}.bin", m.num_rows * 48)
+    stat = store.get_or_none(versions.stat_path(n), versions.stat_bytes(m.num_rows))
     if stat is not None:
         (dst / versions.STAT).mkdir(parents=True, exist_ok=True)
-        (dst / versions.STAT / f"{n}.bin").write_bytes(stat)
+        (dst / versions.stat_path(n)).write_bytes(stat)
 
 
 def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:

@@ -453,13 +453,26 @@ def store_objects(src: Path, out: Path, files: dict) -> None:
 STAT = "_dsc/stat"
 
 
+STAT_ROW_BYTES = 48  # (6 int64 per row: see write_stat)
+
+
+def stat_path(n: int) -> str:
+    """Where version ``n``'s stat cache is (relative to the dataset)."""
+    return f"{STAT}/{n}.bin"
+
+
+def stat_bytes(rows: int) -> int:
+    """The size of a stat cache of ``rows`` rows."""
+    return rows * STAT_ROW_BYTES
+
+
 def write_stat(root: Path, n: int, stat) -> None:
     """The stat cache of version ``n``: per row, its input files' mtime, ctime and inode (image, then mask),
     int64. Advisory: ``--update`` skips re-reading an input whose stat is unchanged; without the cache (or
     with a damaged one) it reads every input and compares contents. Not part of the dataset's bytes."""
     import numpy as np
 
-    write_atomic(root / STAT / f"{n}.bin", memoryview(np.ascontiguousarray(stat, "<i8")).cast("B"), root)
+    write_atomic(root / stat_path(n), memoryview(np.ascontiguousarray(stat, "<i8")).cast("B"), root)
 
 
 def read_stat(root: Root, n: int, rows: int):
@@ -467,10 +480,10 @@ def read_stat(root: Root, n: int, rows: int):
     import numpy as np
 
     try:
-        data = root.read(f"{STAT}/{n}.bin", rows * 48)
+        data = root.read(stat_path(n), stat_bytes(rows))
     except CorruptDatasetError:
         return None
-    if len(data) != rows * 48:
+    if len(data) != stat_bytes(rows):
         return None
     return np.frombuffer(bytes(data), "<i8").reshape(rows, 6)
 
