@@ -28,31 +28,23 @@ from dsc.store.object import aws_files_config  # noqa: E402
 
 from dsc.runtime.cache import ShardCache, parse_size  # noqa: E402
 
-from object_servers import S3, free_port  # noqa: E402  (the moto server, shared with test_object_servers.py)
+from object_servers import S3, free_port, use_server  # noqa: E402  (the moto server, shared with test_object_servers.py)
 from conftest import samples  # noqa: E402
 from test_versions import make_folder  # noqa: E402
 
-ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-            "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "DSC_CACHE_DIR", "DSC_RETRY_SECONDS")
 OPTS = dict(size=16, shard_size=16, progress=False)
 
 
 @pytest.fixture(scope="module")
-def s3():
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    server = S3()
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=server.endpoint,
-                      AWS_DEFAULT_REGION="us-east-1")
-    for k in ("AWS_PROFILE", "DSC_CACHE_DIR", "DSC_RETRY_SECONDS", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
-        os.environ.pop(k, None)
-    server.bucket("dsc-test")
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def s3(s3_server):
+    """The session's S3 server with bucket dsc-test, its variables set for this module (dsc's own defaults:
+    no DSC_CACHE_DIR, the 120 s retry budget)."""
+    with pytest.MonkeyPatch.context() as m:
+        use_server(s3_server, m)
+        m.delenv("DSC_RETRY_SECONDS", raising=False)
+        m.delenv("DSC_CACHE_DIR", raising=False)
+        s3_server.bucket("dsc-test")
+        yield s3_server
 
 
 @pytest.fixture(scope="module")
