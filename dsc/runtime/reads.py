@@ -223,9 +223,7 @@ class Mapped:
 
     def __init__(self, storage, **_):
         self.storage = storage
-
-    def map(self, rel: str, nbytes: int) -> np.ndarray:
-        return self.storage.map(rel, nbytes)
+        self.map = storage.map  # (the storage's own: no call of ours per sample on the hot path)
 
     def schedule(self, needs, start, nbytes, paths, budget=None, per_batch=True, workers=1) -> ShardSchedule | None:
         return hold_schedule(self.storage, needs, start, nbytes, paths, True, budget, per_batch, workers)
