@@ -167,7 +167,11 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
     ``ToTensor``); a float image (dsc.transforms' ToFloat made it (..., C, H, W)) as it is."""
     if image.is_floating_point():
         return image
-    return image.movedim(-1, -3).to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+    out = image.movedim(-1, -3).to(torch.float32, memory_format=torch.contiguous_format)
+    # the divisor as a tensor on the image's device: CUDA turns a division by a Python number into a
+    # multiplication by its reciprocal (off by one ulp for about half the values), the CPU divides exactly;
+    # dividing by a 0-dim tensor divides exactly on both, so a device batch equals the CPU loader's
+    return out.div_(torch.full((), 255.0, device=out.device))
 
 
 def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
