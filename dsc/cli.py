@@ -500,6 +500,29 @@ def restore_cmd(dataset: Path, version, tag_name):
     click.echo(f"version {n} of {dataset} restores " + (f"version {version}" if tag_name is None else f"tag {tag_name}"))
 
 
+@main.command(name="compact")
+@click.argument("dataset", type=DATASET)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+def compact_cmd(dataset: Path, quiet: bool):
+    """Rewrite the latest version of the local DATASET into storage order, as a new version: after several
+    `--update`s its samples are scattered over many shards (order="quasi_random" then reads many per batch).
+
+    Nothing is decoded: every sample keeps its bytes, label, boxes, mask and key, and ds[i] is the same sample.
+    The old version stays until `dsc vacuum` removes it."""
+    from .compiler.compact import compact_dataset  # lazy: PIL, for the compile commands
+
+    r = compact_dataset(dataset, info=None if quiet else click.echo, warn=lambda m: click.echo(f"warning: {m}", err=True))
+    if quiet:
+        return
+    if not r.committed:
+        click.echo(f"version {r.version} of {dataset} is in storage order already; nothing to do")
+        return
+    m = r.manifest
+    click.echo(f"version {r.version} of {dataset}: {_n(m.num_samples, 'sample')} in {_n(m.shard_count, 'shard')} "
+               f"({_mb(r.bytes_written)} copied, nothing decoded) in {r.seconds:.1f} s; version {r.version - 1} stays "
+               f"until `dsc vacuum` removes it")
+
+
 @main.command(name="vacuum")
 @click.argument("dataset", type=DATASET)
 @click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
