@@ -198,7 +198,7 @@ def test_progress_is_plain_lines_where_stderr_is_not_a_terminal(scenes_src, tmp_
     (dict(pin_memory=True), "pinned memory already"),
     (dict(sampler=None), "indices="),
     (dict(bogus=1), "it takes: batch_size"),
-    (dict(device="gpu"), "'cuda' for a GPU"),
+    (dict(device="gpu"), "'cpu' or 'cuda' (a GPU"),
 ])
 def test_dataloader_habits_are_one_line_errors(fixed, kw, says):
     with pytest.raises(dsc.ConfigError) as e:

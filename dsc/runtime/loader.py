@@ -260,8 +260,8 @@ class Loader:
         except (RuntimeError, TypeError):  # (torch's message lists every device type it knows: not the point)
             self.device = None
         if self.device is None or self.device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"device {device!r} is not a device the Loader delivers batches to: 'cpu', or 'cuda' "
-                              f"for a GPU ('cuda:1' for the second)")
+            raise ConfigError(f"device {device!r} is not a device the Loader delivers batches to: 'cpu' or 'cuda' "
+                              f"(a GPU; 'cuda:1' for the second)")
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
