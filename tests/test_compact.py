@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from click.testing import CliRunner
 from PIL import Image
@@ -111,3 +112,26 @@ def test_compact_cli(tmp_path):
     assert r.exit_code == 1 and "dsc compile imagefolder" in r.output
     r = CliRunner().invoke(main, ["compact", "s3://bucket/ds"])
     assert r.exit_code == 1 and "not supported yet" in r.output
+
+
+def test_an_interrupted_compaction_leaves_the_version_it_started_from(tmp_path, monkeypatch):
+    from dsc.formats import versions as V
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    for i in range(12):
+        _put(src / f"c{i % 2}" / f"{i}.png", i)
+    dsc.compile_imagefolder(src, out, size=8, shard_size=4, progress=False)
+    (src / "c1" / "1.png").unlink()
+    dsc.compile_imagefolder(src, out, size=8, shard_size=4, update=True, progress=False)
+    before, slots = every_field(out), sorted(p.name for p in (out / "image" / "c").iterdir())
+
+    def killed(*a, **kw):
+        raise KeyboardInterrupt  # (a kill between the new shards and the commit)
+    monkeypatch.setattr(V, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compact(out)
+    monkeypatch.undo()
+    assert dsc.open(out).version == 1 and every_field(out) == before and dsc.verify(out).ok
+    assert sorted(p.name for p in (out / "image" / "c").iterdir()) == slots  # its new slots are gone
+    assert not (out / V.TXN / "2").exists()
+    assert dsc.compact(out).committed and every_field(out) == before
