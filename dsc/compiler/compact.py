@@ -152,7 +152,8 @@ def compact_dataset(out, info=None, warn=None) -> CompileReport:
             versions.commit(out, versions.record_json(n_new, m.version["number"], "compact", summary,
                                                       next_slot + len(units), new_m))
         except BaseException:
-            _discard_slots(out, nodes, next_slot)
+            if n_new not in versions.versions(Root(out)):  # (an interrupt may land just after the commit)
+                _discard_slots(out, nodes, next_slot)
             shutil.rmtree(txn, ignore_errors=True)
             raise
         shutil.rmtree(txn, ignore_errors=True)
