@@ -17,6 +17,7 @@ _LAZY = {
     "collate": ("dsc.runtime", "collate"),
     "compile": ("dsc.compiler", "compile"),
     "compile_dataset": ("dsc.compiler", "compile_dataset"),
+    "compact": ("dsc.compiler.compact", "compact_dataset"),
     "register_source": ("dsc.compiler.sources", "register_source"),
     "sources": ("dsc.compiler.sources", "sources"),
     "Source": ("dsc.compiler.sources", "Source"),

@@ -4,10 +4,12 @@
     shards into a ring of as many output buffers as the loader keeps (one reused buffer would stay in
     the L3 cache and overstate the limit);
 (b) the classic pipeline: torch ``DataLoader(num_workers=2)`` decoding the source JPEGs with PIL and
-    applying the same resize, when the source files are still where the manifest says (worker start-up
-    and the first batch not timed).
+    applying the same resize, over the source files still where the manifest says (worker start-up
+    and the first batch not timed; the files that moved are counted and named, not fatal).
 Also printed: the same gathers from as many threads as the loader uses, without the loader's queueing:
-the loader's own overhead is the gap to that line.
+the loader's own overhead is the gap to that line. The Loader is those gathers plus its own work, so it
+cannot outrun them: when it does (a load spike slowed the baselines), they are measured again, and if it
+still does, its ratios are not printed but flagged.
 
 ``--recipe imagenet``: the standard training recipe (RandomResizedCrop(224), horizontal flip, ToFloat,
 Normalize) through the Loader, beside plain epochs of the same dataset and (c) a lean torch DataLoader
@@ -175,13 +177,36 @@ class _PILRecipe(torch.utils.data.Dataset):
         return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
 
 
-def source_paths(ds, limit: int | None = None) -> list[str] | None:
-    """The source files of a dataset, when they are still where its manifest says."""
+SOURCE_KINDS = ("imagefolder", "coco", "yolo", "voc", "segfolder")  # sources whose samples are image files
+
+
+def source_files(ds, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """The source files of a dataset that are still where its manifest says (up to ``limit`` of them), and
+    those looked for that are not there (moved or deleted since the compile)."""
     m = ds.manifest
+    if m.source.get("kind") not in SOURCE_KINDS:
+        return [], []
     root = Path(m.source.get("images") or m.source.get("root") or "")  # COCO keys are relative to images/
-    paths = [str(root / k) for k in ds.keys[:limit]]
-    return paths if paths and m.source.get("kind") in ("imagefolder", "coco", "yolo", "voc", "segfolder") \
-        and Path(paths[0]).is_file() else None
+    found, missing = [], []
+    for k in ds.keys:
+        if limit is not None and len(found) >= limit:
+            break
+        p = str(root / k)
+        (found if os.path.isfile(p) else missing).append(p)
+    return found, missing
+
+
+def source_paths(ds, limit: int | None = None) -> list[str] | None:
+    """The source files of a dataset still where its manifest says (None: none is)."""
+    return source_files(ds, limit)[0] or None
+
+
+def moved_note(missing: list[str], found: int) -> str:
+    """What a baseline over the source files says when some of them are gone."""
+    if not missing:
+        return ""
+    return (f"over the {found:,} source files still there; {len(missing):,} {'is' if len(missing) == 1 else 'are'} "
+            f"no longer where the manifest says (e.g. {missing[0]})")
 
 
 MIN_TIMED_BATCHES = 4  # a baseline needs this many batches after the untimed first (and any prefetched) ones
@@ -208,16 +233,19 @@ def dataloader_rate(dataset, batch_size: int, limit: int | None = None) -> float
 
 def baseline_gap(ds, batch_size: int) -> str | None:
     """Why the decoding baseline cannot run on this dataset, or None."""
-    if not source_paths(ds):
-        return "the source JPEGs are not where the manifest says (or the source is a table or a Python dataset)"
-    if len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size:
-        return (f"{len(ds):,} samples are too few to time {MIN_TIMED_BATCHES} batches of {batch_size} after the "
-                f"start-up (give a smaller --batch-size)")
+    paths, missing = source_files(ds)
+    if not paths:
+        return ("the source JPEGs are not where the manifest says" + (f" (e.g. {missing[0]})" if missing else
+                " (or the source is a table or a Python dataset)"))
+    if len(paths) < (MIN_TIMED_BATCHES + 5) * batch_size:
+        return (f"{len(paths):,} {'source files are' if missing else 'samples are'} too few to time "
+                f"{MIN_TIMED_BATCHES} batches of {batch_size} after the start-up (give a smaller --batch-size)")
     return None
 
 
-def pil_dataloader_rate(ds, batch_size: int, limit: int = 4096) -> float | None:
-    paths = source_paths(ds, limit)
+def pil_dataloader_rate(ds, batch_size: int, paths: list[str] | None = None) -> float | None:
+    """Baseline b over ``paths`` (default: the first :data:`PIL_LIMIT` source files still there)."""
+    paths = source_paths(ds, PIL_LIMIT) if paths is None else paths
     if ds.manifest.image.layout != "fixed" or not paths:
         return None
     return dataloader_rate(_PILSource(paths, ds.manifest), batch_size)
@@ -231,9 +259,10 @@ def recipe_rates(ds, batch_size: int = 256, order: str = "random", num_threads: 
                         epochs)
     rate = loader_rate(Loader(ds, batch_size=batch_size, order=order, num_threads=num_threads, device=device,
                               transforms=recipe(name)), epochs)
-    paths = source_paths(ds)
+    paths, missing = source_files(ds)
     pil = dataloader_rate(_PILRecipe(paths), batch_size, baseline_limit) if paths and baseline_limit != 0 else None
-    return {"plain": plain, "recipe": rate, "pil_recipe": pil, "gap": baseline_gap(ds, batch_size)}
+    return {"plain": plain, "recipe": rate, "pil_recipe": pil, "gap": baseline_gap(ds, batch_size),
+            "moved": moved_note(missing, len(paths)) if pil else ""}
 
 
 def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
@@ -314,10 +343,32 @@ def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order:
          + (f", {r['recipe'] / r['pil_recipe']:.1f}x the PIL DataLoader" if r["pil_recipe"] else ""))
     if r["pil_recipe"]:
         echo(f"  {'torch DataLoader(2 workers): decode + recipe per image, PIL':<58} {r['pil_recipe']:>10,.0f} img/s  "
-             f"(baseline c)")
+             f"(baseline c{'; ' + r['moved'] if r['moved'] else ''})")
     else:
         echo(f"  (baseline c skipped: {r['gap'] or 'not asked for'})")
     return r
+
+
+PLAUSIBLE = 1.15  # the Loader over its own gathers: beyond this (noise), the baselines ran on a busier machine
+BASELINE_ROUNDS = 3  # the baselines are measured again (best kept) while the Loader outruns them
+PIL_LIMIT = 4096  # source files baseline b decodes at most
+
+
+def outran(rate: float, limit: float, take: float, threads: int) -> bool:
+    """Whether the Loader's ``rate`` is more than it can be: above the threaded gathers it is made of, or above
+    its threads' worth of the one-thread copy limit (beyond :data:`PLAUSIBLE`, noise)."""
+    return rate > PLAUSIBLE * take or rate > PLAUSIBLE * max(1, threads) * limit
+
+
+def baselines(ds, loader, rate: float) -> tuple[float, float, int]:
+    """(copy limit, threaded gathers, rounds measured): measured again, the best of each kept, while the Loader's
+    ``rate`` is more than :data:`PLAUSIBLE` times the gathers it is made of (a load spike slowed the baselines: a
+    figure like "194% of the copy limit" cannot be true)."""
+    limit, take, rounds = copy_limit(ds, loader), threaded_take_limit(ds, loader), 1
+    while outran(rate, limit, take, loader.threads_used) and rounds < BASELINE_ROUNDS:
+        limit, take = max(limit, copy_limit(ds, loader)), max(take, threaded_take_limit(ds, loader))
+        rounds += 1
+    return limit, take, rounds
 
 
 def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: int = 2, prefetch: int = 3,
@@ -339,23 +390,33 @@ def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: i
          f"{loader.threads_used} threads, prefetch {prefetch}")
     gb = (lambda r: r * nbytes / 1e9) if nbytes else (lambda r: None)
     rate = loader_rate(loader, epochs)
-    limit = copy_limit(ds, loader) if nbytes else None
-    take = threaded_take_limit(ds, loader) if nbytes else None
-    pil = pil_dataloader_rate(ds, batch_size)
+    limit, take, rounds = baselines(ds, loader, rate) if nbytes else (None, None, 0)
+    disturbed = bool(take) and outran(rate, limit, take, loader.threads_used)
+    paths, missing = source_files(ds, PIL_LIMIT)
+    pil = pil_dataloader_rate(ds, batch_size, paths)
 
     def line(name, r, note):
         g = gb(r)
         echo(f"  {name:<52} {r:>10,.0f} img/s {'' if g is None else f'{g:6.2f} GB/s'}  {note}")
 
     if limit:
-        line(f"copy limit: index_select into a ring of {prefetch + 2} buffers", limit, "(baseline a)")
+        again = f", measured {rounds} times: the loader outran it" if rounds > 1 else ""
+        line(f"copy limit: index_select into a ring of {prefetch + 2} buffers", limit, f"(baseline a{again})")
         line(f"same gathers, numpy.take from {loader.threads_used} threads, no loader", take,
              "(best the loader could do)")
-    line("dsc.Loader", rate, f"{rate / limit:.0%} of the copy limit, {rate / take:.0%} of the threaded gathers"
-         if limit else "")
+    if disturbed:  # the Loader is those gathers plus its own work: it cannot outrun them
+        line("dsc.Loader", rate, f"not compared: it outran the gathers it is made of in {rounds} rounds of the "
+                                 f"baselines, which cannot be (the machine was busier while they ran); rerun dsc "
+                                 f"bench on a quiet machine")
+    else:
+        line("dsc.Loader", rate, f"{rate / limit:.0%} of the copy limit, {rate / take:.0%} of the threaded gathers"
+             if limit else "")
     if pil:
         line("torch DataLoader(num_workers=2) + PIL decode/resize", pil, f"(baseline b) dsc is {rate / pil:,.0f}x")
+        if missing:
+            echo(f"  (baseline b {moved_note(missing, len(paths))})")
     else:
         gap = "the layout is ragged" if nbytes is None else baseline_gap(ds, batch_size)
         echo(f"  (baseline b skipped: {gap})")
-    return {"loader": rate, "copy_limit": limit, "threaded_take": take, "pil_dataloader": pil, "gb_per_s": gb(rate)}
+    return {"loader": rate, "copy_limit": limit, "threaded_take": take, "pil_dataloader": pil, "gb_per_s": gb(rate),
+            "baseline_rounds": rounds, "disturbed": disturbed}

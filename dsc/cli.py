@@ -101,8 +101,9 @@ class RGBParam(click.ParamType):
         return rgb
 
 
-def compile_options(f):
-    """Options every ``dsc compile <source>`` command shares: the CompileOptions fields."""
+def compile_options(f, masks: bool = True):
+    """Options every ``dsc compile <source>`` command shares: the CompileOptions fields (``--mask-ignore`` only
+    for a source that can make masks)."""
     from .compiler.options import ON_ERROR  # lazy: PIL, for the compile commands
     from .compiler.resample import FILTERS  # lazy: PIL, for the compile commands
     from .formats.manifest import RESIZE_POLICIES, RESIZERS  # lazy: numpy, for dsc --help's speed
@@ -130,9 +131,9 @@ def compile_options(f):
         click.option("--draft", is_flag=True,
                      help="JPEG draft decoding (DCT scaling by 1/2-1/8) when the output is at most half the "
                           "source: much faster for large photos, not pixel-identical to a full decode."),
-        click.option("--mask-ignore", type=click.IntRange(0, 65535), default=255, show_default=True,
-                     help="Mask value of 'no class': letterbox padding, crowd regions, VOC borders (sources "
-                          "with masks)."),
+        *([click.option("--mask-ignore", type=click.IntRange(0, 65535), default=255, show_default=True,
+                        help="Mask value of 'no class': letterbox padding, crowd regions, VOC borders.")]
+          if masks else []),
         click.option("--max-pixels", type=click.IntRange(min=1), default=None,
                      help="An image with more pixels is a bad sample (default: PIL's decompression-bomb limit, "
                           "about 89 million)."),
@@ -182,7 +183,7 @@ def _options_from(kw: dict):
                          == click.core.ParameterSource.COMMANDLINE))
     return CompileOptions(size=kw["size"], resize=kw["resize"], max_side=kw["max_side"], mode=kw["mode"],
                           fill=kw["fill"], background=kw["background"], filter=kw["filter_"],
-                          resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw["mask_ignore"], max_pixels=kw["max_pixels"],
+                          resizer=kw["resizer"], draft=kw["draft"], mask_ignore=kw.get("mask_ignore", 255), max_pixels=kw["max_pixels"],
                           shard_size=kw["shard_size"],
                           workers=kw["workers"], on_error=kw["on_error"],
                           error_report=str(kw["error_report"]) if kw["error_report"] else None,
@@ -277,8 +278,10 @@ def _param_decorator(p):
         return click.option(p.option, p.name, is_flag=True, default=bool(p.default), help=p.help)
     kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
     default = ",".join(p.default) if p.type == "csv" and p.default else p.default
-    return click.option(p.option, p.name, type=kind, default=default, required=p.required, help=p.help,
-                        show_default=default not in (None, ""), metavar=p.metavar)
+    # (no default=None given: click 8.3+ takes an explicit None for a value, and a required option left out would
+    # reach the source, whose message names the Python keyword instead of the flag)
+    return click.option(p.option, p.name, type=kind, **({} if default is None else {"default": default}),
+                        required=p.required, help=p.help, show_default=default not in (None, ""), metavar=p.metavar)
 
 
 def source_command(cls) -> click.Command:
@@ -289,7 +292,7 @@ def source_command(cls) -> click.Command:
         _compile(out, options, lambda: cls.from_cli(**source_kw))
 
     f = callback
-    f = compile_options(f)
+    f = compile_options(f, masks=cls.makes_masks)
     f = click.argument("out", type=DATASET)(f)
     for p in reversed([p for p in cls.params if p.cli and not p.argument]):
         f = _param_decorator(p)(f)
@@ -376,7 +379,9 @@ def _compile(out: Path, kw: dict, make_source) -> None:
                    "refreshed, or a plain Zarr writer changed it); versions themselves are never touched.")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="DATASET is a URL: where its small files are kept (default: $DSC_CACHE_DIR or ~/.cache/dsc).")
-def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing when the dataset is intact (the exit code says so); "
+                                                  "problems are still listed.")
+def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir, quiet: bool = False):
     """Re-hash every shard and file against the manifest and check every invariant. DATASET may be a URL
     (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
@@ -393,6 +398,8 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
     view_only = report.problems and all(p.view for p in report.problems)
     if report.ok:
+        if quiet:
+            return
         click.echo(f"OK: {report.shards_checked} shard files and {report.files_checked} other files of {what} match "
                    f"the manifest ({report.bytes_hashed / 1e6:,.1f} MB hashed); all invariants hold")
         return
@@ -433,7 +440,8 @@ def _counts(e: dict) -> str:
 @main.command(name="log")
 @click.argument("dataset", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
-def log_cmd(dataset: Path, as_json: bool):
+@click.option("--quiet", "-q", is_flag=True, help="One line per version (no option lines).")
+def log_cmd(dataset: Path, as_json: bool, quiet: bool = False):
     """The versions of DATASET (a folder or an s3:// gs:// az:// URL), oldest first: time, operation, counts
     (+added -removed ~changed against the parent), the source's version, options and tags."""
     from .versions import log  # lazy: numpy, for dsc --help's speed
@@ -447,7 +455,7 @@ def log_cmd(dataset: Path, as_json: bool):
         tags = f" [{', '.join(e['tags'])}]" if e.get("tags") else ""
         src = f" table version {e['source_version']}" if e.get("source_version") is not None else ""
         click.echo(f"version {e['version']}{tags}  {e['created'] or '-'}  {e['operation']}: {_counts(e)}{src}")
-        if e.get("options") and (e["version"] == entries[0]["version"] or e["options"] != prev):
+        if not quiet and e.get("options") and (e["version"] == entries[0]["version"] or e["options"] != prev):
             click.echo("  options: " + " ".join(f"{k}={v}" for k, v in e["options"].items()))
         prev = e.get("options")
 
@@ -458,7 +466,8 @@ def log_cmd(dataset: Path, as_json: bool):
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
               help="The version to name (default: the latest).")
 @click.option("--delete", is_flag=True, help="Remove the tag NAME (the version stays).")
-def tag_cmd(dataset: Path, name: str, version, delete: bool):
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing on success.")
+def tag_cmd(dataset: Path, name: str, version, delete: bool, quiet: bool = False):
     """Name a version of DATASET (a folder or a URL); `dsc.open(..., tag=NAME)` opens it and `dsc vacuum` never
     removes it."""
     from .formats.versions import tag_names  # lazy: numpy, for dsc --help's speed
@@ -466,6 +475,8 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 
     before = tag_names(dataset).get(name)
     n = tag(dataset, name, version, delete=delete)
+    if quiet:
+        return
     if delete:
         click.echo(f"removed tag {name!r}" + (f" (it named version {before})" if before is not None else ""))
     elif before is not None and before != n:
@@ -478,18 +489,38 @@ def tag_cmd(dataset: Path, name: str, version, delete: bool):
 @click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None, help="The version to restore.")
 @click.option("--tag", "tag_name", default=None, help="The tagged version to restore.")
-@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Accepted for scripts written for earlier versions: a restore stages nothing (it writes only "
-                   "the new record, the stat cache and the view).")
-def restore_cmd(dataset: Path, version, tag_name, cache_dir):
+def restore_cmd(dataset: Path, version, tag_name):
     """Make a new version of DATASET whose content is an earlier version's (nothing decoded or copied).
     DATASET may be a URL (s3://, gs://, az://): only the new version record and the view are written."""
     from .versions import restore  # lazy: numpy, for dsc --help's speed
 
     if (version is None) == (tag_name is None):
         raise click.UsageError("give --version N or --tag NAME (one of them, not both)")
-    n = restore(dataset, version, tag_name, cache_dir=cache_dir)
+    n = restore(dataset, version, tag_name)
     click.echo(f"version {n} of {dataset} restores " + (f"version {version}" if tag_name is None else f"tag {tag_name}"))
+
+
+@main.command(name="compact")
+@click.argument("dataset", type=DATASET)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+def compact_cmd(dataset: Path, quiet: bool):
+    """Rewrite the latest version of the local DATASET into storage order, as a new version: after several
+    `--update`s its samples are scattered over many shards (order="quasi_random" then reads many per batch).
+
+    Nothing is decoded: every sample keeps its bytes, label, boxes, mask and key, and ds[i] is the same sample.
+    The old version stays until `dsc vacuum` removes it."""
+    from .compiler.compact import compact_dataset  # lazy: PIL, for the compile commands
+
+    r = compact_dataset(dataset, info=None if quiet else click.echo, warn=lambda m: click.echo(f"warning: {m}", err=True))
+    if quiet:
+        return
+    if not r.committed:
+        click.echo(f"version {r.version} of {dataset} is in storage order already; nothing to do")
+        return
+    m = r.manifest
+    click.echo(f"version {r.version} of {dataset}: {_n(m.num_samples, 'sample')} in {_n(m.shard_count, 'shard')} "
+               f"({_mb(r.bytes_written)} copied, nothing decoded) in {r.seconds:.1f} s; version {r.version - 1} stays "
+               f"until `dsc vacuum` removes it")
 
 
 @main.command(name="vacuum")
@@ -549,17 +580,22 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: host-to-device GB/s beside the pinned-copy limit, and how much the copies overlap a "
                    "consumer busy on the GPU.")
+@click.option("--quiet", "-q", is_flag=True, help="The figures only (no header line).")
 def bench_cmd(dataset: Path, batch_size: int, order: str, threads: int, prefetch: int, epochs: int, recipe,
-              device: str):
+              device: str, quiet: bool = False):
     """Loader images/s and GB/s beside the machine's copy limit and a PIL-decoding DataLoader."""
     from .bench import run_bench, run_recipe_bench  # lazy: torch, for dsc bench
 
+    def echo(line: str) -> None:
+        if not (quiet and line.startswith("dsc bench ")):
+            click.echo(line)
+
     if recipe:
         run_recipe_bench(dataset, recipe, batch_size=batch_size, order=order, num_threads=threads, epochs=epochs,
-                         device=device, echo=click.echo)
+                         device=device, echo=echo)
         return
     run_bench(dataset, batch_size=batch_size, order=order, num_threads=threads, prefetch=prefetch,
-              epochs=epochs, echo=click.echo, device=device)
+              epochs=epochs, echo=echo, device=device)
 
 
 @main.command(name="preview")
@@ -680,16 +716,19 @@ def cache_clear_cmd(url, cache_dir):
 
 
 @main.command()
-@click.argument("dataset", required=False, type=DATASET)
+@click.argument("dataset", required=False, type=DATASET, metavar="DATASET")  # (not [DATASET]: only --env goes without)
 @click.option("--env", "show_env", is_flag=True, help="Show the software dsc runs on (PIL build, libjpeg, torch).")
 @click.option("--skipped", is_flag=True, help="List every input left out at compile time, with the reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest (or environment) as JSON.")
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
               help="Describe this version (default: the latest).")
-def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, version):
+@click.option("--quiet", "-q", is_flag=True, help="The dataset's own rows only (not the reader's build, nor how "
+                                                  "dsc.Loader would read it here); no notes.")
+def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, version, quiet: bool = False):
     """Describe a compiled DATASET (a folder or an s3:// gs:// az:// URL): schema, counts, bytes, classes,
     shards, the dsc + PIL build, and how dsc.Loader would read it here (`reads`: the dataset's size against
-    the memory available now, the cgroup's limit included; $DSC_MEMORY overrides that figure)."""
+    the memory available now, the cgroup's limit included; $DSC_MEMORY overrides that figure).
+    `dsc info --env` without DATASET: the software dsc runs on only."""
     from .env import environment, pil_build  # lazy: PIL, for dsc info
 
     if dataset is None and not show_env:
@@ -714,7 +753,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
     if skipped:
         for s in m.skipped:
             click.echo(f"{s['key']}\t{s['reason']}")
-        if not m.skipped:
+        if not m.skipped and not quiet:
             click.echo("no input was skipped", err=True)
         return
     from .store import is_url  # lazy: numpy, for dsc --help's speed
@@ -722,7 +761,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
     remote = is_url(dataset)
     if not remote:
         check_shard_files(dataset, m)
-    pil = pil_build()
+    pil = None if quiet else pil_build()
     total = sum(s.nbytes for s in shard_specs(m))
     cls = ", ".join(m.classes[:12]) + (", ..." if len(m.classes) > 12 else "")
     rows = [
@@ -742,9 +781,10 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         *_extra_fields(m),
         ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k not in ("options", "params"))),
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),
-        ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
-                   f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
-        ("reads", _reads_line(total)),
+        *([] if quiet else [
+            ("reader", f"dsc {__version__} on {pil['pil_distribution']} {pil['pil_version']}"
+                       f" (libjpeg-turbo {pil['libjpeg_turbo']})"),
+            ("reads", _reads_line(total))]),
     ]
     for k, v in rows:
         click.echo(f"{k:10}{v}")

@@ -122,7 +122,7 @@ def restore(out, version: int | None = None, tag: str | None = None, cache_dir=N
     objects, so nothing is copied or decoded; then the view shows it. Returns the new version's number.
     ``out`` may be a URL: the record is committed by the conditional put, a restore racing another writer
     is told (VersionConflictError), and only the record, the stat cache and the view are written.
-    (``cache_dir`` is accepted for compatibility: nothing is staged.)"""
+    (``cache_dir`` is ignored: a restore stages nothing.)"""
     if version is None and tag is None:
         raise ConfigError("restore needs a version or a tag")
     store = _versioned(out)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -26,6 +25,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
+from ..progress import progress_bar
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
@@ -75,8 +75,6 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
                records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
                inputs: dict[int, str], executor=None, on_unit=None) -> list[UnitResult]:
     """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order."""
-    from tqdm import tqdm
-
     results: dict[int, UnitResult] = dict(done)
     by_slot = {t.s: t for t in tasks}
     todo = [t for t in tasks if t.s not in done]
@@ -108,8 +106,8 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             import torch  # noqa: F401  (once here, before the fork, not once per worker)
         pool = WorkerPool(min(workers, len(todo)), run, worker_init)
     try:
-        with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
-                  dynamic_ncols=True, smoothing=0.1) as bar:
+        with progress_bar(total=total, unit="img", desc="compile", disable=not progress,
+                          dynamic_ncols=True, smoothing=0.1) as bar:
             bar.update(sum(len(by_slot[s].records) for s in done))
             if executor is not None and todo:
                 consume(_dask_results(executor, todo, run), bar)

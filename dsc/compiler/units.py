@@ -166,6 +166,8 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         with captured(notes):
             dec = decode_image(obj, o.mode, o.background, draft_for, o.max_pixels)
     (h, w), orientation = dec.full, dec.orientation
+    if h < 1 or w < 1:  # (a Python dataset's Image.new("RGB", (5, 0)), an empty array): nothing to resize
+        raise SampleError(where(rec), f"the image is {w}x{h} pixels: it holds no pixels; replace it or remove it")
     plan = planner(h, w)
     affine = plan.affine(h, w)
     values = {"label": item.label}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
@@ -21,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
+from ..progress import progress_bar
 from ..formats import layout as L
 from ..formats.layout import read_manifest
 from ..formats import versions, view
@@ -158,8 +158,6 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
 def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uploader, progress: bool,
           what: str | None) -> dict:
     """(See :func:`push`: the upload of ``nums``' files, by ``uploader``, then the commits, view, tags.)"""
-    from tqdm import tqdm
-
     records = {n: versions.read_record(root, n) for n in nums}
     remote = versions.versions(store)
     published = set()  # versions the bucket has already, with these bytes: their files are all there
@@ -181,7 +179,7 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
     latest = records[nums[-1]]["manifest"]
     view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
     futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]
-    with tqdm(total=len(futs), unit="file", desc="upload", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=len(futs), unit="file", desc="upload", disable=not progress) as bar:
         for f in futs:
             f.result()
             bar.update(1)

@@ -41,8 +41,10 @@ def read_manifest(root) -> Manifest:
         return _manifest(parse_json(data, root.where(ZARR_JSON)), root.url)
     root = as_root(root.root if isinstance(root, Store) else root)
     if not root.exists(ZARR_JSON):
-        raise DatasetNotFoundError(f"{root.path} is not a dsc dataset: it has no zarr.json "
-                                   f"(an interrupted compile never leaves one)")
+        raise DatasetNotFoundError(f"{root.path} is not a dsc dataset: it has no zarr.json (an interrupted compile "
+                                   f"never leaves one). A folder of images is compiled first: `dsc compile imagefolder "
+                                   f"{root.path} OUT` (class folders; `dsc compile --help` lists coco, voc, yolo, "
+                                   f"table...), then dsc.open(OUT)")
     manifest = _manifest(read_node_json(root, ""), root.path)
     root.expected = {rel: f["nbytes"] for rel, f in manifest.files.items()}  # every later whole-file read: that size
     return manifest

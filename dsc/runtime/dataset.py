@@ -304,7 +304,9 @@ class Dataset(torch.utils.data.Dataset):
         sample = {}
         for r in self.readers.values():
             sample.update(r.sample(i))
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in sample.items()}
+        # the sample's own copy (one memcpy): the readers give views of the mapped shard and of the index arrays,
+        # which a write would change for every later read through this handle (batches are copies already)
+        return {k: torch.from_numpy(v.copy()) if isinstance(v, np.ndarray) else v for k, v in sample.items()}
 
     def to_original(self, i: int, boxes):
         """Map xyxy boxes in sample ``i``'s stored pixels (e.g. predictions) to its source image's pixels

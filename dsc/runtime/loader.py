@@ -96,6 +96,16 @@ def _takes_rank(fn) -> bool:
     return any(p.name == "rank" or p.kind == p.VAR_KEYWORD for p in params)
 
 
+def _takes_draws(fn) -> bool:
+    """Whether a plain transforms callable takes ``seed=, epoch=, batch_index=`` (the draws' key)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return all(k in params for k in ("seed", "epoch", "batch_index")) or \
+        any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
 def _distributed_defaults(rank, world_size) -> tuple[int, int]:
     for name, v in (("rank", rank), ("world_size", world_size)):
         if v is not None and not _whole(v):
@@ -107,6 +117,44 @@ def _distributed_defaults(rank, world_size) -> tuple[int, int]:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
     return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+
+
+# torch DataLoader arguments a script may pass out of habit: what dsc.Loader takes instead
+DATALOADER_HABITS = {
+    "shuffle": 'pass order="random" (shuffle=False is order="sequential", the default; order="quasi_random" draws a random '
+               'order shard-window by shard-window)',
+    "num_workers": "pass num_threads= (batches are made by threads, not worker processes; default 2, 0: in the calling "
+                   "thread)",
+    "prefetch_factor": "pass prefetch= (batches in flight)",
+    "pin_memory": 'leave it out: batches for device="cuda" are gathered into pinned memory already',
+    "collate_fn": "pass transforms= (a callable on each batch dict) or keys= / format= (what a batch is handed out as); "
+                  "batches are collated by the gather",
+    "sampler": "pass indices= (or a torch.utils.data.Subset) to pick samples, order= to order them",
+    "batch_sampler": "pass indices= (or a torch.utils.data.Subset) to pick samples, order= to order them",
+    "generator": "pass seed=",
+    "persistent_workers": "leave it out: there are no worker processes",
+    "worker_init_fn": "leave it out: there are no worker processes",
+    "multiprocessing_context": "leave it out: there are no worker processes",
+    "timeout": "leave it out: there are no worker processes",
+}
+
+
+def _checked_keywords(init):
+    """``Loader.__init__`` refusing an unknown keyword in one line: a DataLoader habit (``shuffle=True``,
+    ``num_workers=2``) gets what dsc.Loader takes instead, any other name the list of those it takes."""
+    import functools
+
+    known = set(inspect.signature(init).parameters) - {"self"}
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        for name in kwargs:
+            if name not in known:
+                hint = DATALOADER_HABITS.get(name)
+                raise ConfigError(f"dsc.Loader has no {name}= argument (torch's DataLoader has): {hint}" if hint
+                                  else f"dsc.Loader has no {name}= argument; it takes: {', '.join(sorted(known))}")
+        return init(self, *args, **kwargs)
+    return checked
 
 
 @dataclass(frozen=True)
@@ -174,6 +222,7 @@ class Loader:
     ``rank``, ``world_size``, ``sampler``, ``indices``.
     """
 
+    @_checked_keywords
     def __init__(self, dataset: Dataset | str, batch_size: int, order: str = "sequential", seed: int = 0,
                  drop_last: bool = False, device: str | torch.device = "cpu", num_threads: int = 2,
                  prefetch: int = 3, rank: int | None = None, world_size: int | None = None, tail: str = "pad",
@@ -208,10 +257,11 @@ class Loader:
             raise ConfigError(f"window must be a positive int (shards), got {window!r}")
         try:
             self.device = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ConfigError(f"device {device!r} is not a device: {e}") from None
-        if self.device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"device {device!r}: the Loader delivers batches to 'cpu' or 'cuda[:k]' only")
+        except (RuntimeError, TypeError):  # (torch's message lists every device type it knows: not the point)
+            self.device = None
+        if self.device is None or self.device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device {device!r} is not a device the Loader delivers batches to: 'cpu' or 'cuda' "
+                              f"(a GPU; 'cuda:1' for the second)")
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
@@ -551,6 +601,6 @@ def _compose(transforms):
         return Compose([transforms])
     if isinstance(transforms, (list, tuple)):
         return Compose(list(transforms))
-    if callable(transforms):
-        return transforms
+    if callable(transforms):  # one taking only the batch (`lambda b: ...`) runs as an op: Compose([fn])
+        return transforms if _takes_draws(transforms) else Compose([transforms])
     raise ConfigError(f"transforms must be a list of dsc.transforms ops, a Compose or a callable, got {transforms!r}")

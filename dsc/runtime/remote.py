@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptDatasetError, DatasetNotFoundError, DscError
+from ..progress import progress_bar
 from ..formats import layout as L
 from ..formats import versions
 from ..store.local import Root, map_fd
@@ -358,8 +359,6 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
          progress: bool = True) -> dict:
     """Download a version's shards into the cache ahead of training (``dsc cache warm``): as many as
     ``cache_limit`` holds, in shard order. Returns {"shards", "downloaded", "cached", "bytes", "left_out"}."""
-    from tqdm import tqdm
-
     rec, storage = open_remote(url, version, tag, cache_dir, cache_limit)
     cache = storage.cache
     specs = list(storage.specs.values())
@@ -379,8 +378,8 @@ def warm(url: str, cache_dir=None, cache_limit=None, version: int | None = None,
             counts["downloaded" if held.downloaded else "cached"] += 1
             counts["bytes"] += spec.nbytes if held.downloaded else 0
 
-    with ThreadPoolExecutor(CONNECTIONS) as ex, tqdm(total=len(todo), unit="shard", desc="warm",
-                                                     disable=not progress) as bar:
+    with ThreadPoolExecutor(CONNECTIONS) as ex, progress_bar(total=len(todo), unit="shard", desc="warm",
+                                                             disable=not progress) as bar:
         for fut in [ex.submit(one, s) for s in todo]:
             fut.result()
             bar.update(1)

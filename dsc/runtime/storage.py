@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptDatasetError
+from ..progress import progress_bar
 from ..formats import versions
 from ..store.local import Root
 from ..errors import DscError
@@ -88,9 +89,7 @@ class Storage(Arrays):
     def load_to_ram(self, shards, progress: bool = True) -> None:
         """Read ``shards`` (ShardSpecs) into process memory: no page-cache eviction or page faults during
         training, at the cost of the dataset's size in RAM per process."""
-        from tqdm import tqdm
-
-        with tqdm(total=sum(s.nbytes for s in shards), unit="B", unit_scale=True, desc="load to RAM",
+        with progress_bar(total=sum(s.nbytes for s in shards), unit="B", unit_scale=True, desc="load to RAM",
                   disable=not progress) as bar:
             for spec in shards:
                 self._maps[spec.path] = np.array(self.map(spec.path, spec.nbytes))

@@ -37,7 +37,23 @@ def _batch_op(op):
         one = len(params) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(op).parameters.values())
     except (TypeError, ValueError):
         one = False
-    return (lambda batch, gen: op(batch)) if one else op
+    call = (lambda batch, gen: op(batch)) if one else op
+    name = getattr(op, "__qualname__", None) or type(op).__name__
+
+    def run(batch, gen):
+        try:
+            out = call(batch, gen)
+        except AttributeError as e:
+            if getattr(e, "obj", None) is not batch:
+                raise
+            # (a per-image habit: `lambda b: b.float()` on the batch dict)
+            raise ConfigError(f"the transform {name} failed on the batch: {e}. A custom transform takes the batch "
+                              f"dict and returns it, e.g. lambda b: {{**b, 'image': b['image'].float()}}") from None
+        if not isinstance(out, dict):
+            raise ConfigError(f"the transform {name} returned a {type(out).__name__}; a custom transform returns the "
+                              f"batch dict it was given (with its keys changed as it likes)")
+        return out
+    return run
 
 
 def batch_generator(seed: int, epoch: int, batch_index: int, rank: int = 0) -> torch.Generator:

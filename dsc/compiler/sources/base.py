@@ -328,6 +328,7 @@ class Source:
     task: ClassVar[str] = ""  # what it usually makes (for the help): classification, detection, segmentation
     cli: ClassVar[bool] = True  # a `dsc compile <name>` command (False: Python only, e.g. in-memory datasets)
     local_only: ClassVar[bool] = False  # its data lives in this process: forked local workers only, no Dask
+    makes_masks: ClassVar[bool] = False  # it can give masks (Item.mask): its CLI command offers --mask-ignore
     rows_in_files: ClassVar[bool] = False  # records are rows of shared files (tables): a file's size says nothing
     update_free: ClassVar[tuple[str, ...]] = ()  # parameters an --update may change (a table version to read)
 

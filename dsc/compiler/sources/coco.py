@@ -217,6 +217,7 @@ class CocoSource(Source):
 
     Boxes follow every resize and EXIF rotation. With --masks semantic, the annotations' polygons and RLE
     are also rasterised into a class-id mask per image."""
+    makes_masks = True
 
     name = "coco"
     task = "detection"

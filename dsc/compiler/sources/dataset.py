@@ -26,6 +26,7 @@ def as_map_style(dataset):
 
 class DatasetSource(Source):
     """Any map-style Python dataset (or iterable) of (image, target) samples: dsc.compile(dataset, OUT)."""
+    makes_masks = True
 
     name = "dataset"
     cli = False  # a Python object: `dsc.compile(dataset, OUT)`, no CLI command

@@ -32,6 +32,7 @@ class SegFolderSource(Source):
 
     Image and mask are paired by relative path minus extension; a missing or mis-sized mask is a bad
     sample (--on-error)."""
+    makes_masks = True
 
     name = "segfolder"
     task = "segmentation"

@@ -184,6 +184,7 @@ class VocSource(Source):
     With --masks, the split of ImageSets/Segmentation and a class-id mask per image from
     SegmentationClass/ (palette indices; 255 = border, kept as the ignore index); a split none of whose
     images has an annotation XML compiles as a segmentation dataset (no boxes)."""
+    makes_masks = True
 
     name = "voc"
     task = "detection"

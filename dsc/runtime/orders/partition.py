@@ -22,6 +22,8 @@ def partition(order: np.ndarray, rank: int, world_size: int, tail: str = "pad") 
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
     n = len(order)
     per = part_size(n, world_size, tail)
-    if per * world_size > n:  # tail="pad": repeat the first samples
-        order = np.concatenate([order, np.resize(order, per * world_size - n)])
-    return order[rank * per:(rank + 1) * per]
+    start = rank * per
+    if start + per > n:  # tail="pad": the padded order repeats the order; only this rank's part is made (a
+        # world size far above the samples costs nothing: every rank gets one sample, as DistributedSampler's do)
+        return order[np.arange(start, start + per, dtype=np.int64) % n]
+    return order[start:start + per]
