@@ -43,7 +43,8 @@ _TORCH_DTYPES = {np.dtype(k): v for k, v in ((np.uint8, torch.uint8), (np.int8, 
                                              (np.int32, torch.int32), (np.int64, torch.int64),
                                              (np.float32, torch.float32), (np.float64, torch.float64),
                                              (np.bool_, torch.bool), (np.uint16, torch.uint16),
-                                             (np.uint32, torch.uint32))}
+                                             (np.uint32, torch.uint32), (np.float16, torch.float16),
+                                             (np.uint64, torch.uint64))}
 
 
 def torch_dtype(dtype) -> torch.dtype:
