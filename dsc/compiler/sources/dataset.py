@@ -125,7 +125,7 @@ class DatasetSource(Source):
         for name in [*first, *(k for k in declared if k not in first)]:
             try:
                 if name in declared:
-                    spec = declared_spec(declared[name])
+                    spec = {**declared_spec(declared[name]), "declared": True}
                 else:
                     spec = infer_spec(first[name])
             except ValueError as e:

@@ -51,7 +51,10 @@ __all__ = ["ArrayField", "BytesField", "FixedColumn", "JsonField", "NumberField"
 
 def value_field(name: str, spec: dict, declared: bool = False) -> ValueField:
     """The value field ``name`` of ``spec`` (``{"kind": ..., ...}``, from :func:`infer_spec` or
-    :func:`declared_spec`). Raises ValueError for a spec no kind takes."""
+    :func:`declared_spec`; ``"declared": True`` in it, or ``declared``: the user declared it, so a float value
+    is rounded to a narrower float dtype). Raises ValueError for a spec no kind takes."""
+    spec = dict(spec)
+    declared = bool(spec.pop("declared", False) or declared)
     cls = VALUE_KINDS.get(spec.get("kind"))
     if cls is None:
         raise ValueError(f"unknown field kind {spec.get('kind')!r} (one of {', '.join(VALUE_KINDS)})")

@@ -225,7 +225,9 @@ class ValueField(Field):
 
     # ------------------------------------------------------------------ transforms
     def roles(self) -> dict[str, Role]:
-        return {self.name: Role("sample")}
+        """``value``: gathered into the batch's slot and sent to the device, moved by no transform (``ragged``:
+        packed with ``<name>_offsets``; ``host``: a Python list that stays on the host)."""
+        return {self.name: Role("value")}
 
     def describe(self) -> str:
         return self.kind
@@ -275,8 +277,9 @@ class ValueReader(Reader):
 # ----------------------------------------------------------------------------- numeric checks
 def numeric(field: ValueField, value, at: str, dtype=None) -> np.ndarray:
     """``value`` as an array of the field's dtype, refused when the conversion would change it (a float in an
-    integer field, an integer out of range, a float64 that float16 cannot hold exactly) or when it is NaN
-    or infinite (the documented rule: a value field holds finite numbers only)."""
+    integer field, an integer out of range, a float64 that an inferred float16 field cannot hold exactly; a
+    *declared* float field rounds floats to its precision, as asked) or when it is NaN or infinite (the
+    documented rule: a value field holds finite numbers only)."""
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu().numpy()
     if isinstance(value, (str, bytes, dict)) or value is None:
@@ -296,7 +299,8 @@ def numeric(field: ValueField, value, at: str, dtype=None) -> np.ndarray:
     if arr.dtype != dtype:
         with np.errstate(all="ignore"):
             cast = arr.astype(dtype)
-        if arr.dtype.kind == "f" and dtype.kind != "f" or not np.array_equal(cast.astype(arr.dtype), arr) \
+        rounded = field.declared and arr.dtype.kind == dtype.kind == "f"  # a declared float32: rounding asked for
+        if arr.dtype.kind == "f" and dtype.kind != "f" or not (rounded or np.array_equal(cast.astype(arr.dtype), arr)) \
                 or (dtype.kind == "f" and not np.isfinite(cast).all()):
             shown = arr.reshape(-1)[0] if arr.size == 1 else f"{arr.dtype} values"
             raise field.fail(at, f"{shown} does not fit the field's {dtype} exactly (the field was "

@@ -1,0 +1,190 @@
+"""Value fields (numbers, arrays, ragged arrays, text, json, bytes): every target a Python dataset gives is
+stored as it was given, read back exactly by ds[i], batches, the Loader and zarr-python, and bad values are
+one-line errors naming the sample and the field."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import dsc
+from dsc.errors import ConfigError, SampleError, SourceError
+from dsc.runtime.batches import collate
+
+N = 10
+RNG = np.random.default_rng(31)
+IMAGES = [RNG.integers(0, 255, (12 + i % 3, 14, 3), np.uint8) for i in range(N)]
+EMB = RNG.standard_normal((N, 8)).astype(np.float16)
+
+
+def compile_targets(out, targets, **kw):
+    kw.setdefault("size", (8, 8))
+    dsc.compile(list(zip(IMAGES, targets)), out, workers=1, progress=False, **kw)
+    return dsc.open(out)
+
+
+def rich(i: int) -> dict:
+    return {"label": i % 3, "score": 0.1 * i + 0.05, "weight": np.float32(1 / (i + 1)), "caption": f"a cat nº{i} 🐈",
+            "tags": list(range(i % 4)), "emb": EMB[i], "meta": {"url": f"http://x/{i}", "n": [i, None]},
+            "blob": bytes([i, 0, 255]) * i, "flag": i % 2 == 0}
+
+
+def same(a, b) -> bool:
+    """Equal values and dtype, bytes for bytes."""
+    if isinstance(b, np.ndarray) or isinstance(b, np.generic):
+        a = a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        return a.dtype == b.dtype and a.shape == np.shape(b) and a.tobytes() == np.asarray(b).tobytes()
+    return type(a) is type(b) and a == b
+
+
+def test_regression_target_is_a_number_not_class_labels(out):
+    targets = [0.3 * i + 0.1 for i in range(N)]  # was truncated to class labels 0, 0, 0, 1...
+    ds = compile_targets(out, targets)
+    assert ds.manifest.task == "images" and ds.manifest.classes == ()
+    assert ds.manifest.fields == {"target": {"kind": "number", "dtype": "float64"}}
+    assert [ds[i]["target"].item() for i in range(N)] == targets  # bit-exact float64
+    batch = next(iter(dsc.Loader(ds, batch_size=N, order="sequential")))
+    assert batch["target"].dtype == torch.float64 and batch["target"].tolist() == targets
+    images, target = next(iter(dsc.Loader(ds, batch_size=4, format="torchvision")))
+    assert target.tolist() == targets[:4]
+
+
+def test_dict_target_every_kind_round_trips(out):
+    ds = compile_targets(out, [rich(i) for i in range(N)])
+    f = ds.manifest.fields
+    assert ds.manifest.task == "classification" and "label" not in f
+    assert {k: v["kind"] for k, v in f.items()} == {"score": "number", "weight": "number", "caption": "text",
+                                                   "tags": "ragged", "emb": "array", "meta": "json", "blob": "bytes",
+                                                   "flag": "number"}
+    assert (f["score"]["dtype"], f["weight"]["dtype"], f["tags"]["dtype"], f["emb"]["dtype"], f["emb"]["shape"],
+            f["flag"]["dtype"]) == ("float64", "float32", "int64", "float16", [8], "bool")
+    for i in range(N):
+        s, want = ds[i], rich(i)
+        assert s["label"] == want["label"]
+        assert s["score"].item() == want["score"] and same(s["weight"], np.asarray(want["weight"]))
+        assert same(s["emb"], EMB[i]) and same(s["tags"], np.asarray(want["tags"], np.int64))
+        assert s["caption"] == want["caption"] and s["blob"] == want["blob"] and s["meta"] == want["meta"]
+        assert s["flag"].item() is want["flag"]
+    # a Loader epoch: numbers and arrays gathered beside the pixels, ragged packed, text/json/bytes as lists
+    idx = [7, 2, 9, 0]
+    loader = dsc.Loader(ds, batch_size=4, order="random", seed=3, keys=("image", "emb", "tags", "tags_offsets",
+                                                                        "caption", "meta", "blob", "score", "index"))
+    seen = 0
+    for image, emb, tags, tags_off, caption, meta, blob, score, index in loader:
+        for k, i in enumerate(index.tolist()):
+            want = rich(i)
+            assert same(emb[k], EMB[i]) and score[k].item() == want["score"]
+            assert tags[tags_off[k]:tags_off[k + 1]].tolist() == want["tags"]
+            assert (caption[k], meta[k], blob[k]) == (want["caption"], want["meta"], want["blob"])
+            assert torch.equal(image[k], ds[i]["image"])
+            seen += 1
+    assert seen == N
+    # get_batch, the list form, DataLoader's __getitems__ + dsc.collate
+    b = ds.get_batch(idx, boxes="list")
+    assert [t.tolist() for t in b["tags"]] == [rich(i)["tags"] for i in idx] and "tags_offsets" not in b
+    samples = ds.__getitems__(idx)
+    assert [s["caption"] for s in samples] == [rich(i)["caption"] for i in idx]
+    assert [s["tags"].tolist() for s in samples] == [rich(i)["tags"] for i in idx]
+    assert collate(samples)["meta"] == [rich(i)["meta"] for i in idx]
+    images, targets = next(iter(dsc.Loader(ds, batch_size=3, format="torchvision")))
+    assert targets["label"].tolist() == [0, 1, 2] and targets["caption"] == [rich(i)["caption"] for i in range(3)]
+    assert [t.tolist() for t in targets["tags"]] == [rich(i)["tags"] for i in range(3)]
+
+
+def test_transforms_leave_fields_untouched(out):
+    from dsc import transforms as T
+
+    ds = compile_targets(out, [rich(i) for i in range(N)])
+    loader = dsc.Loader(ds, batch_size=N, transforms=[T.RandomHorizontalFlip(1.0)])
+    b = next(iter(loader))
+    order = b["index"].tolist()
+    assert torch.equal(b["emb"], torch.from_numpy(EMB[order]))
+    assert b["caption"] == [rich(i)["caption"] for i in order]
+
+
+def test_zarr_python_reads_the_fields(out):
+    zarr = pytest.importorskip("zarr")
+    compile_targets(out, [rich(i) for i in range(N)])
+    g = zarr.open_group(str(out), mode="r")
+    assert np.array_equal(g["emb"][:], EMB) and g["emb"].dtype == np.float16
+    assert g["score"][:].tolist() == [rich(i)["score"] for i in range(N)]
+    values, offsets = g["caption/values"][:], g["caption/offsets"][:]
+    assert [values[offsets[i]:offsets[i + 1]].tobytes().decode() for i in range(N)] == [rich(i)["caption"]
+                                                                                        for i in range(N)]
+    tv, to = g["tags/values"][:], g["tags/offsets"][:]
+    assert [tv[to[i]:to[i + 1]].tolist() for i in range(N)] == [rich(i)["tags"] for i in range(N)]
+    mv, mo = g["meta/values"][:], g["meta/offsets"][:]
+    assert json.loads(mv[mo[3]:mo[4]].tobytes()) == rich(3)["meta"]
+
+
+def test_multi_label_ids_and_multi_hot(out, tmp_path):
+    tags = [[1, 3], [0], [], [2, 1, 0], [1], [3], [0], [2], [1, 2], [3, 0]]
+    names = ["a", "b", "c", "d"]
+    ds = compile_targets(out, tags, classes=names)  # a bare list of ints: ragged ids named by the classes
+    assert ds.manifest.fields["target"] == {"kind": "ragged", "dtype": "int64", "shape": [], "classes": names}
+    assert [ds[i]["target"].tolist() for i in range(N)] == tags
+    ds = compile_targets(tmp_path / "hot", tags, classes=names, fields={"target": "multihot"})
+    assert ds.manifest.fields["target"]["shape"] == [4]
+    hot = ds.get_batch(range(N))["target"]
+    assert hot.dtype == torch.uint8 and [set(np.flatnonzero(r.numpy())) for r in hot] == [set(t) for t in tags]
+    with pytest.raises(SampleError, match=r"dataset\[1\].*'target'.*class id 7"):
+        compile_targets(tmp_path / "bad", [[0], [7]] + tags[2:], classes=names)
+
+
+def test_declared_fields(out):
+    targets = [{"score": 0.1 * i, "emb": EMB[i].astype(np.float64)} for i in range(N)]
+    ds = compile_targets(out, targets, fields={"score": "float32", "emb": ("float16", (8,))})
+    assert ds.manifest.fields["score"] == {"kind": "number", "dtype": "float32"}
+    assert [ds[i]["score"].item() for i in range(N)] == [float(np.float32(0.1 * i)) for i in range(N)]
+    assert all(same(ds[i]["emb"], EMB[i]) for i in range(N))
+    with pytest.raises(ConfigError, match="'emb'"):
+        compile_targets(out, targets, fields={"emb": "float16[x]"}, overwrite=True)
+
+
+def test_detection_target_keeps_boxes_and_stores_other_keys(out):
+    targets = [{"boxes": [[1, 1, 5, 6]], "labels": [i % 2], "caption": f"cap {i}", "iscrowd": [0]} for i in range(N)]
+    ds = compile_targets(out, targets)
+    assert ds.manifest.task == "detection" and set(ds.manifest.fields) == {"caption"}
+    assert ds[4]["caption"] == "cap 4" and ds[4]["boxes"].shape == (1, 4)
+    loader = dsc.Loader(ds, batch_size=5, format="torchvision")
+    _, targets_out = next(iter(loader))
+    assert [t["caption"] for t in targets_out] == [f"cap {i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"c": b"\xff\xfe"}, r"dataset\[4\]: field 'c': not valid UTF-8"),
+    ({"e": np.zeros(3, np.float16)}, r"dataset\[4\]: field 'e': an array of shape \(3,\)"),
+    ({"m": {"x": object()}}, r"dataset\[4\]: field 'm': the value does not serialise"),
+    ({"s": float("nan")}, r"dataset\[4\]: field 's': NaN"),
+    ({"i": 1.5}, r"dataset\[4\]: field 'i': 1.5 does not fit the field's int64"),
+    ({"c": 3}, r"dataset\[4\]: field 'c': expected text"),
+    ({"c": None}, r"dataset\[4\]: has no value for field 'c'"),
+    ({"z": 1}, r"dataset\[4\]: gives field 'z'"),
+])
+def test_bad_values_name_the_sample_and_the_field(out, bad, match):
+    good = {"c": "x", "e": np.zeros(2, np.float16), "m": {"a": 1}, "s": 1.0, "i": 2}
+    targets = [dict(good) for _ in range(N)]
+    targets[4] = {k: v for k, v in {**good, **bad}.items() if v is not None}
+    with pytest.raises(SampleError, match=match) as e:
+        compile_targets(out, targets)
+    assert "\n" not in str(e.value)
+    ds = compile_targets(out, targets, on_error="skip", overwrite=True)
+    assert len(ds) == N - 1 and [s["key"] for s in ds.manifest.skipped] == ["4"]
+
+
+def test_ragged_over_declared_maximum(out):
+    targets = [{"ids": list(range(i % 5))} for i in range(N)]
+    with pytest.raises(SampleError, match=r"dataset\[4\]: field 'ids': 4 rows, more than the declared maximum of 3"):
+        compile_targets(out, targets, fields={"ids": ("int64", (None,), 3)})
+
+
+def test_mismatch_with_the_first_sample(out):
+    targets = [{"label": 0, "emb": EMB[i]} for i in range(N)]
+    targets[6] = {"label": 0, "emb": EMB[6].astype(np.float32) + np.float32(1e-4)}
+    with pytest.raises(SampleError, match=r"dataset\[6\]: field 'emb': float32 values does not fit the field's "
+                                          r"float16 exactly \(the field was inferred from the first sample"):
+        compile_targets(out, targets)
+    with pytest.raises(SourceError, match="'label'"):
+        compile_targets(out, [{"label": 0.5}] * N, overwrite=True)
