@@ -291,6 +291,7 @@ class Param:
     cli: bool = True
     python: bool = True
     metavar: str | None = None
+    multiple: bool = False  # a CLI option given once per value (--column a --column b); a list in Python
 
     def __post_init__(self):
         if self.type not in PARAM_TYPES:
@@ -321,6 +322,12 @@ class Param:
         elif self.type == "choice":
             if value not in self.choices:
                 bad = "one of " + ", ".join(map(str, self.choices))
+        elif self.type == "csv" and self.multiple:
+            value = (value,) if isinstance(value, str) else value
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                bad = "a list of strings"
+            else:
+                value = tuple(value)
         elif self.type == "csv":
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
