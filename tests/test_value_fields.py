@@ -188,3 +188,126 @@ def test_mismatch_with_the_first_sample(out):
         compile_targets(out, targets)
     with pytest.raises(SourceError, match="'label'"):
         compile_targets(out, [{"label": 0.5}] * N, overwrite=True)
+
+
+# ----------------------------------------------------------------------------- tables, COCO captions, updates
+def _png(i: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    b = io.BytesIO()
+    Image.fromarray(IMAGES[i]).save(b, "PNG")
+    return b.getvalue()
+
+
+def _table(path, captions=None, hf=True):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    t = pa.table({"image": [_png(i) for i in range(N)], "label": [i % 2 for i in range(N)],
+                  "score": pa.array([0.25 * i for i in range(N)], pa.float32()),
+                  "caption": captions or [f"cap {i}" for i in range(N)],
+                  "emb": pa.array(EMB.astype(np.float32).tolist(), pa.list_(pa.float16(), 8)),
+                  "tags": [[0, 2][: i % 3] for i in range(N)], "meta": [{"a": i, "b": [1.5]} for i in range(N)],
+                  "raw": [bytes([i, 7]) for i in range(N)], "depth": [[[float(i)] * 3] * 2 for i in range(N)],
+                  "n16": pa.array(list(range(N)), pa.int16())})
+    if hf:
+        feats = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["x", "y"]},
+                 "tags": {"_type": "Sequence", "length": -1,
+                          "feature": {"_type": "ClassLabel", "names": ["p", "q", "r"]}},
+                 "depth": {"_type": "Array2D", "shape": [2, 3], "dtype": "float32"}}
+        t = t.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": feats}})})
+    pq.write_table(t, path)
+    return path
+
+
+COLUMNS = ("score", "caption", "emb", "tags", "meta", "raw", "depth", "n16:float64")
+
+
+def test_table_columns_any_kind(tmp_path, out):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    table = _table(tmp_path / "t.parquet")
+    args = ["compile", "table", str(table), str(out), "--size", "8x8", "--workers", "1"]
+    for c in COLUMNS:
+        args += ["--column", c]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    ds = dsc.open(out)
+    f = ds.manifest.fields
+    assert f["score"] == {"kind": "number", "dtype": "float32"} and f["caption"] == {"kind": "text"}
+    assert f["emb"] == {"kind": "array", "dtype": "float16", "shape": [8]}  # Arrow fixed-size list
+    assert f["tags"]["classes"] == ["p", "q", "r"]  # Sequence(ClassLabel): multi-label
+    assert f["depth"] == {"kind": "array", "dtype": "float32", "shape": [2, 3]}  # Array2D
+    assert f["n16"] == {"kind": "number", "dtype": "float64"} and f["raw"] == {"kind": "bytes"}
+    assert ds.classes == ["x", "y"]
+    b = ds.get_batch(range(N))
+    assert b["score"].tolist() == [0.25 * i for i in range(N)] and torch.equal(b["emb"], torch.from_numpy(EMB))
+    assert b["caption"] == [f"cap {i}" for i in range(N)] and b["raw"] == [bytes([i, 7]) for i in range(N)]
+    assert b["meta"] == [{"a": i, "b": [1.5]} for i in range(N)] and b["n16"].dtype == torch.float64
+    assert [t.tolist() for t in ds.get_batch(range(N), boxes="list")["tags"]] == [[0, 2][: i % 3] for i in range(N)]
+    assert ds[3]["depth"].tolist() == [[3.0] * 3] * 2
+    info = CliRunner().invoke(main, ["info", str(out)]).output
+    assert "emb       array float16 (8,)" in info and "multi-label ids over 3 classes int64" in info
+    assert "ok" in CliRunner().invoke(main, ["verify", str(out)]).output.lower()
+
+    # --update: a changed caption is a changed sample, its pixels kept
+    _table(table, captions=[f"cap {i}" if i != 4 else "a new caption" for i in range(N)])
+    r = CliRunner().invoke(main, args + ["--update"])
+    assert r.exit_code == 0, r.output
+    ds = dsc.open(out)
+    assert ds.version == 1 and ds.history()[-1]["relabelled"] == 1 and ds.history()[-1]["decoded"] == 0
+    assert ds[4]["caption"] == "a new caption" and ds[3]["caption"] == "cap 3"
+    assert dsc.open(out, version=0)[4]["caption"] == "cap 4"
+
+
+def test_table_bad_column(tmp_path, out):
+    table = _table(tmp_path / "t.parquet", hf=False)
+    with pytest.raises(SourceError, match="no column 'nope'"):
+        dsc.compile_table(table, out, columns=["nope"])
+    with pytest.raises(SourceError, match="--column 'score:floaty'"):
+        dsc.compile_table(table, out, columns=["score:floaty"])
+    with pytest.raises(SampleError, match="row 0: field 'n16': expected text"):
+        dsc.compile_table(table, out, columns=["n16:text"], workers=1)
+
+
+def test_coco_captions_beside_boxes(tmp_path, out):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(4, seed=2))
+    ids = [im["id"] for im in json.loads(ann.read_text())["images"]]
+    caps = {"annotations": [{"image_id": i, "id": k, "caption": f"image {i} caption {k}"}
+                            for k, i in enumerate(ids * 2) if k != 1]}
+    (tmp_path / "captions_train.json").write_text(json.dumps(caps))
+    dsc.compile_coco(ann, images, out, captions=tmp_path / "captions_train.json", size=(32, 32), workers=1)
+    ds = dsc.open(out)
+    assert ds.manifest.task == "detection" and ds.manifest.fields["captions"] == {"kind": "json"}
+    want = {i: [c["caption"] for c in caps["annotations"] if c["image_id"] == i] for i in ids}
+    assert [ds[k]["captions"] for k in range(4)] == [want[ds[k]["image_id"]] for k in range(4)]
+    assert len(ds[0]["boxes"]) > 0
+
+
+def test_value_parts_round_trip_the_resume_journal(out):
+    from dsc.formats.fields import value_field
+
+    for spec, value in [({"kind": "array", "dtype": "float16", "shape": [8]}, EMB[1]),
+                        ({"kind": "text"}, "é\0x"), ({"kind": "ragged", "dtype": "int32", "shape": [2]}, [[1, 2]])]:
+        f = value_field("v", spec)
+        p = f.part(out, 0, 4)
+        p.add(f.encode(value, "here"))
+        p.pad(1)
+        assert f.load_part(json.loads(json.dumps(p.to_json()))).rows == p.rows
+
+
+def test_a_python_dataset_resumes_with_its_fields(out):
+    from dsc.compiler import compile_dataset
+    from dsc.compiler.sources.dataset import DatasetSource
+
+    src = DatasetSource(dataset=list(zip(IMAGES, [rich(i) for i in range(N)])))
+    scanned = src.prepare()
+    compile_dataset(scanned, out, source=src, size=(8, 8), workers=1, shard_size=4, progress=False)
+    ds = dsc.open(out)
+    assert [ds[i]["caption"] for i in range(N)] == [rich(i)["caption"] for i in range(N)]
