@@ -311,3 +311,21 @@ def test_a_python_dataset_resumes_with_its_fields(out):
     compile_dataset(scanned, out, source=src, size=(8, 8), workers=1, shard_size=4, progress=False)
     ds = dsc.open(out)
     assert [ds[i]["caption"] for i in range(N)] == [rich(i)["caption"] for i in range(N)]
+
+
+def test_remote_dataset_carries_the_fields(tmp_path, monkeypatch, request):
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto.server")
+    from object_servers import use_server
+
+    server = request.getfixturevalue("s3_server")
+    use_server(server, monkeypatch)
+    server.bucket("dsc-fields")
+    url = "s3://dsc-fields/rich"
+    compile_targets(url, [rich(i) for i in range(N)], cache_dir=str(tmp_path / "stage"))
+    ds = dsc.open(url, cache_dir=tmp_path / "cache")
+    assert ds.remote and set(ds.manifest.fields) >= {"caption", "emb", "tags", "meta"}
+    b = next(iter(dsc.Loader(ds, batch_size=N)))
+    order = b["index"].tolist()
+    assert torch.equal(b["emb"], torch.from_numpy(EMB[order])) and b["caption"] == [rich(i)["caption"] for i in order]
+    assert ds[5]["meta"] == rich(5)["meta"]
