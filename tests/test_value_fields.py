@@ -329,3 +329,15 @@ def test_remote_dataset_carries_the_fields(tmp_path, monkeypatch, request):
     order = b["index"].tolist()
     assert torch.equal(b["emb"], torch.from_numpy(EMB[order])) and b["caption"] == [rich(i)["caption"] for i in order]
     assert ds[5]["meta"] == rich(5)["meta"]
+
+
+def test_large_columns_are_mapped_not_read(out, monkeypatch):
+    import dsc.formats.fields.columns as C
+
+    compile_targets(out, [rich(i) for i in range(N)])
+    monkeypatch.setattr(C, "MAP_AT_LEAST", 1)
+    ds = dsc.open(out)
+    emb = ds.readers["emb"].values
+    assert emb.base is not None and not emb.flags.owndata  # a view of the mapping, not a copy read at open
+    assert torch.equal(ds.get_batch(range(N))["emb"], torch.from_numpy(EMB))
+    assert [ds[i]["caption"] for i in range(N)] == [rich(i)["caption"] for i in range(N)]

@@ -25,7 +25,7 @@ import numpy as np
 from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
-from ..zarr_v3 import read_plain_array, write_group, write_plain_array
+from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
 from .base import Field, Part, Reader, Role
 from .objects import gather_rows
 from .pixels import valid_offsets
@@ -33,6 +33,27 @@ from .pixels import valid_offsets
 # the numeric dtypes a value field stores (little-endian, as every dsc array)
 VALUE_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                 "float16", "float32", "float64")
+
+
+MAP_AT_LEAST = 1 << 20  # a column this large is memory-mapped at open (read on use), a smaller one read whole
+
+
+def column_array(store, rel: str, shape: tuple) -> np.ndarray:
+    """A plain array of the dataset (``store``: the runtime's storage, or an update's base), mapped from its
+    file when it is large (an embedding column: opening reads none of it; a batch's gather copies its rows
+    from the page cache straight into the Loader's slot), else read whole."""
+    root = store.dir
+    meta = read_array_meta(root, rel)
+    dtype = np.dtype(str(meta.get("data_type"))) if meta.get("data_type") in VALUE_DTYPES else None
+    nbytes = int(np.prod(shape, dtype=np.int64)) * (dtype.itemsize if dtype is not None else 0)
+    if dtype is None or nbytes < MAP_AT_LEAST or tuple(meta["shape"]) != tuple(shape) or not hasattr(root, "map") \
+            or not hasattr(root, "size"):
+        return store.array(rel, shape)  # (and its checks, with their messages)
+    chunk = f"{rel}/{chunk_key(len(shape))}"
+    if root.size(chunk) != nbytes:
+        raise CorruptDatasetError(f"{store.root}/{chunk} has {root.size(chunk):,} bytes, {nbytes:,} expected; the "
+                                  f"dataset is damaged (dsc verify lists every problem)")
+    return root.map(chunk, nbytes, populate=False).view(dtype.newbyteorder("<")).reshape(shape)
 
 
 class FixedColumn:
@@ -51,7 +72,7 @@ class FixedColumn:
                           ["sample"] + [f"axis{k}" for k in range(len(self.shape))])
 
     def read(self, store, n: int) -> np.ndarray:
-        return store.array(self.node, (n, *self.shape))
+        return column_array(store, self.node, (n, *self.shape))
 
     def gather(self, col: np.ndarray, idx: np.ndarray, alloc, name: str) -> np.ndarray:
         return np.take(col, idx, axis=0, out=alloc(name, (len(idx), *self.shape), col.dtype))
@@ -88,7 +109,7 @@ class RaggedColumn:
     def read(self, store, n: int) -> tuple[np.ndarray, np.ndarray]:
         offsets = store.array(self.offsets_node, (n + 1,))
         M = int(offsets[-1]) if len(offsets) else 0
-        values = store.array(self.values_node, (M, *self.shape))
+        values = column_array(store, self.values_node, (M, *self.shape))
         if not valid_offsets(offsets, M):
             raise CorruptDatasetError(f"{store.root}/{self.offsets_node} is not a valid offsets index for {M} rows")
         return values, offsets
