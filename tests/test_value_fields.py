@@ -302,15 +302,27 @@ def test_value_parts_round_trip_the_resume_journal(out):
         assert f.load_part(json.loads(json.dumps(p.to_json()))).rows == p.rows
 
 
-def test_a_python_dataset_resumes_with_its_fields(out):
-    from dsc.compiler import compile_dataset
-    from dsc.compiler.sources.dataset import DatasetSource
+def test_resume_keeps_the_fields_of_finished_units(tmp_path):
+    """kill -9 once 2 of the 5 units are journaled: --resume keeps them (their value parts come back from the
+    journal) and the result is byte-identical to an uninterrupted compile."""
+    import signal
 
-    src = DatasetSource(dataset=list(zip(IMAGES, [rich(i) for i in range(N)])))
-    scanned = src.prepare()
-    compile_dataset(scanned, out, source=src, size=(8, 8), workers=1, shard_size=4, progress=False)
-    ds = dsc.open(out)
-    assert [ds[i]["caption"] for i in range(N)] == [rich(i)["caption"] for i in range(N)]
+    from click.testing import CliRunner
+
+    from conftest import journal_units, stopped_at_unit, tree_bytes
+    from dsc.cli import main
+
+    table = _table(tmp_path / "t.parquet")
+    argv = lambda out: ["compile", "table", str(table), str(out), "--size", "8x8", "--shard-size", "2",  # noqa: E731
+                        "--workers", "1", *[a for c in COLUMNS for a in ("--column", c)]]
+    assert CliRunner().invoke(main, argv(tmp_path / "ref")).exit_code == 0
+    r = stopped_at_unit(argv(tmp_path / "out"), 2, signal.SIGKILL)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert [len(journal_units(p)) for p in tmp_path.glob(".out*-tmp")] == [2]
+    res = CliRunner().invoke(main, argv(tmp_path / "out") + ["--resume"])
+    assert res.exit_code == 0 and "resumed: 2 finished shards" in res.output, res.output
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ref")
+    assert dsc.open(tmp_path / "out")[1]["caption"] == "cap 1"
 
 
 def test_remote_dataset_carries_the_fields(tmp_path, monkeypatch, request):
