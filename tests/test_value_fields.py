@@ -353,3 +353,22 @@ def test_large_columns_are_mapped_not_read(out, monkeypatch):
     assert emb.base is not None and not emb.flags.owndata  # a view of the mapping, not a copy read at open
     assert torch.equal(ds.get_batch(range(N))["emb"], torch.from_numpy(EMB))
     assert [ds[i]["caption"] for i in range(N)] == [rich(i)["caption"] for i in range(N)]
+
+
+def test_verify_checks_the_fields(out):
+    """A careful forger (new bytes recorded in the manifest) still fails verify's checks of each kind."""
+    from damage import read_node, write_node
+
+    from dsc.formats.verify import verify
+
+    compile_targets(out, [rich(i) for i in range(N)])
+    assert verify(out).ok
+    text = bytearray(read_node(out, "caption/values/c/0"))
+    text[0] = 0xFF  # not UTF-8 any more
+    write_node(out, "caption/values/c/0", bytes(text), record=True)
+    score = np.frombuffer(read_node(out, "score/c/0"), np.float64).copy()
+    score[2] = np.nan
+    write_node(out, "score/c/0", score.tobytes(), record=True)
+    problems = {p.file: p for p in verify(out).problems}
+    assert problems["caption/values"].samples == [0] and "UTF-8" in problems["caption/values"].what
+    assert problems["score"].samples == [2]
