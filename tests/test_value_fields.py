@@ -372,3 +372,17 @@ def test_verify_checks_the_fields(out):
     problems = {p.file: p for p in verify(out).problems}
     assert problems["caption/values"].samples == [0] and "UTF-8" in problems["caption/values"].what
     assert problems["score"].samples == [2]
+
+
+def test_delta_table_columns(tmp_path, out):
+    deltalake = pytest.importorskip("deltalake")
+    pa = pytest.importorskip("pyarrow")
+
+    rows = pa.table({"image": [_png(i) for i in range(N)], "label": [i % 2 for i in range(N)],
+                     "caption": [f"d{i}" for i in range(N)], "score": [0.5 * i for i in range(N)]})
+    deltalake.write_deltalake(str(tmp_path / "delta"), rows)
+    dsc.compile_delta(str(tmp_path / "delta"), out, columns=["caption", "score:float32"], size=(8, 8), workers=1)
+    ds = dsc.open(out)
+    assert ds.get_batch(range(N))["caption"] == [f"d{i}" for i in range(N)]
+    assert ds.manifest.fields["score"] == {"kind": "number", "dtype": "float32"}
+    assert ds.get_batch(range(N))["score"].tolist() == [0.5 * i for i in range(N)]

@@ -187,6 +187,12 @@ def image_bytes(value, at: str) -> bytes:
     raise SampleError(at, "the image cell holds no image bytes")
 
 
+COLUMNS = Param("columns", "A column stored as a field: NAME or NAME:KIND (KIND: a numpy dtype such as float32, "
+                           "text, json, bytes, DTYPE[SHAPE] for an array, DTYPE[] for ragged; omitted: from the "
+                           "Hugging Face features or the Arrow type). Repeat it for more columns.",
+                type="csv", flag="--column", multiple=True, metavar="NAME[:KIND]")
+
+
 class TableSource(Source):
     """A Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table].
 
@@ -202,10 +208,7 @@ class TableSource(Source):
         Param("no_label", "The table has no labels (images only).", type="flag", default=False, python=False),
         Param("key_column", "Column stored as each sample's key (default: file#row)."),
         Param("classes", "Comma-separated class names (default: the table's ClassLabel).", type="csv"),
-        Param("columns", "A column stored as a field: NAME or NAME:KIND (KIND: a numpy dtype such as float32, text, "
-                         "json, bytes, DTYPE[SHAPE] for an array, DTYPE[] for ragged; omitted: from the Hugging "
-                         "Face features or the Arrow type). Repeat it for more columns.",
-              type="csv", flag="--column", multiple=True, metavar="NAME[:KIND]"),
+        COLUMNS,
     )
 
     @classmethod
