@@ -34,7 +34,7 @@ from ..errors import ConfigError, DscError, SampleError, SourceError
 from ..formats import layout as L
 from ..formats import versions, view
 from ..store.local import Root, not_ours, open_folder, refuse_links
-from ..formats.fields import fields_of
+from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
@@ -356,6 +356,11 @@ def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) ->
         a, b = want["mask"].spec, have["mask"].spec
         if (a.dtype, a.ignore_index, a.classes) != (b.dtype, b.ignore_index, b.classes):
             raise ConfigError(f"{out}: the masks' classes, dtype or ignore index changed: that is a new compile")
+    for name, f in want.items():  # value fields: the same kind, dtype and shape (their rows are carried over)
+        spec = getattr(f, "spec", None)
+        if isinstance(spec, dict) and spec.get("kind") in VALUE_KINDS and spec != have[name].spec:
+            raise ConfigError(f"{out}: the field {name!r} was {have[name].describe()}, the source now gives "
+                              f"{f.describe()}: that is a new compile")
 
 
 def _recover(out: Path, say, view_too: bool = True) -> None:

@@ -65,14 +65,12 @@ class DatasetSource(Source):
         first, tries = None, []
         for i in range(min(n, FIRST_TRIES)):  # the first valid sample decides the task and the fields
             try:
-                first = self._item(Record(key=str(i), path="", row=i))
+                first, task = self._fetch(Record(key=str(i), path="", row=i))
                 break
             except SampleError as e:
                 tries.append(e)
         if first is None:
             raise tries[0]
-        task = ("segmentation" if first.mask is not None else "detection" if first.target is not None else
-                "classification" if first.label >= 0 else "images")
         samples = getattr(dataset, "samples", None)
         keys = [str(samples[i][0]) for i in range(n)] if isinstance(samples, list) and len(samples) == n else None
         records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
@@ -89,6 +87,10 @@ class DatasetSource(Source):
 
     def _item(self, r: Record) -> Item:
         """Item ``r.row`` of the dataset, checked against the task and classes of the first item."""
+        return self._fetch(r)[0]
+
+    def _fetch(self, r: Record) -> tuple[Item, str]:
+        """(the item, the task its target makes)."""
         at = where(r)
         try:
             sample = self.dataset[r.row]
@@ -100,7 +102,8 @@ class DatasetSource(Source):
         label, tgt, mask, values = _target(target, r, at)
         task, n = self._expect.get("task"), self._expect.get("num_classes")
         got = ("segmentation" if mask is not None else "detection" if tgt is not None else
-               "classification" if label >= 0 else "images")
+               "classification" if label is not None else "images")
+        label = -1 if label is None else label
         if task is not None and got != task:
             what = {"segmentation": "a mask", "detection": "a detection target (a dict with boxes)",
                     "classification": f"a class index ({label})",
@@ -113,7 +116,7 @@ class DatasetSource(Source):
                 bad = int(labels.min() if labels.min() < 0 else labels.max())
                 raise SampleError(at, f"label {bad} is not a class index "
                                       f"({f'0..{n - 1}' if n else 'labels are >= 0'})")
-        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask, fields=values)
+        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask, fields=values), got
 
     def _field_specs(self, first: dict, names: tuple) -> dict:
         """{name: spec} of the value fields: declared ones as declared, the others inferred from ``first``
@@ -194,7 +197,7 @@ def _class_index(value, where: str) -> int:
 
 
 def _target(target, r: Record, where: str):
-    """(label, Target or None, mask or None, {field: value}) of one item's target."""
+    """(class index or None, Target or None, mask or None, {field: value}) of one item's target."""
     if isinstance(target, dict):
         if any(not isinstance(k, str) for k in target):
             raise SampleError(where, "the target dict's keys are field names and must be str")
@@ -206,17 +209,17 @@ def _target(target, r: Record, where: str):
             values = {k: v for k, v in target.items() if k not in DETECTION_KEYS}
             return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where), None, values
         values = {k: v for k, v in target.items() if k != "label"}
-        label = _class_index(target["label"], where) if "label" in target else -1
+        label = _class_index(target["label"], where) if "label" in target else None
         return label, None, None, values
     if isinstance(target, (list, tuple)):
-        return -1, None, None, {"target": list(target)}
+        return None, None, None, {"target": list(target)}
     if isinstance(target, (float, np.floating, str, bytes)):
-        return -1, None, None, {"target": target}
+        return None, None, None, {"target": target}
     arr = _numpy(target)
     if isinstance(arr, np.ndarray) and arr.size == 1 and arr.dtype.kind in "fb":
-        return -1, None, None, {"target": arr.reshape(())}  # a float (or bool) tensor: a number, never a class
+        return None, None, None, {"target": arr.reshape(())}  # a float (or bool) tensor: a number, never a class
     if isinstance(arr, np.ndarray) and arr.ndim == 1 and arr.size != 1:
-        return -1, None, None, {"target": arr}  # a vector (multi-hot, regression outputs, an embedding)
+        return None, None, None, {"target": arr}  # a vector (multi-hot, regression outputs, an embedding)
     if _is_mask(target):
         mask = _numpy(target)
         if isinstance(mask, np.ndarray) and mask.ndim == 3:  # (1, H, W) as a ToTensor'd mask comes
@@ -232,7 +235,7 @@ def _target(target, r: Record, where: str):
         return int(np.asarray(arr).reshape(())), None, None, None
     try:
         infer_spec(target)
-        return -1, None, None, {"target": target}
+        return None, None, None, {"target": target}
     except ValueError:
         raise SampleError(where, f"the target ({type(target).__name__}) is neither a class index, a dict with boxes, "
                                  f"a mask, nor a value dsc stores (a number, an array, a list, str, bytes, a dict "
