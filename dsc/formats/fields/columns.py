@@ -278,8 +278,11 @@ class ValueReader(Reader):
 
     def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
         f = self.field
-        if f.roles()[self.name].kind == "host":
-            return {self.name: [f.decode(self.row(int(i))) for i in idx]}
+        if f.roles()[self.name].kind == "host":  # one gather of the batch's bytes, then one slice per sample
+            rows, off = gather_rows(self.offsets, idx)
+            blob = np.take(self.values, rows).tobytes()
+            o = off.tolist()
+            return {self.name: [f.decode(blob[o[k]:o[k + 1]]) for k in range(len(idx))]}
         if self.offsets is None:
             return {self.name: f.column.gather(self.values, idx, alloc, self.name)}
         values, off = f.column.gather(self.values, self.offsets, idx, alloc, self.name)
