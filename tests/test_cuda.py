@@ -248,7 +248,7 @@ def test_value_fields_go_to_the_device_with_the_pixels(tmp_path):
     for _ in range(2):
         for b in loader:
             assert b["emb"].is_cuda and b["score"].is_cuda and b["tags"].is_cuda and b["image"].is_cuda
-            assert isinstance(b["caption"], list) and isinstance(b["meta"], list)
+            assert isinstance(b["caption"], list) and isinstance(b["meta"], list) and type(b["meta"][0]) is dict
             idx = b["index"].tolist()
             assert torch.equal(b["emb"].cpu(), torch.from_numpy(emb[idx]))
             assert b["score"].cpu().tolist() == [0.5 * i for i in idx]

@@ -93,6 +93,14 @@ def test_dict_target_every_kind_round_trips(out):
     assert [t.tolist() for t in targets["tags"]] == [rich(i)["tags"] for i in range(3)]
 
 
+def test_host_fields_are_not_sent_to_the_device(out):
+    from dsc.runtime.prefetch import _to_device
+
+    ds = compile_targets(out, [rich(i) for i in range(N)])
+    b = _to_device(ds.get_batch([1, 2]), torch.device("cpu"))
+    assert [type(m) for m in b["meta"]] == [dict, dict] and b["meta"] == [rich(1)["meta"], rich(2)["meta"]]
+
+
 def test_transforms_leave_fields_untouched(out):
     from dsc import transforms as T
 
