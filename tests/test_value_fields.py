@@ -272,6 +272,17 @@ def test_table_columns_any_kind(tmp_path, out):
     assert dsc.open(out, version=0)[4]["caption"] == "cap 4"
 
 
+def test_table_multi_hot_column(tmp_path, out):
+    dsc.compile_table(_table(tmp_path / "t.parquet"), out, columns=["tags:multihot"], size=(8, 8), workers=1)
+    ds = dsc.open(out)
+    assert ds.manifest.fields["tags"] == {"kind": "array", "dtype": "uint8", "shape": [3], "multihot": True,
+                                          "classes": ["p", "q", "r"]}
+    assert ds.get_batch(range(N))["tags"].tolist() == [[1 if k in [0, 2][: i % 3] else 0 for k in range(3)]
+                                                       for i in range(N)]
+    with pytest.raises(SourceError, match="multihot needs the column's class names"):
+        dsc.compile_table(_table(tmp_path / "u.parquet", hf=False), tmp_path / "u", columns=["tags:multihot"])
+
+
 def test_table_bad_column(tmp_path, out):
     table = _table(tmp_path / "t.parquet", hf=False)
     with pytest.raises(SourceError, match="no column 'nope'"):

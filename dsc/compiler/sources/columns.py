@@ -125,6 +125,12 @@ def column_specs(columns, schema, path, taken) -> dict:
             raise SourceError(f"{path}: no column {name!r} for --column (columns: {', '.join(schema.names)})")
         if spec is None:
             spec = _hf_spec(feats.get(name)) or _arrow_spec(schema.field(name).type)
+        elif spec.get("multihot"):  # NAME:multihot: multi-label ids as a vector over the column's class names
+            names = (_hf_spec(feats.get(name)) or {}).get("classes")
+            if not names:
+                raise SourceError(f"--column {text}: multihot needs the column's class names (a Hugging Face "
+                                  f"Sequence(ClassLabel) feature); without them store the ids (--column {name})")
+            spec = {**spec, "shape": [len(names)], "classes": names}
         if spec["kind"] not in VALUE_KINDS:
             raise SourceError(f"--column {text}: kind {spec['kind']!r} is not a value field kind")
         specs[name] = spec
