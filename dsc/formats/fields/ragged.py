@@ -38,10 +38,11 @@ class RaggedField(ValueField):
 
     def encode(self, value, at: str) -> bytes:
         arr = numeric(self, value, at)
+        if arr.size == 0:
+            arr = arr.reshape(0, *self.shape)  # no rows (an empty list has no shape of its own)
         if arr.ndim == 0 or arr.shape[1:] != self.shape:
-            if not (arr.size == 0 and not self.shape):
-                raise self.fail(at, f"rows of shape {arr.shape[1:] if arr.ndim else ()}, the field's rows are "
-                                    f"{self.shape}")
+            raise self.fail(at, f"rows of shape {arr.shape[1:] if arr.ndim else ()}, the field's rows are "
+                                f"{self.shape}")
         if self.max_length is not None and len(arr) > self.max_length:
             raise self.fail(at, f"{len(arr)} rows, more than the declared maximum of {self.max_length}")
         if self.classes and arr.size:
@@ -53,9 +54,10 @@ class RaggedField(ValueField):
     def verify_values(self, got, m, problems: list, context: dict) -> None:
         values, offsets = got
         sample_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-        bad = np.zeros(len(values), bool) if values.dtype.kind != "f" else ~np.isfinite(values).reshape(len(values), -1).all(1)
+        rows = values.reshape(len(values), -1)
+        bad = np.zeros(len(values), bool) if values.dtype.kind != "f" else ~np.isfinite(rows).all(1)
         if self.classes:
-            bad |= ((values < 0) | (values >= len(self.classes))).reshape(len(values), -1).any(1)
+            bad |= ((rows < 0) | (rows >= len(self.classes))).any(1)
         if self.max_length is not None:
             long = np.flatnonzero(np.diff(offsets) > self.max_length)
             if len(long):

@@ -1,4 +1,5 @@
-"""The ``text`` field (and the layout ``json`` and ``bytes`` share): one variable-length byte string per sample, kept on the host.
+"""The ``text`` field (and the layout ``json`` and ``bytes`` share): one variable-length byte string per
+sample, kept on the host.
 
 Stored as ``<name>/values`` (B,) uint8 (every sample's bytes back to back) and ``<name>/offsets`` (N+1,)
 int64: sample i is ``values[offsets[i]:offsets[i+1]]``. ``text``: UTF-8 (a caption); ``json``: one JSON
