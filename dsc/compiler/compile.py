@@ -217,7 +217,7 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
         fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
                                                                                  m.wide),
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
-    taken = {f.name for f in fields} | set(scanned.attributes) | ({"mask"} if scanned.masks is not None else set())
+    taken = {f.name for f in fields} | set(scanned.attributes) | {"mask"}  # ("mask": ds.mask_classes reads that name)
     for name, spec in scanned.fields.items():  # value fields (numbers, arrays, ragged, text, json, bytes)
         problem = batch_name_problem(name, taken)
         if problem:
