@@ -277,6 +277,8 @@ def _param_decorator(p):
     if p.type == "flag":
         return click.option(p.option, p.name, is_flag=True, default=bool(p.default), help=p.help)
     kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
+    if getattr(p, "multiple", False):  # given once per value: --column a --column b
+        return click.option(p.option, p.name, type=kind, multiple=True, help=p.help, metavar=p.metavar)
     default = ",".join(p.default) if p.type == "csv" and p.default else p.default
     # (no default=None given: click 8.3+ takes an explicit None for a value, and a required option left out would
     # reach the source, whose message names the Python keyword instead of the flag)

@@ -232,3 +232,29 @@ def test_torchvision_form_per_box_masks_on_the_device(tmp_path):
             assert torch.equal(x["mask"], y["mask"].cpu())
             n += len(x["masks"])
     assert n
+
+
+def test_value_fields_go_to_the_device_with_the_pixels(tmp_path):
+    """Numbers, arrays and ragged fields arrive on the device with the pixels, from pinned slots; text, json and
+    bytes stay Python lists on the host; every value equals the dataset's over two epochs with slow copies."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    emb = rng.standard_normal((24, 16)).astype(np.float16)
+    data = [(rng.integers(0, 255, (20, 20, 3), np.uint8),
+             {"label": i % 3, "score": 0.5 * i, "emb": emb[i], "tags": list(range(i % 4)), "caption": f"c{i}",
+              "meta": {"i": i}}) for i in range(24)]
+    dsc.compile(data, tmp_path / "f", size=16, progress=False, workers=1)
+    ds = dsc.open(tmp_path / "f")
+    loader = dsc.Loader(ds, batch_size=5, order="random", device="cuda", prefetch=2)
+    for _ in range(2):
+        for b in loader:
+            assert b["emb"].is_cuda and b["score"].is_cuda and b["tags"].is_cuda and b["image"].is_cuda
+            assert isinstance(b["caption"], list) and isinstance(b["meta"], list) and type(b["meta"][0]) is dict
+            idx = b["index"].tolist()
+            assert torch.equal(b["emb"].cpu(), torch.from_numpy(emb[idx]))
+            assert b["score"].cpu().tolist() == [0.5 * i for i in idx]
+            off = b["tags_offsets"].cpu().tolist()
+            assert [b["tags"][off[k]:off[k + 1]].cpu().tolist() for k in range(len(idx))] == \
+                [list(range(i % 4)) for i in idx]
+            assert b["caption"] == [f"c{i}" for i in idx] and b["meta"] == [{"i": i} for i in idx]

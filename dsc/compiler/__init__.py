@@ -158,12 +158,16 @@ def compile_function(cls: type[Source]):
     return compile_fn
 
 
-def compile(source, out, classes=None, **options) -> CompileReport:  # noqa: A001 - dsc.compile
+def compile(source, out, classes=None, fields=None, **options) -> CompileReport:  # noqa: A001 - dsc.compile
     """Compile anything: an ImageFolder directory (str / path), or any map-style dataset or iterable of
-    ``(image, target)`` samples (see :mod:`dsc.compiler.sources.dataset`). Keywords: CompileOptions."""
+    ``(image, target)`` samples (see :mod:`dsc.compiler.sources.dataset`). ``fields``: value fields declared
+    instead of inferred, ``{"score": "float32", "emb": ("float16", (768,))}``. Keywords: CompileOptions."""
     if isinstance(source, (str, os.PathLike)):
+        if fields is not None:
+            raise ConfigError("fields= declares a Python dataset's value fields; a folder has none")
         return compile_function(get_source("imagefolder"))(source, out, **options)
-    return compile_source(DatasetSource(dataset=source, classes=classes), out, options_from("dataset", options))
+    return compile_source(DatasetSource(dataset=source, classes=classes, fields=fields), out,
+                          options_from("dataset", options))
 
 
 def __getattr__(name: str):

@@ -28,14 +28,15 @@ from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..progress import progress_bar
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
-from ..formats.fields import Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype
+from ..formats.fields import (Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype,
+                             value_field)
 from ..formats import versions, view
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource, Source, where
+from .sources.base import ScannedSource, Source, record_digest, where
 from .staging import Staging, check_output
 from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
 from ..formats.manifest import batch_name_problem
@@ -214,6 +215,15 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
         fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
                                                                                  m.wide),
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
+    taken = {f.name for f in fields} | set(scanned.attributes) | {"mask"}  # ("mask": ds.mask_classes reads that name)
+    for name, spec in scanned.fields.items():  # value fields (numbers, arrays, ragged, text, json, bytes)
+        problem = batch_name_problem(name, taken)
+        if problem:
+            raise SourceError(f"{scanned.root}: the field {name!r} {problem}; rename it")
+        try:
+            fields.append(value_field(name, spec))
+        except ValueError as e:
+            raise SourceError(f"{scanned.root}: field {name!r}: {e}") from None
     return tuple(fields)
 
 
@@ -328,7 +338,7 @@ class Rows:
         """The rows of freshly compiled samples (``kept``: their records' indices)."""
         cat = lambda name: np.concatenate([getattr(r, name) for r in results]) if results else None  # noqa: E731
         inputs = cat("inputs")
-        digests = np.asarray([records[i].target.digest() if records[i].target else 0 for i in kept],
+        digests = np.asarray([record_digest(records[i]) for i in kept],
                              np.int64).reshape(-1, 1)
         return cls([records[i].key for i in kept], cat("orig"), cat("affine"), cat("orientation"),
                    np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))

@@ -22,7 +22,7 @@ from ..errors import DscError, ResumeError, WriteError
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
-from .sources.base import ScannedSource, Source
+from .sources.base import ScannedSource, Source, record_digest
 from .units import UnitResult
 
 JOURNAL = ".journal"
@@ -47,8 +47,8 @@ def fingerprint(records, settings: dict) -> str:
     h.update(json.dumps(settings, sort_keys=True).encode())
     for r in records:
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
-        if r.target is not None:
-            h.update(r.target.digest().to_bytes(8, "little", signed=True))
+        if r.target is not None or r.fields:  # (value fields known at scan: a table's columns, COCO captions)
+            h.update(record_digest(r).to_bytes(8, "little", signed=True))
     return h.hexdigest()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DscError, SampleError, SourceError
-from ..formats.fields import Field, MaskField, Part
+from ..formats.fields import Field, MaskField, Part, ValueField
 from .boxes import boxes_in_display_frame, to_stored
 from .capture import captured
 from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
@@ -136,8 +136,27 @@ def place_objects(target, orientation: int, h: int, w: int, affine, out_h: int, 
     return target, stored, keep, frame
 
 
+def field_values(rec: Record, item: Item, value_fields) -> dict:
+    """Each value field's stored bytes for one sample (the record's values, then the fetched item's), checked
+    by its kind: a missing, extra or ill-fitting value is a SampleError naming the sample and the field."""
+    given = dict(rec.fields)
+    if item.fields:
+        given.update(item.fields)
+    out = {}
+    at = where(rec)
+    for f in value_fields:
+        if f.name not in given:
+            raise SampleError(at, f"has no value for field {f.name!r} (every sample gives the fields the first one "
+                                  f"gave)")
+        out[f.name] = f.encode(given.pop(f.name), at)
+    if given:
+        raise SampleError(at, f"gives field {next(iter(given))!r}, which the first sample did not; every sample "
+                              f"gives the same fields (declare it with fields= to store it)")
+    return out
+
+
 def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None,
-                   notes: list[str] | None = None):
+                   notes: list[str] | None = None, value_fields: tuple = ()):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
     Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint). What
     decoding its image and mask said (warnings, C libraries' stderr) is appended to ``notes``."""
@@ -171,6 +190,8 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
     plan = planner(h, w)
     affine = plan.affine(h, w)
     values = {"label": item.label}
+    if value_fields or item.fields:
+        values.update(field_values(rec, item, value_fields))
     if item.target is not None:
         values["objects"] = place_objects(item.target, orientation, h, w, affine, *plan.out)
     if mask_field is not None:
@@ -193,6 +214,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     o = task.options
     root = Path(task.root)
     mask_field = next((f for f in task.fields if isinstance(f, MaskField)), None)
+    value_fields = tuple(f for f in task.fields if isinstance(f, ValueField))
     parts: dict[str, Part] = {}
     kept, orig, affine, orient, errors, inputs, warnings = [], [], [], [], [], [], []
     try:
@@ -208,7 +230,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
         for j, rec in enumerate(task.records):
             notes: list[str] = []
             try:
-                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field, notes)
+                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field, notes, value_fields)
             except SampleError as e:
                 reason = f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason
                 if notes:  # what the decoders printed says why: it joins the reason

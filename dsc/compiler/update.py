@@ -34,13 +34,13 @@ from ..errors import ConfigError, DscError, SampleError, SourceError
 from ..formats import layout as L
 from ..formats import versions, view
 from ..store.local import Root, not_ours, open_folder, refuse_links
-from ..formats.fields import fields_of
+from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
-from .sources.base import ScannedSource, Source, duplicate_keys, where
+from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
 from .compile import Rows
@@ -181,10 +181,9 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
     segments_mask = masks and any(r.mask == "" for r in records)  # masks drawn from the annotations (COCO)
 
     def annotation_changed(rec, r: int) -> bool:
-        if labels is not None:
-            return int(labels[r]) != int(rec.label)
-        digest = rec.target.digest() if rec.target is not None else 0
-        return digest != int(fp[r, 4])
+        if labels is not None and int(labels[r]) != int(rec.label):
+            return True
+        return record_digest(rec) != int(fp[r, 4])  # boxes, and value fields (a changed caption or score)
 
     claimed: set[int] = set()
     need_content, pending = [], []  # records whose bytes decide, and (record, row or None) in input order
@@ -357,6 +356,11 @@ def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) ->
         a, b = want["mask"].spec, have["mask"].spec
         if (a.dtype, a.ignore_index, a.classes) != (b.dtype, b.ignore_index, b.classes):
             raise ConfigError(f"{out}: the masks' classes, dtype or ignore index changed: that is a new compile")
+    for name, f in want.items():  # value fields: the same kind, dtype and shape (their rows are carried over)
+        spec = getattr(f, "spec", None)
+        if isinstance(spec, dict) and spec.get("kind") in VALUE_KINDS and spec != have[name].spec:
+            raise ConfigError(f"{out}: the field {name!r} was {have[name].describe()}, the source now gives "
+                              f"{f.describe()}: that is a new compile")
 
 
 def _recover(out: Path, say, view_too: bool = True) -> None:
@@ -383,8 +387,8 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
     for i in plan.decode:
         r = scanned.records[i]
         h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
-        if r.target is not None:
-            h.update(r.target.digest().to_bytes(8, "little", signed=True))
+        if r.target is not None or r.fields:
+            h.update(record_digest(r).to_bytes(8, "little", signed=True))
     return h.hexdigest()
 
 
@@ -535,7 +539,10 @@ def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest)
             out_h, out_w = (int(v) for v in base.readers["image"].px.shapes[r, :2])
         parts["objects"].set_row(j, place_objects(rec.target, int(base.orientation[r]), h, w, base.affine[r],
                                                   out_h, out_w))
-    rows.fingerprint[j, 4] = rec.target.digest() if rec.target is not None else 0
+    for name, value in rec.fields:  # value fields (a table's columns) take the record's values
+        if name in parts:
+            parts[name].set_row(j, base.readers[name].field.encode(value, where(rec)))
+    rows.fingerprint[j, 4] = record_digest(rec)
 
 
 def _pad(parts: dict, rows, n: int) -> None:

@@ -36,7 +36,7 @@ EMPTY_ENTRY = 0xFFFF_FFFF_FFFF_FFFF  # index entry of an inner chunk that is not
 _DTYPES = {
     "uint8": "uint8", "int8": "int8", "uint16": "uint16", "int16": "int16",
     "uint32": "uint32", "int32": "int32", "uint64": "uint64", "int64": "int64",
-    "float32": "float32", "float64": "float64", "bool": "bool",
+    "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool",
 }
 
 

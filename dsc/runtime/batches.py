@@ -43,7 +43,8 @@ _TORCH_DTYPES = {np.dtype(k): v for k, v in ((np.uint8, torch.uint8), (np.int8, 
                                              (np.int32, torch.int32), (np.int64, torch.int64),
                                              (np.float32, torch.float32), (np.float64, torch.float64),
                                              (np.bool_, torch.bool), (np.uint16, torch.uint16),
-                                             (np.uint32, torch.uint32))}
+                                             (np.uint32, torch.uint32), (np.float16, torch.float16),
+                                             (np.uint64, torch.uint64))}
 
 
 def torch_dtype(dtype) -> torch.dtype:
@@ -96,8 +97,24 @@ def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) 
     return [{name: col[o[b]:o[b + 1]] for name, col in columns.items()} for b in range(len(o) - 1)]
 
 
+def ragged_list(batch: dict, name: str) -> list:
+    """A packed ragged key (``<name>`` rows + ``<name>_offsets``) as one view per sample."""
+    o = batch[f"{name}_offsets"].tolist()
+    return [batch[name][o[k]:o[k + 1]] for k in range(len(o) - 1)]
+
+
+def value_keys(schema: Schema) -> list[str]:
+    """The batch keys of value fields (numbers, arrays, ragged, text, json, bytes), in schema order."""
+    return [k for k, r in schema.items() if r.kind in ("value", "ragged", "host")]
+
+
 def box_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:
-    """Turn a batch's packed box rows into ``form`` (packed: unchanged)."""
+    """Turn a batch's packed box rows into ``form`` (packed: unchanged). The ``list`` form also turns each
+    ragged value field into a list of per-sample views."""
+    if form == "list":
+        for name in [k for k, r in schema.items() if r.kind == "ragged" and f"{k}_offsets" in batch]:
+            batch[name] = ragged_list(batch, name)
+            del batch[f"{name}_offsets"]
     if form == "packed" or "box_offsets" not in batch:
         return batch
     rows = [k for k in schema.box_rows() if k in batch]
@@ -219,8 +236,13 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     of the box's class inside the box (``mask_values``: each label's mask value; dsc stores class masks, not
     instances, so two overlapping boxes of one class share their pixels); segmentation, the masks: int64
     (B, H, W) (or a list of (H, W)), with the dataset's ignore index for pixels of no class; classification,
-    the labels (B,)."""
+    the labels (B,). Value fields (numbers, arrays, ragged, text, json, bytes) join each detection target dict
+    (sample k's value); otherwise the target is a dict ``{"label" or "mask": ..., field: batch value}`` (ragged
+    ones as lists of per-sample tensors), or, for a dataset whose only target is one field (a regression
+    ``target``, multi-hot, multi-label ids), that field's batch value itself."""
     images = _each(sample_pixels(batch, "image"), _chw_float)
+    values = {k: (ragged_list(batch, k) if f"{k}_offsets" in batch else batch[k]) for k in value_keys(schema)
+              if k in batch}
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
     mask = _each(sample_pixels(batch, masks[0]), lambda m: m.to(torch.int64)) if masks else None
     if "box_offsets" in batch:
@@ -232,14 +254,19 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            t.update({name: v[k] for name, v in values.items()})
             if mask is not None:
                 t["mask"] = mask[k]
                 if mask_values is not None:
                     t["masks"] = instance_masks(mask[k], t["boxes"], mask_values.to(t["labels"].device)[t["labels"]])
         return images, targets
     if mask is not None:
-        return images, mask
+        return images, mask if not values else {"mask": mask, **values}
     if "label" in batch:
-        return images, batch["label"]
+        return images, batch["label"] if not values else {"label": batch["label"], **values}
+    if len(values) == 1:  # a regression target, multi-hot or multi-label ids alone: the tensor (or list) itself
+        return images, next(iter(values.values()))
+    if values:
+        return images, values
     raise ConfigError(f"format='torchvision' needs boxes, a mask or labels in the batch, which has "
                       f"{', '.join(map(repr, batch))}")

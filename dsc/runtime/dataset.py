@@ -57,7 +57,8 @@ def not_a_dataset(obj, who: str, subset: bool = False) -> ConfigError:
 class Dataset(torch.utils.data.Dataset):
     """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification),
     ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
-    (detection), plus ``"mask": (H, W)`` when the dataset has masks. ``boxes`` picks the detection batch
+    (detection), plus ``"mask": (H, W)`` when the dataset has masks, and every value field under its name
+    (numbers, arrays, ragged rows, text, json, bytes: ``formats/fields/columns.py``). ``boxes`` picks the detection batch
     form (packed | padded | list) and ``images`` how ragged images batch (packed bytes + shapes, or padded
     to the batch's largest + true sizes)."""
 

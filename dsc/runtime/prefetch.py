@@ -209,7 +209,10 @@ def _to_device(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
-        return Batch({k: _to_device(v, device) for k, v in batch.items()}, schema=getattr(batch, "schema", None))
+        schema = getattr(batch, "schema", None) or {}
+        host = {k for k, r in schema.items() if r.kind == "host"}  # text, json, bytes: Python lists, left as they are
+        return Batch({k: v if k in host else _to_device(v, device) for k, v in batch.items()},
+                     schema=getattr(batch, "schema", None))
     if isinstance(batch, list):
         return [_to_device(v, device) for v in batch]
     return batch

@@ -128,6 +128,29 @@ class Record:
     target: Target | None = None
     row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
     mask: str = ""
+    fields: tuple = ()  # ((name, value), ...): the record's value fields known at scan (a table's columns)
+
+
+def record_digest(r: Record) -> int:
+    """The annotation of a record as one int64 (``--update`` compares it): its target's digest, and with value
+    fields, their values too (a changed caption or score is a changed sample). 0: nothing but pixels."""
+    digest = r.target.digest() if r.target is not None else 0
+    if not r.fields:
+        return digest
+    import hashlib
+    import json
+
+    h = hashlib.sha256(digest.to_bytes(8, "little", signed=True))
+    for name, value in r.fields:
+        h.update(name.encode() + b"\0")
+        v = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+        if isinstance(v, np.ndarray) or isinstance(v, np.generic):
+            h.update(f"{v.dtype}{v.shape}".encode() + np.ascontiguousarray(v).tobytes())
+        elif isinstance(v, (bytes, bytearray, memoryview)):
+            h.update(b"b" + bytes(v))
+        else:
+            h.update(json.dumps(v, sort_keys=True, default=repr).encode("utf-8", "backslashreplace"))
+    return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +181,7 @@ class ScannedSource:
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
     masks: MaskInfo | None = None
+    fields: dict = field(default_factory=dict)  # value fields every sample has: name -> spec (formats/fields/columns)
 
 
 @dataclass
@@ -171,6 +195,7 @@ class Item:
     target: Target | None
     decoded: bool = False
     mask: object = None
+    fields: dict | None = None  # value fields fetched with the sample (name -> value; the record's own come first)
 
 
 MAX_TEXT_BYTES = 1 << 30  # an annotation or list file; anything larger is not one
@@ -266,6 +291,7 @@ class Param:
     cli: bool = True
     python: bool = True
     metavar: str | None = None
+    multiple: bool = False  # a CLI option given once per value (--column a --column b); a list in Python
 
     def __post_init__(self):
         if self.type not in PARAM_TYPES:
@@ -296,6 +322,12 @@ class Param:
         elif self.type == "choice":
             if value not in self.choices:
                 bad = "one of " + ", ".join(map(str, self.choices))
+        elif self.type == "csv" and self.multiple:
+            value = (value,) if isinstance(value, str) else value
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                bad = "a list of strings"
+            else:
+                value = tuple(value)
         elif self.type == "csv":
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]

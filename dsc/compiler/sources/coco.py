@@ -231,7 +231,48 @@ class CocoSource(Source):
                        "(0 background, label + 1 per category, crowd = --mask-ignore).",
               type="choice", choices=("semantic",), default=None),
         ALLOW_OUTSIDE,
+        Param("captions", "A COCO captions JSON (captions_*.json): each image's captions stored beside its boxes, "
+                          "as the field 'captions' (a JSON list of str, in the file's order).", type="file"),
     )
 
     def scan(self) -> ScannedSource:
-        return scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks, self.allow_outside_images)
+        scanned = scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks,
+                            self.allow_outside_images)
+        return with_captions(scanned, Path(self.captions)) if self.captions else scanned
+
+
+def read_captions(path: Path) -> dict[int, list[str]]:
+    """{image id: [caption, ...]} of a COCO captions file (``annotations``: ``{"image_id", "caption"}``)."""
+    text = read_input(path, "captions file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SourceError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
+    anns = data.get("annotations") if isinstance(data, dict) else None
+    if not isinstance(anns, list):
+        raise SourceError(f"{path}: expected a JSON object with 'annotations' (is this a COCO captions file?)")
+    out: dict[int, list[str]] = {}
+    for k, a in enumerate(anns):
+        iid = _int(path, f"annotations[{k}]", a, "image_id")
+        cap = a.get("caption")
+        if not isinstance(cap, str):
+            raise SourceError(f"{path}: annotations[{k}] (image {iid}) has no text 'caption' (got {cap!r})")
+        out.setdefault(iid, []).append(cap)
+    return out
+
+
+def with_captions(scanned: ScannedSource, path: Path) -> ScannedSource:
+    """The records of a COCO scan with each image's captions as the value field ``captions`` (a JSON list;
+    an image the captions file does not name has an empty list)."""
+    from dataclasses import replace
+
+    caps = read_captions(path)
+    records = [replace(r, fields=(*r.fields, ("captions", caps.get(r.target.image_id, []))))
+               for r in scanned.records]
+    listed = {r.target.image_id for r in scanned.records}
+    missing = sum(1 for r in scanned.records if r.target.image_id not in caps)
+    warnings = (f"{missing} images have no caption in {path.name}",) if missing else ()
+    unknown = sum(1 for i in caps if i not in listed)
+    warnings += (f"{unknown} image ids of {path.name} are not images of the instances file",) if unknown else ()
+    return replace(scanned, records=records, fields={**scanned.fields, "captions": {"kind": "json"}},
+                   warnings=scanned.warnings + warnings, summary={**scanned.summary, "captions": str(path)})

@@ -4,6 +4,13 @@ target a class index (classification), a dict with ``boxes`` (k, 4) xyxy pixels 
 (detection), or a mask of class ids (a PIL image or a 2-D integer array / tensor: segmentation, as
 torchvision's VOCSegmentation gives). An iterable without ``__getitem__`` is read into a list first.
 
+Any other target is stored as value fields (``formats/fields/columns.py``), never changed or dropped: a
+dict of named values (``{"label": 3, "score": 0.7, "caption": "...", "tags": [1, 5], "emb": ndarray}``; the
+key ``label`` stays the class index, a dict with ``boxes`` stays detection and its other keys become
+fields), a bare float (a number field ``target``), a bare list of ints (ragged ids ``target``, multi-label,
+named by the classes), or any other value (``target``). Kinds are inferred from the first valid sample and
+checked on every later one, or declared with ``fields={"score": "float32", "emb": ("float16", (768,))}``.
+
 Items are fetched in the worker processes: the source (which holds the dataset) is inherited when they
 fork, so the dataset is never pickled. Class names come from ``classes`` or ``dataset.classes``; keys
 from ``dataset.samples[i][0]`` (torchvision's folder datasets) or the index.
@@ -12,8 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import SampleError, SourceError
+from ...errors import ConfigError, SampleError, SourceError
+from ...formats.fields import declared_spec, infer_spec
 from .base import Item, MaskInfo, Param, Record, ScannedSource, Source, Target, where
+
+# keys of a detection target that are the objects' (or torchvision's per-box extras, ignored as before), not fields
+DETECTION_KEYS = ("boxes", "labels", "image_id", "area", "iscrowd", "masks", "keypoints")
+FIRST_TRIES = 64  # the kinds come from the first sample that can be read, among the first this many
 
 
 def as_map_style(dataset):
@@ -35,6 +47,9 @@ class DatasetSource(Source):
         Param("dataset", "The dataset: map-style (len + getitem) or an iterable of (image, target).",
               type="object", required=True),
         Param("classes", "Class names (default: dataset.classes).", type="csv"),
+        Param("fields", "Value fields declared instead of inferred: {name: kind}, a kind a dtype name "
+                        "('float32'), 'text', 'json', 'bytes', 'multihot', 'DTYPE[SHAPE]' or (dtype, shape).",
+              type="object"),
     )
 
     def __init__(self, **kwargs):
@@ -48,24 +63,35 @@ class DatasetSource(Source):
         n = len(dataset)
         if n == 0:
             raise SourceError("the dataset is empty")
-        first = self._item(Record(key="0", path="", row=0))
-        task = ("segmentation" if first.mask is not None else
-                "detection" if first.target is not None else "classification")
+        first, tries = None, []
+        for i in range(min(n, FIRST_TRIES)):  # the first valid sample decides the task and the fields
+            try:
+                first, task = self._fetch(Record(key=str(i), path="", row=i))
+                break
+            except SampleError as e:
+                tries.append(e)
+        if first is None:
+            raise tries[0]
         samples = getattr(dataset, "samples", None)
         keys = [str(samples[i][0]) for i in range(n)] if isinstance(samples, list) and len(samples) == n else None
         records = [Record(key=keys[i] if keys else str(i), path="", row=i) for i in range(n)]
         names = tuple(str(c) for c in (self.classes or getattr(dataset, "classes", None) or ()))
         self._expect = {"task": task, "num_classes": len(names) or None}
+        fields = self._field_specs(first.fields or {}, names)
         wide = task == "segmentation" and (np.asarray(first.mask).dtype.itemsize > 1 and np.asarray(first.mask).max() > 255)
         return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records, classes=names,
                              masks=MaskInfo(classes=names, wide=bool(wide)) if task == "segmentation" else None,
-                             summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
+                             fields=fields, summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
 
     def fetcher(self, records: list[Record]):
         return self._item
 
     def _item(self, r: Record) -> Item:
         """Item ``r.row`` of the dataset, checked against the task and classes of the first item."""
+        return self._fetch(r)[0]
+
+    def _fetch(self, r: Record) -> tuple[Item, str]:
+        """(the item, the task its target makes)."""
         at = where(r)
         try:
             sample = self.dataset[r.row]
@@ -74,24 +100,54 @@ class DatasetSource(Source):
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
             raise SampleError(at, "expected (image, target) from the dataset")
         image, target = sample
-        label, tgt, mask = _target(target, r, at)
+        label, tgt, mask, values = _target(target, r, at)
         task, n = self._expect.get("task"), self._expect.get("num_classes")
-        got = "segmentation" if mask is not None else "detection" if tgt is not None else "classification"
+        got = ("segmentation" if mask is not None else "detection" if tgt is not None else
+               "classification" if label is not None else "images")
+        label = -1 if label is None else label
         if task is not None and got != task:
-            what = {"segmentation": "a mask", "detection": "a detection target (a dict)",
-                    "classification": f"a class index ({label})"}[got]
+            what = {"segmentation": "a mask", "detection": "a detection target (a dict with boxes)",
+                    "classification": f"a class index ({label})",
+                    "images": "no class index (a target of value fields)"}[got]
             raise SampleError(at, f"returned {what} in a {task} dataset; every item must have the same kind of "
                                   f"target")
-        if task is not None and mask is None:
+        if task is not None and mask is None and task != "images":
             labels = np.atleast_1d(tgt.labels if tgt is not None else label)
             if len(labels) and (labels.min() < 0 or (n and labels.max() >= n)):
                 bad = int(labels.min() if labels.min() < 0 else labels.max())
                 raise SampleError(at, f"label {bad} is not a class index "
                                       f"({f'0..{n - 1}' if n else 'labels are >= 0'})")
-        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask)
+        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask, fields=values), got
+
+    def _field_specs(self, first: dict, names: tuple) -> dict:
+        """{name: spec} of the value fields: declared ones as declared, the others inferred from ``first``
+        (the first valid sample's values); a bare list-of-ints target (multi-label) is named by the classes."""
+        declared = self.fields or {}
+        if not isinstance(declared, dict):
+            raise ConfigError(f"fields must be a dict {{name: kind}}, got {type(declared).__name__}")
+        specs = {}
+        for name in [*first, *(k for k in declared if k not in first)]:
+            try:
+                if name in declared:
+                    spec = {**declared_spec(declared[name]), "declared": True}
+                else:
+                    spec = infer_spec(first[name])
+            except ValueError as e:
+                raise (ConfigError(f"fields[{name!r}]: {e}") if name in declared else
+                       SourceError(f"dataset[0]: field {name!r} holds {e}")) from None
+            if spec.get("multihot"):
+                if not names:
+                    raise ConfigError(f"fields[{name!r}]: 'multihot' needs the class names (classes= or "
+                                      f"dataset.classes)")
+                spec = {**spec, "shape": [len(names)], "classes": list(names)}
+            elif name == "target" and spec["kind"] == "ragged" and names and spec["dtype"].startswith(("int", "uint")):
+                spec = {**spec, "classes": list(names)}
+            specs[name] = spec
+        return specs
 
     def config(self) -> dict:
-        return {"classes": list(self.classes) if self.classes else None}
+        return {"classes": list(self.classes) if self.classes else None,
+                "fields": {k: str(v) for k, v in (self.fields or {}).items()} or None}
 
 
 def to_pil(image, where: str):
@@ -129,30 +185,62 @@ def _is_mask(target) -> bool:
     return isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.dtype.kind in "uib" and arr.size > 1
 
 
+def _class_index(value, where: str) -> int:
+    arr = _numpy(value)
+    if isinstance(arr, (bool, np.bool_)) or (isinstance(arr, np.ndarray) and arr.size != 1):
+        raise SampleError(where, f"the key 'label' is the class index, and holds {value!r}; name other values "
+                                 f"otherwise")
+    arr = np.asarray(arr)
+    if arr.dtype.kind not in "iu":
+        raise SampleError(where, f"the key 'label' is the class index, and holds a {arr.dtype} value ({value!r}); "
+                                 f"name a regression target otherwise (e.g. 'target')")
+    return int(arr.reshape(()))
+
+
 def _target(target, r: Record, where: str):
-    """(label, Target or None, mask or None) of one item's target."""
+    """(class index or None, Target or None, mask or None, {field: value}) of one item's target."""
     if isinstance(target, dict):
-        boxes = np.asarray(_numpy(target.get("boxes", np.zeros((0, 4)))), np.float64).reshape(-1, 4)
-        labels = np.asarray(_numpy(target.get("labels", np.zeros(0))), np.int64).reshape(-1)
-        if len(labels) != len(boxes):
-            raise SampleError(where, f"{len(boxes)} boxes but {len(labels)} labels")
-        return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where), None
+        if any(not isinstance(k, str) for k in target):
+            raise SampleError(where, "the target dict's keys are field names and must be str")
+        if "boxes" in target:
+            boxes = np.asarray(_numpy(target.get("boxes", np.zeros((0, 4)))), np.float64).reshape(-1, 4)
+            labels = np.asarray(_numpy(target.get("labels", np.zeros(0))), np.int64).reshape(-1)
+            if len(labels) != len(boxes):
+                raise SampleError(where, f"{len(boxes)} boxes but {len(labels)} labels")
+            values = {k: v for k, v in target.items() if k not in DETECTION_KEYS}
+            return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where), None, values
+        values = {k: v for k, v in target.items() if k != "label"}
+        label = _class_index(target["label"], where) if "label" in target else None
+        return label, None, None, values
+    if isinstance(target, (list, tuple)):
+        return None, None, None, {"target": list(target)}
+    if isinstance(target, (float, np.floating, str, bytes)):
+        return None, None, None, {"target": target}
+    arr = _numpy(target)
+    if isinstance(arr, np.ndarray) and arr.size == 1 and arr.dtype.kind in "fb":
+        return None, None, None, {"target": arr.reshape(())}  # a float (or bool) tensor: a number, never a class
+    if isinstance(arr, np.ndarray) and arr.ndim == 1 and arr.size != 1:
+        return None, None, None, {"target": arr}  # a vector (multi-hot, regression outputs, an embedding)
     if _is_mask(target):
         mask = _numpy(target)
         if isinstance(mask, np.ndarray) and mask.ndim == 3:  # (1, H, W) as a ToTensor'd mask comes
             if mask.shape[0] != 1:
                 raise SampleError(where, f"a mask must be (H, W) class ids, got shape {mask.shape}")
             mask = mask[0]
-        return -1, None, mask
-    arr = _numpy(target)
+        return -1, None, mask, None
     if isinstance(arr, np.ndarray) and arr.size > 1:
         raise SampleError(where, f"the target is a {arr.dtype} array of shape {arr.shape}: a mask must be a PIL image "
                                  f"or a 2-D integer array of class ids")
+    if isinstance(arr, np.ndarray) and arr.dtype.kind in "iu" or isinstance(arr, (int, np.integer)) \
+            and not isinstance(arr, bool):
+        return int(np.asarray(arr).reshape(())), None, None, None
     try:
-        return int(arr), None, None
-    except (TypeError, ValueError):
+        infer_spec(target)
+        return None, None, None, {"target": target}
+    except ValueError:
         raise SampleError(where, f"the target ({type(target).__name__}) is neither a class index, a dict with boxes, "
-                                 f"nor a mask") from None
+                                 f"a mask, nor a value dsc stores (a number, an array, a list, str, bytes, a dict "
+                                 f"of named values)") from None
 
 
 def _numpy(x):

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from ...errors import SourceError
 from .base import Param, ScannedSource
-from .table import TableSource, scan_table_files
+from .table import COLUMNS, TableSource, scan_table_files
 from ...errors import ConfigError
 
 
@@ -115,6 +115,7 @@ class DeltaSource(TableSource):
                             "--update's matching exact across table rewrites."),
         Param("classes", "Comma-separated class names (default: the label values).", type="csv"),
         Param("version", "The table version to compile (default: the latest).", type="int"),
+        COLUMNS,
     )
 
     def scan(self) -> ScannedSource:
@@ -126,7 +127,7 @@ class DeltaSource(TableSource):
         if not files:
             raise SourceError(f"{self.uri}: table version {dt.version()} has no data files")
         scanned = scan_table_files(files, "delta", local_path(self.uri), self.image_column, self.label_column,
-                                   self.key_column, self.classes, constants,
+                                   self.key_column, self.classes, constants, columns=self.columns or (),
                                    summary={"uri": local_path(self.uri), "table_version": dt.version(),
                                             "deleted_rows": sum(map(len, dropped.values()))})
         if dropped:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...errors import SampleError, SourceError
 from .base import Item, Param, Record, ScannedSource, Source, where
+from .columns import column_specs, column_values
 
 
 def table_files(path: str | Path) -> list[Path]:
@@ -62,23 +63,26 @@ def _read_meta_columns(path: Path, columns: list[str]):
 
 
 def scan_table(path: str | os.PathLike, image_column: str = "image", label_column: str | None = "label",
-               key_column: str | None = None, classes: list[str] | None = None) -> ScannedSource:
+               key_column: str | None = None, classes: list[str] | None = None, columns=()) -> ScannedSource:
     _pyarrow()
     path = os.path.abspath(path)
-    return scan_table_files(table_files(path), "table", path, image_column, label_column, key_column, classes)
+    return scan_table_files(table_files(path), "table", path, image_column, label_column, key_column, classes,
+                            columns=columns)
 
 
 def scan_table_files(files: list[Path], kind: str, root: str, image_column: str, label_column: str | None,
                      key_column: str | None, classes, constants: dict | None = None,
-                     summary: dict | None = None) -> ScannedSource:
+                     summary: dict | None = None, columns=()) -> ScannedSource:
     """The records of a table made of ``files`` (in this order). ``constants``: per file, columns whose value
-    is the same for all its rows and not stored in it (a Delta table's partition columns)."""
-    records, names = [], None
+    is the same for all its rows and not stored in it (a Delta table's partition columns). ``columns``:
+    ``NAME[:KIND]`` of the columns stored as value fields (``columns.py``)."""
+    records, names, specs = [], None, None
     base = Path(root) if Path(root).is_dir() else None
     for f in files:
         name = f.relative_to(base).as_posix() if base is not None and f.is_relative_to(base) else f.name
         fixed = (constants or {}).get(str(f), {})
-        wanted = [c for c in (label_column, key_column) if c and c not in fixed]
+        value_names = [str(c).partition(":")[0].strip() for c in columns or ()]
+        wanted = [c for c in (label_column, key_column, *value_names) if c and c not in fixed]
         try:
             schema, table, num_rows = _read_meta_columns(f, wanted)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -96,12 +100,19 @@ def scan_table_files(files: list[Path], kind: str, root: str, image_column: str,
         names = names or (_hf_class_names(schema, label_column) if label_column else None)
         labels = column(label_column) if label_column else [-1] * num_rows
         keys = column(key_column) if key_column else None
+        spec = column_specs(columns, schema, f, {image_column, label_column, key_column}) if columns else {}
+        if specs is not None and spec != specs:
+            raise SourceError(f"{f}: its --column types differ from the first file's ({spec} vs {specs})")
+        specs = spec
+        values = [list(zip(spec, row)) for row in zip(*(column_values(table, n, spec[n]) for n in spec))] \
+            if spec else None
         for row in range(num_rows):
             label = labels[row]
             if label is None or not isinstance(label, int) or isinstance(label, bool):
                 raise SourceError(f"{f} row {row}: label {label!r} is not an integer class index")
             key = str(keys[row]) if keys and keys[row] not in (None, "") else f"{name}#{row}"
-            records.append(Record(key=key, path=str(f), label=label, row=row))
+            records.append(Record(key=key, path=str(f), label=label, row=row,
+                                  fields=tuple(values[row]) if values else ()))
     if not records:
         raise SourceError(f"{root}: the table has no rows")
     if classes:
@@ -114,7 +125,7 @@ def scan_table_files(files: list[Path], kind: str, root: str, image_column: str,
                           if bad.label >= 0 else f"{bad.path} row {bad.row}: label {bad.label} is negative; "
                           f"labels are class indices 0..C-1")
     return ScannedSource(kind=kind, root=str(root), task="classification" if label_column else "images",
-                         records=records, classes=names or (),
+                         records=records, classes=names or (), fields=specs or {},
                          summary={"kind": kind, "root": str(root), "files": len(files), "rows": len(records),
                                   "image_column": image_column, "label_column": label_column, **(summary or {})})
 
@@ -176,6 +187,12 @@ def image_bytes(value, at: str) -> bytes:
     raise SampleError(at, "the image cell holds no image bytes")
 
 
+COLUMNS = Param("columns", "A column stored as a field: NAME or NAME:KIND (KIND: a numpy dtype such as float32, "
+                           "text, json, bytes, DTYPE[SHAPE] for an array, DTYPE[] for ragged; omitted: from the "
+                           "Hugging Face features or the Arrow type). Repeat it for more columns.",
+                type="csv", flag="--column", multiple=True, metavar="NAME[:KIND]")
+
+
 class TableSource(Source):
     """A Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table].
 
@@ -191,6 +208,7 @@ class TableSource(Source):
         Param("no_label", "The table has no labels (images only).", type="flag", default=False, python=False),
         Param("key_column", "Column stored as each sample's key (default: file#row)."),
         Param("classes", "Comma-separated class names (default: the table's ClassLabel).", type="csv"),
+        COLUMNS,
     )
 
     @classmethod
@@ -198,7 +216,8 @@ class TableSource(Source):
         return cls(**{**kwargs, "label_column": None if no_label else kwargs.get("label_column")})
 
     def scan(self) -> ScannedSource:
-        return scan_table(self.path, self.image_column, self.label_column, self.key_column, self.classes)
+        return scan_table(self.path, self.image_column, self.label_column, self.key_column, self.classes,
+                          self.columns or ())
 
     def fetcher(self, records: list[Record]):
         """Reads the unit's rows, only the row groups / record batches that hold them, in one go."""

@@ -12,8 +12,19 @@ from .label import LabelField
 from .mask import MaskField, MaskSpec, mask_dtype
 from .objects import ObjectsField
 from .pixels import Pixels, valid_offsets
+from .columns import FixedColumn, RaggedColumn, ValueField, declared_spec, infer_spec
+from .number import NumberField
+from .array import ArrayField
+from .ragged import RaggedField
+from .text import TextField
+from .jsonvalue import JsonField
+from .rawbytes import BytesField
 
 FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField)}
+# value kinds (numbers, arrays, ragged arrays, text, json, bytes: columns.py), any source's named values
+VALUE_KINDS: dict[str, type[ValueField]] = {cls.kind: cls for cls in (NumberField, ArrayField, RaggedField, TextField,
+                                                                       JsonField, BytesField)}
+FIELD_KINDS.update(VALUE_KINDS)
 # kinds that live under manifest["fields"]; each validates its entry with ``check(name, entry, manifest)``
 EXTRA_KINDS = tuple(k for k, cls in FIELD_KINDS.items() if cls.in_fields)
 
@@ -31,6 +42,25 @@ def schema_of(fields: list[Field]) -> Schema:
     return schema
 
 
-__all__ = ["Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "LabelField", "MaskField", "MaskSpec",
+__all__ = ["ArrayField", "BytesField", "FixedColumn", "JsonField", "NumberField", "RaggedColumn", "RaggedField",
+           "TextField", "VALUE_KINDS", "ValueField", "declared_spec", "infer_spec", "value_field",
+           "Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "LabelField", "MaskField", "MaskSpec",
            "ObjectsField", "Part", "Pixels", "PixelsPart", "Reader", "Role", "Schema", "fields_of", "mask_dtype",
            "schema_of", "valid_offsets"]
+
+
+def value_field(name: str, spec: dict, declared: bool = False) -> ValueField:
+    """The value field ``name`` of ``spec`` (``{"kind": ..., ...}``, from :func:`infer_spec` or
+    :func:`declared_spec`; ``"declared": True`` in it, or ``declared``: the user declared it, so a float value
+    is rounded to a narrower float dtype). Raises ValueError for a spec no kind takes."""
+    spec = dict(spec)
+    declared = bool(spec.pop("declared", False) or declared)
+    cls = VALUE_KINDS.get(spec.get("kind"))
+    if cls is None:
+        raise ValueError(f"unknown field kind {spec.get('kind')!r} (one of {', '.join(VALUE_KINDS)})")
+    try:
+        field = cls(name, spec)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    field.declared = declared
+    return field

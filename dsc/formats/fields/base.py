@@ -30,7 +30,9 @@ class Role:
     ``pixels``: an image-like (B, H, W[, C]) key, resampled (``resample`` = bilinear | nearest) with
     ``fill`` outside the image (None: the op's own fill, e.g. Letterbox's); ``boxes``: (M, 4) xyxy boxes
     packed by ``box_offsets``; ``box_rows``: another per-box column (filtered with the boxes);
-    ``sample``: a per-sample value no geometric op changes. ``tail``: a pixels key's trailing axes (its
+    ``sample``: a per-sample value no geometric op changes; ``value``, ``ragged``, ``host``: a value field's
+    (``columns.py``): gathered to the device, packed with ``<key>_offsets``, kept on the host as a list; no
+    op moves them. ``tail``: a pixels key's trailing axes (its
     channels), which an empty ragged batch cannot show."""
 
     kind: str
