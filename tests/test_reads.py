@@ -439,3 +439,42 @@ except TooManyOpenFilesError as e:
 def test_live_bytes_is_the_most_an_order_needs_at_once():
     assert live_bytes(_needs([[0], [0, 1], [1], [2]]), np.array([5, 7, 11])) == 12
     assert live_bytes(_needs([[0], [1], [2]]), np.array([5, 7, 11])) == 11
+
+
+def test_windowed_schedule_reads_each_shard_once_below_the_orders_need():
+    """A quasi_random epoch needs two windows of shards at once at each window's edge; with a read-ahead
+    budget below that (a tight memory cgroup), each shard is still fetched once (before: let go when no
+    walked batch held it, and read again for the batches the walk had not reached, 2.5x the bytes)."""
+    from dsc.runtime.orders.quasi_random import quasi_random_order
+    from dsc.runtime.schedule import shard_needs
+
+    K, n, B = 10, 400, 16
+    order = quasi_random_order(n, K, 0, 0, window=4)
+    needs = shard_needs([np.sort(order[i:i + B]) for i in range(0, n, B)], K)
+    nbytes = np.full(n // K, 100)
+    assert live_bytes(needs, nbytes) > 600
+    for hold_to_last, fetched_once in ((False, False), (True, True)):
+        s = ShardSchedule(needs, 0, nbytes, lambda k: None, lambda k: None, budget=600, workers=2,
+                          hold_to_last=hold_to_last)
+        for j in range(len(needs)):
+            s.wait(j)
+            s.done(j)
+        s.close()
+        assert (s.fetches == n // K) == fetched_once, (hold_to_last, s.fetches)
+
+
+def test_windowed_budget_follows_the_memory_available_when_the_epoch_starts(tmp_path, monkeypatch):
+    """The read-ahead is sized to the memory there is as each epoch starts (the ring, a model, the rest of
+    the cgroup hold theirs by then), not to the figure the Loader was made with."""
+    dsc.compile(Arrays(64, (8, 8)), tmp_path / "d.dsc", shard_size=4, progress=False)
+    ds = dsc.open(tmp_path / "d.dsc")
+    monkeypatch.delenv("DSC_MEMORY", raising=False)
+    monkeypatch.setattr(R, "available_memory", lambda: (10_000, "test"))
+    loader = dsc.Loader(ds, batch_size=8, order="quasi_random", read="windowed", device="cpu", num_threads=1)
+    shard = max(s.nbytes for s in ds.manifest.shards)
+    sum(1 for _ in loader)
+    roomy = loader._reads.budget
+    monkeypatch.setattr(R, "available_memory", lambda: (2 * shard, "test: the rest of the group took the rest"))
+    sum(1 for _ in loader)
+    assert roomy > 2 * shard and loader._reads.budget == shard
+    loader.close()

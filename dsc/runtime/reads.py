@@ -263,12 +263,14 @@ class Windowed:
         once (a remote dataset's downloads want more connections than a disk's read-ahead)."""
         cap = budget
         need = live_bytes(needs[start:], nbytes)
-        biggest = max((int(nbytes[n].sum()) for n in needs[start:]), default=0)
         budget = 2 * need  # what the order needs at once, and as much again read ahead
-        for limit in (self.memory // 2 if self.memory is not None else None, cap):
+        memory = self.memory_now()
+        for limit in (memory // 2 if memory is not None else None, cap):
             if limit is not None:
                 budget = min(budget, limit)
-        self.budget = budget = max(budget, biggest, int(nbytes.max()) if len(nbytes) else 0)
+        # Each shard is held until the last batch that reads it is done (read once an epoch, whatever the
+        # budget): below what the order needs at once, the budget only stops the read-ahead, never a batch.
+        self.budget = budget = max(budget, int(nbytes.max()) if len(nbytes) else 0)
         storage = self.storage
 
         def fetch(key: int) -> None:
@@ -291,7 +293,18 @@ class Windowed:
             storage.release(rel)
 
         return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=workers,
-                             name="dsc-readahead")
+                             name="dsc-readahead", hold_to_last=True)
+
+    def memory_now(self) -> int | None:
+        """The memory the read-ahead may fill, measured as each epoch starts (the ring, the model, the other
+        processes of the memory cgroup hold what they hold by then): the smaller of the figure the Loader was
+        made with and what ``available_memory`` says now (``$DSC_MEMORY``, when set, is taken as it is)."""
+        if self.memory is None or os.environ.get("DSC_MEMORY"):
+            return self.memory
+        try:
+            return min(self.memory, available_memory()[0])
+        except (ConfigError, OSError):
+            return self.memory
 
     def close(self) -> None:
         with self._lock:
