@@ -478,3 +478,38 @@ def test_windowed_budget_follows_the_memory_available_when_the_epoch_starts(tmp_
     sum(1 for _ in loader)
     assert roomy > 2 * shard and loader._reads.budget == shard
     loader.close()
+
+
+def test_ranged_reads_get_each_samples_bytes_coalescing_only_close_neighbours():
+    """``ranged``: one GET per run of samples of a shard within RANGE_GAP of each other, exactly the bytes
+    asked for otherwise, each piece at its place in the destination, in any order of the samples."""
+    from types import SimpleNamespace
+
+    files = {f"s{k}": np.random.default_rng(k).integers(0, 256, 4 * R.RANGE_GAP, dtype=np.uint8).tobytes()
+             for k in range(2)}
+    gets = []
+
+    class Store:
+        local = False
+
+        def get_range(self, rel, start, end):
+            gets.append((rel, start, end))
+            return files[rel][start:end]
+
+    reads = R.make("ranged", SimpleNamespace(store=Store()))
+    shards = [SimpleNamespace(path="s0"), SimpleNamespace(path="s1")]
+    # shard 1: two neighbours 10 bytes apart (one GET), one far after them; shard 0: one far sample first
+    slots = [1, 0, 1, 1]
+    offsets = [3 * R.RANGE_GAP, 2 * R.RANGE_GAP, 100, 210]
+    sizes = [50, 70, 100, 30]
+    dest = np.zeros(400, np.uint8)
+    dest_at = [0, 60, 200, 330]
+    reads.read(shards, slots, offsets, sizes, dest, dest_at)
+    for s, o, n, d in zip(slots, offsets, sizes, dest_at):
+        assert dest[d:d + n].tobytes() == files[f"s{s}"][o:o + n]
+    assert sorted(gets) == [("s0", 2 * R.RANGE_GAP, 2 * R.RANGE_GAP + 70), ("s1", 100, 240),
+                            ("s1", 3 * R.RANGE_GAP, 3 * R.RANGE_GAP + 50)]
+    assert reads.bytes_fetched == 70 + 140 + 50 and reads.schedule([], 0, np.zeros(0), []) is None
+    reads.close()
+    with pytest.raises(ConfigError, match="read='direct'"):
+        R.make("ranged", SimpleNamespace(store=SimpleNamespace(local=True)))

@@ -545,29 +545,24 @@ class Ranged(Direct):
         slots = np.asarray(slots, np.int64)
         fo, sz, do = (np.asarray(a, np.int64) for a in (file_offsets, sizes, dest_offsets))
         order = np.lexsort((fo, slots))
-        slots, fo, sz, do = slots[order], fo[order], sz[order], do[order]
-        ends = fo + sz
-        run_end = np.maximum.accumulate(ends)  # (within a shard: the ranges are sorted by start)
-        cut = np.r_[True, (slots[1:] != slots[:-1]) | (fo[1:] > run_end[:-1] + RANGE_GAP)]
         view = memoryview(dest).cast("B") if dest.ndim != 1 or dest.dtype != np.uint8 else memoryview(dest)
-        jobs = []
-        starts = np.flatnonzero(cut).tolist() + [n]
-        for a, b in zip(starts[:-1], starts[1:]):
-            rel = shards[int(slots[a])].path
-            pieces = []
-            first = int(fo[a])
-            for k in range(a, b):  # (a run longer than RANGE_MAX is cut between samples)
-                if pieces and int(ends[k]) - first > RANGE_MAX:
-                    jobs.append((rel, first, max(e for _, e, _ in pieces), pieces))
-                    pieces, first = [], int(fo[k])
-                pieces.append((int(fo[k]), int(ends[k]), view[int(do[k]):int(do[k]) + int(sz[k])]))
-            jobs.append((rel, first, max(e for _, e, _ in pieces), pieces))
+        jobs, pieces, rel, first, last, slot = [], [], None, 0, 0, -1
+        for s, a, m, d in zip(slots[order].tolist(), fo[order].tolist(), sz[order].tolist(), do[order].tolist()):
+            if s != slot or a > last + RANGE_GAP or a + m - first > RANGE_MAX:  # a new GET
+                if pieces:
+                    jobs.append((rel, first, last, pieces))
+                rel, first, last, slot, pieces = shards[s].path, a, a + m, s, []
+            pieces.append((a, a + m, view[d:d + m]))
+            last = max(last, a + m)
+        jobs.append((rel, first, last, pieces))
         self.reads += len(jobs)
         self._dispatch(jobs)
 
     def _run(self, jobs: list[tuple]) -> None:
         """GET each job's range [start, end) of shard ``rel`` and copy its pieces into their places."""
         for rel, start, end, pieces in jobs:
+            if end == start:  # (empty samples only: nothing to GET)
+                continue
             data = memoryview(self.store.get_range(rel, start, end))
             with self._lock:
                 self.requests += 1
