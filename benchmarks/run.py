@@ -12,6 +12,7 @@ import bench_overram  # noqa: E402
 import bench_ranged  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
+import bench_scale  # noqa: E402
 import bench_versions  # noqa: E402
 
 if __name__ == "__main__":
@@ -24,3 +25,4 @@ if __name__ == "__main__":
     bench_versions.main()
     bench_remote.main()
     bench_ranged.main()
+    bench_scale.main()

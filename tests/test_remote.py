@@ -860,3 +860,30 @@ def test_a_store_reads_a_byte_range(published, tmp_path):
         assert bytes(store.get_range(spec.path, 100, 900)) == whole[100:900]
         with pytest.raises(CorruptDatasetError, match="ends before byte"):
             store.get_range(spec.path, 100, len(whole) + 5)
+
+
+def test_a_versions_record_is_fetched_once_per_node(published, tmp_path, monkeypatch):
+    """The ranks of a node (and every later open) share the mirror's copy of the version record: after the
+    first open, an open asks only for its ETag (no content); a record written again is fetched again."""
+    from dsc.store.object import ObjectStore
+
+    url, local = published
+    gets = []
+    real = ObjectStore.get
+
+    def counting(self, rel, limit=None):
+        gets.append(rel)
+        return real(self, rel, limit)
+
+    monkeypatch.setattr(ObjectStore, "get", counting)
+    first = dsc.open(url, cache_dir=tmp_path / "c")
+    record = V.record_path(first.version)
+    assert gets.count(record) == 1
+    gets.clear()
+    for _ in range(3):  # (three more ranks of the node)
+        assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(first)
+    assert record not in gets and not [g for g in gets if g.startswith("_dsc/objects/")]
+    mirror = next((tmp_path / "c" / "datasets").iterdir())
+    (mirror / record).write_bytes(b"{}")  # a damaged local copy is not used...
+    (mirror / (record + ".etag")).write_bytes(b"another")  # ...nor one of another write of the object
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(first) and gets.count(record) == 1

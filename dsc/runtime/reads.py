@@ -298,6 +298,8 @@ class Windowed:
                 budget = min(budget, limit)
         # Each shard is held until the last batch that reads it is done (read once an epoch, whatever the
         # budget): below what the order needs at once, the budget only stops the read-ahead, never a batch.
+        if cap is not None:  # (a remote cache's share: never below the shards of one batch, as before)
+            budget = max(budget, max((int(nbytes[n].sum()) for n in needs[start:]), default=0))
         self.budget = budget = max(budget, int(nbytes.max()) if len(nbytes) else 0)
         storage = self.storage
 
@@ -320,8 +322,10 @@ class Windowed:
             storage.drop_pages(rel)
             storage.release(rel)
 
+        # (under a remote cache's bound, ``cap``, a shard is let go as before: held past the bound, it would keep
+        # the downloads the walk needs from finding room)
         return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=workers,
-                             name="dsc-readahead", hold_to_last=True)
+                             name="dsc-readahead", hold_to_last=cap is None)
 
     def memory_now(self) -> int | None:
         """The memory the read-ahead may fill, measured as each epoch starts (the ring, the model, the other

@@ -72,6 +72,11 @@ class Store:
         self.download(rel, buf, limit=limit)
         return buf.getvalue()
 
+    def etag(self, rel: str) -> str | None:
+        """A tag that changes whenever the object is written again (object storage's ETag), in one request
+        that returns no content; None where the store has none (a reader then reads the object itself)."""
+        return None
+
     def get_range(self, rel: str, start: int, end: int):
         """Bytes ``[start, end)`` of the object (a buffer); one that ends before ``end`` is damaged
         (``CorruptDatasetError``). A store that can read a range without the whole object overrides this."""

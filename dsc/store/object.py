@@ -219,6 +219,17 @@ class ObjectStore(Store):
 
         return self._call("downloading", rel, attempt)
 
+    def etag(self, rel: str) -> str | None:
+        import obstore
+
+        def attempt():
+            return obstore.get(self._store, rel, options={"head": True}).meta.get("e_tag")
+
+        try:
+            return self._call("checking", rel, attempt)
+        except FileNotFoundError:
+            return None
+
     def get_range(self, rel: str, start: int, end: int):
         """Bytes ``[start, end)`` of the object: one ranged GET (retried like every request)."""
         import obstore
