@@ -10,8 +10,10 @@ import bench_detection  # noqa: E402
 import bench_fields  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_overram  # noqa: E402
+import bench_ranged  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
+import bench_scale  # noqa: E402
 import bench_versions  # noqa: E402
 
 if __name__ == "__main__":
@@ -24,3 +26,5 @@ if __name__ == "__main__":
     bench_recipe.main()
     bench_versions.main()
     bench_remote.main()
+    bench_ranged.main()
+    bench_scale.main()

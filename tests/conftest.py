@@ -171,8 +171,9 @@ def stopped_at_unit(argv, units: int, sig):
 
 def journal_units(staging) -> set[int]:
     """The units a resume journal (``staging/.journal``) holds finished: their shard slots."""
-    j = Path(staging) / ".journal"
-    return {int(p.name[5:-5]) for p in j.glob("unit-*.json")} if j.is_dir() else set()
+    from dsc.compiler.journal import Journal
+
+    return Journal.units_in(staging)
 
 
 def tree_size(root) -> tuple[int, int]:

@@ -159,3 +159,15 @@ def test_concurrent_compile_is_refused(scenes_src, tmp_path):
     finally:
         os.close(fd)
     assert not out.exists()
+
+
+def test_samples_per_shard_come_from_bytes_alone_without_a_count_cap(tmp_path):
+    """Small samples make few large shards (before: at most 1,024 samples a shard, so 32x32 images made
+    64 KiB... 3 MiB shards, and a billion of them a million shards)."""
+    from dsc.compiler.options import CompileOptions, SHARD_TARGET_BYTES, default_shard_size
+
+    opts = CompileOptions(size=(32, 32))
+    k = default_shard_size(10_000_000, opts)
+    assert k > 1024 and k * (32 * 32 * 3 + 16) <= SHARD_TARGET_BYTES < 2 * k * (32 * 32 * 3 + 16)
+    assert default_shard_size(10_000_000, CompileOptions(size=(224, 224))) == 256  # (large samples: as before)
+    assert default_shard_size(4_000, opts) == 125  # (a small dataset: ~32 shards, as before)

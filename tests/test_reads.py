@@ -439,3 +439,77 @@ except TooManyOpenFilesError as e:
 def test_live_bytes_is_the_most_an_order_needs_at_once():
     assert live_bytes(_needs([[0], [0, 1], [1], [2]]), np.array([5, 7, 11])) == 12
     assert live_bytes(_needs([[0], [1], [2]]), np.array([5, 7, 11])) == 11
+
+
+def test_windowed_schedule_reads_each_shard_once_below_the_orders_need():
+    """A quasi_random epoch needs two windows of shards at once at each window's edge; with a read-ahead
+    budget below that (a tight memory cgroup), each shard is still fetched once (before: let go when no
+    walked batch held it, and read again for the batches the walk had not reached, 2.5x the bytes)."""
+    from dsc.runtime.orders.quasi_random import quasi_random_order
+    from dsc.runtime.schedule import shard_needs
+
+    K, n, B = 10, 400, 16
+    order = quasi_random_order(n, K, 0, 0, window=4)
+    needs = shard_needs([np.sort(order[i:i + B]) for i in range(0, n, B)], K)
+    nbytes = np.full(n // K, 100)
+    assert live_bytes(needs, nbytes) > 600
+    for hold_to_last, fetched_once in ((False, False), (True, True)):
+        s = ShardSchedule(needs, 0, nbytes, lambda k: None, lambda k: None, budget=600, workers=2,
+                          hold_to_last=hold_to_last)
+        for j in range(len(needs)):
+            s.wait(j)
+            s.done(j)
+        s.close()
+        assert (s.fetches == n // K) == fetched_once, (hold_to_last, s.fetches)
+
+
+def test_windowed_budget_follows_the_memory_available_when_the_epoch_starts(tmp_path, monkeypatch):
+    """The read-ahead is sized to the memory there is as each epoch starts (the ring, a model, the rest of
+    the cgroup hold theirs by then), not to the figure the Loader was made with."""
+    dsc.compile(Arrays(64, (8, 8)), tmp_path / "d.dsc", shard_size=4, progress=False)
+    ds = dsc.open(tmp_path / "d.dsc")
+    monkeypatch.delenv("DSC_MEMORY", raising=False)
+    monkeypatch.setattr(R, "available_memory", lambda: (10_000, "test"))
+    loader = dsc.Loader(ds, batch_size=8, order="quasi_random", read="windowed", device="cpu", num_threads=1)
+    shard = max(s.nbytes for s in ds.manifest.shards)
+    sum(1 for _ in loader)
+    roomy = loader._reads.budget
+    monkeypatch.setattr(R, "available_memory", lambda: (2 * shard, "test: the rest of the group took the rest"))
+    sum(1 for _ in loader)
+    assert roomy > 2 * shard and loader._reads.budget == shard
+    loader.close()
+
+
+def test_ranged_reads_get_each_samples_bytes_coalescing_only_close_neighbours():
+    """``ranged``: one GET per run of samples of a shard within RANGE_GAP of each other, exactly the bytes
+    asked for otherwise, each piece at its place in the destination, in any order of the samples."""
+    from types import SimpleNamespace
+
+    files = {f"s{k}": np.random.default_rng(k).integers(0, 256, 4 * R.RANGE_GAP, dtype=np.uint8).tobytes()
+             for k in range(2)}
+    gets = []
+
+    class Store:
+        local = False
+
+        def get_range(self, rel, start, end):
+            gets.append((rel, start, end))
+            return files[rel][start:end]
+
+    reads = R.make("ranged", SimpleNamespace(store=Store()))
+    shards = [SimpleNamespace(path="s0"), SimpleNamespace(path="s1")]
+    # shard 1: two neighbours 10 bytes apart (one GET), one far after them; shard 0: one far sample first
+    slots = [1, 0, 1, 1]
+    offsets = [3 * R.RANGE_GAP, 2 * R.RANGE_GAP, 100, 210]
+    sizes = [50, 70, 100, 30]
+    dest = np.zeros(400, np.uint8)
+    dest_at = [0, 60, 200, 330]
+    reads.read(shards, slots, offsets, sizes, dest, dest_at)
+    for s, o, n, d in zip(slots, offsets, sizes, dest_at):
+        assert dest[d:d + n].tobytes() == files[f"s{s}"][o:o + n]
+    assert sorted(gets) == [("s0", 2 * R.RANGE_GAP, 2 * R.RANGE_GAP + 70), ("s1", 100, 240),
+                            ("s1", 3 * R.RANGE_GAP, 3 * R.RANGE_GAP + 50)]
+    assert reads.bytes_fetched == 70 + 140 + 50 and reads.schedule([], 0, np.zeros(0), []) is None
+    reads.close()
+    with pytest.raises(ConfigError, match="read='direct'"):
+        R.make("ranged", SimpleNamespace(store=SimpleNamespace(local=True)))

@@ -368,8 +368,11 @@ def test_missing_credentials_name_the_variables(s3, tmp_path, monkeypatch):
 def test_cache_limit_too_small_for_one_batch_is_refused(published, tmp_path):
     url, _ = published
     ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="20kB")
-    with pytest.raises(ConfigError, match="smaller than the shards batch"):
-        next(iter(dsc.Loader(ds, batch_size=64)))
+    with pytest.raises(ConfigError, match="smaller than the shards batch.*read='ranged'"):
+        next(iter(dsc.Loader(ds, batch_size=64, read="direct")))
+    loader = dsc.Loader(ds, batch_size=64)  # (left to choose: it reads by ranges)
+    assert loader.read_strategy == "ranged" and "cannot hold the shards of a batch" in loader.read_reason
+    assert len(next(iter(loader))["image"]) == 64
     with pytest.raises(DscError, match="more than the whole cache_limit"):
         dsc.open(url, cache_dir=tmp_path / "d", cache_limit="1kB")[0]
 
@@ -811,3 +814,76 @@ def test_a_registered_store_serves_compile_open_and_cache(src, tmp_path):
     assert epoch(dsc.Loader(ds, batch_size=16, order="quasi_random", window=2)).keys() == set(range(300))
     assert samples(ds) == samples(dsc.open(local))
     assert [d["url"] for d in cache_list(tmp_path / "c")["datasets"]] == [url]
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random", "sequential"])
+def test_ranged_reads_serve_the_bytes_of_every_other_strategy(published, tmp_path, order):
+    """No shard cache (cache_limit=0): each sample by a byte range, the same batches as a local dataset's
+    (order, resume, rank parts), nothing downloaded whole, neighbours in a shard one GET."""
+    url, local = published
+    kw = dict(batch_size=20, order=order, seed=4, window=2 if order == "quasi_random" else None)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=0)
+    for rank in (None, 1):
+        part = dict(rank=rank, world_size=2) if rank is not None else {}
+        ranged = dsc.Loader(ds, **kw, **part)
+        assert ranged.read_strategy == "ranged" and "cache_limit=0" in ranged.read_reason
+        for read in ("mapped", "direct"):
+            other = dsc.Loader(dsc.open(local), read=read, **kw, **part)
+            ranged.set_epoch(0)
+            for a, b in zip(ranged, other, strict=True):
+                assert torch_equal(a, b)
+        it = iter(ranged)
+        next(it)
+        state = ranged.state_dict()
+        rest = [b["index"].tolist() for b in it]
+        resumed = dsc.Loader(ds, **kw, **part)
+        resumed.load_state_dict(state)
+        assert [b["index"].tolist() for b in resumed] == rest
+    reads = ranged._reads
+    assert ds.storage.cache.downloads == 0 and not list((tmp_path / "c" / "shards").rglob("*"))
+    assert 0 < reads.requests == reads.reads
+    before, fetched = reads.requests, reads.bytes_fetched
+    pairs = sum(len(np.unique(b["index"].numpy() // 16)) for b in ranged)  # (batch, shard) pairs of an epoch
+    assert reads.requests - before == pairs  # a shard's samples of a batch (close neighbours here): one GET
+    assert reads.bytes_fetched - fetched < len(ranged) * 20 * 16 * 16 * 3 * 2.5
+
+
+def torch_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
+
+
+def test_a_store_reads_a_byte_range(published, tmp_path):
+    url, local = published
+    spec = dsc.open(local).manifest.shards[3]
+    whole = (local / spec.path).read_bytes()
+    for store in (open_store(url), open_store(str(local))):
+        assert bytes(store.get_range(spec.path, 100, 900)) == whole[100:900]
+        with pytest.raises(CorruptDatasetError, match="ends before byte"):
+            store.get_range(spec.path, 100, len(whole) + 5)
+
+
+def test_a_versions_record_is_fetched_once_per_node(published, tmp_path, monkeypatch):
+    """The ranks of a node (and every later open) share the mirror's copy of the version record: after the
+    first open, an open asks only for its ETag (no content); a record written again is fetched again."""
+    from dsc.store.object import ObjectStore
+
+    url, local = published
+    gets = []
+    real = ObjectStore.get
+
+    def counting(self, rel, limit=None):
+        gets.append(rel)
+        return real(self, rel, limit)
+
+    monkeypatch.setattr(ObjectStore, "get", counting)
+    first = dsc.open(url, cache_dir=tmp_path / "c")
+    record = V.record_path(first.version)
+    assert gets.count(record) == 1
+    gets.clear()
+    for _ in range(3):  # (three more ranks of the node)
+        assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(first)
+    assert record not in gets and not [g for g in gets if g.startswith("_dsc/objects/")]
+    mirror = next((tmp_path / "c" / "datasets").iterdir())
+    (mirror / record).write_bytes(b"{}")  # a damaged local copy is not used...
+    (mirror / (record + ".etag")).write_bytes(b"another")  # ...nor one of another write of the object
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(first) and gets.count(record) == 1

@@ -11,6 +11,7 @@ from ..formats.manifest import RESIZE_POLICIES
 from . import resample
 
 SHARD_TARGET_BYTES = 64 << 20
+INDEX_BYTES = 16  # a fixed shard's index entry per sample (Zarr sharding: offset and size, 8 bytes each)
 ON_ERROR = ("fail", "skip")
 
 
@@ -136,14 +137,16 @@ class CompileReport:
 
 
 def default_shard_size(num_records: int, options: CompileOptions) -> int:
-    """Samples per shard: ~64 MiB of pixels (a power of two in [1, 1024]), lowered to ceil(N / 32) (not
-    below 8) so that a small dataset still makes ~32 work units to balance across processes. Depends only on the input
-    count and options, never on the worker count, so output bytes do not either."""
+    """Samples per shard: ~64 MiB of pixels and shard index (a power of two, chosen from bytes alone: no cap
+    on the count, so small samples make few large shards, not many small ones), lowered to ceil(N / 32) (not
+    below 8) so that a small dataset still makes ~32 work units to balance across processes. Depends only on the
+    input count and options, never on the worker count, so output bytes do not either."""
     if options.size is not None:
         sample = options.size[0] * options.size[1] * options.channels
     elif options.max_side is not None:
         sample = options.max_side * options.max_side * options.channels // 2
     else:
         sample = 512 * 512 * options.channels
-    k = 1 << max(0, min(10, int(math.log2(max(1, SHARD_TARGET_BYTES // sample)))))
+    sample += INDEX_BYTES  # (each sample's entry in the fixed layout's shard index)
+    k = 1 << max(0, int(math.log2(max(1, SHARD_TARGET_BYTES // sample))))
     return max(1, min(k, max(8, -(-num_records // 32))))

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..store import Store
 from ..store.local import write_atomic as _write_atomic
 from . import versions
-from ..errors import CorruptDatasetError
+from ..errors import CorruptDatasetError, DscError
 
 
 def url_id(url: str) -> str:
@@ -23,16 +23,38 @@ def write_atomic(path: Path, data: bytes) -> None:
     _write_atomic(path, data, unique=True)
 
 
+def _cached_record(store: Store, local: Path, n: int) -> dict | None:
+    """Version ``n``'s record from the node's mirror when the object is the one fetched then (its ETag, one
+    request with no content): the ranks of a node, and every later open, read the record once, whatever its
+    size. None when there is no copy, no tag, or the object was written again since."""
+    tag_file = local.with_name(local.name + ".etag")
+    try:
+        data, saved = local.read_bytes(), tag_file.read_bytes().decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if store.etag(versions.record_path(n)) != saved:
+        return None
+    try:
+        return versions.parse_record(data, local, n)
+    except DscError:
+        return None
+
+
 def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True) -> dict:
     """Version ``n``'s record and every small file it lists (its objects, each checked against its size and
     SHA-256; not with ``objects=False``) into the local folder ``dst``, in the dataset layout; returns the
     parsed record. Objects ``dst`` has already are not fetched again (their names are their hashes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    rec, data = versions.read_record_bytes(store, n)
     local = dst / versions.record_path(n)
-    if not local.is_file() or local.read_bytes() != data:
-        write_atomic(local, data)
+    rec = _cached_record(store, local, n)
+    if rec is None:
+        tag = store.etag(versions.record_path(n))  # (before the GET: a later write makes it stale, not wrong)
+        rec, data = versions.read_record_bytes(store, n)
+        if not local.is_file() or local.read_bytes() != data:
+            write_atomic(local, data)
+        if tag is not None:
+            write_atomic(local.with_name(local.name + ".etag"), tag.encode())
     if not objects:
         return rec
 

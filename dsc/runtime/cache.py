@@ -50,11 +50,14 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 WAIT_SECONDS = 60.0  # how long a download waits for space that held shards take (a batch holds its shards for ms)
 
 
-def parse_size(v, what: str = "cache_limit (--cache-limit)") -> int | None:
-    """A size: None (unbounded), bytes as an int, or text such as ``"200GB"``, ``"512MiB"``; errors name ``what``."""
+def parse_size(v, what: str = "cache_limit (--cache-limit)", allow_zero: bool = False) -> int | None:
+    """A size: None (unbounded), bytes as an int, or text such as ``"200GB"``, ``"512MiB"``; errors name ``what``.
+    ``allow_zero``: 0 is a size too (a cache of none)."""
     if v is None:
         return None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if v == 0 and allow_zero:
+            return 0
         if v <= 0:
             raise ConfigError(f"{what} must be positive, got {v!r}")
         return int(v)
@@ -62,6 +65,8 @@ def parse_size(v, what: str = "cache_limit (--cache-limit)") -> int | None:
     if m is None or (m.group(2) or "").lower() not in _UNITS:
         raise ConfigError(f"{what} must be a size such as 200GB, 512MiB or a number of bytes, got {v!r}")
     n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if n == 0 and allow_zero and float(m.group(1)) == 0:
+        return 0
     if n <= 0:
         raise ConfigError(f"{what} must be positive, got {v!r}")
     return n
@@ -176,7 +181,7 @@ class ShardCache:
 
     def __init__(self, root: str | os.PathLike | None = None, limit=None):
         self.root = Path(root) if root is not None else default_cache_dir()
-        self.limit = parse_size(limit)
+        self.limit = parse_size(limit, allow_zero=True)  # (0: no shard is cached; a Loader reads by ranges)
         try:
             for d in ("shards", "locks", "datasets"):
                 (self.root / d).mkdir(parents=True, exist_ok=True)

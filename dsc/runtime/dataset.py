@@ -145,6 +145,16 @@ class Dataset(torch.utils.data.Dataset):
         puts in memory."""
         return sum(spec.nbytes for px in self._pixel_readers() for spec in px.shards if spec is not None)
 
+    def slot_bytes(self) -> np.ndarray:
+        """Bytes of the shard files of each slot (its image, mask... shards; 0 for a slot the version lacks)."""
+        pxs = self._pixel_readers()
+        out = np.zeros(max((len(px.shards) for px in pxs), default=0), np.int64)
+        for px in pxs:
+            for s, spec in enumerate(px.shards):
+                if spec is not None:
+                    out[s] += spec.nbytes
+        return out
+
     def shard_plan(self, batches: list[np.ndarray]) -> tuple[list[np.ndarray], list[str], np.ndarray]:
         """For an epoch's batches (sample indices): ``(needs, paths, nbytes)``, ``needs[j]`` the shard files
         batch j reads as keys into ``paths`` / ``nbytes`` (every image-like field's shard of each slot the

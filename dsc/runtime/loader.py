@@ -306,7 +306,13 @@ class Loader:
             except ConfigError:
                 if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
                     raise
-        self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache)
+        remote = None
+        if dataset.remote:  # (a cache that cannot hold a batch's shards: samples read by byte ranges)
+            cache_of = dataset.storage.cache
+            remote = (cache_of.share(_local_processes()) if cache_of.limit is not None else None,
+                      R.batch_shard_bytes(dataset.slot_bytes(), order, batch_size, dataset.manifest.shard_size,
+                                          self.window))
+        self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache, remote)
         self._reads = R.make(self.read_strategy, dataset.storage, io_depth=io_depth,
                              memory=memory[0] if memory else None)
         if cache == "ram":
@@ -460,8 +466,9 @@ class Loader:
         coming batches' shards ahead of them into the cache, within its limit (whatever the strategy, which
         then reads the cached files); a windowed read maps and reads them ahead and releases them behind."""
         ds = self.dataset
-        if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed"):
-            return None  # (a local dataset read in place: nothing to schedule)
+        if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed") or \
+                not getattr(self._reads, "holds_shards", True):
+            return None  # (a local dataset read in place, or one read by byte ranges: nothing to schedule)
         needs, paths, nbytes = ds.shard_plan(batches)
         if not ds.remote:
             return self._reads.schedule(needs, start, nbytes, paths)
@@ -481,7 +488,7 @@ class Loader:
                        f"the cache)" if share != limit else ""
                 raise ConfigError(f"cache_limit {limit:,} bytes{each} is smaller than the shards batch {worst} needs "
                                   f"({sizes[worst]:,} bytes, {len(needs[worst])} shards): raise cache_limit "
-                                  f"(--cache-limit), or read "
+                                  f"(--cache-limit), read each sample by a byte range (read='ranged'), or read "
                                   f"fewer shards per batch (order='quasi_random' with a smaller window, or a smaller "
                                   f"batch_size)")
             storage.cache.check_needs(sizes[worst])

@@ -1,7 +1,7 @@
 """Read strategies: how a Loader's batches get their bytes from the shard files.
 
 FFCV's memory managers are the model: the epoch's order is known before it starts, so its reads can be
-scheduled from it (``schedule.py``). Three strategies, one small interface (``map`` or ``read``, ``schedule``,
+scheduled from it (``schedule.py``). Four strategies, one small interface (``map`` or ``read``, ``schedule``,
 ``close``), chosen per Loader by :func:`choose` from the order and the memory really available:
 
 * ``mapped``: every shard touched is memory-mapped whole, its page tables filled up front, and kept mapped
@@ -17,6 +17,9 @@ scheduled from it (``schedule.py``). Three strategies, one small interface (``ma
   neighbouring samples are one read), by a pool of ``io_depth`` I/O threads, so many more reads are in
   flight than there are filler threads. Read-ahead is off on the files (``POSIX_FADV_RANDOM``): the disk
   reads what is served, not the 64 MiB shard around it.
+* ``ranged`` (a dataset in object storage whose shard cache cannot hold a batch's shards, or has none:
+  ``cache_limit=0``): ``direct``'s reads as ranged GETs, neighbours in a shard coalesced, many in flight;
+  nothing downloaded whole, nothing cached.
 """
 from __future__ import annotations
 
@@ -31,12 +34,15 @@ from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from .schedule import ShardSchedule, _DaemonPool, live_bytes
 from .cache import parse_size
 
-READS = ("auto", "mapped", "windowed", "direct")
+READS = ("auto", "mapped", "windowed", "direct", "ranged")
 FIT = 0.8  # a dataset "fits" when its shards take at most this share of the memory available
 IO_DEPTH = 16  # direct reads in flight per Loader (measured here: 8-32 threads all reach the disk's rate)
 MAX_IO_DEPTH = 256
 CHUNK = 4 << 20  # a direct read longer than this is split, so that one long run does not serialise a batch
 MAX_FDS = 512  # shard files a direct strategy keeps open (at most an eighth of the process's limit)
+RANGE_DEPTH = 32  # ranged GETs in flight per Loader, at least (a request waits on the network, not a disk)
+RANGE_GAP = 64 << 10  # ranges of one shard at most this far apart are one GET (the gap is read and dropped)
+RANGE_MAX = 8 << 20  # the longest GET (a longer run of neighbours is cut between samples)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -164,11 +170,29 @@ def _gb(n: float) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{int(n):,} bytes"
 
 
+def batch_shard_bytes(slot_bytes: np.ndarray, order: str, batch_size: int, shard_size: int,
+                      window: int | None = None) -> int:
+    """The most bytes of shards one batch of ``order`` may read (the largest slots, as many as a batch can
+    touch: ``batch_size`` in random order, two windows in quasi_random, the shards a run of ``batch_size``
+    samples spans in sequential)."""
+    used = np.sort(slot_bytes[slot_bytes > 0])[::-1]
+    if order == "sequential":
+        n = -(-batch_size // max(shard_size, 1)) + 1
+    elif order == "quasi_random":
+        n = min(batch_size, 2 * (window or 1))
+    else:
+        n = batch_size
+    return int(used[:n].sum())
+
+
 def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int, str] | None = None,
-           cache: str = "page") -> tuple[str, str]:
+           cache: str = "page", remote: tuple[int | None, int] | None = None) -> tuple[str, str]:
     """(strategy, why) for reading a dataset of ``dataset_bytes`` in ``order``: ``mapped`` when it fits in
     memory (at most ``FIT`` of it), else ``direct`` for random order and ``windowed`` for the others;
-    ``read`` other than ``auto`` forces one."""
+    ``read`` other than ``auto`` forces one. ``remote``: a dataset in object storage, (the bytes of the shard
+    cache this process may fill, None when unbounded; the most bytes of shards a batch reads,
+    ``batch_shard_bytes``): ``ranged`` when the cache cannot hold a batch's shards (or is none,
+    ``cache_limit=0``), else the cached files are read as a local dataset's."""
     if read not in READS:
         raise ConfigError(f"read must be one of {', '.join(READS)}, got {read!r}")
     if cache == "ram":
@@ -179,9 +203,13 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
     if read != "auto":
         why = f"read={read!r} asked for"
         if memory is not None:
-            auto, reason = choose(order, dataset_bytes, "auto", memory)
+            auto, reason = choose(order, dataset_bytes, "auto", memory, remote=remote)
             why += f"; auto would read with {auto}: {reason}"
         return read, why
+    if remote is not None and remote[0] is not None and remote[1] > remote[0]:
+        room = "no shard cache (cache_limit=0)" if remote[0] == 0 else \
+            f"the shard cache's {_gb(remote[0])} for this process cannot hold the shards of a batch ({_gb(remote[1])})"
+        return "ranged", f"{room}: each sample read by a byte range from object storage"
     avail, where = memory if memory is not None else available_memory()
     size = f"dataset {_gb(dataset_bytes)}"
     room = f"{FIT:.0%} of the {_gb(avail)} of memory available = {_gb(FIT * avail)} ({where})"
@@ -263,12 +291,16 @@ class Windowed:
         once (a remote dataset's downloads want more connections than a disk's read-ahead)."""
         cap = budget
         need = live_bytes(needs[start:], nbytes)
-        biggest = max((int(nbytes[n].sum()) for n in needs[start:]), default=0)
         budget = 2 * need  # what the order needs at once, and as much again read ahead
-        for limit in (self.memory // 2 if self.memory is not None else None, cap):
+        memory = self.memory_now()
+        for limit in (memory // 2 if memory is not None else None, cap):
             if limit is not None:
                 budget = min(budget, limit)
-        self.budget = budget = max(budget, biggest, int(nbytes.max()) if len(nbytes) else 0)
+        # Each shard is held until the last batch that reads it is done (read once an epoch, whatever the
+        # budget): below what the order needs at once, the budget only stops the read-ahead, never a batch.
+        if cap is not None:  # (a remote cache's share: never below the shards of one batch, as before)
+            budget = max(budget, max((int(nbytes[n].sum()) for n in needs[start:]), default=0))
+        self.budget = budget = max(budget, int(nbytes.max()) if len(nbytes) else 0)
         storage = self.storage
 
         def fetch(key: int) -> None:
@@ -290,8 +322,21 @@ class Windowed:
             storage.drop_pages(rel)
             storage.release(rel)
 
+        # (under a remote cache's bound, ``cap``, a shard is let go as before: held past the bound, it would keep
+        # the downloads the walk needs from finding room)
         return ShardSchedule(needs, start, nbytes, fetch, release, budget=budget, per_batch=True, workers=workers,
-                             name="dsc-readahead")
+                             name="dsc-readahead", hold_to_last=cap is None)
+
+    def memory_now(self) -> int | None:
+        """The memory the read-ahead may fill, measured as each epoch starts (the ring, the model, the other
+        processes of the memory cgroup hold what they hold by then): the smaller of the figure the Loader was
+        made with and what ``available_memory`` says now (``$DSC_MEMORY``, when set, is taken as it is)."""
+        if self.memory is None or os.environ.get("DSC_MEMORY"):
+            return self.memory
+        try:
+            return min(self.memory, available_memory()[0])
+        except (ConfigError, OSError):
+            return self.memory
 
     def close(self) -> None:
         with self._lock:
@@ -421,6 +466,11 @@ class Direct:
                 if m > 0:
                     jobs.append((rel, f0 + c, view[d0 + c:d0 + c + m]))
         self.reads += len(jobs)
+        self._dispatch(jobs)
+
+    def _dispatch(self, jobs: list) -> None:
+        """Run ``jobs`` (``self._run``'s) over the I/O threads, the calling thread taking a share; the first
+        failure is raised once every thread is done with the destination."""
         groups = min(len(jobs), self.io_depth + 1)
         if groups <= 1:
             self._run(jobs)
@@ -464,7 +514,68 @@ class Direct:
             pass
 
 
-STRATEGIES = {"mapped": Mapped, "windowed": Windowed, "direct": Direct}
+class Ranged(Direct):
+    """A dataset in object storage read without whole shards: each sample of a batch is one ranged GET of its
+    bytes (neighbours in a shard, up to ``RANGE_GAP`` apart, one GET), ``io_depth`` (at least ``RANGE_DEPTH``)
+    of them in flight, each copied straight into its place in the batch's ring slot. Nothing is cached or
+    held: the shard cache is not used, so it can be smaller than a batch's shards, or none (``cache_limit=0``).
+    The batches are the other strategies' (same order, resume and rank parts): only where the bytes come
+    from differs."""
+
+    name = "ranged"
+    direct = True
+    holds_shards = False  # (the Loader schedules no shard downloads for it)
+
+    def __init__(self, storage, io_depth: int = IO_DEPTH, **_):
+        store = getattr(storage, "store", None)
+        if store is None or store.local:
+            raise ConfigError("read='ranged' reads a dataset in object storage by byte ranges; a local dataset "
+                              "is read in place: use read='direct' (or the default, 'auto')")
+        super().__init__(storage, max(io_depth, RANGE_DEPTH))
+        self.borrow = False
+        self.store = store
+        self.requests = 0  # ranged GETs made (tests count them)
+        self.bytes_fetched = 0  # bytes those GETs returned
+
+    def schedule(self, needs, start, nbytes, paths, budget=None, per_batch=True, workers=1) -> None:
+        return None
+
+    def read(self, shards, slots, file_offsets, sizes, dest: np.ndarray, dest_offsets) -> None:
+        """As ``Direct.read``, each run of ranges of a shard no more than ``RANGE_GAP`` apart (and at most
+        ``RANGE_MAX`` long) one GET."""
+        n = len(slots)
+        if n == 0:
+            return
+        slots = np.asarray(slots, np.int64)
+        fo, sz, do = (np.asarray(a, np.int64) for a in (file_offsets, sizes, dest_offsets))
+        order = np.lexsort((fo, slots))
+        view = memoryview(dest).cast("B") if dest.ndim != 1 or dest.dtype != np.uint8 else memoryview(dest)
+        jobs, pieces, rel, first, last, slot = [], [], None, 0, 0, -1
+        for s, a, m, d in zip(slots[order].tolist(), fo[order].tolist(), sz[order].tolist(), do[order].tolist()):
+            if s != slot or a > last + RANGE_GAP or a + m - first > RANGE_MAX:  # a new GET
+                if pieces:
+                    jobs.append((rel, first, last, pieces))
+                rel, first, last, slot, pieces = shards[s].path, a, a + m, s, []
+            pieces.append((a, a + m, view[d:d + m]))
+            last = max(last, a + m)
+        jobs.append((rel, first, last, pieces))
+        self.reads += len(jobs)
+        self._dispatch(jobs)
+
+    def _run(self, jobs: list[tuple]) -> None:
+        """GET each job's range [start, end) of shard ``rel`` and copy its pieces into their places."""
+        for rel, start, end, pieces in jobs:
+            if end == start:  # (empty samples only: nothing to GET)
+                continue
+            data = memoryview(self.store.get_range(rel, start, end))
+            with self._lock:
+                self.requests += 1
+                self.bytes_fetched += len(data)
+            for a, b, out in pieces:
+                out[:] = data[a - start:b - start]
+
+
+STRATEGIES = {"mapped": Mapped, "windowed": Windowed, "direct": Direct, "ranged": Ranged}
 
 
 def make(name: str, storage, **kw):

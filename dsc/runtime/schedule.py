@@ -101,13 +101,25 @@ class ShardSchedule:
     ``per_batch``: each ``done(j)`` drops j's references and lets go (``release``) the shards no batch
     walked since holds; the walk stays within ``budget`` bytes held (which must hold any one batch's shards:
     the oldest batch not done is fetched as soon as nothing else is held, so the epoch always progresses).
-    Otherwise every shard is held until ``close``."""
+    Otherwise every shard is held until ``close``.
+
+    ``hold_to_last``: a shard fetched is held until the last batch of the epoch that reads it is done, never
+    let go while a batch not yet walked still needs it, so every shard is read once an epoch whatever the
+    budget. The oldest batch not done may then always fetch (what is held is needed by it or by later batches;
+    the budget is exceeded by at most what the order needs at once, ``live_bytes``)."""
 
     def __init__(self, needs: list[np.ndarray], start: int, nbytes: np.ndarray, fetch: Callable[[int], None],
                  release: Callable[[int], None], budget: int | None = None, per_batch: bool = True,
-                 workers: int = 1, fetch_now: Callable[[int], bool] | None = None, name: str = "dsc-reads"):
+                 workers: int = 1, fetch_now: Callable[[int], bool] | None = None, name: str = "dsc-reads",
+                 hold_to_last: bool = False):
         self.needs, self.end = needs, len(needs)
         self.nbytes = np.asarray(nbytes, np.int64)
+        self.uses: np.ndarray | None = None  # hold_to_last: batches from ``start`` on that read each shard
+        if hold_to_last and per_batch:
+            counts = [len(n) for n in needs[start:]]
+            self.uses = np.bincount(np.concatenate(needs[start:]).astype(np.int64), minlength=len(self.nbytes)) \
+                if sum(counts) else np.zeros(len(self.nbytes), np.int64)
+        self.fetches = 0  # shards fetched (tests count them against the shards read)
         self._fetch, self._release, self._fetch_now, self.per_batch = fetch, release, fetch_now, per_batch
         self.budget = budget if per_batch else None
         self.cond = threading.Condition()
@@ -155,8 +167,8 @@ class ShardSchedule:
                 size = int(self.nbytes[new].sum()) if new else 0
                 # (the oldest batch not done may always fetch, once nothing else is held: every batch walked
                 # before it is done, so what is still counted is being let go; then it fits the budget too)
-                if self.budget is None or self.bytes_held + size <= self.budget or (j <= self.oldest
-                                                                                    and self.bytes_held == 0):
+                if self.budget is None or self.bytes_held + size <= self.budget or (j <= self.oldest and (
+                        self.bytes_held == 0 or self.uses is not None)):
                     break
                 if not block:
                     return None
@@ -165,7 +177,8 @@ class ShardSchedule:
                     return None
             for k in keys:
                 if k in self.refs:
-                    self.refs[k] += 1
+                    if self.uses is None:  # (hold_to_last: a shard's references count all its batches at once)
+                        self.refs[k] += 1
                     if k in self.in_flight:
                         self.in_flight[k].append(j)
                         self.pending[j] = self.pending.get(j, 0) + 1
@@ -206,7 +219,8 @@ class ShardSchedule:
             self._fail(self.walked, e)
 
     def _hold(self, key: int) -> None:
-        self.refs[key] = 1
+        self.refs[key] = 1 if self.uses is None else int(self.uses[key])
+        self.fetches += 1
         self.bytes_held += int(self.nbytes[key])
         self.peak_bytes = max(self.peak_bytes, self.bytes_held)
 

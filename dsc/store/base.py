@@ -22,6 +22,11 @@ class MissingFile(CorruptDatasetError, FileNotFoundError):
     """A file of the dataset is not there (as opposed to there but unsafe or unreadable)."""
 
 
+def short_range(where: str, end: int) -> CorruptDatasetError:
+    return CorruptDatasetError(f"{where} ends before byte {end:,}; the dataset is damaged or was replaced "
+                               f"(dsc verify names the damaged files)")
+
+
 class Store:
     """One dataset's prefix. Paths are relative to it and checked (``paths.check_node_path``)."""
 
@@ -66,6 +71,19 @@ class Store:
         buf = io.BytesIO()
         self.download(rel, buf, limit=limit)
         return buf.getvalue()
+
+    def etag(self, rel: str) -> str | None:
+        """A tag that changes whenever the object is written again (object storage's ETag), in one request
+        that returns no content; None where the store has none (a reader then reads the object itself)."""
+        return None
+
+    def get_range(self, rel: str, start: int, end: int):
+        """Bytes ``[start, end)`` of the object (a buffer); one that ends before ``end`` is damaged
+        (``CorruptDatasetError``). A store that can read a range without the whole object overrides this."""
+        data = memoryview(self.get(rel, limit=end))[start:end]
+        if len(data) != end - start:
+            raise short_range(self.where(rel), end)
+        return data
 
     def get_or_none(self, rel: str, limit: int | None = None) -> bytes | None:
         try:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
-from .base import MissingFile, Store
+from .base import MissingFile, Store, short_range
 from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
@@ -218,6 +218,29 @@ class ObjectStore(Store):
             return n
 
         return self._call("downloading", rel, attempt)
+
+    def etag(self, rel: str) -> str | None:
+        import obstore
+
+        def attempt():
+            return obstore.get(self._store, rel, options={"head": True}).meta.get("e_tag")
+
+        try:
+            return self._call("checking", rel, attempt)
+        except FileNotFoundError:
+            return None
+
+    def get_range(self, rel: str, start: int, end: int):
+        """Bytes ``[start, end)`` of the object: one ranged GET (retried like every request)."""
+        import obstore
+
+        def attempt():
+            data = obstore.get_range(self._store, rel, start=start, end=end)
+            if len(data) != end - start:
+                raise short_range(self.where(rel), end)
+            return data
+
+        return self._call("reading a range of", rel, attempt)
 
     def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
         import obstore

@@ -1,0 +1,127 @@
+"""Many shards: what opening a dataset costs as its shard count grows (the simulation of issue 34: one tiny
+sample per shard, so the metadata is all there is).
+
+For each shard count: the compile's fixed cost per shard ((time - time of the smallest) / (shards - its
+shards)); then, in a fresh process each: ``dsc.open`` (seconds, and bytes read by read calls, /proc/self/io
+``rchar``), the first random batch of 256 (seconds), RSS after both against a process that only imported dsc,
+and the metadata on disk (JSON: the root zarr.json with the manifest, the version records, every other
+*.json; table: a columnar per-shard table, where the format has one). Goals (issue 34, at 1M shards):
+open <= 1 s, <= 200 MB RSS per process, first batch <= 2 s, bytes read at open independent of the
+shards, compile's fixed cost <= 0.5 ms a shard.
+
+``DSC_BENCH_SHARDS`` (default ``1024,32768``) picks the counts: 1M shards take hours to compile at today's
+per-shard cost on a small machine, so it is run only when asked (``DSC_BENCH_SHARDS=1024,32768,1048576``).
+``python benchmarks/bench_scale.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BENCH_DIR  # noqa: E402
+
+SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768").split(",")]
+
+
+def _build(n: int) -> tuple[Path, float]:
+    """The simulation of ``n`` shards (built once, kept under build/bench) and its compile's seconds."""
+    out = BENCH_DIR / f"scale-{n}.dsc"
+    stamp = BENCH_DIR / f"scale-{n}.seconds"
+    if not (out.exists() and stamp.exists()):
+        import shutil
+
+        import torch
+
+        import dsc
+
+        class Tiny(torch.utils.data.Dataset):
+            def __len__(self):
+                return n
+
+            def __getitem__(self, i):
+                return np.full((2, 2, 3), i % 251, np.uint8), i % 10
+
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"  compiling {n:,} shards of one 2x2 sample (once)...", flush=True)
+        t0 = time.perf_counter()
+        dsc.compile(Tiny(), out, size=2, shard_size=1, progress=False, workers=1)
+        stamp.write_text(str(time.perf_counter() - t0))
+    return out, float(stamp.read_text())
+
+
+def _rchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _child(path: str | None) -> dict:
+    import torch  # noqa: F401 - (imported by dsc.open anyway: the baseline process holds it too)
+
+    import dsc
+
+    if path is None:
+        return {"rss": _rss()}
+    r0, t0 = _rchar(), time.perf_counter()
+    ds = dsc.open(path)
+    t_open, read = time.perf_counter() - t0, _rchar() - r0
+    loader = dsc.Loader(ds, batch_size=256, order="random", num_threads=1)
+    t0 = time.perf_counter()
+    next(iter(loader))
+    return {"open": t_open, "read": read, "first": time.perf_counter() - t0, "rss": _rss()}
+
+
+def _measure(path: Path | None) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--child", str(path) if path else "-"], capture_output=True,
+                       text=True, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _metadata_bytes(path: Path) -> tuple[int, int]:
+    """(JSON bytes, table bytes) of a dataset's metadata: every *.json, and a per-shard table where there is one."""
+    js = sum(p.stat().st_size for p in path.rglob("*.json"))
+    table = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "shard-table" in p.name)
+    return js, table
+
+
+def main() -> None:
+    base = _measure(None)
+    rows = []
+    for n in SHARDS:
+        path, seconds = _build(n)
+        rows.append((n, seconds, _measure(path), *_metadata_bytes(path)))
+    n0, s0 = rows[0][0], rows[0][1]
+    print(f"many shards (one 2x2 sample a shard; each open in a fresh process; RSS against a process that imported "
+          f"dsc and torch only, {base['rss'] / 1e6:.0f} MB)")
+    print(f"  {'shards':>10} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
+          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16}")
+    for n, seconds, m, js, table in rows:
+        per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
+        print(f"  {n:>10,} {js / 1e6:>10.1f} MB {table / 1e6:>6.1f} MB {m['read'] / 1e6:>10.1f} MB "
+              f"{m['open']:>7.2f} s {m['first']:>10.2f} s {(m['rss'] - base['rss']) / 1e6:>5.0f} MB {per:>16}")
+    print("  goals at 1M shards: dsc.open <= 1 s, RSS <= 200 MB a process, first batch <= 2 s, read at open "
+          "independent of the shards, compile <= 0.5 ms a shard (fixed cost)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(_child(None if sys.argv[2] == "-" else sys.argv[2])))
+    else:
+        main()
