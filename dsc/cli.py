@@ -584,14 +584,16 @@ def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
 @click.argument("local", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.argument("url")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def push_cmd(local: Path, url: str, quiet: bool):
+@click.option("--force", is_flag=True, help="Move a tag the bucket has on a later version back to this copy's.")
+def push_cmd(local: Path, url: str, quiet: bool, force: bool):
     """Publish the compiled dataset LOCAL (every version it keeps, its tags) at URL (s3://, gs://, az://).
 
     Shards and arrays go first, each version record last by a conditional put; rerunning an interrupted push
-    skips what the bucket already has (same size and SHA-256)."""
+    skips what the bucket already has (same size and SHA-256). A tag the bucket has on a later version is
+    not moved back without --force."""
     from .compiler.upload import push  # lazy: PIL, for the compile commands
 
-    r = push(local, url, progress=not quiet)
+    r = push(local, url, progress=not quiet, force=force)
     click.echo(f"pushed {_n(r['versions'], 'version')} of {local} to {url}: {_n(r['sent'], 'file')} uploaded "
                f"({_mb(r['bytes_sent'])}; shards, arrays and metadata), {r['kept']:,} were there already")
 

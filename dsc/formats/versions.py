@@ -85,6 +85,19 @@ def versions(where) -> list[int]:
     return sorted(out)
 
 
+def commit_times(where) -> dict[int, float]:
+    """{version: when its record was written, by the store's clock} (a file's mtime, an object's last
+    modification). The retention period is measured from these, never from a record's ``created``: that is
+    ``SOURCE_DATE_EPOCH`` when set (reproducible bytes), which may be any time in the past."""
+    out = {}
+    for rel, _, mtime in as_store(where).list_detailed(LOG + "/"):
+        parts = rel.split("/")
+        m = _RECORD.match(parts[-1])
+        if m and len(parts) == 3:
+            out[int(m.group(1))] = mtime
+    return out
+
+
 def no_dataset(store: Store) -> DatasetNotFoundError:
     return DatasetNotFoundError(f"{store.url}: no dsc dataset there (no version log under {LOG}/); compile one with "
                                 f"`dsc compile ... {store.url}`")
@@ -229,6 +242,14 @@ def check_tag(name: str) -> str:
     return name
 
 
+def check_version(store: Store, n) -> int:
+    """``n`` if it is a version number (a whole number 0, 1, 2...: a pin's or a lease's name is made from it)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n > 999_999_999:
+        raise VersionNotFoundError(f"{store.url}: a version is a whole number 0, 1, 2... (`dsc log` lists them); "
+                                   f"got {n!r}")
+    return n
+
+
 def resolve(where, version: int | None = None, tag: str | None = None) -> int:
     """The version to open: ``version``, the version ``tag`` names, or the latest. The one version choice,
     for a folder and for object storage alike."""
@@ -244,7 +265,7 @@ def resolve(where, version: int | None = None, tag: str | None = None) -> int:
                                                                           if good else " (it has no tags)"))
         return good[tag]
     if version is not None:
-        return version
+        return check_version(store, version)
     nums = versions(store)
     if not nums:
         if not store.local:
@@ -368,6 +389,13 @@ def open_version(where, version: int | None = None, tag: str | None = None, read
     read = read or (lambda n: read_record(store, n))
     for attempt in range(8):
         n = resolve(store, version, tag)
+        if hold and store.stat(record_path(n)) is None:  # (no pin or lease made for a version that is not there)
+            try:
+                read(n)  # (its error: the versions there, or no dataset)
+            except VersionNotFoundError:
+                if version is not None or attempt == 7:
+                    raise
+                continue
         pin = (Pin(store.path, n) if store.local else Lease(store, n)) if hold else None
         try:
             rec = read(n)  # after the pin: a vacuum that removed N meanwhile has removed this record
