@@ -93,3 +93,125 @@ def test_a_version_that_is_not_a_number_leaves_no_file(tmp_path, bad):
     with pytest.raises(VersionNotFoundError, match="has no version 7"):
         dsc.open(out, version=7)
     assert not (out / V.PINS / "7").exists()
+
+
+# --------------------------------------------------------------------------- object storage
+@pytest.fixture(scope="module")
+def s3(s3_server):
+    pytest.importorskip("obstore")
+    from object_servers import use_server
+
+    with pytest.MonkeyPatch.context() as m:
+        use_server(s3_server, m)
+        m.delenv("DSC_CACHE_DIR", raising=False)
+        s3_server.bucket("dsc-doors")
+        yield s3_server
+
+
+def _two_versions(tmp_path: Path, n0: int = 12, n1: int = 5) -> Path:
+    """A local dataset: version 0 of ``n0`` images, version 1 adds ``n1``."""
+    src, out = tmp_path / "src2", tmp_path / "two.dsc"
+    make_folder(src, n0)
+    dsc.compile_imagefolder(src, out, workers=1, **OPTS)
+    make_folder(src, n1, seed0=4000)
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    return out
+
+
+def test_a_vacuum_of_a_url_racing_its_first_compile_keeps_version_0(s3, tmp_path, monkeypatch):
+    """The compile has uploaded its shards and is about to commit when `dsc vacuum URL --older-than 0` starts;
+    the compile commits and ends before the vacuum takes its lease. Version 0 is whole afterwards."""
+    import threading
+
+    from dsc import versions as vacuums
+    from dsc.compiler import upload
+
+    src = tmp_path / "src"
+    make_folder(src, 24)
+    url = "s3://dsc-doors/first-compile"
+    shards_up, go = threading.Event(), threading.Event()
+    real_push, real_writing = upload.push, vacuums.writing
+
+    def push_when_told(*a, **k):
+        shards_up.set()
+        assert go.wait(60)
+        return real_push(*a, **k)
+    monkeypatch.setattr(upload, "push", push_when_told)
+    errors = []
+
+    def compile_it():
+        try:
+            dsc.compile_imagefolder(src, url, workers=1, cache_dir=str(tmp_path / "stage"), **OPTS)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+    t = threading.Thread(target=compile_it)
+    t.start()
+    assert shards_up.wait(60)
+
+    def the_compile_ends_first(store, what, nodes=()):
+        go.set()
+        t.join(60)
+        return real_writing(store, what, nodes)
+    monkeypatch.setattr(vacuums, "writing", the_compile_ends_first)
+    r = dsc.vacuum(url, older_than=0)
+    t.join(60)
+    assert not errors, errors
+    assert r.removed == [] and r.kept == [0]
+    assert dsc.verify(url).ok
+    assert len(dsc.open(url, cache_dir=tmp_path / "c")) == 24
+
+
+def test_two_restores_at_one_url_one_slow_leave_the_latest_view_whole(s3, tmp_path, monkeypatch):
+    """Restore A (version 2 = version 0, 12 rows) writes its view slowly; restore B (version 3 = version 1, 17
+    rows) commits and writes its whole view meanwhile, then A's chunk writes land. The view is version 3's."""
+    from dsc.compiler.upload import push
+    from dsc.formats import view
+    from dsc.store import object as object_store, open_store
+
+    url = "s3://dsc-doors/two-restores"
+    local = _two_versions(tmp_path)
+    push(local, url, progress=False)
+    store = open_store(url)
+    real_put, state = object_store.ObjectStore.put, {"b": None}
+
+    def slow_first_chunk(self, rel, *a, **k):
+        if state["b"] is None and "/c" in rel and not rel.startswith(("_dsc/", "image/")):
+            state["b"] = "running"  # A is about to write its first chunk: B runs whole first
+            state["b"] = dsc.restore(url, version=1)
+        return real_put(self, rel, *a, **k)
+    monkeypatch.setattr(object_store.ObjectStore, "put", slow_first_chunk)
+    assert dsc.restore(url, version=0) == 2
+    monkeypatch.setattr(object_store.ObjectStore, "put", real_put)
+    assert state["b"] == 3
+    m3 = V.read_record(store, 3)["manifest"]
+    want, root = view.expected(store, m3)
+    import hashlib
+    for path, (nbytes, sha) in want.items():
+        assert hashlib.sha256(store.get(path)).hexdigest() == sha, path
+    assert json.loads(store.get("zarr.json"))["attributes"]["dsc"]["num_samples"] == 17
+    assert dsc.verify(url).ok
+
+
+def test_a_push_of_an_older_copy_does_not_move_a_tag_back(s3, tmp_path):
+    from dsc.compiler.upload import push
+
+    url = "s3://dsc-doors/tags"
+    local = _two_versions(tmp_path)
+    old = tmp_path / "old.dsc"
+    shutil.copytree(local, old)
+    dsc.tag(old, "prod", version=0)
+    dsc.tag(local, "prod", version=1)
+    push(local, url, progress=False)
+    assert dsc.log(url)[1]["tags"] == ["prod"]
+    with pytest.raises(VersionConflictError, match="tag 'prod' names version 1, and this copy's names version 0"):
+        push(old, url, progress=False)
+    assert dsc.log(url)[1]["tags"] == ["prod"]
+    assert dsc.vacuum(url, older_than=0).removed == [0]  # prod keeps version 1
+    push(old, url, progress=False, force=True)  # asked for: moved back
+    assert V.read_tags(open_store_of(url))[0] == {"prod": 0}  # (version 0 pushed again with it)
+
+
+def open_store_of(url):
+    from dsc.store import open_store
+
+    return open_store(url)
