@@ -642,9 +642,10 @@ def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: b
 def cache_ls_cmd(cache_dir, as_json: bool):
     """What the cache holds: each dataset's URL, versions read, shards cached; the bytes in all."""
     from .runtime.remote import cache_list  # lazy: torch, for the read commands
+    from .store import default_cache_dir  # lazy: numpy, for dsc --help's speed
 
-    _cache_exists(cache_dir)
-    r = cache_list(cache_dir)
+    where = Path(cache_dir) if cache_dir else default_cache_dir()
+    r = cache_list(cache_dir) if where.is_dir() else {"root": str(where), "bytes": 0, "files": 0, "datasets": []}
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
@@ -657,15 +658,15 @@ def cache_ls_cmd(cache_dir, as_json: bool):
 @cache_group.command(name="verify")
 @_cache_dir_option
 def cache_verify_cmd(cache_dir):
-    """Re-hash every cached shard; delete the damaged ones (they are downloaded again when needed)."""
+    """Re-hash every cached shard and small file; delete the damaged ones (they are downloaded again when needed)."""
     from .runtime.remote import cache_check  # lazy: torch, for the read commands
 
     _cache_exists(cache_dir)
     checked, bad = cache_check(cache_dir)
     if bad:
-        raise click.ClickException(f"{bad:,} of {checked:,} cached shards were damaged on this disk and were deleted; "
-                                   f"they are downloaded again when needed")
-    click.echo(f"OK: {checked:,} cached shards match their SHA-256")
+        raise click.ClickException(f"{bad:,} of {checked:,} cached files (shards and small files) were damaged on "
+                                   f"this disk and were deleted; they are downloaded again when needed")
+    click.echo(f"OK: {checked:,} cached files (shards and small files) match their SHA-256")
 
 
 @cache_group.command(name="clear")

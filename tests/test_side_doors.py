@@ -215,3 +215,144 @@ def open_store_of(url):
     from dsc.store import open_store
 
     return open_store(url)
+
+
+# --------------------------------------------------------------------------- the shard cache
+@pytest.fixture(scope="module")
+def pushed(s3, tmp_path_factory):
+    """(url, the local dataset pushed there): 17 samples in one version."""
+    from dsc.compiler.upload import push
+
+    tmp = tmp_path_factory.mktemp("pushed")
+    src, local = tmp / "src", tmp / "local.dsc"
+    make_folder(src, 17)
+    dsc.compile_imagefolder(src, local, workers=1, **dict(OPTS, shard_size=8))
+    url = "s3://dsc-doors/pushed"
+    push(local, url, progress=False)
+    return url, local
+
+
+def _labels(ds) -> list:
+    return ds.get_batch(range(len(ds)))["label"].tolist()
+
+
+def test_a_flipped_bit_in_a_cached_label_object_is_found(pushed, tmp_path):
+    """The small files kept in the cache are checked against their hash at open (fetched again when damaged),
+    and `dsc cache verify` checks them too."""
+    from dsc.runtime.remote import cache_check, mirror_dir
+    from dsc.runtime.cache import ShardCache
+
+    url, local = pushed
+    want = _labels(dsc.open(local))
+    cache = tmp_path / "c"
+    assert _labels(dsc.open(url, cache_dir=cache)) == want
+    m = dsc.open(local).manifest
+    obj = mirror_dir(ShardCache(cache), url) / V.object_path(m.files["label/c/0"]["sha256"])
+
+    def flip():
+        data = bytearray(obj.read_bytes())
+        data[0] ^= 1  # sample 0's label changes by one
+        obj.write_bytes(bytes(data))
+    flip()
+    assert _labels(dsc.open(url, cache_dir=cache)) == want  # found at open, fetched again
+    flip()
+    files = len(list(obj.parent.parent.glob("*/*"))) + 3  # (the objects, and 3 shards)
+    assert cache_check(cache) == (files, 1)
+    assert not obj.exists()
+    assert _labels(dsc.open(url, cache_dir=cache)) == want
+
+
+def test_a_truncated_or_linked_cached_shard_is_the_caches_fault_and_fetched_again(pushed, tmp_path):
+    from dsc.formats import layout as L
+    from dsc.runtime.cache import ShardCache
+
+    url, local = pushed
+    cache = tmp_path / "c"
+    want = dsc.open(local)[0]["image"].numpy().tobytes()
+    assert dsc.open(url, cache_dir=cache)[0]["image"].numpy().tobytes() == want
+    spec = L.shard_specs(dsc.open(local).manifest)[0]
+    cached = ShardCache(cache).path(spec.sha256)
+    with open(cached, "r+b") as f:
+        f.truncate(spec.nbytes // 2)
+    with pytest.warns(RuntimeWarning, match=r"in the shard cache was damaged \(.* bytes where the shard has"):
+        assert dsc.open(url, cache_dir=cache)[0]["image"].numpy().tobytes() == want
+    assert cached.stat().st_size == spec.nbytes
+    cached.unlink()
+    (tmp_path / "elsewhere").write_bytes(b"x" * spec.nbytes)
+    cached.symlink_to(tmp_path / "elsewhere")
+    with pytest.warns(RuntimeWarning, match="a symbolic link"):
+        assert dsc.open(url, cache_dir=cache)[0]["image"].numpy().tobytes() == want
+    assert not cached.is_symlink() and (tmp_path / "elsewhere").read_bytes() == b"x" * spec.nbytes
+    cached.unlink()
+    cached.symlink_to(tmp_path / "elsewhere")
+    assert ShardCache(cache).clear()[0] >= 1 and not os.path.lexists(cached)  # (clear: the link goes too)
+
+
+def test_a_leftover_download_of_a_reused_pid_does_not_pin_cache_space(tmp_path):
+    """A `.part` of a process that died (its pid alive again: pid 1 of a restarted container) is removed by
+    `dsc cache clear` and by the space accounting; one a live download holds is kept."""
+    import fcntl
+
+    from dsc.runtime.cache import ShardCache
+
+    cache = ShardCache(tmp_path / "c", limit=10_000)
+    d = tmp_path / "c" / "shards" / "ab"
+    d.mkdir(parents=True)
+    dead = d / f"{'ab' * 32}.1.1.part"  # pid 1 runs, but holds no lock on it
+    dead.write_bytes(b"\0" * 8000)
+    live = d / f"{'ab' * 31}cd.{os.getpid()}.2.part"
+    live.write_bytes(b"\0" * 1000)
+    fd = os.open(live, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert cache.usage() == 1000 and not dead.exists()
+        dead.write_bytes(b"\0" * 8000)
+        assert cache.clear() == (0, 0, 1) and not dead.exists() and live.exists()
+    finally:
+        os.close(fd)
+    assert cache.clear() == (0, 0, 0) and not live.exists()
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """``read_only(folder)``: the folder mounted read-only at another path (a bind mount; skipped where this
+    process may not mount)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(folder: Path) -> Path:
+        at = tmp_path / f"ro-{len(mounted)}"
+        at.mkdir()
+        for argv in (["mount", "--bind", str(folder), str(at)], ["mount", "-o", "remount,ro,bind", str(at)]):
+            r = subprocess.run(argv, capture_output=True)
+            if r.returncode:
+                if argv[1] != "--bind":
+                    subprocess.run(["umount", str(at)])
+                pytest.skip(f"cannot make a read-only mount here: {r.stderr.decode().strip()}")
+        mounted.append(at)
+        return at
+    yield mount
+    import subprocess as sp
+
+    for at in mounted:
+        sp.run(["umount", str(at)])
+
+
+def test_a_pre_warmed_cache_on_a_read_only_mount_serves_what_it_holds(pushed, tmp_path, read_only):
+    from dsc.errors import CacheFullError
+    from dsc.formats import layout as L
+    from dsc.runtime.cache import ShardCache
+    from dsc.runtime.remote import warm
+
+    url, local = pushed
+    warm(url, cache_dir=tmp_path / "c", progress=False)
+    specs = L.shard_specs(dsc.open(local).manifest)
+    ShardCache(tmp_path / "c").path(specs[-1].sha256).unlink()  # the last shard: not in the cache
+    ro = read_only(tmp_path / "c")
+    ds = dsc.open(url, cache_dir=ro)
+    ref = dsc.open(local)
+    a, b = ds.get_batch(range(8)), ref.get_batch(range(8))  # (the first shard's samples)
+    assert a["image"].numpy().tobytes() == b["image"].numpy().tobytes() and a["label"].tolist() == b["label"].tolist()
+    with pytest.raises(CacheFullError, match="is not in the cache .* which cannot be written"):
+        ds[len(ds) - 1]

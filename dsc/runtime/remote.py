@@ -392,7 +392,7 @@ def cache_list(cache_dir=None) -> dict:
     """What the cache holds (``dsc cache ls``): {"root", "bytes", "files", "datasets": [{"url", "versions",
     "shards", "cached", "bytes"}]} (counts for the newest version read from each URL)."""
     cache = ShardCache(cache_dir)
-    entries = cache.entries()
+    entries = cache.entries(prune=False)
     out = {"root": str(cache.root), "bytes": sum(st.st_size for _, st in entries), "files": len(entries),
            "datasets": []}
     for d in sorted((cache.root / "datasets").iterdir()):
@@ -416,11 +416,23 @@ def cache_list(cache_dir=None) -> dict:
 
 
 def cache_check(cache_dir=None) -> tuple[int, int]:
-    """Re-hash every cached shard against its name (``dsc cache verify``); delete those that differ (disk
-    damage after the download) so that they are downloaded again: (files checked, files deleted)."""
+    """Re-hash every cached shard, and every small file kept for a dataset (``datasets/<id>/_dsc/objects/``),
+    against its name (``dsc cache verify``); delete those that differ (disk damage after the download) so that
+    they are downloaded again: (files checked, files deleted)."""
     cache = ShardCache(cache_dir)
     checked = bad = 0
-    for p, _ in cache.entries():
+    objects = [p for d in sorted((cache.root / "datasets").iterdir()) if d.is_dir()
+               for p in sorted((d / versions.OBJECTS).glob("*/*")) if not p.name.startswith(".")]
+    for p in objects:  # (a small file is read whole at open: its hash is its name, like a shard's)
+        try:
+            data = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        except OSError:
+            data = None
+        checked += 1
+        if data is None or hashlib.sha256(data).hexdigest() != p.name:
+            bad += 1
+            p.unlink(missing_ok=True)  # (fetched again from the bucket, checked, at the next open)
+    for p, _ in cache.entries(prune=False):
         if p.name.endswith(".part"):
             continue
         h = hashlib.sha256()
