@@ -332,11 +332,11 @@ def read_only(tmp_path):
                 pytest.skip(f"cannot make a read-only mount here: {r.stderr.decode().strip()}")
         mounted.append(at)
         return at
-    yield mount
-    import subprocess as sp
-
-    for at in mounted:
-        sp.run(["umount", str(at)])
+    try:
+        yield mount
+    finally:
+        for at in mounted:  # (lazy: a handle the test left open must not keep the mount)
+            subprocess.run(["umount", "-l", str(at)])
 
 
 def test_a_pre_warmed_cache_on_a_read_only_mount_serves_what_it_holds(pushed, tmp_path, read_only):
