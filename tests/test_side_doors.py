@@ -356,3 +356,27 @@ def test_a_pre_warmed_cache_on_a_read_only_mount_serves_what_it_holds(pushed, tm
     assert a["image"].numpy().tobytes() == b["image"].numpy().tobytes() and a["label"].tolist() == b["label"].tolist()
     with pytest.raises(CacheFullError, match="is not in the cache .* which cannot be written"):
         ds[len(ds) - 1]
+
+
+# --------------------------------------------------------------------------- 10. a damaged base
+def test_an_update_of_a_base_with_a_bit_rotted_object_is_refused_and_an_object_is_reused_only_intact(tmp_path):
+    src, out = _small(tmp_path, 16)
+    m = dsc.open(out).manifest
+    live = out / V.object_path(m.files["live/c/0"]["sha256"])
+    good = live.read_bytes()
+    live.write_bytes(bytes([good[0] ^ 1]) + good[1:])  # row 0 no longer live, as far as these bytes say
+    make_folder(src, 4, seed0=800)
+    with pytest.raises(CorruptDatasetError, match=r"version 0, the base of this update, is damaged: live/c/0"):
+        dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    assert [e["version"] for e in dsc.log(out)] == [0]
+    live.write_bytes(good)
+    assert dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS).version == 1
+    assert dsc.verify(out).ok and len(dsc.open(out)) == 20
+    # A writer giving an object whose name is there already, damaged since: the object is written again from
+    # the bytes it just hashed (the view's copy here), not reused by its name.
+    f = dsc.open(out).manifest.files["checksums/zarr.json"]
+    shared = out / V.object_path(f["sha256"])
+    kept = shared.read_bytes()
+    shared.write_bytes(b" " + kept[1:])
+    V.store_objects(out, out, {"checksums/zarr.json": f})
+    assert shared.read_bytes() == kept and dsc.verify(out).ok

@@ -465,11 +465,18 @@ def store_objects(src: Path, out: Path, files: dict) -> None:
     """Give every small file listed in ``files`` its object under ``out``: a hard link to the file in a
     private staging ``src``, a copy of one in the top-level view (``src`` is ``out``, or lacks it). The view
     never shares an inode with an object, so writing into the view (a plain Zarr user) cannot change a
-    version's bytes."""
+    version's bytes. An object there already is reused only when its bytes hash to its name (one damaged on
+    disk is replaced by these bytes, which were just hashed: a new version is never damaged from birth)."""
+    root = None
     for rel, f in files.items():
         obj = out / object_path(f["sha256"])
         if obj.exists():
-            continue
+            root = root or Root(out)
+            try:
+                if root.sha256(object_path(f["sha256"])) == f["sha256"]:
+                    continue
+            except CorruptDatasetError:  # (a link or not a file there: replaced below, never followed)
+                pass
         private = src != out and (src / rel).exists()
         if private:  # the staged file itself: no copy
             NewFile(obj, out, link=src / rel).commit()
