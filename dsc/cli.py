@@ -339,6 +339,8 @@ def _compile(out: Path, kw: dict, make_source) -> None:
 
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     options = _options_from(kw)
+    if options.overwrite and not options.update and not options.dry_run:
+        _confirm_overwrite(out)
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
@@ -367,6 +369,29 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     _report(report)
 
 
+def _at_a_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def _confirm_overwrite(out) -> None:
+    """``--overwrite`` of a dataset with more than its one version, or with tags, drops them all: asked at a
+    terminal, refused elsewhere (a script removes OUT itself, or makes a new version with --update)."""
+    from .compiler.staging import history  # lazy: PIL, for the compile commands
+
+    lost = history(out) if not str(out).startswith(("s3:", "gs:", "az:")) else None
+    if lost is None:
+        return
+    said = f"{out} holds {lost}; --overwrite replaces it with a new compile (version 0, no tags) and drops them all"
+    if _at_a_terminal():
+        click.confirm(f"{said}. Replace it?", abort=True, err=True)
+        return
+    raise click.ClickException(f"{said}: not without a confirmation, and there is no terminal to ask at. Make a new "
+                               f"version with --update instead, or remove {out} first (rm -r) to compile it anew")
+
+
+VERIFY_NOT_FOUND = 3  # dsc verify's exit code for a version (or dataset) that is not there; 1 is "damaged"
+
+
 @main.command(name="verify")
 @click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
@@ -381,7 +406,9 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
-    file and the samples affected)."""
+    file and the samples affected), 3 when there is no such version (removed by `dsc vacuum`, or never made)
+    or no dataset there: nothing to check is not damage."""
+    from .errors import DatasetNotFoundError  # lazy: numpy, for dsc --help's speed
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
     from .store import is_url  # lazy: numpy, for dsc --help's speed
 
@@ -389,7 +416,12 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
         from .versions import repair_view as repair  # lazy: numpy, for dsc --help's speed
 
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
-    report = verify(dataset, version, cache_dir=cache_dir)
+    try:
+        report = verify(dataset, version, cache_dir=cache_dir)
+    except DatasetNotFoundError as e:  # (VersionNotFoundError too)
+        missing = click.ClickException(f"{e} (exit code 3: nothing to check, not damage)")
+        missing.exit_code = VERIFY_NOT_FOUND
+        raise missing from None
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
     view_only = report.problems and all(p.view for p in report.problems)
     if report.ok:
@@ -648,6 +680,9 @@ def cache_ls_cmd(cache_dir, as_json: bool):
     r = cache_list(cache_dir) if where.is_dir() else {"root": str(where), "bytes": 0, "files": 0, "datasets": []}
     if as_json:
         click.echo(json.dumps(r, indent=2))
+        return
+    if not where.is_dir():  # (an empty listing, not an error: nothing was downloaded there yet)
+        click.echo(f"{where}: empty (no cache there yet: `dsc cache warm URL` or opening a URL fills it)")
         return
     click.echo(f"{r['root']}: {_mb(r['bytes'])} in {_n(r['files'], 'shard file')}")
     for d in r["datasets"]:

@@ -380,3 +380,48 @@ def test_an_update_of_a_base_with_a_bit_rotted_object_is_refused_and_an_object_i
     shared.write_bytes(b" " + kept[1:])
     V.store_objects(out, out, {"checksums/zarr.json": f})
     assert shared.read_bytes() == kept and dsc.verify(out).ok
+
+
+# --------------------------------------------------------------------------- the small print
+def test_overwrite_of_a_dataset_with_history_is_confirmed_or_refused(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from dsc import cli
+
+    src, out = _small(tmp_path, 6)
+    run = lambda *a, **k: CliRunner().invoke(cli.main, [str(x) for x in a], **k)  # noqa: E731
+    argv = ("compile", "imagefolder", src, out, "--size", "8", "--shard-size", "64", "--workers", "1", "--overwrite", "-q")
+    assert run(*argv).exit_code == 0  # one version, no tag: nothing more is lost
+    dsc.tag(out, "prod")
+    make_folder(src, 2, seed0=300)
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    r = run(*argv)
+    assert r.exit_code == 1 and "holds versions 0-1 and tag prod; --overwrite replaces it" in r.output, r.output
+    assert "no terminal to ask at" in r.output and [e["version"] for e in dsc.log(out)] == [0, 1]
+    monkeypatch.setattr(cli, "_at_a_terminal", lambda: True)
+    r = run(*argv, input="n\n")
+    assert r.exit_code == 1 and "Replace it? [y/N]" in r.output and len(dsc.log(out)) == 2
+    r = run(*argv, input="y\n")
+    assert r.exit_code == 0 and "every version and tag it holds (versions 0-1 and tag prod)" in r.output, r.output
+    assert [e["version"] for e in dsc.log(out)] == [0] and dsc.log(out)[0]["tags"] == []
+    dsc.tag(out, "prod")
+    with pytest.warns(UserWarning, match=r"--overwrite replaces .* \(version 0 and tag prod\)"):
+        dsc.compile_imagefolder(src, out, overwrite=True, workers=1, **OPTS)
+
+
+def test_verify_of_a_vacuumed_version_is_not_damage_and_cache_ls_of_no_cache_is_empty(tmp_path):
+    from click.testing import CliRunner
+
+    from dsc import cli
+
+    src, out = _small(tmp_path, 6)
+    make_folder(src, 2, seed0=300)
+    dsc.compile_imagefolder(src, out, update=True, workers=1, **OPTS)
+    dsc.vacuum(out, older_than=0)
+    r = CliRunner().invoke(cli.main, ["verify", str(out), "--version", "0"])
+    assert r.exit_code == cli.VERIFY_NOT_FOUND == 3 and "has no version 0" in r.output, r.output
+    assert CliRunner().invoke(cli.main, ["verify", str(out), "--version", "1"]).exit_code == 0
+    r = CliRunner().invoke(cli.main, ["cache", "ls", "--cache-dir", str(tmp_path / "none")])
+    assert r.exit_code == 0 and "empty (no cache there yet" in r.output and not (tmp_path / "none").exists()
+    r = CliRunner().invoke(cli.main, ["cache", "ls", "--cache-dir", str(tmp_path / "none"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["datasets"] == []
