@@ -408,7 +408,6 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
     file and the samples affected), 3 when there is no such version (removed by `dsc vacuum`, or never made)
     or no dataset there: nothing to check is not damage."""
-    from .errors import DatasetNotFoundError  # lazy: numpy, for dsc --help's speed
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
     from .store import is_url  # lazy: numpy, for dsc --help's speed
 

@@ -76,13 +76,7 @@ def is_versioned(where) -> bool:
 
 def versions(where) -> list[int]:
     """The committed version numbers, ascending (vacuumed ones are absent)."""
-    out = []
-    for rel, _ in as_store(where).list(LOG + "/"):
-        parts = rel.split("/")
-        m = _RECORD.match(parts[-1])
-        if m and len(parts) == 3:
-            out.append(int(m.group(1)))
-    return sorted(out)
+    return sorted(commit_times(where))
 
 
 def commit_times(where) -> dict[int, float]:
