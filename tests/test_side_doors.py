@@ -192,8 +192,10 @@ def test_two_restores_at_one_url_one_slow_leave_the_latest_view_whole(s3, tmp_pa
     assert dsc.verify(url).ok
 
 
-def test_a_push_of_an_older_copy_does_not_move_a_tag_back(s3, tmp_path):
+def test_a_push_of_an_older_copy_does_not_move_a_tag_back(s3, tmp_path, monkeypatch):
     from dsc.compiler.upload import push
+
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))  # (a push keeps its writer token there)
 
     url = "s3://dsc-doors/tags"
     local = _two_versions(tmp_path)
@@ -207,7 +209,14 @@ def test_a_push_of_an_older_copy_does_not_move_a_tag_back(s3, tmp_path):
         push(old, url, progress=False)
     assert dsc.log(url)[1]["tags"] == ["prod"]
     assert dsc.vacuum(url, older_than=0).removed == [0]  # prod keeps version 1
-    push(old, url, progress=False, force=True)  # asked for: moved back
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    r = CliRunner().invoke(main, ["push", str(old), url, "-q"])
+    assert r.exit_code == 1 and "dsc push does not move a tag back" in r.output and "--force" in r.output, r.output
+    r = CliRunner().invoke(main, ["push", str(old), url, "-q", "--force"])  # asked for: moved back
+    assert r.exit_code == 0, r.output
     assert V.read_tags(open_store_of(url))[0] == {"prod": 0}  # (version 0 pushed again with it)
 
 

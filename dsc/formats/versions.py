@@ -76,20 +76,22 @@ def is_versioned(where) -> bool:
 
 def versions(where) -> list[int]:
     """The committed version numbers, ascending (vacuumed ones are absent)."""
-    return sorted(commit_times(where))
+    return sorted(n for n in map(_record_number, (rel for rel, _ in as_store(where).list(LOG + "/"))) if n is not None)
+
+
+def _record_number(rel: str) -> int | None:
+    """N, for a version record's path ``_dsc/log/N.json``; None for anything else there."""
+    parts = rel.split("/")
+    m = _RECORD.match(parts[-1])
+    return int(m.group(1)) if m and len(parts) == 3 else None
 
 
 def commit_times(where) -> dict[int, float]:
     """{version: when its record was written, by the store's clock} (a file's mtime, an object's last
     modification). The retention period is measured from these, never from a record's ``created``: that is
     ``SOURCE_DATE_EPOCH`` when set (reproducible bytes), which may be any time in the past."""
-    out = {}
-    for rel, _, mtime in as_store(where).list_detailed(LOG + "/"):
-        parts = rel.split("/")
-        m = _RECORD.match(parts[-1])
-        if m and len(parts) == 3:
-            out[int(m.group(1))] = mtime
-    return out
+    return {n: mtime for n, mtime in ((_record_number(rel), mtime) for rel, _, mtime in
+                                      as_store(where).list_detailed(LOG + "/")) if n is not None}
 
 
 def no_dataset(store: Store) -> DatasetNotFoundError:
