@@ -294,7 +294,12 @@ def test_a_truncated_or_linked_cached_shard_is_the_caches_fault_and_fetched_agai
     assert not cached.is_symlink() and (tmp_path / "elsewhere").read_bytes() == b"x" * spec.nbytes
     cached.unlink()
     cached.symlink_to(tmp_path / "elsewhere")
+    from dsc.runtime.remote import cache_check
+
+    assert cache_check(cache)[1] == 1 and not os.path.lexists(cached)  # (cache verify: the link goes)
+    cached.symlink_to(tmp_path / "elsewhere")
     assert ShardCache(cache).clear()[0] >= 1 and not os.path.lexists(cached)  # (clear: the link goes too)
+    assert (tmp_path / "elsewhere").read_bytes() == b"x" * spec.nbytes
 
 
 def test_a_leftover_download_of_a_reused_pid_does_not_pin_cache_space(tmp_path):

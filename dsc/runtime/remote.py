@@ -19,8 +19,10 @@ dataset's.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import threading
 import time
 import weakref
@@ -436,12 +438,17 @@ def cache_check(cache_dir=None) -> tuple[int, int]:
         if p.name.endswith(".part"):
             continue
         h = hashlib.sha256()
-        try:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
+        try:  # (never through a link planted there: a link, a FIFO... is damage, removed like wrong bytes)
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            with os.fdopen(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    while chunk := f.read(1 << 22):
+                        h.update(chunk)
         except FileNotFoundError:
             continue
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
         checked += 1
         if h.hexdigest() != p.name:
             bad += 1
