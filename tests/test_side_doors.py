@@ -439,3 +439,15 @@ def test_verify_of_a_vacuumed_version_is_not_damage_and_cache_ls_of_no_cache_is_
     assert r.exit_code == 0 and "empty (no cache there yet" in r.output and not (tmp_path / "none").exists()
     r = CliRunner().invoke(cli.main, ["cache", "ls", "--cache-dir", str(tmp_path / "none"), "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["datasets"] == []
+
+
+def test_source_date_epoch_does_not_shorten_the_retention_period_in_object_storage(s3, tmp_path, monkeypatch):
+    from dsc.compiler.upload import push
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))
+    url = "s3://dsc-doors/pinned-clock"
+    push(_two_versions(tmp_path, 6, 2), url, progress=False)
+    r = dsc.vacuum(url)  # superseded by the bucket's clock: seconds ago
+    assert r.removed == [] and r.recent == [0]
+    assert len(dsc.open(url, version=0, cache_dir=tmp_path / "c")) == 6
