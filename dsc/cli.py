@@ -15,7 +15,7 @@ import click
 
 from . import __version__
 from .errors import (CompileLockedError, ConfigError, CredentialsError, DatasetNotFoundError, DscError, OutputExistsError,
-                     ResumeError, SampleError, UnsafePathError, VersionConflictError)
+                     ResumeError, SampleError, UnsafePathError, VersionConflictError, VersionNotFoundError)
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):
@@ -406,8 +406,8 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
     (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
-    file and the samples affected), 3 when there is no such version (removed by `dsc vacuum`, or never made)
-    or no dataset there: nothing to check is not damage."""
+    file and the samples affected), 3 when there is no such version (removed by `dsc vacuum`, or never made):
+    nothing to check is not damage."""
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
     from .store import is_url  # lazy: numpy, for dsc --help's speed
 
@@ -417,7 +417,7 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir):
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
     try:
         report = verify(dataset, version, cache_dir=cache_dir)
-    except DatasetNotFoundError as e:  # (VersionNotFoundError too)
+    except VersionNotFoundError as e:
         missing = click.ClickException(f"{e} (exit code 3: nothing to check, not damage)")
         missing.exit_code = VERIFY_NOT_FOUND
         raise missing from None
