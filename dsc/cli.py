@@ -15,7 +15,7 @@ import click
 
 from . import __version__
 from .errors import (CompileLockedError, ConfigError, CredentialsError, DatasetNotFoundError, DscError, OutputExistsError,
-                     ResumeError, SampleError, UnsafePathError, VersionConflictError)
+                     ResumeError, SampleError, UnsafePathError, VersionConflictError, VersionNotFoundError)
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):
@@ -344,6 +344,8 @@ def _compile(out: Path, kw: dict, make_source) -> None:
 
     warn = lambda msg: click.echo(f"warning: {msg}", err=True)  # noqa: E731
     options = _options_from(kw)
+    if options.overwrite and not options.update and not options.dry_run:
+        _confirm_overwrite(out)
     try:
         report = compile_source(make_source(), out, options, warn=warn, info=click.echo)
     except (DscError, OSError, KeyboardInterrupt) as e:
@@ -372,6 +374,29 @@ def _compile(out: Path, kw: dict, make_source) -> None:
     _report(report)
 
 
+def _at_a_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def _confirm_overwrite(out) -> None:
+    """``--overwrite`` of a dataset with more than its one version, or with tags, drops them all: asked at a
+    terminal, refused elsewhere (a script removes OUT itself, or makes a new version with --update)."""
+    from .compiler.staging import history  # lazy: PIL, for the compile commands
+
+    lost = history(out) if not str(out).startswith(("s3:", "gs:", "az:")) else None
+    if lost is None:
+        return
+    said = f"{out} holds {lost}; --overwrite replaces it with a new compile (version 0, no tags) and drops them all"
+    if _at_a_terminal():
+        click.confirm(f"{said}. Replace it?", abort=True, err=True)
+        return
+    raise click.ClickException(f"{said}: not without a confirmation, and there is no terminal to ask at. Make a new "
+                               f"version with --update instead, or remove {out} first (rm -r) to compile it anew")
+
+
+VERIFY_NOT_FOUND = 3  # dsc verify's exit code for a version (or dataset) that is not there; 1 is "damaged"
+
+
 @main.command(name="verify")
 @click.argument("dataset", type=DATASET)
 @click.option("--version", "version", type=click.IntRange(min=0), default=None,
@@ -388,7 +413,8 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir, quiet: bool
     (s3://, gs://, az://): every shard is streamed from object storage and hashed.
 
     Exit code 0 when the dataset is intact, 1 when anything is damaged (each problem is listed with the
-    file and the samples affected)."""
+    file and the samples affected), 3 when there is no such version (removed by `dsc vacuum`, or never made):
+    nothing to check is not damage."""
     from .formats.verify import verify  # lazy: numpy, for dsc --help's speed
     from .store import is_url  # lazy: numpy, for dsc --help's speed
 
@@ -396,7 +422,12 @@ def verify_cmd(dataset: Path, version, repair_view: bool, cache_dir, quiet: bool
         from .versions import repair_view as repair  # lazy: numpy, for dsc --help's speed
 
         click.echo(f"the top-level view of {dataset} now shows version {repair(dataset)}")
-    report = verify(dataset, version, cache_dir=cache_dir)
+    try:
+        report = verify(dataset, version, cache_dir=cache_dir)
+    except VersionNotFoundError as e:
+        missing = click.ClickException(f"{e} (exit code 3: nothing to check, not damage)")
+        missing.exit_code = VERIFY_NOT_FOUND
+        raise missing from None
     what = f"version {report.version} of {dataset}" if report.version is not None else str(dataset)
     view_only = report.problems and all(p.view for p in report.problems)
     if report.ok:
@@ -622,14 +653,16 @@ def preview_cmd(dataset: Path, output: Path, n: int, cols, cell: int, seed):
 @click.argument("local", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.argument("url")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def push_cmd(local: Path, url: str, quiet: bool):
+@click.option("--force", is_flag=True, help="Move a tag the bucket has on a later version back to this copy's.")
+def push_cmd(local: Path, url: str, quiet: bool, force: bool):
     """Publish the compiled dataset LOCAL (every version it keeps, its tags) at URL (s3://, gs://, az://).
 
     Shards and arrays go first, each version record last by a conditional put; rerunning an interrupted push
-    skips what the bucket already has (same size and SHA-256)."""
+    skips what the bucket already has (same size and SHA-256). A tag the bucket has on a later version is
+    not moved back without --force."""
     from .compiler.upload import push  # lazy: PIL, for the compile commands
 
-    r = push(local, url, progress=not quiet)
+    r = push(local, url, progress=not quiet, force=force)
     click.echo(f"pushed {_n(r['versions'], 'version')} of {local} to {url}: {_n(r['sent'], 'file')} uploaded "
                f"({_mb(r['bytes_sent'])}; shards, arrays and metadata), {r['kept']:,} were there already")
 
@@ -678,11 +711,15 @@ def cache_warm_cmd(url: str, cache_dir, cache_limit, version, tag_name, quiet: b
 def cache_ls_cmd(cache_dir, as_json: bool):
     """What the cache holds: each dataset's URL, versions read, shards cached; the bytes in all."""
     from .runtime.remote import cache_list  # lazy: torch, for the read commands
+    from .store import default_cache_dir  # lazy: numpy, for dsc --help's speed
 
-    _cache_exists(cache_dir)
-    r = cache_list(cache_dir)
+    where = Path(cache_dir) if cache_dir else default_cache_dir()
+    r = cache_list(cache_dir) if where.is_dir() else {"root": str(where), "bytes": 0, "files": 0, "datasets": []}
     if as_json:
         click.echo(json.dumps(r, indent=2))
+        return
+    if not where.is_dir():  # (an empty listing, not an error: nothing was downloaded there yet)
+        click.echo(f"{where}: empty (no cache there yet: `dsc cache warm URL` or opening a URL fills it)")
         return
     click.echo(f"{r['root']}: {_mb(r['bytes'])} in {_n(r['files'], 'shard file')}")
     for d in r["datasets"]:
@@ -693,15 +730,15 @@ def cache_ls_cmd(cache_dir, as_json: bool):
 @cache_group.command(name="verify")
 @_cache_dir_option
 def cache_verify_cmd(cache_dir):
-    """Re-hash every cached shard; delete the damaged ones (they are downloaded again when needed)."""
+    """Re-hash every cached shard and small file; delete the damaged ones (they are downloaded again when needed)."""
     from .runtime.remote import cache_check  # lazy: torch, for the read commands
 
     _cache_exists(cache_dir)
     checked, bad = cache_check(cache_dir)
     if bad:
-        raise click.ClickException(f"{bad:,} of {checked:,} cached shards were damaged on this disk and were deleted; "
-                                   f"they are downloaded again when needed")
-    click.echo(f"OK: {checked:,} cached shards match their SHA-256")
+        raise click.ClickException(f"{bad:,} of {checked:,} cached files (shards and small files) were damaged on "
+                                   f"this disk and were deleted; they are downloaded again when needed")
+    click.echo(f"OK: {checked:,} cached files (shards and small files) match their SHA-256")
 
 
 @cache_group.command(name="clear")

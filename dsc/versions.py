@@ -22,6 +22,7 @@ from .compiler.staging import sync_filesystem
 from .store import Store, open_store
 
 DEFAULT_RETENTION = "7d"
+WRITERS = "_dsc/writers/"  # (object storage: the writers' leases, store/object.py's WriterLease.PREFIX)
 
 
 def _versioned(out) -> Store:
@@ -186,10 +187,13 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
     retention = older_than if isinstance(older_than, (int, float)) else parse_duration(older_than)
     store = open_store(out)
     if not V.is_versioned(store):
-        if not store.local:  # no version: only what interrupted writers left
-            return _leftovers_only(store, time.time() - retention, dry_run)
-        _versioned(store)  # (raises: a folder compiled by a dsc without versions, or no dataset)
-    with writing(store, "vacuum"):  # (everything is read under the lock: what a folder's writers left is final)
+        if store.local:
+            _versioned(store)  # (raises: a folder compiled by a dsc without versions, or no dataset)
+        elif not store.list(""):
+            raise V.no_dataset(store)
+    with writing(store, "vacuum"):  # (everything is read under the lock or lease: what writers left is final)
+        if not store.local and not V.versions(store):  # no version: only what interrupted writers left (the log
+            return _leftovers_only(store, time.time() - retention, dry_run)  # read under the lease, not before)
         have = V.versions(store)
         records = V.records(store, have)
         nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
@@ -203,13 +207,14 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         if not dry_run:  # the view shows the latest version (after a writer killed before its refresh): a version
             view.show(store, records[have[-1]]["manifest"])  # vacuum removes is never the one plain readers see
         now = time.time()
+        committed = V.commit_times(store)  # (the store's clock: a record's `created` may be SOURCE_DATE_EPOCH's)
         report = VacuumReport(kept=[], removed=[], dry_run=dry_run, tagged=sorted(tagged))
         leases = V.leased(store, now) if not store.local else {}
         held = []
         try:
             for k, n in enumerate(have):
                 newest = k >= len(have) - keep
-                superseded = V.parse_time(records[have[k + 1]]["created"]) if k + 1 < len(have) else now
+                superseded = committed.get(have[k + 1], now) if k + 1 < len(have) else now
                 if newest or n in tagged:
                     report.kept.append(n)
                 elif now - superseded < retention:
@@ -247,17 +252,21 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
 
 def _leftovers_only(store: Store, cutoff: float, dry_run: bool) -> VacuumReport:
     """A URL where no version was ever committed: the shards and objects writers left there (a first compile
-    that was interrupted, or lost a race), older than ``cutoff``. Only dsc's own paths are touched."""
+    that was interrupted, or lost a race), older than ``cutoff``. Only dsc's own paths are touched. Runs under
+    the vacuum's lease, and lists after the log was read there: a compile that committed before the lease is
+    a dataset (the caller's full vacuum), and none commits while the lease is held; the log is read once more
+    before anything is removed."""
     found = [(rel, size, mtime) for folder in L.slot_folders((L.IMAGE, "mask"))  # (no manifest: every node that
              for rel, size, mtime in store.list_detailed(folder + "/") if L.slot_of(rel) is not None]  # has slots)
-    found += store.list_detailed(V.DSC_DIR + "/")
-    if not found and not store.list(""):
-        raise V.no_dataset(store)
-    with writing(store, "vacuum"):
-        doomed = [(rel, size) for rel, size, mtime in found if mtime <= cutoff]
-        if not dry_run:
-            for rel, _ in doomed:
-                store.delete(rel)
+    found += [(rel, size, mtime) for rel, size, mtime in store.list_detailed(V.DSC_DIR + "/")
+              if not rel.startswith(WRITERS)]  # (the writers' leases: this vacuum's own among them)
+    doomed = [(rel, size) for rel, size, mtime in found if mtime <= cutoff]
+    if not dry_run and doomed:
+        if V.versions(store):
+            raise VersionConflictError(f"{store.url}: a version was committed while vacuum decided what to remove: "
+                                       f"nothing was removed; run vacuum again")
+        for rel, _ in doomed:
+            store.delete(rel)
     return VacuumReport(kept=[], removed=[], files=len(doomed), bytes=sum(n for _, n in doomed), dry_run=dry_run,
                         leftovers=len(doomed), young=len(found) - len(doomed))
 

@@ -36,8 +36,20 @@ def two_versions(tmp_path):
     return src, out, victim
 
 
+@pytest.fixture(autouse=True)
+def _confirmed_at_a_terminal():
+    """`--overwrite` of a dataset with two versions asks at a terminal (tests/test_side_doors.py): here, where
+    what is tested is what comes after, it is asked and answered yes. (A patch of its own: a test's
+    monkeypatch.undo() leaves it.)"""
+    import dsc.cli
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dsc.cli, "_at_a_terminal", lambda: True)
+        yield
+
+
 def cli(*args):
-    r = CliRunner().invoke(main, [str(a) for a in args])
+    r = CliRunner().invoke(main, [str(a) for a in args], input="y\n")
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     return r
 
@@ -106,7 +118,7 @@ def test_links_inside_a_staging_folder_to_resume_are_refused(two_versions, monke
     def stop(*a, **kw):
         raise KeyboardInterrupt("killed")
     monkeypatch.setattr(S.Staging, "publish", stop)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match=r"--overwrite replaces .*versions 0-1"):
         dsc.compile_imagefolder(src, out, size=8, shard_size=8, workers=1, progress=False, overwrite=True)
     monkeypatch.undo()
     journal = out.parent / f".{out.name}.dsc-tmp" / ".journal"

@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import os
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
                       register_source, scan_coco, scan_imagefolder, scan_table, scan_voc, scan_yolo)
 from .sources import sources as all_sources  # (not `sources`: that name is the subpackage)
-from .staging import check_output
+from .staging import check_output, history
 from .update import update_dataset
 from .upload import compile_to_url, update_url
 
@@ -55,6 +56,11 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     update = options.update and (Path(out) / "zarr.json").exists()  # --update of nothing: a first compile
     if not update:
         check_output(out, options.overwrite)
+        lost = history(out) if options.overwrite and not options.dry_run else None
+        if lost:  # (tags are never vacuumed: dropping them is said, never silent)
+            message = (f"--overwrite replaces {out}, and with it every version and tag it holds ({lost}): the new "
+                       f"compile is version 0, with no tags")
+            warn(message) if warn is not None else warnings.warn(message, stacklevel=2)
     scanned = _scan(source, warn, out)
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import DscError, OutputExistsError
 from ..store.local import OutLock, not_ours, refuse_links  # noqa: F401 - OutLock: the lock every writer holds
+from ..formats import versions
 from ..formats.zarr_v3 import read_json
 
 
@@ -130,6 +131,23 @@ def is_dsc_dataset(path: Path) -> bool:
     except (FileNotFoundError, NotADirectoryError, DscError):
         return False
     return isinstance(meta, dict) and isinstance(meta.get("attributes"), dict) and "dsc" in meta["attributes"]
+
+
+def history(out: Path) -> str | None:
+    """What ``--overwrite`` of the dataset at ``out`` would drop beyond the one version it replaces: "versions
+    0-3 and tags prod, v2" (None when it has one version and no tag, or is not a versioned dataset)."""
+    try:
+        if not (Path(out).is_dir() and not Path(out).is_symlink() and versions.is_versioned(out)):
+            return None
+        have = versions.versions(out)
+        good, bad = versions.read_tags(out)
+    except DscError:
+        return None
+    tags = sorted(set(good) | set(bad))
+    if len(have) <= 1 and not tags:
+        return None
+    what = f"version {have[0]}" if len(have) == 1 else f"versions {versions._ranges(have)}"
+    return what + (f" and tag{'s' if len(tags) > 1 else ''} {', '.join(tags)}" if tags else "")
 
 
 def check_output(out: Path, overwrite: bool) -> None:

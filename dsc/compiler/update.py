@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, DscError, SampleError, SourceError
+from ..errors import ConfigError, CorruptDatasetError, DscError, SampleError, SourceError
 from ..formats import layout as L
 from ..formats import versions, view
 from ..store.local import Root, not_ours, open_folder, refuse_links
@@ -75,12 +75,26 @@ class Base:
                               f"source with; compile it again once (without --update), then --update works")
         record, _pin = versions.open_version(root)
         m: Manifest = record["manifest"]
+        check_base(root, out, m)
         store, R = L.Arrays(root), m.num_rows
         fields = fields_of(m)
         return cls(record, m, read_string_array(root, L.KEYS), store.array(L.LIVE, (R,)),
                    store.array(L.FINGERPRINT, (R, 5)), versions.read_stat(root, m.version["number"], R),
                    store.array(L.ORIG_SIZE, (R, 2)), store.array(L.AFFINE, (R, 4)),
                    store.array(L.EXIF_ORIENTATION, (R,)), {f.name: f.reader(store, m) for f in fields}, fields)
+
+
+def check_base(root: Root, out: Path, m: Manifest) -> None:
+    """Every small file of the base version has the bytes its manifest records (their hashes: the files are
+    small, and an update carries them, or what it derives from them, into the new version): a base damaged on
+    disk is refused, before the new version is made damaged from birth."""
+    for rel, f in m.files.items():
+        if root.sha256(rel) != f["sha256"]:
+            raise CorruptDatasetError(
+                f"{out}: version {m.version['number']}, the base of this update, is damaged: {rel} (its content "
+                f"{versions.object_path(f['sha256'])}) does not have the bytes the version records, and an update "
+                f"would carry the damage into the new version; nothing was written. `dsc verify {out}` lists every "
+                f"problem; `dsc restore` an intact version (then --update), or compile again")
 
 
 @dataclass

@@ -132,11 +132,13 @@ class Uploader:
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
-         what: str | None = None) -> dict:
+         what: str | None = None, force: bool = False) -> dict:
     """Upload the dataset at ``local`` (every version it keeps, its tags) to ``url``: shards and objects
     first, then each version record by a conditional put, oldest first, then the view. A record the bucket
     already has with the same bytes is kept (a push resumed); one with other bytes is another dataset's:
-    :class:`~dsc.errors.VersionConflictError`. Returns counts."""
+    :class:`~dsc.errors.VersionConflictError`. A tag the bucket has on a later version than this copy's is
+    not moved back (an older copy pushed again would un-protect the version it names from vacuum):
+    VersionConflictError before anything is uploaded, unless ``force``. Returns counts."""
     local = Path(local)
     root = Root(local)
     store = uploader.store if uploader is not None else open_store(url)
@@ -151,13 +153,14 @@ def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, p
         key = hashlib.sha256(str(local.resolve()).encode()).hexdigest()[:16]
         with store.lock("push"), closing(Uploader(store, _token(default_cache_dir() / "uploads" / url_id(store.url)
                                                                / f"push-{key}"))) as own:
-            return _push(local, root, nums, store, own, progress, what)
-    return _push(local, root, nums, store, uploader, progress, what)
+            return _push(local, root, nums, store, own, progress, what, force)
+    return _push(local, root, nums, store, uploader, progress, what, force)
 
 
 def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uploader, progress: bool,
-          what: str | None) -> dict:
+          what: str | None, force: bool = False) -> dict:
     """(See :func:`push`: the upload of ``nums``' files, by ``uploader``, then the commits, view, tags.)"""
+    tags = _tags_to_push(root, store, force)
     records = {n: versions.read_record(root, n) for n in nums}
     remote = versions.versions(store)
     published = set()  # versions the bucket has already, with these bytes: their files are all there
@@ -200,9 +203,29 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
         stat = local / versions.stat_path(nums[-1])
         if stat.is_file():
             store.put(versions.stat_path(nums[-1]), stat.read_bytes())
-    for name, n in versions.tag_names(root).items():
+    for name in tags:
         store.put(f"{versions.TAGS}/{name}.json", bytes(root.read(f"{versions.TAGS}/{name}.json")))
     return {"versions": len(nums), "sent": uploader.sent, "kept": uploader.kept, "bytes_sent": uploader.bytes_sent}
+
+
+def _tags_to_push(root: Root, store: Store, force: bool) -> list[str]:
+    """The local tags a push writes: those the bucket lacks, or has on an earlier version. One the bucket has
+    on a later version (or cannot read) is refused unless ``force``: a push never moves a tag back silently."""
+    have, bad = versions.read_tags(store)
+    out = []
+    for name, n in sorted(versions.tag_names(root).items()):
+        there = have.get(name)
+        if there == n:
+            continue
+        if not force and (name in bad or (there is not None and there > n)):
+            now = f"cannot be read ({bad[name]})" if name in bad else f"names version {there}"
+            raise VersionConflictError(
+                f"{store.url}: its tag {name!r} {now}, and this copy's names version {n}: dsc push does not move a "
+                f"tag back (the version it names would lose the tag's protection from vacuum); nothing was "
+                f"pushed. Pass --force (push(force=True)) to move it, or `dsc tag {store.url} {name} <N>` after "
+                f"the push")
+        out.append(name)
+    return out
 
 
 def _token(stage: Path) -> str:

@@ -40,10 +40,21 @@ def _cached_record(store: Store, local: Path, n: int) -> dict | None:
         return None
 
 
+def intact(path: Path, f: dict) -> bool:
+    """Whether the local copy ``path`` of a small file has the size and SHA-256 its manifest entry ``f`` records
+    (a copy in a cache on disk may have been damaged since it was downloaded)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return len(data) == f["nbytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]
+
+
 def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True) -> dict:
     """Version ``n``'s record and every small file it lists (its objects, each checked against its size and
     SHA-256; not with ``objects=False``) into the local folder ``dst``, in the dataset layout; returns the
-    parsed record. Objects ``dst`` has already are not fetched again (their names are their hashes)."""
+    parsed record. Objects ``dst`` has already are checked against their hash (a cache's copy damaged on its
+    disk is fetched again: the bucket's was checked on the way in) and not fetched again when intact."""
     from concurrent.futures import ThreadPoolExecutor
 
     local = dst / versions.record_path(n)
@@ -70,7 +81,7 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects
                                       f"dataset in object storage is damaged. Recompile it")
         write_atomic(dst / rel, obj)
 
-    todo = [f for f in rec["manifest"].files.values() if not (dst / versions.object_path(f["sha256"])).is_file()]
+    todo = [f for f in rec["manifest"].files.values() if not intact(dst / versions.object_path(f["sha256"]), f)]
     if todo:
         with ThreadPoolExecutor(min(connections, len(todo))) as ex:
             for fut in [ex.submit(one, f) for f in todo]:

@@ -76,13 +76,22 @@ def is_versioned(where) -> bool:
 
 def versions(where) -> list[int]:
     """The committed version numbers, ascending (vacuumed ones are absent)."""
-    out = []
-    for rel, _ in as_store(where).list(LOG + "/"):
-        parts = rel.split("/")
-        m = _RECORD.match(parts[-1])
-        if m and len(parts) == 3:
-            out.append(int(m.group(1)))
-    return sorted(out)
+    return sorted(n for n in map(_record_number, (rel for rel, _ in as_store(where).list(LOG + "/"))) if n is not None)
+
+
+def _record_number(rel: str) -> int | None:
+    """N, for a version record's path ``_dsc/log/N.json``; None for anything else there."""
+    parts = rel.split("/")
+    m = _RECORD.match(parts[-1])
+    return int(m.group(1)) if m and len(parts) == 3 else None
+
+
+def commit_times(where) -> dict[int, float]:
+    """{version: when its record was written, by the store's clock} (a file's mtime, an object's last
+    modification). The retention period is measured from these, never from a record's ``created``: that is
+    ``SOURCE_DATE_EPOCH`` when set (reproducible bytes), which may be any time in the past."""
+    return {n: mtime for n, mtime in ((_record_number(rel), mtime) for rel, _, mtime in
+                                      as_store(where).list_detailed(LOG + "/")) if n is not None}
 
 
 def no_dataset(store: Store) -> DatasetNotFoundError:
@@ -229,6 +238,14 @@ def check_tag(name: str) -> str:
     return name
 
 
+def check_version(store: Store, n) -> int:
+    """``n`` if it is a version number (a whole number 0, 1, 2...: a pin's or a lease's name is made from it)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n > 999_999_999:
+        raise VersionNotFoundError(f"{store.url}: a version is a whole number 0, 1, 2... (`dsc log` lists them); "
+                                   f"got {n!r}")
+    return n
+
+
 def resolve(where, version: int | None = None, tag: str | None = None) -> int:
     """The version to open: ``version``, the version ``tag`` names, or the latest. The one version choice,
     for a folder and for object storage alike."""
@@ -244,7 +261,7 @@ def resolve(where, version: int | None = None, tag: str | None = None) -> int:
                                                                           if good else " (it has no tags)"))
         return good[tag]
     if version is not None:
-        return version
+        return check_version(store, version)
     nums = versions(store)
     if not nums:
         if not store.local:
@@ -368,6 +385,13 @@ def open_version(where, version: int | None = None, tag: str | None = None, read
     read = read or (lambda n: read_record(store, n))
     for attempt in range(8):
         n = resolve(store, version, tag)
+        if hold and store.stat(record_path(n)) is None:  # (no pin or lease made for a version that is not there)
+            try:
+                read(n)  # (its error: the versions there, or no dataset)
+            except VersionNotFoundError:
+                if version is not None or attempt == 7:
+                    raise
+                continue
         pin = (Pin(store.path, n) if store.local else Lease(store, n)) if hold else None
         try:
             rec = read(n)  # after the pin: a vacuum that removed N meanwhile has removed this record
@@ -437,11 +461,18 @@ def store_objects(src: Path, out: Path, files: dict) -> None:
     """Give every small file listed in ``files`` its object under ``out``: a hard link to the file in a
     private staging ``src``, a copy of one in the top-level view (``src`` is ``out``, or lacks it). The view
     never shares an inode with an object, so writing into the view (a plain Zarr user) cannot change a
-    version's bytes."""
+    version's bytes. An object there already is reused only when its bytes hash to its name (one damaged on
+    disk is replaced by these bytes, which were just hashed: a new version is never damaged from birth)."""
+    root = None
     for rel, f in files.items():
         obj = out / object_path(f["sha256"])
         if obj.exists():
-            continue
+            root = root or Root(out)
+            try:
+                if root.sha256(object_path(f["sha256"])) == f["sha256"]:
+                    continue
+            except CorruptDatasetError:  # (a link or not a file there: replaced below, never followed)
+                pass
         private = src != out and (src / rel).exists()
         if private:  # the staged file itself: no copy
             NewFile(obj, out, link=src / rel).commit()

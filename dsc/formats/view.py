@@ -30,7 +30,7 @@ from ..store import Store
 from ..store.local import not_ours
 from .layout import read_manifest
 from .manifest import Manifest
-from .versions import as_store, object_path, record_path
+from .versions import as_store, object_path, read_record, record_path, versions
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
 
 
@@ -148,17 +148,51 @@ def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None =
         return
     for path, rel in files:
         store.put(path, src.get(object_path(m.files[rel]["sha256"])))
-    if superseded(store, m):
-        return
+    if superseded(store, m):  # (a newer writer may have read the same separator and written its view meanwhile:
+        return settle(store)  # what this one just wrote may be over it)
     for node, meta in metas.items():
         store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
     if superseded(store, m):
-        return
+        return settle(store)
     store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
+    if superseded(store, m):
+        return settle(store)
     if old is not None:  # files of nodes this version does not have (a ragged slot no longer used)
         alt = alternating(old)
         for rel in set(old.files) - set(m.files):
             store.delete(view_path(rel, cur, alt))
+
+
+def settle(where, rounds: int = 16) -> None:
+    """A writer overtaken while it wrote view files (object storage, where writers hold no lock: two restores at
+    one URL, one slow) may have written them over the newer version's view: that version's writer read the
+    same separator, and a slow put can land after its root switched. So the overtaken writer puts the view of
+    the latest version back: when the root shows that version already, its files are rewritten in place
+    under the root's separator (the same bytes its writer wrote: a reader sees them or the right ones, never
+    a mix); else its whole view is refreshed (as its own writer does: the same files). Repeated while newer
+    versions come, so the last writer to finish leaves the latest version's view whole."""
+    store = as_store(where)
+    for _ in range(rounds):
+        have = versions(store)
+        if not have:  # (the caller committed a version: only a vacuum racing it leaves none)
+            return
+        m = read_record(store, have[-1])["manifest"]
+        try:
+            shown = read_manifest(store)
+        except DscError:
+            shown = None
+        if shown is not None and shown.checksum() == m.checksum():
+            sep = current(store)
+            files, metas = contents(store, m, sep)
+            for path, rel in files:
+                store.put(path, store.get(object_path(m.files[rel]["sha256"])))
+            for node, meta in metas.items():
+                store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
+            if not superseded(store, m):
+                return
+        else:
+            refresh(store, m, shown)  # (overtaken in turn: it settles again)
+            return
 
 
 def check(where, m: Manifest) -> None:
@@ -219,4 +253,4 @@ def _recover_object(store: Store, rel: str, f: dict, sep: str, alt: set[str]) ->
 
 
 __all__ = ["alternating", "check", "contents", "current", "expected", "other", "refresh", "root_json", "separator",
-           "show", "view_path", "write_root"]
+           "settle", "show", "view_path", "write_root"]

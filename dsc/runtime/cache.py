@@ -32,6 +32,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -39,7 +40,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CacheFullError, ConfigError, CorruptDatasetError
-from ..store.local import pid_alive as _alive
 from ..store import Sha256Sink, default_cache_dir
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
@@ -47,6 +47,7 @@ _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 
           "t": 10 ** 12, "tb": 10 ** 12, "p": 10 ** 15, "pb": 10 ** 15, "kib": 2 ** 10, "mib": 2 ** 20,
           "gib": 2 ** 30, "tib": 2 ** 40, "pib": 2 ** 50, "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # a cache this process cannot write
 WAIT_SECONDS = 60.0  # how long a download waits for space that held shards take (a batch holds its shards for ms)
 
 
@@ -182,20 +183,30 @@ class ShardCache:
     def __init__(self, root: str | os.PathLike | None = None, limit=None):
         self.root = Path(root) if root is not None else default_cache_dir()
         self.limit = parse_size(limit, allow_zero=True)  # (0: no shard is cached; a Loader reads by ranges)
+        self.readonly = False  # a cache warmed elsewhere, mounted read-only: it serves what it holds
         try:
             for d in ("shards", "locks", "datasets"):
                 (self.root / d).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise CacheFullError(f"cannot use the cache directory {self.root}: {e.strerror}; give cache_dir= "
-                                 f"(--cache-dir) or $DSC_CACHE_DIR a writable folder") from None
+            if not (e.errno in _READ_ONLY and (self.root / "shards").is_dir()):
+                raise CacheFullError(f"cannot use the cache directory {self.root}: {e.strerror}; give cache_dir= "
+                                     f"(--cache-dir) or $DSC_CACHE_DIR a writable folder") from None
+            self.readonly = True
+        self.readonly = self.readonly or not os.access(self.root / "shards", os.W_OK)
         self.downloads = 0  # shards this object downloaded (tests and `dsc cache warm` report it)
         self._count_lock = threading.Lock()
         self.user: CacheUser | None = None
 
     def join(self) -> CacheUser:
-        """This process as a user of the cache (made once)."""
+        """This process as a user of the cache (made once; a read-only cache has no users to share it with)."""
         if self.user is None:
-            self.user = CacheUser(self.root)
+            try:
+                self.user = CacheUser(self.root)
+            except OSError as e:
+                if e.errno not in _READ_ONLY:
+                    raise
+                self.readonly = True
+                self.user = _Unlisted()
         return self.user
 
     def users(self) -> int:
@@ -237,23 +248,58 @@ class ShardCache:
         return self.root / "shards" / sha256[:2] / sha256
 
     # ------------------------------------------------------------------ holding
-    def try_hold(self, sha256: str) -> Held | None:
-        """Hold the cached shard if it is there (touching its last use), else None."""
+    def try_hold(self, sha256: str, nbytes: int | None = None) -> Held | None:
+        """Hold the cached shard if it is there (touching its last use), else None. What is at its name but cannot
+        be its bytes (a symbolic link or another kind of file, or a file of another size than ``nbytes``: damage
+        on the cache's disk) is the cache's fault, not the dataset's: it is removed (the shard is downloaded
+        again) where the cache can be written, else reported naming the cache."""
         p = self.path(sha256)
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            return self._damaged(p, "a symbolic link or not a regular file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return self._damaged(p, "not a regular file")
         fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds it exclusively only while it unlinks
         st = os.fstat(fd)
         if st.st_nlink == 0:  # evicted between the open and the lock
             os.close(fd)
             return None
+        if nbytes is not None and st.st_size != nbytes:
+            os.close(fd)
+            return self._damaged(p, f"{st.st_size:,} bytes where the shard has {nbytes:,}")
         try:
             os.utime(fd)
         except OSError:
             pass
         return Held(sha256, p, fd, st.st_size)
+
+    def _damaged(self, p: Path, why: str) -> None:
+        """The cached file ``p`` cannot be its shard (``why``): removed, so that the shard is downloaded again
+        (None: not held); in a read-only cache, an error naming the cache and the fix."""
+        try:
+            with self._space_lock():
+                if os.path.isdir(p) and not os.path.islink(p):
+                    os.rmdir(p)
+                else:
+                    os.unlink(p)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise CacheFullError(f"{p} in the shard cache is damaged ({why}) and cannot be removed ({e.strerror}): "
+                                 f"`dsc cache verify --cache-dir {self.root}` where the cache is writable, or give "
+                                 f"another cache_dir (--cache-dir)") from None
+        import warnings
+
+        warnings.warn(f"{p} in the shard cache was damaged ({why}): removed, the shard is downloaded again",
+                      RuntimeWarning, stacklevel=3)
+        return None
 
     def hold(self, sha256: str, nbytes: int, fetch: Callable, what: str, on_full: Callable | None = None) -> Held:
         """The shard ``sha256`` held, downloading it first when the cache lacks it (once across processes).
@@ -261,15 +307,22 @@ class ShardCache:
         ``fetch(f, on_chunk)`` streams the shard's bytes into the open file ``f``; ``what`` (its URL) names
         it in errors; ``on_full()`` is asked to let go of shards the caller holds but does not need when the
         cache has no room (it returns the bytes it let go)."""
-        held = self.try_hold(sha256)
+        held = self.try_hold(sha256, nbytes)
         if held is not None:
             return held
         lock = self.root / "locks" / sha256[:2] / sha256
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        lfd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            lfd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            if e.errno not in _READ_ONLY:
+                raise
+            raise CacheFullError(f"{what} is not in the cache {self.root}, which cannot be written ({e.strerror}): a "
+                                 f"read-only cache serves the shards it holds (`dsc cache warm` the version where the "
+                                 f"cache is writable), or give a writable cache_dir (--cache-dir)") from None
         try:
             fcntl.flock(lfd, fcntl.LOCK_EX)  # another process downloading it: wait, then use its file
-            held = self.try_hold(sha256)
+            held = self.try_hold(sha256, nbytes)
             if held is not None:
                 return held
             return self._download(sha256, nbytes, fetch, what, on_full)
@@ -296,8 +349,8 @@ class ShardCache:
                         f"object storage is damaged or was replaced: `dsc verify URL` lists every damaged file; "
                         f"`dsc restore` an intact version, or compile again to a new URL")
             os.fsync(fd)  # the name must never stand for bytes a crash could lose (pre-allocated blocks read as zeros)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            with self._space_lock():  # (a usage scan never sees the file under both names)
+            with self._space_lock():  # (a usage scan never sees the file under both names, nor the .part unlocked
+                fcntl.flock(fd, fcntl.LOCK_SH)  # while its exclusive flock, the live download's, becomes a reader's)
                 os.rename(part, final)  # atomic: the name appears with complete, verified bytes
             with self._count_lock:
                 self.downloads += 1
@@ -369,7 +422,8 @@ class ShardCache:
         with self._space_lock():
             if self.limit is None or self._make_room(nbytes):
                 fd = os.open(part, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # a download in progress: live while locked (under the space lock,
+                try:                            # where scans remove unlocked ones: never seen unlocked before this)
                     if nbytes:
                         os.posix_fallocate(fd, 0, nbytes)
                 except OSError as e:
@@ -384,6 +438,7 @@ class ShardCache:
                     if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                         raise
                     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
                     os.ftruncate(fd, nbytes)
                 return fd
         return None
@@ -391,22 +446,20 @@ class ShardCache:
     def _space_lock(self):
         return _FileLock(self.root / ".space")
 
-    def entries(self) -> list[tuple[Path, os.stat_result]]:
-        """Every file under ``shards/`` (partial downloads of dead processes are removed on the way)."""
+    def entries(self, prune: bool = True) -> list[tuple[Path, os.stat_result]]:
+        """Every file under ``shards/``. ``prune`` (the caller holds the space lock): partial downloads that no
+        process is making are removed on the way. A download in progress holds its ``.part`` file flock'ed: a
+        lock dies with its process, whatever that process's id becomes (a container restarted reuses pid 1),
+        so a leftover never pins cache space."""
         out = []
         base = self.root / "shards"
         for sub in os.scandir(base) if base.is_dir() else ():
             if not sub.is_dir(follow_symlinks=False):
                 continue
             for e in os.scandir(sub.path):
-                if e.name.endswith(".part"):
-                    try:
-                        pid = int(e.name.split(".")[1])
-                    except (IndexError, ValueError):
-                        pid = 0
-                    if not _alive(pid):
-                        Path(e.path).unlink(missing_ok=True)
-                        continue
+                if prune and e.name.endswith(".part") and not _downloading(e.path):
+                    Path(e.path).unlink(missing_ok=True)
+                    continue
                 try:
                     out.append((Path(e.path), e.stat(follow_symlinks=False)))
                 except FileNotFoundError:
@@ -436,8 +489,16 @@ class ShardCache:
     def evict(self, p: Path) -> bool:
         """Delete the cached shard ``p`` unless a process holds it."""
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
+            return True
+        except OSError as e:  # a link (or a FIFO...) planted among the shards: no process holds it; it goes
+            if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            try:
+                os.rmdir(p) if e.errno == errno.EISDIR else os.unlink(p)
+            except OSError:
+                return False
             return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -462,6 +523,33 @@ class ShardCache:
                 else:
                     kept += 1
         return removed, freed, kept
+
+
+def _downloading(path: str) -> bool:
+    """Whether a process is writing the partial download ``path`` (it holds the file flock'ed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+class _Unlisted:
+    """This process in a cache it cannot write (read-only): not listed among the users, nothing to declare."""
+
+    def need(self, nbytes: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class _Ticket:

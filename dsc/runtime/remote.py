@@ -19,8 +19,10 @@ dataset's.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import threading
 import time
 import weakref
@@ -391,7 +393,7 @@ def cache_list(cache_dir=None) -> dict:
     """What the cache holds (``dsc cache ls``): {"root", "bytes", "files", "datasets": [{"url", "versions",
     "shards", "cached", "bytes"}]} (counts for the newest version read from each URL)."""
     cache = ShardCache(cache_dir)
-    entries = cache.entries()
+    entries = cache.entries(prune=False)
     out = {"root": str(cache.root), "bytes": sum(st.st_size for _, st in entries), "files": len(entries),
            "datasets": []}
     for d in sorted((cache.root / "datasets").iterdir()):
@@ -415,20 +417,37 @@ def cache_list(cache_dir=None) -> dict:
 
 
 def cache_check(cache_dir=None) -> tuple[int, int]:
-    """Re-hash every cached shard against its name (``dsc cache verify``); delete those that differ (disk
-    damage after the download) so that they are downloaded again: (files checked, files deleted)."""
+    """Re-hash every cached shard, and every small file kept for a dataset (``datasets/<id>/_dsc/objects/``),
+    against its name (``dsc cache verify``); delete those that differ (disk damage after the download) so that
+    they are downloaded again: (files checked, files deleted)."""
     cache = ShardCache(cache_dir)
     checked = bad = 0
-    for p, _ in cache.entries():
+    objects = [p for d in sorted((cache.root / "datasets").iterdir()) if d.is_dir()
+               for p in sorted((d / versions.OBJECTS).glob("*/*")) if not p.name.startswith(".")]
+    for p in objects:  # (a small file is read whole at open: its hash is its name, like a shard's)
+        try:
+            data = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        except OSError:
+            data = None
+        checked += 1
+        if data is None or hashlib.sha256(data).hexdigest() != p.name:
+            bad += 1
+            p.unlink(missing_ok=True)  # (fetched again from the bucket, checked, at the next open)
+    for p, _ in cache.entries(prune=False):
         if p.name.endswith(".part"):
             continue
         h = hashlib.sha256()
-        try:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
+        try:  # (never through a link planted there: a link, a FIFO... is damage, removed like wrong bytes)
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            with os.fdopen(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    while chunk := f.read(1 << 22):
+                        h.update(chunk)
         except FileNotFoundError:
             continue
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
         checked += 1
         if h.hexdigest() != p.name:
             bad += 1

@@ -408,18 +408,28 @@ def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: 
 # ----------------------------------------------------------------------------- the lock
 class OutLock:
     """The exclusive lock every writer of OUT holds (a compile, an update, a restore, a vacuum):
-    ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock."""
+    ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock.
+
+    One lock per dataset, whatever path names it: the lock sits beside OUT's real path (links resolved), so a
+    writer through a symbolic link ``alias -> real`` (or through a linked parent folder) and one through
+    ``real`` take the same lock. Once held, the real path is resolved again: a link re-pointed meanwhile makes
+    the writer take the lock of what the link names now."""
 
     def __init__(self, out: Path, what: str = "compile"):
         self.out, self.what = Path(out), what
-        self.path = self.out.parent / f".{self.out.name}.dsc-lock"
+        self.path = self._lock_path()
         self.fd: int | None = None
+
+    def _lock_path(self) -> Path:
+        real = Path(os.path.realpath(self.out))
+        return real.parent / f".{real.name}.dsc-lock"
 
     def __enter__(self) -> "OutLock":
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise self._unwritable(e) from None
+        self.path = self._lock_path()  # (the parent may have been made just now: resolved as it is)
         while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
             fd = self._open()  # writer unlinks it: retry on the new one)
             try:
@@ -436,12 +446,21 @@ class OutLock:
                 same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
+            if same and self._lock_path() != self.path:  # OUT names another folder now (a link re-pointed)
+                self.__exit_fd(fd)
+                self.path = self._lock_path()
+                continue
             if same:
                 self.fd = fd
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
                 return self
             os.close(fd)
+
+    def __exit_fd(self, fd: int) -> None:
+        """Let go of the lock held by ``fd`` (taken on a path that no longer names OUT's folder)."""
+        self.fd = fd
+        self.__exit__()
 
     def _open(self) -> int:
         """The lock file (see ``open_lock_file``: of one name, so no hard link to another file either)."""
