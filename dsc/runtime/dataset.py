@@ -29,7 +29,7 @@ from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, bo
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import run_batch
-from ..transforms.resample import transform_boxes
+from ..transforms.objects import move_objects
 from .remote import open_remote
 from .schedule import shard_needs
 
@@ -380,9 +380,8 @@ class Dataset(torch.utils.data.Dataset):
             else:
                 fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
-        if geometry is not None and "boxes" in batch:
-
-            transform_boxes(batch, geometry.matrices, geometry.out[1], geometry.out[0], self.schema.box_rows())
+        if geometry is not None and "boxes" in batch:  # boxes, per-box rows, object masks, keypoints
+            move_objects(batch, geometry, self.schema)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed

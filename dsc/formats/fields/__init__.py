@@ -11,9 +11,12 @@ from .image import ImageField, PixelsPart
 from .label import LabelField
 from .mask import MaskField, MaskSpec, mask_dtype
 from .objects import ObjectsField
+from .object_masks import ObjectMasksField
+from .keypoints import KeypointsField, KeypointsSpec
 from .pixels import Pixels, valid_offsets
 
-FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField)}
+FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField,
+                                                                  ObjectMasksField, KeypointsField)}
 # kinds that live under manifest["fields"]; each validates its entry with ``check(name, entry, manifest)``
 EXTRA_KINDS = tuple(k for k, cls in FIELD_KINDS.items() if cls.in_fields)
 
@@ -31,6 +34,6 @@ def schema_of(fields: list[Field]) -> Schema:
     return schema
 
 
-__all__ = ["Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "LabelField", "MaskField", "MaskSpec",
-           "ObjectsField", "Part", "Pixels", "PixelsPart", "Reader", "Role", "Schema", "fields_of", "mask_dtype",
+__all__ = ["Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "KeypointsField", "KeypointsSpec", "LabelField", "MaskField", "MaskSpec",
+           "ObjectMasksField", "ObjectsField", "Part", "Pixels", "PixelsPart", "Reader", "Role", "Schema", "fields_of", "mask_dtype",
            "schema_of", "valid_offsets"]

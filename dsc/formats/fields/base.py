@@ -31,12 +31,16 @@ class Role:
     ``fill`` outside the image (None: the op's own fill, e.g. Letterbox's); ``boxes``: (M, 4) xyxy boxes
     packed by ``box_offsets``; ``box_rows``: another per-box column (filtered with the boxes);
     ``sample``: a per-sample value no geometric op changes. ``tail``: a pixels key's trailing axes (its
-    channels), which an empty ragged batch cannot show."""
+    channels), which an empty ragged batch cannot show. ``object_masks``: one binary mask per box row,
+    packed as crops (``fields/object_masks.py``); ``keypoints``: (M, K, 3) joints per box row, whose
+    ``flip_index`` says which joint each becomes under a horizontal flip. Both move with the boxes
+    (``dsc/transforms/objects.py``)."""
 
     kind: str
     resample: str = "bilinear"
     fill: float | None = None
     tail: tuple = ()  # pixels: each sample's trailing axes after (H, W), e.g. (3,) for RGB
+    flip_index: tuple = ()  # keypoints: joint j becomes joint flip_index[j] under a horizontal flip
 
 
 class Schema(dict):
@@ -46,7 +50,13 @@ class Schema(dict):
         return {k: r for k, r in self.items() if r.kind == "pixels"}
 
     def box_rows(self) -> list[str]:
-        return [k for k, r in self.items() if r.kind in ("boxes", "box_rows")]
+        return [k for k, r in self.items() if r.kind in ("boxes", "box_rows", "keypoints")]
+
+    def object_masks(self) -> list[str]:
+        return [k for k, r in self.items() if r.kind == "object_masks"]
+
+    def keypoints(self) -> dict[str, Role]:
+        return {k: r for k, r in self.items() if r.kind == "keypoints"}
 
     @classmethod
     def default(cls) -> "Schema":
