@@ -88,7 +88,10 @@ class Target:
     difficult, truncated...); ``size`` the (width, height) the annotation declares, if any; ``source``
     names the annotation for error messages (file, line or id); ``segments`` the per-object shapes a
     semantic mask is rasterised from (COCO polygons or RLE, in the annotated frame), with the mask value
-    each object paints."""
+    each object paints; ``shapes`` one instance shape per box (``--masks instance``: COCO polygons / RLE in
+    the annotated frame, normalised polygons, an instance-id PNG, or an (H, W) array: see
+    ``compiler/instances.py``); ``keypoints`` (k, K, 3) x, y, visibility per box (in the boxes' frame and
+    units), or None."""
 
     boxes: np.ndarray
     labels: np.ndarray
@@ -98,6 +101,8 @@ class Target:
     size: tuple[int, int] | None = None
     normalized: bool = False
     segments: tuple = ()  # ((segmentation, mask value), ...) in drawing order
+    shapes: tuple = ()  # one instance shape per box (instance masks)
+    keypoints: np.ndarray | None = None  # (k, K, 3) float64
 
     def digest(self) -> int:
         """The annotation as one int64: boxes, labels, attributes, declared size, image id and shapes.
@@ -113,7 +118,20 @@ class Target:
             h.update(np.ascontiguousarray(self.attrs[k]).tobytes())
         if self.segments:
             h.update(json.dumps(self.segments, separators=(",", ":"), default=str).encode())
+        if self.shapes:
+            h.update(json.dumps(self.shapes, separators=(",", ":"), default=_shape_json).encode())
+        if self.keypoints is not None:
+            h.update(np.ascontiguousarray(self.keypoints, np.float64).tobytes())
         return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+
+def _shape_json(v):
+    """An instance shape in the annotation digest: arrays by their bytes' hash, the rest by their repr."""
+    import hashlib
+
+    if isinstance(v, np.ndarray):
+        return [list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()]
+    return repr(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +176,8 @@ class ScannedSource:
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
     masks: MaskInfo | None = None
+    instance_masks: bool = False  # every target's ``shapes`` gives one mask per box: stored per object
+    keypoints: Any = None  # a formats.fields.KeypointsSpec when the targets carry keypoints
 
 
 @dataclass
