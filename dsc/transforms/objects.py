@@ -84,7 +84,7 @@ def _move_mask(crop: torch.Tensor, rect, ys: torch.Tensor, xs: torch.Tensor) -> 
     if h == 0 or w == 0 or not bool(iny.any()) or not bool(inx.any()):
         return crop.new_zeros(0), (0, 0, 0, 0)
     if iy.shape[1] == 1 and ix.shape[0] == 1:  # separable: only the output rows and columns that land inside
-        rows, cols = torch.flatnonzero(iny[:, 0]), torch.flatnonzero(inx[0])
+        rows, cols = torch.nonzero(iny[:, 0]).view(-1), torch.nonzero(inx[0]).view(-1)
         r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
         ry, cx = iy[r0:r1, 0], ix[0, c0:c1]
         ok = ((ry >= 0) & (ry < h)).view(-1, 1) & ((cx >= 0) & (cx < w)).view(1, -1)
@@ -92,7 +92,7 @@ def _move_mask(crop: torch.Tensor, rect, ys: torch.Tensor, xs: torch.Tensor) -> 
         return out.reshape(-1), (r0, c0, r1 - r0, c1 - c0)
     inside = iny & inx
     full = crop[iy.clamp(0, h - 1), ix.clamp(0, w - 1)] * inside
-    rows, cols = torch.flatnonzero(full.any(1)), torch.flatnonzero(full.any(0))
+    rows, cols = torch.nonzero(full.any(1)).view(-1), torch.nonzero(full.any(0)).view(-1)
     if not len(rows):
         return crop.new_zeros(0), (0, 0, 0, 0)
     r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
