@@ -39,6 +39,7 @@ class ChainPlan:
     fill: float = 0.0
     sizes: torch.Tensor | None = None  # (B, 2) (h, w) of the samples before the chain
     hflip: torch.Tensor | None = None  # (B,) bool: the sample's map mirrors x (keypoints swap left/right)
+    out_sizes: torch.Tensor | None = None  # (B, 2) each sample's (h, w) after the chain; ``out`` None: they differ
 
 
 def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
@@ -70,13 +71,16 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
     if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
         out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator()).out
         return ChainPlan(M, out, [], fill, sizes_in, hflip)
-    if not bool((sizes == sizes[0]).all()):
+    same = bool((sizes == sizes[0]).all())
+    if not same and not torch.equal(sizes.long(), sizes_in.long()):
         raise ConfigError("the geometric transforms leave samples at different sizes; end the chain with a "
-                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
+                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w))), or keep every "
+                          "sample's size (flips only: torchvision's detection models resize themselves)")
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
-    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill, sizes_in, hflip)
+    out = (int(sizes[0, 0]), int(sizes[0, 1])) if same else None  # None: a size-keeping chain on mixed sizes
+    return ChainPlan(M, out, programs, fill, sizes_in, hflip, sizes.long())
 
 
 def mirrors_x(m: torch.Tensor) -> torch.Tensor:

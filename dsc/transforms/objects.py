@@ -65,14 +65,22 @@ def _matrix_maps(M: torch.Tensor, h: int, w: int, out_h: int, out_w: int) -> tup
 
 def nearest_maps(plan: ChainPlan, sizes: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sample, (source rows, source columns) of the output pixels, broadcastable to the output size."""
-    out_h, out_w = plan.out
+    outs = _out_sizes(plan, len(sizes)).tolist()
     maps = []
     for b, (h, w) in enumerate(sizes.tolist()):
+        out_h, out_w = outs[b]
         if plan.programs is not None:
             maps.append(_program_maps(h, w, plan.programs[b], out_h, out_w))
         else:
             maps.append(_matrix_maps(plan.matrices[b], h, w, out_h, out_w))
     return maps
+
+
+def _out_sizes(plan: ChainPlan, B: int) -> torch.Tensor:
+    """(B, 2) each sample's (h, w) after the chain (one size, or each its own: a size-keeping chain)."""
+    if plan.out_sizes is not None:
+        return plan.out_sizes.long()
+    return torch.tensor([plan.out], dtype=torch.long).expand(B, 2)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -137,10 +145,11 @@ def keep_object_masks(batch: dict, key: str, keep: torch.Tensor) -> None:
 
 
 # ----------------------------------------------------------------------------- keypoints
-def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor, flip_index, out_w: int,
-                   out_h: int) -> torch.Tensor:
+def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor, flip_index, out_w, out_h
+                   ) -> torch.Tensor:
     """(M, K, 3) joints through per-row forward maps ``fwd`` (M, 3, 3); rows with ``hflip`` get their joints
-    permuted by ``flip_index``; hidden or outside joints become (0, 0, 0)."""
+    permuted by ``flip_index``; hidden or outside joints become (0, 0, 0). ``out_w``, ``out_h``: the output
+    size, one for all or (M,) per row."""
     p = points.double()
     if len(flip_index) and bool(hflip.any()):
         p = torch.where(hflip.view(-1, 1, 1), p[:, list(flip_index)], p)
@@ -148,15 +157,18 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
     f = fwd.to(p.device)
     nx = f[:, 0, 0:1] * x + f[:, 0, 1:2] * y + f[:, 0, 2:3]
     ny = f[:, 1, 0:1] * x + f[:, 1, 1:2] * y + f[:, 1, 2:3]
-    vis = (v > 0) & (nx >= 0) & (nx <= out_w) & (ny >= 0) & (ny <= out_h)
+    ow, oh = (torch.as_tensor(out_w, dtype=torch.float64, device=p.device).reshape(-1, 1),
+              torch.as_tensor(out_h, dtype=torch.float64, device=p.device).reshape(-1, 1))
+    vis = (v > 0) & (nx >= 0) & (nx <= ow) & (ny >= 0) & (ny <= oh)
     out = torch.stack([nx, ny, v], -1) * vis.unsqueeze(-1)
     return out.to(points.dtype)
 
 
 # ----------------------------------------------------------------------------- boxes
-def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> torch.Tensor:
-    """Boxes through the forward maps, clipped to the output; boxes left without area are dropped with
-    every per-box row, and ``box_offsets`` rewritten (batched, no loop per box). Returns which were kept."""
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys) -> torch.Tensor:
+    """Boxes through the forward maps, clipped to the output (``out_w``, ``out_h``: one size, or (B,) per
+    sample); boxes left without area are dropped with every per-box row, and ``box_offsets`` rewritten
+    (batched, no loop per box). Returns which were kept."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
@@ -171,8 +183,10 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_ke
     f = fwd[sample]
     nx = f[:, 0, 0:1] * xs + f[:, 0, 1:2] * ys + f[:, 0, 2:3]
     ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
-    nb = torch.stack([nx.amin(1).clamp(0, out_w), ny.amin(1).clamp(0, out_h),
-                      nx.amax(1).clamp(0, out_w), ny.amax(1).clamp(0, out_h)], 1)
+    ow = torch.as_tensor(out_w, dtype=torch.float64).to(dev).expand(len(counts))[sample]
+    oh = torch.as_tensor(out_h, dtype=torch.float64).to(dev).expand(len(counts))[sample]
+    nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
+                      torch.minimum(nx.amax(1).clamp(min=0), ow), torch.minimum(ny.amax(1).clamp(min=0), oh)], 1)
     keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
     batch["boxes"] = nb.to(batch["boxes"].dtype)
     for k in box_keys:
@@ -190,11 +204,12 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     samples' (h, w) before the chain (default: the plan's)."""
     if "boxes" not in batch:
         return
-    out_h, out_w = plan.out
     sizes = sizes if sizes is not None else plan.sizes
     offsets = batch["box_offsets"]
     counts = (offsets[1:] - offsets[:-1]).cpu()
     sample = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    outs = _out_sizes(plan, len(counts)).double()
+    out_h, out_w = outs[:, 0], outs[:, 1]
     masks = [k for k in schema.object_masks() if k in batch]
     if masks:
         maps = nearest_maps(plan, sizes)
@@ -205,7 +220,8 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
         fwd = torch.linalg.inv(plan.matrices)[sample]
         hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[sample]
         for k, role in points.items():
-            batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w, out_h)
+            batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[sample],
+                                      out_h[sample])
     keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
     for k in masks:
         keep_object_masks(batch, k, keep.to(batch[k].device))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, DscError
 from ..formats.fields import Schema
-from .fused import plan_chain, run_batch
+from .fused import plan_chain, run_batch, run_program
 from .geometric import Geometric
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
 
@@ -133,7 +133,17 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
-    plan = plan_chain(ops, _views(batch, "image")[1], gen)
+    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen), batch, schema)
+
+
+def apply_plan(plan, batch: dict, schema: Schema) -> dict:
+    """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects."""
+    pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+    if plan.out is None:  # a size-keeping chain on mixed sizes (flips): each sample at its own size, same form
+        for key, role in pixels.items():
+            _each_own_size(batch, key, role, plan)
+        move_objects(batch, plan, schema)
+        return batch
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -161,6 +171,32 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
         batch[key] = out
     move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
+
+
+def _each_own_size(batch: dict, key: str, role, plan) -> None:
+    """``batch[key]`` through a chain that keeps every sample's size, in the form it came in."""
+    views, sizes = _views(batch, key)
+    nearest = role.resample == "nearest"
+    outs = []
+    for b, v in enumerate(views):
+        h, w = (int(x) for x in sizes[b].tolist())
+        if plan.programs is not None:
+            o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            run_program(v, plan.programs[b], o, nearest, role.fill)
+        else:
+            fill = plan.fill if role.fill is None else role.fill
+            o = (_nearest if nearest else _resample)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1], h, w,
+                                                      fill)[0]
+        outs.append(o)
+    if f"{key}_offsets" in batch:
+        batch[key] = torch.cat([o.reshape(-1) for o in outs]) if outs else batch[key].clone()
+    elif f"{key}_sizes" in batch:
+        canvas = batch[key].clone()
+        for b, o in enumerate(outs):
+            canvas[b, :o.shape[0], :o.shape[1]] = o
+        batch[key] = canvas
+    else:
+        batch[key] = torch.stack(outs) if outs else batch[key].clone()
 
 
 def _check_batch(batch: dict) -> None:
