@@ -276,6 +276,9 @@ def _param_decorator(p):
     if p.type == "flag":
         return click.option(p.option, p.name, is_flag=True, default=bool(p.default), help=p.help)
     kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
+    if p.type == "choice" and p.flag_value is not None:  # `--masks` alone, or `--masks instance`
+        return click.option(p.option, p.name, type=kind, is_flag=False, flag_value=p.flag_value, default=None,
+                            help=p.help)
     default = ",".join(p.default) if p.type == "csv" and p.default else p.default
     return click.option(p.option, p.name, type=kind, default=default, required=p.required, help=p.help,
                         show_default=default not in (None, ""), metavar=p.metavar)

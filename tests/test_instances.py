@@ -204,3 +204,133 @@ def test_batch_forms_carry_masks_and_keypoints(coco):
     # torch's DataLoader path: per-sample views of one gather
     items = ds.__getitems__([1, 2])
     np.testing.assert_array_equal(items[1]["masks"].numpy(), ds[2]["masks"].numpy())
+
+
+def _people(api, image_id):
+    return [a for a in _anns(api, image_id) if a["category_id"] == 1 and not a["iscrowd"]]
+
+
+def test_yolo_segments_and_pose(coco, tmp_path):
+    """YOLO segment polygons -> masks equal to pycocotools drawing the same polygon in pixels; a pose set
+    (kpt_shape, flip_idx) -> keypoints in pixels with data.yaml's flip permutation; a box line in a segment
+    set is refused."""
+    from pycocotools import mask as M
+
+    ann, images, out, api = coco
+    seg, pose = tmp_path / "seg", tmp_path / "pose"
+    for root in (seg, pose):
+        (root / "images" / "train").mkdir(parents=True)
+        (root / "labels" / "train").mkdir(parents=True)
+    for img in api.loadImgs(api.getImgIds()):
+        w, h = img["width"], img["height"]
+        for root in (seg, pose):
+            (root / "images" / "train" / img["file_name"]).write_bytes((images / img["file_name"]).read_bytes())
+        people = _people(api, img["id"])
+        stem = img["file_name"].rsplit(".", 1)[0]
+        (seg / "labels" / "train" / f"{stem}.txt").write_text("".join(
+            "0 " + " ".join(repr(v / (w if k % 2 == 0 else h)) for k, v in enumerate(a["segmentation"][0])) + "\n"
+            for a in people))
+        lines = []
+        for a in people:
+            x, y, bw, bh = a["bbox"]
+            kp = np.array(a["keypoints"], np.float64).reshape(17, 3)
+            vals = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h] + [
+                v for px, py, pv in kp for v in (px / w, py / h, pv)]
+            lines.append("0 " + " ".join(repr(float(v)) for v in vals) + "\n")
+        (pose / "labels" / "train" / f"{stem}.txt").write_text("".join(lines))
+    (seg / "data.yaml").write_text("train: images/train\nnames: [person]\n")
+    (pose / "data.yaml").write_text(f"train: images/train\nnames: [person]\nkpt_shape: [17, 3]\n"
+                                    f"flip_idx: {FLIP_INDS}\n")
+    dsc.compile_yolo(seg, tmp_path / "seg_out", masks="instance", progress=False, workers=1)
+    dsc.compile_yolo(pose, tmp_path / "pose_out", progress=False, workers=1)
+    ds_seg, ds_pose = dsc.open(tmp_path / "seg_out"), dsc.open(tmp_path / "pose_out")
+    assert ds_pose.manifest.fields["keypoints"]["flip_index"] == FLIP_INDS
+    for i, img in enumerate(api.loadImgs(api.getImgIds())):
+        w, h = img["width"], img["height"]
+        people = _people(api, img["id"])
+        s = ds_seg[i]
+        assert len(s["masks"]) == len(people)
+        for j, a in enumerate(people):
+            poly = [(v / (w if k % 2 == 0 else h)) * (w if k % 2 == 0 else h) for k, v in enumerate(a["segmentation"][0])]
+            ref = M.decode(M.merge(M.frPyObjects([poly], h, w)))
+            np.testing.assert_array_equal(s["masks"][j].numpy(), ref)
+            kp = np.array(a["keypoints"], np.float32).reshape(17, 3)
+            np.testing.assert_allclose(ds_pose[i]["keypoints"][j].numpy(), kp, atol=1e-4)
+    (seg / "labels" / "train" / "00000.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(dsc.errors.SourceError, match="needs every object as a polygon"):
+        dsc.compile_yolo(seg, tmp_path / "bad", masks="instance", progress=False, workers=1)
+
+
+def test_voc_segmentation_object(coco, tmp_path):
+    """VOC SegmentationObject: object k of the XML is the pixels of value k + 1 (255 the border: nobody's)."""
+    ann, images, out, api = coco
+    root = tmp_path / "voc"
+    for d in ("JPEGImages", "Annotations", "SegmentationObject", "ImageSets/Segmentation"):
+        (root / d).mkdir(parents=True)
+    ids, refs = [], {}
+    for img in api.loadImgs(api.getImgIds()):
+        iid = img["file_name"].rsplit(".", 1)[0]
+        ids.append(iid)
+        Image.open(images / img["file_name"]).convert("RGB").save(root / "JPEGImages" / f"{iid}.jpg")
+        anns = [a for a in _anns(api, img["id"]) if not a["iscrowd"]]
+        ins = np.zeros((img["height"], img["width"]), np.uint8)
+        objs = []
+        for k, a in enumerate(anns):
+            m = api.annToMask(a).astype(bool)
+            ins[m] = k + 1
+            x, y, bw, bh = a["bbox"]
+            objs.append(f"<object><name>{'person' if a['category_id'] == 1 else 'thing'}</name><bndbox>"
+                        f"<xmin>{int(x) + 1}</xmin><ymin>{int(y) + 1}</ymin><xmax>{int(x + bw)}</xmax>"
+                        f"<ymax>{int(y + bh)}</ymax></bndbox></object>")
+        ins[0, :] = np.where(ins[0, :] == 0, 255, ins[0, :])  # a border row
+        Image.fromarray(ins, "L").save(root / "SegmentationObject" / f"{iid}.png")
+        refs[iid] = [(ins == k + 1).astype(np.uint8) for k in range(len(anns))]
+        (root / "Annotations" / f"{iid}.xml").write_text(
+            f"<annotation><filename>{iid}.jpg</filename><size><width>{img['width']}</width><height>"
+            f"{img['height']}</height><depth>3</depth></size>{''.join(objs)}</annotation>")
+    (root / "ImageSets/Segmentation/train.txt").write_text("\n".join(ids) + "\n")
+    dsc.compile_voc(root, tmp_path / "out", split="train", masks="instance", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    assert "mask" not in ds.manifest.fields and ds.manifest.fields["masks"]["kind"] == "object_masks"
+    for i, iid in enumerate(ids):
+        got = ds[i]["masks"].numpy()
+        assert len(got) == len(refs[iid])
+        for k, ref in enumerate(refs[iid]):
+            np.testing.assert_array_equal(got[k], ref)
+
+
+def test_python_dataset_targets_with_masks_and_keypoints(tmp_path):
+    """dsc.compile(dataset) of torchvision-form targets ("masks" (k, H, W), "keypoints" (k, K, 3)): stored
+    per object exactly; the flip permutation from the dataset's keypoint names."""
+    rng = np.random.default_rng(0)
+
+    class People:
+        keypoint_names = ["nose", "left_eye", "right_eye"]
+
+        def __init__(self):
+            self.items = []
+            for i in range(5):
+                h, w = 30 + i, 40 - i
+                masks = rng.random((3, h, w)) < 0.2
+                masks[2] = False
+                boxes = torch.tensor([[1.0, 1.0, w - 1.0, h - 1.0]] * 3)
+                kps = torch.tensor(rng.uniform(1, 20, (3, 3, 3)), dtype=torch.float32)
+                kps[..., 2] = torch.tensor([[2.0, 1.0, 0.0]] * 3)
+                kps[..., :2] *= (kps[..., 2:] > 0)
+                self.items.append((rng.integers(0, 255, (h, w, 3), dtype=np.uint8),
+                                   {"boxes": boxes, "labels": torch.tensor([0, 1, 0]),
+                                    "masks": torch.from_numpy(masks.astype(np.uint8)), "keypoints": kps}))
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    data = People()
+    dsc.compile(data, tmp_path / "out", classes=["a", "b"], progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    assert ds.manifest.fields["keypoints"]["flip_index"] == [0, 2, 1]
+    for i in range(len(data)):
+        np.testing.assert_array_equal(ds[i]["masks"].numpy(), data[i][1]["masks"].numpy())
+        np.testing.assert_allclose(ds[i]["keypoints"].numpy(), data[i][1]["keypoints"].numpy(), atol=1e-6)

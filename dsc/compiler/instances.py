@@ -17,8 +17,6 @@ the same affine map as the boxes; a joint that is hidden (v = 0) or leaves the s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import SampleError
@@ -27,21 +25,7 @@ from .boxes import FRAME_RAW, raw_to_displayed
 from .decode import SWAPS_AXES, orient_array
 from .geometry import Plan
 from .masks import apply_plan_nearest, decode_mask, segmentation_mask
-
-
-@dataclass(frozen=True)
-class NormalizedPolygons:
-    """Polygons in [0, 1] units of the displayed image: ``((x, y, x, y, ...), ...)``."""
-
-    polygons: tuple
-
-
-@dataclass(frozen=True)
-class InstanceId:
-    """The pixels of ``value`` in the instance-id mask file ``path``."""
-
-    path: str
-    value: int
+from .sources.base import InstanceId, NormalizedPolygons
 
 
 def _raster(shape, h: int, w: int, files: dict, where: str) -> np.ndarray:

@@ -134,6 +134,21 @@ def _shape_json(v):
     return repr(v)
 
 
+@dataclass(frozen=True)
+class NormalizedPolygons:
+    """Polygons in [0, 1] units of the displayed image: ``((x, y, x, y, ...), ...)``."""
+
+    polygons: tuple
+
+
+@dataclass(frozen=True)
+class InstanceId:
+    """The pixels of ``value`` in the instance-id mask file ``path``."""
+
+    path: str
+    value: int
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One input sample: ``key`` is what the dataset stores for traceability (path relative to the
@@ -286,6 +301,8 @@ class Param:
     cli: bool = True
     python: bool = True
     metavar: str | None = None
+    flag_value: Any = None  # a choice whose CLI option may come without a value (``--masks`` = ``--masks semantic``):
+    # True / that value are True, absent is False (what the flag it grew from recorded), other choices as given
 
     def __post_init__(self):
         if self.type not in PARAM_TYPES:
@@ -302,7 +319,7 @@ class Param:
         if value is None:
             if self.required:
                 raise ConfigError(f"{source}: {self.name} is required")
-            return None if self.type != "flag" else False
+            return False if self.type == "flag" or self.flag_value is not None else None
         bad = None
         if self.type == "flag":
             if not isinstance(value, (bool, np.bool_)):
@@ -314,6 +331,8 @@ class Param:
                 bad = "an integer"
             value = int(value) if bad is None else value
         elif self.type == "choice":
+            if self.flag_value is not None and (isinstance(value, (bool, np.bool_)) or value == self.flag_value):
+                return bool(value)  # the bare flag (True: its value, recorded as before it took values)
             if value not in self.choices:
                 bad = "one of " + ", ".join(map(str, self.choices))
         elif self.type == "csv":
