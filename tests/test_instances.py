@@ -334,3 +334,61 @@ def test_python_dataset_targets_with_masks_and_keypoints(tmp_path):
     for i in range(len(data)):
         np.testing.assert_array_equal(ds[i]["masks"].numpy(), data[i][1]["masks"].numpy())
         np.testing.assert_allclose(ds[i]["keypoints"].numpy(), data[i][1]["keypoints"].numpy(), atol=1e-6)
+
+
+def test_verify_info_view_update_and_preview(coco, tmp_path):
+    """verify finds a forged mask crop and visible keypoints outside their image; dsc info names the joints;
+    the plain-Zarr view holds the new arrays; --update re-places a re-annotated image's masks and joints and
+    carries the others; preview draws the masks and the skeleton."""
+    import shutil
+
+    import zarr
+    from click.testing import CliRunner
+
+    from damage import write_node
+    from dsc.cli import main
+    from dsc.runtime.preview import preview
+
+    ann, images, out, api = coco
+    work = tmp_path / "ds"
+    shutil.copytree(out, work)
+    assert dsc.verify(work).ok
+    info = CliRunner().invoke(main, ["info", str(work)])
+    assert info.exit_code == 0 and "left_shoulder" in info.output and "one binary mask per box" in info.output
+    g = zarr.open_group(str(work), mode="r")
+    ds = dsc.open(work)
+    np.testing.assert_array_equal(g["keypoints/points"][:], ds.readers["keypoints"].points)
+    assert g["masks/bits"].shape == (ds.manifest.fields["masks"]["nbytes"],)
+    png = preview(ds, tmp_path / "p.png", n=2, cell=96)
+    plain = preview(dsc.open(dsc.compile_coco(ann, images, tmp_path / "plain", progress=False,
+                                                                  workers=1).path), tmp_path / "q.png", n=2, cell=96)
+    assert (np.asarray(Image.open(png)) != np.asarray(Image.open(plain))).any()
+
+    rects = np.array(ds.readers["masks"].rects)
+    rects[0, 0] = 10_000  # a crop below its image
+    write_node(work, "masks/rects/c/0/0", rects.astype("<i4").tobytes(), record=True)
+    pts = np.array(ds.readers["keypoints"].points)
+    pts[1, 0] = (1e6, 5, 2)
+    write_node(work, "keypoints/points/c/0/0/0", pts.astype("<f4").tobytes(), record=True)
+    problems = {p.file: p for p in dsc.verify(work).problems}
+    assert "masks/rects" in problems and "keypoints/points" in problems, problems
+
+    src = tmp_path / "src"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = data["annotations"][0]
+    first["segmentation"] = [[2, 2, 12, 2, 12, 12, 2, 12]]
+    first["bbox"], first["keypoints"][:3] = [2, 2, 10, 10], [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    up = tmp_path / "up"
+    shutil.copytree(out, up)
+    dsc.compile_coco(src / ann.name, src / "images", up, masks="instance,semantic", update=True, progress=False,
+                     workers=1)
+    new, old, api2 = dsc.open(up), dsc.open(out), pycoco.COCO(str(src / ann.name))
+    assert dsc.verify(up).ok and new.version == old.version + 1
+    for i in range(len(new)):
+        s = new[i]
+        for j, a in enumerate(_anns(api2, int(s["image_id"]))):
+            np.testing.assert_array_equal(s["masks"][j].numpy(), api2.annToMask(a))
+    changed = [new[i] for i in range(len(new)) if int(new[i]["image_id"]) == first["image_id"]][0]
+    assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
