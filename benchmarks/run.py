@@ -7,6 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_compile  # noqa: E402
 import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
+import bench_instances  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_overram  # noqa: E402
 import bench_recipe  # noqa: E402
@@ -17,6 +18,7 @@ if __name__ == "__main__":
     bench_compile_read.main()
     bench_compile.main()
     bench_detection.main()
+    bench_instances.main()
     bench_loader.main()
     bench_overram.main()
     bench_recipe.main()

@@ -97,15 +97,25 @@ def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) 
     return [{name: col[o[b]:o[b + 1]] for name, col in columns.items()} for b in range(len(o) - 1)]
 
 
-def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | None = None) -> torch.Tensor:
+def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | None = None,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
     """Sample ``k``'s per-object masks (k, H, W) uint8 from a packed batch (``H, W``: its image's size unless
-    given, e.g. a padded canvas)."""
+    given, e.g. a padded canvas; ``keep``: only those of its objects)."""
     o = batch["box_offsets"]
     a, b = int(o[k]), int(o[k + 1])
     mo = batch[f"{key}_offsets"]
     if h is None:
         h, w = image_size(batch, k)
-    return paste(batch[key][int(mo[a]):int(mo[b])], mo[a:b + 1] - mo[a], batch[f"{key}_rects"][a:b], h, w)
+    offsets, rects = mo[a:b + 1] - mo[a], batch[f"{key}_rects"][a:b]
+    flat = batch[key][int(mo[a]):int(mo[b])]
+    if keep is not None:  # the kept crops, back to back
+        starts, ends = offsets[:-1][keep].tolist(), offsets[1:][keep].tolist()
+        flat = torch.cat([flat[x:y] for x, y in zip(starts, ends)]) if starts else flat[:0]
+        sizes = torch.tensor([y - x for x, y in zip(starts, ends)], dtype=torch.int64)
+        offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+        torch.cumsum(sizes, 0, out=offsets[1:])
+        rects = rects[keep]
+    return paste(flat, offsets, rects, h, w)
 
 
 def _object_masks_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:
@@ -273,17 +283,18 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            keep = None
+            if not keep_crowd and "iscrowd" in t and bool(t["iscrowd"].any()):
+                keep = t["iscrowd"] == 0
+                for name, v in list(t.items()):
+                    if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(keep):
+                        t[name] = v[keep]
             if exact:
-                t["masks"] = object_masks(batch, exact[0], k)
+                t["masks"] = object_masks(batch, exact[0], k, keep=keep)
             if mask is not None:
                 t["mask"] = mask[k]
                 if mask_values is not None and not exact:
                     t["masks"] = instance_masks(mask[k], t["boxes"], mask_values.to(t["labels"].device)[t["labels"]])
-            if not keep_crowd and "iscrowd" in t and bool(t["iscrowd"].any()):
-                keep = t["iscrowd"] == 0
-                for name, v in list(t.items()):
-                    if isinstance(v, torch.Tensor) and v.dim() and name != "mask" and len(v) == len(keep):
-                        t[name] = v[keep]
         return images, targets
     if mask is not None:
         return images, mask

@@ -22,6 +22,7 @@ role is taught here once, for every op.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import DscError
@@ -84,64 +85,53 @@ def _out_sizes(plan: ChainPlan, B: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- masks
-def _move_mask(crop: torch.Tensor, rect, ys: torch.Tensor, xs: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+def _move_mask(crop: np.ndarray, rect, ys: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, tuple]:
     """One object's crop (h, w) at ``rect`` (top, left, h, w) through the maps -> (new crop, new rect)."""
     t, l, h, w = rect
     iy, ix = ys - t, xs - l
     iny, inx = (iy >= 0) & (iy < h), (ix >= 0) & (ix < w)
-    if h == 0 or w == 0 or not bool(iny.any()) or not bool(inx.any()):
-        return crop.new_zeros(0), (0, 0, 0, 0)
+    empty = np.zeros(0, np.uint8), (0, 0, 0, 0)
+    if h == 0 or w == 0 or not iny.any() or not inx.any():
+        return empty
     if iy.shape[1] == 1 and ix.shape[0] == 1:  # separable: only the output rows and columns that land inside
-        rows, cols = torch.nonzero(iny[:, 0]).view(-1), torch.nonzero(inx[0]).view(-1)
+        rows, cols = np.flatnonzero(iny[:, 0]), np.flatnonzero(inx[0])
         r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
         ry, cx = iy[r0:r1, 0], ix[0, c0:c1]
-        ok = ((ry >= 0) & (ry < h)).view(-1, 1) & ((cx >= 0) & (cx < w)).view(1, -1)
-        out = crop[ry.clamp(0, h - 1)][:, cx.clamp(0, w - 1)] * ok
+        out = crop[np.clip(ry, 0, h - 1)][:, np.clip(cx, 0, w - 1)]
+        if not (iny[r0:r1, 0].all() and inx[0, c0:c1].all()):
+            out = out * (iny[r0:r1, 0][:, None] & inx[0, c0:c1][None, :])
         return out.reshape(-1), (r0, c0, r1 - r0, c1 - c0)
     inside = iny & inx
-    full = crop[iy.clamp(0, h - 1), ix.clamp(0, w - 1)] * inside
-    rows, cols = torch.nonzero(full.any(1)).view(-1), torch.nonzero(full.any(0)).view(-1)
+    full = crop[np.clip(iy, 0, h - 1), np.clip(ix, 0, w - 1)] * inside
+    rows, cols = np.flatnonzero(full.any(1)), np.flatnonzero(full.any(0))
     if not len(rows):
-        return crop.new_zeros(0), (0, 0, 0, 0)
+        return empty
     r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
-    return full[r0:r1, c0:c1].reshape(-1), (r0, c0, r1 - r0, c1 - c0)
+    return np.ascontiguousarray(full[r0:r1, c0:c1]).reshape(-1), (r0, c0, r1 - r0, c1 - c0)
 
 
-def move_object_masks(batch: dict, key: str, maps, box_offsets: torch.Tensor) -> None:
-    """Every object's mask of ``batch[key]`` (packed crops) through its sample's nearest maps."""
+def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.ndarray) -> None:
+    """Every kept object's mask of ``batch[key]`` (packed crops) through its sample's nearest maps (``sample``:
+    each object row's sample; ``keep``: the rows whose boxes survived); the others are dropped."""
     flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
     dev = flat.device
-    flat_c, o = flat.cpu(), offs.tolist()
-    counts = (box_offsets[1:] - box_offsets[:-1]).tolist()
-    new_flat, new_rects, j = [], [], 0
-    for b, k in enumerate(counts):
-        ys, xs = maps[b]
-        for _ in range(k):
-            t, l, h, w = rects[j].tolist()
-            crop = flat_c[o[j]:o[j + 1]].view(h, w)
-            out, rect = _move_mask(crop, (t, l, h, w), ys, xs)
-            new_flat.append(out)
-            new_rects.append(rect)
-            j += 1
-    sizes = torch.tensor([r[2] * r[3] for r in new_rects], dtype=torch.int64)
-    offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
-    torch.cumsum(sizes, 0, out=offsets[1:])
-    batch[key] = (torch.cat(new_flat) if new_flat else flat_c.new_zeros(0)).to(dev)
+    flat_c, o, r = flat.cpu().numpy(), offs.tolist(), rects.tolist()
+    np_maps = {}
+    new_flat, new_rects = [], []
+    for j in np.flatnonzero(keep).tolist():
+        b = int(sample[j])
+        if b not in np_maps:
+            np_maps[b] = tuple(m.numpy() for m in maps[b])
+        t, l, h, w = r[j]
+        out, rect = _move_mask(flat_c[o[j]:o[j + 1]].reshape(h, w), (t, l, h, w), *np_maps[b])
+        new_flat.append(out)
+        new_rects.append(rect)
+    sizes = np.asarray([q[2] * q[3] for q in new_rects], np.int64)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    batch[key] = torch.from_numpy(np.concatenate(new_flat) if new_flat else np.zeros(0, np.uint8)).to(dev)
     batch[f"{key}_rects"] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
-    batch[f"{key}_offsets"] = offsets.to(dev)
-
-
-def keep_object_masks(batch: dict, key: str, keep: torch.Tensor) -> None:
-    """Drop the masks of the boxes ``keep`` leaves out (batched: one index of the crops' bytes)."""
-    offs = batch[f"{key}_offsets"]
-    sizes = offs[1:] - offs[:-1]
-    byte_keep = torch.repeat_interleave(keep, sizes)
-    batch[key] = batch[key][byte_keep]
-    sizes = sizes[keep]
-    new = torch.zeros(len(sizes) + 1, dtype=torch.int64, device=offs.device)
-    torch.cumsum(sizes, 0, out=new[1:])
-    batch[f"{key}_offsets"] = new
-    batch[f"{key}_rects"] = batch[f"{key}_rects"][keep]
+    batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
 
 
 # ----------------------------------------------------------------------------- keypoints
@@ -210,18 +200,17 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     sample = torch.repeat_interleave(torch.arange(len(counts)), counts)
     outs = _out_sizes(plan, len(counts)).double()
     out_h, out_w = outs[:, 0], outs[:, 1]
+    keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows()).cpu()  # filters keypoints too
     masks = [k for k in schema.object_masks() if k in batch]
     if masks:
         maps = nearest_maps(plan, sizes)
         for k in masks:
-            move_object_masks(batch, k, maps, offsets.cpu())
+            move_object_masks(batch, k, maps, sample.numpy(), keep.numpy())
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:
-        fwd = torch.linalg.inv(plan.matrices)[sample]
-        hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[sample]
+        kept = sample[keep]
+        fwd = torch.linalg.inv(plan.matrices)[kept]
+        hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[kept]
         for k, role in points.items():
-            batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[sample],
-                                      out_h[sample])
-    keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
-    for k in masks:
-        keep_object_masks(batch, k, keep.to(batch[k].device))
+            batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[kept],
+                                      out_h[kept])

@@ -53,21 +53,25 @@ def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
     return (np.asarray(rects, np.int32).reshape(-1, 4), np.asarray(sizes, np.int64), b"".join(chunks))
 
 
-def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets): one unpack of
-    the gathered bytes, the byte padding cut away by index arithmetic (no loop per mask)."""
-    starts, nbytes = offsets[rows], offsets[rows + 1] - offsets[rows]
-    hw = (rects[rows, 2].astype(np.int64) * rects[rows, 3])
+def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray,
+           out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
+    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per mask, straight into its place."""
+    hw = rects[rows, 2].astype(np.int64) * rects[rows, 3]
     out_off = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(hw, out=out_off[1:])
-    if not len(rows) or out_off[-1] == 0:
-        return np.zeros(0, np.uint8), out_off
-    byte_off = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum(nbytes, out=byte_off[1:])
-    idx = np.arange(byte_off[-1], dtype=np.int64) - np.repeat(byte_off[:-1] - starts, nbytes)
-    allbits = np.unpackbits(bits[idx])
-    pos = np.arange(out_off[-1], dtype=np.int64) - np.repeat(out_off[:-1] - 8 * byte_off[:-1], hw)
-    return allbits[pos], out_off
+    flat = np.empty(int(out_off[-1]), np.uint8) if out is None else out
+    starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
+    o, sizes = out_off.tolist(), hw.tolist()
+    for j in range(len(rows)):
+        if sizes[j]:
+            flat[o[j]:o[j + 1]] = np.unpackbits(bits[starts[j]:ends[j]], count=sizes[j])
+    return flat, out_off
+
+
+def mask_bytes(rects: np.ndarray, rows: np.ndarray) -> int:
+    """How many unpacked bytes masks ``rows`` take."""
+    return int((rects[rows, 2].astype(np.int64) * rects[rows, 3]).sum())
 
 
 def paste(flat, offsets, rects, h: int, w: int, out=None):
@@ -142,11 +146,10 @@ class ObjectMasksReader(Reader):
 
     def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
         rows, _ = gather_rows(self.box_offsets, idx)
-        flat, off = unpack(self.bits, self.offsets, self.rects, rows)
-        out = {self.name: alloc(self.name, flat.shape, np.dtype(np.uint8)),
+        out = {self.name: alloc(self.name, (mask_bytes(self.rects, rows),), np.dtype(np.uint8)),
                f"{self.name}_rects": alloc(f"{self.name}_rects", (len(rows), 4), np.dtype(np.int64)),
-               f"{self.name}_offsets": alloc(f"{self.name}_offsets", off.shape, np.dtype(np.int64))}
-        out[self.name][:] = flat
+               f"{self.name}_offsets": alloc(f"{self.name}_offsets", (len(rows) + 1,), np.dtype(np.int64))}
+        _, off = unpack(self.bits, self.offsets, self.rects, rows, out[self.name])
         out[f"{self.name}_rects"][:] = self.rects[rows]
         out[f"{self.name}_offsets"][:] = off
         return out
