@@ -230,3 +230,32 @@ def test_torchvision_form_per_box_masks_on_the_device(tmp_path):
             assert torch.equal(x["mask"], y["mask"].cpu())
             n += len(x["masks"])
     assert n
+
+
+def test_instance_masks_and_keypoints_on_the_device(tmp_path):
+    """Per-object masks and keypoints: device batches (fused crop + flip in the gather, then a map-only op on
+    the device) equal the CPU loader's; format="torchvision" targets on the device."""
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / "src", n=6, seed=3)
+    dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", size=(48, 48), resize="stretch",
+                     progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+
+    class Shift(T.Geometric):  # map only: runs on the device, after the copy
+        def plan(self, sizes, gen):
+            m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
+            m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
+            return m, sizes.clone()
+
+    ops = [T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), Shift()]
+    cpu = list(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1))
+    dev = list(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda"))
+    for a, b in zip(cpu, dev):
+        for k in ("boxes", "box_offsets", "masks", "masks_rects", "masks_offsets", "keypoints"):
+            assert b[k].device.type == "cuda"
+            torch.testing.assert_close(b[k].cpu(), a[k], msg=k)
+    for images_, targets in dsc.Loader(ds, batch_size=3, format="torchvision", device="cuda",
+                                       transforms=[T.RandomHorizontalFlip()]):
+        assert all(t["masks"].device.type == "cuda" and t["masks"].shape[1:] == (48, 48) for t in targets)
+        assert all(t["keypoints"].shape[1:] == (17, 3) and not t["iscrowd"].any() for t in targets)

@@ -392,3 +392,47 @@ def test_verify_info_view_update_and_preview(coco, tmp_path):
             np.testing.assert_array_equal(s["masks"][j].numpy(), api2.annToMask(a))
     changed = [new[i] for i in range(len(new)) if int(new[i]["image_id"]) == first["image_id"]][0]
     assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
+
+
+class Rot90(T.Geometric):
+    """A map-only op (no steps: the batched path) that is not axis-aligned: a quarter turn counter-clockwise."""
+
+    def plan(self, sizes, gen):
+        B = len(sizes)
+        m = torch.zeros((B, 3, 3), dtype=torch.float64)
+        w = sizes[:, 1].double()
+        m[:, 0, 1], m[:, 0, 2], m[:, 1, 0], m[:, 2, 2] = -1.0, w, 1.0, 1.0  # x_in = w - y_out, y_in = x_out
+        return m, sizes.flip(1).clone()
+
+
+def test_a_map_only_op_that_is_not_axis_aligned_moves_masks_and_keypoints(coco, tmp_path):
+    """The batched (grid) path with a general map: masks = np.rot90 of the stored ones, joints rotated, none
+    swapped (a rotation is no mirror)."""
+    ann, images, out, api = coco
+    dsc.compile_coco(ann, images, tmp_path / "sq", masks="instance", size=(40, 40), resize="stretch",
+                     progress=False, workers=1)
+    ds = dsc.open(tmp_path / "sq")
+    batch = T.Compose([Rot90()])(ds.get_batch([0, 1, 2]))
+    o = batch["box_offsets"].tolist()
+    for b in range(3):
+        s = ds[b]
+        got = dsc.runtime.batches.object_masks(batch, "masks", b).numpy()
+        np.testing.assert_array_equal(got, np.rot90(s["masks"].numpy(), axes=(1, 2)))
+        kp = s["keypoints"].double().numpy()
+        ref = np.stack([kp[..., 1], 40 - kp[..., 0], kp[..., 2]], -1) * (kp[..., 2:] > 0)
+        np.testing.assert_allclose(batch["keypoints"][o[b]:o[b + 1]].numpy(), ref, atol=1e-4)
+
+
+def test_cli_masks_instance_and_voc_bare_masks_flag(coco, tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    ann, images, out, api = coco
+    r = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(ann), "--images", str(images),
+                                  str(tmp_path / "c"), "--masks", "instance", "-q"])
+    assert r.exit_code == 0, r.output
+    assert set(dsc.open(tmp_path / "c").manifest.fields) == {"masks", "keypoints"}
+    bad = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(ann), "--images", str(images),
+                                    str(tmp_path / "d"), "--masks", "instances", "-q"])
+    assert bad.exit_code != 0 and "instance" in bad.output
