@@ -106,16 +106,16 @@ def test_compile_time_policies_and_exif_move_masks_and_keypoints(tmp_path, opts)
             np.testing.assert_allclose(s["keypoints"][j].numpy(), ref_kp, atol=1e-4)
 
 
-def _pil_nearest(mask: np.ndarray, box, size) -> np.ndarray:
+def _crop_nearest(mask: np.ndarray, box, size) -> np.ndarray:
     """A mask cropped to ``box`` (left, top, right, bottom; outside = 0) and resized to ``size`` (h, w) with
-    PIL's nearest neighbour: the reference geometry of a crop + resize."""
+    the masks' nearest rule (``_pil_resize``): the reference geometry of a crop + resize."""
     l, t, r, b = (int(v) for v in box)
     h, w = mask.shape
     canvas = np.zeros((b - t, r - l), np.uint8)
     t0, t1, l0, l1 = max(t, 0), min(b, h), max(l, 0), min(r, w)
     if t1 > t0 and l1 > l0:
         canvas[t0 - t:t1 - t, l0 - l:l1 - l] = mask[t0:t1, l0:l1]
-    return np.asarray(Image.fromarray(canvas).resize((size[1], size[0]), Image.Resampling.NEAREST))
+    return _nearest_rule(canvas, size[1], size[0])
 
 
 @pytest.mark.parametrize("threads", [0, 2], ids=["batched", "in-gather"])
@@ -151,7 +151,7 @@ def test_loader_transforms_move_masks_and_keypoints(coco, threads):
             vis = (kps[..., 2] > 0) & (x >= 0) & (x <= 32) & (y >= 0) & (y <= 32)
             ref_kp = np.stack([x, y, kps[..., 2]], -1) * vis[..., None]
             for k, m in zip(range(len(got)), s["masks"].numpy()[keep]):
-                ref = _pil_nearest(m, (l, t, l + w, t + h), (32, 32))
+                ref = _crop_nearest(m, (l, t, l + w, t + h), (32, 32))
                 ious.append(_iou(got[k], ref[:, ::-1] if flip[b] else ref))
             if flip[b]:
                 flips += 1
@@ -436,3 +436,71 @@ def test_cli_masks_instance_and_voc_bare_masks_flag(coco, tmp_path):
     bad = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(ann), "--images", str(images),
                                     str(tmp_path / "d"), "--masks", "instances", "-q"])
     assert bad.exit_code != 0 and "instance" in bad.output
+
+
+def _nearest_rule(m, w, h):
+    """The masks' runtime nearest rule (dsc's transforms, the semantic mask's too), written out: output pixel
+    (i, j) takes input pixel (floor((i + .5) H / h), floor((j + .5) W / w))."""
+    H, W = m.shape
+    ys = np.minimum(np.floor((np.arange(h) + 0.5) * H / h).astype(int), H - 1)
+    xs = np.minimum(np.floor((np.arange(w) + 0.5) * W / w).astype(int), W - 1)
+    return m[ys][:, xs]
+
+
+def _letterbox(m):
+    out = np.zeros((30, 40), np.uint8)
+    out[:, 5:35] = _nearest_rule(m, 30, 30)
+    return out
+
+
+# (op, mask reference of a 40x40 mask, keypoint map (x, y) -> (x', y'), output (w, h), swaps joints)
+OPS = {"resize": (T.Resize((30, 20)), lambda m: _nearest_rule(m, 20, 30), lambda x, y: (x / 2, y * 0.75), (20, 30)),
+       "center-crop": (T.CenterCrop(30), lambda m: m[5:35, 5:35], lambda x, y: (x - 5, y - 5), (30, 30)),
+       "letterbox": (T.Letterbox((30, 40)), _letterbox, lambda x, y: (x * 0.75 + 5, y * 0.75), (40, 30)),
+       "vflip": (T.RandomVerticalFlip(1.0), lambda m: m[::-1], lambda x, y: (x, 40 - y), (40, 40))}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_loader_op_moves_masks_and_keypoints(coco, tmp_path, name):
+    """Resize, CenterCrop, Letterbox, a vertical flip (no joint swap): masks against PIL's nearest on the
+    stored masks (IoU >= 0.98 for >= 99% of objects), keypoints to 1e-4 px, outside joints (0, 0, 0)."""
+    ann, images, out, api = coco
+    sq = tmp_path / "sq"
+    dsc.compile_coco(ann, images, sq, masks="instance", size=(40, 40), resize="stretch", progress=False, workers=1)
+    ds = dsc.open(sq)
+    op, ref_mask_of, ref_xy, (ow, oh) = OPS[name]
+    ious = []
+    for batch in dsc.Loader(ds, batch_size=3, transforms=[op], num_threads=1):
+        o = batch["box_offsets"].tolist()
+        for b, i in enumerate(batch["index"].tolist()):
+            s = ds[i]
+            got = dsc.runtime.batches.object_masks(batch, "masks", b).numpy()
+            ref = np.stack([ref_mask_of(m) for m in s["masks"].numpy()])
+            assert len(got) == o[b + 1] - o[b]
+            if len(got) == len(ref):
+                ious += [_iou(g, r) for g, r in zip(got, ref)]
+            kp = s["keypoints"].double().numpy()
+            x, y = ref_xy(kp[..., 0], kp[..., 1])
+            vis = (kp[..., 2] > 0) & (x >= 0) & (x <= ow) & (y >= 0) & (y <= oh)
+            ref_kp = np.stack([x, y, kp[..., 2]], -1) * vis[..., None]
+            if len(got) == len(ref):
+                np.testing.assert_allclose(batch["keypoints"][o[b]:o[b + 1]].numpy(), ref_kp, atol=1e-4)
+    ious = np.array(ious)
+    assert len(ious) > 20 and (ious >= 0.98).mean() >= 0.99, np.sort(ious)[:5]
+
+
+def test_parts_round_trip_through_the_resume_journal():
+    from dsc.formats.fields import KeypointsField, KeypointsSpec, ObjectMasksField
+
+    rng = np.random.default_rng(1)
+    mf, kf = ObjectMasksField(), KeypointsField(KeypointsSpec(num_keypoints=2, flip_index=(1, 0)))
+    mp, kp = mf.empty_part(), kf.empty_part()
+    masks = rng.random((3, 9, 7)) < 0.3
+    masks[1] = False
+    mp.add(masks)
+    mp.pad(2)
+    kp.add(rng.random((3, 2, 3)).astype(np.float32))
+    kp.pad(1)
+    m2, k2 = mf.load_part(json.loads(json.dumps(mp.to_json()))), kf.load_part(json.loads(json.dumps(kp.to_json())))
+    assert m2.bits == mp.bits and all((a == b).all() for a, b in zip(m2.rects, mp.rects))
+    assert all((a == b).all() for a, b in zip(k2.points, kp.points)) and len(k2.points) == 2
