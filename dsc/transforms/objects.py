@@ -64,13 +64,31 @@ def _matrix_maps(M: torch.Tensor, h: int, w: int, out_h: int, out_w: int) -> tup
     return torch.where(valid, ys, -1), torch.where(valid, xs, -1)
 
 
-def nearest_maps(plan: ChainPlan, sizes: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sample, (source rows, source columns) of the output pixels, broadcastable to the output size."""
+class Flips(tuple):
+    """A sample's map when its program is flips only: (flip rows, flip columns, h, w)."""
+
+    def __new__(cls, fh: bool, fw: bool, h: int, w: int):
+        return super().__new__(cls, (fh, fw, h, w))
+
+    def numpy(self):
+        """As (source rows, source columns), like the other maps."""
+        fh, fw, h, w = self
+        ys, xs = np.arange(h).reshape(h, 1), np.arange(w).reshape(1, w)
+        return (ys[::-1] if fh else ys), (xs[:, ::-1] if fw else xs)
+
+
+def nearest_maps(plan: ChainPlan, sizes: torch.Tensor) -> list:
+    """Per sample, (source rows, source columns) of the output pixels, broadcastable to the output size (or
+    :class:`Flips` when the sample's program only flips)."""
     outs = _out_sizes(plan, len(sizes)).tolist()
     maps = []
     for b, (h, w) in enumerate(sizes.tolist()):
         out_h, out_w = outs[b]
-        if plan.programs is not None:
+        if plan.programs is not None and all(step[0] == "flip" for step in plan.programs[b]):
+            fh = sum(1 for step in plan.programs[b] if step[1] == 1 and step[2]) % 2 == 1
+            fw = sum(1 for step in plan.programs[b] if step[1] == 0 and step[2]) % 2 == 1
+            maps.append(Flips(fh, fw, h, w))  # flips only (torchvision's detection recipe): exact reversals
+        elif plan.programs is not None:
             maps.append(_program_maps(h, w, plan.programs[b], out_h, out_w))
         else:
             maps.append(_matrix_maps(plan.matrices[b], h, w, out_h, out_w))
@@ -120,10 +138,18 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     new_flat, new_rects = [], []
     for j in np.flatnonzero(keep).tolist():
         b = int(sample[j])
-        if b not in np_maps:
+        if b not in np_maps and not isinstance(maps[b], Flips):
             np_maps[b] = tuple(m.numpy() for m in maps[b])
         t, l, h, w = r[j]
-        out, rect = _move_mask(flat_c[o[j]:o[j + 1]].reshape(h, w), (t, l, h, w), *np_maps[b])
+        crop = flat_c[o[j]:o[j + 1]].reshape(h, w)
+        if isinstance(maps[b], Flips):  # the crop reversed, its rectangle mirrored
+            fh, fw, H, W = maps[b]
+            crop = crop[::-1] if fh else crop
+            crop = crop[:, ::-1] if fw else crop
+            new_flat.append(np.ascontiguousarray(crop).reshape(-1))
+            new_rects.append((H - t - h if fh and h else t, W - l - w if fw and w else l, h, w))
+            continue
+        out, rect = _move_mask(crop, (t, l, h, w), *np_maps[b])
         new_flat.append(out)
         new_rects.append(rect)
     sizes = np.asarray([q[2] * q[3] for q in new_rects], np.int64)
