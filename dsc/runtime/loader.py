@@ -294,7 +294,7 @@ class Loader:
                     warnings.warn(f"format='torchvision': the targets carry no per-box \"masks\": {why} "
                                   f"(\"mask\", the semantic mask, is there)", stacklevel=2)
             self._output = partial(torchvision_form, schema=dataset.schema, mask_values=mask_values,
-                                   keep_crowd=getattr(self, "keep_crowd", False))
+                                   keep_crowd=self.keep_crowd)
 
     @property
     def classes(self) -> list[str]:

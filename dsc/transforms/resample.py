@@ -174,29 +174,28 @@ def apply_plan(plan, batch: dict, schema: Schema) -> dict:
 
 
 def _each_own_size(batch: dict, key: str, role, plan) -> None:
-    """``batch[key]`` through a chain that keeps every sample's size, in the form it came in."""
+    """``batch[key]`` through a chain that keeps every sample's size, in the form it came in: each sample
+    written straight into its place in a new tensor of the same layout."""
     views, sizes = _views(batch, key)
     nearest = role.resample == "nearest"
-    outs = []
+    new = torch.empty_like(batch[key]) if f"{key}_sizes" not in batch else batch[key].clone()
+    if f"{key}_offsets" in batch:
+        o = batch[f"{key}_offsets"].tolist()
+        dest = [new[o[b]:o[b + 1]].view(v.shape) for b, v in enumerate(views)]
+    else:
+        dest = [new[b, :v.shape[0], :v.shape[1]] for b, v in enumerate(views)]
     for b, v in enumerate(views):
         h, w = (int(x) for x in sizes[b].tolist())
         if plan.programs is not None:
-            o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-            run_program(v, plan.programs[b], o, nearest, role.fill)
+            out = dest[b] if dest[b].is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            run_program(v, plan.programs[b], out, nearest, role.fill)
+            if out is not dest[b]:
+                dest[b].copy_(out)
         else:
             fill = plan.fill if role.fill is None else role.fill
-            o = (_nearest if nearest else _resample)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1], h, w,
-                                                      fill)[0]
-        outs.append(o)
-    if f"{key}_offsets" in batch:
-        batch[key] = torch.cat([o.reshape(-1) for o in outs]) if outs else batch[key].clone()
-    elif f"{key}_sizes" in batch:
-        canvas = batch[key].clone()
-        for b, o in enumerate(outs):
-            canvas[b, :o.shape[0], :o.shape[1]] = o
-        batch[key] = canvas
-    else:
-        batch[key] = torch.stack(outs) if outs else batch[key].clone()
+            dest[b].copy_((_nearest if nearest else _resample)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1],
+                                                                h, w, fill)[0])
+    batch[key] = new
 
 
 def _check_batch(batch: dict) -> None:
