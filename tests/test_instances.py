@@ -504,3 +504,51 @@ def test_parts_round_trip_through_the_resume_journal():
     m2, k2 = mf.load_part(json.loads(json.dumps(mp.to_json()))), kf.load_part(json.loads(json.dumps(kp.to_json())))
     assert m2.bits == mp.bits and all((a == b).all() for a, b in zip(m2.rects, mp.rects))
     assert all((a == b).all() for a, b in zip(k2.points, kp.points)) and len(k2.points) == 2
+
+
+def test_a_flip_on_mixed_sizes_keeps_each_sample_in_its_form(coco):
+    """The size-keeping chain on ragged images, packed and padded: each image mirrored at its own size, the
+    padding untouched, the masks and joints with it."""
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    for form in ("packed", "padded"):
+        batch = T.Compose([T.RandomHorizontalFlip(1.0)])(ds.get_batch([0, 1, 2], images=form))
+        for b in range(3):
+            s = ds[b]
+            h, w = s["image"].shape[:2]
+            img = (batch["image"][batch["image_offsets"][b]:batch["image_offsets"][b + 1]].view(h, w, 3)
+                   if form == "packed" else batch["image"][b, :h, :w])
+            np.testing.assert_array_equal(img.numpy(), s["image"].numpy()[:, ::-1])
+            np.testing.assert_array_equal(dsc.runtime.batches.object_masks(batch, "masks", b).numpy(),
+                                          s["masks"].numpy()[:, :, ::-1])
+        if form == "padded":
+            assert batch["image"].shape[1:3] == tuple(batch["image_sizes"].max(0).values.tolist())
+
+
+def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
+    """An image stored raw with EXIF orientation 6 whose COCO entry declares the raw size: its polygon and
+    keypoints are in the raw frame and turn with the image (the boxes' rule)."""
+    from dsc.compiler.decode import orient_array
+
+    raw_h, raw_w = 30, 50
+    (tmp_path / "images").mkdir()
+    im = Image.fromarray(np.random.default_rng(0).integers(0, 255, (raw_h, raw_w, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    im.save(tmp_path / "images" / "a.png", exif=exif)
+    poly = [5.0, 4.0, 30.0, 6.0, 28.0, 20.0, 8.0, 25.0]
+    kp = [10.0, 8.0, 2, 40.0, 3.0, 1] + [0, 0, 0]
+    ann = {"images": [{"id": 1, "file_name": "a.png", "width": raw_w, "height": raw_h}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0, "segmentation": [poly],
+                            "bbox": [5.0, 4.0, 25.0, 21.0], "area": 1.0, "keypoints": kp}],
+           "categories": [{"id": 1, "name": "person", "keypoints": ["nose", "left_eye", "right_eye"]}]}
+    (tmp_path / "a.json").write_text(json.dumps(ann))
+    dsc.compile_coco(tmp_path / "a.json", tmp_path / "images", tmp_path / "out", masks="instance", progress=False,
+                     workers=1)
+    s = dsc.open(tmp_path / "out")[0]
+    assert s["image"].shape[:2] == (raw_w, raw_h)  # displayed: turned
+    api = pycoco.COCO(str(tmp_path / "a.json"))
+    np.testing.assert_array_equal(s["masks"][0].numpy(), orient_array(api.annToMask(api.loadAnns(1)[0]), 6))
+    # orientation 6 (rotate 90 clockwise): raw (x, y) -> displayed (raw_h - y, x)
+    np.testing.assert_allclose(s["keypoints"][0].numpy(), [[raw_h - 8.0, 10.0, 2], [raw_h - 3.0, 40.0, 1], [0, 0, 0]],
+                               atol=1e-4)
