@@ -249,9 +249,8 @@ def test_instance_masks_and_keypoints_on_the_device(tmp_path):
             return m, sizes.clone()
 
     ops = [T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), Shift()]
-    cpu = list(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1))
-    dev = list(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda"))
-    for a, b in zip(cpu, dev):
+    for a, b in zip(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1),
+                    dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda")):
         for k in ("boxes", "box_offsets", "masks", "masks_rects", "masks_offsets", "keypoints"):
             assert b[k].device.type == "cuda"
             torch.testing.assert_close(b[k].cpu(), a[k], msg=k)

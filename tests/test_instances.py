@@ -552,3 +552,26 @@ def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
     # orientation 6 (rotate 90 clockwise): raw (x, y) -> displayed (raw_h - y, x)
     np.testing.assert_allclose(s["keypoints"][0].numpy(), [[raw_h - 8.0, 10.0, 2], [raw_h - 3.0, 40.0, 1], [0, 0, 0]],
                                atol=1e-4)
+
+
+def test_bad_instance_annotations_are_named_skips(coco, tmp_path):
+    """A keypoint list of the wrong length, a segmentation missing, an RLE of another size: each a recorded
+    skip naming the annotation (never a traceback, never a silently wrong object)."""
+    ann, images, out, api = coco
+    data = json.loads(ann.read_text())
+    by_image = {}
+    for a in data["annotations"]:
+        by_image.setdefault(a["image_id"], []).append(a)
+    by_image[1][0]["keypoints"] = [1, 2, 2]
+    del by_image[2][0]["segmentation"]
+    crowd = [a for a in by_image[3] if a["iscrowd"]][0]
+    crowd["segmentation"]["size"] = [5, 5]
+    crowd["segmentation"]["counts"] = [25]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    r = dsc.compile_coco(path, images, tmp_path / "out", masks="instance", on_error="skip", progress=False,
+                         workers=1)
+    reasons = " | ".join(s["reason"] for s in r.skipped)
+    assert len(r.skipped) == 3 and r.manifest.num_samples == len(data["images"]) - 3, reasons
+    assert "keypoints that are not 17" in reasons and "no usable 'segmentation'" in reasons
+    assert "cannot rasterise its mask" in reasons and "RLE is 5x5" in reasons

@@ -217,7 +217,7 @@ def _keypoints_spec(ann_path: Path, data: dict) -> KeypointsSpec | None:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SourceError(f"{ann_path}: a category's 'keypoints' must be a list of joint names")
     K = len(names) or (max(counts) // 3)
-    if counts - {3 * K}:
+    if not names and counts - {3 * K}:  # with names, an annotation of another length is that image's problem
         raise SourceError(f"{ann_path}: annotations have keypoint lists of {sorted(counts)} numbers; with {K} "
                           f"joints each must have {3 * K} (x, y, v per joint)")
     skeleton = named[0].get("skeleton") or [] if named else []
