@@ -181,10 +181,11 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
 
 
 # ----------------------------------------------------------------------------- boxes
-def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys) -> torch.Tensor:
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> torch.Tensor:
     """Boxes through the forward maps, clipped to the output (``out_w``, ``out_h``: one size, or (B,) per
-    sample); boxes left without area are dropped with every per-box row, and ``box_offsets`` rewritten
-    (batched, no loop per box). Returns which were kept."""
+    sample); boxes left without area (or False in ``keep``, per box: an op that drops boxes itself) are
+    dropped with every per-box row, and ``box_offsets`` rewritten (batched, no loop per box). Returns which
+    were kept."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
@@ -203,7 +204,10 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys) -> tor
     oh = torch.as_tensor(out_h, dtype=torch.float64).to(dev).expand(len(counts))[sample]
     nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
                       torch.minimum(nx.amax(1).clamp(min=0), ow), torch.minimum(ny.amax(1).clamp(min=0), oh)], 1)
+    drop = keep
     keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
+    if drop is not None:
+        keep &= drop.to(dev)
     batch["boxes"] = nb.to(batch["boxes"].dtype)
     for k in box_keys:
         batch[k] = batch[k][keep]
@@ -226,7 +230,8 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     sample = torch.repeat_interleave(torch.arange(len(counts)), counts)
     outs = _out_sizes(plan, len(counts)).double()
     out_h, out_w = outs[:, 0], outs[:, 1]
-    keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows()).cpu()  # filters keypoints too
+    keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(),  # filters keypoints too
+                           keep=getattr(plan, "keep", None)).cpu()
     masks = [k for k in schema.object_masks() if k in batch]
     if masks:
         maps = nearest_maps(plan, sizes)
