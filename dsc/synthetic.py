@@ -350,7 +350,8 @@ def write_coco_instances(root: str | os.PathLike, n: int = 8, seed: int = 0, siz
         t, l = int(rng.integers(0, h // 2)), int(rng.integers(0, w // 2))
         hole[t:t + h // 3, l:l + w // 3] = True
         hole[t + h // 9:t + 2 * h // 9, l + w // 9:l + 2 * w // 9] = False
-        objs.append(dict(category_id=2, iscrowd=0, segmentation={"size": [h, w], "counts": rle_string(rle_counts_of(hole))}))
+        objs.append(dict(category_id=2, iscrowd=0,
+                         segmentation={"size": [h, w], "counts": rle_string(rle_counts_of(hole))}))
         crowd = np.zeros((h, w), bool)
         crowd[h // 2:, :w // 3] = True
         objs.append(dict(category_id=1, iscrowd=1, segmentation={"size": [h, w], "counts": rle_counts_of(crowd)}))

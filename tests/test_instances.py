@@ -251,7 +251,8 @@ def test_yolo_segments_and_pose(coco, tmp_path):
         s = ds_seg[i]
         assert len(s["masks"]) == len(people)
         for j, a in enumerate(people):
-            poly = [(v / (w if k % 2 == 0 else h)) * (w if k % 2 == 0 else h) for k, v in enumerate(a["segmentation"][0])]
+            side = lambda k: w if k % 2 == 0 else h  # noqa: E731
+            poly = [(v / side(k)) * side(k) for k, v in enumerate(a["segmentation"][0])]
             ref = M.decode(M.merge(M.frPyObjects([poly], h, w)))
             np.testing.assert_array_equal(s["masks"][j].numpy(), ref)
             kp = np.array(a["keypoints"], np.float32).reshape(17, 3)

@@ -70,12 +70,6 @@ class Flips(tuple):
     def __new__(cls, fh: bool, fw: bool, h: int, w: int):
         return super().__new__(cls, (fh, fw, h, w))
 
-    def numpy(self):
-        """As (source rows, source columns), like the other maps."""
-        fh, fw, h, w = self
-        ys, xs = np.arange(h).reshape(h, 1), np.arange(w).reshape(1, w)
-        return (ys[::-1] if fh else ys), (xs[:, ::-1] if fw else xs)
-
 
 def nearest_maps(plan: ChainPlan, sizes: torch.Tensor) -> list:
     """Per sample, (source rows, source columns) of the output pixels, broadcastable to the output size (or

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, DscError
+from ..errors import ConfigError
 from ..formats.fields import Schema
 from .fused import plan_chain, run_batch, run_program
 from .geometric import Geometric
