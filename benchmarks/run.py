@@ -8,6 +8,7 @@ import bench_compile  # noqa: E402
 import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_fields  # noqa: E402
+import bench_instances  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_overram  # noqa: E402
 import bench_ranged  # noqa: E402
@@ -21,6 +22,7 @@ if __name__ == "__main__":
     bench_compile.main()
     bench_detection.main()
     bench_fields.main()
+    bench_instances.main()
     bench_loader.main()
     bench_overram.main()
     bench_recipe.main()

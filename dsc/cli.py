@@ -279,6 +279,9 @@ def _param_decorator(p):
     kind = click.Choice(p.choices) if p.type == "choice" else kinds.get(p.type, str)
     if getattr(p, "multiple", False):  # given once per value: --column a --column b
         return click.option(p.option, p.name, type=kind, multiple=True, help=p.help, metavar=p.metavar)
+    if p.type == "choice" and p.flag_value is not None:  # `--masks` alone, or `--masks instance`
+        return click.option(p.option, p.name, type=kind, is_flag=False, flag_value=p.flag_value, default=None,
+                            help=p.help)
     default = ",".join(p.default) if p.type == "csv" and p.default else p.default
     # (no default=None given: click 8.3+ takes an explicit None for a value, and a required option left out would
     # reach the source, whose message names the Python keyword instead of the flag)

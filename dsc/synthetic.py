@@ -270,3 +270,101 @@ def write_voc_segmentation(root: str | os.PathLike, scenes: list[dict], split: s
             draw.rectangle([b[0], b[1], b[2] - 1, b[3] - 1], fill=value, outline=255)
         im.save(root / "SegmentationClass" / f"{Path(s['file']).stem}.png")
     return root
+
+
+# ----------------------------------------------------------------------------- instance masks and keypoints
+COCO_KEYPOINTS = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
+                  "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee",
+                  "right_knee", "left_ankle", "right_ankle")
+COCO_SKELETON = ((16, 14), (14, 12), (17, 15), (15, 13), (12, 13), (6, 12), (7, 13), (6, 7), (6, 8), (7, 9),
+                 (8, 10), (9, 11), (2, 3), (1, 2), (1, 3), (2, 4), (3, 5), (4, 6), (5, 7))
+
+
+def rle_string(counts) -> str:
+    """Run lengths -> COCO's compressed RLE string (pycocotools' ``rleToString``)."""
+    out = []
+    for i, x in enumerate(int(c) for c in counts):
+        if i > 2:
+            x -= int(counts[i - 2])
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = x != -1 if c & 0x10 else x != 0
+            if more:
+                c |= 0x20
+            out.append(chr(c + 48))
+    return "".join(out)
+
+
+def rle_counts_of(mask: np.ndarray) -> list[int]:
+    """(h, w) bool -> column-major run lengths starting with a run of zeros."""
+    flat = np.asarray(mask, bool).T.reshape(-1)
+    edges = np.flatnonzero(np.diff(flat.astype(np.int8))) + 1
+    runs = np.diff(np.concatenate([[0], edges, [len(flat)]])).tolist()
+    return ([0] + runs) if len(flat) and flat[0] else runs
+
+
+def _polygon(rng, cx, cy, r, n=8) -> list[float]:
+    a = np.sort(rng.uniform(0, 2 * np.pi, n))
+    rr = r * rng.uniform(0.5, 1.0, n)
+    return [round(float(v), 2) for xy in zip(cx + rr * np.cos(a), cy + rr * np.sin(a)) for v in xy]
+
+
+def write_coco_instances(root: str | os.PathLike, n: int = 8, seed: int = 0, size_range=(48, 96), people: int = 4,
+                         orientations: bool = False, ext: str = ".png") -> tuple[Path, Path]:
+    """A COCO person_keypoints-like set: per image ``people`` overlapping persons (polygons, 17 keypoints,
+    some hidden), a two-polygon object, an RLE object with a hole (compressed counts) and a crowd
+    (uncompressed RLE), each bbox the extent of its mask. ``orientations``: images carry EXIF orientations
+    1-8 in turn (annotations in the displayed frame). Returns (annotations JSON, images folder)."""
+    import json
+
+    from .compiler.masks import segmentation_mask  # lazy: the compiler's rasteriser gives the bboxes
+
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    img_dir = root / "images"
+    img_dir.mkdir(parents=True, exist_ok=True)
+    images, anns = [], []
+    for i in range(n):
+        h, w = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, 2))
+        name = f"{i:05d}{ext}"
+        im = make_scene(rng, h, w)
+        if orientations:
+            _save_oriented(im, img_dir / name, i % 8 + 1)
+        else:
+            im.save(img_dir / name)
+        images.append({"id": i + 1, "file_name": name, "width": w, "height": h})
+        objs = []
+        for _ in range(people):
+            cx, cy = rng.uniform(0.2 * w, 0.8 * w), rng.uniform(0.2 * h, 0.8 * h)
+            kp = []
+            for _ in range(17):
+                v = int(rng.integers(0, 3))
+                kp += [round(float(rng.uniform(0, w)), 2), round(float(rng.uniform(0, h)), 2), v] if v else [0, 0, 0]
+            objs.append(dict(category_id=1, segmentation=[_polygon(rng, cx, cy, rng.uniform(0.1, 0.3) * min(h, w))],
+                             iscrowd=0, keypoints=kp, num_keypoints=sum(1 for v in kp[2::3] if v)))
+        objs.append(dict(category_id=2, iscrowd=0, segmentation=[_polygon(rng, 0.3 * w, 0.3 * h, 0.15 * min(h, w)),
+                                                                  _polygon(rng, 0.7 * w, 0.65 * h, 0.15 * min(h, w))]))
+        hole = np.zeros((h, w), bool)
+        t, l = int(rng.integers(0, h // 2)), int(rng.integers(0, w // 2))
+        hole[t:t + h // 3, l:l + w // 3] = True
+        hole[t + h // 9:t + 2 * h // 9, l + w // 9:l + 2 * w // 9] = False
+        objs.append(dict(category_id=2, iscrowd=0,
+                         segmentation={"size": [h, w], "counts": rle_string(rle_counts_of(hole))}))
+        crowd = np.zeros((h, w), bool)
+        crowd[h // 2:, :w // 3] = True
+        objs.append(dict(category_id=1, iscrowd=1, segmentation={"size": [h, w], "counts": rle_counts_of(crowd)}))
+        for o in objs:
+            m = segmentation_mask(o["segmentation"], h, w)
+            ys, xs = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
+            o["bbox"] = ([float(xs[0]), float(ys[0]), float(xs[-1] + 1 - xs[0]), float(ys[-1] + 1 - ys[0])]
+                         if len(ys) else [0.0, 0.0, 1.0, 1.0])
+            o["area"] = float(m.sum())
+            o.update(id=len(anns) + 1, image_id=i + 1)
+            anns.append(o)
+    cats = [{"id": 1, "name": "person", "supercategory": "person", "keypoints": list(COCO_KEYPOINTS),
+             "skeleton": [list(e) for e in COCO_SKELETON]}, {"id": 2, "name": "thing"}]
+    path = root / "annotations.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
+    return path, img_dir

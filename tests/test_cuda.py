@@ -258,3 +258,31 @@ def test_value_fields_go_to_the_device_with_the_pixels(tmp_path):
             assert [b["tags"][off[k]:off[k + 1]].cpu().tolist() for k in range(len(idx))] == \
                 [list(range(i % 4)) for i in idx]
             assert b["caption"] == [f"c{i}" for i in idx] and b["meta"] == [{"i": i} for i in idx]
+
+
+def test_instance_masks_and_keypoints_on_the_device(tmp_path):
+    """Per-object masks and keypoints: device batches (fused crop + flip in the gather, then a map-only op on
+    the device) equal the CPU loader's; format="torchvision" targets on the device."""
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / "src", n=6, seed=3)
+    dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", size=(48, 48), resize="stretch",
+                     progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+
+    class Shift(T.Geometric):  # map only: runs on the device, after the copy
+        def plan(self, sizes, gen):
+            m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
+            m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
+            return m, sizes.clone()
+
+    ops = [T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), Shift()]
+    for a, b in zip(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1),
+                    dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda")):
+        for k in ("boxes", "box_offsets", "masks", "masks_rects", "masks_offsets", "keypoints"):
+            assert b[k].device.type == "cuda"
+            torch.testing.assert_close(b[k].cpu(), a[k], msg=k)
+    for images_, targets in dsc.Loader(ds, batch_size=3, format="torchvision", device="cuda",
+                                       transforms=[T.RandomHorizontalFlip()]):
+        assert all(t["masks"].device.type == "cuda" and t["masks"].shape[1:] == (48, 48) for t in targets)
+        assert all(t["keypoints"].shape[1:] == (17, 3) and not t["iscrowd"].any() for t in targets)

@@ -28,8 +28,8 @@ from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..progress import progress_bar
 from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
-from ..formats.fields import (Field, ImageField, LabelField, MaskField, MaskSpec, ObjectsField, mask_dtype,
-                             value_field)
+from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, MaskField, MaskSpec, ObjectMasksField,
+                              ObjectsField, mask_dtype, value_field)
 from ..formats import versions, view
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
@@ -205,6 +205,10 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
             if problem:
                 raise SourceError(f"{scanned.root}: the per-box column {name!r} {problem}; rename it")
         fields.append(ObjectsField(scanned.attributes))
+        if scanned.instance_masks:
+            fields.append(ObjectMasksField())
+        if scanned.keypoints is not None:
+            fields.append(KeypointsField(scanned.keypoints))
     if scanned.masks is not None:
         m = scanned.masks
         if m.classes and options.mask_ignore < len(m.classes):

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DscError, SampleError, SourceError
-from ..formats.fields import Field, MaskField, Part, ValueField
+from ..formats.fields import Field, KeypointsField, MaskField, ObjectMasksField, Part, ValueField
 from .boxes import boxes_in_display_frame, to_stored
 from .capture import captured
 from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
                      to_mode)
 from .geometry import apply_plan, plan_fixed, plan_ragged
+from .instances import instance_masks, place_keypoints
 from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
 from .options import CompileOptions
 from .resample import single_threaded
@@ -156,10 +157,11 @@ def field_values(rec: Record, item: Item, value_fields) -> dict:
 
 
 def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField | None = None,
-                   notes: list[str] | None = None, value_fields: tuple = ()):
+                   notes: list[str] | None = None, fields: tuple[Field, ...] = ()):
     """Decode, resize and (for detection) carry the boxes of one record. Raises SampleError.
     Returns ({field name: value}, decoded (h, w), affine, EXIF orientation, input fingerprint). What
-    decoding its image and mask said (warnings, C libraries' stderr) is appended to ``notes``."""
+    decoding its image and mask said (warnings, C libraries' stderr) is appended to ``notes``. ``fields``:
+    the dataset's fields (per-object masks and keypoints are made when it has them)."""
     notes = [] if notes is None else notes
     planner = (lambda h, w: plan_fixed(h, w, o.size, o.resize)) if o.size else \
         (lambda h, w: plan_ragged(h, w, o.max_side))
@@ -190,10 +192,24 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
     plan = planner(h, w)
     affine = plan.affine(h, w)
     values = {"label": item.label}
+    value_fields = tuple(f for f in fields if isinstance(f, ValueField))
     if value_fields or item.fields:
         values.update(field_values(rec, item, value_fields))
     if item.target is not None:
         values["objects"] = place_objects(item.target, orientation, h, w, affine, *plan.out)
+        _, _, keep, frame = values["objects"]
+        for f in fields:  # per-object fields: the kept boxes' rows, through the same geometry
+            if isinstance(f, ObjectMasksField):
+                with captured(notes):
+                    values[f.name] = instance_masks(item.target, keep, frame, orientation, h, w, plan)
+            elif isinstance(f, KeypointsField):
+                values[f.name] = place_keypoints(item.target, keep, frame, orientation, h, w, affine, *plan.out,
+                                                 f.spec.num_keypoints)
+    for f in fields:
+        if isinstance(f, ObjectMasksField) and f.name not in values:
+            values[f.name] = np.zeros((0, *plan.out), bool)
+        elif isinstance(f, KeypointsField) and f.name not in values:
+            values[f.name] = np.zeros((0, f.spec.num_keypoints, 3), np.float32)
     if mask_field is not None:
         with captured(notes):
             mask = _mask(item, rec, dec, mask_field, o)
@@ -214,7 +230,6 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
     o = task.options
     root = Path(task.root)
     mask_field = next((f for f in task.fields if isinstance(f, MaskField)), None)
-    value_fields = tuple(f for f in task.fields if isinstance(f, ValueField))
     parts: dict[str, Part] = {}
     kept, orig, affine, orient, errors, inputs, warnings = [], [], [], [], [], [], []
     try:
@@ -230,7 +245,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
         for j, rec in enumerate(task.records):
             notes: list[str] = []
             try:
-                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field, notes, value_fields)
+                values, hw, aff, orientation, fp = compile_sample(rec, o, fetch, mask_field, notes, task.fields)
             except SampleError as e:
                 reason = f"{e.path}: {e.reason}" if e.path != where(rec) else e.reason
                 if notes:  # what the decoders printed says why: it joins the reason

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
+from ..formats.fields.object_masks import image_size, paste
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -108,6 +109,50 @@ def value_keys(schema: Schema) -> list[str]:
     return [k for k, r in schema.items() if r.kind in ("value", "ragged", "host")]
 
 
+def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | None = None,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample ``k``'s per-object masks (k, H, W) uint8 from a packed batch (``H, W``: its image's size unless
+    given, e.g. a padded canvas; ``keep``: only those of its objects)."""
+    o = batch["box_offsets"]
+    a, b = int(o[k]), int(o[k + 1])
+    mo = batch[f"{key}_offsets"]
+    if h is None:
+        h, w = image_size(batch, k)
+    offsets, rects = mo[a:b + 1] - mo[a], batch[f"{key}_rects"][a:b]
+    flat = batch[key][int(mo[a]):int(mo[b])]
+    if keep is not None:  # the kept crops, back to back
+        starts, ends = offsets[:-1][keep].tolist(), offsets[1:][keep].tolist()
+        flat = torch.cat([flat[x:y] for x, y in zip(starts, ends)]) if starts else flat[:0]
+        sizes = torch.tensor([y - x for x, y in zip(starts, ends)], dtype=torch.int64)
+        offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+        torch.cumsum(sizes, 0, out=offsets[1:])
+        rects = rects[keep]
+    return paste(flat, offsets, rects, h, w)
+
+
+def _object_masks_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:
+    """Per-object masks in the box form: ``list``: {key: [(k, H, W) uint8 per sample]}; ``padded``:
+    {key: (B, max_k, H, W) uint8} at the batch's largest image size (zeros for the padding rows)."""
+    out = {}
+    for key in [k for k in schema.object_masks() if k in batch]:
+        B = len(batch["box_offsets"]) - 1
+        if form == "list":
+            out[key] = [object_masks(batch, key, b) for b in range(B)]
+        else:
+            sizes = [image_size(batch, b) for b in range(B)]
+            H, W = (max(s[0] for s in sizes), max(s[1] for s in sizes)) if B else (0, 0)
+            counts = (batch["box_offsets"][1:] - batch["box_offsets"][:-1]).tolist()
+            padded = alloc(f"padded_{key}", (B, max(counts, default=0), H, W), torch.uint8)
+            padded.zero_()
+            for b in range(B):
+                if counts[b]:
+                    padded[b, :counts[b]] = object_masks(batch, key, b, H, W)
+            out[key] = padded
+        for suffix in ("", "_rects", "_offsets"):
+            batch.pop(key + suffix)
+    return out
+
+
 def box_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:
     """Turn a batch's packed box rows into ``form`` (packed: unchanged). The ``list`` form also turns each
     ragged value field into a list of per-sample views."""
@@ -117,15 +162,20 @@ def box_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:
             del batch[f"{name}_offsets"]
     if form == "packed" or "box_offsets" not in batch:
         return batch
+    masks = _object_masks_form(batch, schema, form, alloc)
     rows = [k for k in schema.box_rows() if k in batch]
     cols = {k: batch.pop(k) for k in rows}
     offsets = batch.pop("box_offsets")
     if form == "padded":
         batch.update(packed_to_padded(offsets, cols, alloc))
+        batch.update(masks)
     else:
         targets = packed_to_list(offsets, cols)
         for t, iid in zip(targets, batch["image_id"].tolist() if "image_id" in batch else []):
             t["image_id"] = iid
+        for key, per_sample in masks.items():
+            for t, m in zip(targets, per_sample):
+                t[key] = m
         batch["targets"] = targets
     return batch
 
@@ -225,7 +275,8 @@ def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor
     return ((mask.unsqueeze(0) == values.to(mask.device).view(-1, 1, 1)) & inside).to(torch.uint8)
 
 
-def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None) -> tuple:
+def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None,
+                     keep_crowd: bool = False) -> tuple:
     """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
 
     ``images``: float (B, C, H, W) in [0, 1] (or as dsc.transforms' ToFloat / Normalize made them) when the
@@ -234,7 +285,10 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     is class ``classes[k - 1]``), "image_id", per-box columns (iscrowd, area, difficult...)}``, and when the
     dataset has a semantic mask, "mask" (H, W) int64 and "masks" uint8 (k, H, W), one per box: the pixels
     of the box's class inside the box (``mask_values``: each label's mask value; dsc stores class masks, not
-    instances, so two overlapping boxes of one class share their pixels); segmentation, the masks: int64
+    instances, so two overlapping boxes of one class share their pixels). A dataset compiled with
+    ``--masks instance`` gives each box its own exact mask as "masks" instead, and one with keypoints
+    "keypoints" float32 (k, K, 3). Crowd boxes (``iscrowd`` 1) are left out of the targets, with their masks
+    and keypoints, unless ``keep_crowd`` (torchvision's reference recipe removes them); segmentation, the masks: int64
     (B, H, W) (or a list of (H, W)), with the dataset's ignore index for pixels of no class; classification,
     the labels (B,). Value fields (numbers, arrays, ragged, text, json, bytes) join each detection target dict
     (sample k's value); otherwise the target is a dict ``{"label" or "mask": ..., field: batch value}`` (ragged
@@ -251,13 +305,22 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         cols["labels"] = cols["labels"].to(torch.int64) + 1
         targets = packed_to_list(batch["box_offsets"], cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
+        exact = [k for k in schema.object_masks() if k in batch]
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            keep = None
+            if not keep_crowd and "iscrowd" in t and bool(t["iscrowd"].any()):
+                keep = t["iscrowd"] == 0
+                for name, v in list(t.items()):
+                    if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(keep):
+                        t[name] = v[keep]
+            if exact:
+                t["masks"] = object_masks(batch, exact[0], k, keep=keep)
             t.update({name: v[k] for name, v in values.items()})
             if mask is not None:
                 t["mask"] = mask[k]
-                if mask_values is not None:
+                if mask_values is not None and not exact:
                     t["masks"] = instance_masks(mask[k], t["boxes"], mask_values.to(t["labels"].device)[t["labels"]])
         return images, targets
     if mask is not None:

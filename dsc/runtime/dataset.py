@@ -29,7 +29,8 @@ from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, bo
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import run_batch
-from ..transforms.resample import transform_boxes
+from ..transforms.objects import move_objects
+from ..transforms.resample import apply_plan
 from .remote import open_remote
 from .schedule import shard_needs
 
@@ -386,16 +387,21 @@ class Dataset(torch.utils.data.Dataset):
         np_alloc = numpy_alloc(alloc, tensors)
         forms = {"images": images or self.image_form, "reads": reads}
         fields: dict = {}
-        pixels = self.schema.pixels() if geometry is not None or post is not None else {}
+        own_sizes = geometry is not None and geometry.out is None  # a size-keeping chain on mixed sizes (flips)
+        if own_sizes and post is not None:
+            raise DscError("ragged images need a fixed-size geometric op (RandomResizedCrop, Resize((h, w)), "
+                           "CenterCrop, Letterbox) before ToFloat")
+        pixels = self.schema.pixels() if (geometry is not None and not own_sizes) or post is not None else {}
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
             else:
                 fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
-        if geometry is not None and "boxes" in batch:
-
-            transform_boxes(batch, geometry.matrices, geometry.out[1], geometry.out[0], self.schema.box_rows())
+        if own_sizes:  # each sample keeps its size: transformed after the gather, in its packed form
+            apply_plan(geometry, batch, self.schema)
+        elif geometry is not None and "boxes" in batch:  # boxes, per-box rows, object masks, keypoints
+            move_objects(batch, geometry, self.schema)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed

@@ -214,7 +214,8 @@ class Loader:
     a state loaded by ``load_state_dict`` is continued first). ``dataset`` may be a ``torch.utils.data.Subset``
     of a dsc dataset, and ``indices=`` picks samples too: the Loader draws from those only. ``keys=("image",
     "label")``: batches are tuples of those keys, in that order; ``format="torchvision"``: ``(images, targets)``
-    as torchvision's models take them (:func:`~dsc.runtime.batches.torchvision_form`). ``num_threads=0``:
+    as torchvision's models take them (:func:`~dsc.runtime.batches.torchvision_form`; crowd boxes, ``iscrowd``
+    1, are left out of its targets unless ``keep_crowd=True``). ``num_threads=0``:
     batches are made in the calling thread.
 
     Attributes: ``read_strategy`` and ``read_reason`` (which strategy runs and why: the dataset's size against
@@ -228,11 +229,13 @@ class Loader:
                  prefetch: int = 3, rank: int | None = None, world_size: int | None = None, tail: str = "pad",
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None, read: str = "auto",
-                 io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict"):  # noqa: A002
+                 io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict",  # noqa: A002
+                 keep_crowd: bool = False):
         self._owns_dataset = isinstance(dataset, (str, os.PathLike))  # (opened here: closed with the Loader)
         dataset, self.indices = _samples_of(dataset, indices)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
+        self.keep_crowd = bool(keep_crowd)  # format="torchvision": crowd boxes (iscrowd 1) stay in the targets
         self._set_output(keys, format, dataset)
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -340,13 +343,14 @@ class Loader:
                                   f"{self.boxes!r}")
             self._gather_boxes = "packed"
             mask_values = None
-            if "boxes" in dataset.schema and dataset.mask_classes is not None:
+            if "boxes" in dataset.schema and dataset.mask_classes is not None and not dataset.schema.object_masks():
                 mask_values, why = mask_values_of_labels(dataset.classes, dataset.mask_classes,
                                                          (dataset.manifest.source or {}).get("labels") == "category_ids")
                 if mask_values is None:
                     warnings.warn(f"format='torchvision': the targets carry no per-box \"masks\": {why} "
                                   f"(\"mask\", the semantic mask, is there)", stacklevel=2)
-            self._output = partial(torchvision_form, schema=dataset.schema, mask_values=mask_values)
+            self._output = partial(torchvision_form, schema=dataset.schema, mask_values=mask_values,
+                                   keep_crowd=self.keep_crowd)
 
     @property
     def classes(self) -> list[str]:

@@ -4,7 +4,8 @@ Each cell is ``cell`` x ``cell`` pixels plus a caption band; the sample is scale
 (aspect kept) and drawn at the cell's top-left corner. Detection: every box is outlined in its class
 colour with the class name above it. Classification: the class name is written under the image. A mask
 is blended over its image in its classes' colours (half opacity; background 0 and ignored pixels are
-left as they are).
+left as they are). Per-object masks are blended each in its own colour (object k: palette colour k), and
+keypoints are drawn as dots joined by the dataset's skeleton (visible joints only).
 """
 from __future__ import annotations
 
@@ -47,6 +48,23 @@ def _overlay(im: Image.Image, mask: np.ndarray, ignore: int | None) -> Image.Ima
     return Image.fromarray(rgb.astype(np.uint8))
 
 
+def _objects_overlay(im: Image.Image, masks: np.ndarray) -> Image.Image:
+    """Each object's mask (k, H, W) in its own colour, half opaque (later objects over earlier)."""
+    rgb = np.asarray(im).astype(np.uint16)
+    for k, m in enumerate(masks):
+        painted = m != 0
+        rgb[painted] = (rgb[painted] + np.asarray(class_color(k + 3), np.uint16)) // 2
+    return Image.fromarray(rgb.astype(np.uint8))
+
+
+def _skeleton(ds) -> tuple[str | None, list]:
+    """The keypoints key of the dataset's samples and its skeleton edges (none: no keypoints)."""
+    keys = [k for k, r in ds.schema.items() if r.kind == "keypoints"]
+    if not keys:
+        return None, []
+    return keys[0], [tuple(e) for e in ds.manifest.fields.get(keys[0], {}).get("skeleton", [])]
+
+
 def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, cell: int = 256,
             indices=None, seed: int | None = None) -> Path:
     """Write a grid of ``n`` samples (the first ones, ``indices``, or a random draw with ``seed``)."""
@@ -60,12 +78,16 @@ def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, ce
     draw = ImageDraw.Draw(canvas)
     classes = ds.classes
     name = lambda c: classes[c] if 0 <= c < len(classes) and classes[c] else str(c)  # noqa: E731
+    object_masks = [k for k, r in ds.schema.items() if r.kind == "object_masks"]
+    kp_key, edges = _skeleton(ds)
     for k, i in enumerate(indices):
         s = ds[i]
         img = s["image"].numpy()
         im = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).convert("RGB")
         if "mask" in s:
             im = _overlay(im, s["mask"].numpy(), ds.ignore_index)
+        if object_masks:
+            im = _objects_overlay(im, s[object_masks[0]].numpy())
         scale = min(cell / im.width, cell / im.height)
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
         ox, oy = cell_origin(k, cols, cell)
@@ -78,6 +100,15 @@ def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, ce
                 l, t, r, b = draw.textbbox((tx, ty), name(label))
                 draw.rectangle([l - 1, t - 1, r + 1, b + 1], fill=class_color(label))  # readable on any box
                 draw.text((tx, ty), name(label), fill=(0, 0, 0))
+            if kp_key is not None:
+                for j, joints in enumerate(s[kp_key].tolist()):
+                    pts = [(ox + x * scale, oy + y * scale, v) for x, y, v in joints]
+                    for a, b in edges:
+                        if pts[a][2] > 0 and pts[b][2] > 0:
+                            draw.line([pts[a][:2], pts[b][:2]], fill=class_color(j + 3), width=2)
+                    for x, y, v in pts:
+                        if v > 0:
+                            draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=(255, 255, 255), outline=(0, 0, 0))
             caption = f"#{i} {len(s['boxes'])} boxes"
         else:
             caption = name(s["label"]) if "label" in s else f"#{i}"

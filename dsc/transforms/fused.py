@@ -37,6 +37,9 @@ class ChainPlan:
     out: tuple[int, int]
     programs: list[list[tuple]] | None
     fill: float = 0.0
+    sizes: torch.Tensor | None = None  # (B, 2) (h, w) of the samples before the chain
+    hflip: torch.Tensor | None = None  # (B,) bool: the sample's map mirrors x (keypoints swap left/right)
+    out_sizes: torch.Tensor | None = None  # (B, 2) each sample's (h, w) after the chain; ``out`` None: they differ
 
 
 def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
@@ -46,13 +49,16 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
     steps: list | None = []
     fill = 0.0
+    sizes_in, hflip = sizes, torch.zeros(B, dtype=torch.bool)
     for op in ops:
         if type(op).plan is not Geometric.plan:  # an op that only knows its matrices
             m, new = op.plan(sizes, gen)
             steps = None
+            hflip ^= mirrors_x(m)
         else:
             p = op.params(sizes, gen)
             m, new = op.matrix(sizes, p)
+            hflip ^= op.hflips(sizes, p) if hasattr(op, "hflips") else mirrors_x(m)
             s = op.steps(sizes, p)
             if s is not None:  # each crop carries the fill of the op that made it (CenterCrop's zeros stay zeros)
                 own = float(op.fill) if getattr(op, "fill", None) is not None else 0.0
@@ -64,14 +70,24 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
         sizes = new
     if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
         out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator()).out
-        return ChainPlan(M, out, [], fill)
-    if not bool((sizes == sizes[0]).all()):
+        return ChainPlan(M, out, [], fill, sizes_in, hflip)
+    same = bool((sizes == sizes[0]).all())
+    if not same and not torch.equal(sizes.long(), sizes_in.long()):
         raise ConfigError("the geometric transforms leave samples at different sizes; end the chain with a "
-                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w)))")
+                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w))), or keep every "
+                          "sample's size (flips only: torchvision's detection models resize themselves)")
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
-    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill)
+    out = (int(sizes[0, 0]), int(sizes[0, 1])) if same else None  # None: a size-keeping chain on mixed sizes
+    return ChainPlan(M, out, programs, fill, sizes_in, hflip, sizes.long())
+
+
+def mirrors_x(m: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: which of the (B, 3, 3) maps mirror horizontally (a negative determinant and a negative x
+    scale: a horizontal flip; a vertical flip mirrors y only). An op may say it itself: ``hflips(sizes, params)``."""
+    det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
+    return (det < 0) & (m[:, 0, 0] < 0)
 
 
 def _flip(x: torch.Tensor, fh: bool, fw: bool) -> torch.Tensor:

@@ -8,10 +8,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, DscError
+from ..errors import ConfigError
 from ..formats.fields import Schema
-from .fused import plan_chain, run_batch
+from .fused import plan_chain, run_batch, run_program
 from .geometric import Geometric
+from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
 
 def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, Hm, Wm[, C]) canvas and (B, 2) true sizes of an image-like key, from a fixed, padded or packed
@@ -132,7 +133,17 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
-    plan = plan_chain(ops, _views(batch, "image")[1], gen)
+    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen), batch, schema)
+
+
+def apply_plan(plan, batch: dict, schema: Schema) -> dict:
+    """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects."""
+    pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+    if plan.out is None:  # a size-keeping chain on mixed sizes (flips): each sample at its own size, same form
+        for key, role in pixels.items():
+            _each_own_size(batch, key, role, plan)
+        move_objects(batch, plan, schema)
+        return batch
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -158,9 +169,33 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
         for suffix in ("_offsets", "_shapes", "_sizes"):
             batch.pop(key + suffix, None)
         batch[key] = out
-    if "boxes" in batch:
-        transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
+    move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
+
+
+def _each_own_size(batch: dict, key: str, role, plan) -> None:
+    """``batch[key]`` through a chain that keeps every sample's size, in the form it came in: each sample
+    written straight into its place in a new tensor of the same layout."""
+    views, sizes = _views(batch, key)
+    nearest = role.resample == "nearest"
+    new = torch.empty_like(batch[key]) if f"{key}_sizes" not in batch else batch[key].clone()
+    if f"{key}_offsets" in batch:
+        o = batch[f"{key}_offsets"].tolist()
+        dest = [new[o[b]:o[b + 1]].view(v.shape) for b, v in enumerate(views)]
+    else:
+        dest = [new[b, :v.shape[0], :v.shape[1]] for b, v in enumerate(views)]
+    for b, v in enumerate(views):
+        h, w = (int(x) for x in sizes[b].tolist())
+        if plan.programs is not None:
+            out = dest[b] if dest[b].is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            run_program(v, plan.programs[b], out, nearest, role.fill)
+            if out is not dest[b]:
+                dest[b].copy_(out)
+        else:
+            fill = plan.fill if role.fill is None else role.fill
+            dest[b].copy_((_nearest if nearest else _resample)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1],
+                                                                h, w, fill)[0])
+    batch[key] = new
 
 
 def _check_batch(batch: dict) -> None:
@@ -173,32 +208,3 @@ def _check_batch(batch: dict) -> None:
     if "targets" in batch or "box_mask" in batch:
         raise ConfigError("transforms move boxes in the packed form: gather with boxes='packed' (the default); the "
                           "Loader makes padded or list batches after its transforms")
-
-
-def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> None:
-    """Boxes through the forward maps, clipped to the output; boxes left without area are dropped with
-    every per-box row, and ``box_offsets`` rewritten (batched, no loop per box)."""
-    if "box_offsets" not in batch:
-        raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
-    offsets = batch["box_offsets"]
-    dev = batch["boxes"].device
-    box_keys = [k for k in box_keys if k in batch]
-    counts = (offsets[1:] - offsets[:-1]).cpu()
-    fwd = torch.linalg.inv(M).to(dev)  # input pixel -> output pixel
-    sample = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
-    b = batch["boxes"].double()
-    xs = torch.stack([b[:, 0], b[:, 2], b[:, 0], b[:, 2]], 1)
-    ys = torch.stack([b[:, 1], b[:, 1], b[:, 3], b[:, 3]], 1)
-    f = fwd[sample]
-    nx = f[:, 0, 0:1] * xs + f[:, 0, 1:2] * ys + f[:, 0, 2:3]
-    ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
-    nb = torch.stack([nx.amin(1).clamp(0, out_w), ny.amin(1).clamp(0, out_h),
-                      nx.amax(1).clamp(0, out_w), ny.amax(1).clamp(0, out_h)], 1)
-    keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
-    batch["boxes"] = nb.to(batch["boxes"].dtype)
-    for k in box_keys:
-        batch[k] = batch[k][keep]
-    new_counts = torch.zeros(len(counts), dtype=torch.int64, device=dev).index_add_(0, sample, keep.long())
-    new_offsets = torch.zeros(len(counts) + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(new_counts, 0, out=new_offsets[1:])
-    batch["box_offsets"] = new_offsets

@@ -88,7 +88,10 @@ class Target:
     difficult, truncated...); ``size`` the (width, height) the annotation declares, if any; ``source``
     names the annotation for error messages (file, line or id); ``segments`` the per-object shapes a
     semantic mask is rasterised from (COCO polygons or RLE, in the annotated frame), with the mask value
-    each object paints."""
+    each object paints; ``shapes`` one instance shape per box (``--masks instance``: COCO polygons / RLE in
+    the annotated frame, normalised polygons, an instance-id PNG, or an (H, W) array: see
+    ``compiler/instances.py``); ``keypoints`` (k, K, 3) x, y, visibility per box (in the boxes' frame and
+    units), or None."""
 
     boxes: np.ndarray
     labels: np.ndarray
@@ -98,6 +101,8 @@ class Target:
     size: tuple[int, int] | None = None
     normalized: bool = False
     segments: tuple = ()  # ((segmentation, mask value), ...) in drawing order
+    shapes: tuple = ()  # one instance shape per box (instance masks)
+    keypoints: np.ndarray | None = None  # (k, K, 3) float64
 
     def digest(self) -> int:
         """The annotation as one int64: boxes, labels, attributes, declared size, image id and shapes.
@@ -113,7 +118,35 @@ class Target:
             h.update(np.ascontiguousarray(self.attrs[k]).tobytes())
         if self.segments:
             h.update(json.dumps(self.segments, separators=(",", ":"), default=str).encode())
+        if self.shapes:
+            h.update(json.dumps(self.shapes, separators=(",", ":"), default=_shape_json).encode())
+        if self.keypoints is not None:
+            h.update(np.ascontiguousarray(self.keypoints, np.float64).tobytes())
         return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+
+def _shape_json(v):
+    """An instance shape in the annotation digest: arrays by their bytes' hash, the rest by their repr."""
+    import hashlib
+
+    if isinstance(v, np.ndarray):
+        return [list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()]
+    return repr(v)
+
+
+@dataclass(frozen=True)
+class NormalizedPolygons:
+    """Polygons in [0, 1] units of the displayed image: ``((x, y, x, y, ...), ...)``."""
+
+    polygons: tuple
+
+
+@dataclass(frozen=True)
+class InstanceId:
+    """The pixels of ``value`` in the instance-id mask file ``path``."""
+
+    path: str
+    value: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +215,8 @@ class ScannedSource:
     summary: dict = field(default_factory=dict)
     masks: MaskInfo | None = None
     fields: dict = field(default_factory=dict)  # value fields every sample has: name -> spec (formats/fields/columns)
+    instance_masks: bool = False  # every target's ``shapes`` gives one mask per box: stored per object
+    keypoints: Any = None  # a formats.fields.KeypointsSpec when the targets carry keypoints
 
 
 @dataclass
@@ -292,6 +327,8 @@ class Param:
     python: bool = True
     metavar: str | None = None
     multiple: bool = False  # a CLI option given once per value (--column a --column b); a list in Python
+    flag_value: Any = None  # a choice whose CLI option may come without a value (``--masks`` = ``--masks semantic``):
+    # True / that value are True, absent is False (what the flag it grew from recorded), other choices as given
 
     def __post_init__(self):
         if self.type not in PARAM_TYPES:
@@ -308,7 +345,7 @@ class Param:
         if value is None:
             if self.required:
                 raise ConfigError(f"{source}: {self.name} is required")
-            return None if self.type != "flag" else False
+            return False if self.type == "flag" or self.flag_value is not None else None
         bad = None
         if self.type == "flag":
             if not isinstance(value, (bool, np.bool_)):
@@ -320,6 +357,8 @@ class Param:
                 bad = "an integer"
             value = int(value) if bad is None else value
         elif self.type == "choice":
+            if self.flag_value is not None and (isinstance(value, (bool, np.bool_)) or value == self.flag_value):
+                return bool(value)  # the bare flag (True: its value, recorded as before it took values)
             if value not in self.choices:
                 bad = "one of " + ", ".join(map(str, self.choices))
         elif self.type == "csv" and self.multiple:

@@ -9,6 +9,12 @@ per box. Images are compiled in the order of the file's ``images`` list.
 pycocotools' semantics: column-major run lengths, plain or compressed counts) into one class-id mask per
 image: 0 is background, a category's value is its contiguous label + 1 (with ``keep_category_ids``, its
 id); annotations are drawn in file order, later over earlier, and crowd annotations as the ignore index.
+
+``masks="instance"`` stores each annotation's own mask beside its box (``object_masks``: pixel-equal to
+pycocotools' ``annToMask``, overlaps and crowds included; crowd regions keep ``iscrowd=1``);
+``"instance,semantic"`` both. Keypoints (person_keypoints files: ``annotations[].keypoints`` and the
+categories' ``keypoints`` names and 1-based ``skeleton``) are stored whenever the file has them, with the
+flip permutation from the names (``left_*`` <-> ``right_*``).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
+from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names
 from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import is_image_file
 
@@ -65,6 +72,11 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     if not img_dir.is_dir():
         raise SourceError(f"{img_dir}: no such images directory")
     data = _load_json(ann_path)
+    kinds = set(masks.split(",")) if masks else set()
+    instance = "instance" in kinds
+    masks = "semantic" if "semantic" in kinds else None
+    kp_spec = _keypoints_spec(ann_path, data)
+    K = kp_spec.num_keypoints if kp_spec is not None else 0
 
     cats = {}
     for k, c in enumerate(data["categories"]):
@@ -132,16 +144,25 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         if negative:  # said here, as written: once made x0 y0 x1 y1 the box no longer shows what is wrong
             bad.setdefault(iid, f"{ann_path}: annotation {aid} has bbox {json.dumps(bbox)} with a negative "
                                 f"{' and '.join(negative)}; COCO's bbox is [x, y, width, height]: fix the annotation")
-        seg = None
-        if masks:
-            seg = a.get("segmentation")
-            if not _valid_segmentation(seg):  # the image cannot get its mask: a bad sample (--on-error)
+        seg = shape = None
+        if masks or instance:
+            shape = a.get("segmentation")
+            if not _valid_segmentation(shape):  # the image cannot get its mask: a bad sample (--on-error)
                 bad.setdefault(iid, f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
-                                    f"[[x, y, ...]] or RLE {{counts, size}}); --masks semantic needs one per "
-                                    f"annotation")
-            seg = (seg, -1 if crowd else mask_value[cid])
+                                    f"[[x, y, ...]] or RLE {{counts, size}}); --masks needs one per annotation")
+            seg = (shape, -1 if crowd else mask_value[cid]) if masks else None
+        kp = None
+        if K:
+            kp = a.get("keypoints")
+            if kp is None:
+                kp = [0] * (3 * K)
+            if (not isinstance(kp, list) or len(kp) != 3 * K or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in kp)):
+                bad.setdefault(iid, f"{ann_path}: annotation {aid} has keypoints that are not {K} (x, y, v) "
+                                    f"triples of numbers; fix them")
+                kp = [0] * (3 * K)
         per_image[iid].append((bbox, label_of[cid], crowd,
-                               float(area) if isinstance(area, (int, float)) else math.nan, seg))
+                               float(area) if isinstance(area, (int, float)) else math.nan, seg, shape, kp))
 
     records, invalid = [], []
     for iid in order:
@@ -156,7 +177,9 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                         source=f"{ann_path} (image id {iid}, {name})", size=size,
                         attrs={"iscrowd": np.array([a[2] for a in anns], np.uint8),
                                "area": np.array([a[3] for a in anns], np.float32)},
-                        segments=tuple(a[4] for a in anns) if masks else ())
+                        segments=tuple(a[4] for a in anns) if masks else (),
+                        shapes=tuple(a[5] for a in anns) if instance else (),
+                        keypoints=np.array([a[6] for a in anns], np.float64).reshape(-1, K, 3) if K else None)
         path = inside(img_dir, name, f"{ann_path} (image id {iid})", allow_outside_images)
         records.append(Record(key=name, path=str(path), target=target))
     if not records and not invalid:
@@ -171,12 +194,42 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     return ScannedSource(
         kind="coco", root=str(img_dir), task="detection", records=records, classes=classes,
         category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
-        masks=mask_info, invalid=tuple(invalid),
+        masks=mask_info, invalid=tuple(invalid), instance_masks=instance, keypoints=kp_spec,
         summary={"kind": "coco", "annotations": str(ann_path), "images": str(img_dir),
                  "num_images": len(order), "num_annotations": len(data["annotations"]),
                  "unlisted_image_files": unlisted,
                  "labels": "category_ids" if keep_category_ids else "contiguous",
-                 **({"masks": masks} if masks else {})})
+                 **({"masks": ",".join(sorted(kinds))} if kinds else {}),
+                 **({"keypoints": K} if K else {})})
+
+
+def _keypoints_spec(ann_path: Path, data: dict) -> KeypointsSpec | None:
+    """The keypoints every annotation has K of, named by the categories that name them; None without any."""
+    named = [c for c in data["categories"] if isinstance(c, dict) and c.get("keypoints")]
+    counts = {len(a["keypoints"]) for a in data["annotations"] if isinstance(a, dict)
+              and isinstance(a.get("keypoints"), list) and a["keypoints"]}
+    if not named and not counts:
+        return None
+    names = named[0]["keypoints"] if named else []
+    if any(c["keypoints"] != names for c in named):
+        raise SourceError(f"{ann_path}: categories name different keypoints ({named[0].get('name')!r} and others); "
+                          f"dsc stores one keypoint list per dataset")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SourceError(f"{ann_path}: a category's 'keypoints' must be a list of joint names")
+    K = len(names) or (max(counts) // 3)
+    if not names and counts - {3 * K}:  # with names, an annotation of another length is that image's problem
+        raise SourceError(f"{ann_path}: annotations have keypoint lists of {sorted(counts)} numbers; with {K} "
+                          f"joints each must have {3 * K} (x, y, v per joint)")
+    skeleton = named[0].get("skeleton") or [] if named else []
+    try:
+        edges = tuple((int(a) - 1, int(b) - 1) for a, b in skeleton)  # COCO's skeleton is 1-based
+        return KeypointsSpec(num_keypoints=K, names=tuple(names), skeleton=edges,
+                             flip_index=tuple(flip_index_from_names(names) if names else range(K)))
+    except Exception as e:  # noqa: BLE001 - a malformed skeleton: one line
+        raise SourceError(f"{ann_path}: the keypoints' skeleton is not pairs of 1-based joint numbers ({e})") from None
+
+
+MASK_CHOICES = ("semantic", "instance", "instance,semantic", "semantic,instance")
 
 
 def _check_images_folder(img_dir: Path, ann_path: Path, records: list) -> None:
@@ -228,8 +281,10 @@ class CocoSource(Source):
               type="flag", default=False),
         DROP_EMPTY,
         Param("masks", "semantic: also store a class-id mask per image rasterised from the segmentations "
-                       "(0 background, label + 1 per category, crowd = --mask-ignore).",
-              type="choice", choices=("semantic",), default=None),
+                       "(0 background, label + 1 per category, crowd = --mask-ignore); instance: each "
+                       "annotation's own mask beside its box (exact, crowds kept and flagged); instance,semantic: "
+                       "both.",
+              type="choice", choices=MASK_CHOICES, default=None),
         ALLOW_OUTSIDE,
         Param("captions", "A COCO captions JSON (captions_*.json): each image's captions stored beside its boxes, "
                           "as the field 'captions' (a JSON list of str, in the file's order).", type="file"),

@@ -3,6 +3,10 @@
 target a class index (classification), a dict with ``boxes`` (k, 4) xyxy pixels and ``labels`` (k,)
 (detection), or a mask of class ids (a PIL image or a 2-D integer array / tensor: segmentation, as
 torchvision's VOCSegmentation gives). An iterable without ``__getitem__`` is read into a list first.
+A detection target may also carry ``masks`` (k, H, W) (one per box: stored per object, exactly) and
+``keypoints`` (k, K, 3) x, y, visibility (or (k, K, 2): visible), torchvision's form; the joints' names and
+flip permutation come from ``dataset.keypoint_names`` / ``dataset.keypoint_flip_index`` if it has them
+(names alone: ``left_*`` <-> ``right_*``; neither: no swap).
 
 Any other target is stored as value fields (``formats/fields/columns.py``), never changed or dropped: a
 dict of named values (``{"label": 3, "score": 0.7, "caption": "...", "tags": [1, 5], "emb": ndarray}``; the
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ConfigError, SampleError, SourceError
+from ...errors import ConfigError, DscError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
+from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names
 from .base import Item, MaskInfo, Param, Record, ScannedSource, Source, Target, where
 
 # keys of a detection target that are the objects' (or torchvision's per-box extras, ignored as before), not fields
@@ -79,9 +84,13 @@ class DatasetSource(Source):
         self._expect = {"task": task, "num_classes": len(names) or None}
         fields = self._field_specs(first.fields or {}, names)
         wide = task == "segmentation" and (np.asarray(first.mask).dtype.itemsize > 1 and np.asarray(first.mask).max() > 255)
+        kp = _keypoints_spec(dataset, first.target) if task == "detection" else None
+        self._expect.update(instance=bool(task == "detection" and first.target.shapes),
+                            keypoints=kp.num_keypoints if kp is not None else None)
         return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records, classes=names,
                              masks=MaskInfo(classes=names, wide=bool(wide)) if task == "segmentation" else None,
-                             fields=fields, summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
+                             fields=fields, instance_masks=self._expect["instance"], keypoints=kp,
+                             summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
 
     def fetcher(self, records: list[Record]):
         return self._item
@@ -117,6 +126,13 @@ class DatasetSource(Source):
                 bad = int(labels.min() if labels.min() < 0 else labels.max())
                 raise SampleError(at, f"label {bad} is not a class index "
                                       f"({f'0..{n - 1}' if n else 'labels are >= 0'})")
+        if tgt is not None and "instance" in self._expect:  # every item as the first: masks and keypoints or not
+            K = self._expect["keypoints"]
+            if bool(tgt.shapes) != self._expect["instance"] and len(tgt.boxes):
+                raise SampleError(at, "has no 'masks' where the first item has them (or the other way round); "
+                                      "every target must carry the same keys")
+            if (tgt.keypoints is None) != (K is None) or (K is not None and tgt.keypoints.shape[1] != K):
+                raise SampleError(at, f"its keypoints do not match the first item's ({K} joints per box)")
         return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask, fields=values), got
 
     def _field_specs(self, first: dict, names: tuple) -> dict:
@@ -208,7 +224,22 @@ def _target(target, r: Record, where: str):
             if len(labels) != len(boxes):
                 raise SampleError(where, f"{len(boxes)} boxes but {len(labels)} labels")
             values = {k: v for k, v in target.items() if k not in DETECTION_KEYS}
-            return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where), None, values
+            shapes, points = (), None
+            if target.get("masks") is not None:
+                m = np.asarray(_numpy(target["masks"]))
+                if m.ndim != 3 or len(m) != len(boxes):
+                    raise SampleError(where, f"'masks' has shape {m.shape}; expected (k, H, W), one mask per box "
+                                             f"({len(boxes)} boxes)")
+                shapes = tuple(m != 0)
+            if target.get("keypoints") is not None:
+                points = np.asarray(_numpy(target["keypoints"]), np.float64)
+                if points.ndim != 3 or len(points) != len(boxes) or points.shape[2] not in (2, 3):
+                    raise SampleError(where, f"'keypoints' has shape {points.shape}; expected (k, K, 3) x, y, "
+                                             f"visibility per box ({len(boxes)} boxes)")
+                if points.shape[2] == 2:
+                    points = np.concatenate([points, np.full((*points.shape[:2], 1), 2.0)], 2)
+            return -1, Target(boxes=boxes, labels=labels, image_id=r.row, source=where, shapes=shapes,
+                              keypoints=points), None, values
         values = {k: v for k, v in target.items() if k != "label"}
         label = _class_index(target["label"], where) if "label" in target else None
         return label, None, None, values
@@ -241,6 +272,21 @@ def _target(target, r: Record, where: str):
         raise SampleError(where, f"the target ({type(target).__name__}) is neither a class index, a dict with boxes, "
                                  f"a mask, nor a value dsc stores (a number, an array, a list, str, bytes, a dict "
                                  f"of named values)") from None
+
+
+def _keypoints_spec(dataset, first: Target):
+    """The keypoints of a dataset whose first target has them: K, names, flip permutation."""
+    if first.keypoints is None:
+        return None
+    K = first.keypoints.shape[1]
+    names = tuple(str(n) for n in (getattr(dataset, "keypoint_names", None) or ()))
+    flip = getattr(dataset, "keypoint_flip_index", None)
+    flip = tuple(int(v) for v in flip) if flip is not None else tuple(flip_index_from_names(names) if names
+                                                                       else range(K))
+    try:
+        return KeypointsSpec(num_keypoints=K, names=names, flip_index=flip)
+    except DscError as e:
+        raise SourceError(f"the dataset's keypoints: {e}") from None
 
 
 def _numpy(x):

@@ -10,6 +10,10 @@ With ``masks=True`` the split comes from ``ImageSets/Segmentation/<split>.txt`` 
 label k and its mask value k + 1 name the same class. An image without an annotation XML has no boxes;
 when no image of the split has one (a segmentation-only set), the dataset is a segmentation dataset: masks
 and no boxes, its classes the mask values' names (``background`` first).
+
+``masks="instance"`` (the split of ImageSets/Segmentation) stores each object's own mask beside its box from
+``SegmentationObject/<id>.png``, whose value k + 1 is the k-th object of the annotation XML (VOC's rule;
+255, the border, belongs to no object); ``"instance,semantic"`` both. ``masks=True`` is ``"semantic"``.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ import numpy as np
 
 from ...errors import SourceError
 from .coco import inside
-from .base import (ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, file_problem,
-                   read_input)
+from .base import (ALLOW_OUTSIDE, DROP_EMPTY, InstanceId, MaskInfo, Param, Record, ScannedSource, Source, Target,
+                   file_problem, read_input)
 
 
 def _text(el, tag, path, default=None):
@@ -106,9 +110,12 @@ VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "
 
 
 def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None,
-             masks: bool = False, allow_outside_images: bool = False) -> ScannedSource:
+             masks: bool | str = False, allow_outside_images: bool = False) -> ScannedSource:
     root = Path(os.path.abspath(root))
-    sets = root / "ImageSets" / ("Segmentation" if masks else "Main")
+    kinds = {"semantic"} if masks is True else set(masks.split(",")) if masks else set()
+    instance, masks = "instance" in kinds, "semantic" in kinds
+    listed = masks or instance  # the split of ImageSets/Segmentation
+    sets = root / "ImageSets" / ("Segmentation" if listed else "Main")
     split_file = sets / f"{split}.txt"
     if not split_file.is_file():
         avail = sorted(p.stem for p in sets.glob("*.txt") if "_" not in p.stem) if sets.is_dir() else []
@@ -126,7 +133,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
             invalid.append((iid, f"{xml}: the annotation file is {xml_state}"))
             continue
         if xml_state == "missing":
-            if not masks:
+            if not masks or instance:
                 invalid.append((iid, f"{xml}: annotation file missing for id {iid} listed in {split_file.name}"))
                 continue
             filename, wh, objs = "", None, []  # a segmentation image needs no boxes
@@ -140,6 +147,12 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         if mask_state:
             invalid.append((Path(os.path.relpath(img, root)).as_posix(),
                             f"{mask}: the mask of id {iid} (listed in {split_file.name}) is {mask_state}"))
+            continue
+        objects_png = root / "SegmentationObject" / f"{iid}.png"
+        state = file_problem(objects_png) if instance else None
+        if state:
+            invalid.append((Path(os.path.relpath(img, root)).as_posix(),
+                            f"{objects_png}: the instance mask of id {iid} (listed in {split_file.name}) is {state}"))
             continue
         parsed.append((iid, xml, img, wh, objs))
         without_xml += xml_state == "missing"
@@ -158,7 +171,9 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
             boxes=np.array([o[1] for o in objs], np.float64).reshape(-1, 4),
             labels=np.array([index[o[0]] for o in objs], np.int64), image_id=k, source=str(xml), size=wh,
             attrs={"difficult": np.array([o[2] for o in objs], np.uint8),
-                   "truncated": np.array([o[3] for o in objs], np.uint8)}),
+                   "truncated": np.array([o[3] for o in objs], np.uint8)},
+            shapes=tuple(InstanceId(str(root / "SegmentationObject" / f"{iid}.png"), j + 1) for j in range(len(objs)))
+            if instance else ()),
             mask=str(root / "SegmentationClass" / f"{iid}.png") if masks else ""))
     if not records and not invalid:
         raise SourceError(f"{split_file}: the split lists no images")
@@ -174,8 +189,10 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
     return ScannedSource(kind="voc", root=str(root), task="detection", records=records, classes=tuple(names),
                          attributes={"difficult": "uint8", "truncated": "uint8"}, invalid=tuple(invalid),
                          warnings=warnings, masks=MaskInfo(classes=("background", *names)) if masks else None,
+                         instance_masks=instance,
                          summary={"kind": "voc", "root": str(root), "split": split, "num_images": len(ids),
-                                  **({"masks": True} if masks else {})})
+                                  **({"masks": True} if masks and not instance else {}),
+                                  **({"masks": ",".join(sorted(kinds))} if instance else {})})
 
 
 class VocSource(Source):
@@ -195,7 +212,11 @@ class VocSource(Source):
         Param("classes", "Comma-separated class list (default: the sorted names found; with --masks VOC's 20). "
                          "With --masks, in the order of the masks' palette indices 1, 2, ...", type="csv"),
         DROP_EMPTY,
-        Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask.", type="flag", default=False),
+        Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask (--masks, --masks semantic); "
+                       "instance: each object's own mask from SegmentationObject/<id>.png (value k + 1: the k-th "
+                       "object of the XML); instance,semantic: both.",
+              type="choice", choices=("semantic", "instance", "instance,semantic", "semantic,instance"),
+              default=False, flag_value="semantic"),
         ALLOW_OUTSIDE,
     )
 

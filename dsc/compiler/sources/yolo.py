@@ -5,7 +5,10 @@
 list, or a mapping index -> name). Without a data.yaml, ``classes.txt`` (one name a line) and
 ``images/<split>`` are used. The label file of ``.../images/.../x.jpg`` is ``.../labels/.../x.txt``, one
 object a line: ``class cx cy w h`` normalised to [0, 1] of the displayed image; a polygon line
-(``class x1 y1 x2 y2 ...``) becomes its bounding box. An image without a label file is a negative.
+(``class x1 y1 x2 y2 ...``) becomes its bounding box, and with ``masks="instance"`` also the object's mask
+(every line must then be a polygon). A pose set (``kpt_shape: [K, 2 | 3]`` in data.yaml, with ``flip_idx``)
+has ``class cx cy w h`` followed by K points (x, y[, visibility]) in the same units: stored as keypoints
+(a point without visibility is visible unless it is (0, 0)). An image without a label file is a negative.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .base import DROP_EMPTY, Param, Record, ScannedSource, Source, Target, file_problem, read_input
+from ...formats.fields.keypoints import KeypointsSpec
+from .base import DROP_EMPTY, NormalizedPolygons, Param, Record, ScannedSource, Source, Target, file_problem, read_input
 from .imagefolder import walk_images
 
 
@@ -74,8 +78,26 @@ def label_path(image: Path) -> Path:
     return Path(sb.join(s.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt")
 
 
-def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    boxes, labels = [], []
+def _pose(yaml_path: Path, cfg: dict) -> tuple[KeypointsSpec, int] | None:
+    """data.yaml's ``kpt_shape`` [K, 2 | 3] and ``flip_idx``: the keypoints spec and the values per point."""
+    shape = cfg.get("kpt_shape")
+    if shape is None:
+        return None
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(v, int) for v in shape)
+            and shape[0] > 0 and shape[1] in (2, 3)):
+        raise SourceError(f"{yaml_path}: kpt_shape must be [number of keypoints, 2 or 3], got {shape!r}")
+    K = shape[0]
+    flip = cfg.get("flip_idx", list(range(K)))
+    if not isinstance(flip, list) or sorted(flip) != list(range(K)):
+        raise SourceError(f"{yaml_path}: flip_idx must list each of the {K} keypoints once (the joint each "
+                          f"becomes under a horizontal flip), got {flip!r}")
+    return KeypointsSpec(num_keypoints=K, flip_index=tuple(int(v) for v in flip)), shape[1]
+
+
+def _parse_labels(path: Path, num_classes: int, instance: bool = False, pose: tuple | None = None):
+    """(boxes, labels) of a label file; with ``instance`` also each object's polygon, with ``pose``
+    (KeypointsSpec, values per point) each object's (K, 3) keypoints."""
+    boxes, labels, shapes, points = [], [], [], []
     for n, line in enumerate(read_input(path, "label file").splitlines(), 1):
         parts = line.split()
         if not parts:
@@ -87,25 +109,45 @@ def _parse_labels(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]
         cls = vals[0]
         if not np.isfinite(cls) or cls != int(cls) or not 0 <= cls < num_classes:
             raise SourceError(f"{path}:{n}: class {parts[0]} is not one of the {num_classes} classes in names")
-        if len(vals) == 5:
+        if pose is not None:
+            K, dims = pose[0].num_keypoints, pose[1]
+            if len(vals) != 5 + K * dims:
+                raise SourceError(f"{path}:{n}: expected 'class cx cy w h' and {K} keypoints of {dims} values "
+                                  f"({5 + K * dims} values, data.yaml's kpt_shape), got {len(vals)}")
+            cx, cy, w, h = vals[1:5]
+            box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+            kp = np.asarray(vals[5:], np.float64).reshape(K, dims)
+            if dims == 2:
+                kp = np.concatenate([kp, np.where((kp == 0).all(1), 0.0, 2.0)[:, None]], 1)
+            points.append(kp)
+        elif len(vals) == 5:
+            if instance:
+                raise SourceError(f"{path}:{n}: a box line in a segment set; --masks instance needs every object "
+                                  f"as a polygon 'class x1 y1 x2 y2 ...'")
             cx, cy, w, h = vals[1:]
             box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
         elif len(vals) >= 7 and len(vals) % 2 == 1:
             xs, ys = vals[1::2], vals[2::2]
             box = [min(xs), min(ys), max(xs), max(ys)]
+            shapes.append(NormalizedPolygons((tuple(vals[1:]),)))
         else:
             raise SourceError(f"{path}:{n}: expected 'class cx cy w h' (5 values) or a polygon, "
                               f"got {len(vals)} values")
         boxes.append(box)
         labels.append(int(cls))
-    return np.array(boxes, np.float64).reshape(-1, 4), np.array(labels, np.int64)
+    out = np.array(boxes, np.float64).reshape(-1, 4), np.array(labels, np.int64)
+    if instance or pose is not None:
+        K = pose[0].num_keypoints if pose is not None else 0
+        return (*out, tuple(shapes), np.array(points, np.float64).reshape(-1, K, 3) if pose is not None else None)
+    return out
 
 
 def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os.PathLike | None = None,
-              classes_file: str | os.PathLike | None = None) -> ScannedSource:
+              classes_file: str | os.PathLike | None = None, masks: str | None = None) -> ScannedSource:
     root = Path(os.path.abspath(root))
     yaml_path = Path(os.path.abspath(data_yaml)) if data_yaml else root / "data.yaml"
     problems: list = []
+    instance, pose = masks == "instance", None
     if not root.is_dir():
         raise SourceError(f"{root}: no such directory")
     yaml_state = file_problem(yaml_path)
@@ -120,6 +162,7 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
         if "names" not in cfg:
             raise SourceError(f"{yaml_path}: no 'names' (the class names)")
         classes = _names(yaml_path, cfg["names"])
+        pose = _pose(yaml_path, cfg)
         if split not in cfg or cfg[split] is None:
             avail = [k for k in ("train", "val", "test") if cfg.get(k)]
             raise SourceError(f"{yaml_path}: no split {split!r} (it has: {', '.join(avail) or 'none'})")
@@ -144,22 +187,30 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
         lp = label_path(f)
         key = Path(os.path.relpath(f, base)).as_posix()
         state = file_problem(lp)
+        shapes, points = (), None
         if state is None:
-            boxes, labels = _parse_labels(lp, len(classes))
+            boxes, labels, *extra = _parse_labels(lp, len(classes), instance, pose)
+            if extra:
+                shapes, points = extra
         elif state == "missing":
             boxes, labels = np.zeros((0, 4)), np.zeros(0, np.int64)
+            if pose is not None:
+                points = np.zeros((0, pose[0].num_keypoints, 3))
             negatives += 1
         else:  # there, but not a file to read: never silently a negative
             problems.append((key, f"{lp}: the label file is {state}"))
             continue
         records.append(Record(key=key, path=str(f), target=Target(
-            boxes=boxes, labels=labels, image_id=k, source=str(lp), normalized=True)))
+            boxes=boxes, labels=labels, image_id=k, source=str(lp), normalized=True, shapes=shapes if instance else (),
+            keypoints=points)))
     warnings = [f"{negatives} images of split {split!r} have no label file and are kept as negatives"] \
         if negatives else []
     return ScannedSource(kind="yolo", root=str(base), task="detection", records=records, classes=classes,
-                         warnings=tuple(warnings), invalid=tuple(problems),
+                         warnings=tuple(warnings), invalid=tuple(problems), instance_masks=instance,
+                         keypoints=pose[0] if pose is not None else None,
                          summary={"kind": "yolo", "root": str(base), "split": split, "num_images": len(files),
-                                  "images_without_labels": negatives})
+                                  "images_without_labels": negatives, **({"masks": masks} if masks else {}),
+                                  **({"keypoints": pose[0].num_keypoints} if pose else {})})
 
 
 class YoloSource(Source):
@@ -174,7 +225,9 @@ class YoloSource(Source):
         Param("classes_file", "Class names, one a line, instead of data.yaml (images in ROOT/images/SPLIT).",
               type="file"),
         DROP_EMPTY,
+        Param("masks", "instance: also store each segment polygon's mask beside its box (exact, cropped to the "
+                       "object).", type="choice", choices=("instance",), default=None),
     )
 
     def scan(self) -> ScannedSource:
-        return scan_yolo(self.root, self.split, self.data_yaml, self.classes_file)
+        return scan_yolo(self.root, self.split, self.data_yaml, self.classes_file, self.masks)

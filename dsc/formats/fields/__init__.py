@@ -11,6 +11,8 @@ from .image import ImageField, PixelsPart
 from .label import LabelField
 from .mask import MaskField, MaskSpec, mask_dtype
 from .objects import ObjectsField
+from .object_masks import ObjectMasksField
+from .keypoints import KeypointsField, KeypointsSpec
 from .pixels import Pixels, valid_offsets
 from .columns import FixedColumn, RaggedColumn, ValueField, declared_spec, infer_spec
 from .number import NumberField
@@ -20,7 +22,8 @@ from .text import TextField
 from .jsonvalue import JsonField
 from .rawbytes import BytesField
 
-FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField)}
+FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (ImageField, LabelField, ObjectsField, MaskField,
+                                                                  ObjectMasksField, KeypointsField)}
 # value kinds (numbers, arrays, ragged arrays, text, json, bytes: columns.py), any source's named values
 VALUE_KINDS: dict[str, type[ValueField]] = {cls.kind: cls for cls in (NumberField, ArrayField, RaggedField, TextField,
                                                                        JsonField, BytesField)}
@@ -44,8 +47,9 @@ def schema_of(fields: list[Field]) -> Schema:
 
 __all__ = ["ArrayField", "BytesField", "FixedColumn", "JsonField", "NumberField", "RaggedColumn", "RaggedField",
            "TextField", "VALUE_KINDS", "ValueField", "declared_spec", "infer_spec", "value_field",
-           "Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "LabelField", "MaskField", "MaskSpec",
-           "ObjectsField", "Part", "Pixels", "PixelsPart", "Reader", "Role", "Schema", "fields_of", "mask_dtype",
+           "Alloc", "EXTRA_KINDS", "FIELD_KINDS", "Field", "ImageField", "KeypointsField", "KeypointsSpec",
+           "LabelField", "MaskField", "MaskSpec", "ObjectMasksField", "ObjectsField", "Part", "Pixels", "PixelsPart",
+           "Reader", "Role", "Schema", "fields_of", "mask_dtype",
            "schema_of", "valid_offsets"]
 
 

@@ -32,13 +32,16 @@ class Role:
     packed by ``box_offsets``; ``box_rows``: another per-box column (filtered with the boxes);
     ``sample``: a per-sample value no geometric op changes; ``value``, ``ragged``, ``host``: a value field's
     (``columns.py``): gathered to the device, packed with ``<key>_offsets``, kept on the host as a list; no
-    op moves them. ``tail``: a pixels key's trailing axes (its
-    channels), which an empty ragged batch cannot show."""
+    op moves them. ``tail``: a pixels key's trailing axes (its channels), which an empty ragged batch cannot
+    show. ``object_masks``: one binary mask per box row, packed as crops (``fields/object_masks.py``);
+    ``keypoints``: (M, K, 3) joints per box row, whose ``flip_index`` says which joint each becomes under a
+    horizontal flip. Both move with the boxes (``dsc/transforms/objects.py``)."""
 
     kind: str
     resample: str = "bilinear"
     fill: float | None = None
     tail: tuple = ()  # pixels: each sample's trailing axes after (H, W), e.g. (3,) for RGB
+    flip_index: tuple = ()  # keypoints: joint j becomes joint flip_index[j] under a horizontal flip
 
 
 class Schema(dict):
@@ -48,7 +51,13 @@ class Schema(dict):
         return {k: r for k, r in self.items() if r.kind == "pixels"}
 
     def box_rows(self) -> list[str]:
-        return [k for k, r in self.items() if r.kind in ("boxes", "box_rows")]
+        return [k for k, r in self.items() if r.kind in ("boxes", "box_rows", "keypoints")]
+
+    def object_masks(self) -> list[str]:
+        return [k for k, r in self.items() if r.kind == "object_masks"]
+
+    def keypoints(self) -> dict[str, Role]:
+        return {k: r for k, r in self.items() if r.kind == "keypoints"}
 
     @classmethod
     def default(cls) -> "Schema":

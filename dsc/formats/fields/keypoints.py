@@ -1,0 +1,193 @@
+"""The ``keypoints`` field: (K, 3) float32 x, y, visibility per box row, in stored-image pixels.
+
+Rows are the ``objects`` rows (box ``j``'s joints are row ``j``); an object with no keypoints (a car in a
+person_keypoints file) has K rows of zeros. Coordinates are continuous pixels (corners at integers, as the
+boxes); visibility is COCO's 0 (not labelled, or outside the image: x = y = 0), 1 (labelled, occluded),
+2 (visible). Node: ``<name>/points`` (M, K, 3) float32. Manifest: ``fields.<name> = {"kind": "keypoints",
+"num_keypoints": K, "names": [...], "skeleton": [[a, b], ...] (0-based joint pairs), "flip_index": [...]}``:
+``flip_index[j]`` is the joint that joint ``j`` becomes under a horizontal flip (left <-> right).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptDatasetError
+from ..names import OBJ_OFFSETS
+from ..problems import Problem, try_read
+from ..specs import check_spec_keys
+from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
+from .base import Field, Part, Reader, Role
+from .objects import gather_rows
+
+ROLE = "keypoints"
+
+
+def flip_index_from_names(names) -> list[int]:
+    """COCO's rule when a file names its joints only: ``left_x`` and ``right_x`` swap, others stay."""
+    names = [str(n) for n in names]
+    out = []
+    for j, n in enumerate(names):
+        other = n.replace("left", "\0").replace("right", "left").replace("\0", "right")
+        out.append(names.index(other) if other != n and other in names else j)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeypointsSpec:
+    num_keypoints: int
+    names: tuple[str, ...] = ()
+    skeleton: tuple[tuple[int, int], ...] = ()
+    flip_index: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        K = self.num_keypoints
+        if not isinstance(K, int) or K < 1:
+            raise CorruptDatasetError(f"manifest: keypoints num_keypoints {K!r} is not a positive int")
+        if self.names and len(self.names) != K:
+            raise CorruptDatasetError(f"manifest: keypoints names {len(self.names)} for {K} keypoints")
+        if sorted(self.flip_index) != list(range(K)):
+            raise CorruptDatasetError(f"manifest: keypoints flip_index {list(self.flip_index)} is not a "
+                                      f"permutation of 0..{K - 1}")
+        if any(not (0 <= a < K and 0 <= b < K) for a, b in self.skeleton):
+            raise CorruptDatasetError("manifest: a keypoints skeleton edge names a joint outside 0..K-1")
+
+    def to_dict(self) -> dict:
+        return {"kind": "keypoints", "num_keypoints": self.num_keypoints, "names": list(self.names),
+                "skeleton": [list(e) for e in self.skeleton], "flip_index": list(self.flip_index)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KeypointsSpec":
+        check_spec_keys("keypoints field", d, {"kind", "num_keypoints", "names", "skeleton", "flip_index"},
+                        {"kind", "num_keypoints", "flip_index"})
+        try:
+            return cls(num_keypoints=d["num_keypoints"], names=tuple(str(n) for n in d.get("names") or ()),
+                       skeleton=tuple((int(a), int(b)) for a, b in d.get("skeleton") or ()),
+                       flip_index=tuple(int(v) for v in d["flip_index"]))
+        except (TypeError, ValueError) as e:
+            raise CorruptDatasetError(f"manifest: keypoints field: {e}") from None
+
+
+@dataclass
+class KeypointsPart(Part):
+    K: int
+    points: list = dc_field(default_factory=list)  # (k, K, 3) float32 per sample
+
+    def add(self, value) -> None:
+        """``value``: (k, K, 3) of the sample's stored objects (the kept boxes, in order)."""
+        self.points.append(np.asarray(value, np.float32).reshape(-1, self.K, 3))
+
+    def pad(self, n: int) -> None:
+        for _ in range(n):
+            self.add(np.zeros((0, self.K, 3), np.float32))
+
+    def set_row(self, j: int, value) -> None:
+        self.points[j] = np.asarray(value, np.float32).reshape(-1, self.K, 3)
+
+    def to_json(self) -> dict:
+        return {"points": [p.tolist() for p in self.points]}
+
+
+class KeypointsReader(Reader):
+    def __init__(self, store, m, name: str, K: int):
+        n, M = m.num_rows, int(m.objects["num_boxes"]) if m.objects else 0
+        self.name = name
+        self.box_offsets = store.array(OBJ_OFFSETS, (n + 1,))
+        self.points = store.array(f"{name}/points", (M, K, 3))
+
+    def sample(self, i: int) -> dict:
+        return {self.name: self.points[int(self.box_offsets[i]):int(self.box_offsets[i + 1])]}
+
+    def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
+        rows, _ = gather_rows(self.box_offsets, idx)
+        out = alloc(self.name, (len(rows), *self.points.shape[1:]), np.dtype(np.float32))
+        return {self.name: np.take(self.points, rows, axis=0, out=out)}
+
+    def split(self, batch: dict, k: int) -> dict:
+        if "box_offsets" not in batch:
+            return {}
+        o = batch["box_offsets"]
+        return {self.name: batch[self.name][int(o[k]):int(o[k + 1])]}
+
+
+class KeypointsField(Field):
+    kind = ROLE
+    in_fields = True
+
+    def __init__(self, spec: KeypointsSpec, name: str = "keypoints"):
+        self.spec, self.name = spec, check_node_path(name)
+
+    @classmethod
+    def from_manifest(cls, m) -> list["KeypointsField"]:
+        return [cls(KeypointsSpec.from_dict(d), name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
+
+    @classmethod
+    def check(cls, name: str, d: dict, m) -> None:
+        KeypointsSpec.from_dict(d)
+        if m.objects is None:
+            raise CorruptDatasetError(f"manifest: keypoints field {name!r} in a dataset without boxes")
+
+    def part(self, root: Path, s: int, capacity: int) -> KeypointsPart:
+        return KeypointsPart(self.spec.num_keypoints)
+
+    def load_part(self, d: dict) -> KeypointsPart:
+        K = self.spec.num_keypoints
+        return KeypointsPart(K, [np.asarray(p, np.float32).reshape(-1, K, 3) for p in d["points"]])
+
+    def rows_part(self, reader: KeypointsReader, start: int, count: int, shard) -> KeypointsPart:
+        off = reader.box_offsets
+        return KeypointsPart(self.spec.num_keypoints, [np.asarray(reader.points[int(off[i]):int(off[i + 1])])
+                                                       for i in range(start, start + count)])
+
+    def empty_part(self) -> KeypointsPart:
+        return KeypointsPart(self.spec.num_keypoints)
+
+    def finish(self, root: Path, parts, n: int, K: int) -> dict:
+        k = self.spec.num_keypoints
+        pts = [p for part in parts for p in part.points]
+        write_group(root, self.name)
+        write_plain_array(root, f"{self.name}/points",
+                          np.concatenate(pts).astype(np.float32) if pts else np.zeros((0, k, 3), np.float32),
+                          ["box", "keypoint", "xyv"])
+        return {"fields": {self.name: self.spec.to_dict()}}
+
+    def reader(self, store, m) -> KeypointsReader:
+        return KeypointsReader(store, m, self.name, self.spec.num_keypoints)
+
+    def verify(self, root: Path, m, problems: list, context: dict) -> None:
+        pts = try_read(problems, f"{self.name}/points", lambda: read_plain_array(root, f"{self.name}/points"))
+        box_off = try_read(problems, OBJ_OFFSETS, lambda: read_plain_array(root, OBJ_OFFSETS))
+        if pts is None or box_off is None:
+            return
+        M, K = int(box_off[-1]) if len(box_off) else 0, self.spec.num_keypoints
+        if pts.shape != (M, K, 3):
+            problems.append(Problem(f"{self.name}/points", f"shape {pts.shape}, expected ({M}, {K}, 3): one row "
+                                                           f"of {K} joints per box"))
+            return
+        sample_of = np.repeat(np.arange(len(box_off) - 1), np.diff(box_off))
+        v = pts[..., 2]
+        bad = ~np.isfinite(pts).all((1, 2)) | ~np.isin(v, (0, 1, 2)).all(1)
+        shapes = context.get("image_shapes")
+        if m.image.layout == "fixed":
+            h, w = np.full(M, m.image.height), np.full(M, m.image.width)
+        elif shapes is not None:
+            h, w = shapes[sample_of, 0], shapes[sample_of, 1]
+        else:
+            h = w = None
+        if h is not None:
+            out = (pts[..., 0] < 0) | (pts[..., 1] < 0) | (pts[..., 0] > w[:, None]) | (pts[..., 1] > h[:, None])
+            bad |= (out & (v > 0)).any(1)
+        if bad.any():
+            problems.append(Problem(f"{self.name}/points", "keypoints not finite, with a visibility other than "
+                                                           "0/1/2, or visible outside their image",
+                                    sorted(set(sample_of[bad].tolist()))))
+
+    def roles(self) -> dict[str, Role]:
+        return {self.name: Role(ROLE, flip_index=tuple(self.spec.flip_index))}
+
+    def describe(self) -> str:
+        sp = self.spec
+        names = ", ".join(sp.names) if sp.names else "unnamed"
+        return f"{sp.num_keypoints} keypoints per box (x, y, visibility): {names}; {len(sp.skeleton)} skeleton edges"

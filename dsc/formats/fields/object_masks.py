@@ -1,0 +1,266 @@
+"""The ``object_masks`` field: one binary mask per box row, exactly as its annotation defines it.
+
+Rows are the ``objects`` rows (the box-offset index says which belong to a sample), so mask ``j`` is box
+``j``'s. Each mask is stored cropped to its own extent (the tight rectangle of its pixels in the stored
+image) and bit-packed row-major (``numpy.packbits``, most significant bit first, each mask padded to a
+whole byte): memory and disk grow with the objects' areas, never with objects x image.
+
+Nodes (``<name>`` is ``masks``): ``<name>/rects`` (M, 4) int32 (top, left, height, width) of each mask's
+crop in stored pixels (an empty mask: height = width = 0); ``<name>/offsets`` (M+1,) int64 byte offsets
+into ``<name>/bits`` (B,) uint8. Manifest: ``fields.<name> = {"kind": "object_masks", "num_masks": M,
+"nbytes": B}``.
+
+Batches (packed, what transforms move): ``masks`` flat uint8 0/1 (each mask's crop, row-major, back to
+back), ``masks_rects`` (M, 4) int64 and ``masks_offsets`` (M+1,) int64 into ``masks``; :func:`paste`
+makes the (k, H, W) uint8 masks torchvision takes (the ``list`` / ``padded`` box forms, ``ds[i]``).
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptDatasetError
+from ..names import OBJ_OFFSETS, RAGGED_SHAPES
+from ..problems import Problem, try_read
+from ..specs import check_spec_keys
+from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
+from .base import Field, Part, Reader, Role
+from .objects import gather_rows
+from .pixels import valid_offsets
+
+ROLE = "object_masks"
+
+
+# ----------------------------------------------------------------------------- encoding
+def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """(k, H, W) bool-like masks (or a list of (H, W)) -> rects (k, 4) int32, byte counts (k,) int64, bits."""
+    rects, sizes, chunks = [], [], []
+    for m in masks:
+        m = np.asarray(m).astype(bool, copy=False)
+        rows, cols = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
+        if not len(rows):
+            rects.append((0, 0, 0, 0))
+            sizes.append(0)
+            continue
+        t, b, l, r = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        packed = np.packbits(m[t:b, l:r].reshape(-1))
+        rects.append((t, l, b - t, r - l))
+        sizes.append(len(packed))
+        chunks.append(packed.tobytes())
+    return (np.asarray(rects, np.int32).reshape(-1, 4), np.asarray(sizes, np.int64), b"".join(chunks))
+
+
+def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray,
+           out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
+    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per mask, straight into its place."""
+    hw = rects[rows, 2].astype(np.int64) * rects[rows, 3]
+    out_off = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(hw, out=out_off[1:])
+    flat = np.empty(int(out_off[-1]), np.uint8) if out is None else out
+    starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
+    o, sizes = out_off.tolist(), hw.tolist()
+    for j in range(len(rows)):
+        if sizes[j]:
+            flat[o[j]:o[j + 1]] = np.unpackbits(bits[starts[j]:ends[j]], count=sizes[j])
+    return flat, out_off
+
+
+def mask_bytes(rects: np.ndarray, rows: np.ndarray) -> int:
+    """How many unpacked bytes masks ``rows`` take."""
+    return int((rects[rows, 2].astype(np.int64) * rects[rows, 3]).sum())
+
+
+def paste(flat, offsets, rects, h: int, w: int, out=None):
+    """Crops (numpy or torch) -> (k, h, w) uint8 full masks (``out`` if given, zeroed here)."""
+    import torch  # lazy: formats/ is numpy-first; the runtime hands torch tensors
+
+    flat = torch.as_tensor(flat)
+    k = len(rects)
+    out = torch.zeros((k, h, w), dtype=torch.uint8, device=flat.device) if out is None else out.zero_()
+    o = torch.as_tensor(offsets).tolist()
+    for j, (t, l, mh, mw) in enumerate(torch.as_tensor(rects).tolist()):
+        if mh and mw:
+            out[j, t:t + mh, l:l + mw] = flat[o[j]:o[j + 1]].view(mh, mw)
+    return out
+
+
+# ----------------------------------------------------------------------------- compile
+@dataclass
+class ObjectMasksPart(Part):
+    """One unit's masks: per sample the kept objects' rects, byte counts and packed bits."""
+
+    rects: list = dc_field(default_factory=list)
+    sizes: list = dc_field(default_factory=list)
+    bits: list = dc_field(default_factory=list)
+
+    def add(self, value) -> None:
+        """``value``: (k, H, W) bool masks of the sample's stored objects (the kept boxes, in order)."""
+        r, s, b = encode(value)
+        self.rects.append(r)
+        self.sizes.append(s)
+        self.bits.append(b)
+
+    def pad(self, n: int) -> None:
+        for _ in range(n):
+            self.add(())
+
+    def set_row(self, j: int, value) -> None:
+        self.rects[j], self.sizes[j], self.bits[j] = encode(value)
+
+    def to_json(self) -> dict:
+        return {"rects": [r.tolist() for r in self.rects], "sizes": [s.tolist() for s in self.sizes],
+                "bits": [base64.b64encode(b).decode() for b in self.bits]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ObjectMasksPart":
+        return cls(rects=[np.asarray(r, np.int32).reshape(-1, 4) for r in d["rects"]],
+                   sizes=[np.asarray(s, np.int64) for s in d["sizes"]],
+                   bits=[base64.b64decode(b) for b in d["bits"]])
+
+
+class ObjectMasksReader(Reader):
+    def __init__(self, store, m, name: str):
+        n, M = m.num_rows, int(m.objects["num_boxes"]) if m.objects else 0
+        self.name = name
+        self.box_offsets = store.array(OBJ_OFFSETS, (n + 1,))
+        self.rects = store.array(f"{name}/rects", (M, 4))
+        self.offsets = store.array(f"{name}/offsets", (M + 1,))
+        self.bits = store.array(f"{name}/bits", (int(self.offsets[-1]) if len(self.offsets) else 0,))
+        if not valid_offsets(self.offsets) or not valid_offsets(self.box_offsets, M):
+            raise CorruptDatasetError(f"{store.root}/{name}/offsets is not a valid offset index for {M} masks")
+        self.fixed = (m.image.height, m.image.width) if m.image.layout == "fixed" else None
+        self.shapes = None if self.fixed else store.array(RAGGED_SHAPES, (n, 3 if m.image.channels else 2))
+
+    def size(self, i: int) -> tuple[int, int]:
+        return self.fixed if self.fixed else (int(self.shapes[i, 0]), int(self.shapes[i, 1]))
+
+    def sample(self, i: int) -> dict:
+        """``masks`` (k, H, W) uint8 at the stored image's size."""
+        rows = np.arange(int(self.box_offsets[i]), int(self.box_offsets[i + 1]), dtype=np.int64)
+        flat, off = unpack(self.bits, self.offsets, self.rects, rows)
+        return {self.name: paste(flat, off, self.rects[rows].astype(np.int64), *self.size(i)).numpy()}
+
+    def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
+        rows, _ = gather_rows(self.box_offsets, idx)
+        out = {self.name: alloc(self.name, (mask_bytes(self.rects, rows),), np.dtype(np.uint8)),
+               f"{self.name}_rects": alloc(f"{self.name}_rects", (len(rows), 4), np.dtype(np.int64)),
+               f"{self.name}_offsets": alloc(f"{self.name}_offsets", (len(rows) + 1,), np.dtype(np.int64))}
+        _, off = unpack(self.bits, self.offsets, self.rects, rows, out[self.name])
+        out[f"{self.name}_rects"][:] = self.rects[rows]
+        out[f"{self.name}_offsets"][:] = off
+        return out
+
+    def split(self, batch: dict, k: int) -> dict:
+        if f"{self.name}_rects" not in batch or "box_offsets" not in batch:
+            return {}
+        o = batch["box_offsets"]
+        a, b = int(o[k]), int(o[k + 1])
+        mo = batch[f"{self.name}_offsets"]
+        h, w = image_size(batch, k)
+        return {self.name: paste(batch[self.name][int(mo[a]):int(mo[b])], mo[a:b + 1] - mo[a],
+                                 batch[f"{self.name}_rects"][a:b], h, w)}
+
+
+def image_size(batch: dict, k: int) -> tuple[int, int]:
+    """Sample ``k``'s (height, width) in a batch of any image form."""
+    if "image_shapes" in batch:
+        return tuple(int(v) for v in batch["image_shapes"][k][:2].tolist())
+    if "image_sizes" in batch:
+        return tuple(int(v) for v in batch["image_sizes"][k].tolist())
+    img = batch["image"]
+    return (int(img.shape[-2]), int(img.shape[-1])) if img.is_floating_point() and img.dim() == 4 \
+        else (int(img.shape[1]), int(img.shape[2]))
+
+
+class ObjectMasksField(Field):
+    kind = ROLE
+    in_fields = True
+
+    def __init__(self, name: str = "masks"):
+        self.name = check_node_path(name)
+
+    @classmethod
+    def from_manifest(cls, m) -> list["ObjectMasksField"]:
+        return [cls(name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
+
+    @classmethod
+    def check(cls, name: str, d: dict, m) -> None:
+        check_spec_keys("object_masks field", d, {"kind", "num_masks", "nbytes"}, {"kind", "num_masks", "nbytes"})
+        if m.objects is None or d["num_masks"] != m.objects.get("num_boxes"):
+            raise CorruptDatasetError(f"manifest: object_masks field {name!r} has {d['num_masks']} masks for "
+                                      f"{(m.objects or {}).get('num_boxes', 0)} boxes; one mask per box row")
+
+    def part(self, root: Path, s: int, capacity: int) -> ObjectMasksPart:
+        return ObjectMasksPart()
+
+    def load_part(self, d: dict) -> ObjectMasksPart:
+        return ObjectMasksPart.from_json(d)
+
+    def rows_part(self, reader: ObjectMasksReader, start: int, count: int, shard) -> ObjectMasksPart:
+        part = ObjectMasksPart()
+        for i in range(start, start + count):
+            rows = np.arange(int(reader.box_offsets[i]), int(reader.box_offsets[i + 1]), dtype=np.int64)
+            part.rects.append(np.asarray(reader.rects[rows], np.int32).reshape(-1, 4))
+            sizes = (reader.offsets[rows + 1] - reader.offsets[rows]).astype(np.int64)
+            part.sizes.append(sizes)
+            a, b = (int(reader.offsets[rows[0]]), int(reader.offsets[rows[-1] + 1])) if len(rows) else (0, 0)
+            part.bits.append(bytes(reader.bits[a:b]))
+        return part
+
+    def empty_part(self) -> ObjectMasksPart:
+        return ObjectMasksPart()
+
+    def finish(self, root: Path, parts, n: int, K: int) -> dict:
+        rects = [r for p in parts for r in p.rects]
+        sizes = np.concatenate([s for p in parts for s in p.sizes] or [np.zeros(0, np.int64)]).astype(np.int64)
+        offsets = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        write_group(root, self.name)
+        write_plain_array(root, f"{self.name}/rects",
+                          np.concatenate(rects).astype(np.int32) if rects else np.zeros((0, 4), np.int32),
+                          ["box", "rect"])
+        write_plain_array(root, f"{self.name}/offsets", offsets, ["box_edge"])
+        write_plain_array(root, f"{self.name}/bits", np.frombuffer(b"".join(b for p in parts for b in p.bits),
+                                                                   np.uint8), ["byte"])
+        return {"fields": {self.name: {"kind": self.kind, "num_masks": int(len(sizes)), "nbytes": int(offsets[-1])}}}
+
+    def reader(self, store, m) -> ObjectMasksReader:
+        return ObjectMasksReader(store, m, self.name)
+
+    def verify(self, root: Path, m, problems: list, context: dict) -> None:
+        rects = try_read(problems, f"{self.name}/rects", lambda: read_plain_array(root, f"{self.name}/rects"))
+        off = try_read(problems, f"{self.name}/offsets", lambda: read_plain_array(root, f"{self.name}/offsets"))
+        bits = try_read(problems, f"{self.name}/bits", lambda: read_plain_array(root, f"{self.name}/bits"))
+        box_off = try_read(problems, OBJ_OFFSETS, lambda: read_plain_array(root, OBJ_OFFSETS))
+        if rects is None or off is None or bits is None or box_off is None:
+            return
+        M = int(box_off[-1]) if len(box_off) else 0
+        if rects.shape != (M, 4) or off.shape != (M + 1,) or not valid_offsets(off, len(bits)):
+            problems.append(Problem(f"{self.name}/offsets", f"not {M} masks (one per box) with a valid byte index"))
+            return
+        need = (rects[:, 2].astype(np.int64) * rects[:, 3] + 7) // 8
+        sample_of = np.repeat(np.arange(len(box_off) - 1), np.diff(box_off))
+        bad = (np.diff(off) != need) | (rects < 0).any(1)
+        shapes = context.get("image_shapes")
+        if m.image.layout == "fixed":
+            h, w = np.full(M, m.image.height), np.full(M, m.image.width)
+        elif shapes is not None:
+            h, w = shapes[sample_of, 0], shapes[sample_of, 1]
+        else:
+            h = w = None
+        if h is not None:
+            bad |= (rects[:, 0] + rects[:, 2] > h) | (rects[:, 1] + rects[:, 3] > w)
+        if bad.any():
+            problems.append(Problem(f"{self.name}/rects", "object masks whose crop lies outside their image or "
+                                                          "whose bytes do not match their size",
+                                    sorted(set(sample_of[bad].tolist()))))
+
+    def roles(self) -> dict[str, Role]:
+        return {self.name: Role(ROLE)}
+
+    def describe(self) -> str:
+        return "one binary mask per box (exact, cropped to the object, bit-packed)"

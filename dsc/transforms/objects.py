@@ -1,0 +1,241 @@
+"""How geometric ops move per-object data: boxes, their per-box rows, per-object masks and keypoints.
+
+The one place that knows it. Every geometric op states its geometry per sample (a ``ChainPlan``: the
+output->input matrices, and the integer programs when it has steps); :func:`move_objects` takes a packed
+batch and that plan and moves every key the schema gives a per-object role:
+
+* ``boxes``: the four corners through the forward map, their extent clipped to the output; a box left
+  without area is dropped, and with it every per-box row, its mask and its keypoints;
+* ``object_masks`` (``masks`` crops, ``masks_rects``, ``masks_offsets``): resampled with nearest neighbour
+  by exactly the rule of the semantic mask: when the chain runs as programs, each output pixel takes the
+  source pixel that ``run_program`` (nearest) would give it (computed once per sample by running the
+  program on row and column index ramps, so rounding and ties are the mask's own); else the source pixel
+  containing the output pixel centre under the matrix, as ``resample._nearest``. Outside the image: 0;
+* ``keypoints`` (M, K, 3): x, y through the forward map; a sample whose map mirrors x (a horizontal
+  flip: the op's matrix has a negative determinant and a negative x scale, or the op says so with
+  ``hflips(sizes, params)``) has its joints permuted by the role's ``flip_index`` (torchvision's
+  ``_flip_coco_person_keypoints``); a joint with visibility 0 or that leaves the output (outside
+  [0, w] x [0, h]) becomes (0, 0, 0), COCO's convention.
+
+A new geometric op needs nothing here as long as its matrices and programs are right; a new per-object
+role is taught here once, for every op.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import DscError
+from ..formats.fields import Schema
+from .fused import ChainPlan, run_program
+
+
+# ----------------------------------------------------------------------------- nearest maps
+def _program_maps(h: int, w: int, program, out_h: int, out_w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source row of each output row (out_h, 1) and source column of each output column (1, out_w), -1
+    outside the image, exactly as ``run_program(..., nearest=True)`` picks them (the ops are axis-aligned)."""
+    ramps = (torch.arange(h, dtype=torch.int32).view(h, 1).expand(h, w),
+             torch.arange(w, dtype=torch.int32).view(1, w).expand(h, w))
+    maps = []
+    for ramp in ramps:
+        out = torch.empty((out_h, out_w), dtype=torch.int32)
+        run_program(ramp, program, out, True, -1.0)
+        maps.append(out)
+    return maps[0].amax(1, keepdim=True).long(), maps[1].amax(0, keepdim=True).long()
+
+
+def _matrix_maps(M: torch.Tensor, h: int, w: int, out_h: int, out_w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source (row, column) of each output pixel centre under one output->input map (``resample._nearest``'s
+    rule), -1 outside the image: (out_h, 1) and (1, out_w) when the map is axis-aligned, else (out_h, out_w)."""
+    m = M.double()
+    xo = (torch.arange(out_w, dtype=torch.float64) + 0.5).view(1, out_w)
+    yo = (torch.arange(out_h, dtype=torch.float64) + 0.5).view(out_h, 1)
+    if float(m[0, 1]) == 0 and float(m[1, 0]) == 0:
+        xi, yi = m[0, 0] * xo + m[0, 2], m[1, 1] * yo + m[1, 2]
+    else:
+        xi = m[0, 0] * xo + m[0, 1] * yo + m[0, 2]
+        yi = m[1, 0] * xo + m[1, 1] * yo + m[1, 2]
+    vx, vy = (xi >= 0) & (xi < w), (yi >= 0) & (yi < h)
+    xs = torch.minimum(xi.floor().clamp(min=0), torch.tensor(w - 1.0)).long()
+    ys = torch.minimum(yi.floor().clamp(min=0), torch.tensor(h - 1.0)).long()
+    if xi.shape != yi.shape:  # separable
+        return torch.where(vy, ys, -1), torch.where(vx, xs, -1)
+    valid = vx & vy
+    return torch.where(valid, ys, -1), torch.where(valid, xs, -1)
+
+
+class Flips(tuple):
+    """A sample's map when its program is flips only: (flip rows, flip columns, h, w)."""
+
+    def __new__(cls, fh: bool, fw: bool, h: int, w: int):
+        return super().__new__(cls, (fh, fw, h, w))
+
+
+def nearest_maps(plan: ChainPlan, sizes: torch.Tensor) -> list:
+    """Per sample, (source rows, source columns) of the output pixels, broadcastable to the output size (or
+    :class:`Flips` when the sample's program only flips)."""
+    outs = _out_sizes(plan, len(sizes)).tolist()
+    maps = []
+    for b, (h, w) in enumerate(sizes.tolist()):
+        out_h, out_w = outs[b]
+        if plan.programs is not None and all(step[0] == "flip" for step in plan.programs[b]):
+            fh = sum(1 for step in plan.programs[b] if step[1] == 1 and step[2]) % 2 == 1
+            fw = sum(1 for step in plan.programs[b] if step[1] == 0 and step[2]) % 2 == 1
+            maps.append(Flips(fh, fw, h, w))  # flips only (torchvision's detection recipe): exact reversals
+        elif plan.programs is not None:
+            maps.append(_program_maps(h, w, plan.programs[b], out_h, out_w))
+        else:
+            maps.append(_matrix_maps(plan.matrices[b], h, w, out_h, out_w))
+    return maps
+
+
+def _out_sizes(plan: ChainPlan, B: int) -> torch.Tensor:
+    """(B, 2) each sample's (h, w) after the chain (one size, or each its own: a size-keeping chain)."""
+    if plan.out_sizes is not None:
+        return plan.out_sizes.long()
+    return torch.tensor([plan.out], dtype=torch.long).expand(B, 2)
+
+
+# ----------------------------------------------------------------------------- masks
+def _move_mask(crop: np.ndarray, rect, ys: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """One object's crop (h, w) at ``rect`` (top, left, h, w) through the maps -> (new crop, new rect)."""
+    t, l, h, w = rect
+    iy, ix = ys - t, xs - l
+    iny, inx = (iy >= 0) & (iy < h), (ix >= 0) & (ix < w)
+    empty = np.zeros(0, np.uint8), (0, 0, 0, 0)
+    if h == 0 or w == 0 or not iny.any() or not inx.any():
+        return empty
+    if iy.shape[1] == 1 and ix.shape[0] == 1:  # separable: only the output rows and columns that land inside
+        rows, cols = np.flatnonzero(iny[:, 0]), np.flatnonzero(inx[0])
+        r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        ry, cx = iy[r0:r1, 0], ix[0, c0:c1]
+        out = crop[np.clip(ry, 0, h - 1)][:, np.clip(cx, 0, w - 1)]
+        if not (iny[r0:r1, 0].all() and inx[0, c0:c1].all()):
+            out = out * (iny[r0:r1, 0][:, None] & inx[0, c0:c1][None, :])
+        return out.reshape(-1), (r0, c0, r1 - r0, c1 - c0)
+    inside = iny & inx
+    full = crop[np.clip(iy, 0, h - 1), np.clip(ix, 0, w - 1)] * inside
+    rows, cols = np.flatnonzero(full.any(1)), np.flatnonzero(full.any(0))
+    if not len(rows):
+        return empty
+    r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+    return np.ascontiguousarray(full[r0:r1, c0:c1]).reshape(-1), (r0, c0, r1 - r0, c1 - c0)
+
+
+def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.ndarray) -> None:
+    """Every kept object's mask of ``batch[key]`` (packed crops) through its sample's nearest maps (``sample``:
+    each object row's sample; ``keep``: the rows whose boxes survived); the others are dropped."""
+    flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
+    dev = flat.device
+    flat_c, o, r = flat.cpu().numpy(), offs.tolist(), rects.tolist()
+    np_maps = {}
+    new_flat, new_rects = [], []
+    for j in np.flatnonzero(keep).tolist():
+        b = int(sample[j])
+        if b not in np_maps and not isinstance(maps[b], Flips):
+            np_maps[b] = tuple(m.numpy() for m in maps[b])
+        t, l, h, w = r[j]
+        crop = flat_c[o[j]:o[j + 1]].reshape(h, w)
+        if isinstance(maps[b], Flips):  # the crop reversed, its rectangle mirrored
+            fh, fw, H, W = maps[b]
+            crop = crop[::-1] if fh else crop
+            crop = crop[:, ::-1] if fw else crop
+            new_flat.append(np.ascontiguousarray(crop).reshape(-1))
+            new_rects.append((H - t - h if fh and h else t, W - l - w if fw and w else l, h, w))
+            continue
+        out, rect = _move_mask(crop, (t, l, h, w), *np_maps[b])
+        new_flat.append(out)
+        new_rects.append(rect)
+    sizes = np.asarray([q[2] * q[3] for q in new_rects], np.int64)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    batch[key] = torch.from_numpy(np.concatenate(new_flat) if new_flat else np.zeros(0, np.uint8)).to(dev)
+    batch[f"{key}_rects"] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
+    batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
+
+
+# ----------------------------------------------------------------------------- keypoints
+def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor, flip_index, out_w, out_h
+                   ) -> torch.Tensor:
+    """(M, K, 3) joints through per-row forward maps ``fwd`` (M, 3, 3); rows with ``hflip`` get their joints
+    permuted by ``flip_index``; hidden or outside joints become (0, 0, 0). ``out_w``, ``out_h``: the output
+    size, one for all or (M,) per row."""
+    p = points.double()
+    if len(flip_index) and bool(hflip.any()):
+        p = torch.where(hflip.view(-1, 1, 1), p[:, list(flip_index)], p)
+    x, y, v = p[..., 0], p[..., 1], p[..., 2]
+    f = fwd.to(p.device)
+    nx = f[:, 0, 0:1] * x + f[:, 0, 1:2] * y + f[:, 0, 2:3]
+    ny = f[:, 1, 0:1] * x + f[:, 1, 1:2] * y + f[:, 1, 2:3]
+    ow, oh = (torch.as_tensor(out_w, dtype=torch.float64, device=p.device).reshape(-1, 1),
+              torch.as_tensor(out_h, dtype=torch.float64, device=p.device).reshape(-1, 1))
+    vis = (v > 0) & (nx >= 0) & (nx <= ow) & (ny >= 0) & (ny <= oh)
+    out = torch.stack([nx, ny, v], -1) * vis.unsqueeze(-1)
+    return out.to(points.dtype)
+
+
+# ----------------------------------------------------------------------------- boxes
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> torch.Tensor:
+    """Boxes through the forward maps, clipped to the output (``out_w``, ``out_h``: one size, or (B,) per
+    sample); boxes left without area (or False in ``keep``, per box: an op that drops boxes itself) are
+    dropped with every per-box row, and ``box_offsets`` rewritten (batched, no loop per box). Returns which
+    were kept."""
+    if "box_offsets" not in batch:
+        raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
+    offsets = batch["box_offsets"]
+    dev = batch["boxes"].device
+    box_keys = [k for k in box_keys if k in batch]
+    counts = (offsets[1:] - offsets[:-1]).cpu()
+    fwd = torch.linalg.inv(M).to(dev)  # input pixel -> output pixel
+    sample = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
+    b = batch["boxes"].double()
+    xs = torch.stack([b[:, 0], b[:, 2], b[:, 0], b[:, 2]], 1)
+    ys = torch.stack([b[:, 1], b[:, 1], b[:, 3], b[:, 3]], 1)
+    f = fwd[sample]
+    nx = f[:, 0, 0:1] * xs + f[:, 0, 1:2] * ys + f[:, 0, 2:3]
+    ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
+    ow = torch.as_tensor(out_w, dtype=torch.float64).to(dev).expand(len(counts))[sample]
+    oh = torch.as_tensor(out_h, dtype=torch.float64).to(dev).expand(len(counts))[sample]
+    nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
+                      torch.minimum(nx.amax(1).clamp(min=0), ow), torch.minimum(ny.amax(1).clamp(min=0), oh)], 1)
+    drop = keep
+    keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
+    if drop is not None:
+        keep &= drop.to(dev)
+    batch["boxes"] = nb.to(batch["boxes"].dtype)
+    for k in box_keys:
+        batch[k] = batch[k][keep]
+    new_counts = torch.zeros(len(counts), dtype=torch.int64, device=dev).index_add_(0, sample, keep.long())
+    new_offsets = torch.zeros(len(counts) + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(new_counts, 0, out=new_offsets[1:])
+    batch["box_offsets"] = new_offsets
+    return keep
+
+
+# ----------------------------------------------------------------------------- all of them
+def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None) -> None:
+    """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
+    samples' (h, w) before the chain (default: the plan's)."""
+    if "boxes" not in batch:
+        return
+    sizes = sizes if sizes is not None else plan.sizes
+    offsets = batch["box_offsets"]
+    counts = (offsets[1:] - offsets[:-1]).cpu()
+    sample = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    outs = _out_sizes(plan, len(counts)).double()
+    out_h, out_w = outs[:, 0], outs[:, 1]
+    keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(),  # filters keypoints too
+                           keep=getattr(plan, "keep", None)).cpu()
+    masks = [k for k in schema.object_masks() if k in batch]
+    if masks:
+        maps = nearest_maps(plan, sizes)
+        for k in masks:
+            move_object_masks(batch, k, maps, sample.numpy(), keep.numpy())
+    points = {k: r for k, r in schema.keypoints().items() if k in batch}
+    if points:
+        kept = sample[keep]
+        fwd = torch.linalg.inv(plan.matrices)[kept]
+        hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[kept]
+        for k, role in points.items():
+            batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[kept],
+                                      out_h[kept])

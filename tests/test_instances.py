@@ -1,0 +1,578 @@
+"""Instance masks and keypoints (issue 30): per-object masks pixel-equal to pycocotools' annToMask at native
+size (same-class overlaps, crowds, two-polygon objects, RLE holes), through every compile-time resize policy
+and EXIF orientation and through the Loader's transforms (objects cut by a crop drop their masks and
+joints); keypoints against torchvision's documented flip rule; the batch forms; verify, info, view, update."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import dsc
+from dsc import transforms as T
+from dsc.synthetic import write_coco_instances
+from dsc.transforms import batch_generator
+
+from reference import ref_mask
+
+pycoco = pytest.importorskip("pycocotools.coco")
+
+FLIP_INDS = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]  # torchvision's COCO person flip
+
+
+def tv_flip_keypoints(kps: np.ndarray, width: float) -> np.ndarray:
+    """torchvision references/detection/transforms.py ``_flip_coco_person_keypoints``, as documented."""
+    flipped = kps[:, FLIP_INDS].copy()
+    flipped[..., 0] = width - flipped[..., 0]
+    flipped[flipped[..., 2] == 0] = 0
+    return flipped
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inst")
+    ann, images = write_coco_instances(root / "src", n=6, seed=3)
+    out = root / "native"
+    dsc.compile_coco(ann, images, out, masks="instance,semantic", progress=False, workers=1)
+    return ann, images, out, pycoco.COCO(str(ann))
+
+
+def _anns(api, image_id):
+    return api.loadAnns(api.getAnnIds(imgIds=image_id))
+
+
+def _iou(a, b):
+    a, b = a.astype(bool), b.astype(bool)
+    union = (a | b).sum()
+    return 1.0 if union == 0 else (a & b).sum() / union
+
+
+def test_native_masks_equal_ann_to_mask_for_every_object(coco):
+    """IoU 1.0 for every object: overlapping people of one class, the crowd (kept, flagged), the two-polygon
+    object and the RLE with a hole; the semantic mask is still there; keypoints as annotated."""
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    assert ds.manifest.fields["masks"]["kind"] == "object_masks" and "mask" in ds.manifest.fields
+    n_obj = crowd = overlapping = 0
+    for i in range(len(ds)):
+        s, anns = ds[i], _anns(api, int(ds[i]["image_id"]))
+        assert s["masks"].shape == (len(anns), *s["image"].shape[:2]) and s["masks"].dtype == torch.uint8
+        refs = [api.annToMask(a) for a in anns]
+        for j, a in enumerate(anns):
+            np.testing.assert_array_equal(s["masks"][j].numpy(), refs[j], err_msg=f"image {i} object {j}")
+            n_obj += 1
+            crowd += a["iscrowd"]
+            overlapping += any((refs[j] & refs[k]).any() for k in range(len(anns)) if k != j
+                               and anns[k]["category_id"] == a["category_id"])
+        assert s["iscrowd"].tolist() == [a["iscrowd"] for a in anns]
+        kp = np.array([a.get("keypoints", [0] * 51) for a in anns], np.float32).reshape(-1, 17, 3)
+        np.testing.assert_allclose(s["keypoints"].numpy(), kp, atol=1e-4)
+    assert n_obj == 6 * 7 and crowd == 6 and overlapping > 6
+
+
+@pytest.mark.parametrize("opts", [dict(size=(40, 56), resize="center-crop"), dict(size=(40, 56), resize="stretch"),
+                                  dict(size=(40, 56), resize="pad"), dict(max_side=50)],
+                         ids=["center-crop", "stretch", "pad", "max-side"])
+def test_compile_time_policies_and_exif_move_masks_and_keypoints(tmp_path, opts):
+    """Every image with another EXIF orientation: masks = annToMask (displayed frame) through the policy with
+    the semantic mask's nearest rule; keypoints = the sample's affine map, outside -> (0, 0, 0); objects the
+    crop cut away are gone with their masks and joints."""
+    ann, images = write_coco_instances(tmp_path / "src", n=8, seed=5, orientations=True)
+    api = pycoco.COCO(str(ann))
+    out = tmp_path / "out"
+    dsc.compile_coco(ann, images, out, masks="instance", progress=False, workers=1, **opts)
+    ds = dsc.open(out)
+    for i in range(len(ds)):
+        s = ds[i]
+        anns = _anns(api, int(s["image_id"]))
+        oh, ow = s["image"].shape[:2]
+        sx, sy, tx, ty = ds.affine[i]
+        kept = []
+        for a in anns:
+            x, y, w, h = a["bbox"]
+            b = np.clip([x * sx + tx, y * sy + ty, (x + w) * sx + tx, (y + h) * sy + ty], 0, [ow, oh, ow, oh])
+            if np.float32(b[2]) > np.float32(b[0]) and np.float32(b[3]) > np.float32(b[1]):
+                kept.append(a)
+        assert len(s["masks"]) == len(s["keypoints"]) == len(s["boxes"]) == len(kept)
+        for j, a in enumerate(kept):
+            ref = ref_mask(api.annToMask(a), size=opts.get("size"), resize=opts.get("resize", "center-crop"),
+                           max_side=opts.get("max_side"), ignore=0)
+            np.testing.assert_array_equal(s["masks"][j].numpy(), ref, err_msg=f"{opts} image {i} object {j}")
+            kp = np.array(a.get("keypoints", [0] * 51), np.float64).reshape(17, 3)
+            x, y = kp[:, 0] * sx + tx, kp[:, 1] * sy + ty
+            vis = (kp[:, 2] > 0) & (x >= 0) & (x <= ow) & (y >= 0) & (y <= oh)
+            ref_kp = np.stack([x, y, kp[:, 2]], 1) * vis[:, None]
+            np.testing.assert_allclose(s["keypoints"][j].numpy(), ref_kp, atol=1e-4)
+
+
+def _crop_nearest(mask: np.ndarray, box, size) -> np.ndarray:
+    """A mask cropped to ``box`` (left, top, right, bottom; outside = 0) and resized to ``size`` (h, w) with
+    the masks' nearest rule (``_pil_resize``): the reference geometry of a crop + resize."""
+    l, t, r, b = (int(v) for v in box)
+    h, w = mask.shape
+    canvas = np.zeros((b - t, r - l), np.uint8)
+    t0, t1, l0, l1 = max(t, 0), min(b, h), max(l, 0), min(r, w)
+    if t1 > t0 and l1 > l0:
+        canvas[t0 - t:t1 - t, l0 - l:l1 - l] = mask[t0:t1, l0:l1]
+    return _nearest_rule(canvas, size[1], size[0])
+
+
+@pytest.mark.parametrize("threads", [0, 2], ids=["batched", "in-gather"])
+def test_loader_transforms_move_masks_and_keypoints(coco, threads):
+    """RandomResizedCrop + RandomHorizontalFlip: each kept object's mask against annToMask through the same
+    crop, PIL nearest resize and flip (IoU >= 0.98 for >= 99% of objects), its keypoints against the crop map
+    and torchvision's flip rule (1e-4 px), objects cut away by the crop dropped with their rows."""
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    ops = [T.RandomResizedCrop(32, scale=(0.05, 0.4)), T.RandomHorizontalFlip()]
+    loader = dsc.Loader(ds, batch_size=3, transforms=ops, num_threads=threads, seed=7)
+    ious, dropped, flips = [], 0, 0
+    for j, batch in enumerate(loader):
+        idx = batch["index"].numpy()
+        sizes = ds.sample_sizes(idx)
+        gen = batch_generator(7, 0, j)
+        top, left, ch, cw = ops[0].params(sizes, gen)
+        flip = ops[1].params(sizes, gen)
+        o, mo = batch["box_offsets"].tolist(), batch["masks_offsets"]
+        for b, i in enumerate(idx.tolist()):
+            s = ds[i]
+            t, l, h, w = int(top[b]), int(left[b]), int(ch[b]), int(cw[b])
+            sx, sy = 32 / w, 32 / h
+            boxes = s["boxes"].double().numpy()
+            nb = np.stack([(boxes[:, 0] - l) * sx, (boxes[:, 1] - t) * sy, (boxes[:, 2] - l) * sx,
+                           (boxes[:, 3] - t) * sy], 1).clip(0, 32)
+            keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
+            dropped += int((~keep).sum())
+            assert o[b + 1] - o[b] == keep.sum()
+            got = dsc.runtime.batches.object_masks(batch, "masks", b).numpy()
+            kps = s["keypoints"].double().numpy()[keep]
+            x, y = (kps[..., 0] - l) * sx, (kps[..., 1] - t) * sy
+            vis = (kps[..., 2] > 0) & (x >= 0) & (x <= 32) & (y >= 0) & (y <= 32)
+            ref_kp = np.stack([x, y, kps[..., 2]], -1) * vis[..., None]
+            for k, m in zip(range(len(got)), s["masks"].numpy()[keep]):
+                ref = _crop_nearest(m, (l, t, l + w, t + h), (32, 32))
+                ious.append(_iou(got[k], ref[:, ::-1] if flip[b] else ref))
+            if flip[b]:
+                flips += 1
+                ref_kp = tv_flip_keypoints(ref_kp, 32)
+            np.testing.assert_allclose(batch["keypoints"][o[b]:o[b + 1]].numpy(), ref_kp, atol=1e-4)
+    ious = np.array(ious)
+    assert len(ious) > 20 and flips and dropped
+    assert (ious >= 0.98).mean() >= 0.99, np.sort(ious)[:5]
+
+
+def test_torchvision_targets_carry_exact_masks_and_keypoints_without_crowds(coco):
+    """format="torchvision": masks (k, H, W) uint8 per object (not the class-mask approximation), keypoints
+    (k, 17, 3), crowds left out unless keep_crowd=True; a flip-only chain on mixed-size images runs."""
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    assert len({tuple(ds[i]["image"].shape) for i in range(len(ds))}) > 1
+    loader = dsc.Loader(ds, batch_size=3, format="torchvision", transforms=[T.RandomHorizontalFlip(1.0)],
+                        num_threads=0)
+    seen = 0
+    for images_, targets in loader:
+        assert isinstance(images_, list)
+        for img, t in zip(images_, targets):
+            i = int(t["image_id"])
+            anns = [a for a in _anns(api, i) if not a["iscrowd"]]
+            assert t["masks"].dtype == torch.uint8 and t["masks"].shape == (len(anns), *img.shape[1:])
+            assert t["keypoints"].shape == (len(anns), 17, 3) and len(t["boxes"]) == len(anns)
+            assert not t["iscrowd"].any()
+            for k, a in enumerate(anns):
+                np.testing.assert_array_equal(t["masks"][k].numpy(), api.annToMask(a)[:, ::-1])
+                kp = np.array(a.get("keypoints", [0] * 51), np.float64).reshape(1, 17, 3)
+                np.testing.assert_allclose(t["keypoints"][k:k + 1].numpy(), tv_flip_keypoints(kp, img.shape[2]),
+                                           atol=1e-4)
+            seen += 1
+    assert seen == len(ds)
+    images_, targets = next(iter(dsc.Loader(ds, batch_size=2, format="torchvision", keep_crowd=True)))
+    assert all(t["iscrowd"].sum() == 1 and len(t["masks"]) == len(t["boxes"]) == 7 for t in targets)
+
+
+def test_batch_forms_carry_masks_and_keypoints(coco):
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    padded = ds.get_batch([0, 1], boxes="padded", images="padded")
+    lst = ds.get_batch([0, 1], boxes="list")
+    assert padded["masks"].shape[:2] == (2, 7) and padded["keypoints"].shape == (2, 7, 17, 3)
+    for b in range(2):
+        h, w = ds[b]["image"].shape[:2]
+        np.testing.assert_array_equal(padded["masks"][b, :, :h, :w].numpy(), ds[b]["masks"].numpy())
+        np.testing.assert_array_equal(lst["targets"][b]["masks"].numpy(), ds[b]["masks"].numpy())
+        np.testing.assert_array_equal(lst["targets"][b]["keypoints"].numpy(), ds[b]["keypoints"].numpy())
+    # torch's DataLoader path: per-sample views of one gather
+    items = ds.__getitems__([1, 2])
+    np.testing.assert_array_equal(items[1]["masks"].numpy(), ds[2]["masks"].numpy())
+
+
+def _people(api, image_id):
+    return [a for a in _anns(api, image_id) if a["category_id"] == 1 and not a["iscrowd"]]
+
+
+def test_yolo_segments_and_pose(coco, tmp_path):
+    """YOLO segment polygons -> masks equal to pycocotools drawing the same polygon in pixels; a pose set
+    (kpt_shape, flip_idx) -> keypoints in pixels with data.yaml's flip permutation; a box line in a segment
+    set is refused."""
+    from pycocotools import mask as M
+
+    ann, images, out, api = coco
+    seg, pose = tmp_path / "seg", tmp_path / "pose"
+    for root in (seg, pose):
+        (root / "images" / "train").mkdir(parents=True)
+        (root / "labels" / "train").mkdir(parents=True)
+    for img in api.loadImgs(api.getImgIds()):
+        w, h = img["width"], img["height"]
+        for root in (seg, pose):
+            (root / "images" / "train" / img["file_name"]).write_bytes((images / img["file_name"]).read_bytes())
+        people = _people(api, img["id"])
+        stem = img["file_name"].rsplit(".", 1)[0]
+        (seg / "labels" / "train" / f"{stem}.txt").write_text("".join(
+            "0 " + " ".join(repr(v / (w if k % 2 == 0 else h)) for k, v in enumerate(a["segmentation"][0])) + "\n"
+            for a in people))
+        lines = []
+        for a in people:
+            x, y, bw, bh = a["bbox"]
+            kp = np.array(a["keypoints"], np.float64).reshape(17, 3)
+            vals = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h] + [
+                v for px, py, pv in kp for v in (px / w, py / h, pv)]
+            lines.append("0 " + " ".join(repr(float(v)) for v in vals) + "\n")
+        (pose / "labels" / "train" / f"{stem}.txt").write_text("".join(lines))
+    (seg / "data.yaml").write_text("train: images/train\nnames: [person]\n")
+    (pose / "data.yaml").write_text(f"train: images/train\nnames: [person]\nkpt_shape: [17, 3]\n"
+                                    f"flip_idx: {FLIP_INDS}\n")
+    dsc.compile_yolo(seg, tmp_path / "seg_out", masks="instance", progress=False, workers=1)
+    dsc.compile_yolo(pose, tmp_path / "pose_out", progress=False, workers=1)
+    ds_seg, ds_pose = dsc.open(tmp_path / "seg_out"), dsc.open(tmp_path / "pose_out")
+    assert ds_pose.manifest.fields["keypoints"]["flip_index"] == FLIP_INDS
+    for i, img in enumerate(api.loadImgs(api.getImgIds())):
+        w, h = img["width"], img["height"]
+        people = _people(api, img["id"])
+        s = ds_seg[i]
+        assert len(s["masks"]) == len(people)
+        for j, a in enumerate(people):
+            side = lambda k: w if k % 2 == 0 else h  # noqa: E731
+            poly = [(v / side(k)) * side(k) for k, v in enumerate(a["segmentation"][0])]
+            ref = M.decode(M.merge(M.frPyObjects([poly], h, w)))
+            np.testing.assert_array_equal(s["masks"][j].numpy(), ref)
+            kp = np.array(a["keypoints"], np.float32).reshape(17, 3)
+            np.testing.assert_allclose(ds_pose[i]["keypoints"][j].numpy(), kp, atol=1e-4)
+    (seg / "labels" / "train" / "00000.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(dsc.errors.SourceError, match="needs every object as a polygon"):
+        dsc.compile_yolo(seg, tmp_path / "bad", masks="instance", progress=False, workers=1)
+
+
+def test_voc_segmentation_object(coco, tmp_path):
+    """VOC SegmentationObject: object k of the XML is the pixels of value k + 1 (255 the border: nobody's)."""
+    ann, images, out, api = coco
+    root = tmp_path / "voc"
+    for d in ("JPEGImages", "Annotations", "SegmentationObject", "ImageSets/Segmentation"):
+        (root / d).mkdir(parents=True)
+    ids, refs = [], {}
+    for img in api.loadImgs(api.getImgIds()):
+        iid = img["file_name"].rsplit(".", 1)[0]
+        ids.append(iid)
+        Image.open(images / img["file_name"]).convert("RGB").save(root / "JPEGImages" / f"{iid}.jpg")
+        anns = [a for a in _anns(api, img["id"]) if not a["iscrowd"]]
+        ins = np.zeros((img["height"], img["width"]), np.uint8)
+        objs = []
+        for k, a in enumerate(anns):
+            m = api.annToMask(a).astype(bool)
+            ins[m] = k + 1
+            x, y, bw, bh = a["bbox"]
+            objs.append(f"<object><name>{'person' if a['category_id'] == 1 else 'thing'}</name><bndbox>"
+                        f"<xmin>{int(x) + 1}</xmin><ymin>{int(y) + 1}</ymin><xmax>{int(x + bw)}</xmax>"
+                        f"<ymax>{int(y + bh)}</ymax></bndbox></object>")
+        ins[0, :] = np.where(ins[0, :] == 0, 255, ins[0, :])  # a border row
+        Image.fromarray(ins, "L").save(root / "SegmentationObject" / f"{iid}.png")
+        refs[iid] = [(ins == k + 1).astype(np.uint8) for k in range(len(anns))]
+        (root / "Annotations" / f"{iid}.xml").write_text(
+            f"<annotation><filename>{iid}.jpg</filename><size><width>{img['width']}</width><height>"
+            f"{img['height']}</height><depth>3</depth></size>{''.join(objs)}</annotation>")
+    (root / "ImageSets/Segmentation/train.txt").write_text("\n".join(ids) + "\n")
+    dsc.compile_voc(root, tmp_path / "out", split="train", masks="instance", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    assert "mask" not in ds.manifest.fields and ds.manifest.fields["masks"]["kind"] == "object_masks"
+    for i, iid in enumerate(ids):
+        got = ds[i]["masks"].numpy()
+        assert len(got) == len(refs[iid])
+        for k, ref in enumerate(refs[iid]):
+            np.testing.assert_array_equal(got[k], ref)
+
+
+def test_python_dataset_targets_with_masks_and_keypoints(tmp_path):
+    """dsc.compile(dataset) of torchvision-form targets ("masks" (k, H, W), "keypoints" (k, K, 3)): stored
+    per object exactly; the flip permutation from the dataset's keypoint names."""
+    rng = np.random.default_rng(0)
+
+    class People:
+        keypoint_names = ["nose", "left_eye", "right_eye"]
+
+        def __init__(self):
+            self.items = []
+            for i in range(5):
+                h, w = 30 + i, 40 - i
+                masks = rng.random((3, h, w)) < 0.2
+                masks[2] = False
+                boxes = torch.tensor([[1.0, 1.0, w - 1.0, h - 1.0]] * 3)
+                kps = torch.tensor(rng.uniform(1, 20, (3, 3, 3)), dtype=torch.float32)
+                kps[..., 2] = torch.tensor([[2.0, 1.0, 0.0]] * 3)
+                kps[..., :2] *= (kps[..., 2:] > 0)
+                self.items.append((rng.integers(0, 255, (h, w, 3), dtype=np.uint8),
+                                   {"boxes": boxes, "labels": torch.tensor([0, 1, 0]),
+                                    "masks": torch.from_numpy(masks.astype(np.uint8)), "keypoints": kps}))
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    data = People()
+    dsc.compile(data, tmp_path / "out", classes=["a", "b"], progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    assert ds.manifest.fields["keypoints"]["flip_index"] == [0, 2, 1]
+    for i in range(len(data)):
+        np.testing.assert_array_equal(ds[i]["masks"].numpy(), data[i][1]["masks"].numpy())
+        np.testing.assert_allclose(ds[i]["keypoints"].numpy(), data[i][1]["keypoints"].numpy(), atol=1e-6)
+
+
+def test_verify_info_view_update_and_preview(coco, tmp_path):
+    """verify finds a forged mask crop and visible keypoints outside their image; dsc info names the joints;
+    the plain-Zarr view holds the new arrays; --update re-places a re-annotated image's masks and joints and
+    carries the others; preview draws the masks and the skeleton."""
+    import shutil
+
+    import zarr
+    from click.testing import CliRunner
+
+    from damage import write_node
+    from dsc.cli import main
+    from dsc.runtime.preview import preview
+
+    ann, images, out, api = coco
+    work = tmp_path / "ds"
+    shutil.copytree(out, work)
+    assert dsc.verify(work).ok
+    info = CliRunner().invoke(main, ["info", str(work)])
+    assert info.exit_code == 0 and "left_shoulder" in info.output and "one binary mask per box" in info.output
+    g = zarr.open_group(str(work), mode="r")
+    ds = dsc.open(work)
+    np.testing.assert_array_equal(g["keypoints/points"][:], ds.readers["keypoints"].points)
+    assert g["masks/bits"].shape == (ds.manifest.fields["masks"]["nbytes"],)
+    png = preview(ds, tmp_path / "p.png", n=2, cell=96)
+    plain = preview(dsc.open(dsc.compile_coco(ann, images, tmp_path / "plain", progress=False,
+                                                                  workers=1).path), tmp_path / "q.png", n=2, cell=96)
+    assert (np.asarray(Image.open(png)) != np.asarray(Image.open(plain))).any()
+
+    rects = np.array(ds.readers["masks"].rects)
+    rects[0, 0] = 10_000  # a crop below its image
+    write_node(work, "masks/rects/c/0/0", rects.astype("<i4").tobytes(), record=True)
+    pts = np.array(ds.readers["keypoints"].points)
+    pts[1, 0] = (1e6, 5, 2)
+    write_node(work, "keypoints/points/c/0/0/0", pts.astype("<f4").tobytes(), record=True)
+    problems = {p.file: p for p in dsc.verify(work).problems}
+    assert "masks/rects" in problems and "keypoints/points" in problems, problems
+
+    src = tmp_path / "src"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = data["annotations"][0]
+    first["segmentation"] = [[2, 2, 12, 2, 12, 12, 2, 12]]
+    first["bbox"], first["keypoints"][:3] = [2, 2, 10, 10], [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    up = tmp_path / "up"
+    shutil.copytree(out, up)
+    dsc.compile_coco(src / ann.name, src / "images", up, masks="instance,semantic", update=True, progress=False,
+                     workers=1)
+    new, old, api2 = dsc.open(up), dsc.open(out), pycoco.COCO(str(src / ann.name))
+    assert dsc.verify(up).ok and new.version == old.version + 1
+    for i in range(len(new)):
+        s = new[i]
+        for j, a in enumerate(_anns(api2, int(s["image_id"]))):
+            np.testing.assert_array_equal(s["masks"][j].numpy(), api2.annToMask(a))
+    changed = [new[i] for i in range(len(new)) if int(new[i]["image_id"]) == first["image_id"]][0]
+    assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
+
+
+class Rot90(T.Geometric):
+    """A map-only op (no steps: the batched path) that is not axis-aligned: a quarter turn counter-clockwise."""
+
+    def plan(self, sizes, gen):
+        B = len(sizes)
+        m = torch.zeros((B, 3, 3), dtype=torch.float64)
+        w = sizes[:, 1].double()
+        m[:, 0, 1], m[:, 0, 2], m[:, 1, 0], m[:, 2, 2] = -1.0, w, 1.0, 1.0  # x_in = w - y_out, y_in = x_out
+        return m, sizes.flip(1).clone()
+
+
+def test_a_map_only_op_that_is_not_axis_aligned_moves_masks_and_keypoints(coco, tmp_path):
+    """The batched (grid) path with a general map: masks = np.rot90 of the stored ones, joints rotated, none
+    swapped (a rotation is no mirror)."""
+    ann, images, out, api = coco
+    dsc.compile_coco(ann, images, tmp_path / "sq", masks="instance", size=(40, 40), resize="stretch",
+                     progress=False, workers=1)
+    ds = dsc.open(tmp_path / "sq")
+    batch = T.Compose([Rot90()])(ds.get_batch([0, 1, 2]))
+    o = batch["box_offsets"].tolist()
+    for b in range(3):
+        s = ds[b]
+        got = dsc.runtime.batches.object_masks(batch, "masks", b).numpy()
+        np.testing.assert_array_equal(got, np.rot90(s["masks"].numpy(), axes=(1, 2)))
+        kp = s["keypoints"].double().numpy()
+        ref = np.stack([kp[..., 1], 40 - kp[..., 0], kp[..., 2]], -1) * (kp[..., 2:] > 0)
+        np.testing.assert_allclose(batch["keypoints"][o[b]:o[b + 1]].numpy(), ref, atol=1e-4)
+
+
+def test_cli_masks_instance_and_voc_bare_masks_flag(coco, tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    ann, images, out, api = coco
+    r = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(ann), "--images", str(images),
+                                  str(tmp_path / "c"), "--masks", "instance", "-q"])
+    assert r.exit_code == 0, r.output
+    assert set(dsc.open(tmp_path / "c").manifest.fields) == {"masks", "keypoints"}
+    bad = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(ann), "--images", str(images),
+                                    str(tmp_path / "d"), "--masks", "instances", "-q"])
+    assert bad.exit_code != 0 and "instance" in bad.output
+
+
+def _nearest_rule(m, w, h):
+    """The masks' runtime nearest rule (dsc's transforms, the semantic mask's too), written out: output pixel
+    (i, j) takes input pixel (floor((i + .5) H / h), floor((j + .5) W / w))."""
+    H, W = m.shape
+    ys = np.minimum(np.floor((np.arange(h) + 0.5) * H / h).astype(int), H - 1)
+    xs = np.minimum(np.floor((np.arange(w) + 0.5) * W / w).astype(int), W - 1)
+    return m[ys][:, xs]
+
+
+def _letterbox(m):
+    out = np.zeros((30, 40), np.uint8)
+    out[:, 5:35] = _nearest_rule(m, 30, 30)
+    return out
+
+
+# (op, mask reference of a 40x40 mask, keypoint map (x, y) -> (x', y'), output (w, h), swaps joints)
+OPS = {"resize": (T.Resize((30, 20)), lambda m: _nearest_rule(m, 20, 30), lambda x, y: (x / 2, y * 0.75), (20, 30)),
+       "center-crop": (T.CenterCrop(30), lambda m: m[5:35, 5:35], lambda x, y: (x - 5, y - 5), (30, 30)),
+       "letterbox": (T.Letterbox((30, 40)), _letterbox, lambda x, y: (x * 0.75 + 5, y * 0.75), (40, 30)),
+       "vflip": (T.RandomVerticalFlip(1.0), lambda m: m[::-1], lambda x, y: (x, 40 - y), (40, 40))}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_loader_op_moves_masks_and_keypoints(coco, tmp_path, name):
+    """Resize, CenterCrop, Letterbox, a vertical flip (no joint swap): masks against PIL's nearest on the
+    stored masks (IoU >= 0.98 for >= 99% of objects), keypoints to 1e-4 px, outside joints (0, 0, 0)."""
+    ann, images, out, api = coco
+    sq = tmp_path / "sq"
+    dsc.compile_coco(ann, images, sq, masks="instance", size=(40, 40), resize="stretch", progress=False, workers=1)
+    ds = dsc.open(sq)
+    op, ref_mask_of, ref_xy, (ow, oh) = OPS[name]
+    ious = []
+    for batch in dsc.Loader(ds, batch_size=3, transforms=[op], num_threads=1):
+        o = batch["box_offsets"].tolist()
+        for b, i in enumerate(batch["index"].tolist()):
+            s = ds[i]
+            got = dsc.runtime.batches.object_masks(batch, "masks", b).numpy()
+            ref = np.stack([ref_mask_of(m) for m in s["masks"].numpy()])
+            assert len(got) == o[b + 1] - o[b]
+            if len(got) == len(ref):
+                ious += [_iou(g, r) for g, r in zip(got, ref)]
+            kp = s["keypoints"].double().numpy()
+            x, y = ref_xy(kp[..., 0], kp[..., 1])
+            vis = (kp[..., 2] > 0) & (x >= 0) & (x <= ow) & (y >= 0) & (y <= oh)
+            ref_kp = np.stack([x, y, kp[..., 2]], -1) * vis[..., None]
+            if len(got) == len(ref):
+                np.testing.assert_allclose(batch["keypoints"][o[b]:o[b + 1]].numpy(), ref_kp, atol=1e-4)
+    ious = np.array(ious)
+    assert len(ious) > 20 and (ious >= 0.98).mean() >= 0.99, np.sort(ious)[:5]
+
+
+def test_parts_round_trip_through_the_resume_journal():
+    from dsc.formats.fields import KeypointsField, KeypointsSpec, ObjectMasksField
+
+    rng = np.random.default_rng(1)
+    mf, kf = ObjectMasksField(), KeypointsField(KeypointsSpec(num_keypoints=2, flip_index=(1, 0)))
+    mp, kp = mf.empty_part(), kf.empty_part()
+    masks = rng.random((3, 9, 7)) < 0.3
+    masks[1] = False
+    mp.add(masks)
+    mp.pad(2)
+    kp.add(rng.random((3, 2, 3)).astype(np.float32))
+    kp.pad(1)
+    m2, k2 = mf.load_part(json.loads(json.dumps(mp.to_json()))), kf.load_part(json.loads(json.dumps(kp.to_json())))
+    assert m2.bits == mp.bits and all((a == b).all() for a, b in zip(m2.rects, mp.rects))
+    assert all((a == b).all() for a, b in zip(k2.points, kp.points)) and len(k2.points) == 2
+
+
+def test_a_flip_on_mixed_sizes_keeps_each_sample_in_its_form(coco):
+    """The size-keeping chain on ragged images, packed and padded: each image mirrored at its own size, the
+    padding untouched, the masks and joints with it."""
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    for form in ("packed", "padded"):
+        batch = T.Compose([T.RandomHorizontalFlip(1.0)])(ds.get_batch([0, 1, 2], images=form))
+        for b in range(3):
+            s = ds[b]
+            h, w = s["image"].shape[:2]
+            img = (batch["image"][batch["image_offsets"][b]:batch["image_offsets"][b + 1]].view(h, w, 3)
+                   if form == "packed" else batch["image"][b, :h, :w])
+            np.testing.assert_array_equal(img.numpy(), s["image"].numpy()[:, ::-1])
+            np.testing.assert_array_equal(dsc.runtime.batches.object_masks(batch, "masks", b).numpy(),
+                                          s["masks"].numpy()[:, :, ::-1])
+        if form == "padded":
+            assert batch["image"].shape[1:3] == tuple(batch["image_sizes"].max(0).values.tolist())
+
+
+def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
+    """An image stored raw with EXIF orientation 6 whose COCO entry declares the raw size: its polygon and
+    keypoints are in the raw frame and turn with the image (the boxes' rule)."""
+    from dsc.compiler.decode import orient_array
+
+    raw_h, raw_w = 30, 50
+    (tmp_path / "images").mkdir()
+    im = Image.fromarray(np.random.default_rng(0).integers(0, 255, (raw_h, raw_w, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    im.save(tmp_path / "images" / "a.png", exif=exif)
+    poly = [5.0, 4.0, 30.0, 6.0, 28.0, 20.0, 8.0, 25.0]
+    kp = [10.0, 8.0, 2, 40.0, 3.0, 1] + [0, 0, 0]
+    ann = {"images": [{"id": 1, "file_name": "a.png", "width": raw_w, "height": raw_h}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0, "segmentation": [poly],
+                            "bbox": [5.0, 4.0, 25.0, 21.0], "area": 1.0, "keypoints": kp}],
+           "categories": [{"id": 1, "name": "person", "keypoints": ["nose", "left_eye", "right_eye"]}]}
+    (tmp_path / "a.json").write_text(json.dumps(ann))
+    dsc.compile_coco(tmp_path / "a.json", tmp_path / "images", tmp_path / "out", masks="instance", progress=False,
+                     workers=1)
+    s = dsc.open(tmp_path / "out")[0]
+    assert s["image"].shape[:2] == (raw_w, raw_h)  # displayed: turned
+    api = pycoco.COCO(str(tmp_path / "a.json"))
+    np.testing.assert_array_equal(s["masks"][0].numpy(), orient_array(api.annToMask(api.loadAnns(1)[0]), 6))
+    # orientation 6 (rotate 90 clockwise): raw (x, y) -> displayed (raw_h - y, x)
+    np.testing.assert_allclose(s["keypoints"][0].numpy(), [[raw_h - 8.0, 10.0, 2], [raw_h - 3.0, 40.0, 1], [0, 0, 0]],
+                               atol=1e-4)
+
+
+def test_bad_instance_annotations_are_named_skips(coco, tmp_path):
+    """A keypoint list of the wrong length, a segmentation missing, an RLE of another size: each a recorded
+    skip naming the annotation (never a traceback, never a silently wrong object)."""
+    ann, images, out, api = coco
+    data = json.loads(ann.read_text())
+    by_image = {}
+    for a in data["annotations"]:
+        by_image.setdefault(a["image_id"], []).append(a)
+    by_image[1][0]["keypoints"] = [1, 2, 2]
+    del by_image[2][0]["segmentation"]
+    crowd = [a for a in by_image[3] if a["iscrowd"]][0]
+    crowd["segmentation"]["size"] = [5, 5]
+    crowd["segmentation"]["counts"] = [25]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    r = dsc.compile_coco(path, images, tmp_path / "out", masks="instance", on_error="skip", progress=False,
+                         workers=1)
+    reasons = " | ".join(s["reason"] for s in r.skipped)
+    assert len(r.skipped) == 3 and r.manifest.num_samples == len(data["images"]) - 3, reasons
+    assert "keypoints that are not 17" in reasons and "no usable 'segmentation'" in reasons
+    assert "cannot rasterise its mask" in reasons and "RLE is 5x5" in reasons
