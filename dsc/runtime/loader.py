@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
 from .orders import ORDERS, partition
-from .orders.partition import TAILS, part_size
+from .orders.partition import TAILS, part_size, remaining
 from .orders.quasi_random import DEFAULT_WINDOW
 from . import reads as R
 from .prefetch import EpochIterator, Ring
@@ -113,6 +113,8 @@ def _distributed_defaults(rank, world_size) -> tuple[int, int]:
 class _Resume:
     epoch: int
     batches: int
+    stages: tuple = ()  # runs of other layouts that served part of the epoch before: ((world_size, taken, tail,
+    #                     batches), ...) (orders/partition.py: remaining)
 
 
 class LoaderSampler:
@@ -241,6 +243,8 @@ class Loader:
         self._started = False  # an iteration of self.epoch began: the next iteration starts epoch + 1
         self._served = 0
         self._resume: _Resume | None = None
+        self._stages: tuple[int, tuple] = (-1, ())  # (epoch, what earlier runs served of it): an elastic resume
+        self._sizes: dict = {}
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._ring: Ring | None = None
         self._streams: list = []
@@ -329,21 +333,40 @@ class Loader:
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """This rank's samples for ``epoch`` (default: the loader's), in the order they are served (before
-        in-batch sorting)."""
-        order = self._whole_order(self.epoch if epoch is None else epoch)
+        in-batch sorting). The epoch's order over every rank does not depend on the world size; a rank's share
+        is a contiguous slice of it, or, in an epoch resumed on another world size or batch size, a slice of
+        what the earlier runs had not served (``load_state_dict``)."""
+        epoch = self.epoch if epoch is None else epoch
+        order = remaining(self._whole_order(epoch), self._epoch_stages(epoch))
         return partition(order, self.rank, self.world_size, self.tail)
 
+    def _epoch_stages(self, epoch: int) -> tuple:
+        return self._stages[1] if self._stages[0] == epoch else ()
+
+    def _epoch_samples(self, stages: tuple) -> int:
+        """Samples of an epoch left to every rank together after ``stages`` (all of them without)."""
+        if not stages:
+            return self.num_samples
+        if stages not in self._sizes:
+            self._sizes[stages] = len(remaining(np.arange(self.num_samples), stages))
+        return self._sizes[stages]
+
     def samples_per_rank(self) -> int:
-        return part_size(self.num_samples, self.world_size, self.tail)
+        return part_size(self._epoch_samples(self._epoch_stages(self.epoch)), self.world_size, self.tail)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
-        n = self.samples_per_rank()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return self._batches_of(self.samples_per_rank())
+
+    def _batches_of(self, units: int) -> int:
+        per = self._batch_units()
+        return units // per if self.drop_last else -(-units // per)
 
     def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:
         """The index sets of every batch of ``epoch`` on this rank, sorted as they are gathered."""
         part = self.epoch_order(epoch)
+        if getattr(self.dataset, "chunked", False):  # one source per batch: each unit of the order is a batch
+            return [np.sort(self.dataset.chunk(u)) for u in part.tolist()]
         n = len(part) // self.batch_size * self.batch_size if self.drop_last else len(part)
         return [np.sort(part[a:min(a + self.batch_size, n)]) for a in range(0, n, self.batch_size)]
 
@@ -356,6 +379,8 @@ class Loader:
         epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None
+        if self._stages[0] != epoch:
+            self._stages = (-1, ())
         self.epoch, self._started = epoch, False
         self._served = self._resume.batches if self._resume else 0
 
@@ -382,6 +407,10 @@ class Loader:
             it.close(superseded="this epoch's iterator was closed because a new iteration of the same Loader "
                                 "started; use one iterator per Loader at a time (or a second Loader)")
         self.epoch, start = self._position()  # (the older iterators are closed: a started epoch is over)
+        if self._resume is not None:
+            self._stages = (self.epoch, self._resume.stages)
+        elif self._stages[0] != self.epoch:
+            self._stages = (-1, ())
         self._resume = None
         self._started = True
         self._served = start
@@ -481,14 +510,32 @@ class Loader:
         """Where the loader is: the epoch of the next batch and how many of its batches were handed out
         (batches still being prefetched are not counted, so they are served again after a resume). During an
         iteration, that iteration's epoch; between iterations, where the next one starts (after a whole
-        epoch e: epoch e + 1, 0 batches)."""
+        epoch e: epoch e + 1, 0 batches). ``stages``: what runs of other world sizes or batch sizes served of
+        the epoch before this one (an elastic resume). Every rank's state says the same position when the ranks
+        step together (each has served as many batches), so any rank's state resumes the run."""
         epoch, served = self._position()
+        shard_size, checksum, version = self._identity()
         return {"epoch": epoch, "batches_served": served, "seed": self.seed, "order": self.order,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
-                "num_samples": self.num_samples, "shard_size": self.dataset.manifest.shard_size,
-                "dataset": self.dataset.manifest.checksum(), "version": self.dataset.version,
-                "transforms": _describe(self.transforms), "indices": self._indices_digest()}
+                "num_samples": self.num_samples, "shard_size": shard_size,
+                "dataset": checksum, "version": version,
+                "transforms": _describe(self.transforms), "indices": self._indices_digest(),
+                "stages": [list(st) for st in self._epoch_stages(epoch)]}
+
+    def _identity(self) -> tuple:
+        """(shard size, manifest checksum, version) of what the loader reads (a mixture says its own)."""
+        identity = getattr(self.dataset, "identity", None)
+        if identity is not None:
+            return identity()
+        m = self.dataset.manifest
+        return m.shard_size, m.checksum(), self.dataset.version
+
+    def _batch_units(self, state: dict | None = None) -> int:
+        """Units of the epoch's order per batch: samples, or 1 where each unit is a whole batch (a mixture's
+        one source per batch)."""
+        return 1 if getattr(self.dataset, "chunked", False) else (self.batch_size if state is None
+                                                                   else state["batch_size"])
 
     def _indices_digest(self) -> str | None:
         if self.indices is None:
@@ -499,12 +546,16 @@ class Loader:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
 
         num_threads, prefetch, device and cache may differ from the run that saved the state; what
-        defines the order (seed, order, window, batch_size, drop_last, world_size, rank, tail, dataset
-        size) may not, and a mismatch is refused naming the field."""
+        defines the order (seed, order, window, dataset and its size, transforms) may not, and a mismatch is
+        refused naming the field. Elastic resume: world_size, batch_size, tail and drop_last may differ too
+        (and the state of any rank resumes any rank): the ranks then split what the saved run had not served
+        of the epoch (the epoch's order does not depend on them), so the rest of the epoch serves every
+        sample the saved run had not, none twice (up to ``tail="pad"``'s repeats and ``drop_last``'s cuts of
+        the resumed run)."""
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices"})  # (saved before they were)
+        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices", "stages"})  # (older states)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
@@ -512,8 +563,7 @@ class Loader:
             raise ConfigError(f"cannot resume: the saved state is of version {state['version']} of the dataset, this "
                               f"loader reads version {ours['version']}; open the version the run trained on "
                               f"(dsc.open(path, version={state['version']})) to resume it")
-        for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
-                    "num_samples", "shard_size", "dataset", "transforms", "indices"):
+        for key in ("seed", "order", "window", "num_samples", "shard_size", "dataset", "transforms", "indices"):
             mine = ours[key]
             if state.get(key, None if key == "indices" else mine) != mine:
                 if key == "indices":
@@ -522,16 +572,57 @@ class Loader:
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]
-        for name, v in (("epoch", epoch), ("batches_served", served)):
+        for name, v in (("epoch", epoch), ("batches_served", served), ("world_size", state["world_size"]),
+                        ("batch_size", state["batch_size"])):
             if not _whole(v) or v < 0:
                 raise ConfigError(f"cannot resume: the saved {name} is {v!r}, not a non-negative int")
-        if served > len(self):
-            raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {len(self)}")
+        if state["tail"] not in TAILS or state["world_size"] < 1 or state["batch_size"] < 1:
+            raise ConfigError(f"cannot resume: the saved state's world_size={state['world_size']!r}, batch_size="
+                              f"{state['batch_size']!r}, tail={state['tail']!r} are not a loader's")
+        stages = _stages_of(state.get("stages", []))
+        if getattr(self.dataset, "chunked", False) and state["batch_size"] != self.batch_size:
+            raise ConfigError(f"cannot resume: the saved state has batch_size={state['batch_size']}, this loader has "
+                              f"batch_size={self.batch_size}; with one source per batch the batches are cut from the "
+                              f"epoch's order, so the batch size cannot change within an epoch")
+        layout = ("world_size", "batch_size", "tail", "drop_last")
+        if any(state[k] != ours[k] for k in layout):  # elastic: the saved run's part of the epoch becomes a stage
+            left = self._epoch_samples(stages)
+            per = part_size(left, state["world_size"], state["tail"])
+            units = self._batch_units(state)
+            batches = per // units if state["drop_last"] else -(-per // units)
+            if served > batches:
+                raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {batches}")
+            if served:
+                stages = stages + ((int(state["world_size"]), int(served) * units, state["tail"], int(served)),)
+            served = 0
         self._interrupt("load_state_dict() was called during this epoch, which moved the Loader elsewhere; call "
                         "it before iterating")
-        self._resume = _Resume(int(epoch), int(served))
+        batches = self._batches_of(part_size(self._epoch_samples(stages), self.world_size, self.tail))
+        if served > batches:
+            raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {batches}")
+        self._stages = (int(epoch), stages)
+        self._resume = _Resume(int(epoch), int(served), stages)
         self.epoch, self._started = self._resume.epoch, False
         self._served = self._resume.batches
+
+    def _batch_offset(self) -> int:
+        """The first batch number of this run in its epoch (the batches earlier runs served of it): what keys the
+        augmentations, so a resumed run on another world size does not draw the first batches' crops again."""
+        return sum(int(st[3]) for st in self._epoch_stages(self.epoch))
+
+
+def _stages_of(saved) -> tuple:
+    """A saved state's ``stages``, checked: ((world_size, taken, tail, batches), ...)."""
+    bad = ConfigError(f"cannot resume: the saved state's stages are {saved!r}, not what state_dict() writes")
+    if not isinstance(saved, (list, tuple)):
+        raise bad
+    out = []
+    for st in saved:
+        if not isinstance(st, (list, tuple)) or len(st) != 4 or st[2] not in TAILS or \
+                not all(_whole(v) and v >= 0 for v in (st[0], st[1], st[3])) or st[0] < 1:
+            raise bad
+        out.append((int(st[0]), int(st[1]), st[2], int(st[3])))
+    return tuple(out)
 
 
 def _describe(transforms) -> str | None:

@@ -25,3 +25,27 @@ def partition(order: np.ndarray, rank: int, world_size: int, tail: str = "pad") 
     if per * world_size > n:  # tail="pad": repeat the first samples
         order = np.concatenate([order, np.resize(order, per * world_size - n)])
     return order[rank * per:(rank + 1) * per]
+
+
+def served(n: int, world_size: int, taken: int, tail: str = "pad") -> np.ndarray:
+    """Which of the ``n`` positions of an order are served once every one of ``world_size`` ranks has served the
+    first ``taken`` samples of its :func:`partition` part (a bool mask; a padded part's repeats count as the
+    position they repeat)."""
+    per = part_size(n, world_size, tail)
+    take = max(0, min(int(taken), per))
+    mask = np.zeros(n, bool)
+    if n == 0 or take == 0:
+        return mask
+    pos = (np.arange(world_size, dtype=np.int64)[:, None] * per + np.arange(take, dtype=np.int64)).reshape(-1)
+    mask[pos % n] = True  # (tail="pad": position p >= n repeats position p - n)
+    return mask
+
+
+def remaining(order: np.ndarray, stages) -> np.ndarray:
+    """The part of an epoch's order not yet served after ``stages``: each ``(world_size, taken, tail, ...)`` says that
+    the ranks of one run split what was left then (:func:`partition`) and each served the first ``taken`` samples
+    of its part. Elastic resume: a run on another world size partitions what this returns; the result depends on
+    what was served, never on how many ranks will read the rest."""
+    for world_size, taken, tail, *_ in stages:
+        order = order[~served(len(order), int(world_size), int(taken), tail)]
+    return order
