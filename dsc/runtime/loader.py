@@ -24,6 +24,7 @@ import torch
 from ..errors import ConfigError
 from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
+from .mixture import Mixture
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size, remaining
 from .orders.quasi_random import DEFAULT_WINDOW
@@ -85,6 +86,32 @@ def _samples_of(dataset, indices) -> tuple[Dataset, np.ndarray | None]:
         pos = _positions(indices, len(dataset) if idx is None else len(idx), "indices")
         idx = pos if idx is None else idx[pos]
     return dataset, idx
+
+
+def _mixture_of(dataset, indices, **options) -> tuple[Mixture, None] | None:
+    """A list of datasets (or a :class:`Mixture`) with the Loader's mixture options: the mixture it reads; None
+    for anything else (then ``options`` must be their defaults)."""
+    given = {k: v for k, v in options.items() if v is not _MIXTURE_DEFAULTS[k]
+             and not (k == "replace" and v is False) and not (k == "labels" and v == "per_source")}
+    if isinstance(dataset, (list, tuple)):
+        if indices is not None:
+            raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
+                              "epoch_size= and choose=")
+        return Mixture(list(dataset), **options), None
+    if given:
+        what = "a dsc.Mixture already says these" if isinstance(dataset, Mixture) else "they are for a mixture"
+        raise ConfigError(f"{', '.join(sorted(given))}= given with {type(dataset).__name__}: {what} (dsc.Loader([a, b], "
+                          f"weights=[0.7, 0.3]) or dsc.Loader(dsc.Mixture([a, b], weights=...)))")
+    if isinstance(dataset, Mixture):
+        if indices is not None:
+            raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
+                              "epoch_size= and choose=")
+        return dataset, None
+    return None
+
+
+_MIXTURE_DEFAULTS = {"weights": None, "epoch_size": None, "choose": None, "replace": False, "labels": "per_source",
+                     "one_source_per_batch": False}
 
 
 def _takes_rank(fn) -> bool:
@@ -181,9 +208,14 @@ class Loader:
                  prefetch: int = 3, rank: int | None = None, world_size: int | None = None, tail: str = "pad",
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None, read: str = "auto",
-                 io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict"):  # noqa: A002
-        self._owns_dataset = isinstance(dataset, (str, os.PathLike))  # (opened here: closed with the Loader)
-        dataset, self.indices = _samples_of(dataset, indices)
+                 io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict",  # noqa: A002
+                 weights=None, epoch_size: int | None = None, choose=None, replace=False,
+                 labels: str = "per_source", one_source_per_batch: bool = False):
+        self._owns_dataset = isinstance(dataset, (str, os.PathLike, list, tuple))  # (opened here: closed with it)
+        dataset, self.indices = _mixture_of(dataset, indices, weights=weights, epoch_size=epoch_size, choose=choose,
+                                            replace=replace, labels=labels,
+                                            one_source_per_batch=one_source_per_batch) or \
+            _samples_of(dataset, indices)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
         self._set_output(keys, format, dataset)
@@ -223,6 +255,8 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.num_samples = len(dataset) if self.indices is None else len(self.indices)
+        if isinstance(dataset, Mixture):  # (with one source per batch, the order's units are batches)
+            self.num_samples = dataset.units(batch_size, drop_last)
         if tail == "drop" and self.world_size > self.num_samples:
             raise ConfigError(f"tail='drop' with world_size {self.world_size} > {self.num_samples} samples leaves "
                               f"every rank empty; use tail='pad'")
@@ -235,6 +269,8 @@ class Loader:
         self.transforms = _compose(transforms)
         self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
             _takes_rank(self.transforms)
+        if isinstance(dataset, Mixture):
+            dataset.check_pixels(self.transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
         self.threads_used = 0 if num_threads == 0 else max(1, min(num_threads, len(os.sched_getaffinity(0))
                                                                   if hasattr(os, "sched_getaffinity")
@@ -261,8 +297,8 @@ class Loader:
                 if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
                     raise
         self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache)
-        self._reads = R.make(self.read_strategy, dataset.storage, io_depth=io_depth,
-                             memory=memory[0] if memory else None)
+        make = dataset.make_reads if isinstance(dataset, Mixture) else partial(R.make, storage=dataset.storage)
+        self._reads = make(self.read_strategy, io_depth=io_depth, memory=memory[0] if memory else None)
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -315,6 +351,8 @@ class Loader:
     def _whole_order(self, epoch: int) -> np.ndarray:
         """The samples of ``epoch`` on every rank together, in order (dataset indices)."""
         ds = self.dataset
+        if isinstance(ds, Mixture):
+            return ds.order(self.order, self.seed, epoch, self.window, self.batch_size, self.drop_last)
         fn, K = ORDERS[self.order], ds.manifest.shard_size
         if self.indices is None:
             return fn(len(ds), K, self.seed, epoch, window=self.window)
@@ -366,7 +404,7 @@ class Loader:
         """The index sets of every batch of ``epoch`` on this rank, sorted as they are gathered."""
         part = self.epoch_order(epoch)
         if getattr(self.dataset, "chunked", False):  # one source per batch: each unit of the order is a batch
-            return [np.sort(self.dataset.chunk(u)) for u in part.tolist()]
+            return [np.sort(self.dataset.chunk(u)) for u in part.tolist()]  # (of the epoch ordered above)
         n = len(part) // self.batch_size * self.batch_size if self.drop_last else len(part)
         return [np.sort(part[a:min(a + self.batch_size, n)]) for a in range(0, n, self.batch_size)]
 
@@ -438,12 +476,16 @@ class Loader:
         """The epoch's read schedule (``schedule.py``), or None: a dataset in object storage downloads the
         coming batches' shards ahead of them into the cache, within its limit (whatever the strategy, which
         then reads the cached files); a windowed read maps and reads them ahead and releases them behind."""
-        ds = self.dataset
+        if isinstance(self.dataset, Mixture):  # (one schedule per source, over its samples of each batch)
+            return self.dataset.schedule(batches, start, self._reads, self._schedule_of)
+        return self._schedule_of(self.dataset, self._reads, batches, start)
+
+    def _schedule_of(self, ds: Dataset, reads, batches: list[np.ndarray], start: int):
         if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed"):
             return None  # (a local dataset read in place: nothing to schedule)
         needs, paths, nbytes = ds.shard_plan(batches)
         if not ds.remote:
-            return self._reads.schedule(needs, start, nbytes, paths)
+            return reads.schedule(needs, start, nbytes, paths)
         storage = ds.storage
         storage.renew_lease()
         limit = storage.cache.limit
@@ -472,8 +514,8 @@ class Loader:
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
                               f"reads a window of shards at a time and keeps the downloads ahead of training",
                               stacklevel=3)
-        return self._reads.schedule(needs, start, nbytes, paths, budget=budget, per_batch=limit is not None,
-                                    workers=CONNECTIONS)
+        return reads.schedule(needs, start, nbytes, paths, budget=budget, per_batch=limit is not None,
+                              workers=CONNECTIONS)
 
     def __repr__(self) -> str:
         return (f"dsc.Loader({self.dataset!r}, batch_size={self.batch_size}, order={self.order!r}, "
