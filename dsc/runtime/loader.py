@@ -601,10 +601,23 @@ class Loader:
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
+        mix = isinstance(ours["version"], list)
+        if "version" in state and isinstance(state["version"], list) != mix:
+            what = lambda v: f"a mixture of {len(v)} datasets" if isinstance(v, list) else "one dataset"  # noqa: E731
+            raise ConfigError(f"cannot resume: the saved state is of {what(state['version'])}, this loader reads "
+                              f"{what(ours['version'])}; build the Loader over what the run trained on")
+        if mix and state.get("version", ours["version"]) != ours["version"]:
+            raise ConfigError(f"cannot resume: the saved state is of versions {state['version']} of the mixture's "
+                              f"sources, this loader reads versions {ours['version']}; open the versions the run "
+                              f"trained on (dsc.open(path, version=...)) to resume it")
         if state.get("version", ours["version"]) != ours["version"]:
             raise ConfigError(f"cannot resume: the saved state is of version {state['version']} of the dataset, this "
                               f"loader reads version {ours['version']}; open the version the run trained on "
                               f"(dsc.open(path, version={state['version']})) to resume it")
+        if getattr(self.dataset, "chunked", False) and state["batch_size"] != self.batch_size:
+            raise ConfigError(f"cannot resume: the saved state has batch_size={state['batch_size']}, this loader has "
+                              f"batch_size={self.batch_size}; with one source per batch the batches are cut from the "
+                              f"epoch's order, so the batch size cannot change within an epoch")
         for key in ("seed", "order", "window", "num_samples", "shard_size", "dataset", "transforms", "indices"):
             mine = ours[key]
             if state.get(key, None if key == "indices" else mine) != mine:
@@ -622,10 +635,6 @@ class Loader:
             raise ConfigError(f"cannot resume: the saved state's world_size={state['world_size']!r}, batch_size="
                               f"{state['batch_size']!r}, tail={state['tail']!r} are not a loader's")
         stages = _stages_of(state.get("stages", []))
-        if getattr(self.dataset, "chunked", False) and state["batch_size"] != self.batch_size:
-            raise ConfigError(f"cannot resume: the saved state has batch_size={state['batch_size']}, this loader has "
-                              f"batch_size={self.batch_size}; with one source per batch the batches are cut from the "
-                              f"epoch's order, so the batch size cannot change within an epoch")
         layout = ("world_size", "batch_size", "tail", "drop_last")
         if any(state[k] != ours[k] for k in layout):  # elastic: the saved run's part of the epoch becomes a stage
             left = self._epoch_samples(stages)
