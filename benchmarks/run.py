@@ -8,6 +8,7 @@ import bench_compile  # noqa: E402
 import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_loader  # noqa: E402
+import bench_mixture  # noqa: E402
 import bench_overram  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
@@ -18,6 +19,7 @@ if __name__ == "__main__":
     bench_compile.main()
     bench_detection.main()
     bench_loader.main()
+    bench_mixture.main()
     bench_overram.main()
     bench_recipe.main()
     bench_versions.main()

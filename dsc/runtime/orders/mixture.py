@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .quasi_random import quasi_random_order
-from .random import random_order
-from .sequential import sequential_order
-
-_SOURCE_ORDERS = {"sequential": sequential_order, "random": random_order, "quasi_random": quasi_random_order}
+from . import ORDERS
 
 
 def source_counts(sizes, weights=None, epoch_size: int | None = None, choose=None) -> np.ndarray:
@@ -66,7 +62,7 @@ def picks(size: int, shard_size: int, count: int, order: str, seed: int, epoch: 
     """Source ``source``'s ``count`` samples of the epoch (its indices), in its own order."""
     if count == 0 or size == 0:
         return np.zeros(0, np.int64)
-    fn = _SOURCE_ORDERS[order]
+    fn = ORDERS[order]  # (each source in its own order: any registered one)
     s_seed = _source_seed(seed, source)
     if replace:
         drawn = _rng(seed, epoch, source, 1).integers(0, size, count).astype(np.int64)
