@@ -144,6 +144,21 @@ def test_mid_epoch_resume_of_a_mixture_is_the_uninterrupted_run(parts):
         dsc.Loader(a, batch_size=6, order="random", seed=5).load_state_dict(state)
 
 
+def test_ranks_draw_their_own_augmentations_in_a_mixture(parts):
+    a, b = parts["a"], parts["b"]
+    chain = [T.RandomResizedCrop((6, 5), scale=(0.3, 1.0)), T.RandomHorizontalFlip()]
+    mixture = dsc.Mixture([a, b])
+    crops = []
+    for rank in range(2):
+        loader = dsc.Loader(mixture, batch_size=7, order="random", seed=3, transforms=chain, rank=rank, world_size=2)
+        for j, x in enumerate(loader):
+            ids = np.asarray([mixture.offsets[s] + i for s, i in zip(x["source"].tolist(), x["index"].tolist())])
+            ref = T.Compose(chain)(mixture.get_batch(ids), seed=3, epoch=0, batch_index=j, rank=rank)
+            assert torch.equal(ref["image"], x["image"]) and torch.equal(ref["source"], x["source"])
+            crops.append(x["image"])
+    assert len(loader.sampler) == 28 and len(list(loader.sampler)) == 28
+
+
 def test_one_source_per_batch(parts):
     a, b = parts["a"], parts["b"]
     everything = sorted([(0, i) for i in range(36)] + [(1, i) for i in range(20)])
@@ -257,8 +272,8 @@ def test_a_mixture_of_a_local_and_an_s3_dataset(parts, s3_server, tmp_path, monk
     local_copy = dsc.open(tmp_path / "b-local")
     remote = dsc.open(url, cache_dir=tmp_path / "cache")
     a = parts["a"]
-    for order in ("random", "quasi_random"):
-        loader = dsc.Loader([a, remote], batch_size=6, order=order, seed=1, weights=[1, 1], epoch_size=40)
+    for order, read in (("random", "mapped"), ("quasi_random", "windowed"), ("random", "direct")):
+        loader = dsc.Loader([a, remote], batch_size=6, order=order, seed=1, weights=[1, 1], epoch_size=40, read=read)
         got = []
         for x in loader:
             for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):

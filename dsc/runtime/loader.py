@@ -159,6 +159,8 @@ class LoaderSampler:
         return self.loader.samples_per_rank()
 
     def __iter__(self):
+        if getattr(self.loader.dataset, "chunked", False):  # (a mixture's units are batches: their samples)
+            return iter(np.concatenate(self.loader.batch_indices() or [np.zeros(0, np.int64)]).tolist())
         return iter(self.loader.epoch_order().tolist())
 
     @property
@@ -339,6 +341,8 @@ class Loader:
         (torchvision's detection models keep label 0 for the background, so box labels there are 1-based)."""
         names = self.dataset.classes
         if self.format == "torchvision" and "boxes" in self.dataset.schema:
+            if isinstance(self.dataset, Mixture) and self.dataset.class_names is None:  # (per source: a list each)
+                return [["__background__", *n] for n in names]
             return ["__background__", *names]
         return names
 
