@@ -1,7 +1,7 @@
 """A mixture of three datasets vs one dataset of the same total size and sample shape, same run (issue 33).
 
-The three sources (2,048 + 1,024 + 1,024 images at 224x224x3) and the single dataset (4,096 of the same shape)
-are read by dsc.Loader epochs of batch 256, alternately, in random and quasi_random order; each figure is the
+The three sources (2,048 + 1,024 + 1,024 images at 224x224x3) and the single dataset (4,096 of the same shape,
+the same shard size) are read by dsc.Loader epochs of batch 256, alternately, in random and quasi_random order; each figure is the
 median over rounds of in-process epoch rates (warm page cache: the mapped read strategy). Goal: the mixture at
 >= 95% of the single dataset's rate. A second line weights the sources [0.5, 0.3, 0.2] (source 3 up-sampled).
 """
@@ -11,15 +11,17 @@ import time
 from common import BENCH_DIR, row, scenes
 
 ROUNDS = 5
+SHARD = 128  # one shard size for all four (compile's default grows with the dataset: 32 shards each), so that
+#              a batch touches as many shard runs in the mixture as in the single dataset
 
 
 def _compiled(name: str, n_classes: int, seed_classes: int) -> str:
     import dsc
 
-    out = BENCH_DIR / f"mix-{name}.dsc"
+    out = BENCH_DIR / f"mix-{name}-k{SHARD}.dsc"
     if not out.exists():
         src = scenes(n_classes, 512, size_range=(48, 96 + seed_classes))
-        dsc.compile_imagefolder(src, out, size=224, resize="stretch", progress=False)
+        dsc.compile_imagefolder(src, out, size=224, resize="stretch", shard_size=SHARD, progress=False)
     return str(out)
 
 

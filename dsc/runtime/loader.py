@@ -91,23 +91,20 @@ def _samples_of(dataset, indices) -> tuple[Dataset, np.ndarray | None]:
 def _mixture_of(dataset, indices, **options) -> tuple[Mixture, None] | None:
     """A list of datasets (or a :class:`Mixture`) with the Loader's mixture options: the mixture it reads; None
     for anything else (then ``options`` must be their defaults)."""
-    given = {k: v for k, v in options.items() if v is not _MIXTURE_DEFAULTS[k]
-             and not (k == "replace" and v is False) and not (k == "labels" and v == "per_source")}
+    mixture = isinstance(dataset, (list, tuple, Mixture))
+    if mixture and indices is not None:
+        raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
+                          "epoch_size= and choose=")
     if isinstance(dataset, (list, tuple)):
-        if indices is not None:
-            raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
-                              "epoch_size= and choose=")
         return Mixture(list(dataset), **options), None
+    given = sorted(k for k, v in options.items() if not (v is None if _MIXTURE_DEFAULTS[k] is None else
+                                                         type(v) is type(_MIXTURE_DEFAULTS[k]) and
+                                                         v == _MIXTURE_DEFAULTS[k]))
     if given:
-        what = "a dsc.Mixture already says these" if isinstance(dataset, Mixture) else "they are for a mixture"
-        raise ConfigError(f"{', '.join(sorted(given))}= given with {type(dataset).__name__}: {what} (dsc.Loader([a, b], "
+        what = "a dsc.Mixture already says these" if mixture else "they are for a mixture"
+        raise ConfigError(f"{', '.join(given)}= given with {type(dataset).__name__}: {what} (dsc.Loader([a, b], "
                           f"weights=[0.7, 0.3]) or dsc.Loader(dsc.Mixture([a, b], weights=...)))")
-    if isinstance(dataset, Mixture):
-        if indices is not None:
-            raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
-                              "epoch_size= and choose=")
-        return dataset, None
-    return None
+    return (dataset, None) if mixture else None
 
 
 _MIXTURE_DEFAULTS = {"weights": None, "epoch_size": None, "choose": None, "replace": False, "labels": "per_source",
@@ -408,7 +405,9 @@ class Loader:
         """The index sets of every batch of ``epoch`` on this rank, sorted as they are gathered."""
         part = self.epoch_order(epoch)
         if getattr(self.dataset, "chunked", False):  # one source per batch: each unit of the order is a batch
-            return [np.sort(self.dataset.chunk(u)) for u in part.tolist()]  # (of the epoch ordered above)
+            ids, bounds = self.dataset.chunk_table(self.order, self.seed, self.epoch if epoch is None else epoch,
+                                                   self.window, self.batch_size, self.drop_last)
+            return [np.sort(ids[bounds[u]:bounds[u + 1]]) for u in part.tolist()]
         n = len(part) // self.batch_size * self.batch_size if self.drop_last else len(part)
         return [np.sort(part[a:min(a + self.batch_size, n)]) for a in range(0, n, self.batch_size)]
 

@@ -276,18 +276,21 @@ class Mixture:
     def order(self, order: str, seed: int, epoch: int, window: int | None, batch_size: int = 1,
               drop_last: bool = False) -> np.ndarray:
         """The epoch's ids over every source (or, one source per batch, the batch numbers of :meth:`chunk`)."""
-        ids = mixture_order(self.sizes, self.shard_sizes, self.counts, order, seed, epoch, self.replace, window)
         if not self.chunked:
-            return ids
-        key = (order, seed, epoch, window, batch_size, drop_last)
-        if key not in self._chunk_cache:
-            self._chunk_cache = {key: chunks(ids, self.offsets[:-1], batch_size, drop_last)}
-        return np.arange(len(self._chunk_cache[key][1]) - 1, dtype=np.int64)
+            return mixture_order(self.sizes, self.shard_sizes, self.counts, order, seed, epoch, self.replace, window)
+        return np.arange(self.units(batch_size, drop_last), dtype=np.int64)
 
-    def chunk(self, unit: int) -> np.ndarray:
-        """One source per batch: the ids of batch ``unit`` of the epoch :meth:`order` last cut."""
-        ids, bounds = next(iter(self._chunk_cache.values()))
-        return ids[bounds[unit]:bounds[unit + 1]]
+    def chunk_table(self, order: str, seed: int, epoch: int, window: int | None, batch_size: int,
+                    drop_last: bool) -> tuple[np.ndarray, np.ndarray]:
+        """One source per batch: the epoch's ids regrouped into batches and each batch's bounds (batch u is
+        ``ids[bounds[u]:bounds[u + 1]]``; :func:`~dsc.runtime.orders.mixture.chunks`)."""
+        key = (order, seed, epoch, window, batch_size, drop_last)
+        table = self._chunk_cache.get(key)
+        if table is None:
+            ids = mixture_order(self.sizes, self.shard_sizes, self.counts, order, seed, epoch, self.replace, window)
+            table = chunks(ids, self.offsets[:-1], batch_size, drop_last)
+            self._chunk_cache = {key: table}  # (the last one: an epoch asks for it once per rank's batch list)
+        return table
 
     def identity(self) -> tuple:
         """(shard sizes, fingerprint, versions): what a saved loader state must match."""
