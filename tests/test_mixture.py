@@ -282,3 +282,32 @@ def test_a_mixture_of_a_local_and_an_s3_dataset(parts, s3_server, tmp_path, monk
                 got.append(s)
         assert np.bincount(got).tolist() == [20, 20]
     assert remote.storage.cache.downloads > 0
+
+
+def test_a_detection_mixture_keeps_each_sample_its_boxes(tmp_path):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    srcs = []
+    for k, (n, shard) in enumerate(((6, 2), (5, 3))):
+        ann, images = write_coco(tmp_path / f"coco{k}", detection_scenes(n, seed=k + 1))
+        dsc.compile_coco(ann, images, tmp_path / f"det{k}", size=(32, 32), progress=False, shard_size=shard)
+        srcs.append(dsc.open(tmp_path / f"det{k}"))
+    for boxes in ("packed", "padded", "list"):
+        seen = 0
+        for x in dsc.Loader(srcs, batch_size=4, order="random", boxes=boxes, labels="names"):
+            for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+                ref = srcs[s][i]
+                if boxes == "packed":
+                    o = x["box_offsets"]
+                    got = x["boxes"][o[k]:o[k + 1]], x["labels"][o[k]:o[k + 1]]
+                elif boxes == "padded":
+                    m = x["box_mask"][k]
+                    got = x["boxes"][k][m], x["labels"][k][m]
+                else:
+                    got = x["targets"][k]["boxes"], x["targets"][k]["labels"]
+                assert torch.equal(got[0], ref["boxes"]) and torch.equal(got[1], ref["labels"]), (boxes, s, i)
+                assert int(x["image_id"][k]) == int(ref["image_id"])
+                seen += 1
+        assert seen == 11
+    images, targets = next(iter(dsc.Loader(srcs, batch_size=4, format="torchvision")))
+    assert images.shape == (4, 3, 32, 32) and len(targets) == 4
