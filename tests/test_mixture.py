@@ -173,6 +173,7 @@ def test_one_source_per_batch(parts):
                             world_size=2, tail="drop") for r in range(2)]
         got = [[(s, i) for x in L for s, i in zip(x["source"].tolist(), x["index"].tolist())] for L in ranks]
         assert len(ranks[0]) == len(ranks[1]) == 4 and not set(got[0]) & set(got[1])
+    assert len(loader.sampler) == 56 and sorted(loader.sampler) == list(range(56))  # ids: a's 0-35, b's 36-55
     drop = dsc.Loader([a, b], batch_size=8, one_source_per_batch=True, drop_last=True)
     assert [len(x["index"]) for x in drop] == [8] * 6
 

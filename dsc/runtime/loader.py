@@ -153,6 +153,8 @@ class LoaderSampler:
         self.loader.set_epoch(epoch)
 
     def __len__(self) -> int:
+        if getattr(self.loader.dataset, "chunked", False):  # (units are batches: count their samples)
+            return sum(len(b) for b in self.loader.batch_indices())
         return self.loader.samples_per_rank()
 
     def __iter__(self):
