@@ -4,8 +4,7 @@ The three sources (2,048 + 1,024 + 1,024 images at 224x224x3) and the single dat
 the same shard size) are read by dsc.Loader epochs of batch 256, alternately, in random and quasi_random order; each figure is the
 median over rounds of in-process epoch rates (warm page cache: the mapped read strategy). Goal: the mixture at
 >= 95% of the single dataset's rate. A second line weights the sources [0.5, 0.3, 0.2] (source 3 up-sampled).
-On a shared machine whole epochs swing with the load; the "batch by batch, in turn" lines make each batch of
-one loader right beside one of the other's, in the calling thread, which cancels most of that.
+On a shared machine whole epochs swing with the load: read the pairwise range beside each median.
 """
 import statistics
 import time
@@ -35,26 +34,6 @@ def _epoch_rate(loader) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _lockstep(single, mixture, epochs: int = 6) -> tuple[float, float]:
-    """Both loaders' batches made in the calling thread (num_threads=0), one of each in turn (which goes first
-    alternates): each batch's time beside its counterpart's, so a shared machine's swings hit both alike.
-    Returns the two rates (img/s) over ``epochs`` epochs."""
-    t = {"single": 0.0, "mixture": 0.0}
-    n = {"single": 0, "mixture": 0}
-    for e in range(epochs):
-        its = {"single": iter(single), "mixture": iter(mixture)}
-        names = ["single", "mixture"] if e % 2 == 0 else ["mixture", "single"]
-        for j in range(min(len(single), len(mixture))):
-            for k in (names if j % 2 == 0 else names[::-1]):
-                t0 = time.perf_counter()
-                b = next(its[k])
-                t[k] += time.perf_counter() - t0
-                n[k] += len(b["index"])
-        for it in its.values():
-            it.close()
-    return n["single"] / t["single"], n["mixture"] / t["mixture"]
-
-
 def main() -> None:
     import dsc
 
@@ -81,14 +60,6 @@ def main() -> None:
                       f"pairwise {min(ratios):.2f}-{max(ratios):.2f}"))
         for loader in loaders.values():
             loader.close()
-        one = dsc.Loader(single, batch_size=256, order=order, num_threads=0)
-        mix = dsc.Loader(parts, batch_size=256, order=order, num_threads=0)
-        _lockstep(one, mix, epochs=1)  # warm
-        base, rate = _lockstep(one, mix)
-        print(row(f"{order}: batch by batch, in turn: one dataset", base, "img/s", base))
-        print(row(f"{order}: batch by batch, in turn: mixture", rate, "img/s", base))
-        one.close()
-        mix.close()
 
 
 if __name__ == "__main__":
