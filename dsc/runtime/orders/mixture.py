@@ -89,8 +89,12 @@ def mixture_order(sizes, shard_sizes, counts, order: str, seed: int, epoch: int,
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     if isinstance(replace, (bool, np.bool_)):
         replace = [bool(replace)] * len(sizes)
+    total = max(1, int(np.sum(counts)))
+    # quasi_random: the window is shared among the sources in proportion, so a stretch of the epoch reads about
+    # ``window`` shards in all (as a single dataset's would), not ``window`` of each source
+    windows = [None if window is None else max(1, round(window * int(c) / total)) for c in counts]
     parts = [offsets[s] + picks(int(sizes[s]), int(shard_sizes[s]), int(counts[s]), order, seed, epoch, s,
-                                replace[s], window) for s in range(len(sizes))]
+                                replace[s], windows[s]) for s in range(len(sizes))]
     if len(parts) == 1:
         return parts[0]
     ids = np.concatenate(parts)
