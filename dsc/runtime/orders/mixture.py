@@ -8,8 +8,8 @@ repeat / choose): :func:`source_counts`. Then each source's samples of the epoch
 every sample once, whole passes plus part of one more (``count`` over the source's size, without replacement),
 a part (fewer), or ``count`` draws with replacement. Last, the sources are merged (:func:`mixture_order`):
 ``random`` shuffles every pick together; ``sequential`` and ``quasi_random`` keep each source's own order (index
-order; windows of shards) and interleave the sources evenly, so every stretch of the epoch holds each source in
-its proportion and each source's reads keep their locality.
+order; windows of shards, the window shared among the sources in proportion) and interleave the sources evenly,
+so every stretch of the epoch holds each source in its proportion and each source's reads keep their locality.
 """
 from __future__ import annotations
 
