@@ -10,6 +10,7 @@ import bench_detection  # noqa: E402
 import bench_fields  # noqa: E402
 import bench_instances  # noqa: E402
 import bench_loader  # noqa: E402
+import bench_mixture  # noqa: E402
 import bench_overram  # noqa: E402
 import bench_ranged  # noqa: E402
 import bench_recipe  # noqa: E402
@@ -24,6 +25,7 @@ if __name__ == "__main__":
     bench_fields.main()
     bench_instances.main()
     bench_loader.main()
+    bench_mixture.main()
     bench_overram.main()
     bench_recipe.main()
     bench_versions.main()

@@ -12,6 +12,7 @@ _LAZY = {
     "open": ("dsc.runtime", "open"),
     "Dataset": ("dsc.runtime", "Dataset"),
     "Loader": ("dsc.runtime", "Loader"),
+    "Mixture": ("dsc.runtime", "Mixture"),
     "Batch": ("dsc.runtime", "Batch"),
     "SampleBatch": ("dsc.runtime", "SampleBatch"),
     "collate": ("dsc.runtime", "collate"),

@@ -3,13 +3,13 @@
 ``storage.py`` (shards mapped from the page cache or held in RAM), ``dataset.py`` (``dsc.open``: fields
 read through their readers), ``batches.py`` (batch forms), ``reads.py`` (read strategies: mapped, windowed,
 direct) and ``schedule.py`` (an epoch's shard reads scheduled from its order), ``prefetch.py`` (the ring
-and its filler threads, CPU and CUDA), ``loader.py`` (``dsc.Loader``), ``orders/`` (sample orders, one
-module each), ``remote.py`` and ``cache.py`` (datasets in object storage behind a local shard cache).
+and its filler threads, CPU and CUDA), ``loader.py`` (``dsc.Loader``), ``mixture.py`` (``dsc.Mixture``: several datasets in one
+Loader), ``orders/`` (sample orders, one module each; a mixture's order; elastic resume's arithmetic), ``remote.py`` and ``cache.py`` (datasets in object storage behind a local shard cache).
 
 Names are imported lazily: ``dsc info`` reads ``reads.py``'s memory figures without importing torch.
 """
 _LAZY = {"Batch": "batches", "SampleBatch": "batches", "collate": "batches", "Dataset": "dataset", "open": "dataset",
-         "Loader": "loader"}
+         "Loader": "loader", "Mixture": "mixture"}
 
 
 def __getattr__(name):
@@ -22,4 +22,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Batch", "Loader", "Dataset", "SampleBatch", "collate", "open"]
+__all__ = ["Batch", "Loader", "Mixture", "Dataset", "SampleBatch", "collate", "open"]

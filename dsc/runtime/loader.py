@@ -24,8 +24,9 @@ import torch
 from ..errors import ConfigError
 from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
+from .mixture import Mixture
 from .orders import ORDERS, partition
-from .orders.partition import TAILS, part_size
+from .orders.partition import TAILS, part_size, remaining
 from .orders.quasi_random import DEFAULT_WINDOW
 from . import reads as R
 from .prefetch import EpochIterator, Ring
@@ -85,6 +86,29 @@ def _samples_of(dataset, indices) -> tuple[Dataset, np.ndarray | None]:
         pos = _positions(indices, len(dataset) if idx is None else len(idx), "indices")
         idx = pos if idx is None else idx[pos]
     return dataset, idx
+
+
+def _mixture_of(dataset, indices, **options) -> tuple[Mixture, None] | None:
+    """A list of datasets (or a :class:`Mixture`) with the Loader's mixture options: the mixture it reads; None
+    for anything else (then ``options`` must be their defaults)."""
+    mixture = isinstance(dataset, (list, tuple, Mixture))
+    if mixture and indices is not None:
+        raise ConfigError("indices= picks samples of one dataset; a mixture chooses its samples by weights=, "
+                          "epoch_size= and choose=")
+    if isinstance(dataset, (list, tuple)):
+        return Mixture(list(dataset), **options), None
+    given = sorted(k for k, v in options.items() if not (v is None if _MIXTURE_DEFAULTS[k] is None else
+                                                         type(v) is type(_MIXTURE_DEFAULTS[k]) and
+                                                         v == _MIXTURE_DEFAULTS[k]))
+    if given:
+        what = "a dsc.Mixture already says these" if mixture else "they are for a mixture"
+        raise ConfigError(f"{', '.join(given)}= given with {type(dataset).__name__}: {what} (dsc.Loader([a, b], "
+                          f"weights=[0.7, 0.3]) or dsc.Loader(dsc.Mixture([a, b], weights=...)))")
+    return (dataset, None) if mixture else None
+
+
+_MIXTURE_DEFAULTS = {"weights": None, "epoch_size": None, "choose": None, "replace": False, "labels": "per_source",
+                     "one_source_per_batch": False}
 
 
 def _takes_rank(fn) -> bool:
@@ -161,6 +185,8 @@ def _checked_keywords(init):
 class _Resume:
     epoch: int
     batches: int
+    stages: tuple = ()  # runs of other layouts that served part of the epoch before: ((world_size, taken, tail,
+    #                     batches), ...) (orders/partition.py: remaining)
 
 
 class LoaderSampler:
@@ -175,9 +201,13 @@ class LoaderSampler:
         self.loader.set_epoch(epoch)
 
     def __len__(self) -> int:
+        if getattr(self.loader.dataset, "chunked", False):  # (units are batches: count their samples)
+            return sum(len(b) for b in self.loader.batch_indices())
         return self.loader.samples_per_rank()
 
     def __iter__(self):
+        if getattr(self.loader.dataset, "chunked", False):  # (a mixture's units are batches: their samples)
+            return iter(np.concatenate(self.loader.batch_indices() or [np.zeros(0, np.int64)]).tolist())
         return iter(self.loader.epoch_order().tolist())
 
     @property
@@ -230,9 +260,13 @@ class Loader:
                  cache: str = "page", window: int | None = None, transforms=None,
                  boxes: str | None = None, images: str | None = None, read: str = "auto",
                  io_depth: int = R.IO_DEPTH, indices=None, keys=None, format: str = "dict",  # noqa: A002
-                 keep_crowd: bool = False):
-        self._owns_dataset = isinstance(dataset, (str, os.PathLike))  # (opened here: closed with the Loader)
-        dataset, self.indices = _samples_of(dataset, indices)
+                 keep_crowd: bool = False, weights=None, epoch_size: int | None = None, choose=None, replace=False,
+                 labels: str = "per_source", one_source_per_batch: bool = False):
+        self._owns_dataset = isinstance(dataset, (str, os.PathLike, list, tuple))  # (opened here: closed with it)
+        dataset, self.indices = _mixture_of(dataset, indices, weights=weights, epoch_size=epoch_size, choose=choose,
+                                            replace=replace, labels=labels,
+                                            one_source_per_batch=one_source_per_batch) or \
+            _samples_of(dataset, indices)
         check_forms(boxes, images, allow_none=True)
         self.boxes, self.images = boxes, images  # None: the dataset's own default form
         self.keep_crowd = bool(keep_crowd)  # format="torchvision": crowd boxes (iscrowd 1) stay in the targets
@@ -274,6 +308,8 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.num_samples = len(dataset) if self.indices is None else len(self.indices)
+        if isinstance(dataset, Mixture):  # (with one source per batch, the order's units are batches)
+            self.num_samples = dataset.units(batch_size, drop_last)
         if tail == "drop" and self.world_size > self.num_samples:
             raise ConfigError(f"tail='drop' with world_size {self.world_size} > {self.num_samples} samples leaves "
                               f"every rank empty; use tail='pad'")
@@ -286,6 +322,8 @@ class Loader:
         self.transforms = _compose(transforms)
         self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
             _takes_rank(self.transforms)
+        if isinstance(dataset, Mixture):
+            dataset.check_pixels(self.transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
         self.threads_used = 0 if num_threads == 0 else max(1, min(num_threads, len(os.sched_getaffinity(0))
                                                                   if hasattr(os, "sched_getaffinity")
@@ -294,6 +332,8 @@ class Loader:
         self._started = False  # an iteration of self.epoch began: the next iteration starts epoch + 1
         self._served = 0
         self._resume: _Resume | None = None
+        self._stages: tuple[int, tuple] = (-1, ())  # (epoch, what earlier runs served of it): an elastic resume
+        self._sizes: dict = {}
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._ring: Ring | None = None
         self._streams: list = []
@@ -310,14 +350,14 @@ class Loader:
                 if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
                     raise
         remote = None
-        if dataset.remote:  # (a cache that cannot hold a batch's shards: samples read by byte ranges)
-            cache_of = dataset.storage.cache
+        if not isinstance(dataset, Mixture) and dataset.remote:  # (a cache that cannot hold a batch's shards:
+            cache_of = dataset.storage.cache                      # samples read by byte ranges)
             remote = (cache_of.share(_local_processes()) if cache_of.limit is not None else None,
                       R.batch_shard_bytes(dataset.slot_bytes(), order, batch_size, dataset.manifest.shard_size,
                                           self.window))
         self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache, remote)
-        self._reads = R.make(self.read_strategy, dataset.storage, io_depth=io_depth,
-                             memory=memory[0] if memory else None)
+        make = dataset.make_reads if isinstance(dataset, Mixture) else partial(R.make, storage=dataset.storage)
+        self._reads = make(self.read_strategy, io_depth=io_depth, memory=memory[0] if memory else None)
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -359,6 +399,8 @@ class Loader:
         (torchvision's detection models keep label 0 for the background, so box labels there are 1-based)."""
         names = self.dataset.classes
         if self.format == "torchvision" and "boxes" in self.dataset.schema:
+            if isinstance(self.dataset, Mixture) and self.dataset.class_names is None:  # (per source: a list each)
+                return [["__background__", *n] for n in names]
             return ["__background__", *names]
         return names
 
@@ -371,6 +413,8 @@ class Loader:
     def _whole_order(self, epoch: int) -> np.ndarray:
         """The samples of ``epoch`` on every rank together, in order (dataset indices)."""
         ds = self.dataset
+        if isinstance(ds, Mixture):
+            return ds.order(self.order, self.seed, epoch, self.window, self.batch_size, self.drop_last)
         fn, K = ORDERS[self.order], ds.manifest.shard_size
         if self.indices is None:
             return fn(len(ds), K, self.seed, epoch, window=self.window)
@@ -389,21 +433,42 @@ class Loader:
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """This rank's samples for ``epoch`` (default: the loader's), in the order they are served (before
-        in-batch sorting)."""
-        order = self._whole_order(self.epoch if epoch is None else epoch)
+        in-batch sorting). The epoch's order over every rank does not depend on the world size; a rank's share
+        is a contiguous slice of it, or, in an epoch resumed on another world size or batch size, a slice of
+        what the earlier runs had not served (``load_state_dict``)."""
+        epoch = self.epoch if epoch is None else epoch
+        order = remaining(self._whole_order(epoch), self._epoch_stages(epoch))
         return partition(order, self.rank, self.world_size, self.tail)
 
+    def _epoch_stages(self, epoch: int) -> tuple:
+        return self._stages[1] if self._stages[0] == epoch else ()
+
+    def _epoch_samples(self, stages: tuple) -> int:
+        """Samples of an epoch left to every rank together after ``stages`` (all of them without)."""
+        if not stages:
+            return self.num_samples
+        if stages not in self._sizes:
+            self._sizes[stages] = len(remaining(np.arange(self.num_samples), stages))
+        return self._sizes[stages]
+
     def samples_per_rank(self) -> int:
-        return part_size(self.num_samples, self.world_size, self.tail)
+        return part_size(self._epoch_samples(self._epoch_stages(self.epoch)), self.world_size, self.tail)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
-        n = self.samples_per_rank()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return self._batches_of(self.samples_per_rank())
+
+    def _batches_of(self, units: int) -> int:
+        per = self._batch_units()
+        return units // per if self.drop_last else -(-units // per)
 
     def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:
         """The index sets of every batch of ``epoch`` on this rank, sorted as they are gathered."""
         part = self.epoch_order(epoch)
+        if getattr(self.dataset, "chunked", False):  # one source per batch: each unit of the order is a batch
+            ids, bounds = self.dataset.chunk_table(self.order, self.seed, self.epoch if epoch is None else epoch,
+                                                   self.window, self.batch_size, self.drop_last)
+            return [np.sort(ids[bounds[u]:bounds[u + 1]]) for u in part.tolist()]
         n = len(part) // self.batch_size * self.batch_size if self.drop_last else len(part)
         return [np.sort(part[a:min(a + self.batch_size, n)]) for a in range(0, n, self.batch_size)]
 
@@ -416,6 +481,8 @@ class Loader:
         epoch = int(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None
+        if self._stages[0] != epoch:
+            self._stages = (-1, ())
         self.epoch, self._started = epoch, False
         self._served = self._resume.batches if self._resume else 0
 
@@ -442,6 +509,10 @@ class Loader:
             it.close(superseded="this epoch's iterator was closed because a new iteration of the same Loader "
                                 "started; use one iterator per Loader at a time (or a second Loader)")
         self.epoch, start = self._position()  # (the older iterators are closed: a started epoch is over)
+        if self._resume is not None:
+            self._stages = (self.epoch, self._resume.stages)
+        elif self._stages[0] != self.epoch:
+            self._stages = (-1, ())
         self._resume = None
         self._started = True
         self._served = start
@@ -469,13 +540,17 @@ class Loader:
         """The epoch's read schedule (``schedule.py``), or None: a dataset in object storage downloads the
         coming batches' shards ahead of them into the cache, within its limit (whatever the strategy, which
         then reads the cached files); a windowed read maps and reads them ahead and releases them behind."""
-        ds = self.dataset
+        if isinstance(self.dataset, Mixture):  # (one schedule per source, over its samples of each batch)
+            return self.dataset.schedule(batches, start, self._reads, self._schedule_of)
+        return self._schedule_of(self.dataset, self._reads, batches, start)
+
+    def _schedule_of(self, ds: Dataset, reads, batches: list[np.ndarray], start: int):
         if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed") or \
-                not getattr(self._reads, "holds_shards", True):
+                not getattr(reads, "holds_shards", True):
             return None  # (a local dataset read in place, or one read by byte ranges: nothing to schedule)
         needs, paths, nbytes = ds.shard_plan(batches)
         if not ds.remote:
-            return self._reads.schedule(needs, start, nbytes, paths)
+            return reads.schedule(needs, start, nbytes, paths)
         storage = ds.storage
         storage.renew_lease()
         limit = storage.cache.limit
@@ -504,8 +579,8 @@ class Loader:
                               f"({total:,} bytes): nearly every batch needs shards downloaded. order='quasi_random' "
                               f"reads a window of shards at a time and keeps the downloads ahead of training",
                               stacklevel=3)
-        return self._reads.schedule(needs, start, nbytes, paths, budget=budget, per_batch=limit is not None,
-                                    workers=CONNECTIONS)
+        return reads.schedule(needs, start, nbytes, paths, budget=budget, per_batch=limit is not None,
+                              workers=CONNECTIONS)
 
     def __repr__(self) -> str:
         return (f"dsc.Loader({self.dataset!r}, batch_size={self.batch_size}, order={self.order!r}, "
@@ -542,14 +617,32 @@ class Loader:
         """Where the loader is: the epoch of the next batch and how many of its batches were handed out
         (batches still being prefetched are not counted, so they are served again after a resume). During an
         iteration, that iteration's epoch; between iterations, where the next one starts (after a whole
-        epoch e: epoch e + 1, 0 batches)."""
+        epoch e: epoch e + 1, 0 batches). ``stages``: what runs of other world sizes or batch sizes served of
+        the epoch before this one (an elastic resume). Every rank's state says the same position when the ranks
+        step together (each has served as many batches), so any rank's state resumes the run."""
         epoch, served = self._position()
+        shard_size, checksum, version = self._identity()
         return {"epoch": epoch, "batches_served": served, "seed": self.seed, "order": self.order,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "tail": self.tail, "window": self.window,
-                "num_samples": self.num_samples, "shard_size": self.dataset.manifest.shard_size,
-                "dataset": self.dataset.manifest.checksum(), "version": self.dataset.version,
-                "transforms": _describe(self.transforms), "indices": self._indices_digest()}
+                "num_samples": self.num_samples, "shard_size": shard_size,
+                "dataset": checksum, "version": version,
+                "transforms": _describe(self.transforms), "indices": self._indices_digest(),
+                "stages": [list(st) for st in self._epoch_stages(epoch)]}
+
+    def _identity(self) -> tuple:
+        """(shard size, manifest checksum, version) of what the loader reads (a mixture says its own)."""
+        identity = getattr(self.dataset, "identity", None)
+        if identity is not None:
+            return identity()
+        m = self.dataset.manifest
+        return m.shard_size, m.checksum(), self.dataset.version
+
+    def _batch_units(self, state: dict | None = None) -> int:
+        """Units of the epoch's order per batch: samples, or 1 where each unit is a whole batch (a mixture's
+        one source per batch)."""
+        return 1 if getattr(self.dataset, "chunked", False) else (self.batch_size if state is None
+                                                                   else state["batch_size"])
 
     def _indices_digest(self) -> str | None:
         if self.indices is None:
@@ -560,21 +653,37 @@ class Loader:
         """Resume at the exact batch: the rest of the epoch is identical to an uninterrupted run.
 
         num_threads, prefetch, device and cache may differ from the run that saved the state; what
-        defines the order (seed, order, window, batch_size, drop_last, world_size, rank, tail, dataset
-        size) may not, and a mismatch is refused naming the field."""
+        defines the order (seed, order, window, dataset and its size, transforms) may not, and a mismatch is
+        refused naming the field. Elastic resume: world_size, batch_size, tail and drop_last may differ too
+        (and the state of any rank resumes any rank): the ranks then split what the saved run had not served
+        of the epoch (the epoch's order does not depend on them), so the rest of the epoch serves every
+        sample the saved run had not, none twice (up to ``tail="pad"``'s repeats and ``drop_last``'s cuts of
+        the resumed run)."""
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices"})  # (saved before they were)
+        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices", "stages"})  # (older states)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
+        mix = isinstance(ours["version"], list)
+        if "version" in state and isinstance(state["version"], list) != mix:
+            what = lambda v: f"a mixture of {len(v)} datasets" if isinstance(v, list) else "one dataset"  # noqa: E731
+            raise ConfigError(f"cannot resume: the saved state is of {what(state['version'])}, this loader reads "
+                              f"{what(ours['version'])}; build the Loader over what the run trained on")
+        if mix and state.get("version", ours["version"]) != ours["version"]:
+            raise ConfigError(f"cannot resume: the saved state is of versions {state['version']} of the mixture's "
+                              f"sources, this loader reads versions {ours['version']}; open the versions the run "
+                              f"trained on (dsc.open(path, version=...)) to resume it")
         if state.get("version", ours["version"]) != ours["version"]:
             raise ConfigError(f"cannot resume: the saved state is of version {state['version']} of the dataset, this "
                               f"loader reads version {ours['version']}; open the version the run trained on "
                               f"(dsc.open(path, version={state['version']})) to resume it")
-        for key in ("seed", "order", "batch_size", "drop_last", "rank", "world_size", "tail", "window",
-                    "num_samples", "shard_size", "dataset", "transforms", "indices"):
+        if getattr(self.dataset, "chunked", False) and state["batch_size"] != self.batch_size:
+            raise ConfigError(f"cannot resume: the saved state has batch_size={state['batch_size']}, this loader has "
+                              f"batch_size={self.batch_size}; with one source per batch the batches are cut from the "
+                              f"epoch's order, so the batch size cannot change within an epoch")
+        for key in ("seed", "order", "window", "num_samples", "shard_size", "dataset", "transforms", "indices"):
             mine = ours[key]
             if state.get(key, None if key == "indices" else mine) != mine:
                 if key == "indices":
@@ -583,16 +692,53 @@ class Loader:
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]
-        for name, v in (("epoch", epoch), ("batches_served", served)):
+        for name, v in (("epoch", epoch), ("batches_served", served), ("world_size", state["world_size"]),
+                        ("batch_size", state["batch_size"])):
             if not _whole(v) or v < 0:
                 raise ConfigError(f"cannot resume: the saved {name} is {v!r}, not a non-negative int")
-        if served > len(self):
-            raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {len(self)}")
+        if state["tail"] not in TAILS or state["world_size"] < 1 or state["batch_size"] < 1:
+            raise ConfigError(f"cannot resume: the saved state's world_size={state['world_size']!r}, batch_size="
+                              f"{state['batch_size']!r}, tail={state['tail']!r} are not a loader's")
+        stages = _stages_of(state.get("stages", []))
+        layout = ("world_size", "batch_size", "tail", "drop_last")
+        if any(state[k] != ours[k] for k in layout):  # elastic: the saved run's part of the epoch becomes a stage
+            left = self._epoch_samples(stages)
+            per = part_size(left, state["world_size"], state["tail"])
+            units = self._batch_units(state)
+            batches = per // units if state["drop_last"] else -(-per // units)
+            if served > batches:
+                raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {batches}")
+            if served:
+                stages = stages + ((int(state["world_size"]), int(served) * units, state["tail"], int(served)),)
+            served = 0
         self._interrupt("load_state_dict() was called during this epoch, which moved the Loader elsewhere; call "
                         "it before iterating")
-        self._resume = _Resume(int(epoch), int(served))
+        batches = self._batches_of(part_size(self._epoch_samples(stages), self.world_size, self.tail))
+        if served > batches:
+            raise ConfigError(f"cannot resume: the saved state served {served} batches of an epoch of {batches}")
+        self._stages = (int(epoch), stages)
+        self._resume = _Resume(int(epoch), int(served), stages)
         self.epoch, self._started = self._resume.epoch, False
         self._served = self._resume.batches
+
+    def _batch_offset(self) -> int:
+        """The first batch number of this run in its epoch (the batches earlier runs served of it): what keys the
+        augmentations, so a resumed run on another world size does not draw the first batches' crops again."""
+        return sum(int(st[3]) for st in self._epoch_stages(self.epoch))
+
+
+def _stages_of(saved) -> tuple:
+    """A saved state's ``stages``, checked: ((world_size, taken, tail, batches), ...)."""
+    bad = ConfigError(f"cannot resume: the saved state's stages are {saved!r}, not what state_dict() writes")
+    if not isinstance(saved, (list, tuple)):
+        raise bad
+    out = []
+    for st in saved:
+        if not isinstance(st, (list, tuple)) or len(st) != 4 or st[2] not in TAILS or \
+                not all(_whole(v) and v >= 0 for v in (st[0], st[1], st[3])) or st[0] < 1:
+            raise bad
+        out.append((int(st[0]), int(st[1]), st[2], int(st[3])))
+    return tuple(out)
 
 
 def _describe(transforms) -> str | None:

@@ -101,6 +101,7 @@ class _EpochState:
         self.forms = (loader._gather_boxes, loader.images)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
+        self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
         self.rank_kw = loader._transforms_take_rank  # a plain callable that takes rank= gets it
         if loader._ring is None or len(loader._ring.slots) != loader.prefetch + 2:
             loader._ring = Ring(loader.prefetch + 2, pin=loader.device.type == "cuda")
@@ -144,7 +145,8 @@ def _transform_rest(state: _EpochState, batch, j: int, gen):
     then the loader's output form (``keys`` tuples, ``format="torchvision"``)."""
     if state.compose is None and state.transforms is not None:
         extra = {"rank": state.rank} if state.rank_kw else {}
-        batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=j, **extra)
+        batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
+                                 **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
         batch = state.compose(batch, gen=gen, start=state.start)
     return state.output(batch) if state.output is not None else batch
@@ -181,7 +183,8 @@ def _make_batch(state: _EpochState, j: int, stream):
         if ring.copy_done[s] is not None:
             ring.copy_done[s].synchronize()  # the slot's previous batch has left for the device
         idx = state.batches[j]
-        gen = batch_generator(state.seed, state.epoch, j, state.rank) if state.transforms is not None else None
+        gen = batch_generator(state.seed, state.epoch, state.batch_offset + j, state.rank) \
+            if state.transforms is not None else None
         plan = plan_chain(state.geometry, state.dataset.sample_sizes(idx), gen) if state.geometry else None
         if state.feed is not None:
             state.feed.wait(j, lambda: state.stop)  # its shards are read in (downloaded) and held

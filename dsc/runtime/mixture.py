@@ -1,0 +1,473 @@
+"""``dsc.Mixture``: several compiled datasets read by one Loader, in proportions.
+
+``dsc.Loader([ds_a, ds_b], ...)`` (or ``dsc.Loader(dsc.Mixture([...], weights=...), ...)``) reads a mixture. A
+sample's identity is (source, index), one int64 id ``offsets[source] + index``; the epoch's order over every
+source is a pure function of (seed, epoch, the sources, their counts) (``orders/mixture.py``), and the Loader
+cuts it into ranks and batches exactly as it does a single dataset's: the same exact rank partitions, automatic
+epochs, per-rank augmentation streams, mid-epoch and elastic resume. Each source keeps its own read strategy
+object and, in object storage, its own shard cache and read-ahead schedule; a batch is gathered source by
+source straight into the slot of the ring (each source's rows of a fixed-size field are a slice of the batch's
+buffer: no second copy), and says which source each sample came from (``source``).
+
+Sources must agree on their fields (the same keys, kinds and dtypes; pixels of one fixed size, or brought to one
+size by a transforms chain); labels are kept per source (with ``source``), or mapped onto one class list by
+class name (``labels="names"``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from .batches import Batch, box_form, new_tensor
+from .dataset import Dataset, not_a_dataset
+from .orders.mixture import chunks, mixture_order, source_counts
+from . import reads as R
+from ..transforms.fused import plan_chain
+
+LABELS = ("per_source", "names")
+
+
+def _whole(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _spelling(name: str) -> str:
+    """What two class names that mean the same class are likely to share: case, spaces, '-' and '_' aside."""
+    return re.sub(r"[\s_\-]+", " ", str(name)).strip().casefold()
+
+
+def merge_classes(class_lists: list[list[str]], aliases: dict | None = None) -> tuple[list[str], list[np.ndarray]]:
+    """``labels="names"``: one class list over the sources and each source's label -> merged label table.
+
+    The rule: a class is its name, written exactly (after ``aliases``, ``{name: name it stands for}``); the merged
+    list is the first source's classes in their order, then each later source's new names in theirs. Refused
+    (naming the sources and the names): a source that names two of its classes alike, and two names that differ
+    only in case, spaces, '-' or '_' ('traffic light' / 'Traffic_Light'), which would otherwise silently become
+    two classes."""
+    aliases = dict(aliases or {})
+    merged: list[str] = []
+    where: dict[str, int] = {}
+    spelled: dict[str, tuple[str, int]] = {}
+    tables = []
+    for s, names in enumerate(class_lists):
+        table = np.empty(len(names), np.int64)
+        seen: dict[str, str] = {}
+        for k, raw in enumerate(names):
+            name = aliases.get(raw, raw)
+            if name in seen:
+                raise ConfigError(f"labels='names': source {s} names two of its classes {name!r} ({seen[name]!r} and "
+                                  f"{raw!r}), so its labels cannot be mapped by name; give aliases= that tell them "
+                                  f"apart, or labels='per_source'")
+            seen[name] = raw
+            key = _spelling(name)
+            if key in spelled and spelled[key][0] != name:
+                other, t = spelled[key]
+                raise ConfigError(f"labels='names': class {name!r} of source {s} and {other!r} of source {t} differ "
+                                  f"only in case, spaces, '-' or '_': one class or two? Pass aliases={{{name!r}: "
+                                  f"{other!r}}} to make them one, or rename one; labels='per_source' keeps each "
+                                  f"source's own")
+            spelled.setdefault(key, (name, s))
+            if name not in where:
+                where[name] = len(merged)
+                merged.append(name)
+            table[k] = where[name]
+        tables.append(table)
+    return merged, tables
+
+
+class _Reads:
+    """A mixture's read strategy: one object of the chosen strategy per source (each over its own storage)."""
+
+    def __init__(self, name: str, datasets: list[Dataset], **kw):
+        self.name = name
+        self.each = [R.make(name, ds.storage, **kw) for ds in datasets]
+
+    def __getitem__(self, s: int):
+        return self.each[s]
+
+    def close(self) -> None:
+        for r in self.each:
+            r.close()
+
+
+class _Schedules:
+    """The epoch's read schedules of the sources (each None when its source needs none), as one."""
+
+    def __init__(self, each: list):
+        self.each = [s for s in each if s is not None]
+
+    def wait(self, j: int, should_stop=lambda: False) -> None:
+        for s in self.each:
+            s.wait(j, should_stop)
+
+    def done(self, j: int) -> None:
+        for s in self.each:
+            s.done(j)
+
+    def close(self) -> None:
+        for s in self.each:
+            s.close()
+
+
+class Mixture:
+    """Several compiled datasets read as one by :class:`dsc.Loader` (which also takes the list itself:
+    ``dsc.Loader([a, b], weights=[0.7, 0.3])``).
+
+    ``sources``: datasets (``dsc.open(path_or_url, version=, tag=)``: each its own version, local or in object
+    storage) or their paths. How much of an epoch each source gives:
+
+    * nothing: every sample of every source once per epoch;
+    * ``weights=[0.7, 0.3]``: those proportions of the epoch, whose size is ``epoch_size`` (default: the
+      sources' total); a source asked for more than it holds gives whole passes plus part of one more (or
+      draws with ``replace=True``), one asked for less a different part each epoch;
+    * ``choose=[5000, None]``: source 0 gives 5,000 samples per epoch (up- or down-sampled as above), the
+      others what the rule above gives them of the rest.
+
+    Counts are exact each epoch (largest remainder). ``replace``: draw with replacement (one bool, or one per
+    source). ``labels``: ``"per_source"`` (each source's labels as stored; the batch's ``source`` says whose) or
+    ``"names"`` (every label mapped onto one class list by class name: :func:`merge_classes`; ``aliases``
+    renames a source's classes first). ``one_source_per_batch``: every batch holds samples of one source
+    (default: batches mix the sources in proportion).
+    """
+
+    def __init__(self, sources, weights=None, epoch_size: int | None = None, choose=None, replace=False,
+                 labels: str = "per_source", aliases: dict | None = None, one_source_per_batch: bool = False):
+        if isinstance(sources, (str, os.PathLike, Dataset)) or not isinstance(sources, (list, tuple)) or not sources:
+            raise ConfigError(f"a mixture is a list of datasets (dsc.open(...) or paths), e.g. dsc.Loader([a, b]); "
+                              f"got {sources!r}")
+        self._owned = []
+        self.datasets: list[Dataset] = []
+        try:
+            for src in sources:
+                if isinstance(src, (str, os.PathLike)):
+                    src = Dataset(src)
+                    self._owned.append(src)
+                elif isinstance(src, Mixture) or not isinstance(src, Dataset):
+                    raise not_a_dataset(src, "dsc.Mixture")
+                self.datasets.append(src)
+            self._configure(weights, epoch_size, choose, replace, labels, aliases, one_source_per_batch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self, weights, epoch_size, choose, replace, labels, aliases, one_source_per_batch) -> None:
+        S = len(self.datasets)
+        self.sizes = np.array([len(ds) for ds in self.datasets], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.shard_sizes = [ds.manifest.shard_size for ds in self.datasets]
+        if weights is not None:
+            w = list(weights) if isinstance(weights, (list, tuple, np.ndarray)) else None
+            if w is None or len(w) != S or not all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                                                   and np.isfinite(v) and v >= 0 for v in w) or sum(w) <= 0:
+                raise ConfigError(f"weights must be {S} non-negative numbers, one per source, not all 0; got {weights!r}")
+            weights = [float(v) for v in w]
+        if epoch_size is not None and (not _whole(epoch_size) or epoch_size < 1):
+            raise ConfigError(f"epoch_size must be a positive int (samples per epoch), got {epoch_size!r}")
+        if choose is not None:
+            if not isinstance(choose, (list, tuple)) or len(choose) != S or \
+                    not all(c is None or (_whole(c) and c >= 0) for c in choose):
+                raise ConfigError(f"choose must list, per source, the samples it gives per epoch (an int >= 0) or None "
+                                  f"(by weights); {S} entries, got {choose!r}")
+            choose = [None if c is None else int(c) for c in choose]
+        if isinstance(replace, (bool, np.bool_)):
+            replace = [bool(replace)] * S
+        elif not isinstance(replace, (list, tuple)) or len(replace) != S or \
+                not all(isinstance(r, (bool, np.bool_)) for r in replace):
+            raise ConfigError(f"replace must be True, False or one bool per source ({S}), got {replace!r}")
+        if labels not in LABELS:
+            raise ConfigError(f"labels must be one of {', '.join(map(repr, LABELS))}, got {labels!r}")
+        if aliases is not None and (not isinstance(aliases, dict) or
+                                    not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())):
+            raise ConfigError(f"aliases must be a dict of class name -> the name it stands for, got {aliases!r}")
+        if not isinstance(one_source_per_batch, (bool, np.bool_)):
+            raise ConfigError(f"one_source_per_batch must be True or False, got {one_source_per_batch!r}")
+        self.weights, self.epoch_size, self.choose, self.replace = weights, epoch_size, choose, [bool(r) for r in replace]
+        self.labels, self.aliases, self.chunked = labels, aliases, bool(one_source_per_batch)
+        self.counts = source_counts(self.sizes, weights, epoch_size, choose)
+        for s in range(S):
+            if self.counts[s] > self.sizes[s] == 0:
+                raise ConfigError(f"source {s} ({self.datasets[s].path}) holds no sample but is asked for "
+                                  f"{self.counts[s]} per epoch")
+        if int(self.counts.sum()) == 0:
+            raise ConfigError("the mixture's epoch holds no sample: give a source a weight or a count")
+        self._check_fields()
+        self._luts = None
+        self.class_names: list[str] | None = None
+        if labels == "names":
+            self.class_names, tables = merge_classes([ds.classes for ds in self.datasets], aliases)
+            self._luts = [torch.from_numpy(t) for t in tables]
+        self._chunk_cache: dict = {}
+
+    # ------------------------------------------------------------------ fields
+    def _check_fields(self) -> None:
+        """The sources' batches have the same keys, kinds, dtypes (and per-box columns), or the mixture is refused
+        naming the field. Pixel sizes are checked by :meth:`check_pixels`, which knows the transforms."""
+        first = self.datasets[0]
+        for s, ds in enumerate(self.datasets[1:], 1):
+            a, b = first.schema, ds.schema
+            for key in sorted(set(a) | set(b)):
+                if key not in a or key not in b:
+                    has, lacks = (s, 0) if key in b else (0, s)
+                    raise ConfigError(f"the mixture's sources do not agree on field {key!r}: source {has} has it, source "
+                                      f"{lacks} does not ({self.datasets[lacks].path}); mix datasets of one kind")
+                if (a[key].kind, a[key].tail) != (b[key].kind, b[key].tail):
+                    raise ConfigError(f"the mixture's sources do not agree on field {key!r}: {a[key].kind} {a[key].tail} "
+                                      f"in source 0, {b[key].kind} {b[key].tail} in source {s}")
+            for name, r in first.readers.items():
+                other = ds.readers[name]
+                da, db = self._dtype(r), self._dtype(other)
+                if da != db:
+                    raise ConfigError(f"the mixture's sources do not agree on field {name!r}: dtype {da} in source 0, "
+                                      f"{db} in source {s}")
+
+    @staticmethod
+    def _dtype(reader):
+        px = getattr(reader, "px", None)
+        return str(np.dtype(px.px.dtype)) if px is not None else None
+
+    def check_pixels(self, transforms) -> None:
+        """Every image-like field comes out at one size: the sources' fixed sizes agree, or the transforms' fused
+        geometry ends at one size (ragged sources, or fixed ones of different sizes, are then reconciled in the
+        gather). Ragged sources with no such chain batch as ragged (packed or padded). Refused naming the field."""
+        geometry = None
+        if hasattr(transforms, "gather_plan"):
+            geometry = transforms.gather_plan()[0]
+        one_size = bool(geometry) and _ends_at_one_size(geometry)
+        first = self.datasets[0]
+        for name in first.schema.pixels():
+            layouts = [self._layout(ds, name) for ds in self.datasets]
+            if one_size or len(set(layouts)) == 1:
+                continue
+            s = next(k for k, v in enumerate(layouts) if v != layouts[0])
+            raise ConfigError(f"the mixture's sources do not agree on field {name!r}: {layouts[0]} in source 0, "
+                              f"{layouts[s]} in source {s}; end the transforms with a fixed-size op (Resize((h, w)), "
+                              f"RandomResizedCrop, CenterCrop, Letterbox) so every source's samples come out at one "
+                              f"size")
+        if self.labels == "names" and "mask" in first.schema:
+            names = [ds.mask_classes for ds in self.datasets]
+            if any(n != names[0] for n in names):
+                raise ConfigError("labels='names': the sources' masks name their values differently (field 'mask'), "
+                                  "and mask values are not remapped; use labels='per_source', or datasets whose masks "
+                                  "share one class list")
+
+    @staticmethod
+    def _layout(ds: Dataset, name: str) -> str:
+        px = ds.readers[name].px.px
+        return f"fixed {px.height}x{px.width}" if px.fixed else "ragged"
+
+    # ------------------------------------------------------------------ what the Loader asks
+    def __len__(self) -> int:
+        """Samples per epoch (the sources' counts together)."""
+        return int(self.counts.sum())
+
+    def units(self, batch_size: int, drop_last: bool) -> int:
+        """Units of the epoch's order the Loader partitions: samples, or with one source per batch, batches."""
+        if not self.chunked:
+            return len(self)
+        c = self.counts
+        return int((c // batch_size).sum() if drop_last else (-(-c // batch_size)).sum())
+
+    def order(self, order: str, seed: int, epoch: int, window: int | None, batch_size: int = 1,
+              drop_last: bool = False) -> np.ndarray:
+        """The epoch's ids over every source (or, one source per batch, the batch numbers of :meth:`chunk`)."""
+        if not self.chunked:
+            return mixture_order(self.sizes, self.shard_sizes, self.counts, order, seed, epoch, self.replace, window)
+        return np.arange(self.units(batch_size, drop_last), dtype=np.int64)
+
+    def chunk_table(self, order: str, seed: int, epoch: int, window: int | None, batch_size: int,
+                    drop_last: bool) -> tuple[np.ndarray, np.ndarray]:
+        """One source per batch: the epoch's ids regrouped into batches and each batch's bounds (batch u is
+        ``ids[bounds[u]:bounds[u + 1]]``; :func:`~dsc.runtime.orders.mixture.chunks`)."""
+        key = (order, seed, epoch, window, batch_size, drop_last)
+        table = self._chunk_cache.get(key)
+        if table is None:
+            ids = mixture_order(self.sizes, self.shard_sizes, self.counts, order, seed, epoch, self.replace, window)
+            table = chunks(ids, self.offsets[:-1], batch_size, drop_last)
+            self._chunk_cache = {key: table}  # (the last one: an epoch asks for it once per rank's batch list)
+        return table
+
+    def identity(self) -> tuple:
+        """(shard sizes, fingerprint, versions): what a saved loader state must match."""
+        h = hashlib.sha256(json.dumps({
+            "sources": [ds.manifest.checksum() for ds in self.datasets], "counts": self.counts.tolist(),
+            "replace": self.replace, "labels": self.labels, "aliases": self.aliases, "chunked": self.chunked,
+        }, sort_keys=True).encode()).hexdigest()
+        return self.shard_sizes, h, [ds.version for ds in self.datasets]
+
+    @property
+    def schema(self):
+        return self.datasets[0].schema
+
+    @property
+    def classes(self):
+        """``labels="names"``: the merged class list; else each source's own (a list per source)."""
+        if self.class_names is not None:
+            return list(self.class_names)
+        return [ds.classes for ds in self.datasets]
+
+    @property
+    def mask_classes(self):
+        return None  # (no per-box masks are derived for a mixture in format="torchvision")
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(ds.shard_bytes for ds in self.datasets)
+
+    @property
+    def remote(self) -> bool:
+        return any(ds.remote for ds in self.datasets)
+
+    def load_to_ram(self) -> None:
+        for ds in self.datasets:
+            ds.load_to_ram()
+
+    def make_reads(self, name: str, **kw) -> _Reads:
+        return _Reads(name, self.datasets, **kw)
+
+    def split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray, int, int]]:
+        """(source, its indices, a, b) of each source's run of the sorted ids ``ids`` (rows a:b of the batch)."""
+        ids = np.asarray(ids, np.int64)
+        cuts = np.searchsorted(ids, self.offsets)
+        return [(s, ids[cuts[s]:cuts[s + 1]] - self.offsets[s], int(cuts[s]), int(cuts[s + 1]))
+                for s in range(len(self.datasets)) if cuts[s + 1] > cuts[s]]
+
+    def schedule(self, batches: list[np.ndarray], start: int, reads: _Reads, schedule_of) -> _Schedules | None:
+        """Each source's read schedule of the epoch over its share of every batch (``schedule_of(dataset, reads,
+        batches, start)``: the Loader's, with its cache budgets)."""
+        each = []
+        for s, ds in enumerate(self.datasets):
+            lo, hi = self.offsets[s], self.offsets[s + 1]
+            mine = [b[(b >= lo) & (b < hi)] - lo for b in batches]
+            each.append(schedule_of(ds, reads[s], mine, start))
+        out = _Schedules(each)
+        return out if out.each else None
+
+    def sample_sizes(self, ids) -> torch.Tensor:
+        parts = [self.datasets[s].sample_sizes(idx) for s, idx, _, _ in self.split(ids)]
+        return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.int64)
+
+    def get_batch(self, ids, boxes=None, images=None, alloc=None, geometry=None, post=None, reads=None) -> Batch:
+        """The batch of sorted ids ``ids``: each source's samples gathered by its dataset (its rows of every
+        per-sample field straight into a slice of the batch's buffer), then the rest (ragged bytes, box rows)
+        joined; ``source`` (B,) says whose each sample is, ``index`` its index in that source."""
+        alloc = alloc or new_tensor
+        parts = self.split(ids)
+        B = len(ids)
+        shared: dict[str, torch.Tensor] = {}
+        got = []
+        for s, idx, a, b in parts:
+            ds = self.datasets[s]
+            plan = None
+            if geometry is not None:
+                plan = type(geometry)(geometry.matrices[a:b], geometry.out,
+                                      geometry.programs[a:b] if geometry.programs is not None else None, geometry.fill)
+            dense = self._dense(ds, geometry is not None or post is not None)
+            batch = ds.get_batch(idx, "packed", images, self._part_alloc(alloc, shared, dense, s, a, b, B),
+                                 geometry=plan, post=post, reads=reads[s] if reads is not None else None)
+            self._map_labels(batch, s)
+            got.append((s, a, b, batch))
+        if len(got) == 1:
+            out = got[0][3]
+        else:
+            out = Batch(self._join(got, shared, alloc, B), schema=self.schema)
+        src = alloc("source", (B,), torch.int64)
+        for s, _, a, b in parts:
+            src[a:b] = s
+        out["source"] = src
+        return box_form(out, self.schema, boxes or self.datasets[0].box_form, alloc)
+
+    def _dense(self, ds: Dataset, transformed: bool) -> set[str]:
+        """Keys of ``ds``'s batches with one row per sample of one shape across sources: written in place."""
+        keys = {"index", "label", "image_id", "orig_size"}
+        for name in ds.schema.pixels():
+            if transformed or ds.readers[name].px.px.fixed:
+                keys.add(name)
+        return keys
+
+    @staticmethod
+    def _part_alloc(alloc, shared: dict, dense: set, s: int, a: int, b: int, B: int):
+        def part(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+            if name in dense and len(shape) and shape[0] == b - a:
+                full = shared.get(name)
+                if full is None:
+                    full = shared[name] = alloc(name, (B, *shape[1:]), dtype)
+                if tuple(full.shape[1:]) == tuple(shape[1:]) and full.dtype == dtype:
+                    return full[a:b] if full.dim() else full
+            return alloc(f"{name}@{s}", shape, dtype)  # (joined after every source is gathered)
+        return part
+
+    def _map_labels(self, batch: dict, s: int) -> None:
+        if self._luts is None:
+            return
+        lut = self._luts[s]
+        for key in ("label", "labels"):
+            if key in batch and len(batch[key]):
+                batch[key].copy_(lut[batch[key].long()].to(batch[key].dtype))
+
+    def _join(self, got: list, shared: dict, alloc, B: int) -> dict:
+        out = {}
+        first = got[0][3]
+        for key in first:
+            views = [g[3][key] for g in got]
+            if key in shared and all(v.data_ptr() == shared[key][a:b].data_ptr() or b == a
+                                     for v, (_, a, b, _) in zip(views, got)):
+                out[key] = shared[key]
+            elif key == "box_offsets" or (key.endswith("_offsets") and key[:-8] in self.schema):
+                out[key] = _join_offsets(views, alloc(key, (B + 1,), torch.int64))
+            elif key.endswith("_sizes") and key[:-6] in self.schema:
+                out[key] = torch.cat(views, out=alloc(key, (B, *views[0].shape[1:]), views[0].dtype))
+            elif f"{key}_sizes" in first:  # ragged, padded: each source's to the batch's largest
+                out[key] = self._pad_join(key, views, alloc)
+            else:
+                shape = (sum(len(v) for v in views), *views[0].shape[1:])
+                out[key] = torch.cat(views, out=alloc(key, shape, views[0].dtype))
+        return out
+
+    def _pad_join(self, key: str, views: list[torch.Tensor], alloc) -> torch.Tensor:
+        h = max(v.shape[1] for v in views)
+        w = max(v.shape[2] for v in views)
+        out = alloc(key, (sum(len(v) for v in views), h, w, *views[0].shape[3:]), views[0].dtype)
+        fill = self.datasets[0].ignore_index if key == "mask" else 0
+        out.fill_(fill or 0)
+        a = 0
+        for v in views:
+            out[a:a + len(v), :v.shape[1], :v.shape[2]] = v
+            a += len(v)
+        return out
+
+    # ------------------------------------------------------------------ life
+    def close(self) -> None:
+        """Close the sources this mixture opened from paths (datasets passed open stay open)."""
+        for ds in getattr(self, "_owned", []):
+            ds.close()
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{ds.path}: {int(c)}" for ds, c in zip(self.datasets, self.counts))
+        return f"dsc.Mixture({len(self.datasets)} sources, {len(self)} samples per epoch: {parts})"
+
+
+def _join_offsets(views: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Offsets (B_s + 1) of each source's rows, joined into the batch's (B + 1), each shifted by the rows before."""
+    out[0] = 0
+    a, base = 1, 0
+    for v in views:
+        n = len(v) - 1
+        out[a:a + n] = v[1:] + base
+        base += int(v[-1])
+        a += n
+    return out
+
+
+def _ends_at_one_size(geometry) -> bool:
+    """Whether the fused geometric ops bring samples of any size to one size (probed on two sizes)."""
+    try:
+        plan_chain(geometry, torch.tensor([[13, 29], [31, 11]]), torch.Generator().manual_seed(0))
+    except ConfigError:
+        return False
+    return True

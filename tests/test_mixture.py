@@ -1,0 +1,314 @@
+"""Several datasets in one Loader: proportions, exact once-per-epoch coverage, rank partitions, resume, one source
+per batch, fields that must agree, label spaces, read strategies, and a local + S3 mixture."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import dsc
+from dsc import transforms as T
+from dsc.runtime.mixture import merge_classes
+from dsc.runtime.orders import ORDERS
+from dsc.runtime.orders.mixture import mixture_order, source_counts
+from dsc.synthetic import write_imagefolder
+
+ORDER_NAMES = list(ORDERS)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """Three small datasets: a (36, 12x10, classes class_00..02), b (20, 12x10, class_00..01, shards of 4),
+    r (20, ragged, like b)."""
+    root = tmp_path_factory.mktemp("mixture")
+    write_imagefolder(root / "a-src", num_classes=3, per_class=12, size_range=(40, 60), seed=1)
+    write_imagefolder(root / "b-src", num_classes=2, per_class=10, size_range=(40, 60), seed=2)
+    dsc.compile(root / "a-src", root / "a", size=(12, 10), shard_size=5, progress=False)
+    dsc.compile(root / "b-src", root / "b", size=(12, 10), shard_size=4, progress=False)
+    dsc.compile(root / "b-src", root / "r", shard_size=4, progress=False)
+    dsc.compile(root / "b-src", root / "small", size=(8, 8), shard_size=4, progress=False)
+    return {k: dsc.open(root / k) for k in ("a", "b", "r", "small")}
+
+
+def served(loader) -> list[tuple[int, int]]:
+    """(source, index) of every sample of one epoch, checking each against its source's own sample."""
+    out = []
+    srcs = loader.dataset.datasets
+    for b in loader:
+        for s, i, img, lab in zip(b["source"].tolist(), b["index"].tolist(), b["image"], b["label"]):
+            ref = srcs[s][i]
+            assert torch.equal(ref["image"], img) and int(ref["label"]) == int(lab), (s, i)
+            out.append((s, i))
+    return out
+
+
+# ----------------------------------------------------------------------------- the order, at 100k
+def test_proportions_are_exact_over_an_epoch_of_100k_and_within_bounds_per_batch():
+    sizes, weights = [60_000, 30_000, 7_000], [0.5, 0.3, 0.2]
+    counts = source_counts(sizes, weights, 100_000)
+    assert counts.tolist() == [50_000, 30_000, 20_000] and counts.sum() == 100_000
+    offsets = np.cumsum([0] + sizes)
+    for order in ORDER_NAMES:
+        for epoch in range(3):
+            ids = mixture_order(sizes, [256] * 3, counts, order, seed=7, epoch=epoch)
+            src = np.searchsorted(offsets, ids, "right") - 1
+            frac = np.bincount(src, minlength=3) / len(ids)
+            assert np.abs(frac - weights).max() <= 0.01 * np.asarray(weights).max(), (order, frac)
+            # every batch of 256: random order within 5 binomial sigmas, the others interleaved evenly
+            per = np.stack([np.bincount(src[a:a + 256], minlength=3) for a in range(0, len(ids) - 255, 256)])
+            sigma = np.sqrt(256 * np.asarray(weights) * (1 - np.asarray(weights)))
+            tol = 5 * sigma if order == "random" else np.full(3, 1.0)
+            assert (np.abs(per - 256 * np.asarray(weights)) <= tol).all(), order
+            # source 2 (7,000 samples asked for 20,000): 2 whole passes and 6,000 more, none a third time
+            counts2 = np.bincount(ids[src == 2] - offsets[2], minlength=7_000)
+            assert counts2.min() == 2 and counts2.max() == 3 and counts2.sum() == 20_000
+
+
+def test_counts_per_source():
+    assert source_counts([10, 20]).tolist() == [10, 20]  # each sample once
+    assert source_counts([10, 20], epoch_size=45).tolist() == [15, 30]  # by size
+    assert source_counts([10, 20], [1, 1]).tolist() == [15, 15]  # the sources' total, by weights
+    assert source_counts([10, 20], choose=[50, None]).tolist() == [50, 20]  # up-sampled, the other whole
+    assert source_counts([10, 20], [1, 3], 100, choose=[None, 5]).tolist() == [95, 5]
+
+
+def test_draws_with_replacement():
+    ids = mixture_order([10, 1000], [4, 4], [500, 10], "random", seed=1, epoch=0, replace=[True, False])
+    small = ids[ids < 10]
+    assert len(small) == 500 and len(np.unique(small)) == 10
+    assert len(np.unique(ids[ids >= 10])) == 10  # a part of the big one, none twice
+
+
+# ----------------------------------------------------------------------------- the Loader
+@pytest.mark.parametrize("order", ORDER_NAMES)
+def test_every_sample_of_every_source_once_per_epoch(parts, order):
+    a, b = parts["a"], parts["b"]
+    loader = dsc.Loader([a, b], batch_size=8, order=order, seed=3, window=2)
+    everything = sorted([(0, i) for i in range(36)] + [(1, i) for i in range(20)])
+    first = served(loader)
+    assert sorted(first) == everything and len(loader) == 7
+    second = served(loader)  # the next epoch, by itself
+    assert sorted(second) == everything and loader.epoch == 1
+    if order != "sequential":
+        assert first != second
+    assert any(len(set(s for s, _ in first[k:k + 8])) == 2 for k in range(0, 56, 8))  # batches mix the sources
+
+
+def test_weights_and_epoch_size_in_the_loader(parts):
+    a, b = parts["a"], parts["b"]
+    loader = dsc.Loader([a, b], batch_size=10, order="random", weights=[0.25, 0.75], epoch_size=200, seed=1)
+    for _ in range(3):
+        src = np.concatenate([x["source"].numpy() for x in loader])
+        assert np.bincount(src).tolist() == [50, 150]  # b (20 samples) up-sampled 7.5 times
+    loader = dsc.Loader([a, b], batch_size=10, choose=[None, 5], order="quasi_random", seed=1)
+    got = served(loader)
+    assert sum(s == 1 for s, _ in got) == 5 and sorted(i for s, i in got if s == 0) == list(range(36))
+
+
+@pytest.mark.parametrize("order", ORDER_NAMES)
+def test_ranks_split_the_mixture_exactly(parts, order):
+    a, b = parts["a"], parts["b"]
+    for world_size in (2, 3, 4):
+        for tail in ("pad", "drop"):
+            loaders = [dsc.Loader([a, b], batch_size=4, order=order, seed=2, rank=r, world_size=world_size,
+                                  tail=tail, num_threads=0) for r in range(world_size)]
+            got = [served(L) for L in loaders]
+            assert len({len(L) for L in loaders}) == 1
+            flat = [x for g in got for x in g]
+            whole = loaders[0]._whole_order(1)  # epoch 0 was served; the global order, independent of the ranks
+            assert len(whole) == 56
+            if tail == "drop":
+                assert len(flat) == len(set(flat)) == 56 // world_size * world_size
+            else:
+                assert len(flat) == -(-56 // world_size) * world_size and len(set(flat)) == 56
+
+
+def test_mid_epoch_resume_of_a_mixture_is_the_uninterrupted_run(parts):
+    a, b = parts["a"], parts["b"]
+    kw = dict(batch_size=6, order="random", seed=5, weights=[2, 1], epoch_size=60, transforms=[T.RandomHorizontalFlip()])
+    want = [(x["source"].tolist(), x["index"].tolist(), x["image"].clone()) for x in dsc.Loader([a, b], **kw)]
+    first = dsc.Loader([a, b], **kw)
+    it = iter(first)
+    got = [(x["source"].tolist(), x["index"].tolist(), x["image"].clone()) for _, x in zip(range(4), it)]
+    state = first.state_dict()
+    second = dsc.Loader([a, b], **kw)
+    second.load_state_dict(state)
+    got += [(x["source"].tolist(), x["index"].tolist(), x["image"].clone()) for x in second]
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert all(torch.equal(g[2], w[2]) for g, w in zip(got, want))
+    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state has (shard_size|dataset)"):
+        dsc.Loader([b, a], **kw).load_state_dict(state)  # another mixture's state
+    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state has dataset"):
+        dsc.Loader([a, b], **{**kw, "weights": [1, 1]}).load_state_dict(state)
+    with pytest.raises(dsc.ConfigError, match="the saved state is of a mixture of 2 datasets, this loader reads one"):
+        dsc.Loader(a, batch_size=6, order="random", seed=5).load_state_dict(state)
+
+
+def test_ranks_draw_their_own_augmentations_in_a_mixture(parts):
+    a, b = parts["a"], parts["b"]
+    chain = [T.RandomResizedCrop((6, 5), scale=(0.3, 1.0)), T.RandomHorizontalFlip()]
+    mixture = dsc.Mixture([a, b])
+    crops = []
+    for rank in range(2):
+        loader = dsc.Loader(mixture, batch_size=7, order="random", seed=3, transforms=chain, rank=rank, world_size=2)
+        for j, x in enumerate(loader):
+            ids = np.asarray([mixture.offsets[s] + i for s, i in zip(x["source"].tolist(), x["index"].tolist())])
+            ref = T.Compose(chain)(mixture.get_batch(ids), seed=3, epoch=0, batch_index=j, rank=rank)
+            assert torch.equal(ref["image"], x["image"]) and torch.equal(ref["source"], x["source"])
+            crops.append(x["image"])
+    assert len(loader.sampler) == 28 and len(list(loader.sampler)) == 28
+
+
+def test_one_source_per_batch(parts):
+    a, b = parts["a"], parts["b"]
+    everything = sorted([(0, i) for i in range(36)] + [(1, i) for i in range(20)])
+    for order in ORDER_NAMES:
+        loader = dsc.Loader([a, b], batch_size=8, order=order, one_source_per_batch=True, seed=1)
+        batches = list(loader)
+        assert all(len(set(x["source"].tolist())) == 1 for x in batches)
+        assert sorted((s, i) for x in batches for s, i in zip(x["source"].tolist(), x["index"].tolist())) == everything
+        assert len(loader) == len(batches) == 5 + 3  # 36 = 4 x 8 + 4; 20 = 2 x 8 + 4
+        # two ranks: as many batches each, disjoint
+        ranks = [dsc.Loader([a, b], batch_size=8, order=order, one_source_per_batch=True, seed=1, rank=r,
+                            world_size=2, tail="drop") for r in range(2)]
+        got = [[(s, i) for x in L for s, i in zip(x["source"].tolist(), x["index"].tolist())] for L in ranks]
+        assert len(ranks[0]) == len(ranks[1]) == 4 and not set(got[0]) & set(got[1])
+    assert len(loader.sampler) == 56 and sorted(loader.sampler) == list(range(56))  # ids: a's 0-35, b's 36-55
+    drop = dsc.Loader([a, b], batch_size=8, one_source_per_batch=True, drop_last=True)
+    assert [len(x["index"]) for x in drop] == [8] * 6
+
+
+def test_read_strategies_serve_the_same_mixture(parts):
+    a, b, r = parts["a"], parts["b"], parts["r"]
+    for srcs, chain in (([a, b], None), ([r, b], [T.Resize((8, 8))])):
+        ref = None
+        for read in ("mapped", "windowed", "direct"):
+            for order in ("random", "quasi_random"):
+                loader = dsc.Loader(srcs, batch_size=5, order=order, read=read, seed=4, window=1, transforms=chain)
+                got = [{k: v.clone() for k, v in x.items()} for x in loader]
+                if order == "random":
+                    if ref is None:
+                        ref = got
+                    assert len(got) == len(ref) and all(
+                        torch.equal(x[k], y[k]) for x, y in zip(got, ref) for k in x), (read, order)
+
+
+def test_ragged_sources_batch_packed_or_padded_and_match_their_samples(parts):
+    r = parts["r"]
+    for images in ("packed", "padded"):
+        for x in dsc.Loader([r, r], batch_size=6, order="random", images=images):
+            for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+                ref = r[i]["image"]
+                if images == "packed":
+                    o = x["image_offsets"]
+                    img = x["image"][o[k]:o[k + 1]].view(*x["image_shapes"][k].tolist())
+                else:
+                    h, w = x["image_sizes"][k].tolist()
+                    img = x["image"][k, :h, :w]
+                    assert (x["image"][k, h:] == 0).all()
+                assert torch.equal(img, ref), (images, s, i)
+
+
+def test_fields_must_agree(parts, tmp_path):
+    a, r, small = parts["a"], parts["r"], parts["small"]
+    with pytest.raises(dsc.ConfigError, match="field 'image': fixed 12x10 in source 0, ragged in source 1"):
+        dsc.Loader([a, r], batch_size=4)
+    with pytest.raises(dsc.ConfigError, match="field 'image'"):
+        dsc.Loader([a, small], batch_size=4)
+    with pytest.raises(dsc.ConfigError, match="field 'image'"):
+        dsc.Loader([a, small], batch_size=4, transforms=[T.RandomHorizontalFlip()])  # still two sizes
+    loader = dsc.Loader([a, small, r], batch_size=9, transforms=[T.Resize((6, 7))], order="random")
+    x = next(iter(loader))
+    assert x["image"].shape == (9, 6, 7, 3) and len(set(x["source"].tolist())) > 1
+    ref = T.Compose([T.Resize((6, 7))])
+    for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+        one = ref([a, small, r][s].get_batch([i]))["image"][0]
+        assert torch.equal(one, x["image"][k])
+    # a detection dataset and a classification one: the fields are named
+    from dsc.synthetic import detection_scenes, write_coco
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(4, seed=1))
+    dsc.compile_coco(ann, images, tmp_path / "det", size=(12, 10), progress=False)
+    with pytest.raises(dsc.ConfigError, match="do not agree on field"):
+        dsc.Loader([a, dsc.open(tmp_path / "det")], batch_size=4)
+    with pytest.raises(dsc.ConfigError, match="weights must be 2"):
+        dsc.Loader([a, a], batch_size=4, weights=[1])
+    with pytest.raises(dsc.ConfigError, match="for a mixture"):
+        dsc.Loader(a, batch_size=4, weights=[1])
+    with pytest.raises(dsc.ConfigError, match="indices="):
+        dsc.Loader([a, a], batch_size=4, indices=[0])
+
+
+def test_label_spaces(parts):
+    a, b = parts["a"], parts["b"]
+    kept = dsc.Loader([b, a], batch_size=56)
+    x = next(iter(kept))
+    assert kept.classes == [b.classes, a.classes]
+    names = dsc.Loader([b, a], batch_size=56, labels="names")
+    y = next(iter(names))
+    assert names.classes == ["class_00", "class_01", "class_02"]
+    for k, (s, i) in enumerate(zip(y["source"].tolist(), y["index"].tolist())):
+        own = [b, a][s].classes[int(x["label"][k])]
+        assert names.classes[int(y["label"][k])] == own
+    merged, tables = merge_classes([["cat", "dog"], ["dog", "bird"]])
+    assert merged == ["cat", "dog", "bird"] and tables[1].tolist() == [1, 2]
+    with pytest.raises(dsc.ConfigError, match="'Traffic_Light' of source 1 and 'traffic light' of source 0"):
+        merge_classes([["traffic light"], ["Traffic_Light"]])
+    assert merge_classes([["traffic light"], ["Traffic_Light"]], {"Traffic_Light": "traffic light"})[0] == \
+        ["traffic light"]
+    with pytest.raises(dsc.ConfigError, match="names two of its classes 'x'"):
+        merge_classes([["x", "x"]])
+
+
+def test_a_mixture_of_a_local_and_an_s3_dataset(parts, s3_server, tmp_path, monkeypatch):
+    pytest.importorskip("obstore")
+    from object_servers import use_server
+
+    use_server(s3_server, monkeypatch)
+    s3_server.bucket("dsc-mix")
+    src = tmp_path / "src"
+    write_imagefolder(src, num_classes=2, per_class=8, size_range=(40, 60), seed=9)
+    url = "s3://dsc-mix/b"
+    dsc.compile(src, url, size=(12, 10), shard_size=4, progress=False, cache_dir=str(tmp_path / "stage"))
+    dsc.compile(src, tmp_path / "b-local", size=(12, 10), shard_size=4, progress=False)
+    local_copy = dsc.open(tmp_path / "b-local")
+    remote = dsc.open(url, cache_dir=tmp_path / "cache")
+    a = parts["a"]
+    for order, read in (("random", "mapped"), ("quasi_random", "windowed"), ("random", "direct")):
+        loader = dsc.Loader([a, remote], batch_size=6, order=order, seed=1, weights=[1, 1], epoch_size=40, read=read)
+        got = []
+        for x in loader:
+            for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+                ref = (a if s == 0 else local_copy)[i]["image"]
+                assert torch.equal(x["image"][k], ref)
+                got.append(s)
+        assert np.bincount(got).tolist() == [20, 20]
+    assert remote.storage.cache.downloads > 0
+
+
+def test_a_detection_mixture_keeps_each_sample_its_boxes(tmp_path):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    srcs = []
+    for k, (n, shard) in enumerate(((6, 2), (5, 3))):
+        ann, images = write_coco(tmp_path / f"coco{k}", detection_scenes(n, seed=k + 1))
+        dsc.compile_coco(ann, images, tmp_path / f"det{k}", size=(32, 32), progress=False, shard_size=shard)
+        srcs.append(dsc.open(tmp_path / f"det{k}"))
+    for boxes in ("packed", "padded", "list"):
+        seen = 0
+        for x in dsc.Loader(srcs, batch_size=4, order="random", boxes=boxes, labels="names"):
+            for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+                ref = srcs[s][i]
+                if boxes == "packed":
+                    o = x["box_offsets"]
+                    got = x["boxes"][o[k]:o[k + 1]], x["labels"][o[k]:o[k + 1]]
+                elif boxes == "padded":
+                    m = x["box_mask"][k]
+                    got = x["boxes"][k][m], x["labels"][k][m]
+                else:
+                    got = x["targets"][k]["boxes"], x["targets"][k]["labels"]
+                assert torch.equal(got[0], ref["boxes"]) and torch.equal(got[1], ref["labels"]), (boxes, s, i)
+                assert int(x["image_id"][k]) == int(ref["image_id"])
+                seen += 1
+        assert seen == 11
+    images, targets = next(iter(dsc.Loader(srcs, batch_size=4, format="torchvision")))
+    assert images.shape == (4, 3, 32, 32) and len(targets) == 4
