@@ -30,7 +30,7 @@ from .orders.quasi_random import DEFAULT_WINDOW
 from . import reads as R
 from .prefetch import EpochIterator, Ring
 from .storage import CACHES
-from ..transforms import Compose, Geometric, PIXEL_OPS
+from ..transforms import BatchOp, Compose, Geometric, PIXEL_OPS
 from .remote import CONNECTIONS, _local_processes
 
 
@@ -231,6 +231,8 @@ class Loader:
         if order == "quasi_random" and window is None:
             self.window = DEFAULT_WINDOW
         self.transforms = _compose(transforms)
+        if hasattr(self.transforms, "bind"):  # ops that need the dataset (MixUp/CutMix: its number of classes)
+            self.transforms.bind(dataset)
         self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
             _takes_rank(self.transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
@@ -547,7 +549,7 @@ def _compose(transforms):
 
     if transforms is None or isinstance(transforms, Compose):
         return transforms
-    if isinstance(transforms, (Geometric, *PIXEL_OPS)):
+    if isinstance(transforms, (Geometric, BatchOp, *PIXEL_OPS)):
         return Compose([transforms])
     if isinstance(transforms, (list, tuple)):
         return Compose(list(transforms))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, DscError
 from ..formats.fields import Schema
-from .fused import plan_chain, run_batch
+from .fused import plan_chain, run_batch, run_program
 from .geometric import Geometric
 
 def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +132,10 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
-    plan = plan_chain(ops, _views(batch, "image")[1], gen)
+    boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
+    plan = plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes)
+    if plan.out is None:  # samples of several sizes: a packed ragged batch out
+        return _apply_ragged(plan, batch, pixels, schema)
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -159,7 +162,49 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
             batch.pop(key + suffix, None)
         batch[key] = out
     if "boxes" in batch:
-        transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows())
+        transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(), keep=plan.keep)
+    return batch
+
+
+def move_sample(view: torch.Tensor, role, plan, b: int, out_hw: tuple[int, int]) -> torch.Tensor:
+    """THE per-sample mover: sample ``b``'s pixels of one role (``view`` (H, W[, C])) through the plan's
+    geometry into a new (h, w[, C]) tensor: its integer program when it has one, else its matrix (bilinear
+    or nearest by the role, the role's fill outside, else the op's)."""
+    nearest = role.resample == "nearest"
+    h, w = out_hw
+    if plan.programs is not None:
+        out = torch.empty((h, w, *view.shape[2:]), dtype=view.dtype, device=view.device)
+        run_program(view, plan.programs[b], out, nearest, role.fill)
+        return out
+    fill = plan.fill if role.fill is None else role.fill
+    size = torch.tensor([list(view.shape[:2])])
+    return (_nearest if nearest else _resample)(view.unsqueeze(0), size, plan.matrices[b:b + 1], h, w, fill)[0]
+
+
+def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
+    """Per-sample tensors as the packed ragged form: flat ``key``, ``key_offsets`` (B+1,), ``key_shapes``."""
+    for suffix in ("_offsets", "_shapes", "_sizes"):
+        batch.pop(key + suffix, None)
+    dev = batch[key].device
+    dtype = batch[key].dtype
+    sizes = [s.numel() for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
+    batch[key] = torch.cat([s.reshape(-1) for s in samples]) if samples else torch.empty(0, dtype=dtype, device=dev)
+    batch[f"{key}_offsets"] = offsets
+    ndim = max((s.dim() for s in samples), default=3)
+    batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64).view(-1, ndim)
+
+
+def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
+    """A chain that leaves samples at several sizes (flips on mixed sizes, scale jitter, zoom-out): every
+    pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged."""
+    out_sizes = plan.sizes.tolist()
+    for key, role in pixels.items():
+        views = _views(batch, key)[0]
+        pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
+    if "boxes" in batch:
+        transform_boxes(batch, plan.matrices, plan.sizes[:, 1], plan.sizes[:, 0], schema.box_rows(), keep=plan.keep)
     return batch
 
 
@@ -175,9 +220,10 @@ def _check_batch(batch: dict) -> None:
                           "Loader makes padded or list batches after its transforms")
 
 
-def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_keys) -> None:
-    """Boxes through the forward maps, clipped to the output; boxes left without area are dropped with
-    every per-box row, and ``box_offsets`` rewritten (batched, no loop per box)."""
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> None:
+    """Boxes through the forward maps, clipped to the output (``out_w``/``out_h``: ints, or (B,) per sample);
+    boxes left without area (or False in ``keep``) are dropped with every per-box row, and ``box_offsets``
+    rewritten (batched, no loop per box)."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
@@ -192,9 +238,19 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w: int, out_h: int, box_ke
     f = fwd[sample]
     nx = f[:, 0, 0:1] * xs + f[:, 0, 1:2] * ys + f[:, 0, 2:3]
     ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
-    nb = torch.stack([nx.amin(1).clamp(0, out_w), ny.amin(1).clamp(0, out_h),
-                      nx.amax(1).clamp(0, out_w), ny.amax(1).clamp(0, out_h)], 1)
+    if isinstance(out_w, torch.Tensor):  # per sample
+        ow, oh = out_w.to(dev).double()[sample], out_h.to(dev).double()[sample]
+        zero = torch.zeros_like(ow)
+        nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
+                          torch.minimum(nx.amax(1), ow).clamp(min=0), torch.minimum(ny.amax(1), oh).clamp(min=0)], 1)
+        del zero
+    else:
+        nb = torch.stack([nx.amin(1).clamp(0, out_w), ny.amin(1).clamp(0, out_h),
+                          nx.amax(1).clamp(0, out_w), ny.amax(1).clamp(0, out_h)], 1)
+    drop = keep
     keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
+    if drop is not None:
+        keep &= drop.to(dev)
     batch["boxes"] = nb.to(batch["boxes"].dtype)
     for k in box_keys:
         batch[k] = batch[k][keep]
