@@ -87,7 +87,7 @@ def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
     eq_g = maxc == g
     hg = (rc + 2.0 - bc) * (eq_g & neq_r)
     hr = (bc - gc) * (~neq_r)
-    hb = (gc * 4.0 - rc + 2.0) * (neq_r & ~eq_g)
+    hb = (gc + 4.0 - rc) * (neq_r & ~eq_g)
     h = torch.fmod((hr + hg + hb) / 6.0 + 1.0, 1.0)
     return torch.stack((h, s, maxc), 1)
 
