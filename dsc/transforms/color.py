@@ -74,41 +74,27 @@ def saturation(x, factor, bound, integer):
 
 
 def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``_rgb_to_hsv`` on [0, 1] RGB (N, 3, H, W)."""
-    r, g, _ = x.unbind(1)
-    maxc, minc = x.amax(1), x.amin(1)
-    eqc = maxc == minc
+    """torchvision's ``_rgb_to_hsv`` on [0, 1] RGB (N, 3, H, W): h from the channel holding the maximum (red
+    first, then green), s = (max - min) / max, v = max (a grey pixel: h = s = 0)."""
+    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    maxc, minc = torch.maximum(torch.maximum(r, g), b), torch.minimum(torch.minimum(r, g), b)
     cr = maxc - minc
-    ones = torch.ones_like(maxc)
-    s = cr / torch.where(eqc, ones, maxc)
-    crd = torch.where(eqc, ones, cr).unsqueeze(1)
-    rc, gc, bc = ((maxc.unsqueeze(1) - x) / crd).unbind(1)
-    neq_r = maxc != r
-    eq_g = maxc == g
-    hg = (rc + 2.0 - bc) * (eq_g & neq_r)
-    hr = (bc - gc) * (~neq_r)
-    hb = (gc + 4.0 - rc) * (neq_r & ~eq_g)
-    h = torch.fmod((hr + hg + hb) / 6.0 + 1.0, 1.0)
+    eqc = cr == 0
+    s = cr / torch.where(eqc, torch.ones_like(maxc), maxc)
+    crd = torch.where(eqc, torch.ones_like(cr), cr)
+    h = torch.where(maxc == r, (g - b) / crd, torch.where(maxc == g, (b - r) / crd + 2.0, (r - g) / crd + 4.0))
+    h = torch.fmod(h.div_(6.0).add_(1.0), 1.0)
     return torch.stack((h, s, maxc), 1)
 
 
-_HSV_SELECT = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
-
-
 def hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``_hsv_to_rgb``: (N, 3, H, W) HSV in [0, 1] -> RGB."""
-    h, s, v = x.unbind(1)
-    h6 = h * 6
-    i = torch.floor(h6)
-    f = h6 - i
-    i = i.long().remainder_(6)
-    sxf = s * f
-    q = ((1.0 - sxf) * v).clamp_(0, 1)
-    t = ((sxf + 1.0 - s) * v).clamp_(0, 1)
-    p = ((1.0 - s) * v).clamp_(0, 1)
-    vpqt = torch.stack((v, p, q, t), 1)  # (N, 4, H, W)
-    sel = _HSV_SELECT.to(x.device)[:, i]  # (3, N, H, W)
-    return vpqt.gather(1, sel.permute(1, 0, 2, 3))
+    """HSV in [0, 1] (N, 3, H, W) -> RGB: torchvision's ``_hsv_to_rgb`` (sector i = floor(6h), f = 6h - i,
+    p = v(1 - s), q = v(1 - sf), t = v(1 - s(1 - f))) written without its gather: channel n is
+    v - v s clamp(min(k, 4 - k), 0, 1) with k = (n + 6h) mod 6 for n = 5, 3, 1 (the same values)."""
+    h, s, v = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    k = torch.remainder(h * 6 + n, 6.0)
+    return v - v * s * torch.minimum(k, 4.0 - k).clamp_(0, 1)
 
 
 def hue(x, factor, bound, integer):
@@ -127,9 +113,9 @@ def sharpness(x, factor, bound, integer):
     N, C, H, W = x.shape
     if H <= 2 or W <= 2:
         return x
-    a, b = 1.0 / 13.0, 5.0 / 13.0
-    k = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=x.dtype, device=x.device).expand(C, 1, 3, 3)
-    deg = F.conv2d(x, k, groups=C)
+    p = x[..., :, :-2] + x[..., :, 1:-1] + x[..., :, 2:]  # the 3x3 sum as two 3-tap sums (no depthwise conv)
+    box = p[..., :-2, :] + p[..., 1:-1, :] + p[..., 2:, :]
+    deg = box.add_(x[..., 1:-1, 1:-1], alpha=4.0).div_(13.0)  # (sum + 4 centre) / 13 = [1 1 1; 1 5 1; 1 1 1] / 13
     if integer:
         deg.round_()
     out = x.clone()
@@ -253,14 +239,17 @@ def warp(x: torch.Tensor, M: torch.Tensor, fill, mode: str, integer: bool, out_h
     tensor affine: ``mode`` nearest | bilinear, ``fill`` outside through a mask channel; uint8 rounded)."""
     N, C, H, W = x.shape
     oh, ow = out_hw or (H, W)
-    ys = torch.arange(oh, dtype=torch.float64) + 0.5
-    xs = torch.arange(ow, dtype=torch.float64) + 0.5
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    pts = torch.stack([gx, gy, torch.ones_like(gx)], -1).view(1, -1, 3)
-    src = pts @ M.double().transpose(1, 2)  # (N, oh*ow, 3)
-    grid = torch.stack([src[..., 0] * (2.0 / W) - 1.0, src[..., 1] * (2.0 / H) - 1.0], -1)
-    grid = grid.view(N, oh, ow, 2).to(x.dtype).to(x.device)
-    fill_t = torch.as_tensor(0.0 if fill is None else fill, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    m = M.to(torch.float64)
+    ax = (m[:, 0] * (2.0 / W)).to(x.dtype).to(x.device)  # straight to grid_sample's [-1, 1] units
+    ay = (m[:, 1] * (2.0 / H)).to(x.dtype).to(x.device)
+    xs = (torch.arange(ow, dtype=x.dtype, device=x.device) + 0.5).view(1, 1, ow)
+    ys = (torch.arange(oh, dtype=x.dtype, device=x.device) + 0.5).view(1, oh, 1)
+    gx = ax[:, 0].view(-1, 1, 1) * xs + (ax[:, 1].view(-1, 1, 1) * ys + (ax[:, 2].view(-1, 1, 1) - 1.0))
+    gy = ay[:, 0].view(-1, 1, 1) * xs + (ay[:, 1].view(-1, 1, 1) * ys + (ay[:, 2].view(-1, 1, 1) - 1.0))
+    grid = torch.stack([gx, gy], -1)
+    if fill is None:  # torchvision: no mask channel, zeros outside
+        return quantise(F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False), integer, "round")
+    fill_t = torch.as_tensor(fill, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     xm = torch.cat([x, torch.ones_like(x[:, :1])], 1)
     y = F.grid_sample(xm, grid, mode=mode, padding_mode="zeros", align_corners=False)
     y, mask = y[:, :-1], y[:, -1:]
