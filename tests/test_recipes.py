@@ -421,3 +421,17 @@ def test_detection_presets_through_the_loader(detmask):
         T.presets.detection("nope")
     with pytest.raises(dsc.ConfigError, match="auto_augment"):
         T.presets.classification("nope")
+
+
+def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
+    from click.testing import CliRunner
+
+    from dsc.cli import BENCH_RECIPES, main
+
+    assert BENCH_RECIPES == list(T.presets.RECIPES)
+    r = CliRunner().invoke(main, ["bench", str(fixed.path), "--batch-size", "2", "--epochs", "1", "--recipe", "ta_wide"])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert "TrivialAugmentWide" in r.output and "x the PIL DataLoader" in r.output  # the per-image baseline ran
+    r = CliRunner().invoke(main, ["bench", str(detmask[0].path), "--batch-size", "2", "--epochs", "1", "--recipe",
+                                  "det-ssd"])
+    assert r.exit_code == 0 and "RandomIoUCrop" in r.output, r.output
