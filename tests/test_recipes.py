@@ -429,9 +429,19 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     from dsc.cli import BENCH_RECIPES, main
 
     assert BENCH_RECIPES == list(T.presets.RECIPES)
-    r = CliRunner().invoke(main, ["bench", str(fixed.path), "--batch-size", "2", "--epochs", "1", "--recipe", "ta_wide"])
+    r = CliRunner().invoke(main, ["bench", str(fixed.path), "--batch-size", "8", "--epochs", "1", "--recipe", "ta_wide"])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output
-    assert "TrivialAugmentWide" in r.output and "x the PIL DataLoader" in r.output  # the per-image baseline ran
+    assert "TrivialAugmentWide" in r.output and "recipe (batched" in r.output
     r = CliRunner().invoke(main, ["bench", str(detmask[0].path), "--batch-size", "2", "--epochs", "1", "--recipe",
                                   "det-ssd"])
     assert r.exit_code == 0 and "RandomIoUCrop" in r.output, r.output
+    # the per-image baseline: a decoded JPEG through the per-image part, MixUp/CutMix in the collate
+    from dsc.bench import _PerImageRecipe, _collate, source_paths
+
+    ops = T.presets.classification("ta_wide", crop_size=32, random_erase=0.1, mixup=0.2, cutmix=1.0, num_classes=3)
+    per = _PerImageRecipe(fixed, source_paths(fixed), ops)
+    batch = _collate(ops)([per[i] for i in range(4)])
+    assert batch["image"].shape == (4, 3, 32, 32) and batch["label"].shape == (4, 3)
+    det = _PerImageRecipe(detmask[0], source_paths(detmask[0]), T.presets.detection("ssd"))
+    item = det[1]
+    assert item["image"].shape[0] == 1 and len(item["box_offsets"]) == 2
