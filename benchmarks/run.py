@@ -9,6 +9,7 @@ import bench_compile_read  # noqa: E402
 import bench_detection  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_overram  # noqa: E402
+import bench_presets  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_versions  # noqa: E402
@@ -20,5 +21,6 @@ if __name__ == "__main__":
     bench_loader.main()
     bench_overram.main()
     bench_recipe.main()
+    bench_presets.main()
     bench_versions.main()
     bench_remote.main()
