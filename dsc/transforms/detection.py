@@ -382,8 +382,8 @@ class Mosaic(BatchOp):
                 h0, w0 = sizes[j].tolist()
                 bx = boxes[offsets[j]:offsets[j + 1]]
                 padw, padh = a[0] - bb[0], a[1] - bb[1]
-                sc = torch.tensor([w / w0, h / h0, w / w0, h / h0], dtype=torch.float64)
-                sh = torch.tensor([padw, padh, padw, padh], dtype=torch.float64)
+                sc = torch.tensor([w / w0, h / h0, w / w0, h / h0], dtype=torch.float64, device=bx.device)
+                sh = torch.tensor([padw, padh, padw, padh], dtype=torch.float64, device=bx.device)
                 nb = bx * sc + sh
                 nb = torch.stack([nb[:, 0].clamp(a[0], a[2]), nb[:, 1].clamp(a[1], a[3]),
                                   nb[:, 2].clamp(a[0], a[2]), nb[:, 3].clamp(a[1], a[3])], 1)
@@ -399,7 +399,7 @@ class Mosaic(BatchOp):
             batch[k] = torch.cat(out_rows[k]) if out_rows[k] else batch[k][:0]
         off = torch.zeros(len(counts) + 1, dtype=torch.int64)
         torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=off[1:])
-        batch["box_offsets"] = off
+        batch["box_offsets"] = off.to(batch["boxes"].device)
 
 
 class RandomCrop(Geometric):

@@ -191,9 +191,9 @@ def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
     batch[key] = torch.cat([s.reshape(-1) for s in samples]) if samples else torch.empty(0, dtype=dtype, device=dev)
-    batch[f"{key}_offsets"] = offsets
+    batch[f"{key}_offsets"] = offsets.to(dev)
     ndim = max((s.dim() for s in samples), default=3)
-    batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64).view(-1, ndim)
+    batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64, device=dev).view(-1, ndim)
 
 
 def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
@@ -240,10 +240,8 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
     ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
     if isinstance(out_w, torch.Tensor):  # per sample
         ow, oh = out_w.to(dev).double()[sample], out_h.to(dev).double()[sample]
-        zero = torch.zeros_like(ow)
         nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
                           torch.minimum(nx.amax(1), ow).clamp(min=0), torch.minimum(ny.amax(1), oh).clamp(min=0)], 1)
-        del zero
     else:
         nb = torch.stack([nx.amin(1).clamp(0, out_w), ny.amin(1).clamp(0, out_h),
                           nx.amax(1).clamp(0, out_w), ny.amax(1).clamp(0, out_h)], 1)
