@@ -416,6 +416,19 @@ def test_detection_presets_through_the_loader(detmask):
         assert len(targets) == 4 and all(t["boxes"].shape[1] == 4 for t in targets)
         if name == "lsj":
             assert imgs.shape == (4, 3, 96, 96)
+    for ops in (T.presets.detection("ssd"), T.presets.yolo(64)):  # same batches for any thread count, and resumed
+        run = lambda **kw: dsc.Loader(ds, batch_size=3, order="random", seed=7, transforms=ops, **kw)  # noqa: E731
+        a = [(b["boxes"].clone(), b["box_offsets"].clone()) for b in run()]
+        b = [(b["boxes"].clone(), b["box_offsets"].clone()) for b in run(num_threads=0)]
+        assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+        first = run()
+        it = iter(first)
+        next(it)
+        state = first.state_dict()
+        del it
+        second = run()
+        second.load_state_dict(state)
+        assert all(torch.equal(x["boxes"], y[0]) for x, y in zip(second, a[1:]))
     assert T.presets.yolo(64)[0].size == 64 and len(T.presets.segmentation()) == 5
     with pytest.raises(dsc.ConfigError, match="detection preset"):
         T.presets.detection("nope")
