@@ -382,6 +382,10 @@ def test_size_keeping_chains_on_mixed_sizes_need_no_fixed_size_op(detmask):
     assert isinstance(images_, list) and [tuple(i.shape[1:]) for i in images_] == \
         [tuple(ds[i]["image"].shape[:2]) for i in range(5)]
     assert all(t["mask"].shape == i.shape[1:] for t, i in zip(targets, images_))
+    for form in ("list", "padded"):  # the Loader gathers packed boxes for the transforms, then makes the form
+        b = next(iter(dsc.Loader(ds, batch_size=5, boxes=form, transforms=chain)))
+        assert ("targets" in b) == (form == "list") and ("box_mask" in b) == (form == "padded")
+        assert len(b["image_offsets"]) == 6
     flipped = T.Compose([T.RandomHorizontalFlip(p=1.0)])(ds.get_batch(range(3)))
     from dsc.runtime.batches import sample_pixels
     assert all(torch.equal(v, ds[k]["image"].flip(1)) for k, v in enumerate(sample_pixels(flipped, "image")))

@@ -233,6 +233,13 @@ class Loader:
         self.transforms = _compose(transforms)
         if hasattr(self.transforms, "bind"):  # ops that need the dataset (MixUp/CutMix: its number of classes)
             self.transforms.bind(dataset)
+        # transforms move packed boxes: a padded or list form is made after them (on the CPU; on CUDA after
+        # the copy the transforms refuse it, naming the packed form)
+        self._after_boxes = None
+        form = self._gather_boxes or getattr(dataset, "box_form", None)
+        if isinstance(self.transforms, Compose) and form not in (None, "packed") and "boxes" in dataset.schema \
+                and torch.device(device).type == "cpu":
+            self._after_boxes, self._gather_boxes = form, "packed"
         self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
             _takes_rank(self.transforms)
         # More copy threads than cores only thrash (measured: 4 threads on 2 cores ran at 1/4 the speed).
