@@ -302,8 +302,8 @@ class Mosaic(BatchOp):
     over the gathered batch, deterministic and resumable with the batch's generator) are each resized to a
     longer side of ``size`` (min(ceil(side r), size)), placed around a centre (xc, yc) ~ U(size/2, 3 size/2)
     on a 2 size x 2 size canvas of ``fill`` (top-left, top-right, bottom-left, bottom-right); boxes scaled,
-    shifted, clipped to their image's visible part (Ultralytics clips to the canvas), dropped when empty,
-    merged with their rows; masks placed alike (nearest, ignore index around). Follow it with
+    shifted, clipped to the canvas (where each placed image shows), dropped when empty, merged with their
+    rows (each quadrant a per-sample map through the shared ``transform_boxes``); masks placed alike (nearest, ignore index around). Follow it with
     ``RandomAffine(..., size=size)`` as Ultralytics' random_perspective does."""
 
     def __init__(self, size: int = 640, fill: int = 114):
@@ -370,34 +370,39 @@ class Mosaic(BatchOp):
             self._boxes(batch, schema, sizes, parts)
         return batch
 
-    @staticmethod
-    def _boxes(batch, schema, sizes, parts):
-        offsets = batch["box_offsets"].tolist()
-        keys = [k for k in schema.box_rows() if k in batch and k != "boxes"]
-        boxes = batch["boxes"].double()
-        out_boxes, out_rows, counts = [], {k: [] for k in keys}, []
-        for own in parts:
-            n = 0
-            for j, (h, w), a, bb in own:
+    def _boxes(self, batch, schema, sizes, parts):
+        """Each quadrant is one per-sample geometric description (the source's map onto the canvas: scale,
+        then shift); its boxes and per-box rows go through the shared ``transform_boxes`` (clipped to the
+        canvas, which is where each placed image shows: its inner edges are the image's own; dropped when
+        empty), then the four are merged per sample in quadrant order."""
+        from .resample import transform_boxes  # lazy: resample imports this package's geometric ops
+
+        keys = [k for k in schema.box_rows() if k in batch]  # boxes and every per-box row
+        offsets = batch["box_offsets"].cpu()
+        B, side = len(parts), 2 * self.size
+        quads = []
+        for i in range(4):
+            M = torch.zeros((B, 3, 3), dtype=torch.float64)
+            rows = []
+            for b, own in enumerate(parts):
+                j, (h, w), a, bb = own[i]
                 h0, w0 = sizes[j].tolist()
-                bx = boxes[offsets[j]:offsets[j + 1]]
-                padw, padh = a[0] - bb[0], a[1] - bb[1]
-                sc = torch.tensor([w / w0, h / h0, w / w0, h / h0], dtype=torch.float64, device=bx.device)
-                sh = torch.tensor([padw, padh, padw, padh], dtype=torch.float64, device=bx.device)
-                nb = bx * sc + sh
-                nb = torch.stack([nb[:, 0].clamp(a[0], a[2]), nb[:, 1].clamp(a[1], a[3]),
-                                  nb[:, 2].clamp(a[0], a[2]), nb[:, 3].clamp(a[1], a[3])], 1)
-                keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
-                out_boxes.append(nb[keep])
-                for k in keys:
-                    out_rows[k].append(batch[k][offsets[j]:offsets[j + 1]][keep])
-                n += int(keep.sum())
-            counts.append(n)
-        dtype = batch["boxes"].dtype
-        batch["boxes"] = torch.cat(out_boxes).to(dtype) if out_boxes else batch["boxes"][:0]
+                sx, sy = w0 / w, h0 / h  # canvas -> source: undo the shift, then the resize
+                M[b] = torch.tensor([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]],
+                                    dtype=torch.float64)
+                rows.append(torch.arange(int(offsets[j]), int(offsets[j + 1])))
+            take = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+            sub = {k: batch[k][take.to(batch[k].device)] for k in keys}
+            counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+            sub["box_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(batch["boxes"].device)
+            transform_boxes(sub, M, side, side, keys)
+            sub["box_offsets"] = sub["box_offsets"].cpu()
+            quads.append(sub)
+        order = [(q, int(q["box_offsets"][b]), int(q["box_offsets"][b + 1])) for b in range(B) for q in quads]
         for k in keys:
-            batch[k] = torch.cat(out_rows[k]) if out_rows[k] else batch[k][:0]
-        off = torch.zeros(len(counts) + 1, dtype=torch.int64)
+            batch[k] = torch.cat([q[k][s:e] for q, s, e in order]) if order else batch[k][:0]
+        counts = [sum(e - s for q, s, e in order[4 * b:4 * b + 4]) for b in range(B)]
+        off = torch.zeros(B + 1, dtype=torch.int64)
         torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=off[1:])
         batch["box_offsets"] = off.to(batch["boxes"].device)
 

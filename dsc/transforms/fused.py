@@ -37,7 +37,8 @@ class ChainPlan:
     out: tuple[int, int] | None
     programs: list[list[tuple]] | None
     fill: float = 0.0
-    sizes: torch.Tensor | None = None  # (B, 2) each sample's output (h, w): ``out`` is None when they differ
+    sizes: torch.Tensor | None = None  # (B, 2) (h, w) of the samples before the chain
+    out_sizes: torch.Tensor | None = None  # (B, 2) each sample's (h, w) after the chain; ``out`` None: they differ
     keep: torch.Tensor | None = None  # per box (packed order): False where an op drops it (RandomIoUCrop)
 
 
@@ -66,6 +67,7 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, 
     steps: list | None = []
     fill = 0.0
     keep = None
+    sizes_in = sizes
     for op in ops:
         if getattr(op, "needs_boxes", False):
             if boxes is None:
@@ -95,14 +97,15 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, 
     if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
         out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator(),
                          boxes=(torch.zeros((0, 4)), torch.zeros(2, dtype=torch.long))).out
-        return ChainPlan(M, out, [], fill, sizes.long().view(0, 2))
+        return ChainPlan(M, out, [], fill, sizes=sizes_in, out_sizes=sizes.long().view(0, 2))
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
     sizes = sizes.long()
     if not bool((sizes == sizes[0]).all()):  # samples of several sizes (flips, scale jitter): a ragged batch
-        return ChainPlan(M, None, programs, fill, sizes, keep)
-    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill, sizes, keep)
+        return ChainPlan(M, None, programs, fill, sizes=sizes_in, out_sizes=sizes, keep=keep)
+    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill, sizes=sizes_in, out_sizes=sizes,
+                     keep=keep)
 
 
 def fixes_size(ops: list[Geometric]) -> bool:

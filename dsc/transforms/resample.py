@@ -199,12 +199,13 @@ def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
 def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
     """A chain that leaves samples at several sizes (flips on mixed sizes, scale jitter, zoom-out): every
     pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged."""
-    out_sizes = plan.sizes.tolist()
+    out_sizes = plan.out_sizes.tolist()
     for key, role in pixels.items():
         views = _views(batch, key)[0]
         pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
     if "boxes" in batch:
-        transform_boxes(batch, plan.matrices, plan.sizes[:, 1], plan.sizes[:, 0], schema.box_rows(), keep=plan.keep)
+        transform_boxes(batch, plan.matrices, plan.out_sizes[:, 1], plan.out_sizes[:, 0], schema.box_rows(),
+                        keep=plan.keep)
     return batch
 
 
@@ -220,7 +221,7 @@ def _check_batch(batch: dict) -> None:
                           "Loader makes padded or list batches after its transforms")
 
 
-def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> None:
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> torch.Tensor:
     """Boxes through the forward maps, clipped to the output (``out_w``/``out_h``: ints, or (B,) per sample);
     boxes left without area (or False in ``keep``) are dropped with every per-box row, and ``box_offsets``
     rewritten (batched, no loop per box)."""
@@ -256,3 +257,4 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
     new_offsets = torch.zeros(len(counts) + 1, dtype=torch.int64, device=dev)
     torch.cumsum(new_counts, 0, out=new_offsets[1:])
     batch["box_offsets"] = new_offsets
+    return keep
