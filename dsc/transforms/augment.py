@@ -282,18 +282,15 @@ class RandomErasing(PixelOp):
         return p
 
     def apply(self, x, p, sizes, bound, integer):
-        N, Cn, H, W = x.shape
-        box = p["box"].to(x.device)
-        ys = torch.arange(H, device=x.device).view(1, H, 1)
-        xs = torch.arange(W, device=x.device).view(1, 1, W)
-        t, l, eh, ew = (box[:, i].view(-1, 1, 1) for i in range(4))
-        m = (ys >= t) & (ys < t + eh) & (xs >= l) & (xs < l + ew) & p["on"].to(x.device).view(-1, 1, 1)
-        m = m.unsqueeze(1)
-        if self.value == "random":
-            v = p["noise"][:, :Cn, :H, :W].to(x.device, x.dtype)
-        else:
-            v = torch.as_tensor(self.value, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        return torch.where(m, v, x)
+        """Only the erased windows are written (a per-sample slice each): no pass over the batch."""
+        Cn = x.shape[1]
+        if self.value != "random":
+            v = torch.as_tensor(self.value, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        for b in p["on"].nonzero().view(-1).tolist():
+            t, l, eh, ew = p["box"][b].tolist()
+            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype) \
+                if self.value == "random" else v
+        return x
 
 
 # ------------------------------------------------------------------------------------------- auto-augment
