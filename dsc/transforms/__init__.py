@@ -115,13 +115,22 @@ class Compose:
         gen = gen if gen is not None else batch_generator(seed, epoch, batch_index, rank)
         schema = schema if schema is not None else getattr(batch, "schema", None)
         batch = Batch(batch, schema=schema)
-        for kind, op in self.stages[start:]:
+        stages = self.stages[start:]
+        skip = False
+        for k, (kind, op) in enumerate(stages):
+            if skip:
+                skip = False
+                continue
             if kind == "geometric":
                 batch = apply_geometric(op, batch, gen, schema=schema)
             elif kind == "pixels":
                 batch = op(batch)
-            elif kind == "photo":
-                batch = apply_pixel_ops(op, batch, gen)
+            elif kind == "photo":  # followed by ToFloat/Normalize: handed over in float, one pass fewer each way
+                post = stages[k + 1][1] if k + 1 < len(stages) and stages[k + 1][0] == "pixels" else None
+                fixed = batch["image"].dtype == torch.uint8 and "image_offsets" not in batch \
+                    and "image_sizes" not in batch
+                batch = apply_pixel_ops(op, batch, gen, post=post if fixed else None)
+                skip = post is not None and fixed
             else:
                 batch = op(batch, gen)
         return batch

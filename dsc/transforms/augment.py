@@ -564,9 +564,11 @@ def _pixel_views(batch: dict):
     return None, img
 
 
-def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator) -> dict:
+def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None) -> dict:
     """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
-    ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place)."""
+    ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place). ``post``:
+    the ToFloat/Normalize pass that follows (a fixed-size uint8 batch goes straight into it, in float: its
+    values are whole numbers already, so the result is the same as through uint8)."""
     views, img = _pixel_views(batch)
     if any(op.moves_pixels for op in ops):
         moved = [k for k in batch if k in ("boxes", "mask") or k.endswith("_mask")]
@@ -610,8 +612,11 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator) -> di
     if img.dtype != torch.uint8:
         raise ConfigError(f"photometric ops take uint8 or float images, got {img.dtype}")
     x = img.permute(0, 3, 1, 2).to(torch.float32)
-    y = run(x, None, True, 255.0)
-    batch["image"] = y.clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    y = run(x, None, True, 255.0).clamp_(0, 255)
+    if post is not None:
+        batch["image"] = post.apply_float(y)
+        return batch
+    batch["image"] = y.to(torch.uint8).permute(0, 2, 3, 1).contiguous()
     return batch
 
 

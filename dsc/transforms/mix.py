@@ -85,7 +85,10 @@ class MixUp(_Mix):
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
         x = img.to(torch.float32) if not img.is_floating_point() else img
-        out = x.roll(1, 0).mul(1.0 - lam).add_(x.mul(lam))
+        out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
+        if len(x):
+            out[1:].add_(x[:-1], alpha=1.0 - lam)
+            out[0].add_(x[-1], alpha=1.0 - lam)
         batch["image"] = out.round_().clamp_(0, 255).to(img.dtype) if not img.is_floating_point() else out.to(img.dtype)
         return batch
 
@@ -109,13 +112,11 @@ class CutMix(_Mix):
         x2, y2 = min(r_x + rw, W), min(r_y + rh, H)
         lam_adj = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
         self._mix_labels(batch, lam_adj)
-        out = img.clone()
-        rolled = img.roll(1, 0)
-        if chw:
-            out[..., y1:y2, x1:x2] = rolled[..., y1:y2, x1:x2]
-        else:
-            out[:, y1:y2, x1:x2] = rolled[:, y1:y2, x1:x2]
-        batch["image"] = out
+        box = (slice(None), slice(None), slice(y1, y2), slice(x1, x2)) if chw else \
+            (slice(None), slice(y1, y2), slice(x1, x2))
+        part = img[box]  # only the box is copied: sample b takes sample b - 1's (the batch rolled by one)
+        img[box] = part.roll(1, 0)
+        batch["image"] = img
         return batch
 
 

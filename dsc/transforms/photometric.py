@@ -167,6 +167,17 @@ class PixelPost:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format  # out: as its input, HWC
         return out.to(self.dtype, memory_format=fmt)
 
+    def apply_float(self, x: torch.Tensor) -> torch.Tensor:
+        """A float (B, C, H, W) batch holding uint8 values (a photometric stage's output, not yet cast back)
+        -> the output: the same arithmetic as :meth:`apply_batch`, without the uint8 round trip."""
+        scale, shift = self._consts(x.device, x.shape[1])
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        if self.dtype == torch.float32:  # straight into the output's layout: one pass
+            out = torch.empty(x.shape, dtype=torch.float32, device=x.device, memory_format=fmt)
+            return torch.addcmul(shift.view(1, -1, 1, 1), x, scale.view(1, -1, 1, 1), out=out)
+        out = torch.addcmul(shift.view(1, -1, 1, 1), x, scale.view(1, -1, 1, 1))
+        return out.to(self.dtype, memory_format=fmt)
+
     def __call__(self, batch: dict, gen=None) -> dict:
         img = batch["image"]
         if img.dtype != torch.uint8:
