@@ -322,6 +322,11 @@ class Mosaic(BatchOp):
         if "box_offsets" not in batch and "boxes" in batch:
             raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
         pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+        other = sorted(k for k, r in schema.items() if k in batch and r.kind not in ("pixels", "boxes", "box_rows",
+                                                                                      "sample"))
+        if other:  # per-object masks, keypoints: moved by the per-object mover, not placed here yet
+            raise ConfigError(f"Mosaic places images, semantic masks, boxes and per-box rows; this batch also has "
+                              f"{', '.join(map(repr, other))}: drop them (keys=) or leave Mosaic out")
         sizes = _views(batch, "image")[1]
         B, s = len(sizes), self.size
         partners = torch.randint(max(B, 1), (B, 3), generator=gen)
