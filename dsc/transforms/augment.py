@@ -564,6 +564,9 @@ def _pixel_views(batch: dict):
     return None, img
 
 
+CHUNK_BYTES = 1 << 21  # the float pixels of the samples a CPU pass works on at once (about L2)
+
+
 def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None) -> dict:
     """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
     ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place). ``post``:
@@ -611,12 +614,22 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
         return batch
     if img.dtype != torch.uint8:
         raise ConfigError(f"photometric ops take uint8 or float images, got {img.dtype}")
-    x = img.permute(0, 3, 1, 2).to(torch.float32)
-    y = run(x, None, True, 255.0).clamp_(0, 255)
-    if post is not None:
-        batch["image"] = post.apply_float(y)
-        return batch
-    batch["image"] = y.to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    B, H, W, Cn = img.shape
+    # On the CPU a few samples at a time: each op's passes then stay in cache (a float pass over a whole batch
+    # is memory-bound: slower than the same ops one image at a time); on a GPU the whole batch at once.
+    chunk = B if img.device.type != "cpu" else max(1, CHUNK_BYTES // max(1, H * W * Cn * 4))
+    out = post.empty(B, H, W, Cn) if post is not None else img
+    if post is not None and out.device != img.device:
+        out = out.to(img.device)
+    for c0 in range(0, B, chunk):
+        rows = torch.arange(c0, min(B, c0 + chunk))
+        y = run(img[c0:c0 + chunk].permute(0, 3, 1, 2).to(torch.float32), rows if chunk < B else None, True,
+                255.0).clamp_(0, 255)
+        if post is not None:
+            post.apply_float(y, out=out[c0:c0 + chunk])
+        else:
+            out[c0:c0 + chunk] = y.to(torch.uint8).permute(0, 2, 3, 1)
+    batch["image"] = out
     return batch
 
 
