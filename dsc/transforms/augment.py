@@ -124,7 +124,7 @@ class ColorJitter(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         ranges = (self.brightness, self.contrast, self.saturation, self.hue)
         for slot in range(4):
-            for k in range(4):
+            for k in sorted(set(p["order"][:, slot].tolist())):  # the ops these samples put in this slot
                 if ranges[k] is None:
                     continue
                 on = p["order"][:, slot] == k
@@ -431,12 +431,13 @@ class _AutoBase(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         if "ops" not in p:
             return x
-        for k in range(p["ops"].shape[1]):
-            for i, name in enumerate(self.names):
+        ops = torch.where(p["on"], p["ops"], -1)
+        for k in range(ops.shape[1]):
+            for i in sorted(set(ops[:, k].tolist()) - {-1}):  # only the ops these samples drew (few per chunk)
+                name = self.names[i]
                 if name == "Identity":
                     continue
-                on = (p["ops"][:, k] == i) & p["on"][:, k]
-                x = _subset_apply(x, on, lambda v, r, name=name: apply_named(
+                x = _subset_apply(x, ops[:, k] == i, lambda v, r, name=name: apply_named(
                     name, v, p["mag"][r, k], bound, integer, self.interpolation, self.fill))
         return x
 
