@@ -13,6 +13,7 @@ import bench_loader  # noqa: E402
 import bench_mixture  # noqa: E402
 import bench_overram  # noqa: E402
 import bench_ranged  # noqa: E402
+import bench_presets  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scale  # noqa: E402
@@ -28,6 +29,7 @@ if __name__ == "__main__":
     bench_mixture.main()
     bench_overram.main()
     bench_recipe.main()
+    bench_presets.main()
     bench_versions.main()
     bench_remote.main()
     bench_ranged.main()

@@ -602,6 +602,10 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
                    f"be about to commit them; --older-than 0 removes them once no writer runs)")
 
 
+# dsc.transforms.presets.RECIPES (named here so the CLI starts without importing torch; a test compares them)
+BENCH_RECIPES = ["imagenet", "ra", "ta_wide", "augmix", "autoaugment", "det-hflip", "det-lsj", "det-multiscale",
+                 "det-ssd", "det-ssdlite", "segmentation", "yolo"]
+
 @main.command(name="bench")
 @click.argument("dataset", type=DATASET)
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
@@ -610,9 +614,12 @@ def vacuum_cmd(dataset: Path, keep: int, older_than: str, dry_run: bool):
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="Loader threads.")
 @click.option("--prefetch", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True, help="Timed epochs (best is kept).")
-@click.option("--recipe", type=click.Choice(["imagenet"]), default=None,
-              help="Time a training recipe (imagenet: RandomResizedCrop(224), flip, ToFloat, Normalize) beside "
-                   "plain epochs and a PIL DataLoader doing it per image from the source JPEGs.")
+@click.option("--recipe", type=click.Choice(BENCH_RECIPES), default=None,
+              help="Time a training recipe (imagenet: RandomResizedCrop(224), flip, ToFloat, Normalize; ra, ta_wide, "
+                   "augmix, autoaugment: torchvision's classification presets with RandomErasing 0.1, MixUp 0.2, "
+                   "CutMix 1.0; det-hflip, det-lsj, det-multiscale, det-ssd, det-ssdlite: its detection presets; "
+                   "segmentation; yolo: Ultralytics' Mosaic + affine + HSV + flip) beside plain epochs and a torch "
+                   "DataLoader (2 workers) doing it per image from the source JPEGs.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: host-to-device GB/s beside the pinned-copy limit, and how much the copies overlap a "
                    "consumer busy on the GPU.")

@@ -286,3 +286,35 @@ def test_instance_masks_and_keypoints_on_the_device(tmp_path):
                                        transforms=[T.RandomHorizontalFlip()]):
         assert all(t["masks"].device.type == "cuda" and t["masks"].shape[1:] == (48, 48) for t in targets)
         assert all(t["keypoints"].shape[1:] == (17, 3) and not t["iscrowd"].any() for t in targets)
+
+
+@pytest.mark.parametrize("preset", ["ta_wide", "ra", "augmix", "autoaugment"])
+def test_classification_presets_on_the_device_equal_the_cpu_ones(fixed, preset):
+    """The photometric / auto-augment ops, erasing and MixUp/CutMix run on the device after the uint8 copy,
+    with the same draws as on the CPU: the same labels, images within float rounding (a grey level)."""
+    aa = {"autoaugment": "imagenet"}.get(preset, preset)
+    ops = T.presets.classification(aa, crop_size=32, random_erase=0.5, mixup=0.2, cutmix=1.0)
+    cpu = list(dsc.Loader(fixed, batch_size=8, seed=2, transforms=ops))
+    gpu = list(dsc.Loader(fixed, batch_size=8, seed=2, transforms=ops, device="cuda"))
+    for a, b in zip(cpu, gpu):
+        assert b["image"].is_cuda and torch.allclose(a["label"], b["label"].cpu(), atol=1e-6)
+        d = (a["image"] - b["image"].cpu()).abs()
+        assert float(d.mean()) < 0.02 and float((d > 0.05).double().mean()) < 0.02
+
+
+@pytest.mark.parametrize("preset", ["ssd", "multiscale", "lsj"])
+def test_detection_presets_on_the_device(det, preset):
+    ops = T.presets.detection(preset, size=64)
+    cpu = list(dsc.Loader(det, batch_size=4, seed=1, transforms=ops, format="torchvision"))
+    gpu = list(dsc.Loader(det, batch_size=4, seed=1, transforms=ops, format="torchvision", device="cuda"))
+    for (ia, ta), (ib, tb) in zip(cpu, gpu):
+        for x, y in zip(ta, tb):
+            assert y["boxes"].is_cuda and torch.allclose(x["boxes"], y["boxes"].cpu(), atol=1e-3)
+        for x, y in zip(ia, ib):
+            assert y.is_cuda and x.shape == y.shape and float((x - y.cpu()).abs().mean()) < 0.02
+
+
+def test_yolo_preset_on_the_device(det):
+    ops = T.presets.yolo(64)
+    b = next(iter(dsc.Loader(det, batch_size=4, seed=1, transforms=ops, device="cuda")))
+    assert b["image"].is_cuda and b["image"].shape == (4, 64, 64, 3) and b["boxes"].is_cuda

@@ -31,7 +31,7 @@ from .orders.quasi_random import DEFAULT_WINDOW
 from . import reads as R
 from .prefetch import EpochIterator, Ring
 from .storage import CACHES
-from ..transforms import Compose, Geometric, PIXEL_OPS
+from ..transforms import BatchOp, Compose, Geometric, PIXEL_OPS
 from .remote import CONNECTIONS, _local_processes
 
 
@@ -320,6 +320,15 @@ class Loader:
         if order == "quasi_random" and window is None:
             self.window = DEFAULT_WINDOW
         self.transforms = _compose(transforms)
+        if hasattr(self.transforms, "bind"):  # ops that need the dataset (MixUp/CutMix: its number of classes)
+            self.transforms.bind(dataset)
+        # transforms move packed boxes: a padded or list form is made after them (on the CPU; on CUDA after
+        # the copy the transforms refuse it, naming the packed form)
+        self._after_boxes = None
+        form = self._gather_boxes or getattr(dataset, "box_form", None)
+        if isinstance(self.transforms, Compose) and form not in (None, "packed") and "boxes" in dataset.schema \
+                and torch.device(device).type == "cpu":
+            self._after_boxes, self._gather_boxes = form, "packed"
         self._transforms_take_rank = self.transforms is not None and not hasattr(self.transforms, "stages") and \
             _takes_rank(self.transforms)
         if isinstance(dataset, Mixture):
@@ -754,7 +763,7 @@ def _compose(transforms):
 
     if transforms is None or isinstance(transforms, Compose):
         return transforms
-    if isinstance(transforms, (Geometric, *PIXEL_OPS)):
+    if isinstance(transforms, (Geometric, BatchOp, *PIXEL_OPS)):
         return Compose([transforms])
     if isinstance(transforms, (list, tuple)):
         return Compose(list(transforms))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import DscError
-from .batches import Batch
+from .batches import Batch, box_form
 from ..transforms import batch_generator
 from ..transforms.fused import plan_chain
 
@@ -99,6 +99,7 @@ class _EpochState:
         if self.compose is not None:
             self.geometry, self.post, self.start = self.compose.gather_plan(photometric=loader.device.type != "cuda")
         self.forms = (loader._gather_boxes, loader.images)
+        self.after_boxes = getattr(loader, "_after_boxes", None)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
         self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
@@ -149,6 +150,8 @@ def _transform_rest(state: _EpochState, batch, j: int, gen):
                                  **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
         batch = state.compose(batch, gen=gen, start=state.start)
+    if state.after_boxes is not None:  # the box form asked for, from the packed boxes the transforms moved
+        batch = box_form(batch, state.dataset.schema, state.after_boxes)
     return state.output(batch) if state.output is not None else batch
 
 

@@ -20,9 +20,17 @@ from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, 
                         RandomVerticalFlip, Resize)
 from .photometric import (PIXEL_OPS, ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat,
                           fuse_photometric)
+from .augment import (PHOTOMETRIC, AugMix, AutoAugment, BatchOp, ColorJitter, GaussianBlur, PixelOp, RandAugment,
+                      RandomErasing, RandomGrayscale, RandomHSV, RandomPhotometricDistort, TrivialAugmentWide,
+                      apply_pixel_ops)
+from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomIoUCrop, RandomShortestSize, RandomZoomOut,
+                        ScaleJitter)
+from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
 from .resample import apply_geometric
+from .fused import fixes_size
+from . import presets
 
 
 def _batch_op(op):
@@ -82,6 +90,13 @@ class Compose:
                 self.stages.append(("geometric", self.ops[i:j]))
                 i = j
                 continue
+            if isinstance(self.ops[i], PixelOp):  # a run of photometric ops: one float conversion
+                j = i
+                while j < len(self.ops) and isinstance(self.ops[j], PixelOp):
+                    j += 1
+                self.stages.append(("photo", self.ops[i:j]))
+                i = j
+                continue
             post, n = fuse_photometric(self.ops[i:])
             if post is not None:
                 self.stages.append(("pixels", post))
@@ -95,7 +110,8 @@ class Compose:
         the photometric pass after them when ``photometric``, else None; the index of the first stage left
         for the batch)."""
         k, geometry, post = 0, None, None
-        if self.stages and self.stages[0][0] == "geometric" and all(op.fusable for op in self.stages[0][1]):
+        if self.stages and self.stages[0][0] == "geometric" and all(op.fusable for op in self.stages[0][1]) \
+                and fixes_size(self.stages[0][1]):
             geometry, k = self.stages[0][1], 1
         if photometric and k < len(self.stages) and self.stages[k][0] == "pixels" and (geometry or k == 0):
             post, k = self.stages[k][1], k + 1
@@ -115,18 +131,36 @@ class Compose:
         gen = gen if gen is not None else batch_generator(seed, epoch, batch_index, rank)
         schema = schema if schema is not None else getattr(batch, "schema", None)
         batch = Batch(batch, schema=schema)
-        for kind, op in self.stages[start:]:
+        stages = self.stages[start:]
+        skip = False
+        for k, (kind, op) in enumerate(stages):
+            if skip:
+                skip = False
+                continue
             if kind == "geometric":
                 batch = apply_geometric(op, batch, gen, schema=schema)
             elif kind == "pixels":
                 batch = op(batch)
+            elif kind == "photo":  # followed by ToFloat/Normalize: handed over in float, one pass fewer each way
+                post = stages[k + 1][1] if k + 1 < len(stages) and stages[k + 1][0] == "pixels" else None
+                fixed = batch["image"].dtype == torch.uint8 and "image_offsets" not in batch \
+                    and "image_sizes" not in batch
+                batch = apply_pixel_ops(op, batch, gen, post=post if fixed else None)
+                skip = post is not None and fixed
             else:
                 batch = op(batch, gen)
         return batch
 
+    def bind(self, dataset) -> "Compose":
+        """Tell every op the dataset it runs on (MixUp/CutMix: the number of classes); the Loader does."""
+        for op in self.ops:
+            if hasattr(op, "bind"):
+                op.bind(dataset)
+        return self
+
     def __repr__(self):  # stable across processes: a custom op is named, not shown with its address
         def name(op):
-            if isinstance(op, (Geometric, *PIXEL_OPS)):
+            if isinstance(op, (Geometric, BatchOp, *PIXEL_OPS)):
                 return repr(op)
             return getattr(op, "__qualname__", type(op).__qualname__)
         return f"Compose([{', '.join(name(op) for op in self.ops)}])"
@@ -134,4 +168,8 @@ class Compose:
 
 __all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Geometric", "Letterbox",
            "Normalize", "PixelPost",
-           "RandomHorizontalFlip", "RandomResizedCrop", "RandomVerticalFlip", "Resize", "ToDtype", "ToFloat"]
+           "RandomHorizontalFlip", "RandomResizedCrop", "RandomVerticalFlip", "Resize", "ToDtype", "ToFloat",
+           "BatchOp", "PixelOp", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomPhotometricDistort",
+           "RandomHSV", "RandomErasing", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix",
+           "MixUp", "CutMix", "RandomChoice", "Mosaic", "ScaleJitter", "FixedSizeCrop", "RandomShortestSize",
+           "RandomZoomOut", "RandomIoUCrop", "RandomAffine", "RandomCrop", "presets"]

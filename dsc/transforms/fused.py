@@ -34,24 +34,54 @@ class ChainPlan:
     carries its own op's fill)."""
 
     matrices: torch.Tensor
-    out: tuple[int, int]
+    out: tuple[int, int] | None
     programs: list[list[tuple]] | None
     fill: float = 0.0
     sizes: torch.Tensor | None = None  # (B, 2) (h, w) of the samples before the chain
     hflip: torch.Tensor | None = None  # (B,) bool: the sample's map mirrors x (keypoints swap left/right)
     out_sizes: torch.Tensor | None = None  # (B, 2) each sample's (h, w) after the chain; ``out`` None: they differ
+    keep: torch.Tensor | None = None  # per box (packed order): False where an op drops it (RandomIoUCrop)
 
 
-def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) -> ChainPlan:
-    """Draw every op's parameters for a batch of samples of ``sizes`` (B, 2) (h, w), in op order."""
+def _current_boxes(boxes, M: torch.Tensor) -> list[torch.Tensor]:
+    """Each sample's boxes (packed ``(boxes, offsets)``) in the coordinates after the maps ``M`` so far."""
+    flat, offsets = boxes
+    fwd = torch.linalg.inv(M)
+    o = offsets.tolist()
+    out = []
+    for b in range(len(o) - 1):
+        bx = flat[o[b]:o[b + 1]].double().cpu()
+        xs = torch.stack([bx[:, 0], bx[:, 2], bx[:, 0], bx[:, 2]], 1)
+        ys = torch.stack([bx[:, 1], bx[:, 1], bx[:, 3], bx[:, 3]], 1)
+        f = fwd[b]
+        nx, ny = f[0, 0] * xs + f[0, 1] * ys + f[0, 2], f[1, 0] * xs + f[1, 1] * ys + f[1, 2]
+        out.append(torch.stack([nx.amin(1), ny.amin(1), nx.amax(1), ny.amax(1)], 1))
+    return out
+
+
+def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, boxes=None) -> ChainPlan:
+    """Draw every op's parameters for a batch of samples of ``sizes`` (B, 2) (h, w), in op order. ``boxes``:
+    the batch's packed ``(boxes, box_offsets)``, for ops that draw from them (``needs_boxes``)."""
 
     B = len(sizes)
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
     steps: list | None = []
     fill = 0.0
+    keep = None
     sizes_in, hflip = sizes, torch.zeros(B, dtype=torch.bool)
     for op in ops:
-        if type(op).plan is not Geometric.plan:  # an op that only knows its matrices
+        if getattr(op, "needs_boxes", False):
+            if boxes is None:
+                raise ConfigError(f"{type(op).__name__} draws its crops from the boxes: the batch has none")
+            p = op.params(sizes, gen, boxes=_current_boxes(boxes, M))
+            k = p.get("keep") if isinstance(p, dict) else None
+            if k is not None:
+                keep = k if keep is None else keep & k
+            m, new = op.matrix(sizes, p)
+            hflip ^= op.hflips(sizes, p) if hasattr(op, "hflips") else mirrors_x(m)
+            s = op.steps(sizes, p)
+            steps = None if steps is None or s is None else steps + s
+        elif type(op).plan is not Geometric.plan:  # an op that only knows its matrices
             m, new = op.plan(sizes, gen)
             steps = None
             hflip ^= mirrors_x(m)
@@ -69,18 +99,26 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator) 
         M = M @ m
         sizes = new
     if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
-        out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator()).out
-        return ChainPlan(M, out, [], fill, sizes_in, hflip)
-    same = bool((sizes == sizes[0]).all())
-    if not same and not torch.equal(sizes.long(), sizes_in.long()):
-        raise ConfigError("the geometric transforms leave samples at different sizes; end the chain with a "
-                          "fixed-size op (RandomResizedCrop, CenterCrop, Letterbox, Resize((h, w))), or keep every "
-                          "sample's size (flips only: torchvision's detection models resize themselves)")
+        out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator(),
+                         boxes=(torch.zeros((0, 4)), torch.zeros(2, dtype=torch.long))).out
+        return ChainPlan(M, out, [], fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes.long().view(0, 2))
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
-    out = (int(sizes[0, 0]), int(sizes[0, 1])) if same else None  # None: a size-keeping chain on mixed sizes
-    return ChainPlan(M, out, programs, fill, sizes_in, hflip, sizes.long())
+    sizes = sizes.long()
+    if not bool((sizes == sizes[0]).all()):  # samples of several sizes (flips, scale jitter): a ragged batch
+        return ChainPlan(M, None, programs, fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes, keep=keep)
+    return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill, sizes=sizes_in, hflip=hflip,
+                     out_sizes=sizes, keep=keep)
+
+
+def fixes_size(ops: list[Geometric]) -> bool:
+    """Whether the chain leaves every sample at one size (only then can a gather run it into one buffer)."""
+    try:
+        probe = plan_chain(ops, torch.tensor([[37, 91], [120, 55], [64, 64]]), torch.Generator().manual_seed(0))
+    except ConfigError:
+        return False
+    return probe.out is not None
 
 
 def mirrors_x(m: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,8 @@ class Geometric:
     @property
     def fusable(self) -> bool:
         """Whether it states its geometry as steps (so the fused, per-sample path can run it)."""
-        return type(self).plan is Geometric.plan and type(self).steps is not Geometric.steps
+        return type(self).plan is Geometric.plan and type(self).steps is not Geometric.steps \
+            and not getattr(self, "needs_boxes", False)
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())

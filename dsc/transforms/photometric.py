@@ -167,6 +167,19 @@ class PixelPost:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format  # out: as its input, HWC
         return out.to(self.dtype, memory_format=fmt)
 
+    def apply_float(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A float (B, C, H, W) batch holding uint8 values (a photometric stage's output, not yet cast back)
+        -> the output (into ``out``, a slice of :meth:`empty`'s, when given): the same arithmetic as
+        :meth:`apply_batch`, without the uint8 round trip."""
+        scale, shift = self._consts(x.device, x.shape[1])
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        if out is None:
+            out = torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=fmt)
+        if self.dtype == torch.float32:  # straight into the output's layout: one pass
+            return torch.addcmul(shift.view(1, -1, 1, 1), x, scale.view(1, -1, 1, 1), out=out)
+        out.copy_(torch.addcmul(shift.view(1, -1, 1, 1), x, scale.view(1, -1, 1, 1)))
+        return out
+
     def __call__(self, batch: dict, gen=None) -> dict:
         img = batch["image"]
         if img.dtype != torch.uint8:

@@ -133,17 +133,21 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
-    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen), batch, schema)
+    boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
+    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes), batch, schema)
 
 
 def apply_plan(plan, batch: dict, schema: Schema) -> dict:
     """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects."""
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
-    if plan.out is None:  # a size-keeping chain on mixed sizes (flips): each sample at its own size, same form
+    if plan.out is None and torch.equal(plan.out_sizes.long(), plan.sizes.long()):
+        # a size-keeping chain on mixed sizes (flips): each sample at its own size, in the batch's own form
         for key, role in pixels.items():
             _each_own_size(batch, key, role, plan)
         move_objects(batch, plan, schema)
         return batch
+    if plan.out is None:  # samples of several sizes (scale jitter, zoom-out): a packed ragged batch out
+        return _apply_ragged(plan, batch, pixels, schema)
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -169,6 +173,47 @@ def apply_plan(plan, batch: dict, schema: Schema) -> dict:
         for suffix in ("_offsets", "_shapes", "_sizes"):
             batch.pop(key + suffix, None)
         batch[key] = out
+    move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
+    return batch
+
+
+def move_sample(view: torch.Tensor, role, plan, b: int, out_hw: tuple[int, int]) -> torch.Tensor:
+    """THE per-sample mover: sample ``b``'s pixels of one role (``view`` (H, W[, C])) through the plan's
+    geometry into a new (h, w[, C]) tensor: its integer program when it has one, else its matrix (bilinear
+    or nearest by the role, the role's fill outside, else the op's)."""
+    nearest = role.resample == "nearest"
+    h, w = out_hw
+    if plan.programs is not None:
+        out = torch.empty((h, w, *view.shape[2:]), dtype=view.dtype, device=view.device)
+        run_program(view, plan.programs[b], out, nearest, role.fill)
+        return out
+    fill = plan.fill if role.fill is None else role.fill
+    size = torch.tensor([list(view.shape[:2])])
+    return (_nearest if nearest else _resample)(view.unsqueeze(0), size, plan.matrices[b:b + 1], h, w, fill)[0]
+
+
+def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
+    """Per-sample tensors as the packed ragged form: flat ``key``, ``key_offsets`` (B+1,), ``key_shapes``."""
+    for suffix in ("_offsets", "_shapes", "_sizes"):
+        batch.pop(key + suffix, None)
+    dev = batch[key].device
+    dtype = batch[key].dtype
+    sizes = [s.numel() for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
+    batch[key] = torch.cat([s.reshape(-1) for s in samples]) if samples else torch.empty(0, dtype=dtype, device=dev)
+    batch[f"{key}_offsets"] = offsets.to(dev)
+    ndim = max((s.dim() for s in samples), default=3)
+    batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64, device=dev).view(-1, ndim)
+
+
+def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
+    """A chain that leaves samples at several sizes (flips on mixed sizes, scale jitter, zoom-out): every
+    pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged."""
+    out_sizes = plan.out_sizes.tolist()
+    for key, role in pixels.items():
+        views = _views(batch, key)[0]
+        pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
     move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
 

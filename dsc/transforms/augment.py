@@ -1,0 +1,638 @@
+"""Photometric augmentations: torchvision.transforms.v2's ColorJitter, RandomGrayscale, GaussianBlur,
+RandomPhotometricDistort, RandomErasing, AutoAugment, RandAugment, TrivialAugmentWide and AugMix, and
+Ultralytics' HSV jitter (RandomHSV), run batched.
+
+Each op draws its parameters per sample from the batch's (seed, epoch, rank, batch) generator with
+torchvision's distributions (``params(sizes, gen)``: a dict of per-sample tensors), then applies them to the
+whole batch at once (``apply``): one vectorised pass per op, or per distinct sub-op where samples drew
+different ones (AutoAugment's policies: the samples that drew Rotate are rotated together). A run of these
+ops is one stage: the uint8 (B, H, W, C) batch becomes float (B, C, H, W) once, each op quantises as
+torchvision does on uint8 tensors (so a single op is within a grey level of torchvision on the same
+parameters), and the stage writes uint8 back. A float image (after ToFloat, before Normalize) is taken
+as [0, 1]. Ragged batches (images of several sizes) are run one sample at a time, with the same draws.
+They are torch ops: on the device (CUDA) after the uint8 copy when the Loader runs there.
+
+Photometric ops touch only the image: boxes, masks and labels are left as they are. The auto-augment
+family's geometric sub-ops (shear, translate, rotate) move the image only, as in classification
+training; a batch with boxes or masks is refused by them (use RandomAffine for detection).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import color as C
+from ..errors import ConfigError
+
+
+class BatchOp:
+    """A batch op of dsc.transforms that is not geometric: ``op(batch, gen) -> batch``."""
+
+    def __call__(self, batch: dict, gen: torch.Generator) -> dict:
+        raise NotImplementedError
+
+    def bind(self, dataset) -> None:
+        """Learn what it needs from the dataset the Loader reads (MixUp: the number of classes)."""
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+class PixelOp(BatchOp):
+    """A photometric op: ``params(sizes, gen)`` draws per-sample parameters ({name: (B, ...) tensor}),
+    ``apply(x, params, sizes, bound, integer)`` runs them on float (N, C, H, W) pixels in 0..bound."""
+
+    moves_pixels = False  # the auto-augment family shears/rotates the image: refused beside boxes and masks
+
+    def params(self, sizes: torch.Tensor, gen: torch.Generator) -> dict:
+        return {}
+
+    def apply(self, x: torch.Tensor, p: dict, sizes: torch.Tensor, bound: float, integer: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, batch: dict, gen: torch.Generator) -> dict:
+        return apply_pixel_ops([self], batch, gen)
+
+
+def _range(value, name: str, center: float = 1.0, bound=(0, float("inf")), clip_first: bool = True):
+    """torchvision's ``_check_input``: a number v -> [center - v, center + v] (clipped at 0), or (lo, hi)."""
+    if value is None or value == 0:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{name}: a single value must be non-negative, got {value!r}")
+        lo, hi = center - value, center + value
+        if clip_first:
+            lo = max(lo, 0.0)
+    else:
+        try:
+            lo, hi = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} is a number or (low, high), got {value!r}") from None
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ConfigError(f"{name}: values should be between {bound}, got ({lo}, {hi})")
+    return None if lo == hi == center else (float(lo), float(hi))
+
+
+def _prob(p, name):
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+        raise ConfigError(f"{name}: p is a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
+def _take(p: dict, idx) -> dict:
+    return {k: v[idx] for k, v in p.items()}
+
+
+def _subset_apply(x: torch.Tensor, on: torch.Tensor, fn) -> torch.Tensor:
+    """``fn(x[on], rows)`` written back into x (all: in one call; none: x untouched)."""
+    on = on.to(torch.bool)
+    if bool(on.all()):
+        return fn(x, torch.arange(len(x)))
+    if not bool(on.any()):
+        return x
+    rows = on.nonzero().view(-1)
+    x = x.clone() if x.requires_grad else x
+    x[rows.to(x.device)] = fn(x[rows.to(x.device)], rows)
+    return x
+
+
+# ------------------------------------------------------------------------------------------------ simple ops
+class ColorJitter(PixelOp):
+    """torchvision ``ColorJitter(brightness, contrast, saturation, hue)``: per sample, factors ~ U(range) (a
+    number v means [max(0, 1 - v), 1 + v]; hue: [-v, v], v <= 0.5) applied in a random order (a random
+    permutation of the four per sample, as ``torch.randperm(4)``)."""
+
+    _FNS = (C.brightness, C.contrast, C.saturation, C.hue)
+
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0):
+        self.brightness = _range(brightness, "ColorJitter brightness")
+        self.contrast = _range(contrast, "ColorJitter contrast")
+        self.saturation = _range(saturation, "ColorJitter saturation")
+        self.hue = _range(hue, "ColorJitter hue", center=0, bound=(-0.5, 0.5), clip_first=False)
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        order = torch.argsort(torch.rand((B, 4), generator=gen), 1)  # a uniform permutation per sample
+        p = {"order": order}
+        for k, rng in enumerate((self.brightness, self.contrast, self.saturation, self.hue)):
+            p[f"f{k}"] = C.uniform(gen, B, *rng) if rng else torch.full((B,), 0.0 if k == 3 else 1.0, dtype=torch.float64)
+        return p
+
+    def apply(self, x, p, sizes, bound, integer):
+        ranges = (self.brightness, self.contrast, self.saturation, self.hue)
+        for slot in range(4):
+            for k in sorted(set(p["order"][:, slot].tolist())):  # the ops these samples put in this slot
+                if ranges[k] is None:
+                    continue
+                on = p["order"][:, slot] == k
+                x = _subset_apply(x, on, lambda v, r, k=k: self._FNS[k](v, p[f"f{k}"][r], bound, integer))
+        return x
+
+
+class RandomGrayscale(PixelOp):
+    """torchvision ``RandomGrayscale(p=0.1)``: with probability p the sample becomes its grey image
+    (0.2989 R + 0.587 G + 0.114 B) in every channel."""
+
+    def __init__(self, p: float = 0.1):
+        self.p = _prob(p, "RandomGrayscale")
+
+    def params(self, sizes, gen):
+        return {"on": torch.rand(len(sizes), generator=gen, dtype=torch.float64) < self.p}
+
+    def apply(self, x, p, sizes, bound, integer):
+        return _subset_apply(x, p["on"], lambda v, r: C.to_grayscale(v, integer))
+
+
+class GaussianBlur(PixelOp):
+    """torchvision ``GaussianBlur(kernel_size, sigma=(0.1, 2.0))``: sigma ~ U(sigma) per sample (the same in x
+    and y), kernel exp(-t^2 / 2 sigma^2) on t = -(k-1)/2..(k-1)/2 normalised, reflect padding; kernel_size
+    an odd int or (kx, ky)."""
+
+    def __init__(self, kernel_size, sigma=(0.1, 2.0)):
+        ks = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        if len(ks) != 2 or not all(isinstance(k, int) and k > 0 and k % 2 == 1 for k in ks):
+            raise ConfigError(f"GaussianBlur: kernel_size is an odd positive int or (kx, ky), got {kernel_size!r}")
+        s = (sigma, sigma) if isinstance(sigma, (int, float)) else tuple(sigma)
+        if len(s) != 2 or not 0 < s[0] <= s[1]:
+            raise ConfigError(f"GaussianBlur: sigma is a positive number or (min, max), got {sigma!r}")
+        self.kernel_size, self.sigma = ks, (float(s[0]), float(s[1]))
+
+    def params(self, sizes, gen):
+        return {"sigma": C.uniform(gen, len(sizes), *self.sigma)}
+
+    def apply(self, x, p, sizes, bound, integer):
+        return C.gaussian_blur(x, self.kernel_size, p["sigma"].view(-1, 1).expand(-1, 2), bound, integer)
+
+
+class RandomPhotometricDistort(PixelOp):
+    """torchvision ``RandomPhotometricDistort`` (the SSD recipe): brightness, contrast, saturation and hue each
+    applied with probability p at a factor ~ U(range); contrast before or after saturation+hue (1/2 each);
+    with probability p the channels permuted at random."""
+
+    def __init__(self, brightness=(0.875, 1.125), contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue=(-0.05, 0.05),
+                 p: float = 0.5):
+        self.brightness = _range(brightness, "RandomPhotometricDistort brightness")
+        self.contrast = _range(contrast, "RandomPhotometricDistort contrast")
+        self.saturation = _range(saturation, "RandomPhotometricDistort saturation")
+        self.hue = _range(hue, "RandomPhotometricDistort hue", center=0, bound=(-0.5, 0.5), clip_first=False)
+        self.p = _prob(p, "RandomPhotometricDistort")
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        p = {}
+        for k, rng in enumerate((self.brightness, self.contrast, self.saturation, self.hue)):
+            on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
+            p[f"on{k}"] = on & (rng is not None)
+            p[f"f{k}"] = C.uniform(gen, B, *rng) if rng else torch.zeros(B, dtype=torch.float64)
+        p["contrast_before"] = torch.rand(B, generator=gen, dtype=torch.float64) < 0.5
+        p["permute"] = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
+        p["perm"] = torch.argsort(torch.rand((B, 3), generator=gen), 1)
+        return p
+
+    def apply(self, x, p, sizes, bound, integer):
+        def op(k, only=None):
+            nonlocal x
+            on = p[f"on{k}"] if only is None else p[f"on{k}"] & only
+            fn = (C.brightness, C.contrast, C.saturation, C.hue)[k]
+            x = _subset_apply(x, on, lambda v, r: fn(v, p[f"f{k}"][r], bound, integer))
+        op(0)
+        op(1, p["contrast_before"])
+        op(2)
+        op(3)
+        op(1, ~p["contrast_before"])
+        if x.shape[1] == 3:
+            x = _subset_apply(x, p["permute"], lambda v, r: v.gather(
+                1, p["perm"][r].to(v.device).view(-1, 3, 1, 1).expand_as(v)))
+        return x
+
+
+class RandomHSV(PixelOp):
+    """Ultralytics' HSV jitter (``RandomHSV(hgain=0.015, sgain=0.7, vgain=0.4)``, the YOLO default): gains
+    r = 1 + U(-1, 1) * gain per channel and sample; in OpenCV's 8-bit HSV (H 0-179, S and V 0-255) the
+    lookup tables H' = (H r_h) mod 180, S' = clip(S r_s), V' = clip(V r_v) (truncated), then back to RGB."""
+
+    def __init__(self, hgain: float = 0.015, sgain: float = 0.7, vgain: float = 0.4):
+        for n, g in (("hgain", hgain), ("sgain", sgain), ("vgain", vgain)):
+            if not isinstance(g, (int, float)) or not 0 <= g <= 1:
+                raise ConfigError(f"RandomHSV: {n} is a gain in [0, 1], got {g!r}")
+        self.hgain, self.sgain, self.vgain = float(hgain), float(sgain), float(vgain)
+
+    def params(self, sizes, gen):
+        u = torch.rand((len(sizes), 3), generator=gen, dtype=torch.float64) * 2 - 1
+        return {"r": u * torch.tensor([self.hgain, self.sgain, self.vgain], dtype=torch.float64) + 1}
+
+    def apply(self, x, p, sizes, bound, integer):
+        if x.shape[1] != 3:
+            return x
+        hsv = C.rgb_to_hsv(x / bound)
+        r = p["r"].to(x.device, x.dtype)
+        h = torch.round(hsv[:, 0] * 180.0).remainder_(180.0)  # OpenCV: H in 0..179
+        s = torch.round(hsv[:, 1] * 255.0)
+        v = torch.round(hsv[:, 2] * 255.0)
+        h = torch.remainder(h * r[:, 0].view(-1, 1, 1), 180.0).trunc_()
+        s = (s * r[:, 1].view(-1, 1, 1)).clamp_(0, 255).trunc_()
+        v = (v * r[:, 2].view(-1, 1, 1)).clamp_(0, 255).trunc_()
+        rgb = C.hsv_to_rgb(torch.stack([h / 180.0, s / 255.0, v / 255.0], 1))
+        return C.quantise(rgb.mul_(bound), integer, "round")
+
+
+class RandomErasing(PixelOp):
+    """torchvision ``RandomErasing(p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``: with probability
+    p, up to 10 tries of an area fraction ~ U(scale) and aspect ~ log-U(ratio), h = round(sqrt(area *
+    aspect)), w = round(sqrt(area / aspect)), kept when h < H and w < W, placed uniformly; filled with
+    ``value`` (a number, one per channel, or "random": standard normal noise). torchvision's recipe erases
+    the normalised float image: put it after Normalize for that (0 is then the mean colour); before ToFloat
+    it erases uint8 pixels with ``value`` in 0-255."""
+
+    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0):
+        self.p = _prob(p, "RandomErasing")
+        self.scale, self.ratio = tuple(float(v) for v in scale), tuple(float(v) for v in ratio)
+        if len(self.scale) != 2 or len(self.ratio) != 2 or not 0 <= self.scale[0] <= self.scale[1] <= 1 \
+                or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"RandomErasing: scale is (low, high) in [0, 1], ratio (low, high) > 0; got "
+                              f"{scale!r}, {ratio!r}")
+        if not (value == "random" or isinstance(value, (int, float)) or
+                (isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value))):
+            raise ConfigError(f"RandomErasing: value is a number, one per channel, or 'random'; got {value!r}")
+        self.value = tuple(value) if isinstance(value, list) else value
+
+    def params(self, sizes, gen):
+        B, tries = len(sizes), 10
+        h, w = sizes[:, 0:1].double(), sizes[:, 1:2].double()
+        u = torch.rand((B, tries, 4), generator=gen, dtype=torch.float64)
+        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[..., 0])
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = torch.exp(lo + (hi - lo) * u[..., 1])
+        eh = torch.round(torch.sqrt(area * aspect))
+        ew = torch.round(torch.sqrt(area / aspect))
+        ok = (eh < h) & (ew < w)
+        rows = torch.arange(B)
+        pick = ok.double().argmax(1)
+        eh, ew = eh[rows, pick], ew[rows, pick]
+        top = torch.floor(u[rows, pick, 2] * (h[:, 0] - eh + 1))
+        left = torch.floor(u[rows, pick, 3] * (w[:, 0] - ew + 1))
+        on = (torch.rand(B, generator=gen, dtype=torch.float64) < self.p) & ok.any(1)
+        p = {"on": on, "box": torch.stack([top, left, eh, ew], 1).long()}
+        if self.value == "random":  # noise over the largest image, each sample's window read from it
+            H, W = int(sizes[:, 0].max()) if B else 0, int(sizes[:, 1].max()) if B else 0
+            p["noise"] = torch.randn((B, 4, H, W), generator=gen)  # up to 4 channels
+        return p
+
+    def apply(self, x, p, sizes, bound, integer):
+        """Only the erased windows are written (a per-sample slice each): no pass over the batch."""
+        Cn = x.shape[1]
+        if self.value != "random":
+            v = torch.as_tensor(self.value, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        for b in p["on"].nonzero().view(-1).tolist():
+            t, l, eh, ew = p["box"][b].tolist()
+            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype) \
+                if self.value == "random" else v
+        return x
+
+
+# ------------------------------------------------------------------------------------------- auto-augment
+def _bins_shear(hi):
+    return lambda n, h, w: C.magnitude_bins(n, 0.0, hi)
+
+
+def _bins_posterize(div):
+    return lambda n, h, w: (8 - (torch.arange(n) / ((n - 1) / div)).round().int()).double()
+
+
+def _bins_posterize_augmix(n, h, w):
+    return (4 - (torch.arange(n) / ((n - 1) / 4)).round().int()).double()
+
+
+_SOLARIZE = lambda n, h, w: C.magnitude_bins(n, 1.0, 0.0)  # noqa: E731 (x bound: a threshold)
+
+_AA_SPACE = {  # AutoAugment and RandAugment (num_bins 10 and 31): name -> (bins(n, h, w) or None, signed)
+    "Identity": (None, False),
+    "ShearX": (_bins_shear(0.3), True), "ShearY": (_bins_shear(0.3), True),
+    "TranslateX": (lambda n, h, w: C.magnitude_bins(n, 0.0, 150.0 / 331.0 * w), True),
+    "TranslateY": (lambda n, h, w: C.magnitude_bins(n, 0.0, 150.0 / 331.0 * h), True),
+    "Rotate": (_bins_shear(30.0), True),
+    "Brightness": (_bins_shear(0.9), True), "Color": (_bins_shear(0.9), True),
+    "Contrast": (_bins_shear(0.9), True), "Sharpness": (_bins_shear(0.9), True),
+    "Posterize": (_bins_posterize(4), False), "Solarize": (_SOLARIZE, False),
+    "AutoContrast": (None, False), "Equalize": (None, False), "Invert": (None, False),
+}
+_TA_SPACE = {  # TrivialAugmentWide (num_bins 31)
+    "Identity": (None, False),
+    "ShearX": (_bins_shear(0.99), True), "ShearY": (_bins_shear(0.99), True),
+    "TranslateX": (_bins_shear(32.0), True), "TranslateY": (_bins_shear(32.0), True),
+    "Rotate": (_bins_shear(135.0), True),
+    "Brightness": (_bins_shear(0.99), True), "Color": (_bins_shear(0.99), True),
+    "Contrast": (_bins_shear(0.99), True), "Sharpness": (_bins_shear(0.99), True),
+    "Posterize": (_bins_posterize(6), False), "Solarize": (_SOLARIZE, False),
+    "AutoContrast": (None, False), "Equalize": (None, False),
+}
+_AUGMIX_SPACE = {  # AugMix (10 bins; the last four with all_ops=True)
+    "ShearX": (_bins_shear(0.3), True), "ShearY": (_bins_shear(0.3), True),
+    "TranslateX": (lambda n, h, w: C.magnitude_bins(n, 0.0, w / 3.0), True),
+    "TranslateY": (lambda n, h, w: C.magnitude_bins(n, 0.0, h / 3.0), True),
+    "Rotate": (_bins_shear(30.0), True),
+    "Posterize": (_bins_posterize_augmix, False), "Solarize": (_SOLARIZE, False),
+    "AutoContrast": (None, False), "Equalize": (None, False),
+    "Brightness": (_bins_shear(0.9), True), "Color": (_bins_shear(0.9), True),
+    "Contrast": (_bins_shear(0.9), True), "Sharpness": (_bins_shear(0.9), True),
+}
+_RA_NAMES = ["Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+             "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize"]
+
+IMAGENET_POLICY = (
+    (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
+    (("Equalize", 0.8, None), ("Equalize", 0.6, None)), (("Posterize", 0.6, 7), ("Posterize", 0.6, 6)),
+    (("Equalize", 0.4, None), ("Solarize", 0.2, 4)), (("Equalize", 0.4, None), ("Rotate", 0.8, 8)),
+    (("Solarize", 0.6, 3), ("Equalize", 0.6, None)), (("Posterize", 0.8, 5), ("Equalize", 1.0, None)),
+    (("Rotate", 0.2, 3), ("Solarize", 0.6, 8)), (("Equalize", 0.6, None), ("Posterize", 0.4, 6)),
+    (("Rotate", 0.8, 8), ("Color", 0.4, 0)), (("Rotate", 0.4, 9), ("Equalize", 0.6, None)),
+    (("Equalize", 0.0, None), ("Equalize", 0.8, None)), (("Invert", 0.6, None), ("Equalize", 1.0, None)),
+    (("Color", 0.6, 4), ("Contrast", 1.0, 8)), (("Rotate", 0.8, 8), ("Color", 1.0, 2)),
+    (("Color", 0.8, 8), ("Solarize", 0.8, 7)), (("Sharpness", 0.4, 7), ("Invert", 0.6, None)),
+    (("ShearX", 0.6, 5), ("Equalize", 1.0, None)), (("Color", 0.4, 0), ("Equalize", 0.6, None)),
+    (("Equalize", 0.4, None), ("Solarize", 0.2, 4)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
+    (("Invert", 0.6, None), ("Equalize", 1.0, None)), (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
+    (("Equalize", 0.8, None), ("Equalize", 0.6, None)),
+)  # torchvision's AutoAugmentPolicy.IMAGENET: 25 sub-policies of (op, probability, magnitude bin)
+
+
+def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, integer: bool,
+                interpolation: str = "nearest", fill=None) -> torch.Tensor:
+    """torchvision's ``_apply_image_or_video_transform``: one auto-augment op at per-sample magnitudes ``mag``."""
+    N, _, H, W = x.shape
+    mag = mag.double()
+    if name == "Identity":
+        return x
+    if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+        sizes = torch.tensor([[H, W]]).expand(N, 2)
+        zero = torch.zeros(N, dtype=torch.float64)
+        if name.startswith("Shear"):
+            deg = torch.rad2deg(torch.atan(mag))
+            shear = (deg, zero) if name == "ShearX" else (zero, deg)
+            M = C.affine_matrix(sizes, zero, (zero, zero), 1.0, shear, center=(0.0, 0.0))
+        elif name.startswith("Translate"):
+            t = torch.trunc(mag)  # int(magnitude)
+            M = C.affine_matrix(sizes, zero, (t, zero) if name == "TranslateX" else (zero, t), 1.0, (zero, zero))
+        else:  # rotate(angle) is affine(-angle): counter-clockwise
+            M = C.affine_matrix(sizes, -mag, (zero, zero), 1.0, (zero, zero))
+        return C.warp(x, M, fill, interpolation, integer)
+    fns = {"Brightness": C.brightness, "Color": C.saturation, "Contrast": C.contrast, "Sharpness": C.sharpness}
+    if name in fns:
+        return fns[name](x, 1.0 + mag, bound, integer)
+    if name == "Posterize":
+        return C.posterize(x, mag.long(), bound, integer)
+    if name == "Solarize":
+        return C.solarize(x, bound * mag, bound, integer)
+    if name == "AutoContrast":
+        return C.autocontrast(x, bound, integer)
+    if name == "Equalize":
+        return C.equalize(x, bound, integer)
+    if name == "Invert":
+        return C.invert(x, bound, integer)
+    raise ConfigError(f"unknown auto-augment op {name!r}")
+
+
+class _AutoBase(PixelOp):
+    """Per sample, slots of (op, on, magnitude); ``apply`` runs slot by slot, each op on the samples that
+    drew it, together."""
+
+    moves_pixels = True
+    names: list[str] = []
+
+    def _interp(self, interpolation):
+        mode = str(getattr(interpolation, "value", interpolation)).lower()
+        if mode not in ("nearest", "bilinear"):
+            raise ConfigError(f"{type(self).__name__}: interpolation is 'nearest' or 'bilinear', got {interpolation!r}")
+        return mode
+
+    def _magnitudes(self, space, ops: torch.Tensor, bins: torch.Tensor, sizes, num_bins: int, gen) -> torch.Tensor:
+        """(B, K) magnitudes: bin ``bins`` of each drawn op's magnitudes (0 for ops without), negated with
+        probability 1/2 for signed ops."""
+        B, K = ops.shape
+        mags = torch.zeros((B, K), dtype=torch.float64)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        sign = torch.rand((B, K), generator=gen, dtype=torch.float64) <= 0.5
+        for i, name in enumerate(self.names):
+            fn, signed = space[name]
+            sel = ops == i
+            if fn is None or not bool(sel.any()):
+                continue
+            table = fn(num_bins, h, w)  # (n,) or (B, n)
+            table = table.view(1, -1).expand(B, -1) if table.dim() == 1 else table
+            m = table.gather(1, bins.clamp(max=num_bins - 1))
+            if signed:
+                m = torch.where(sign, -m, m)
+            mags = torch.where(sel, m, mags)
+        return mags
+
+    def apply(self, x, p, sizes, bound, integer):
+        if "ops" not in p:
+            return x
+        ops = torch.where(p["on"], p["ops"], -1)
+        for k in range(ops.shape[1]):
+            for i in sorted(set(ops[:, k].tolist()) - {-1}):  # only the ops these samples drew (few per chunk)
+                name = self.names[i]
+                if name == "Identity":
+                    continue
+                x = _subset_apply(x, ops[:, k] == i, lambda v, r, name=name: apply_named(
+                    name, v, p["mag"][r, k], bound, integer, self.interpolation, self.fill))
+        return x
+
+
+class AutoAugment(_AutoBase):
+    """torchvision ``AutoAugment(policy="imagenet")``: per sample one of the 25 ImageNet sub-policies,
+    uniformly; each of its two ops runs with its probability at its magnitude bin (of 10), signed ops
+    negated with probability 1/2. Geometric sub-ops: nearest, ``fill`` outside (None: 0)."""
+
+    names = list(_AA_SPACE)
+
+    def __init__(self, policy: str = "imagenet", interpolation: str = "nearest", fill=None):
+        if str(getattr(policy, "value", policy)).lower() != "imagenet":
+            raise ConfigError(f"AutoAugment: the policy dsc has is 'imagenet' (torchvision's default), got {policy!r}")
+        self.policy, self.interpolation, self.fill = "imagenet", self._interp(interpolation), fill
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        pid = torch.randint(len(IMAGENET_POLICY), (B,), generator=gen)
+        u = torch.rand((B, 2), generator=gen, dtype=torch.float64)
+        ops = torch.zeros((B, 2), dtype=torch.long)
+        bins = torch.zeros((B, 2), dtype=torch.long)
+        on = torch.zeros((B, 2), dtype=torch.bool)
+        for b, q in enumerate(pid.tolist()):
+            for k, (name, prob, mi) in enumerate(IMAGENET_POLICY[q]):
+                ops[b, k], bins[b, k], on[b, k] = self.names.index(name), mi or 0, u[b, k] <= prob
+        return {"ops": ops, "on": on, "mag": self._magnitudes(_AA_SPACE, ops, bins, sizes, 10, gen)}
+
+
+class RandAugment(_AutoBase):
+    """torchvision ``RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31)``: per sample ``num_ops`` ops
+    drawn uniformly from its 14 (Identity, ShearX/Y, TranslateX/Y, Rotate, Brightness, Color, Contrast,
+    Sharpness, Posterize, Solarize, AutoContrast, Equalize), each at bin ``magnitude``, signed ops negated
+    with probability 1/2."""
+
+    names = _RA_NAMES
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31,
+                 interpolation: str = "nearest", fill=None):
+        if not (isinstance(num_ops, int) and num_ops >= 0 and isinstance(num_magnitude_bins, int)
+                and num_magnitude_bins >= 2 and isinstance(magnitude, int) and 0 <= magnitude < num_magnitude_bins):
+            raise ConfigError(f"RandAugment: num_ops >= 0 and 0 <= magnitude < num_magnitude_bins, got {num_ops!r}, "
+                              f"{magnitude!r}, {num_magnitude_bins!r}")
+        self.num_ops, self.magnitude, self.num_magnitude_bins = num_ops, magnitude, num_magnitude_bins
+        self.interpolation, self.fill = self._interp(interpolation), fill
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        ops = torch.randint(len(self.names), (B, self.num_ops), generator=gen)
+        bins = torch.full((B, self.num_ops), self.magnitude, dtype=torch.long)
+        return {"ops": ops, "on": torch.ones_like(ops, dtype=torch.bool),
+                "mag": self._magnitudes(_AA_SPACE, ops, bins, sizes, self.num_magnitude_bins, gen)}
+
+
+class TrivialAugmentWide(_AutoBase):
+    """torchvision ``TrivialAugmentWide(num_magnitude_bins=31)``: per sample one op drawn uniformly from its
+    14 (wide ranges: shear 0.99, translate 32 px, rotate 135 degrees, enhance 0.99, posterize 2-8 bits) at a
+    bin drawn uniformly, signed ops negated with probability 1/2."""
+
+    names = list(_TA_SPACE)
+
+    def __init__(self, num_magnitude_bins: int = 31, interpolation: str = "nearest", fill=None):
+        if not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
+            raise ConfigError(f"TrivialAugmentWide: num_magnitude_bins is an int >= 2, got {num_magnitude_bins!r}")
+        self.num_magnitude_bins, self.interpolation, self.fill = num_magnitude_bins, self._interp(interpolation), fill
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        ops = torch.randint(len(self.names), (B, 1), generator=gen)
+        bins = torch.randint(self.num_magnitude_bins, (B, 1), generator=gen)
+        return {"ops": ops, "on": torch.ones_like(ops, dtype=torch.bool),
+                "mag": self._magnitudes(_TA_SPACE, ops, bins, sizes, self.num_magnitude_bins, gen)}
+
+
+class AugMix(_AutoBase):
+    """torchvision ``AugMix(severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=True)``: per sample,
+    ``mixture_width`` chains of 1-3 ops (or ``chain_depth``) from its space at bins drawn below
+    ``severity``; mixed with weights ~ Dirichlet(alpha, ..., alpha) and blended with the original at
+    m ~ Dirichlet(alpha, alpha) (torchvision's ``_sample_dirichlet``, drawn here from the batch's
+    generator); uint8 truncated at the end."""
+
+    def __init__(self, severity: int = 3, mixture_width: int = 3, chain_depth: int = -1, alpha: float = 1.0,
+                 all_ops: bool = True, interpolation: str = "bilinear", fill=None):
+        if not (isinstance(severity, int) and 1 <= severity <= 10 and isinstance(mixture_width, int)
+                and mixture_width >= 1 and isinstance(chain_depth, int) and alpha > 0):
+            raise ConfigError(f"AugMix: severity in 1..10, mixture_width >= 1, alpha > 0; got {severity!r}, "
+                              f"{mixture_width!r}, {alpha!r}")
+        self.severity, self.mixture_width, self.chain_depth, self.alpha = severity, mixture_width, chain_depth, alpha
+        self.all_ops, self.interpolation, self.fill = all_ops, self._interp(interpolation), fill
+        self.names = list(_AUGMIX_SPACE)[:None if all_ops else 9]
+
+    def params(self, sizes, gen):
+        B, W = len(sizes), self.mixture_width
+        K = self.chain_depth if self.chain_depth > 0 else 3
+        m = C.dirichlet(gen, torch.full((B, 2), float(self.alpha), dtype=torch.float64))
+        weights = C.dirichlet(gen, torch.full((B, W), float(self.alpha), dtype=torch.float64)) * m[:, 1:2]
+        depth = torch.full((B, W), K) if self.chain_depth > 0 else torch.randint(1, 4, (B, W), generator=gen)
+        ops = torch.randint(len(self.names), (B, W * K), generator=gen)
+        bins = torch.randint(self.severity, (B, W * K), generator=gen)
+        on = (torch.arange(K).repeat(W).view(1, -1) < depth.repeat_interleave(K, 1))
+        return {"m0": m[:, 0], "w": weights, "ops": ops, "on": on,
+                "mag": self._magnitudes(_AUGMIX_SPACE, ops, bins, sizes, 10, gen)}
+
+    def apply(self, x, p, sizes, bound, integer):
+        W = self.mixture_width
+        K = p["ops"].shape[1] // W
+        mix = x * p["m0"].to(x.device, x.dtype).view(-1, 1, 1, 1)
+        for i in range(W):
+            sl = slice(i * K, (i + 1) * K)
+            aug = super().apply(x.clone(), {"ops": p["ops"][:, sl], "on": p["on"][:, sl], "mag": p["mag"][:, sl]},
+                                sizes, bound, integer)
+            mix.add_(aug * p["w"][:, i].to(x.device, x.dtype).view(-1, 1, 1, 1))
+        return C.quantise(mix, integer)
+
+
+# ------------------------------------------------------------------------------------------------ the stage
+def _pixel_views(batch: dict):
+    """(per-sample (H, W, C) views or None, the fixed (B, H, W, C) / float (B, C, H, W) tensor or None)."""
+    img = batch["image"]
+    if "image_offsets" in batch:
+        o, shapes = batch["image_offsets"].tolist(), batch["image_shapes"].tolist()
+        return [img[o[b]:o[b + 1]].view(*s) for b, s in enumerate(shapes)], None
+    if "image_sizes" in batch:
+        return [img[b, :h, :w] for b, (h, w) in enumerate(batch["image_sizes"].tolist())], None
+    return None, img
+
+
+CHUNK_BYTES = 1 << 21  # the float pixels of the samples a CPU pass works on at once (about L2)
+
+
+def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None) -> dict:
+    """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
+    ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place). ``post``:
+    the ToFloat/Normalize pass that follows (a fixed-size uint8 batch goes straight into it, in float: its
+    values are whole numbers already, so the result is the same as through uint8)."""
+    views, img = _pixel_views(batch)
+    if any(op.moves_pixels for op in ops):
+        moved = [k for k in batch if k in ("boxes", "mask") or k.endswith("_mask")]
+        schema = getattr(batch, "schema", None)
+        if schema is not None:
+            moved = [k for k, r in schema.items() if r.kind in ("boxes",) or (r.kind == "pixels" and k != "image")]
+            moved = [k for k in moved if k in batch]
+        if moved:
+            raise ConfigError(f"the auto-augment ops move the image alone (classification); this batch has "
+                              f"{', '.join(map(repr, moved))}: use RandomAffine and the photometric ops for those")
+    if views is not None:
+        sizes = torch.tensor([list(v.shape[:2]) for v in views], dtype=torch.long).view(-1, 2)
+    elif img.is_floating_point():
+        if img.dim() != 4:
+            raise ConfigError("photometric ops take a (B, C, H, W) float image or dsc's uint8 (B, H, W, C)")
+        sizes = torch.tensor([list(img.shape[2:])], dtype=torch.long).expand(img.shape[0], 2)
+    else:
+        if img.dim() != 4:
+            raise ConfigError("photometric ops take dsc's uint8 (B, H, W, C) image (a batch, not a sample)")
+        sizes = torch.tensor([list(img.shape[1:3])], dtype=torch.long).expand(img.shape[0], 2)
+    params = [op.params(sizes, gen) for op in ops]
+
+    def run(x, rows, integer, bound):
+        for op, p in zip(ops, params):
+            x = op.apply(x, _take(p, rows) if rows is not None else p, sizes if rows is None else sizes[rows],
+                         bound, integer)
+        return x
+
+    if views is not None:
+        for b, v in enumerate(views):
+            if v.is_floating_point():
+                raise ConfigError("photometric ops on images of several sizes take them as stored (uint8)")
+            x = v.permute(2, 0, 1).unsqueeze(0).to(torch.float32)
+            y = run(x, torch.tensor([b]), True, 255.0)
+            v.copy_(y[0].permute(1, 2, 0).clamp_(0, 255).to(v.dtype))
+        return batch
+    if img.is_floating_point():
+        batch["image"] = run(img.to(torch.float32) if img.dtype != torch.float32 else img.clone(), None, False,
+                             1.0).to(img.dtype)
+        return batch
+    if img.dtype != torch.uint8:
+        raise ConfigError(f"photometric ops take uint8 or float images, got {img.dtype}")
+    B, H, W, Cn = img.shape
+    # On the CPU a few samples at a time: each op's passes then stay in cache (a float pass over a whole batch
+    # is memory-bound: slower than the same ops one image at a time); on a GPU the whole batch at once.
+    chunk = B if img.device.type != "cpu" else max(1, CHUNK_BYTES // max(1, H * W * Cn * 4))
+    out = post.empty(B, H, W, Cn) if post is not None else img
+    if post is not None and out.device != img.device:
+        out = out.to(img.device)
+    for c0 in range(0, B, chunk):
+        rows = torch.arange(c0, min(B, c0 + chunk))
+        y = run(img[c0:c0 + chunk].permute(0, 3, 1, 2).to(torch.float32), rows if chunk < B else None, True,
+                255.0).clamp_(0, 255)
+        if post is not None:
+            post.apply_float(y, out=out[c0:c0 + chunk])
+        else:
+            out[c0:c0 + chunk] = y.to(torch.uint8).permute(0, 2, 3, 1)
+    batch["image"] = out
+    return batch
+
+
+PHOTOMETRIC = (ColorJitter, RandomGrayscale, GaussianBlur, RandomPhotometricDistort, RandomHSV, RandomErasing,
+               AutoAugment, RandAugment, TrivialAugmentWide, AugMix)

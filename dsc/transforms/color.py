@@ -1,0 +1,311 @@
+"""Batched functional pixel ops, each written from torchvision.transforms.v2.functional's formula, with a
+per-sample factor.
+
+Every function takes ``x``: float32 (N, C, H, W) holding pixel values in ``0..bound`` (255 for an image
+stored as uint8, 1 for a float image) and returns the same. ``integer``: the image is uint8 underneath, so
+the op quantises as torchvision's does on uint8 tensors (``_blend`` and the grey of contrast/saturation
+truncate, blur and resampling round, hue's ``to_dtype`` scales by 255.999 and truncates). Per-sample
+factors are (N,) tensors (or broadcastable).
+
+Also here: the draws torchvision makes with ``torch.distributions`` (Beta, Dirichlet), from a
+``torch.Generator`` (Marsaglia-Tsang gamma), so they come from the batch's (seed, epoch, rank, batch)
+stream too.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+
+
+def _f(v, x: torch.Tensor) -> torch.Tensor:
+    """A per-sample factor as (N, 1, 1, 1) on ``x``'s device."""
+    t = torch.as_tensor(v, dtype=x.dtype)
+    return t.to(x.device).view(-1, 1, 1, 1) if t.dim() else t.to(x.device)
+
+
+def quantise(x: torch.Tensor, integer: bool, rounding: str = "trunc") -> torch.Tensor:
+    """What torchvision's cast back to uint8 does: ``.to(uint8)`` truncates; some ops round first."""
+    if not integer:
+        return x
+    return x.round_() if rounding == "round" else x.trunc_()
+
+
+def blend(a: torch.Tensor, b: torch.Tensor, ratio, bound: float, integer: bool) -> torch.Tensor:
+    """torchvision's ``_blend``: ratio * a + (1 - ratio) * b, clamped to [0, bound] (uint8: truncated)."""
+    r = _f(ratio, a)
+    return quantise((a * r).add_(b * (1.0 - r)).clamp_(0, bound), integer)
+
+
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """(N, 1, H, W): 0.2989 R + 0.587 G + 0.114 B (``rgb_to_grayscale``, float, unrounded); 1 channel: itself."""
+    if x.shape[1] == 1:
+        return x.clone()
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    return r * GRAY[0] + g * GRAY[1] + b * GRAY[2]
+
+
+def to_grayscale(x: torch.Tensor, integer: bool) -> torch.Tensor:
+    """``rgb_to_grayscale`` with as many output channels as input ones (RandomGrayscale), truncated on uint8."""
+    return quantise(grayscale(x), integer).expand_as(x).contiguous()
+
+
+def brightness(x, factor, bound, integer):
+    """``adjust_brightness``: blend with black."""
+    return blend(x, torch.zeros((), dtype=x.dtype, device=x.device), factor, bound, integer)
+
+
+def contrast(x, factor, bound, integer):
+    """``adjust_contrast``: blend with the mean of the (uint8: floored) grey image."""
+    g = grayscale(x) if x.shape[1] == 3 else x.clone()
+    if integer:
+        g.floor_()
+    return blend(x, g.mean(dim=(1, 2, 3), keepdim=True), factor, bound, integer)
+
+
+def saturation(x, factor, bound, integer):
+    """``adjust_saturation``: blend with the (uint8: floored) grey image."""
+    if x.shape[1] == 1:
+        return x
+    return blend(x, grayscale(x).floor_() if integer else grayscale(x), factor, bound, integer)
+
+
+def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``_rgb_to_hsv`` on [0, 1] RGB (N, 3, H, W): h from the channel holding the maximum (red
+    first, then green), s = (max - min) / max, v = max (a grey pixel: h = s = 0)."""
+    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    maxc, minc = torch.maximum(torch.maximum(r, g), b), torch.minimum(torch.minimum(r, g), b)
+    cr = maxc - minc
+    eqc = cr == 0
+    s = cr / torch.where(eqc, torch.ones_like(maxc), maxc)
+    crd = torch.where(eqc, torch.ones_like(cr), cr)
+    h = torch.where(maxc == r, (g - b) / crd, torch.where(maxc == g, (b - r) / crd + 2.0, (r - g) / crd + 4.0))
+    h = torch.fmod(h.div_(6.0).add_(1.0), 1.0)
+    return torch.stack((h, s, maxc), 1)
+
+
+def hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
+    """HSV in [0, 1] (N, 3, H, W) -> RGB: torchvision's ``_hsv_to_rgb`` (sector i = floor(6h), f = 6h - i,
+    p = v(1 - s), q = v(1 - sf), t = v(1 - s(1 - f))) written without its gather: channel n is
+    v - v s clamp(min(k, 4 - k), 0, 1) with k = (n + 6h) mod 6 for n = 5, 3, 1 (the same values)."""
+    h, s, v = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    k = torch.remainder(h * 6 + n, 6.0)
+    return v - v * s * torch.minimum(k, 4.0 - k).clamp_(0, 1)
+
+
+def hue(x, factor, bound, integer):
+    """``adjust_hue``: to [0, 1], the HSV round trip with h + factor (mod 1), back (uint8: x 255.999, truncated)."""
+    if x.shape[1] == 1:
+        return x
+    hsv = rgb_to_hsv(x / bound)
+    hsv[:, 0] = torch.remainder(hsv[:, 0] + _f(factor, x)[:, 0], 1.0)
+    rgb = hsv_to_rgb(hsv)
+    return rgb.mul_(255.0 + 1.0 - 1e-3).trunc_() if integer else rgb.mul_(bound)
+
+
+def sharpness(x, factor, bound, integer):
+    """``adjust_sharpness``: the interior blended with the 3x3 [1 1 1; 1 5 1; 1 1 1] / 13 smoothing (rounded on
+    uint8); the border rows and columns are kept."""
+    N, C, H, W = x.shape
+    if H <= 2 or W <= 2:
+        return x
+    p = x[..., :, :-2] + x[..., :, 1:-1] + x[..., :, 2:]  # the 3x3 sum as two 3-tap sums (no depthwise conv)
+    box = p[..., :-2, :] + p[..., 1:-1, :] + p[..., 2:, :]
+    deg = box.add_(x[..., 1:-1, 1:-1], alpha=4.0).div_(13.0)  # (sum + 4 centre) / 13 = [1 1 1; 1 5 1; 1 1 1] / 13
+    if integer:
+        deg.round_()
+    out = x.clone()
+    view = out[..., 1:-1, 1:-1]
+    view.add_((deg - view) * (1.0 - _f(factor, x)))
+    return quantise(out.clamp_(0, bound), integer)
+
+
+def posterize(x, bits, bound, integer):
+    """``posterize``: uint8 keeps the top ``bits`` bits; float: floor(x * 2^bits) / 2^bits."""
+    bits = torch.as_tensor(bits).long().view(-1, 1, 1, 1).to(x.device)
+    if integer:
+        mask = ((1 << bits) - 1) << (8 - bits)
+        return (x.to(torch.uint8) & mask.to(torch.uint8)).to(x.dtype)
+    levels = (1 << bits).to(x.dtype)
+    return (x * levels).floor_().clamp_(min=0).minimum(levels - 1).div_(levels)
+
+
+def solarize(x, threshold, bound, integer):
+    """``solarize``: bound - x where x >= threshold."""
+    return torch.where(x >= _f(threshold, x), bound - x, x)
+
+
+def invert(x, bound, integer):
+    return bound - x
+
+
+def autocontrast(x, bound, integer):
+    """``autocontrast``: each channel stretched from its [min, max] to [0, bound] (a flat channel is kept)."""
+    lo = x.amin(dim=(-2, -1), keepdim=True)
+    hi = x.amax(dim=(-2, -1), keepdim=True)
+    eq = hi == lo
+    inv_scale = torch.where(eq, torch.ones_like(hi), (hi - lo) / bound)
+    lo = torch.where(eq, torch.zeros_like(lo), lo)
+    return quantise((x - lo).div_(inv_scale).clamp_(0, bound), integer)
+
+
+def equalize(x, bound, integer):
+    """``equalize`` (PIL's algorithm, as torchvision v2 batches it): per channel, a lookup table from the
+    cumulative histogram of the uint8 values; a channel whose values but the last are under 255 is kept."""
+    u8 = x if integer else (x * (255.0 + 1.0 - 1e-3) / bound).trunc()
+    flat = u8.flatten(-2).long()  # (N, C, HW)
+    hist = torch.zeros((*flat.shape[:-1], 256), dtype=torch.int64, device=x.device)
+    hist.scatter_add_(-1, flat, torch.ones_like(flat))
+    cum = hist.cumsum(-1)
+    last = cum.argmax(-1, keepdim=True)  # the last non-empty bin
+    step = torch.div(flat.shape[-1] - hist.gather(-1, last), 255, rounding_mode="floor")
+    valid = step.ne(0)
+    lut = torch.div(cum[..., :-1] + torch.div(step, 2, rounding_mode="floor"),
+                    torch.where(valid, step, torch.ones_like(step)), rounding_mode="floor").clamp_(0, 255)
+    lut = torch.cat([torch.zeros_like(lut[..., :1]), lut], -1)
+    out = torch.where(valid, lut.gather(-1, flat), flat).view_as(x).to(x.dtype)
+    return out if integer else out / 255.0 * bound
+
+
+def gaussian_kernel(ksize: int, sigma: torch.Tensor) -> torch.Tensor:
+    """(N, ksize) 1-D kernels: exp(-x^2 / 2 sigma^2) on linspace(-(k-1)/2, (k-1)/2, k), normalised."""
+    half = (ksize - 1) * 0.5
+    t = torch.linspace(-half, half, ksize, dtype=torch.float64)
+    pdf = torch.exp(-0.5 * (t.view(1, -1) / sigma.double().view(-1, 1)) ** 2)
+    return pdf / pdf.sum(1, keepdim=True)
+
+
+def gaussian_blur(x, ksize: tuple[int, int], sigma: torch.Tensor, bound, integer):
+    """``gaussian_blur``: reflect padding, the separable kernel (x: ``ksize[0]``, y: ``ksize[1]``), per-sample
+    sigmas (N, 2) (x, y); rounded on uint8."""
+    N, C, H, W = x.shape
+    kx, ky = ksize
+    sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(N, -1)
+    wx = gaussian_kernel(kx, sigma[:, 0]).to(x.dtype).repeat_interleave(C, 0).view(N * C, 1, 1, kx)
+    wy = gaussian_kernel(ky, sigma[:, -1]).to(x.dtype).repeat_interleave(C, 0).view(N * C, 1, ky, 1)
+    px, py = kx // 2, ky // 2
+    if px >= W or py >= H:  # reflect needs padding < size: torchvision refuses too; keep the image
+        return x
+    y = F.pad(x.reshape(1, N * C, H, W), [px, px, py, py], mode="reflect")
+    y = F.conv2d(F.conv2d(y, wx.to(x.device), groups=N * C), wy.to(x.device), groups=N * C)
+    return quantise(y.view(N, C, H, W).clamp_(0, bound), integer, "round")
+
+
+# ---------------------------------------------------------------------------------------------- affine
+def inverse_affine(angle, translate, scale, shear, center) -> torch.Tensor:
+    """torchvision's ``_get_inverse_affine_matrix`` per sample, as (N, 3, 3) float64: output -> input, in
+    coordinates centred on ``center`` (N, 2). Angles in degrees (clockwise positive, as ``F.affine``)."""
+    rot = torch.deg2rad(torch.as_tensor(angle, dtype=torch.float64))
+    sx = torch.deg2rad(torch.as_tensor(shear[0], dtype=torch.float64))
+    sy = torch.deg2rad(torch.as_tensor(shear[1], dtype=torch.float64))
+    tx, ty = (torch.as_tensor(t, dtype=torch.float64) for t in translate)
+    scale = torch.as_tensor(scale, dtype=torch.float64)
+    cx, cy = center[:, 0].double(), center[:, 1].double()
+    a = torch.cos(rot - sy) / torch.cos(sy)
+    b = -(a * torch.tan(sx) + torch.sin(rot))
+    c = torch.sin(rot - sy) / torch.cos(sy)
+    d = torch.cos(rot) - c * torch.tan(sx)
+    m0, m1, m3, m4 = d / scale, -b / scale, -c / scale, a / scale
+    N = len(cx)
+    m = torch.zeros((N, 3, 3), dtype=torch.float64)
+    m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1], m[:, 2, 2] = m0, m1, m3, m4, 1.0
+    m[:, 0, 2] = cx - m0 * (cx + tx) - m1 * (cy + ty)
+    m[:, 1, 2] = cy - m3 * (cx + tx) - m4 * (cy + ty)
+    return m
+
+
+def affine_matrix(sizes: torch.Tensor, angle, translate, scale, shear, center=None) -> torch.Tensor:
+    """(N, 3, 3) output -> input maps in dsc's pixel coordinates (corners at integers) of torchvision's
+    ``affine(img, angle, translate, scale, shear, center)`` on images of ``sizes`` (N, 2) (h, w): its grid is
+    centred on the image centre, its ``center`` given in pixels from the top-left corner."""
+    h, w = sizes[:, 0].double(), sizes[:, 1].double()
+    N = len(sizes)
+    c = torch.zeros((N, 2), dtype=torch.float64) if center is None else \
+        torch.as_tensor(center, dtype=torch.float64).expand(N, 2) - torch.stack([w, h], 1) * 0.5
+    m = inverse_affine(angle, translate, scale, shear, c)
+    shift = torch.eye(3, dtype=torch.float64).repeat(N, 1, 1)
+    back = shift.clone()
+    shift[:, 0, 2], shift[:, 1, 2] = w * 0.5, h * 0.5
+    back[:, 0, 2], back[:, 1, 2] = -w * 0.5, -h * 0.5
+    return shift @ m @ back
+
+
+def warp(x: torch.Tensor, M: torch.Tensor, fill, mode: str, integer: bool, out_hw=None) -> torch.Tensor:
+    """Each sample through its output -> input map ``M`` (N, 3, 3) with ``grid_sample`` (torchvision's
+    tensor affine: ``mode`` nearest | bilinear, ``fill`` outside through a mask channel; uint8 rounded)."""
+    N, C, H, W = x.shape
+    oh, ow = out_hw or (H, W)
+    m = M.to(torch.float64)
+    ax = (m[:, 0] * (2.0 / W)).to(x.dtype).to(x.device)  # straight to grid_sample's [-1, 1] units
+    ay = (m[:, 1] * (2.0 / H)).to(x.dtype).to(x.device)
+    xs = (torch.arange(ow, dtype=x.dtype, device=x.device) + 0.5).view(1, 1, ow)
+    ys = (torch.arange(oh, dtype=x.dtype, device=x.device) + 0.5).view(1, oh, 1)
+    gx = ax[:, 0].view(-1, 1, 1) * xs + (ax[:, 1].view(-1, 1, 1) * ys + (ax[:, 2].view(-1, 1, 1) - 1.0))
+    gy = ay[:, 0].view(-1, 1, 1) * xs + (ay[:, 1].view(-1, 1, 1) * ys + (ay[:, 2].view(-1, 1, 1) - 1.0))
+    grid = torch.stack([gx, gy], -1)
+    if fill is None:  # torchvision: no mask channel, zeros outside
+        return quantise(F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False), integer, "round")
+    fill_t = torch.as_tensor(fill, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    xm = torch.cat([x, torch.ones_like(x[:, :1])], 1)
+    y = F.grid_sample(xm, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    y, mask = y[:, :-1], y[:, -1:]
+    if mode == "nearest":
+        y = torch.where(mask < 0.5, fill_t.expand_as(y), y)
+    else:
+        y = (y - fill_t).mul_(mask).add_(fill_t)
+    return quantise(y, integer, "round")
+
+
+# ---------------------------------------------------------------------------------------------- draws
+def uniform(gen: torch.Generator, n: int, lo: float, hi: float) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(n, generator=gen, dtype=torch.float64)
+
+
+def gamma(gen: torch.Generator, alpha: torch.Tensor) -> torch.Tensor:
+    """Gamma(alpha, 1) draws, one per element of ``alpha`` (Marsaglia-Tsang; alpha < 1 boosted by U^(1/alpha))."""
+    alpha = torch.as_tensor(alpha, dtype=torch.float64)
+    a = torch.where(alpha < 1, alpha + 1, alpha)
+    d = a - 1.0 / 3.0
+    c = 1.0 / torch.sqrt(9.0 * d)
+    out = torch.zeros_like(a)
+    todo = torch.ones_like(a, dtype=torch.bool)
+    for _ in range(64):  # each round accepts with probability > 0.95
+        z = torch.randn(a.shape, generator=gen, dtype=torch.float64)
+        u = torch.rand(a.shape, generator=gen, dtype=torch.float64)
+        v = (1 + c * z) ** 3
+        ok = (v > 0) & (torch.log(u.clamp(min=1e-300)) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp(min=1e-300)))
+        take = todo & ok
+        out = torch.where(take, d * v, out)
+        todo &= ~ok
+        if not bool(todo.any()):
+            break
+    out = torch.where(todo, d, out)  # (never in practice) the mean-ish value
+    boost = torch.rand(a.shape, generator=gen, dtype=torch.float64) ** (1.0 / alpha)
+    return torch.where(alpha < 1, out * boost, out)
+
+
+def beta(gen: torch.Generator, a: float, b: float, n: int = 1) -> torch.Tensor:
+    """Beta(a, b) draws (``torch.distributions.Beta``'s distribution, from ``gen``)."""
+    g = gamma(gen, torch.tensor([[a, b]], dtype=torch.float64).expand(n, 2))
+    return g[:, 0] / g.sum(1)
+
+
+def dirichlet(gen: torch.Generator, alpha: torch.Tensor) -> torch.Tensor:
+    """Dirichlet(alpha) draws along the last axis."""
+    g = gamma(gen, alpha)
+    return g / g.sum(-1, keepdim=True)
+
+
+def magnitude_bins(n: int, lo: float, hi) -> torch.Tensor:
+    """``torch.linspace(lo, hi, n)`` per sample when ``hi`` is (N,) (TranslateX's bins scale with the width)."""
+    hi = torch.as_tensor(hi, dtype=torch.float64)
+    t = torch.linspace(0, 1, n, dtype=torch.float64)
+    return lo + (hi.view(-1, 1) - lo) * t.view(1, -1) if hi.dim() else lo + (float(hi) - lo) * t
+
+
+def log_uniform(gen, n, lo, hi):
+    return torch.exp(uniform(gen, n, math.log(lo), math.log(hi)))

@@ -1,0 +1,447 @@
+"""Geometric ops of the detection and segmentation recipes, torchvision.transforms.v2's ScaleJitter,
+RandomShortestSize, FixedSizeCrop, RandomZoomOut, RandomIoUCrop and RandomAffine, and Ultralytics' Mosaic.
+
+Each geometric op reduces to a per-sample geometric description (``Geometric``: a 3x3 output -> input map,
+the output size, and where it can, integer steps crop / resize / flip); ONE function moves every role of
+the batch through it (``resample.apply_geometric``: pixels with their resampling and fill, boxes clipped
+and dropped when empty with their per-box rows, semantic masks nearest with the ignore index outside), so
+a new role plugs in there once. A chain that leaves samples at several sizes (scale jitter, zoom-out, IoU
+crop, flips on mixed sizes) hands back a packed ragged batch (the list and torchvision forms take it as
+it is: detection models resize themselves). Parameters are drawn per sample with torchvision's
+distributions from the batch's (seed, epoch, rank, batch) generator.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import color as C
+from .augment import BatchOp
+from .fused import run_program
+from .geometric import Geometric, _ints, _mat, _size
+from ..errors import ConfigError
+from ..formats.fields import Schema
+
+
+def _fill(fill, name):
+    if not isinstance(fill, (int, float)) or isinstance(fill, bool) or not 0 <= fill <= 255:
+        raise ConfigError(f"{name}: fill is a pixel value 0-255, got {fill!r}")
+    return fill
+
+
+def _resize_to(sizes, nh, nw):
+    h, w = sizes[:, 0].double(), sizes[:, 1].double()
+    nh, nw = nh.clamp(min=1), nw.clamp(min=1)
+    return _mat(w / nw, h / nh, 0.0, 0.0), torch.stack([nh, nw], 1).long()
+
+
+class ScaleJitter(Geometric):
+    """torchvision ``ScaleJitter(target_size, scale_range=(0.1, 2.0))`` (the LSJ recipe): per sample
+    r = min(th / h, tw / w) * U(scale_range); resized to (int(h r), int(w r)), antialiased."""
+
+    def __init__(self, target_size, scale_range=(0.1, 2.0)):
+        _size(target_size)
+        lo, hi = scale_range
+        if not 0 < lo <= hi:
+            raise ConfigError(f"ScaleJitter: scale_range is (low, high) with 0 < low <= high, got {scale_range!r}")
+        self.target_size, self.scale_range = target_size, (float(lo), float(hi))
+
+    def params(self, sizes, gen):
+        return C.uniform(gen, len(sizes), *self.scale_range)
+
+    def _new(self, sizes, scale):
+        th, tw = _size(self.target_size)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        r = torch.minimum(th / h, tw / w) * scale
+        return torch.floor(h * r).clamp(min=1), torch.floor(w * r).clamp(min=1)
+
+    def matrix(self, sizes, scale):
+        return _resize_to(sizes, *self._new(sizes, scale))
+
+    def steps(self, sizes, scale):
+        nh, nw = self._new(sizes, scale)
+        return [("resize", _ints(nh), _ints(nw))]
+
+
+class RandomShortestSize(Geometric):
+    """torchvision ``RandomShortestSize(min_size, max_size=None)`` (the multiscale recipe): per sample a
+    shorter side drawn uniformly from ``min_size``, r = that / min(h, w), capped at max_size / max(h, w);
+    resized to (int(h r), int(w r))."""
+
+    def __init__(self, min_size, max_size: int | None = None):
+        ms = [min_size] if isinstance(min_size, int) else list(min_size)
+        if not ms or not all(isinstance(v, int) and v > 0 for v in ms) or \
+                (max_size is not None and (not isinstance(max_size, int) or max_size <= 0)):
+            raise ConfigError(f"RandomShortestSize: min_size is a positive int or a list of them, max_size a positive "
+                              f"int or None; got {min_size!r}, {max_size!r}")
+        self.min_size, self.max_size = ms, max_size
+
+    def params(self, sizes, gen):
+        return torch.tensor(self.min_size, dtype=torch.float64)[torch.randint(len(self.min_size), (len(sizes),),
+                                                                              generator=gen)]
+
+    def _new(self, sizes, short):
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        r = short / torch.minimum(h, w)
+        if self.max_size is not None:
+            r = torch.minimum(r, self.max_size / torch.maximum(h, w))
+        return torch.floor(h * r).clamp(min=1), torch.floor(w * r).clamp(min=1)
+
+    def matrix(self, sizes, short):
+        return _resize_to(sizes, *self._new(sizes, short))
+
+    def steps(self, sizes, short):
+        nh, nw = self._new(sizes, short)
+        return [("resize", _ints(nh), _ints(nw))]
+
+
+class FixedSizeCrop(Geometric):
+    """torchvision ``FixedSizeCrop(size, fill=0)`` (the LSJ recipe): a crop of at most ``size`` at offset
+    int(r * (h - th)), int(r * (w - tw)) (one r ~ U(0, 1) for both axes, per sample), padded at the bottom
+    and right to ``size`` with ``fill`` (masks: their ignore index)."""
+
+    def __init__(self, size, fill: int = 0):
+        _size(size)
+        self.size, self.fill = size, _fill(fill, "FixedSizeCrop")
+
+    def params(self, sizes, gen):
+        th, tw = _size(self.size)
+        r = torch.rand(len(sizes), generator=gen, dtype=torch.float64)
+        top = torch.floor((sizes[:, 0].double() - th).clamp(min=0) * r)
+        left = torch.floor((sizes[:, 1].double() - tw).clamp(min=0) * r)
+        return top, left
+
+    def matrix(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
+
+
+class RandomZoomOut(Geometric):
+    """torchvision ``RandomZoomOut(fill=0, side_range=(1.0, 4.0), p=0.5)`` (the SSD recipe): with probability
+    p, the image placed on a canvas int(r w) x int(r h), r ~ U(side_range), at a uniform offset; the rest
+    ``fill`` (masks: their ignore index)."""
+
+    def __init__(self, fill: int = 0, side_range=(1.0, 4.0), p: float = 0.5):
+        lo, hi = side_range
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"RandomZoomOut: side_range is (low, high) with 1 <= low <= high, got {side_range!r}")
+        if not 0 <= p <= 1:
+            raise ConfigError(f"RandomZoomOut: p is a probability, got {p!r}")
+        self.fill, self.side_range, self.p = _fill(fill, "RandomZoomOut"), (float(lo), float(hi)), float(p)
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
+        r = C.uniform(gen, B, *self.side_range)
+        u = torch.rand((B, 2), generator=gen, dtype=torch.float64)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        ch, cw = torch.where(on, torch.floor(h * r), h), torch.where(on, torch.floor(w * r), w)
+        left, top = torch.floor((cw - w) * u[:, 0]), torch.floor((ch - h) * u[:, 1])
+        return top, left, ch, cw
+
+    def matrix(self, sizes, p):
+        top, left, ch, cw = p
+        B = len(sizes)
+        return _mat(torch.ones(B), torch.ones(B), -left, -top), torch.stack([ch, cw], 1).long()
+
+    def steps(self, sizes, p):
+        top, left, ch, cw = p
+        return [("crop", _ints(-top), _ints(-left), _ints(ch), _ints(cw))]
+
+
+def _iou(boxes: torch.Tensor, box: list[float]) -> torch.Tensor:
+    x0, y0, x1, y1 = box
+    iw = (torch.minimum(boxes[:, 2], torch.tensor(x1)) - torch.maximum(boxes[:, 0], torch.tensor(x0))).clamp(min=0)
+    ih = (torch.minimum(boxes[:, 3], torch.tensor(y1)) - torch.maximum(boxes[:, 1], torch.tensor(y0))).clamp(min=0)
+    inter = iw * ih
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return inter / (area + (x1 - x0) * (y1 - y0) - inter)
+
+
+class RandomIoUCrop(Geometric):
+    """torchvision ``RandomIoUCrop(min_scale=0.3, max_scale=1.0, min_aspect_ratio=0.5, max_aspect_ratio=2.0,
+    sampler_options=[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0], trials=40)`` (the SSD recipe), per sample: draw a
+    minimum IoU from the options (1.0: keep the image); up to ``trials`` crops of int(w U(scale)) x
+    int(h U(scale)) with aspect in range, placed uniformly, that hold a box centre and reach the IoU with
+    one of them; repeat. Boxes whose centre lies outside the crop are dropped (with their rows), the rest
+    clipped. Draws from the boxes, so it runs on the gathered batch (not fused into the gather)."""
+
+    needs_boxes = True
+
+    def __init__(self, min_scale=0.3, max_scale=1.0, min_aspect_ratio=0.5, max_aspect_ratio=2.0,
+                 sampler_options=None, trials: int = 40):
+        if not 0 < min_scale <= max_scale <= 1 or not 0 < min_aspect_ratio <= max_aspect_ratio:
+            raise ConfigError("RandomIoUCrop: 0 < min_scale <= max_scale <= 1 and 0 < min_aspect_ratio <= "
+                              "max_aspect_ratio")
+        self.min_scale, self.max_scale = float(min_scale), float(max_scale)
+        self.min_aspect_ratio, self.max_aspect_ratio = float(min_aspect_ratio), float(max_aspect_ratio)
+        self.sampler_options = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0] if sampler_options is None else \
+            [float(v) for v in sampler_options]
+        self.trials = int(trials)
+
+    def _one(self, h: int, w: int, boxes: torch.Tensor, gen) -> tuple[list[int], torch.Tensor]:
+        keep_all = torch.ones(len(boxes), dtype=torch.bool)
+        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
+            m = self.sampler_options[int(torch.randint(len(self.sampler_options), (1,), generator=gen))]
+            if m >= 1.0:
+                return [0, 0, h, w], keep_all
+            for _ in range(self.trials):
+                r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand(2, generator=gen, dtype=torch.float64)
+                nw, nh = int(w * float(r[0])), int(h * float(r[1]))
+                if nh == 0 or not self.min_aspect_ratio <= nw / nh <= self.max_aspect_ratio:
+                    continue
+                r = torch.rand(2, generator=gen, dtype=torch.float64)
+                left, top = int((w - nw) * float(r[0])), int((h - nh) * float(r[1]))
+                right, bottom = left + nw, top + nh
+                if left == right or top == bottom or len(boxes) == 0:
+                    continue
+                cx, cy = 0.5 * (boxes[:, 0] + boxes[:, 2]), 0.5 * (boxes[:, 1] + boxes[:, 3])
+                inside = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+                if not bool(inside.any()):
+                    continue
+                if float(_iou(boxes[inside], [left, top, right, bottom]).max()) < m:
+                    continue
+                return [top, left, nh, nw], inside
+        return [0, 0, h, w], keep_all
+
+    def params(self, sizes, gen, boxes=None):
+        crops, keeps = [], []
+        for b, (h, w) in enumerate(sizes.tolist()):
+            crop, keep = self._one(int(h), int(w), boxes[b], gen)
+            crops.append(crop)
+            keeps.append(keep)
+        t = torch.tensor(crops, dtype=torch.float64).view(-1, 4)
+        return {"top": t[:, 0], "left": t[:, 1], "h": t[:, 2], "w": t[:, 3],
+                "keep": torch.cat(keeps) if keeps else torch.zeros(0, dtype=torch.bool)}
+
+    def matrix(self, sizes, p):
+        B = len(sizes)
+        return _mat(torch.ones(B), torch.ones(B), p["left"], p["top"]), torch.stack([p["h"], p["w"]], 1).long()
+
+    def steps(self, sizes, p):
+        return [("crop", _ints(p["top"]), _ints(p["left"]), _ints(p["h"]), _ints(p["w"]))]
+
+
+def _pair(v, name, sym=True):
+    if v is None:
+        return None
+    if isinstance(v, (int, float)):
+        if v < 0:
+            raise ConfigError(f"RandomAffine: a single {name} must be non-negative, got {v!r}")
+        return (-float(v), float(v)) if sym else (float(v), float(v))
+    return tuple(float(x) for x in v)
+
+
+class RandomAffine(Geometric):
+    """torchvision ``RandomAffine(degrees, translate=None, scale=None, shear=None, fill=0, center=None)``: per
+    sample angle ~ U(degrees), translation round(U(-t w, t w)), round(U(-t h, t h)) pixels, scale ~ U(scale),
+    shear x ~ U(shear[0:2]) (and y ~ U(shear[2:4])), composed as torchvision's inverse affine matrix about
+    ``center`` (default the image centre). dsc's ``size=(h, w)``: the output size (Ultralytics'
+    random_perspective after Mosaic: the input centre lands on the output centre + the translation, as a
+    fraction of the output size). Through the batched resampling pass: images bilinear, masks nearest,
+    boxes by their corners, clipped and dropped when empty."""
+
+    def __init__(self, degrees=0, translate=None, scale=None, shear=None, fill: int = 0, center=None, size=None):
+        self.degrees = _pair(degrees, "degrees")
+        self.translate = None if translate is None else tuple(float(v) for v in translate)
+        if self.translate is not None and (len(self.translate) != 2 or not all(0 <= v <= 1 for v in self.translate)):
+            raise ConfigError(f"RandomAffine: translate is (fraction x, fraction y) in [0, 1], got {translate!r}")
+        self.scale = None if scale is None else tuple(float(v) for v in scale)
+        if self.scale is not None and (len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1]):
+            raise ConfigError(f"RandomAffine: scale is (low, high) > 0, got {scale!r}")
+        self.shear = _pair(shear, "shear")
+        if self.shear is not None and len(self.shear) not in (2, 4):
+            raise ConfigError(f"RandomAffine: shear is a number, (x low, x high) or 4 numbers, got {shear!r}")
+        self.fill, self.center = _fill(fill, "RandomAffine"), center
+        if size is not None:
+            _size(size)
+        self.size = size
+
+    def params(self, sizes, gen):
+        B = len(sizes)
+        out = sizes.double() if self.size is None else torch.tensor([_size(self.size)], dtype=torch.float64).expand(B, 2)
+        angle = C.uniform(gen, B, *self.degrees)
+        if self.translate is not None:
+            tx = torch.round(C.uniform(gen, B, -1, 1) * self.translate[0] * out[:, 1])
+            ty = torch.round(C.uniform(gen, B, -1, 1) * self.translate[1] * out[:, 0])
+        else:
+            tx = ty = torch.zeros(B, dtype=torch.float64)
+        sc = C.uniform(gen, B, *self.scale) if self.scale is not None else torch.ones(B, dtype=torch.float64)
+        shx = shy = torch.zeros(B, dtype=torch.float64)
+        if self.shear is not None:
+            shx = C.uniform(gen, B, *self.shear[:2])
+            if len(self.shear) == 4:
+                shy = C.uniform(gen, B, *self.shear[2:])
+        return angle, tx, ty, sc, shx, shy
+
+    def matrix(self, sizes, p):
+        angle, tx, ty, sc, shx, shy = p
+        B = len(sizes)
+        M = C.affine_matrix(sizes, angle, (tx, ty), sc, (shx, shy), self.center)
+        if self.size is None:
+            return M, sizes.clone().long()
+        oh, ow = _size(self.size)
+        shift = torch.eye(3, dtype=torch.float64).repeat(B, 1, 1)
+        shift[:, 0, 2] = sizes[:, 1].double() / 2 - ow / 2
+        shift[:, 1, 2] = sizes[:, 0].double() / 2 - oh / 2
+        return M @ shift, torch.tensor([[oh, ow]]).expand(B, 2).clone()
+
+
+class Mosaic(BatchOp):
+    """Ultralytics' ``Mosaic`` (4 images, the YOLO default): per sample, it and three partners drawn uniformly
+    from the same batch (Ultralytics draws them from the dataset; dsc from the batch, so it stays one pass
+    over the gathered batch, deterministic and resumable with the batch's generator) are each resized to a
+    longer side of ``size`` (min(ceil(side r), size)), placed around a centre (xc, yc) ~ U(size/2, 3 size/2)
+    on a 2 size x 2 size canvas of ``fill`` (top-left, top-right, bottom-left, bottom-right); boxes scaled,
+    shifted, clipped to the canvas (where each placed image shows), dropped when empty, merged with their
+    rows (each quadrant a per-sample map through the shared ``transform_boxes``); masks placed alike (nearest, ignore index around). Follow it with
+    ``RandomAffine(..., size=size)`` as Ultralytics' random_perspective does."""
+
+    def __init__(self, size: int = 640, fill: int = 114):
+        if not isinstance(size, int) or size <= 0:
+            raise ConfigError(f"Mosaic: size is a positive int, got {size!r}")
+        self.size, self.fill = size, _fill(fill, "Mosaic")
+
+    def __call__(self, batch, gen):
+        from .resample import _views  # lazy: resample imports this package's geometric ops
+
+        schema = getattr(batch, "schema", None)
+        if schema is None:
+            if "boxes" in batch or "mask" in batch:
+                raise ConfigError("Mosaic: this batch has boxes or a mask but no schema; pass schema=ds.schema")
+            schema = Schema.default()
+        if "box_offsets" not in batch and "boxes" in batch:
+            raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
+        pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+        other = sorted(k for k, r in schema.items() if k in batch and r.kind not in ("pixels", "boxes", "box_rows",
+                                                                                      "sample"))
+        if other:  # per-object masks, keypoints: moved by the per-object mover, not placed here yet
+            raise ConfigError(f"Mosaic places images, semantic masks, boxes and per-box rows; this batch also has "
+                              f"{', '.join(map(repr, other))}: drop them (keys=) or leave Mosaic out")
+        sizes = _views(batch, "image")[1]
+        B, s = len(sizes), self.size
+        partners = torch.randint(max(B, 1), (B, 3), generator=gen)
+        centres = torch.floor(C.uniform(gen, 2 * B, s / 2, 3 * s / 2)).long().view(B, 2)  # (xc, yc)
+        parts = []  # per sample: 4 x (source, (nh, nw), region a (x1a, y1a, x2a, y2a), region b (x1b, y1b, ...))
+        for b in range(B):
+            xc, yc = centres[b].tolist()
+            own = []
+            for i, j in enumerate([b] + partners[b].tolist()):
+                h0, w0 = sizes[j].tolist()
+                r = s / max(h0, w0)
+                h, w = min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s)
+                if i == 0:
+                    a = (max(xc - w, 0), max(yc - h, 0), xc, yc)
+                    bb = (w - (a[2] - a[0]), h - (a[3] - a[1]), w, h)
+                elif i == 1:
+                    a = (xc, max(yc - h, 0), min(xc + w, 2 * s), yc)
+                    bb = (0, h - (a[3] - a[1]), min(w, a[2] - a[0]), h)
+                elif i == 2:
+                    a = (max(xc - w, 0), yc, xc, min(2 * s, yc + h))
+                    bb = (w - (a[2] - a[0]), 0, w, min(a[3] - a[1], h))
+                else:
+                    a = (xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h))
+                    bb = (0, 0, min(w, a[2] - a[0]), min(a[3] - a[1], h))
+                own.append((j, (h, w), a, bb))
+            parts.append(own)
+        for key, role in pixels.items():
+            views = _views(batch, key)[0]
+            nearest = role.resample == "nearest"
+            fill = role.fill if role.fill is not None else float(self.fill)
+            tail = tuple(views[0].shape[2:]) if views else role.tail
+            canvas = torch.full((B, 2 * s, 2 * s, *tail), fill, dtype=batch[key].dtype, device=batch[key].device)
+            for b, own in enumerate(parts):
+                for j, (h, w), a, bb in own:
+                    ph, pw = a[3] - a[1], a[2] - a[0]
+                    if ph <= 0 or pw <= 0:
+                        continue
+                    piece = torch.empty((ph, pw, *tail), dtype=canvas.dtype, device=canvas.device)
+                    run_program(views[j], [("resize", h, w), ("crop", bb[1], bb[0], ph, pw, fill)], piece, nearest,
+                                fill)
+                    canvas[b, a[1]:a[3], a[0]:a[2]] = piece
+            for suffix in ("_offsets", "_shapes", "_sizes"):
+                batch.pop(key + suffix, None)
+            batch[key] = canvas
+        if "boxes" in batch:
+            self._boxes(batch, schema, sizes, parts)
+        return batch
+
+    def _boxes(self, batch, schema, sizes, parts):
+        """Each quadrant is one per-sample geometric description (the source's map onto the canvas: scale,
+        then shift); its boxes and per-box rows go through the shared ``transform_boxes`` (clipped to the
+        canvas, which is where each placed image shows: its inner edges are the image's own; dropped when
+        empty), then the four are merged per sample in quadrant order."""
+        from .resample import transform_boxes  # lazy: resample imports this package's geometric ops
+
+        keys = [k for k in schema.box_rows() if k in batch]  # boxes and every per-box row
+        offsets = batch["box_offsets"].cpu()
+        B, side = len(parts), 2 * self.size
+        quads = []
+        for i in range(4):
+            M = torch.zeros((B, 3, 3), dtype=torch.float64)
+            rows = []
+            for b, own in enumerate(parts):
+                j, (h, w), a, bb = own[i]
+                h0, w0 = sizes[j].tolist()
+                sx, sy = w0 / w, h0 / h  # canvas -> source: undo the shift, then the resize
+                M[b] = torch.tensor([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]],
+                                    dtype=torch.float64)
+                rows.append(torch.arange(int(offsets[j]), int(offsets[j + 1])))
+            take = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+            sub = {k: batch[k][take.to(batch[k].device)] for k in keys}
+            counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+            sub["box_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(batch["boxes"].device)
+            transform_boxes(sub, M, side, side, keys)
+            sub["box_offsets"] = sub["box_offsets"].cpu()
+            quads.append(sub)
+        order = [(q, int(q["box_offsets"][b]), int(q["box_offsets"][b + 1])) for b in range(B) for q in quads]
+        for k in keys:
+            batch[k] = torch.cat([q[k][s:e] for q, s, e in order]) if order else batch[k][:0]
+        counts = [sum(e - s for q, s, e in order[4 * b:4 * b + 4]) for b in range(B)]
+        off = torch.zeros(B + 1, dtype=torch.int64)
+        torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=off[1:])
+        batch["box_offsets"] = off.to(batch["boxes"].device)
+
+
+class RandomCrop(Geometric):
+    """torchvision ``RandomCrop(size, pad_if_needed=False, fill=0)`` (the segmentation recipe's crop): a
+    side shorter than the crop is padded by the difference on both sides when ``pad_if_needed`` (v2's
+    rule), then the crop is placed uniformly (``torch.randint(0, h - th + 1)``); outside: ``fill`` (masks:
+    their ignore index)."""
+
+    def __init__(self, size, pad_if_needed: bool = False, fill: int = 0):
+        _size(size)
+        self.size, self.pad_if_needed, self.fill = size, bool(pad_if_needed), _fill(fill, "RandomCrop")
+
+    def params(self, sizes, gen):
+        th, tw = _size(self.size)
+        h, w = sizes[:, 0].double(), sizes[:, 1].double()
+        ph = (th - h).clamp(min=0) if self.pad_if_needed else torch.zeros_like(h)
+        pw = (tw - w).clamp(min=0) if self.pad_if_needed else torch.zeros_like(w)
+        if not self.pad_if_needed and bool(((h < th) | (w < tw)).any()):
+            raise ConfigError(f"RandomCrop({self.size}): an image is smaller than the crop; pass pad_if_needed=True")
+        u = torch.rand((len(sizes), 2), generator=gen, dtype=torch.float64)
+        top = torch.floor(u[:, 0] * (h + 2 * ph - th + 1)) - ph
+        left = torch.floor(u[:, 1] * (w + 2 * pw - tw + 1)) - pw
+        return top, left
+
+    def matrix(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
