@@ -66,6 +66,14 @@ class DatasetParam(click.ParamType):
 DATASET = DatasetParam()
 
 
+class InputParam(DatasetParam):
+    """A source's input: a local path (a Path), or an object-storage URL kept as text (the source reads it
+    from the bucket); ``s3:/x`` style mistakes are refused with the URL meant."""
+
+    def __init__(self, kind: str):
+        self.name = {"dir": "DIR|URL", "file": "FILE|URL"}.get(kind, "PATH|URL")
+
+
 class SizeParam(click.ParamType):
     """``224`` -> (224, 224); ``192,256`` or ``192x256`` -> (height 192, width 256)."""
 
@@ -269,8 +277,8 @@ def main():
 
 def _param_decorator(p):
     """A source's declared parameter as a click argument or option."""
-    kinds = {"dir": click.Path(path_type=Path, file_okay=False), "file": click.Path(path_type=Path, dir_okay=False),
-             "path": click.Path(path_type=Path), "int": int, "str": str, "csv": str}
+    kinds = {"dir": InputParam("dir"), "file": InputParam("file"), "path": InputParam("path"), "int": int, "str": str,
+             "csv": str}
     if p.argument:
         return click.argument(p.name, type=kinds.get(p.type, str), metavar=p.metavar)
     if p.type == "flag":

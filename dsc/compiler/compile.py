@@ -36,6 +36,7 @@ from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, where
+from .sources.inputs import is_remote
 from .staging import Staging, check_output
 from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
 from ..formats.manifest import batch_name_problem
@@ -106,7 +107,9 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     if executor is None and workers > 1 and len(todo) > 1:
         if todo[0].options.resizer == "torch":
             import torch  # noqa: F401  (once here, before the fork, not once per worker)
-        pool = WorkerPool(min(workers, len(todo)), run, worker_init)
+        remote = any(is_remote(r.path) for t in todo[:1] for r in t.records) or any(
+            is_remote(r.path) for r in records)  # (workers that read a bucket start fresh: see pool.py)
+        pool = WorkerPool(min(workers, len(todo)), run, worker_init, fresh=remote)
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
                   dynamic_ncols=True, smoothing=0.1) as bar:

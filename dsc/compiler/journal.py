@@ -23,6 +23,7 @@ from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource, Source
+from .sources.inputs import identity
 from .units import UnitResult
 
 JOURNAL = ".journal"
@@ -63,11 +64,11 @@ def inputs_of(records) -> str:
             if not path or path in seen:
                 continue
             seen.add(path)
-            try:
-                st = os.stat(path)
-                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0"
-                         .encode("utf-8", "surrogateescape"))
-            except (OSError, ValueError):  # ValueError: a NUL in the name
+            found = identity(path)  # (an object in a bucket: its size, time and ETag)
+            if found is not None:
+                size, mtime, ctime, ino = found
+                h.update(f"{path}\0{size}\0{mtime}\0{ctime}\0{ino}\0".encode("utf-8", "surrogateescape"))
+            else:  # missing, or a NUL in the name
                 h.update(f"{path}\0missing\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 

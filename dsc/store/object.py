@@ -242,6 +242,24 @@ class ObjectStore(Store):
                 obstore.put(self._store, rel, src, **kwargs)
         self._call("writing", rel, attempt)
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object in one request (fewer at its end)."""
+        import obstore
+
+        if end <= start:
+            return b""
+        return bytes(self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end)))
+
+    def identity(self, rel: str) -> tuple[int, float, str] | None:
+        """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
+        import obstore
+
+        try:
+            meta = self._call("checking", rel, lambda: obstore.head(self._store, rel))
+        except FileNotFoundError:
+            return None
+        return int(meta["size"]), meta["last_modified"].timestamp(), str(meta.get("e_tag") or "")
+
     def stat(self, rel: str) -> tuple[int, dict] | None:
         """(size, user metadata such as the ``sha256`` an upload recorded) in one request; None if absent."""
         import obstore

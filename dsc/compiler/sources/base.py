@@ -128,6 +128,7 @@ class Record:
     target: Target | None = None
     row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
     mask: str = ""
+    member: tuple = ()  # an archive's sample (webdataset): (member name, its data's offset in ``path``, size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +225,8 @@ def read_input(path, what: str, text: bool = True):
 
 def where(r: Record) -> str:
     """A record's origin for messages: its file, or its table row / dataset index."""
+    if r.member:
+        return f"{r.path}:{r.member[0]}"
     if r.row < 0:
         return r.path
     return f"{r.path} row {r.row}" if r.path else f"dataset[{r.row}]"
