@@ -190,11 +190,13 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
             parts = split_member(ti.name)
             if parts is None:
                 continue
+            key, ext = parts
             if ti.offset_data + ti.size > size:
                 cut = (f"the tar is truncated: member {ti.name!r} needs bytes up to {ti.offset_data + ti.size:,}, "
                        f"the file has {size:,}")
+                if groups and groups[-1][0] != key:  # the samples before the cut one are whole
+                    groups.append([key, {}, None])
                 break
-            key, ext = parts
             if not groups or groups[-1][0] != key:
                 groups.append([key, {}, None])
             if ext in groups[-1][1]:
