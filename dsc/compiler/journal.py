@@ -87,13 +87,16 @@ def _intact(path: Path, shard) -> bool:
 
 class Journal:
     def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple, shard_root: Path | None = None,
-                 settings: dict | None = None):
+                 settings: dict | None = None, shard_ok=None):
         self.dir = staging_dir / JOURNAL
         self.root = staging_dir
         self.shard_root = shard_root or staging_dir  # where the units' shard files are (an update: OUT)
         self.fingerprint = fingerprint
         self.settings = settings  # (``settings``: kept in the plan to name what differs on a refused resume)
         self.fields = fields
+        # whether a journaled shard is still as recorded: re-hashed here, or (its workers uploaded it) checked in
+        # the bucket by ``shard_ok(spec)``
+        self.shard_ok = shard_ok or (lambda sh: _intact(node_dir(self.shard_root, sh.path), sh))
 
     def start(self) -> None:
         try:
@@ -165,7 +168,7 @@ class Journal:
             except (DscError, KeyError, TypeError, ValueError, AttributeError):
                 continue
             shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-            if all(_intact(node_dir(self.shard_root, sh.path), sh) for sh in shards):
+            if all(self.shard_ok(sh) for sh in shards):
                 done[s] = res
         return done
 
