@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from ..errors import CredentialsError, ImageDecodeError
+from ..errors import CredentialsError, DscError, ImageDecodeError
 from .sources.inputs import identity, is_remote, read_bytes
 from .capture import LOCK
 
@@ -166,8 +166,6 @@ def bytes_fingerprint(data: bytes, container: str | None = None) -> tuple[int, i
 def _read_object(url: str, what: str) -> tuple[bytes, tuple[int, int, int, int, int]]:
     """An input in object storage, read whole, and its fingerprint (its ETag stands for the inode)."""
     import google_crc32c
-
-    from ..errors import DscError
 
     found = identity(url)
     if found is None:

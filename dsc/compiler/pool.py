@@ -33,9 +33,17 @@ CAN_FORK = "fork" in mp.get_all_start_methods()
 
 def _context(fresh: bool = False):
     # fork starts workers in milliseconds; the compile path never starts threads before the workers. A worker
-    # that reads object storage is started ``fresh`` (spawn): the object-store client cannot make requests in a
-    # process forked from one that used it (its runtime's threads are not there).
-    return mp.get_context("fork" if CAN_FORK and not fresh else "spawn")
+    # that reads object storage is started ``fresh``: the object-store client cannot make requests in a process
+    # forked from one that used it (its runtime's threads are not there). Fresh workers are forked from a fork
+    # server that has imported the compile's modules and never used the client (started once per process), else
+    # spawned.
+    if CAN_FORK and not fresh:
+        return mp.get_context("fork")
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["dsc.compiler.units"])
+        return ctx
+    return mp.get_context("spawn")
 
 
 def _serve(conn, fn, initializer, inherited=()) -> None:

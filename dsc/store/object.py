@@ -12,6 +12,7 @@ have passed; then :class:`~dsc.errors.RemoteError` names the URL and the last ca
 from __future__ import annotations
 
 import configparser
+import io
 import os
 import random
 import re
@@ -250,6 +251,24 @@ class ObjectStore(Store):
             return b""
         return bytes(self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end)))
 
+    def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False):
+        """The object as a seekable binary file of ``size`` bytes. ``sequential``: read by one streamed GET from
+        where reading starts (a tar read member after member: one request, not one per buffer), opened again
+        only after a seek backwards or far ahead; else by ranges of ``buffer`` bytes (a Parquet file's footer,
+        then its row groups)."""
+        if not sequential:
+            return super().reader(rel, size, buffer)
+        return io.BufferedReader(StreamFile(self, rel, size), min(buffer, 1 << 20))
+
+    def open_stream(self, rel: str, start: int):
+        """An iterator of the object's bytes from ``start`` on (one GET)."""
+        import obstore
+
+        def attempt():
+            opts = {"range": {"offset": start}} if start else {}
+            return iter(obstore.get(self._store, rel, options=opts).stream(min_chunk_size=1 << 20))
+        return self._call("reading", rel, attempt)
+
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
         import obstore
@@ -305,6 +324,77 @@ class ObjectStore(Store):
         except DscError:
             if not best_effort:
                 raise
+
+
+class StreamFile(io.RawIOBase):
+    """An object read forward by one streamed GET (see :meth:`ObjectStore.reader`): a seek within the next few
+    MiB reads through, a seek elsewhere opens a new stream there; a stream that fails midway is opened again
+    where it stopped (the store's retries apply to each opening)."""
+
+    SKIP = 4 << 20  # a seek forward by up to this much reads through rather than opening a new stream
+    REOPENS = 5
+
+    def __init__(self, store: "ObjectStore", rel: str, size: int):
+        self.store, self.rel, self.size = store, rel, int(size)
+        self.name = store.where(rel)
+        self.pos = 0  # where the reader is
+        self._at = None  # where the open stream is (None: no stream)
+        self._it, self._left = None, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
+        self.pos = base + offset
+        return self.pos
+
+    def _open(self) -> None:
+        self._it, self._left, self._at = self.store.open_stream(self.rel, self.pos), memoryview(b""), self.pos
+
+    def _chunk(self) -> memoryview:
+        for attempt in range(self.REOPENS + 1):
+            try:
+                return memoryview(next(self._it))
+            except StopIteration:
+                return memoryview(b"")
+            except DscError:
+                raise
+            except Exception:  # noqa: BLE001 - the connection failed midway: open again where it stopped
+                if attempt == self.REOPENS:
+                    raise
+                self.pos = self._at
+                self._open()
+        return memoryview(b"")
+
+    def readinto(self, b) -> int:
+        if self.pos >= self.size:
+            return 0
+        if self._at is None or self.pos < self._at or self.pos > self._at + self.SKIP:
+            self._open()
+        while self._at < self.pos:  # a short seek forward: read through
+            if not self._left:
+                self._left = self._chunk()
+                if not self._left:
+                    return 0
+            k = min(len(self._left), self.pos - self._at)
+            self._left, self._at = self._left[k:], self._at + k
+        if not self._left:
+            self._left = self._chunk()
+        n = min(len(b), len(self._left))
+        b[:n] = self._left[:n]
+        self._left = self._left[n:]
+        self._at += n
+        self.pos = self._at
+        return n
 
 
 def _first_line(e: BaseException) -> str:

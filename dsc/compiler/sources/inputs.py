@@ -127,13 +127,17 @@ def size_of(path: str) -> int:
     return found[0]
 
 
-def open_input(path: str, size: int | None = None, buffer: int = 4 << 20):
-    """A seekable binary file of the input: a local file, or an object read by ranges of ``buffer`` bytes as it
-    is consumed (never downloaded whole). ``size``: the object's, when a listing said it (saves a request)."""
+def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False):
+    """A seekable binary file of the input: a local file, or an object read as it is consumed (never downloaded
+    whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
+    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request)."""
     if not is_remote(path):
         return open(path, "rb")
     store, rel = split(path)
-    return store.reader(rel, size if size is not None else size_of(path), buffer)
+    size = size if size is not None else size_of(path)
+    if sequential:
+        return store.reader(rel, size, buffer, sequential=True)
+    return store.reader(rel, size, buffer)
 
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:

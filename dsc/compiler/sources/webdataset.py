@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...errors import SampleError, SourceError
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
-from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, size_of
+from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, read_bytes, size_of
 
 TAR_EXTENSIONS = (".tar",)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -116,8 +116,6 @@ def _list_file(path: str) -> list[str]:
 
 
 def _remote_text(url: str) -> str:
-    from .inputs import read_bytes
-
     try:
         data = read_bytes(url, 1 << 26)
     except FileNotFoundError:
@@ -166,7 +164,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
     samples: list[Sample] = []
     cut = None
     label_member = "json" if label_key is not None else label_ext
-    with open_input(tar, size, buffer=1 << 20) as f:
+    with open_input(tar, size, sequential=True) as f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
         except tarfile.ReadError as e:
@@ -315,14 +313,14 @@ class WebDatasetSource(Source):
 
     def fetcher(self, records: list[Record]):
         """A unit's images, read member by member in offset order from one open stream per tar (a sequential
-        pass over the unit's range of each tar, by ranges of 8 MiB from object storage)."""
+        pass over the unit's range of each tar: one streamed request from object storage)."""
         opened: dict[str, object] = {}
 
         def fetch(r: Record) -> Item:
             f = opened.get(r.path)
             if f is None:
                 try:
-                    f = opened[r.path] = open_input(r.path, buffer=8 << 20)
+                    f = opened[r.path] = open_input(r.path, sequential=True)
                 except FileNotFoundError:
                     raise SampleError(where(r), "the tar is gone since the scan") from None
             name, off, n = r.member
