@@ -12,6 +12,7 @@ import bench_overram  # noqa: E402
 import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_versions  # noqa: E402
+import bench_webdataset  # noqa: E402
 
 if __name__ == "__main__":
     bench_compile_read.main()
@@ -22,3 +23,4 @@ if __name__ == "__main__":
     bench_recipe.main()
     bench_versions.main()
     bench_remote.main()
+    bench_webdataset.main()

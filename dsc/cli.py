@@ -163,8 +163,10 @@ def compile_options(f):
                      help="Continue an interrupted compile of the same inputs and options: finished shards "
                           "are verified (SHA-256) and kept, the rest compiled."),
         click.option("--executor", default=None, metavar="ADDRESS",
-                     help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786); OUT must be on a "
-                          "filesystem the workers share. Needs dsc[dask]."),
+                     help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786). With the inputs "
+                          "and OUT in object storage the workers need no shared filesystem (each uploads its own "
+                          "shards); else OUT and the inputs must be on a filesystem the workers share. Needs "
+                          "dsc[dask]."),
         click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="OUT is a URL (s3://, gs://, az://): stage the shards here before they are uploaded "
                           "(default: $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else ~/.cache/dsc)."),

@@ -79,6 +79,20 @@ def test_webdataset_and_imagefolder_from_s3_match_local(data, tmp_path):
     assert shard_files(tmp_path / "i") == shard_files(tmp_path / "il")
 
 
+def test_segfolder_from_s3_matches_local(s3, tmp_path):
+    from dsc.synthetic import SEG_CLASSES, seg_scenes, write_segfolder
+
+    root = write_segfolder(tmp_path / "seg", seg_scenes(6, seed=4))
+    upload_tree(root, "s3://dsc-src/seg")
+    kw = dict(classes=list(SEG_CLASSES), size=(24, 32), progress=False)
+    dsc.compile_segfolder("s3://dsc-src/seg", tmp_path / "remote", workers=2, **kw)
+    dsc.compile_segfolder(root, tmp_path / "local", workers=1, **kw)
+    a, b = dsc.open(tmp_path / "remote"), dsc.open(tmp_path / "local")
+    assert a.keys == b.keys and len(a) == 6
+    ba, bb = a.get_batch(range(6)), b.get_batch(range(6))
+    assert (ba["image"] == bb["image"]).all() and (ba["mask"] == bb["mask"]).all()
+
+
 def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

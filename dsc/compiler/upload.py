@@ -97,6 +97,7 @@ class Uploader:
             if f.tell() != nbytes or h.hexdigest() != sha256:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
+            f.seek(0)
             sent = put_shard(store, rel, f, sha256, nbytes, self.writer, there)
         with self.lock:
             if sent:

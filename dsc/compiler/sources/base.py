@@ -16,6 +16,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...errors import DscError, SourceError
+from .inputs import is_remote, read_bytes
 
 
 def utf8(text: str) -> bool:
@@ -200,6 +201,12 @@ def read_input(path, what: str, text: bool = True):
     import os
     import stat
 
+    if is_remote(path):  # an object in a bucket
+        try:
+            data = read_bytes(os.fspath(path), MAX_TEXT_BYTES)
+        except FileNotFoundError:
+            raise SourceError(f"{path}: no such {what}") from None
+        return data if not text else _text(data, path, what)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -217,6 +224,10 @@ def read_input(path, what: str, text: bool = True):
         raise SourceError(f"{path}: cannot read the {what} ({e.strerror})") from None
     if not text:
         return data
+    return _text(data, path, what)
+
+
+def _text(data: bytes, path, what: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -108,6 +108,21 @@ def walk_images(top: Path, problems: list | None = None) -> list[str]:
     return out
 
 
+def images_under(top, problems: list | None = None) -> list[str]:
+    """``walk_images`` of a folder, or the image objects under a URL prefix (one listing; hidden parts and dsc
+    datasets left out), in the same sorted order."""
+    top = str(top)
+    if not is_remote(top):
+        return walk_images(Path(top), problems)
+    top = top.rstrip("/")
+    rels = [u[len(top) + 1:] for u, _ in list_objects(top)]
+    datasets = {r.rsplit("/", 1)[0] for r in rels if r.endswith("/zarr.json")}
+    keep = [r for r in rels if is_image_file(r) and not any(p.startswith(".") for p in r.split("/"))
+            and not any("/".join(r.split("/")[:i]) in datasets for i in range(1, r.count("/") + 1))]
+    return [f"{top}/{r}" for r in sorted(keep, key=lambda r: (r.rsplit("/", 1)[0] if "/" in r else "",
+                                                              r.rsplit("/", 1)[-1]))]
+
+
 class ImageFolderSource(Source):
     """A torchvision ImageFolder tree: SRC/<class>/<image>.
 

@@ -57,6 +57,15 @@ def join(root: str, rel: str) -> str:
     return os.path.join(root, *rel.split("/"))
 
 
+def relative(path: str, top) -> str:
+    """``path`` relative to the folder or URL prefix ``top``, '/'-separated."""
+    top = os.fspath(top)
+    if is_remote(path):
+        top = top.rstrip("/") + "/"
+        return path[len(top):] if path.startswith(top) else name_of(path)
+    return os.path.relpath(path, top).replace(os.sep, "/")
+
+
 def name_of(path: str) -> str:
     """The last part of a path or URL."""
     return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
