@@ -93,6 +93,22 @@ def test_segfolder_from_s3_matches_local(s3, tmp_path):
     assert (ba["image"] == bb["image"]).all() and (ba["mask"] == bb["mask"]).all()
 
 
+def test_coco_from_s3_matches_local(s3, tmp_path):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(6, seed=2))
+    upload_tree(images, "s3://dsc-src/coco/images")
+    open_store("s3://dsc-src/coco").put("instances.json", Path(ann).read_bytes())
+    kw = dict(size=(32, 32), resize="pad", progress=False)
+    dsc.compile_coco("s3://dsc-src/coco/instances.json", "s3://dsc-src/coco/images", tmp_path / "remote", workers=2,
+                     **kw)
+    dsc.compile_coco(ann, images, tmp_path / "local", workers=1, **kw)
+    a, b = dsc.open(tmp_path / "remote"), dsc.open(tmp_path / "local")
+    assert a.keys == b.keys and len(a) == len(b) > 0
+    ba, bb = a.get_batch(range(len(a))), b.get_batch(range(len(b)))
+    assert (ba["image"] == bb["image"]).all() and (ba["boxes"] == bb["boxes"]).all()
+
+
 def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
