@@ -109,6 +109,23 @@ def test_coco_from_s3_matches_local(s3, tmp_path):
     assert (ba["image"] == bb["image"]).all() and (ba["boxes"] == bb["boxes"]).all()
 
 
+def test_a_delta_table_in_s3(s3, tmp_path):
+    deltalake = pytest.importorskip("deltalake")
+    from test_versions import _rows
+
+    table = tmp_path / "table"
+    deltalake.write_deltalake(str(table), _rows(range(0, 12)))
+    deltalake.write_deltalake(str(table), _rows(range(12, 20)), mode="append")  # table version 1
+    upload_tree(table, "s3://dsc-src/delta")
+    kw = dict(size=(16, 16), shard_size=8, progress=False)
+    r = dsc.compile_delta("s3://dsc-src/delta", tmp_path / "remote", workers=2, **kw)
+    assert r.manifest.source["table_version"] == 1 and r.manifest.num_samples == 20
+    dsc.compile_delta(str(table), tmp_path / "local", workers=1, **kw)
+    assert sorted(samples(dsc.open(tmp_path / "remote")).values()) == sorted(samples(dsc.open(tmp_path / "local")).values())
+    v0 = dsc.compile_delta("s3://dsc-src/delta", tmp_path / "v0", version=0, workers=1, **kw)
+    assert v0.manifest.num_samples == 12
+
+
 def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

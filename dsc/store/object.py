@@ -89,6 +89,26 @@ def aws_files_config(env=os.environ) -> dict:
     return out
 
 
+def storage_options(url: str) -> dict:
+    """The settings dsc's client for ``url`` uses (the environment's and, for S3, the AWS files'), as the
+    ``storage_options`` of other object_store-based readers (deltalake): the same credentials and endpoint."""
+    scheme = FAMILY.get(url.split("://", 1)[0].lower())
+    if scheme != "s3":
+        return {}  # (GCS and Azure: those readers take the same GOOGLE_* / AZURE_* variables themselves)
+    config = aws_files_config()
+    names = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+             "token": "AWS_SESSION_TOKEN", "region": "AWS_REGION", "endpoint": "AWS_ENDPOINT_URL"}
+    out = {names[k]: v for k, v in config.items() if k in names}
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(var) and "AWS_ENDPOINT_URL" not in out:
+            out["AWS_ENDPOINT_URL"] = os.environ[var]
+    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "AWS_REGION" in out):
+        out["AWS_REGION"] = "us-east-1"  # (as ObjectStore: an S3-compatible server ignores it)
+    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        out["AWS_ALLOW_HTTP"] = "true"
+    return out
+
+
 _TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|broken pipe|temporar|throttl|slow ?down|"
                         r"too many requests|service unavailable|internal ?error|bad gateway|gateway|\b5\d\d\b|"
                         r"retry|dns|eof|incomplete|body|sending request|http error)")
