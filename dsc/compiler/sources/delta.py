@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from ...errors import SourceError
 from .base import Param, ScannedSource
-from .inputs import check_input, is_remote, join
+from .inputs import check_input, is_remote, join, split
 from ...store.object import storage_options
 from .table import TableSource, scan_table_files
 from ...errors import ConfigError
@@ -43,6 +43,7 @@ def local_path(uri: str) -> str:
     if parsed.scheme == "file":
         return unquote(parsed.path)
     if is_remote(s):
+        split(s)  # (a scheme dsc has no store for is refused here, naming the ones it has)
         return check_input(s).rstrip("/")
     if parsed.scheme and len(parsed.scheme) > 1:  # (one letter: a Windows drive)
         raise SourceError(f"{s}: dsc reads Delta tables on a local or mounted file system or in s3://, gs:// or "
