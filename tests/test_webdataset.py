@@ -160,3 +160,25 @@ def test_cli_sources_take_urls_and_name_a_missing_slash(tmp_path):
         dsc.compile_imagefolder("s3:/b/src", tmp_path / "o")
     with pytest.raises(SourceError, match="no such tar, folder or list file"):
         dsc.compile_webdataset(str(tmp_path / "nothing"), tmp_path / "o")
+
+
+def test_other_members_are_read_for_fields_once_mapped(wds, monkeypatch):
+    """The member -> field path that value field kinds will use: records carry their other members, the fetch
+    decodes those ``MEMBER_FIELDS`` names (text, json, arrays from .npy) into ``Item.fields``."""
+    import numpy as np
+
+    from dsc.compiler.sources import webdataset as W
+
+    _, tars, _ = wds
+    monkeypatch.setattr(W, "MEMBER_FIELDS", {"txt": "text", "json": "json"})
+    src = W.WebDatasetSource(src=str(tars / "00001.tar"))
+    records = src.scan().records
+    item = src.fetcher(records)(records[3])
+    assert item.fields == {"txt": "a picture of class_01", "json": {"label": 1, "file": "img_00003.jpg"}}
+    assert item.obj.getvalue()[:2] == b"\xff\xd8"  # the JPEG
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.arange(6, dtype=np.float32).reshape(2, 3))
+    monkeypatch.setattr(W, "MEMBER_FIELDS", {"npy": "array"})
+    assert W.member_value("npy", buf.getvalue(), "x").tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(SampleError, match="x: .*its .npy member is not array"):
+        W.member_value("npy", b"not npy", "x")

@@ -35,9 +35,10 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 INDEX_THREADS = 8  # tars indexed at once by the scan (each a stream of header reads)
 MAX_LABEL_BYTES = 1 << 20
 
-# How the members a sample has besides its image and label become fields: extension -> field kind. Empty until
-# dsc has the kinds (text, json, arrays); ``index_tar`` already hands every member's (extension, offset, size)
-# to ``Sample.members``, so wiring one is a line here and a value in ``fetch``.
+# How the members a sample has besides its image and label become fields: extension -> field kind ("text",
+# "json", "array"). Empty until dsc has value field kinds: every record already carries its other members'
+# (extension, offset, size) (``Record.member[3]``) and ``fetch`` reads and decodes the ones named here into
+# ``Item.fields``; what is left is declaring them in the scan (``ScannedSource.fields``). See the module docstring.
 MEMBER_FIELDS: dict[str, str] = {}
 
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext: key up to the first dot
@@ -299,8 +300,9 @@ class WebDatasetSource(Source):
                     invalid.append((key, f"{tar}: {problem}"))
                     continue
                 name, off, n = s.image
+                others = tuple((e, o, k) for e, (o, k) in sorted(s.members.items()) if e in MEMBER_FIELDS)
                 records.append(Record(key=key, path=tar, label=s.label if self.labelled else -1, row=j,
-                                      member=(name, off, n)))
+                                      member=(name, off, n, others)))
             if cut is not None:
                 invalid.append((f"{tname}/*", f"{tar}: {cut}"))
         if not records and not invalid:
@@ -323,19 +325,44 @@ class WebDatasetSource(Source):
                     f = opened[r.path] = open_input(r.path, sequential=True)
                 except FileNotFoundError:
                     raise SampleError(where(r), "the tar is gone since the scan") from None
-            name, off, n = r.member
-            f.seek(off)
-            data = f.read(n)
-            if len(data) != n:
-                raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes "
-                                            f"of the member)")
-            buf = io.BytesIO(data)
+            name, off, n, others = r.member
+            got = {e: _member(f, r, o, k) for o, k, e in sorted([(off, n, ""), *((o, k, e) for e, o, k in others)])}
+            buf = io.BytesIO(got.pop(""))  # (the members in tar order: the stream reads on, never back)
             buf.name = where(r)
-            return Item(buf, r.label, None)
+            item = Item(buf, r.label, None)
+            if got:
+                item.fields = {e: member_value(e, data, where(r)) for e, data in got.items()}
+            return item
         return fetch
 
     def config(self) -> dict:
         return super().config()
+
+
+def _member(f, r: Record, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    data = f.read(n)
+    if len(data) != n:
+        raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
+    return data
+
+
+def member_value(ext: str, data: bytes, at: str):
+    """A member's value for its field (``MEMBER_FIELDS[ext]``): text (UTF-8), json, or an array (``.npy``, never a
+    pickle). A member that does not decode is a SampleError naming it."""
+    kind = MEMBER_FIELDS.get(ext)
+    try:
+        if kind == "text":
+            return data.decode("utf-8")
+        if kind == "json":
+            return json.loads(data)
+        if kind == "array":
+            import numpy as np
+
+            return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise SampleError(at, f"its .{ext} member is not {kind} ({e})") from None
+    return data
 
 
 class _Index:
