@@ -103,7 +103,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             if executor is not None and todo:
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, todo, run, local, None if direct else str(tmp))) as it:
+                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root)) as it:
                     consume(it, bar)
             elif pool is not None:
                 consume(pool.imap_unordered(todo), bar)
