@@ -263,9 +263,19 @@ def test_a_bad_member_on_the_cluster_and_resume_from_the_bucket(data, cluster, t
     with pytest.raises(SampleError) as e:
         dsc.compile_webdataset("s3://dsc-src/badwds", url, executor=client, cache_dir=str(cache), **OPTS)
     assert "00002.tar:class_02_img_00009.jpg" in str(e.value)
-    skipped = dsc.compile_webdataset("s3://dsc-src/badwds", "s3://dsc-out/skipped", executor=client,
+    # a bad member mid-way with --on-error skip: the following shards are compacted (fetched back from the bucket,
+    # re-streamed, uploaded again in place of this writer's first upload), as a local compile compacts them
+    mid = tmp_path / "mid"
+    shutil.copytree(tars, mid)
+    whole = (mid / "00001.tar").read_bytes()
+    at = whole.index(b"class_01_img_00003.jpg") + 512
+    (mid / "00001.tar").write_bytes(whole[:at] + b"\0" * 64 + whole[at + 64:])
+    upload_tree(mid, "s3://dsc-src/midwds")
+    skipped = dsc.compile_webdataset("s3://dsc-src/midwds", "s3://dsc-out/skipped", executor=client,
                                      cache_dir=str(tmp_path / "c2"), on_error="skip", **OPTS)
-    assert [s["key"] for s in skipped.skipped] == ["00002.tar/class_02_img_00009"]
+    assert [s["key"] for s in skipped.skipped] == ["00001.tar/class_01_img_00003"]
+    local = dsc.compile_webdataset(str(mid), tmp_path / "mid.dsc", on_error="skip", workers=1, **OPTS)
+    assert local.manifest.num_samples == 29 and bucket_shards("s3://dsc-out/skipped") == shard_files(local.path)
     open_store("s3://dsc-src/badwds").put("00002.tar", (tars / "00002.tar").read_bytes())  # fixed in the bucket
     r = dsc.compile_webdataset("s3://dsc-src/badwds", url, executor=client, cache_dir=str(cache), resume=True,
                                **OPTS)

@@ -93,8 +93,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     if executor is None and workers > 1 and len(todo) > 1:
         if todo[0].options.resizer == "torch":
             import torch  # noqa: F401  (once here, before the fork, not once per worker)
-        remote = any(is_remote(r.path) for t in todo[:1] for r in t.records) or any(
-            is_remote(r.path) for r in records)  # (workers that read a bucket start fresh: see pool.py)
+        remote = any(is_remote(r.path) for r in records)  # (workers that read a bucket start fresh: see pool.py)
         pool = WorkerPool(min(workers, len(todo)), run, worker_init, fresh=remote)
     try:
         with tqdm(total=total, unit="img", desc="compile", disable=not progress, file=sys.stderr,
@@ -124,12 +123,11 @@ def uploaded_shard_check(url: str, writer: str):
 
 def fetch_compacted(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int, url: str) -> None:
     """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit)."""
-    counts = [len(r.kept) for r in results]
-    short = [u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)]
-    if not short:
+    u0 = _first_short(results, K)
+    if u0 is None:
         return
     store = open_store(url)
-    for r in results[short[0]:]:
+    for r in results[u0:]:
         for f in fields:
             spec = getattr(r.parts[f.name], "shard", None) if getattr(f, "pixels", None) is not None else None
             if spec is not None and not (tmp / spec.path).is_file():
@@ -138,14 +136,18 @@ def fetch_compacted(tmp: Path, results: list[UnitResult], fields: tuple[Field, .
                     store.download(spec.path, fh, limit=spec.nbytes)
 
 
+def _first_short(results: list[UnitResult], K: int) -> int | None:
+    """The first unit that skipped inputs left short (the last may be short by itself, unless empty)."""
+    counts = [len(r.kept) for r in results]
+    return next((u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)), None)
+
+
 def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int) -> None:
     """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
     copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
-    counts = [len(r.kept) for r in results]
-    short = [u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)]
-    if not short:
+    u0 = _first_short(results, K)
+    if u0 is None:
         return
-    u0 = short[0]
     scratch = tmp / "_compact"
     for f in fields:
         pixels = getattr(f, "pixels", None)
