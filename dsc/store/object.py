@@ -313,10 +313,15 @@ class ObjectStore(Store):
             return None
 
     def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
+        return [entry[:3] for entry in self.list_tagged(prefix)]
+
+    def list_tagged(self, prefix: str) -> list[tuple[str, int, float, str]]:
+        """(path, size, last modified, ETag) of every object under ``prefix``: a source's inputs, whose identity
+        (``identity``) says whether they changed."""
         import obstore
 
         def attempt():
-            return [(o["path"], int(o["size"]), o["last_modified"].timestamp())
+            return [(o["path"], int(o["size"]), o["last_modified"].timestamp(), str(o.get("e_tag") or ""))
                     for batch in obstore.list(self._store, prefix=prefix or None) for o in batch]
 
         try:

@@ -83,13 +83,15 @@ def list_objects(prefix: str) -> list[tuple[str, int]]:
     rel = rel.rstrip("/")
     out = []
     try:
-        listed = store.list_detailed(rel + "/" if rel else "")
+        pre = rel + "/" if rel else ""
+        listed = store.list_tagged(pre) if hasattr(store, "list_tagged") else [
+            (*entry, "") for entry in store.list_detailed(pre)]
     except FileNotFoundError as e:
         raise SourceError(str(e)) from None
     base = prefix.split("://", 1)[0] + "://" + prefix.split("://", 1)[1].split("/", 1)[0]
-    for path, size, mtime in listed:
+    for path, size, mtime, etag in listed:
         url = f"{base}/{path}"
-        remember(url, size, mtime)
+        remember(url, size, mtime, etag)
         out.append((url, size))
     return sorted(out)
 
