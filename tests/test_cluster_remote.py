@@ -165,19 +165,22 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- a cluster with no shared folder
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def cluster():
     """A Dask LocalCluster whose worker processes start in a folder of their own, with a TMPDIR of their own
     (where their units write): nothing under the client's tmp_path or cache is theirs. Yields (client, the
-    workers' folder)."""
+    workers' folder). One for the module (a cluster takes seconds to start)."""
     distributed = pytest.importorskip("distributed")
     workers = Path(tempfile.mkdtemp(prefix="dsc-workers-"))
     (workers / "tmp").mkdir()
-    with monkeypatch.context() as m:
-        m.chdir(workers)
+    here = os.getcwd()
+    os.chdir(workers)
+    try:
         lc = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                       dashboard_address=None, local_directory=str(workers / "dask"),
                                       env={"TMPDIR": str(workers / "tmp")})
+    finally:
+        os.chdir(here)
     client = distributed.Client(lc)
     try:
         yield client, workers
