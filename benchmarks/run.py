@@ -18,6 +18,7 @@ import bench_recipe  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_versions  # noqa: E402
+import bench_webdataset  # noqa: E402
 
 if __name__ == "__main__":
     bench_compile_read.main()
@@ -34,3 +35,4 @@ if __name__ == "__main__":
     bench_remote.main()
     bench_ranged.main()
     bench_scale.main()
+    bench_webdataset.main()

@@ -66,6 +66,14 @@ class DatasetParam(click.ParamType):
 DATASET = DatasetParam()
 
 
+class InputParam(DatasetParam):
+    """A source's input: a local path (a Path), or an object-storage URL kept as text (the source reads it
+    from the bucket); ``s3:/x`` style mistakes are refused with the URL meant."""
+
+    def __init__(self, kind: str):
+        self.name = {"dir": "DIR|URL", "file": "FILE|URL"}.get(kind, "PATH|URL")
+
+
 class SizeParam(click.ParamType):
     """``224`` -> (224, 224); ``192,256`` or ``192x256`` -> (height 192, width 256)."""
 
@@ -156,8 +164,10 @@ def compile_options(f, masks: bool = True):
                      help="Continue an interrupted compile of the same inputs and options: finished shards "
                           "are verified (SHA-256) and kept, the rest compiled."),
         click.option("--executor", default=None, metavar="ADDRESS",
-                     help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786); OUT must be on a "
-                          "filesystem the workers share. Needs dsc[dask]."),
+                     help="Run the shards on a Dask distributed cluster (tcp://scheduler:8786). With the inputs "
+                          "and OUT in object storage the workers need no shared filesystem (each uploads its own "
+                          "shards); else OUT and the inputs must be on a filesystem the workers share. Needs "
+                          "dsc[dask]."),
         click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="OUT is a URL (s3://, gs://, az://): stage the shards here before they are uploaded "
                           "(default: $DSC_CACHE_DIR, else $XDG_CACHE_HOME/dsc, else ~/.cache/dsc)."),
@@ -270,8 +280,8 @@ def main():
 
 def _param_decorator(p):
     """A source's declared parameter as a click argument or option."""
-    kinds = {"dir": click.Path(path_type=Path, file_okay=False), "file": click.Path(path_type=Path, dir_okay=False),
-             "path": click.Path(path_type=Path), "int": int, "str": str, "csv": str}
+    kinds = {"dir": InputParam("dir"), "file": InputParam("file"), "path": InputParam("path"), "int": int, "str": str,
+             "csv": str}
     if p.argument:
         return click.argument(p.name, type=kinds.get(p.type, str), metavar=p.metavar)
     if p.type == "flag":

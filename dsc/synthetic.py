@@ -51,6 +51,36 @@ def write_imagefolder(root: str | os.PathLike, num_classes: int = 4, per_class: 
     return paths
 
 
+def pack_webdataset(folder: str | os.PathLike, out: str | os.PathLike, per_tar: int = 100,
+                    extras: bool = True) -> list[Path]:
+    """The images of an ImageFolder ``folder`` (in its order) as WebDataset tars ``out/00000.tar``...: sample
+    ``<class>_<stem>`` holds ``.<ext>`` (the file's bytes), ``.cls`` (the class index) and, with ``extras``,
+    ``.json`` ({"label", "file"}) and ``.txt``. The same images as the folder, for comparing the two sources."""
+    import io
+    import json
+    import tarfile
+
+    folder, out = Path(folder), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    files = [(c, p) for c, name in enumerate(classes) for p in sorted((folder / name).rglob("*")) if p.is_file()]
+    tars = []
+    for t, start in enumerate(range(0, len(files), per_tar)):
+        tars.append(out / f"{t:05d}.tar")
+        with tarfile.open(tars[-1], "w", format=tarfile.USTAR_FORMAT) as tf:
+            for c, p in files[start:start + per_tar]:
+                key = f"{classes[c]}_{p.stem}".replace(".", "_")
+                members = [(p.suffix.lower().lstrip("."), p.read_bytes()), ("cls", str(c).encode())]
+                if extras:
+                    members += [("json", json.dumps({"label": c, "file": p.name}).encode()),
+                                ("txt", f"a picture of {classes[c]}".encode())]
+                for ext, data in members:
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size, info.mtime = len(data), 0
+                    tf.addfile(info, io.BytesIO(data))
+    return tars
+
+
 # ----------------------------------------------------------------------------- detection scenes
 DET_CATEGORIES = [(3, "cat"), (7, "dog"), (12, "bird")]  # non-contiguous ids, like COCO's
 BACKGROUND = (90, 90, 90)

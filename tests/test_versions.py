@@ -631,8 +631,8 @@ def test_delta_partition_columns_and_errors(tmp_path):
         assert int(ds[i]["label"]) == int(k[1:]) % 3  # the label is the partition value from the log
     with pytest.raises(dsc.SourceError, match="not a Delta table"):
         dsc.compile_delta(str(tmp_path), tmp_path / "o", progress=False)
-    with pytest.raises(dsc.SourceError, match="local or mounted"):
-        dsc.compile_delta("s3://bucket/table", tmp_path / "o", progress=False)
+    with pytest.raises(dsc.ConfigError, match=r"got hdfs://"):
+        dsc.compile_delta("hdfs://host/table", tmp_path / "o", progress=False)  # (s3:// works: test_cluster_remote)
 
 
 # ----------------------------------------------------------------------------- CLI

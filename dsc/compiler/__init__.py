@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..store import open_store
 from ..formats import versions
 from ..formats.versions import source_date_epoch
+from . import cluster
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
@@ -47,9 +48,10 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         if options.dry_run:
             return _dry_first_compile(out, _scan(source, warn), info)
 
-        def compile_local(stage, opts, on_unit):
-            return compile_dataset(_scan(source, warn), stage, replace(opts, update=False, dry_run=False), warn=warn,
-                                   source=source, on_unit=on_unit)
+        def compile_local(stage, opts, on_unit, direct=None):
+            return compile_dataset(_scan(source, warn, executor=options.executor), stage,
+                                   replace(opts, update=False, dry_run=False), warn=warn, source=source,
+                                   on_unit=on_unit, direct=direct)
 
         return compile_to_url(compile_local, out, options)
     out = store.path
@@ -61,7 +63,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
             message = (f"--overwrite replaces {out}, and with it every version and tag it holds ({lost}): the new "
                        f"compile is version 0, with no tags")
             warn(message) if warn is not None else warnings.warn(message, stacklevel=2)
-    scanned = _scan(source, warn, out)
+    scanned = _scan(source, warn, out, options.executor)
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
@@ -80,10 +82,18 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
                          committed=False, dry_run=True)
 
 
-def _scan(source: Source, warn, out=None) -> ScannedSource:
+def _scan(source: Source, warn, out=None, executor=None) -> ScannedSource:
     """The source's records, with its non-path parameters recorded (--update checks them); its warnings
-    (and one for a local ``out`` inside the source's folder) go to ``warn``."""
-    scanned = source.prepare()
+    (and one for a local ``out`` inside the source's folder) go to ``warn``. A source that reads its inputs
+    to index them (``index_map``: webdataset's tar headers) does it on the cluster's workers with an
+    ``executor``."""
+    if executor is not None and hasattr(type(source), "index_map"):
+        source.index_map = cluster.dask_map(executor)
+    try:
+        scanned = source.prepare()
+    finally:
+        if "index_map" in vars(source):  # (the source travels to the workers: not with a client in it)
+            del source.index_map
     inside = _out_inside_source(out, scanned) if out is not None else None
     if inside:
         scanned = replace(scanned, warnings=(*scanned.warnings, inside))

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import closing
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -37,6 +38,12 @@ from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where
+from .sources.inputs import is_remote
+from . import cluster
+from .upload import is_ours
+from ..store import open_store
+from ..store.local import write_atomic
+from ..store.paths import check_node_path
 from .staging import Staging, check_output
 from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
 from ..formats.manifest import batch_name_problem
@@ -48,34 +55,11 @@ def _stop(key: str, path: str, reason: str) -> SampleError:
                        hint=" (--on-error skip, or on_error='skip', leaves bad inputs out and records them)")
 
 
-def _dask_results(executor, todo: list[UnitTask], run):
-    """Run units on a Dask cluster; yield results as they finish. Workers write to the shared filesystem."""
-    try:
-        from dask.distributed import Client, as_completed
-    except ImportError:
-        raise SourceError("--executor needs dask.distributed: pip install 'dsc[dask]'") from None
-    if isinstance(executor, Client):
-        client = executor
-    else:
-        try:
-            client = Client(executor, timeout="20s")
-        except (OSError, ValueError, TypeError) as e:
-            raise SourceError(f"cannot reach the Dask scheduler at {executor!r}: {e}; give its address as "
-                              f"tcp://host:8786") from None
-    futures = client.map(run, todo, pure=False)
-    try:
-        for fut in as_completed(futures):
-            yield fut.result()
-    finally:
-        client.cancel(futures)
-        if client is not executor:
-            client.close()
-
-
 def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
                records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
-               inputs: dict[int, str], executor=None, on_unit=None) -> list[UnitResult]:
-    """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order."""
+               inputs: dict[int, str], executor=None, on_unit=None, tmp: Path | None = None) -> list[UnitResult]:
+    """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order. A unit that
+    uploaded its shards hands back the small files it wrote besides them: they go into ``tmp`` (the staging)."""
     results: dict[int, UnitResult] = dict(done)
     by_slot = {t.s: t for t in tasks}
     todo = [t for t in tasks if t.s not in done]
@@ -91,6 +75,9 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
             if res.errors and fail_fast:
                 i, reason = res.errors[0]
                 raise _stop(records[i].key, where(records[i]), reason)
+            for rel, data in (res.files or {}).items():  # (written before the unit is journaled)
+                write_atomic(tmp / check_node_path(rel), data, tmp)
+            res.files = None
             journal.record(res, inputs[res.s])
             results[res.s] = res
             if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
@@ -105,13 +92,17 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     if executor is None and workers > 1 and len(todo) > 1:
         if todo[0].options.resizer == "torch":
             import torch  # noqa: F401  (once here, before the fork, not once per worker)
-        pool = WorkerPool(min(workers, len(todo)), run, worker_init)
+        remote = any(is_remote(r.path) for r in records)  # (workers that read a bucket start fresh: see pool.py)
+        pool = WorkerPool(min(workers, len(todo)), run, worker_init, fresh=remote)
     try:
         with progress_bar(total=total, unit="img", desc="compile", disable=not progress,
                           dynamic_ncols=True, smoothing=0.1) as bar:
             bar.update(sum(len(by_slot[s].records) for s in done))
             if executor is not None and todo:
-                consume(_dask_results(executor, todo, run), bar)
+                direct = todo[0].upload is not None
+                local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
+                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root)) as it:
+                    consume(it, bar)
             elif pool is not None:
                 consume(pool.imap_unordered(todo), bar)
             else:
@@ -122,14 +113,40 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     return [results[t.s] for t in tasks]
 
 
+def uploaded_shard_check(url: str, writer: str):
+    """For the resume journal of a compile whose units upload their shards: a journaled shard is kept when the
+    bucket has it with its size and SHA-256, uploaded by this writer."""
+    store = open_store(url)
+    return lambda spec: is_ours(spec.path, store.stat(spec.path), spec.sha256, spec.nbytes, writer)
+
+
+def fetch_compacted(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int, url: str) -> None:
+    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit)."""
+    u0 = _first_short(results, K)
+    if u0 is None:
+        return
+    store = open_store(url)
+    for r in results[u0:]:
+        for f in fields:
+            spec = getattr(r.parts[f.name], "shard", None) if getattr(f, "pixels", None) is not None else None
+            if spec is not None and not (tmp / spec.path).is_file():
+                (tmp / spec.path).parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp / spec.path, "wb") as fh:
+                    store.download(spec.path, fh, limit=spec.nbytes)
+
+
+def _first_short(results: list[UnitResult], K: int) -> int | None:
+    """The first unit that skipped inputs left short (the last may be short by itself, unless empty)."""
+    counts = [len(r.kept) for r in results]
+    return next((u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)), None)
+
+
 def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int) -> None:
     """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
     copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
-    counts = [len(r.kept) for r in results]
-    short = [u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)]
-    if not short:
+    u0 = _first_short(results, K)
+    if u0 is None:
         return
-    u0 = short[0]
     scratch = tmp / "_compact"
     for f in fields:
         pixels = getattr(f, "pixels", None)
@@ -145,14 +162,14 @@ def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K:
 
 
 def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, options: CompileOptions, journal,
-                 done: dict, source: Source, inputs: dict, workers: int, on_unit=None):
+                 done: dict, source: Source, inputs: dict, workers: int, on_unit=None, tmp: Path | None = None):
     """Run the units not ``done`` (journaling each), then ``(results, bad)``: every unit's result, and
     (key, where, reason) of each input left out (the scan's invalid ones first), written to
     ``--error-report`` when asked, also when a bad input stops the run."""
     journal.start()
     try:
         results = _run_units(tasks, workers, options.progress, len(records), options.on_error == "fail", records,
-                             journal, done, source, inputs, options.executor, on_unit)
+                             journal, done, source, inputs, options.executor, on_unit, tmp)
     except SampleError as e:
         if options.error_report:
             _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
@@ -232,11 +249,14 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
 
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
-                    warn=None, source: Source | None = None, on_unit=None, **kwargs) -> CompileReport:
+                    warn=None, source: Source | None = None, on_unit=None, direct: tuple[str, str] | None = None,
+                    **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
     ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
     ``source``: the source that scanned the records (its ``fetcher`` runs in the workers); records of
-    files need none. ``on_unit(result)`` is called as each unit finishes (its shards are written)."""
+    files need none. ``on_unit(result)`` is called as each unit finishes (its shards are written).
+    ``direct``: (URL, writer token) of a compile to object storage whose units upload their own shards (on a
+    cluster: see cluster.py); ``out`` then gets everything but the shards."""
     options = options or CompileOptions(**kwargs)
     source = source or Source()
     if source.local_only:
@@ -264,11 +284,12 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     with staging:
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)
-        journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded)
+        journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
+                          shard_ok=uploaded_shard_check(*direct) if direct else None)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
-        tasks = [UnitTask(s, start, records[start:start + K], str(tmp), unit_options, K, fields)
-                 for s, start in enumerate(range(0, len(records), K))]
+        tasks = [UnitTask(s, start, records[start:start + K], "" if direct else str(tmp), unit_options, K, fields,
+                          direct) for s, start in enumerate(range(0, len(records), K))]
         inputs = {t.s: inputs_of(t.records) for t in tasks}
         done = {}
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
@@ -283,7 +304,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                 i, reason = min(e for r in failed for e in r.errors)
                 raise _stop(records[i].key, where(records[i]), reason)
         results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers,
-                                    on_unit)
+                                    None if direct else on_unit, tmp)
         said = decode_warnings(results, records, warn)
         skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
         kept = np.concatenate([r.kept for r in results])
@@ -291,6 +312,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         try:
+            if direct:  # the shards a compaction re-streams come back from the bucket (only after skipped inputs)
+                fetch_compacted(tmp, results, fields, K, direct[0])
             _compact(tmp, results, fields, K)
             manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
             staging.publish(before_rename=journal.remove)

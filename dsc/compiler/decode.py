@@ -18,7 +18,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from ..errors import ImageDecodeError
+from ..errors import CredentialsError, DscError, ImageDecodeError
+from .sources.inputs import identity, is_remote, read_bytes
 from .capture import LOCK
 
 ORIENTATION_TAG = 0x0112
@@ -133,6 +134,8 @@ def read_input_file(path: str, what: str = "image") -> tuple[bytes, tuple[int, i
 
     import google_crc32c
 
+    if is_remote(path):  # an object in a bucket (a source's input by URL)
+        return _read_object(path, what)
     check_regular(path)
     try:
         st = os.stat(path)
@@ -154,13 +157,31 @@ def bytes_fingerprint(data: bytes, container: str | None = None) -> tuple[int, i
     import google_crc32c
 
     mtime = ctime = ino = 0
-    if container:
-        try:
-            st = os.stat(container)
-            mtime, ctime, ino = st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-        except (OSError, ValueError):
-            pass
+    found = identity(container) if container else None
+    if found is not None:
+        _, mtime, ctime, ino = found
     return len(data), mtime, ctime, ino, google_crc32c.value(data)
+
+
+def _read_object(url: str, what: str) -> tuple[bytes, tuple[int, int, int, int, int]]:
+    """An input in object storage, read whole, and its fingerprint (its ETag stands for the inode)."""
+    import google_crc32c
+
+    found = identity(url)
+    if found is None:
+        raise ImageDecodeError(url, f"cannot read the {what}: no such object")
+    if found[0] > MAX_INPUT_BYTES:
+        raise ImageDecodeError(url, f"{found[0]:,} bytes is more than an {what} file dsc reads ({MAX_INPUT_BYTES:,})")
+    try:
+        data = read_bytes(url, MAX_INPUT_BYTES)
+    except FileNotFoundError:
+        raise ImageDecodeError(url, f"cannot read the {what}: no such object") from None
+    except DscError as e:
+        if isinstance(e, CredentialsError):
+            raise
+        raise ImageDecodeError(url, f"cannot read the {what}: {e}") from None
+    size, mtime, ctime, ino = found
+    return data, (len(data), mtime, ctime, ino, google_crc32c.value(data))
 
 
 class Decoded(NamedTuple):

@@ -26,6 +26,7 @@ from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource, Source, record_digest
+from .sources.inputs import identity
 from .units import UnitResult
 
 JOURNAL = ".journal"
@@ -67,11 +68,11 @@ def inputs_of(records) -> str:
             if not path or path in seen:
                 continue
             seen.add(path)
-            try:
-                st = os.stat(path)
-                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0"
-                         .encode("utf-8", "surrogateescape"))
-            except (OSError, ValueError):  # ValueError: a NUL in the name
+            found = identity(path)  # (an object in a bucket: its size, time and ETag)
+            if found is not None:
+                size, mtime, ctime, ino = found
+                h.update(f"{path}\0{size}\0{mtime}\0{ctime}\0{ino}\0".encode("utf-8", "surrogateescape"))
+            else:  # missing, or a NUL in the name
                 h.update(f"{path}\0missing\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
@@ -90,7 +91,7 @@ def _intact(path: Path, shard) -> bool:
 
 class Journal:
     def __init__(self, staging_dir: Path, fingerprint: str, fields: tuple, shard_root: Path | None = None,
-                 settings: dict | None = None):
+                 settings: dict | None = None, shard_ok=None):
         self.dir = staging_dir / JOURNAL
         self.root = staging_dir
         self.shard_root = shard_root or staging_dir  # where the units' shard files are (an update: OUT)
@@ -98,6 +99,9 @@ class Journal:
         self.settings = settings  # (``settings``: kept in the plan to name what differs on a refused resume)
         self.fields = fields
         self._fd: int | None = None  # units.jsonl, open for appending once the first unit is recorded
+        # whether a journaled shard is still as recorded: re-hashed here, or (its workers uploaded it) checked in
+        # the bucket by ``shard_ok(spec)``
+        self.shard_ok = shard_ok or (lambda sh: _intact(node_dir(self.shard_root, sh.path), sh))
 
     def start(self) -> None:
         try:
@@ -203,7 +207,7 @@ class Journal:
             except (DscError, KeyError, TypeError, ValueError, AttributeError):
                 continue
             shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-            if all(_intact(node_dir(self.shard_root, sh.path), sh) for sh in shards):
+            if all(self.shard_ok(sh) for sh in shards):
                 done[s] = res
         return done
 

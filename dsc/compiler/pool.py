@@ -31,9 +31,19 @@ class WorkerDied(DscError, RuntimeError):
 CAN_FORK = "fork" in mp.get_all_start_methods()
 
 
-def _context():
-    # fork starts workers in milliseconds; the compile path never starts threads before the workers.
-    return mp.get_context("fork" if CAN_FORK else "spawn")
+def _context(fresh: bool = False):
+    # fork starts workers in milliseconds; the compile path never starts threads before the workers. A worker
+    # that reads object storage is started ``fresh``: the object-store client cannot make requests in a process
+    # forked from one that used it (its runtime's threads are not there). Fresh workers are forked from a fork
+    # server that has imported the compile's modules and never used the client (started once per process), else
+    # spawned.
+    if CAN_FORK and not fresh:
+        return mp.get_context("fork")
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["dsc.compiler.units"])
+        return ctx
+    return mp.get_context("spawn")
 
 
 def _serve(conn, fn, initializer, inherited=()) -> None:
@@ -63,12 +73,34 @@ def _serve(conn, fn, initializer, inherited=()) -> None:
         conn.send(reply)
 
 
+def _start_without_main(p) -> None:
+    """Start a spawned worker without running the caller's main script again in it (what spawn does by default,
+    so that functions defined there can be unpickled): a script that calls ``dsc.compile_*`` at its top level,
+    without an ``if __name__ == "__main__"`` guard, would otherwise compile again in every worker. Used only when
+    nothing the workers run comes from ``__main__``."""
+    from multiprocessing import spawn
+
+    real = spawn.get_preparation_data
+
+    def without_main(name):
+        data = real(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        p.start()
+    finally:
+        spawn.get_preparation_data = real
+
+
 class WorkerPool:
     """``WorkerPool(n, fn, initializer)``; ``imap_unordered(tasks)`` yields ``fn(task)`` as workers finish
     them (a task's exception is raised in the parent); ``close()`` stops and reaps every worker."""
 
-    def __init__(self, processes: int, fn, initializer=None):
-        ctx = _context()
+    def __init__(self, processes: int, fn, initializer=None, fresh: bool = False):
+        ctx = _context(fresh)
         self._workers = []
         try:
             for _ in range(processes):
@@ -76,7 +108,10 @@ class WorkerPool:
                 inherited = [c for _, c in self._workers] + [parent_end] if ctx.get_start_method() == "fork" else []
                 p = ctx.Process(target=_serve, args=(child_end, fn, initializer, inherited), daemon=True,
                                 name=f"dsc-compile-{len(self._workers)}")
-                p.start()
+                if ctx.get_start_method() == "fork" or b"__main__" in pickle.dumps((fn, initializer)):
+                    p.start()
+                else:
+                    _start_without_main(p)
                 child_end.close()
                 self._workers.append((p, parent_end))
         except BaseException:

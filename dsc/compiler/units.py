@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import io
+import shutil
 import signal
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,8 @@ from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask
 from .options import CompileOptions
 from .resample import single_threaded
 from .sources.base import Item, Record, Source, where
+from .upload import put_shard
+from ..store import open_store
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class UnitTask:
     options: CompileOptions
     shard_size: int
     fields: tuple[Field, ...]
+    upload: tuple[str, str] | None = None  # (output URL, writer token): the worker uploads its shards itself
 
 
 INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",
@@ -62,6 +67,7 @@ class UnitResult:
     parts: dict[str, Part]  # field name -> the unit's part of it
     inputs: np.ndarray = None  # (c, 10) int64: each sample's input fingerprint (INPUT_COLUMNS)
     warnings: list[tuple[int, str]] = None  # (record index, message): what decoding a compiled input said
+    files: dict | None = None  # a unit that uploaded its shards: the small files it wrote besides them {rel: bytes}
 
     def __post_init__(self):
         if self.inputs is None:
@@ -221,9 +227,31 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
 
 def compile_unit(task: UnitTask, source: Source) -> UnitResult:
     """Decode, resize and write shard ``task.s`` of every field. Bad inputs are recorded (or stop the unit
-    under on_error="fail"); write failures raise WriteError from the shard writers."""
+    under on_error="fail"); write failures raise WriteError from the shard writers. A task with ``upload``
+    (a cluster compile to a URL) writes in a temporary folder of this worker's own and uploads its shards."""
     with single_threaded(task.options.resizer):
-        return _compile_unit(task, source)
+        if task.upload is None:
+            return _compile_unit(task, source)
+        tmp = tempfile.mkdtemp(prefix="dsc-unit-")
+        try:
+            result = _compile_unit(replace(task, root=tmp), source)
+            result.files = upload_unit(Path(tmp), result, *task.upload)
+            return result
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
+    """Upload the unit's shard files under ``root`` to ``url`` (create-only, with their SHA-256 and the writer's
+    token: see upload.py); returns the other files it wrote (a ragged shard's zarr.json) as {rel: bytes}, which
+    the client writes into its staging."""
+    store = open_store(url)
+    shards = {p.shard.path: p.shard for p in result.parts.values() if getattr(p, "shard", None) is not None}
+    for rel, spec in shards.items():
+        with open(root / rel, "rb") as f:
+            put_shard(store, rel, f, spec.sha256, spec.nbytes, writer)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).as_posix() not in shards}
 
 
 def _compile_unit(task: UnitTask, source: Source) -> UnitResult:

@@ -38,6 +38,7 @@ from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
+from .sources.inputs import identity
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
@@ -135,11 +136,10 @@ def _probe(path: str | None, table: bool) -> tuple[int, int, int, int] | None:
     """(size, mtime, ctime, inode) of an input file (size -1 for a table cell: the file holds many)."""
     if not path:
         return None
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
+    found = identity(path)  # (an object in a bucket: its size, time and ETag)
+    if found is None:
         return None
-    return (-1 if table else st.st_size), st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+    return (-1 if table else found[0]), *found[1:]
 
 
 def _as_int64(v: int) -> int:

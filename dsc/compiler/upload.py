@@ -67,11 +67,7 @@ class Uploader:
 
     def _ours(self, rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int) -> bool:
         """Whether what is at ``rel`` is the file this writer would put there (see the class docstring)."""
-        if there is None or there[0] != nbytes:
-            return False
-        if rel.startswith(versions.OBJECTS + "/"):
-            return rel.endswith("/" + sha256)
-        return there[1].get("sha256") == sha256 and there[1].get("writer") == self.writer
+        return is_ours(rel, there, sha256, nbytes, self.writer)
 
     def _one(self, places: list[Path], rel: str, sha256: str, nbytes: int, before: Future | None) -> None:
         if before is not None:  # (submitted earlier, so already running or ahead in the queue)
@@ -81,9 +77,7 @@ class Uploader:
                 pass
         store = self.store
         there = store.stat(rel)
-        if there is not None:
-            if not self._ours(rel, there, sha256, nbytes):
-                raise self._taken(rel)
+        if self._ours(rel, there, sha256, nbytes):  # (without reading the local file: it may not be here)
             with self.lock:
                 self.kept += 1
             return
@@ -104,24 +98,16 @@ class Uploader:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
             f.seek(0)
-            try:
-                store.put(rel, f, create_only=True, attributes={"sha256": sha256, "writer": self.writer})
-            except FileExistsError:  # created meanwhile: by ourselves earlier (same bytes), or by another writer
-                if not self._ours(rel, store.stat(rel), sha256, nbytes):
-                    raise self._taken(rel) from None
-                with self.lock:
-                    self.kept += 1
-                return
+            sent = put_shard(store, rel, f, sha256, nbytes, self.writer, there)
         with self.lock:
-            self.sent += 1
-            self.bytes_sent += nbytes
+            if sent:
+                self.sent += 1
+                self.bytes_sent += nbytes
+            else:
+                self.kept += 1
 
     def _taken(self, rel: str) -> VersionConflictError:
-        return VersionConflictError(
-            f"{self.store.where(rel)} is another writer's (one publishing at {self.store.url} now, or one that was "
-            f"interrupted): dsc never overwrites a file in object storage, and nothing of this run was committed. "
-            f"Run it again: an update then writes past every file there (a first compile cannot: compile to "
-            f"another URL, or remove the leftovers with `dsc vacuum {self.store.url}` once no writer runs)")
+        return taken(self.store, rel)
 
     def wait(self) -> None:
         for _, fut in list(self.jobs.values()):
@@ -129,6 +115,56 @@ class Uploader:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def is_ours(rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int, writer: str) -> bool:
+    """Whether what is at ``rel`` (``there``: its stat) is the file ``writer`` would put there: a content-addressed
+    object with those bytes, or a shard with this SHA-256 that this very writer uploaded (see :class:`Uploader`)."""
+    if there is None or there[0] != nbytes:
+        return False
+    if rel.startswith(versions.OBJECTS + "/"):
+        return rel.endswith("/" + sha256)
+    return there[1].get("sha256") == sha256 and there[1].get("writer") == writer
+
+
+def replace_own(store: Store, rel: str, there: tuple[int, dict], writer: str) -> bool:
+    """Remove a shard this writer uploaded with other bytes (a compaction after skipped inputs rewrote it), so
+    that the new bytes can be created there; False (nothing removed) when it is not this writer's. A writer's
+    shards are referenced by no version until its own commit, after its last upload, so nobody reads it."""
+    if rel.startswith(versions.OBJECTS + "/") or there[1].get("writer") != writer:
+        return False
+    store.delete(rel)
+    return True
+
+
+_UNKNOWN = object()
+
+
+def put_shard(store: Store, rel: str, f, sha256: str, nbytes: int, writer: str, there=_UNKNOWN) -> bool:
+    """Upload one shard (``f``: its open file, already checked to hold ``sha256``) by a create-only put, with its
+    hash and ``writer`` in its metadata; True when sent, False when this writer's copy was there already.
+    Another writer's file there is a VersionConflictError (see :class:`Uploader`)."""
+    there = store.stat(rel) if there is _UNKNOWN else there  # (its stat, when the caller has it)
+    if there is not None:
+        if is_ours(rel, there, sha256, nbytes, writer):
+            return False
+        if not replace_own(store, rel, there, writer):
+            raise taken(store, rel)
+    try:
+        store.put(rel, f, create_only=True, attributes={"sha256": sha256, "writer": writer})
+    except FileExistsError:  # created meanwhile: by this writer (a retried unit: the same bytes), or another
+        if not is_ours(rel, store.stat(rel), sha256, nbytes, writer):
+            raise taken(store, rel) from None
+        return False
+    return True
+
+
+def taken(store: Store, rel: str) -> VersionConflictError:
+    return VersionConflictError(
+            f"{store.where(rel)} is another writer's (one publishing at {store.url} now, or one that was "
+            f"interrupted): dsc never overwrites a file in object storage, and nothing of this run was committed. "
+            f"Run it again: an update then writes past every file there (a first compile cannot: compile to "
+            f"another URL, or remove the leftovers with `dsc vacuum {store.url}` once no writer runs)")
 
 
 def push(local: str | os.PathLike, url: str, uploader: Uploader | None = None, progress: bool = True,
@@ -345,8 +381,10 @@ def update_url(update_local, url: str, options):
 
 
 def compile_to_url(compile_local, url: str, options):
-    """Compile (``compile_local(stage, options, on_unit)``) into a local staging dataset while uploading its
-    shards, then publish it at ``url`` (see the module docstring). Returns the compile report."""
+    """Compile (``compile_local(stage, options, on_unit, direct)``) into a local staging dataset while uploading its
+    shards, then publish it at ``url`` (see the module docstring). Returns the compile report. On a Dask cluster
+    (``options.executor``) the units upload their own shards (``direct``: the URL and this writer's token) and
+    the staging gets everything else."""
     if options.overwrite:
         raise ConfigError(f"{url}: --overwrite of a dataset in object storage is not supported; compile to a new "
                           f"URL (versions in object storage are never overwritten)")
@@ -371,7 +409,9 @@ def compile_to_url(compile_local, url: str, options):
                     if spec is not None:
                         uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes)
 
-            report = compile_local(stage, replace(options, overwrite=False), on_unit)
+            # on a cluster, the units upload their own shards: the workers need no filesystem shared with this one
+            direct = (store.url, uploader.writer) if options.executor is not None else None
+            report = compile_local(stage, replace(options, overwrite=False), on_unit, direct)
         sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
     if report is None:
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]

@@ -62,6 +62,11 @@ class Store:
         """Remove the object; one that is not there is no error. ``best_effort``: one attempt, no error."""
         raise NotImplementedError
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object (fewer at its end): how a source reads part of an input (a
+        Parquet file's row groups, a tar's members) without the rest."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ built on it
     def put_if_absent(self, rel: str, data, attributes: dict | None = None) -> None:
         self.put(rel, data, create_only=True, attributes=attributes)
@@ -91,6 +96,11 @@ class Store:
         except FileNotFoundError:
             return None
 
+    def reader(self, rel: str, size: int, buffer: int = 4 << 20) -> "io.BufferedReader":
+        """The object as a seekable binary file of ``size`` bytes, read by ranges of at least ``buffer`` bytes
+        as it is consumed (a tar streamed, a Parquet file's footer then its row groups): never whole."""
+        return io.BufferedReader(RangeFile(self, rel, size), buffer)
+
     def where(self, rel: str) -> str:
         """The object's full name, for messages."""
         return f"{self.url.rstrip('/')}/{rel}"
@@ -109,6 +119,40 @@ class Store:
         import contextlib
 
         return contextlib.nullcontext()
+
+
+class RangeFile(io.RawIOBase):
+    """A store's object as a raw seekable file: each ``readinto`` is one :meth:`Store.read_range` (retried
+    by the store); wrap it in ``io.BufferedReader`` (``Store.reader``) for read-ahead."""
+
+    def __init__(self, store: "Store", rel: str, size: int):
+        self.store, self.rel, self.size, self.pos = store, rel, int(size), 0
+        self.name = store.where(rel)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
+        self.pos = base + offset
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = self.store.read_range(self.rel, self.pos, self.pos + n)
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 class Sha256Sink:

@@ -12,6 +12,7 @@ have passed; then :class:`~dsc.errors.RemoteError` names the URL and the last ca
 from __future__ import annotations
 
 import configparser
+import io
 import os
 import random
 import re
@@ -85,6 +86,26 @@ def aws_files_config(env=os.environ) -> dict:
             for key, name in (("aws_access_key_id", "access_key_id"), ("aws_secret_access_key", "secret_access_key")):
                 if sec.get(key) and name not in out and "AWS_ACCESS_KEY_ID" not in env:
                     out[name] = sec[key]
+    return out
+
+
+def storage_options(url: str) -> dict:
+    """The settings dsc's client for ``url`` uses (the environment's and, for S3, the AWS files'), as the
+    ``storage_options`` of other object_store-based readers (deltalake): the same credentials and endpoint."""
+    scheme = FAMILY.get(url.split("://", 1)[0].lower())
+    if scheme != "s3":
+        return {}  # (GCS and Azure: those readers take the same GOOGLE_* / AZURE_* variables themselves)
+    config = aws_files_config()
+    names = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+             "token": "AWS_SESSION_TOKEN", "region": "AWS_REGION", "endpoint": "AWS_ENDPOINT_URL"}
+    out = {names[k]: v for k, v in config.items() if k in names}
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(var) and "AWS_ENDPOINT_URL" not in out:
+            out["AWS_ENDPOINT_URL"] = os.environ[var]
+    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "AWS_REGION" in out):
+        out["AWS_REGION"] = "us-east-1"  # (as ObjectStore: an S3-compatible server ignores it)
+    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        out["AWS_ALLOW_HTTP"] = "true"
     return out
 
 
@@ -265,6 +286,42 @@ class ObjectStore(Store):
                 obstore.put(self._store, rel, src, **kwargs)
         self._call("writing", rel, attempt)
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object in one request (fewer at its end)."""
+        import obstore
+
+        if end <= start:
+            return b""
+        return bytes(self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end)))
+
+    def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False):
+        """The object as a seekable binary file of ``size`` bytes. ``sequential``: read by one streamed GET from
+        where reading starts (a tar read member after member: one request, not one per buffer), opened again
+        only after a seek backwards or far ahead; else by ranges of ``buffer`` bytes (a Parquet file's footer,
+        then its row groups)."""
+        if not sequential:
+            return super().reader(rel, size, buffer)
+        return io.BufferedReader(StreamFile(self, rel, size), min(buffer, 1 << 20))
+
+    def open_stream(self, rel: str, start: int):
+        """An iterator of the object's bytes from ``start`` on (one GET)."""
+        import obstore
+
+        def attempt():
+            opts = {"range": {"offset": start}} if start else {}
+            return iter(obstore.get(self._store, rel, options=opts).stream(min_chunk_size=1 << 20))
+        return self._call("reading", rel, attempt)
+
+    def identity(self, rel: str) -> tuple[int, float, str] | None:
+        """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
+        import obstore
+
+        try:
+            meta = self._call("checking", rel, lambda: obstore.head(self._store, rel))
+        except FileNotFoundError:
+            return None
+        return int(meta["size"]), meta["last_modified"].timestamp(), str(meta.get("e_tag") or "")
+
     def stat(self, rel: str) -> tuple[int, dict] | None:
         """(size, user metadata such as the ``sha256`` an upload recorded) in one request; None if absent."""
         import obstore
@@ -279,10 +336,15 @@ class ObjectStore(Store):
             return None
 
     def list_detailed(self, prefix: str) -> list[tuple[str, int, float]]:
+        return [entry[:3] for entry in self.list_tagged(prefix)]
+
+    def list_tagged(self, prefix: str) -> list[tuple[str, int, float, str]]:
+        """(path, size, last modified, ETag) of every object under ``prefix``: a source's inputs, whose identity
+        (``identity``) says whether they changed."""
         import obstore
 
         def attempt():
-            return [(o["path"], int(o["size"]), o["last_modified"].timestamp())
+            return [(o["path"], int(o["size"]), o["last_modified"].timestamp(), str(o.get("e_tag") or ""))
                     for batch in obstore.list(self._store, prefix=prefix or None) for o in batch]
 
         try:
@@ -310,6 +372,77 @@ class ObjectStore(Store):
         except DscError:
             if not best_effort:
                 raise
+
+
+class StreamFile(io.RawIOBase):
+    """An object read forward by one streamed GET (see :meth:`ObjectStore.reader`): a seek within the next few
+    MiB reads through, a seek elsewhere opens a new stream there; a stream that fails midway is opened again
+    where it stopped (the store's retries apply to each opening)."""
+
+    SKIP = 4 << 20  # a seek forward by up to this much reads through rather than opening a new stream
+    REOPENS = 5
+
+    def __init__(self, store: "ObjectStore", rel: str, size: int):
+        self.store, self.rel, self.size = store, rel, int(size)
+        self.name = store.where(rel)
+        self.pos = 0  # where the reader is
+        self._at = None  # where the open stream is (None: no stream)
+        self._it, self._left = None, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
+        self.pos = base + offset
+        return self.pos
+
+    def _open(self) -> None:
+        self._it, self._left, self._at = self.store.open_stream(self.rel, self.pos), memoryview(b""), self.pos
+
+    def _chunk(self) -> memoryview:
+        for attempt in range(self.REOPENS + 1):
+            try:
+                return memoryview(next(self._it))
+            except StopIteration:
+                return memoryview(b"")
+            except DscError:
+                raise
+            except Exception:  # noqa: BLE001 - the connection failed midway: open again where it stopped
+                if attempt == self.REOPENS:
+                    raise
+                self.pos = self._at
+                self._open()
+        return memoryview(b"")
+
+    def readinto(self, b) -> int:
+        if self.pos >= self.size:
+            return 0
+        if self._at is None or self.pos < self._at or self.pos > self._at + self.SKIP:
+            self._open()
+        while self._at < self.pos:  # a short seek forward: read through
+            if not self._left:
+                self._left = self._chunk()
+                if not self._left:
+                    return 0
+            k = min(len(self._left), self.pos - self._at)
+            self._left, self._at = self._left[k:], self._at + k
+        if not self._left:
+            self._left = self._chunk()
+        n = min(len(b), len(self._left))
+        b[:n] = self._left[:n]
+        self._left = self._left[n:]
+        self._at += n
+        self.pos = self._at
+        return n
 
 
 def _first_line(e: BaseException) -> str:

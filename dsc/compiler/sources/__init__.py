@@ -19,10 +19,12 @@ from .imagefolder import ImageFolderSource, scan_imagefolder
 from .segfolder import SegFolderSource
 from .table import TableSource, scan_table
 from .voc import VocSource, scan_voc
+from .webdataset import WebDatasetSource
 from .yolo import YoloSource, scan_yolo
 from ..options import CompileOptions
 
-BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DeltaSource, DatasetSource)
+BUILTIN = (ImageFolderSource, CocoSource, YoloSource, VocSource, SegFolderSource, TableSource, DeltaSource, DatasetSource,
+           WebDatasetSource)
 ENTRY_POINT_GROUP = "dsc.sources"
 
 _registry: dict[str, type[Source]] = {cls.name: cls for cls in BUILTIN}

@@ -16,6 +16,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...errors import DscError, SourceError
+from .inputs import is_remote, read_bytes
 
 
 def utf8(text: str) -> bool:
@@ -162,6 +163,7 @@ class Record:
     row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
     mask: str = ""
     fields: tuple = ()  # ((name, value), ...): the record's value fields known at scan (a table's columns)
+    member: tuple = ()  # an archive's sample (webdataset): (member name, its data's offset in ``path``, size)
 
 
 def record_digest(r: Record) -> int:
@@ -259,6 +261,12 @@ def read_input(path, what: str, text: bool = True):
     import os
     import stat
 
+    if is_remote(path):  # an object in a bucket
+        try:
+            data = read_bytes(os.fspath(path), MAX_TEXT_BYTES)
+        except FileNotFoundError:
+            raise SourceError(f"{path}: no such {what}") from None
+        return data if not text else _text(data, path, what)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -276,6 +284,10 @@ def read_input(path, what: str, text: bool = True):
         raise SourceError(f"{path}: cannot read the {what} ({e.strerror})") from None
     if not text:
         return data
+    return _text(data, path, what)
+
+
+def _text(data: bytes, path, what: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -284,6 +296,8 @@ def read_input(path, what: str, text: bool = True):
 
 def where(r: Record) -> str:
     """A record's origin for messages: its file, or its table row / dataset index."""
+    if r.member:
+        return f"{r.path}:{r.member[0]}"
     if r.row < 0:
         return r.path
     return f"{r.path} row {r.row}" if r.path else f"dataset[{r.row}]"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from ...errors import SourceError
 from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names
 from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import is_image_file
+from .inputs import check_input, identity, is_remote, join, list_objects, name_of, relative
 
 
 def _load_json(path: Path) -> dict:
@@ -58,7 +60,14 @@ MAX_KEPT_ID = 65_535  # --keep-category-ids: class names are stored up to the la
 
 
 def inside(folder: Path, name: str, where: str, allow_outside: bool) -> Path:
-    """``folder / name``, refused when ``name`` leaves the folder (``..``, an absolute path) unless allowed."""
+    """``folder / name``, refused when ``name`` leaves the folder (``..``, an absolute path) unless allowed.
+    (A URL prefix ``folder``: the URL of the object, as text.)"""
+    if isinstance(folder, str):
+        rel = posixpath.normpath(name)
+        if not allow_outside and (name.startswith("/") or rel == ".." or rel.startswith("../")):
+            raise SourceError(f"{where}: {name!r} points outside {folder}; dsc reads images only inside the images "
+                              f"folder (pass --allow-outside-images, allow_outside_images=True, if this is meant)")
+        return join(folder, rel)
     path = Path(os.path.normpath(folder / name))
     if not allow_outside and (os.path.isabs(name) or os.path.commonpath([folder, path]) != str(folder)):
         raise SourceError(f"{where}: {name!r} points outside {folder}; dsc reads images only inside the images "
@@ -68,8 +77,10 @@ def inside(folder: Path, name: str, where: str, allow_outside: bool) -> Path:
 
 def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_category_ids: bool = False,
               masks: str | None = None, allow_outside_images: bool = False) -> ScannedSource:
-    ann_path, img_dir = Path(os.path.abspath(annotations)), Path(os.path.abspath(images))
-    if not img_dir.is_dir():
+    remote = is_remote(check_input(images))  # images in a bucket: the folder is a URL prefix, kept as text
+    ann_path = check_input(annotations) if is_remote(check_input(annotations)) else Path(os.path.abspath(annotations))
+    img_dir = check_input(images).rstrip("/") if remote else Path(os.path.abspath(images))
+    if not remote and not img_dir.is_dir():
         raise SourceError(f"{img_dir}: no such images directory")
     data = _load_json(ann_path)
     kinds = set(masks.split(",")) if masks else set()
@@ -187,10 +198,13 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     _check_images_folder(img_dir, ann_path, records)
 
     listed = {images[i][0] for i in order}
-    unlisted = sum(1 for p in img_dir.iterdir() if is_image_file(p.name) and p.name not in listed)
+    names = ([relative(u, img_dir) for u, _ in list_objects(img_dir)] if remote else
+             [p.name for p in img_dir.iterdir()])
+    unlisted = sum(1 for n in names if "/" not in n and is_image_file(n) and n not in listed)
     warnings = []
     if unlisted:
-        warnings.append(f"{unlisted} image files in {img_dir} are not in {ann_path.name} and are not compiled")
+        warnings.append(f"{unlisted} image files in {img_dir} are not in {name_of(str(ann_path))} and are not "
+                        f"compiled")
     return ScannedSource(
         kind="coco", root=str(img_dir), task="detection", records=records, classes=classes,
         category_ids=tuple(ids), attributes={"iscrowd": "uint8", "area": "float32"}, warnings=tuple(warnings),
@@ -235,8 +249,13 @@ MASK_CHOICES = ("semantic", "instance", "instance,semantic", "semantic,instance"
 def _check_images_folder(img_dir: Path, ann_path: Path, records: list) -> None:
     """Refuse an images folder that holds none of the listed files (a wrong --images), instead of one
     "No such file" per image; the first file found ends the look, so a right folder costs one stat."""
-    if not records or any(os.path.exists(r.path) for r in records):
+    look = records[:20] if isinstance(img_dir, str) else records  # (in a bucket each look is a request)
+    if not records or any(identity(r.path) is not None for r in look):
         return
+    if isinstance(img_dir, str):  # a URL prefix
+        raise SourceError(f"{img_dir}: none of the {len(records):,} images {name_of(str(ann_path))} lists is under "
+                          f"this prefix (the first would be {records[0].path}); pass as --images the prefix their "
+                          f"file_name entries are relative to")
     first = records[0].key
     near = [d for d in (*_subfolders(img_dir), ann_path.parent, *_subfolders(ann_path.parent), img_dir.parent)
             if (d / first).is_file()]

@@ -20,6 +20,8 @@ from urllib.parse import unquote, urlparse
 
 from ...errors import SourceError
 from .base import Param, ScannedSource
+from .inputs import check_input, is_remote, join, split
+from ...store.object import storage_options
 from .table import COLUMNS, TableSource, scan_table_files
 from ...errors import ConfigError
 
@@ -34,30 +36,39 @@ def _deltalake():
 
 
 def local_path(uri: str) -> str:
-    """A Delta table on this machine's file system (a path or a file:// URI)."""
+    """Where a Delta table (or one of its files) is: a path on this machine (a path or a file:// URI), or the URL
+    of a table in object storage (s3://, gs://, az://), kept as text."""
     s = str(uri)
     parsed = urlparse(s)
     if parsed.scheme == "file":
         return unquote(parsed.path)
-    if parsed.scheme and len(parsed.scheme) > 1:  # s3://, abfss://, gs://... (one letter: a Windows drive)
-        raise SourceError(f"{s}: dsc compiles Delta tables on a local or mounted file system; copy or mount the "
-                          f"table (remote tables are not supported yet)")
-    return os.path.abspath(s)
+    if is_remote(s):
+        split(s)  # (a scheme dsc has no store for is refused here, naming the ones it has)
+        return check_input(s).rstrip("/")
+    if parsed.scheme and len(parsed.scheme) > 1:  # (one letter: a Windows drive)
+        raise SourceError(f"{s}: dsc reads Delta tables on a local or mounted file system or in s3://, gs:// or "
+                          f"az:// object storage")
+    return os.path.abspath(check_input(s))
+
+
+def _options(path: str) -> dict | None:
+    """deltalake's storage options for a table in object storage: the credentials and endpoint dsc uses."""
+    return storage_options(path) if is_remote(path) else None
 
 
 def open_table(uri: str, version: int | None = None):
     """The DeltaTable at ``version`` (default: the latest), with errors that name the table."""
     deltalake = _deltalake()
     path = local_path(uri)
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not is_remote(path) and not os.path.isdir(os.path.join(path, "_delta_log")):
         raise SourceError(f"{uri}: not a Delta table (no _delta_log folder)")
     try:
-        return deltalake.DeltaTable(path, version=version)
+        return deltalake.DeltaTable(path, version=version, storage_options=_options(path))
     except Exception as e:  # deltalake raises its own DeltaError / TableNotFoundError
         msg = str(e).splitlines()[0]
         if version is not None:
             try:
-                latest = deltalake.DeltaTable(path).version()
+                latest = deltalake.DeltaTable(path, storage_options=_options(path)).version()
             except Exception:  # noqa: BLE001 - the table itself is unreadable: say so below
                 latest = None
             if latest is not None and version > latest:
@@ -77,12 +88,16 @@ def table_files(dt) -> tuple[list[Path], dict, dict]:
     if mode != "none":
         raise SourceError(f"{dt.table_uri}: the table uses column mapping (mode {mode}); its Parquet column names "
                           f"are not the table's. Rewrite it without column mapping to compile it")
-    root = Path(local_path(dt.table_uri))
+    root = local_path(dt.table_uri)
+    remote = is_remote(root)
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
     partitions = [c for c in actions if c.startswith("partition.")]
     files, constants = [], {}
     for i, rel in enumerate(actions["path"]):
-        f = root / unquote(rel) if not os.path.isabs(rel) and "://" not in rel else Path(local_path(rel))
+        if os.path.isabs(rel) or "://" in rel:
+            f = local_path(rel) if remote else Path(local_path(rel))
+        else:  # (a table in object storage: its files as URLs, read by range like a table's)
+            f = join(root, unquote(rel)) if remote else Path(root) / unquote(rel)
         files.append(f)
         if partitions:
             constants[str(f)] = {c[len("partition."):]: actions[c][i] for c in partitions}
@@ -91,7 +106,8 @@ def table_files(dt) -> tuple[list[Path], dict, dict]:
     if "deletionVectors" in features:
         for batch in pa.RecordBatchReader.from_stream(dt.deletion_vectors()):
             for uri, keep in zip(batch.column("filepath").to_pylist(), batch.column("selection_vector").to_pylist()):
-                dropped[str(Path(local_path(uri)))] = {row for row, k in enumerate(keep) if not k}
+                where = local_path(uri)
+                dropped[where if remote else str(Path(where))] = {row for row, k in enumerate(keep) if not k}
     order = sorted(range(len(files)), key=lambda i: str(files[i]))
     return [files[i] for i in order], constants, dropped
 
@@ -106,7 +122,8 @@ class DeltaSource(TableSource):
     task = "classification"
     update_free = ("version",)
     params = (
-        Param("uri", "The Delta table: a folder with a _delta_log (or a file:// URI).", type="str", required=True,
+        Param("uri", "The Delta table: a folder with a _delta_log (or a file:// URI), or its URL in object storage "
+                     "(s3://, gs://, az://).", type="str", required=True,
               argument=True, metavar="TABLE_URI"),
         Param("image_column", "Column of encoded image bytes (or Hugging Face Image structs).", default="image"),
         Param("label_column", "Integer class column (a partition column works too).", default="label"),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import SourceError
 from .base import Param, Record, ScannedSource, Source, display, utf8 as _utf8
+from .inputs import check_input, is_remote, list_objects
 from ..staging import is_dsc_dataset
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -107,6 +108,21 @@ def walk_images(top: Path, problems: list | None = None) -> list[str]:
     return out
 
 
+def images_under(top, problems: list | None = None) -> list[str]:
+    """``walk_images`` of a folder, or the image objects under a URL prefix (one listing; hidden parts and dsc
+    datasets left out), in the same sorted order."""
+    top = str(top)
+    if not is_remote(top):
+        return walk_images(Path(top), problems)
+    top = top.rstrip("/")
+    rels = [u[len(top) + 1:] for u, _ in list_objects(top)]
+    datasets = {r.rsplit("/", 1)[0] for r in rels if r.endswith("/zarr.json")}
+    keep = [r for r in rels if is_image_file(r) and not any(p.startswith(".") for p in r.split("/"))
+            and not any("/".join(r.split("/")[:i]) in datasets for i in range(1, r.count("/") + 1))]
+    return [f"{top}/{r}" for r in sorted(keep, key=lambda r: (r.rsplit("/", 1)[0] if "/" in r else "",
+                                                              r.rsplit("/", 1)[-1]))]
+
+
 class ImageFolderSource(Source):
     """A torchvision ImageFolder tree: SRC/<class>/<image>.
 
@@ -119,6 +135,8 @@ class ImageFolderSource(Source):
     params = (Param("src", "The ImageFolder root.", type="dir", required=True, argument=True),)
 
     def scan(self) -> ScannedSource:
+        if is_remote(check_input(self.src)):
+            return scan_prefix(check_input(self.src))
         root = Path(self.src)
         if not root.exists():
             raise SourceError(f"{root}: no such directory. Give the ImageFolder root (SRC/<class>/<image>).")
@@ -144,6 +162,43 @@ class ImageFolderSource(Source):
                              classes=tuple(classes), warnings=tuple(warnings), invalid=invalid,
                              summary={"kind": "imagefolder", "root": str(root), "num_files": len(records),
                                       "num_classes": len(classes)})
+
+
+def scan_prefix(url: str) -> ScannedSource:
+    """An ImageFolder under a URL prefix (s3://bucket/train): one listing; the first path part below the
+    prefix is the class, the objects with an image extension below it its images, in sorted order. Hidden
+    parts and dsc datasets (a folder holding zarr.json) are left out, as in a local folder."""
+    url = url.rstrip("/")
+    objects = list_objects(url)
+    if not objects:
+        raise SourceError(f"{url}: no objects under this prefix. Give the ImageFolder root "
+                          f"(URL/<class>/<image>)")
+    rels = [u[len(url) + 1:] for u, _ in objects]
+    datasets = {r.rsplit("/", 1)[0] for r in rels if r.endswith("/zarr.json")}
+    by_class: dict[str, list[str]] = {}
+    for rel in rels:
+        parts = rel.split("/")
+        if len(parts) < 2 or any(p.startswith(".") for p in parts):
+            continue
+        if any("/".join(parts[:i]) in datasets for i in range(1, len(parts))):
+            continue
+        by_class.setdefault(parts[0], [])
+        if is_image_file(parts[-1]):
+            by_class[parts[0]].append(rel)
+    classes = sorted(c for c in by_class if c not in datasets)
+    if not classes:
+        raise SourceError(f"{url} has no class folders: ImageFolder expects URL/<class>/<image files>.")
+    records, warnings = [], []
+    for idx, cls in enumerate(classes):
+        if not by_class[cls]:
+            warnings.append(f"class {cls!r} ({url}/{cls}) has no image files; its index {idx} is kept")
+        for rel in sorted(by_class[cls], key=lambda r: (r.rsplit("/", 1)[0], r.rsplit("/", 1)[-1])):
+            records.append(Record(key=rel, path=f"{url}/{rel}", label=idx))
+    if not records:
+        raise SourceError(f"{url}: no image files found in any class folder (extensions: {', '.join(IMG_EXTENSIONS)}).")
+    return ScannedSource(kind="imagefolder", root=url, task="classification", records=records, classes=tuple(classes),
+                         warnings=tuple(warnings), summary={"kind": "imagefolder", "root": url, "num_files": len(records),
+                                                            "num_classes": len(classes)})
 
 
 def scan_imagefolder(src: str | os.PathLike) -> ScannedSource:

@@ -9,6 +9,7 @@ error (``--on-error``); masks without an image are counted in a warning.
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -16,14 +17,15 @@ from PIL import Image
 
 from ...errors import SourceError
 from .base import MaskInfo, Param, Record, ScannedSource, Source, read_input
-from .imagefolder import walk_images
+from .imagefolder import images_under
+from .inputs import check_input, is_remote, join, read_bytes, relative
 
 _WIDE_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
 
 
-def _stem(path: str, top: Path, suffix: str) -> str:
+def _stem(path: str, top, suffix: str) -> str:
     """The pairing key: the path relative to ``top`` without its extension and ``suffix``."""
-    rel = Path(os.path.relpath(path, top)).with_suffix("").as_posix()
+    rel = Path(relative(path, top)).with_suffix("").as_posix()
     return rel[:-len(suffix)] if suffix and rel.endswith(suffix) else rel
 
 
@@ -48,13 +50,19 @@ class SegFolderSource(Source):
     )
 
     def scan(self) -> ScannedSource:
-        root = Path(os.path.abspath(self.root))
-        if not root.is_dir():
-            raise SourceError(f"{root}: no such directory")
-        img_dir, mask_dir = root / self.images, root / self.masks
-        for d, opt in ((img_dir, "--images"), (mask_dir, "--masks")):
-            if not d.is_dir():
-                raise SourceError(f"{d}: no such folder; give the folder with {opt} (relative to {root})")
+        remote = is_remote(check_input(self.root))
+        if remote:  # a URL prefix: its images and masks listed (one listing each)
+            root = check_input(self.root).rstrip("/")
+            img_dir, mask_dir = (self.images if is_remote(self.images) else join(root, self.images),
+                                 self.masks if is_remote(self.masks) else join(root, self.masks))
+        else:
+            root = Path(os.path.abspath(self.root))
+            if not root.is_dir():
+                raise SourceError(f"{root}: no such directory")
+            img_dir, mask_dir = root / self.images, root / self.masks
+            for d, opt in ((img_dir, "--images"), (mask_dir, "--masks")):
+                if not d.is_dir():
+                    raise SourceError(f"{d}: no such folder; give the folder with {opt} (relative to {root})")
         names = self.classes
         if self.classes_file:
             if names:
@@ -62,19 +70,19 @@ class SegFolderSource(Source):
             text = read_input(self.classes_file, "classes file")
             names = tuple(ln.strip() for ln in text.splitlines() if ln.strip())
         problems: list = []
-        images = walk_images(img_dir, problems)
+        images = images_under(img_dir, problems)
         if not images and not problems:
             raise SourceError(f"{img_dir}: no image files")
         masks: dict[str, list[str]] = {}
-        for m in walk_images(mask_dir, problems):
+        for m in images_under(mask_dir, problems):
             masks.setdefault(_stem(m, mask_dir, self.mask_suffix), []).append(m)
         records, invalid, paired = [], list(problems), set()
         for f in images:
-            key = Path(os.path.relpath(f, root)).as_posix()
+            key = relative(f, root)
             stem = _stem(f, img_dir, self.image_suffix)
             found = masks.get(stem, [])
             if len(found) != 1:  # (the key names the image: the reason does not repeat it)
-                invalid.append((key, f"no mask file {mask_dir / stem}{self.mask_suffix}.<ext> in the masks folder: "
+                invalid.append((key, f"no mask file {join(str(mask_dir), stem)}{self.mask_suffix}.<ext> in the masks folder: "
                                      f"add the image's mask (same relative path and name) or remove the image"
                                 if not found else f"{len(found)} mask files for it ({', '.join(found)}); keep one"))
                 continue
@@ -89,7 +97,7 @@ class SegFolderSource(Source):
         wide = False
         if records:
             try:
-                with Image.open(records[0].mask) as im:  # a regular file: the walk checked
+                with Image.open(io.BytesIO(read_bytes(records[0].mask)) if remote else records[0].mask) as im:
                     wide = im.mode in _WIDE_MODES
             except Exception:  # noqa: BLE001 - the worker reports it, naming the file
                 pass

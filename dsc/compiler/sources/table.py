@@ -15,9 +15,23 @@ from pathlib import Path
 from ...errors import SampleError, SourceError
 from .base import Item, Param, Record, ScannedSource, Source, where
 from .columns import column_specs, column_values
+from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input
+
+
+TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 
 
 def table_files(path: str | Path) -> list[Path]:
+    """The table's files: ``path`` itself, or the table files below a folder; a URL (one object, or the objects
+    under a prefix) gives URLs, read by range (see inputs.py)."""
+    if is_remote(check_input(path)):
+        url = check_input(path)
+        if url.endswith(TABLE_SUFFIXES) and not is_prefix(url):
+            return [url]
+        files = [u for u, _ in list_objects(url) if u.endswith(TABLE_SUFFIXES)]
+        if not files:
+            raise SourceError(f"{url}: no .parquet or .arrow objects under this prefix (or no such object)")
+        return files
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in (".parquet", ".arrow", ".feather", ".ipc"))
@@ -50,10 +64,15 @@ def _hf_class_names(schema, label_column: str):
     return tuple(names) if names else None
 
 
-def _read_meta_columns(path: Path, columns: list[str]):
-    if path.suffix == ".parquet":
+def _opened(path):
+    """What pyarrow reads: the local path, or the object as a seekable file read by ranges."""
+    return open_input(path, buffer=1 << 16) if is_remote(path) else path  # (pyarrow's reads are few and large)
+
+
+def _read_meta_columns(path, columns: list[str]):
+    if str(path).endswith(".parquet"):
         pq = _pyarrow()
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(_opened(path))
         schema = pf.schema_arrow
         have = [c for c in columns if c in schema.names]
         return schema, pf.read(columns=have) if have else None, pf.metadata.num_rows
@@ -65,7 +84,8 @@ def _read_meta_columns(path: Path, columns: list[str]):
 def scan_table(path: str | os.PathLike, image_column: str = "image", label_column: str | None = "label",
                key_column: str | None = None, classes: list[str] | None = None, columns=()) -> ScannedSource:
     _pyarrow()
-    path = os.path.abspath(path)
+    path = check_input(path)
+    path = path if is_remote(path) else os.path.abspath(path)
     return scan_table_files(table_files(path), "table", path, image_column, label_column, key_column, classes,
                             columns=columns)
 
@@ -77,9 +97,13 @@ def scan_table_files(files: list[Path], kind: str, root: str, image_column: str,
     is the same for all its rows and not stored in it (a Delta table's partition columns). ``columns``:
     ``NAME[:KIND]`` of the columns stored as value fields (``columns.py``)."""
     records, names, specs = [], None, None
-    base = Path(root) if Path(root).is_dir() else None
+    remote = is_remote(root)
+    base = Path(root) if not remote and Path(root).is_dir() else None
     for f in files:
-        name = f.relative_to(base).as_posix() if base is not None and f.is_relative_to(base) else f.name
+        if remote:
+            name = f[len(root.rstrip("/")) + 1:] if f.startswith(root.rstrip("/") + "/") else name_of(f)
+        else:
+            name = f.relative_to(base).as_posix() if base is not None and f.is_relative_to(base) else f.name
         fixed = (constants or {}).get(str(f), {})
         value_names = [str(c).partition(":")[0].strip() for c in columns or ()]
         wanted = [c for c in (label_column, key_column, *value_names) if c and c not in fixed]
@@ -134,7 +158,7 @@ def read_ipc(path: str):
     """A whole Arrow IPC file or stream as a table, memory-mapped (no copy of the bytes)."""
     import pyarrow as pa
 
-    src = pa.memory_map(str(path))
+    src = open_input(path) if is_remote(path) else pa.memory_map(str(path))
     try:
         return pa.ipc.open_file(src).read_all()
     except pa.ArrowInvalid:
@@ -147,7 +171,7 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
     import pyarrow as pa
 
     if path.endswith((".arrow", ".feather", ".ipc")):
-        with pa.memory_map(path) as src:
+        with (open_input(path) if is_remote(path) else pa.memory_map(path)) as src:
             try:  # IPC file format: random access to the record batches that hold rows [lo, hi)
                 reader = pa.ipc.open_file(src)
                 out, start = [], 0
@@ -166,7 +190,7 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
                 return pa.ipc.open_stream(src).read_all().column(column).slice(lo, hi - lo).to_pylist()
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(_opened(path))  # (from object storage: the footer, then only these row groups, by range)
     groups, start, first = [], 0, None
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows

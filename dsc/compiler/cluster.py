@@ -1,0 +1,100 @@
+"""A compile on a Dask cluster (``--executor tcp://scheduler:8786``, or a ``dask.distributed`` Client).
+
+The workers need no filesystem shared with the client when the inputs and the output are in object storage:
+each worker reads its unit's inputs from the bucket, writes the unit's shards in a temporary folder of its
+own and uploads them straight to the output URL with create-only puts (units.py); the client journals each
+unit's result, writes the small metadata and commits the version record (upload.py). It never reads an
+image. A worker lost mid-unit is retried elsewhere by Dask: the unit's bytes are the same, so an upload the
+lost worker finished is recognised as this writer's and kept.
+
+Local inputs or a local output still work when every worker sees them at the same path; that is checked on
+the workers before any unit runs, so a cluster that cannot see them gets one line saying so.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from ..errors import SourceError
+
+SEE_ALSO = ("put them on a filesystem every worker mounts at the same path, or in object storage "
+            "(s3://, gs://, az://), which the workers read themselves")
+
+
+@contextmanager
+def connected(executor):
+    """The Dask client of ``executor`` (a Client as it is, or a scheduler address: connected, closed after)."""
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise SourceError("--executor needs dask.distributed: pip install 'dsc[dask]'") from None
+    if isinstance(executor, Client):
+        yield executor
+        return
+    try:
+        client = Client(executor, timeout="20s")
+    except (OSError, ValueError, TypeError) as e:
+        raise SourceError(f"cannot reach the Dask scheduler at {executor!r}: {e}; give its address as "
+                          f"tcp://host:8786") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def dask_map(executor):
+    """``map(fn, items) -> list`` on the cluster's workers (a source's scan: a tar's index read where it lives)."""
+    def run(fn, items):
+        items = list(items)
+        if not items:
+            return []
+        with connected(executor) as client:
+            local = [i for i in items if isinstance(i, str) and "://" not in i]
+            check_workers_see(client, local[:1] + local[-1:], None)
+            futures = client.map(fn, items, pure=False)
+            try:
+                return client.gather(futures)
+            finally:
+                client.cancel(futures)
+    return run
+
+
+def _visible(paths):
+    """On a worker: the first of ``paths`` that is not there (None when it sees them all)."""
+    return next((p for p in paths if not os.path.exists(p)), None)
+
+
+def check_workers_see(client, inputs: list[str], output: str | None) -> None:
+    """Refuse, in one line, a cluster whose workers cannot see a local input (the first and last record's
+    files) or the local folder the shards are written into (``output``)."""
+    paths = [p for p in dict.fromkeys(inputs) if p] + ([output] if output else [])
+    if not paths:
+        return
+    seen = client.run(_visible, paths)
+    for worker, missing in sorted(seen.items()):
+        if missing is None:
+            continue
+        if missing == output:
+            raise SourceError(f"the Dask worker {worker} cannot see {output}, where this compile writes its shards: "
+                              f"compile to a URL (s3://, gs://, az://), where each worker uploads its own shards, "
+                              f"or to a folder every worker mounts at the same path")
+        raise SourceError(f"the Dask worker {worker} cannot read {missing} (an input on the client's filesystem): a "
+                          f"cluster compile reads its inputs on the workers; {SEE_ALSO}")
+
+
+def results(executor, todo: list, run, inputs: list[str], output: str | None):
+    """Run units on the cluster; yield their results as they finish. Closing the generator cancels what is
+    left, while the client is still open (``with closing(...)``)."""
+    with connected(executor) as client:
+        check_workers_see(client, inputs, output)
+        futures = client.map(run, todo, pure=False)
+        try:
+            from dask.distributed import as_completed
+
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            try:
+                client.cancel(futures)
+            except Exception:  # noqa: BLE001 - a client already closing: nothing is left to cancel
+                pass

@@ -1,0 +1,164 @@
+"""A source's inputs where they live: a local file, or an object in a bucket (``s3://``, ``gs://``, ``az://``).
+
+The one place sources open, read, list and stat their inputs. A local path is read as a file; a URL through
+``dsc.store`` (credentials and endpoints from the same environment variables as remote datasets:
+``AWS_*``, ``GOOGLE_*``, ``AZURE_*``). Nothing is downloaded whole to be read: ``open_input`` gives a
+seekable file that fetches ranges as it is read, so a tar is streamed and a Parquet file's row groups
+are read by range. ``s3:/x`` style mistakes are refused with the URL meant (``check_input``).
+
+An object's identity (size, last-modified time, ETag) stands in for a file's stat where the resume journal
+and ``--update`` ask whether an input changed; what a listing returned is remembered, so that costs no
+request per input.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+from ...errors import ConfigError, SourceError
+from ...store import is_url, open_store, url_typo
+
+_IDENTITY: dict[str, tuple[int, float, str]] = {}  # url -> (size, mtime, etag), from listings (this process)
+IDENTITY_LIMIT = 4_000_000  # entries kept from listings (a few hundred MB at most)
+
+
+def is_remote(path) -> bool:
+    """Whether ``path`` is an object-storage URL (not a local path)."""
+    return is_url(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else False
+
+
+def check_input(path) -> str:
+    """``path`` as text; a local path that does not exist but reads as a URL with a slash missing (``s3:/b/x``)
+    is a ConfigError saying which URL was meant."""
+    p = os.fspath(path)
+    if not is_remote(p):
+        meant = url_typo(p)
+        if meant:
+            raise ConfigError(f"{p!r} is not a URL: did you mean {meant}? (a local folder of that name: ./{p})")
+    else:
+        scheme, rest = p.split("://", 1)
+        p = f"{scheme.lower()}://{rest}"
+    return p
+
+
+def split(url: str):
+    """(the store of ``url``'s bucket, the object's path in it)."""
+    scheme, rest = url.split("://", 1)
+    bucket, _, rel = rest.partition("/")
+    if not bucket:
+        raise ConfigError(f"{url!r} names no bucket: give {scheme}://bucket/path")
+    return open_store(f"{scheme}://{bucket}"), rel
+
+
+def join(root: str, rel: str) -> str:
+    """``rel`` (a '/'-separated path) under ``root`` (a folder or a URL prefix)."""
+    if is_remote(root):
+        return root.rstrip("/") + "/" + rel.lstrip("/")
+    return os.path.join(root, *rel.split("/"))
+
+
+def relative(path: str, top) -> str:
+    """``path`` relative to the folder or URL prefix ``top``, '/'-separated."""
+    top = os.fspath(top)
+    if is_remote(path):
+        top = top.rstrip("/") + "/"
+        return path[len(top):] if path.startswith(top) else name_of(path)
+    return os.path.relpath(path, top).replace(os.sep, "/")
+
+
+def name_of(path: str) -> str:
+    """The last part of a path or URL."""
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
+
+
+def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
+    if len(_IDENTITY) < IDENTITY_LIMIT:
+        _IDENTITY[url] = (int(size), float(mtime), etag)
+
+
+def list_objects(prefix: str) -> list[tuple[str, int]]:
+    """(URL, size) of every object under the URL ``prefix`` (a folder: its objects at any depth), sorted;
+    their identities are remembered."""
+    store, rel = split(prefix)
+    rel = rel.rstrip("/")
+    out = []
+    try:
+        pre = rel + "/" if rel else ""
+        listed = store.list_tagged(pre) if hasattr(store, "list_tagged") else [
+            (*entry, "") for entry in store.list_detailed(pre)]
+    except FileNotFoundError as e:
+        raise SourceError(str(e)) from None
+    base = prefix.split("://", 1)[0] + "://" + prefix.split("://", 1)[1].split("/", 1)[0]
+    for path, size, mtime, etag in listed:
+        url = f"{base}/{path}"
+        remember(url, size, mtime, etag)
+        out.append((url, size))
+    return sorted(out)
+
+
+def is_prefix(url: str) -> bool:
+    """Whether the URL names a 'folder': objects exist below it (and not the object itself)."""
+    store, rel = split(url)
+    if rel and not rel.endswith("/") and store.stat(rel) is not None:
+        return False
+    try:
+        return bool(store.list_detailed(rel.rstrip("/") + "/" if rel else ""))
+    except FileNotFoundError:
+        return False
+
+
+def identity(path: str) -> tuple[int, int, int, int] | None:
+    """(size, mtime_ns, ctime_ns, inode) of an input, as a file's stat gives them, or None when it is not there.
+    An object's 'inode' is a checksum of its ETag and its ctime 0 (an object is replaced, never edited)."""
+    if not is_remote(path):
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return None
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+    known = _IDENTITY.get(path)
+    if known is None:
+        store, rel = split(path)
+        try:
+            known = store.identity(rel) if hasattr(store, "identity") else None
+        except OSError:
+            known = None
+        if known is None:
+            return None
+        remember(path, *known)
+    size, mtime, etag = known
+    return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())
+
+
+def size_of(path: str) -> int:
+    """An input's size in bytes (SourceError when it is not there)."""
+    found = identity(path)
+    if found is None:
+        raise SourceError(f"{path}: no such file" + ("" if not is_remote(path) else " (no such object)"))
+    return found[0]
+
+
+def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False):
+    """A seekable binary file of the input: a local file, or an object read as it is consumed (never downloaded
+    whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
+    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request)."""
+    if not is_remote(path):
+        return open(path, "rb")
+    store, rel = split(path)
+    size = size if size is not None else size_of(path)
+    if sequential:
+        return store.reader(rel, size, buffer, sequential=True)
+    return store.reader(rel, size, buffer)
+
+
+def read_bytes(path: str, limit: int | None = None) -> bytes:
+    """The whole input (an annotation file, an image): at most ``limit`` bytes (more is a SourceError)."""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            data = f.read(limit + 1 if limit is not None else -1)
+    else:
+        store, rel = split(path)
+        data = store.get(rel, limit + 1 if limit is not None else None)
+    if limit is not None and len(data) > limit:
+        raise SourceError(f"{path}: more than {limit:,} bytes")
+    return data

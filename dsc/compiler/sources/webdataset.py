@@ -1,0 +1,375 @@
+"""WebDataset tar shards (what img2dataset writes; how LAION, DataComp, CC12M and many Hugging Face image sets
+are published): ``00000.tar`` holding ``key.jpg``, ``key.cls``, ``key.json``, ``key.txt``...
+
+Samples are grouped by key as WebDataset groups them: a member's key is its path up to the first dot of its
+file name, its extension the rest (lower-cased), and consecutive members with one key are one sample.
+Non-regular members and ``__name__`` metadata members are ignored. The image is the sample's member with
+the first extension of ``image_ext`` it has; the label is the integer in its ``.cls`` member
+(``label_ext``) or a key of its ``.json`` member (``label_key``).
+
+Tars are streamed, never unpacked: the scan reads the members' headers (and each label member), on
+threads, or on the cluster's workers with ``--executor``; a worker then reads only the byte ranges of its
+unit's image members (one sequential pass over a range of a tar). A unit of work is a range of one tar (a
+shard may span the end of one tar and the start of the next), so the resume journal and ``--update`` see
+a changed tar through its size and modification time (an object's ETag). Keys are ``<tar file name>/<key>``.
+
+The other members become fields once dsc has field kinds for them (text, json, arrays): ``MEMBER_FIELDS``
+is where a member's extension is mapped to a field. Until then the image and the label are compiled.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ...errors import SampleError, SourceError
+from .base import Item, Param, Record, ScannedSource, Source, read_input, where
+from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, read_bytes, size_of
+
+TAR_EXTENSIONS = (".tar",)
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+INDEX_THREADS = 8  # tars indexed at once by the scan (each a stream of header reads)
+MAX_LABEL_BYTES = 1 << 20
+
+# How the members a sample has besides its image and label become fields: extension -> field kind ("text",
+# "json", "array"). Empty until dsc has value field kinds: every record already carries its other members'
+# (extension, offset, size) (``Record.member[3]``) and ``fetch`` reads and decodes the ones named here into
+# ``Item.fields``; what is left is declaring them in the scan (``ScannedSource.fields``). See the module docstring.
+MEMBER_FIELDS: dict[str, str] = {}
+
+_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext: key up to the first dot
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """(key, extension) of a member name as WebDataset splits it (``a/b.c.jpg`` -> ``a/b``, ``c.jpg``); None for
+    a name without an extension."""
+    m = _KEY_RE.match(name)
+    return (m.group(1), m.group(2).lower()) if m else None
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``{00000..00003}`` ranges (zero-padded to the width of the first bound) and ``{a,b}`` alternatives,
+    expanded left to right as the ``braceexpand`` package does."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    head, body, tail = pattern[:m.start()], m.group(1), pattern[m.end():]
+    rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if rng:
+        a, b = rng.groups()
+        width = len(a) if a.startswith("0") else 0
+        lo, hi = int(a), int(b)
+        step = 1 if hi >= lo else -1
+        options = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    else:
+        options = body.split(",")
+    return [x for opt in options for x in expand_braces(head + opt + tail)]
+
+
+def tar_list(src: str) -> list[str]:
+    """The tars ``src`` names: a brace pattern, a folder (or URL prefix) of .tar files, a list file (one tar
+    a line, relative to the list's folder unless absolute or a URL), or one tar."""
+    src = check_input(src)
+    if "{" in src:
+        return expand_braces(src)
+    if is_remote(src):
+        if src.lower().endswith(TAR_EXTENSIONS):
+            return [src]
+        if is_prefix(src):
+            tars = [u for u, _ in list_objects(src) if u.lower().endswith(TAR_EXTENSIONS)]
+            if not tars:
+                raise SourceError(f"{src}: no .tar objects under this prefix")
+            return tars
+        return _list_file(src)
+    if os.path.isdir(src):
+        tars = sorted(os.path.join(d, f) for d, _, files in os.walk(src, followlinks=True) for f in files
+                      if f.lower().endswith(TAR_EXTENSIONS) and not f.startswith("."))
+        if not tars:
+            raise SourceError(f"{src}: no .tar files in this folder")
+        return tars
+    if not os.path.exists(src):
+        raise SourceError(f"{src}: no such tar, folder or list file. Give tars as 'SRC/{{00000..00099}}.tar', a "
+                          f"folder of .tar files, or a text file listing them")
+    if src.lower().endswith(TAR_EXTENSIONS):
+        return [os.path.abspath(src)]
+    return _list_file(src)
+
+
+def _list_file(path: str) -> list[str]:
+    text = read_input(path, "list of tars") if not is_remote(path) else _remote_text(path)
+    base = path.rsplit("/", 1)[0] if is_remote(path) else os.path.dirname(os.path.abspath(path))
+    tars = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if is_remote(line) or os.path.isabs(line):
+            tars.append(check_input(line))
+        else:
+            tars.append(base.rstrip("/") + "/" + line if is_remote(base) else os.path.join(base, line))
+    if not tars:
+        raise SourceError(f"{path}: the list of tars names none")
+    return tars
+
+
+def _remote_text(url: str) -> str:
+    try:
+        data = read_bytes(url, 1 << 26)
+    except FileNotFoundError:
+        raise SourceError(f"{url}: no such object (a tar, a prefix of tars, or a list of tars)") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise SourceError(f"{url}: not a tar, and not a UTF-8 list of tars") from None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of a tar, as the scan found it: its key, the image member (name, data offset, size), its
+    label (-1: none), every member (extension -> (offset, size)) and what is wrong with it (None: nothing)."""
+
+    key: str
+    image: tuple | None
+    label: int
+    members: dict
+    problem: str | None = None
+
+
+def _label_of(data: bytes, ext: str, key_name: str | None) -> int:
+    """The class index in a label member's bytes (``.cls``: an integer as text; ``.json``: ``key_name``'s value)."""
+    if key_name is not None:
+        try:
+            value = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"the .{ext} member is not JSON") from None
+        if not isinstance(value, dict) or key_name not in value:
+            raise ValueError(f"the .{ext} member has no key {key_name!r}")
+        value = value[key_name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"the .{ext} member's {key_name!r} is {value!r}, not an integer class index")
+        return value
+    try:
+        return int(data.decode("utf-8").strip())
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"the .{ext} member holds {data[:40]!r}, not an integer class index") from None
+
+
+def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str | None) -> tuple[list[Sample], str | None]:
+    """The samples of one tar in member order, and what cut it short (a truncated tar: None when whole). Reads
+    the headers, and each label member; never the images. Runs on a thread of the scan or on a Dask worker."""
+    size = size_of(tar)
+    samples: list[Sample] = []
+    cut = None
+    label_member = "json" if label_key is not None else label_ext
+    with open_input(tar, size, sequential=True) as f:
+        try:
+            tf = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.ReadError as e:
+            return [], f"not a readable tar file ({e})"
+        groups: list[list] = []  # [key, {ext: (name, offset, size)}, duplicated ext or None], in member order
+        while True:
+            try:
+                ti = tf.next()
+            except (tarfile.ReadError, EOFError, OSError) as e:
+                cut = f"the tar is truncated or damaged at byte {tf.offset:,} of {size:,} ({e})"
+                break
+            if ti is None:
+                if size - tf.offset < 1024:  # no end-of-archive blocks: the file stops inside a header or after
+                    cut = f"the tar is truncated: it stops at byte {size:,} without its end-of-archive blocks"
+                break
+            if not ti.isreg():
+                continue
+            base = ti.name.rsplit("/", 1)[-1]
+            if "/" not in ti.name and base.startswith("__") and base.endswith("__"):
+                continue
+            parts = split_member(ti.name)
+            if parts is None:
+                continue
+            key, ext = parts
+            if ti.offset_data + ti.size > size:
+                cut = (f"the tar is truncated: member {ti.name!r} needs bytes up to {ti.offset_data + ti.size:,}, "
+                       f"the file has {size:,}")
+                if groups and groups[-1][0] != key:  # the samples before the cut one are whole
+                    groups.append([key, {}, None])
+                break
+            if not groups or groups[-1][0] != key:
+                groups.append([key, {}, None])
+            if ext in groups[-1][1]:
+                groups[-1][2] = ext
+            groups[-1][1][ext] = (ti.name, ti.offset_data, ti.size)
+        if cut is not None and groups:  # the sample the tar stops in may have lost members: not compiled
+            cut += f"; its samples from {groups[-1][0]!r} on are missing"
+            groups.pop()
+        order = [tuple(g) for g in groups]
+        for key, members, dup in order:
+            problem, label, image = None, -1, None
+            if dup is not None:
+                problem = f"two members named {key}.{dup}; a sample holds one member per extension"
+            image_ext_found = next((e for e in image_ext if e in members), None)
+            if problem is None and image_ext_found is None:
+                have = ", ".join("." + e for e in sorted(members)) or "nothing"
+                problem = (f"no image member ({', '.join('.' + e for e in image_ext)}); it has {have} "
+                           f"(--image-ext names the extensions)")
+            if image_ext_found is not None:
+                image = members[image_ext_found]
+            if problem is None and label_member is not None:
+                if label_member not in members:
+                    problem = (f"no .{label_member} member for its label (--no-label compiles images only"
+                               + (", --label-key takes it from the .json member" if label_key is None else "") + ")")
+                else:
+                    name, off, n = members[label_member]
+                    if n > MAX_LABEL_BYTES:
+                        problem = f"the .{label_member} member has {n:,} bytes, too many for a label"
+                    else:
+                        f.seek(off)
+                        try:
+                            label = _label_of(f.read(n), label_member, label_key)
+                        except ValueError as e:
+                            problem = str(e)
+            samples.append(Sample(key, image, label, {e: (o, n) for e, (_, o, n) in members.items()}, problem))
+    return samples, cut
+
+
+def _threads(fn, items):
+    with ThreadPoolExecutor(min(INDEX_THREADS, max(1, len(items)))) as pool:
+        return list(pool.map(fn, items))
+
+
+class WebDatasetSource(Source):
+    """WebDataset tar shards: 'SRC/{00000..01023}.tar', a folder or prefix of tars, or a list file.
+
+    Local or in object storage (s3://, gs://, az://). Samples are grouped by key as WebDataset does (the path
+    up to the first dot of a member's file name); the image is the first member found of --image-ext, the
+    label the integer in the .cls member (--label-ext) or a key of the .json member (--label-key). Tars are
+    streamed, never unpacked to disk."""
+
+    name = "webdataset"
+    task = "classification"
+    rows_in_files = True
+    params = (
+        Param("src", "Tars: a brace pattern ('SRC/{00000..00099}.tar'), a folder or URL prefix of .tar files, or a "
+                     "text file listing them (local or s3://, gs://, az://).", type="path", required=True,
+              argument=True),
+        Param("image_ext", "Member extensions the image is taken from, the first a sample has.", type="csv",
+              default=IMAGE_EXTENSIONS),
+        Param("label_ext", "Extension of the member holding the integer class index.", default="cls"),
+        Param("label_key", "Take the label from this key of the sample's .json member instead."),
+        Param("no_label", "The samples have no labels (images only).", type="flag", default=False, python=False),
+        Param("classes", "Comma-separated class names (default: the label values).", type="csv"),
+    )
+
+    # (set by the compile for its scan: a map(fn, items) on the cluster's workers; threads by default)
+    index_map = None
+
+    @classmethod
+    def from_cli(cls, no_label: bool = False, **kwargs) -> "WebDatasetSource":
+        return cls(**{**kwargs, "label_ext": None if no_label else kwargs.get("label_ext")})
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.image_ext = tuple(e.lower().lstrip(".") for e in self.image_ext)
+        if self.label_ext is not None:
+            self.label_ext = self.label_ext.lower().lstrip(".")
+
+    @property
+    def labelled(self) -> bool:
+        return self.label_ext is not None or self.label_key is not None
+
+    def scan(self) -> ScannedSource:
+        tars = tar_list(self.src)
+        label_ext = self.label_ext if self.label_key is None else None
+        index = _Index(self.image_ext, label_ext, self.label_key)
+        mapper = self.index_map or _threads
+        found = mapper(index, tars)
+        records, invalid = [], []
+        names = tuple(self.classes) if self.classes else ()
+        for tar, (samples, cut) in zip(tars, found):
+            tname = name_of(tar)
+            for j, s in enumerate(samples):
+                key = f"{tname}/{s.key}"
+                problem = s.problem
+                if problem is None and names and not 0 <= s.label < len(names):
+                    problem = f"label {s.label} is not a class index (0..{len(names) - 1})"
+                if problem is None and s.label < -1 or (self.labelled and problem is None and s.label < 0):
+                    problem = f"label {s.label} is negative; labels are class indices 0..C-1"
+                if problem is not None:
+                    invalid.append((key, f"{tar}: {problem}"))
+                    continue
+                name, off, n = s.image
+                others = tuple((e, o, k) for e, (o, k) in sorted(s.members.items()) if e in MEMBER_FIELDS)
+                records.append(Record(key=key, path=tar, label=s.label if self.labelled else -1, row=j,
+                                      member=(name, off, n, others)))
+            if cut is not None:
+                invalid.append((f"{tname}/*", f"{tar}: {cut}"))
+        if not records and not invalid:
+            raise SourceError(f"{self.src}: the tars hold no samples")
+        return ScannedSource(kind="webdataset", root=self.src, task="classification" if self.labelled else "images",
+                             records=records, classes=names, invalid=tuple(invalid),
+                             summary={"kind": "webdataset", "root": self.src, "tars": len(tars),
+                                      "samples": len(records), "image_ext": list(self.image_ext),
+                                      "label": (f"json:{self.label_key}" if self.label_key else self.label_ext)})
+
+    def fetcher(self, records: list[Record]):
+        """A unit's images, read member by member in offset order from one open stream per tar (a sequential
+        pass over the unit's range of each tar: one streamed request from object storage)."""
+        opened: dict[str, object] = {}
+
+        def fetch(r: Record) -> Item:
+            f = opened.get(r.path)
+            if f is None:
+                try:
+                    f = opened[r.path] = open_input(r.path, sequential=True)
+                except FileNotFoundError:
+                    raise SampleError(where(r), "the tar is gone since the scan") from None
+            name, off, n, others = r.member
+            got = {e: _member(f, r, o, k) for o, k, e in sorted([(off, n, ""), *((o, k, e) for e, o, k in others)])}
+            buf = io.BytesIO(got.pop(""))  # (the members in tar order: the stream reads on, never back)
+            buf.name = where(r)
+            item = Item(buf, r.label, None)
+            if got:
+                item.fields = {e: member_value(e, data, where(r)) for e, data in got.items()}
+            return item
+        return fetch
+
+    def config(self) -> dict:
+        return super().config()
+
+
+def _member(f, r: Record, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    data = f.read(n)
+    if len(data) != n:
+        raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
+    return data
+
+
+def member_value(ext: str, data: bytes, at: str):
+    """A member's value for its field (``MEMBER_FIELDS[ext]``): text (UTF-8), json, or an array (``.npy``, never a
+    pickle). A member that does not decode is a SampleError naming it."""
+    kind = MEMBER_FIELDS.get(ext)
+    try:
+        if kind == "text":
+            return data.decode("utf-8")
+        if kind == "json":
+            return json.loads(data)
+        if kind == "array":
+            import numpy as np
+
+            return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise SampleError(at, f"its .{ext} member is not {kind} ({e})") from None
+    return data
+
+
+class _Index:
+    """``index_tar`` with the source's settings, as one picklable callable (it travels to Dask workers)."""
+
+    def __init__(self, image_ext, label_ext, label_key):
+        self.image_ext, self.label_ext, self.label_key = tuple(image_ext), label_ext, label_key
+
+    def __call__(self, tar: str):
+        return index_tar(tar, self.image_ext, self.label_ext, self.label_key)

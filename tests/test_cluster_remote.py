@@ -1,0 +1,332 @@
+"""Compile where the data lives (issue 35), on the loopback S3 server: sources read from the bucket (a WebDataset
+set, an ImageFolder prefix, Parquet files by row-group ranges), and a Dask cluster whose workers share no folder
+with the client reads the tars from the bucket and uploads its own shards to the output URL: the same bytes as
+a local compile, a worker killed mid-unit, a bad member, --resume checked against the bucket."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto.server")
+
+import dsc  # noqa: E402
+from conftest import samples  # noqa: E402
+from dsc.errors import SampleError, SourceError  # noqa: E402
+from dsc.store import open_store  # noqa: E402
+from dsc.synthetic import pack_webdataset, write_imagefolder  # noqa: E402
+from object_servers import use_server  # noqa: E402
+
+OPTS = dict(size=(24, 32), shard_size=7, progress=False)
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server):
+    with pytest.MonkeyPatch.context() as m:
+        use_server(s3_server, m)
+        s3_server.bucket("dsc-src")
+        s3_server.bucket("dsc-out")
+        yield s3_server
+
+
+def upload_tree(root: Path, url: str) -> None:
+    store = open_store(url)
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            store.put(p.relative_to(root).as_posix(), p.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def data(s3, tmp_path_factory):
+    """(local folder, local tars, the folder compiled locally): the folder and the tars are also in the bucket,
+    at s3://dsc-src/folder and s3://dsc-src/wds."""
+    root = tmp_path_factory.mktemp("where-data-lives")
+    folder, tars = root / "folder", root / "tars"
+    write_imagefolder(folder, num_classes=3, per_class=10, size_range=(30, 70), seed=11)
+    pack_webdataset(folder, tars, per_tar=10)
+    upload_tree(folder, "s3://dsc-src/folder")
+    upload_tree(tars, "s3://dsc-src/wds")
+    ref = root / "ref.dsc"
+    dsc.compile_webdataset(str(tars), ref, workers=1, **OPTS)
+    return folder, tars, ref
+
+
+def shard_files(out: Path) -> dict:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted((out / "image").rglob("c/*/*/*/*"))
+            if p.is_file()}
+
+
+def bucket_shards(url: str) -> dict:
+    store = open_store(url)
+    return {rel: store.get(rel) for rel, _ in store.list("image/c/")}
+
+
+# --------------------------------------------------------------------------- sources read from the bucket
+def test_webdataset_and_imagefolder_from_s3_match_local(data, tmp_path):
+    folder, tars, ref = data
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", tmp_path / "w", workers=2, **OPTS)
+    assert r.manifest.num_samples == 30 and shard_files(tmp_path / "w") == shard_files(ref)
+    assert dsc.open(tmp_path / "w").keys == dsc.open(ref).keys
+    dsc.compile_webdataset("s3://dsc-src/wds", tmp_path / "p", workers=1, **OPTS)  # a prefix of tars
+    assert shard_files(tmp_path / "p") == shard_files(ref)
+    dsc.compile_imagefolder("s3://dsc-src/folder", tmp_path / "i", workers=2, **OPTS)
+    dsc.compile_imagefolder(folder, tmp_path / "il", workers=1, **OPTS)
+    assert samples(dsc.open(tmp_path / "i")) == samples(dsc.open(tmp_path / "il"))
+    assert shard_files(tmp_path / "i") == shard_files(tmp_path / "il")
+
+
+def test_segfolder_from_s3_matches_local(s3, tmp_path):
+    from dsc.synthetic import SEG_CLASSES, seg_scenes, write_segfolder
+
+    root = write_segfolder(tmp_path / "seg", seg_scenes(6, seed=4))
+    upload_tree(root, "s3://dsc-src/seg")
+    kw = dict(classes=list(SEG_CLASSES), size=(24, 32), progress=False)
+    dsc.compile_segfolder("s3://dsc-src/seg", tmp_path / "remote", workers=2, **kw)
+    dsc.compile_segfolder(root, tmp_path / "local", workers=1, **kw)
+    a, b = dsc.open(tmp_path / "remote"), dsc.open(tmp_path / "local")
+    assert a.keys == b.keys and len(a) == 6
+    ba, bb = a.get_batch(range(6)), b.get_batch(range(6))
+    assert (ba["image"] == bb["image"]).all() and (ba["mask"] == bb["mask"]).all()
+
+
+def test_coco_from_s3_matches_local(s3, tmp_path):
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(6, seed=2))
+    upload_tree(images, "s3://dsc-src/coco/images")
+    open_store("s3://dsc-src/coco").put("instances.json", Path(ann).read_bytes())
+    kw = dict(size=(32, 32), resize="pad", progress=False)
+    dsc.compile_coco("s3://dsc-src/coco/instances.json", "s3://dsc-src/coco/images", tmp_path / "remote", workers=2,
+                     **kw)
+    dsc.compile_coco(ann, images, tmp_path / "local", workers=1, **kw)
+    a, b = dsc.open(tmp_path / "remote"), dsc.open(tmp_path / "local")
+    assert a.keys == b.keys and len(a) == len(b) > 0
+    ba, bb = a.get_batch(range(len(a))), b.get_batch(range(len(b)))
+    assert (ba["image"] == bb["image"]).all() and (ba["boxes"] == bb["boxes"]).all()
+
+
+def test_a_delta_table_in_s3(s3, tmp_path):
+    deltalake = pytest.importorskip("deltalake")
+    from test_versions import _rows
+
+    table = tmp_path / "table"
+    deltalake.write_deltalake(str(table), _rows(range(0, 12)))
+    deltalake.write_deltalake(str(table), _rows(range(12, 20)), mode="append")  # table version 1
+    upload_tree(table, "s3://dsc-src/delta")
+    kw = dict(size=(16, 16), shard_size=8, progress=False)
+    r = dsc.compile_delta("s3://dsc-src/delta", tmp_path / "remote", workers=2, **kw)
+    assert r.manifest.source["table_version"] == 1 and r.manifest.num_samples == 20
+    dsc.compile_delta(str(table), tmp_path / "local", workers=1, **kw)
+    assert sorted(samples(dsc.open(tmp_path / "remote")).values()) == sorted(samples(dsc.open(tmp_path / "local")).values())
+    v0 = dsc.compile_delta("s3://dsc-src/delta", tmp_path / "v0", version=0, workers=1, **kw)
+    assert v0.manifest.num_samples == 12
+
+
+def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from dsc.store.object import ObjectStore
+
+    rng = np.random.default_rng(3)
+    images = []
+    for _ in range(64):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(b, "PNG")
+        images.append(b.getvalue())
+    pq.write_table(pa.table({"image": images, "label": [i % 4 for i in range(64)]}), tmp_path / "t.parquet",
+                   row_group_size=8)
+    size = (tmp_path / "t.parquet").stat().st_size
+    open_store("s3://dsc-src/table").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
+    dsc.compile_table(tmp_path / "t.parquet", tmp_path / "local", workers=1, **{**OPTS, "shard_size": 8})
+    ranges = []
+    real = ObjectStore.read_range
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append((rel, a, b)),
+                                                                            real(self, rel, a, b))[1])
+    from dsc.compiler.sources.table import TableSource
+
+    src = TableSource(path="s3://dsc-src/table/t.parquet")
+    records = src.scan().records
+    ranges.clear()
+    fetch = src.fetcher(records[8:16])  # one unit: one row group
+    assert fetch(records[9]).obj.getvalue() == images[9]
+    got = sum(b - a for rel, a, b in ranges if rel.endswith("t.parquet"))
+    assert 0 < got < size / 2, (got, size)  # the footer and that row group, not the file
+    r = dsc.compile_table("s3://dsc-src/table", tmp_path / "remote", workers=2, **{**OPTS, "shard_size": 8})
+    assert samples(dsc.open(r.path)) == samples(dsc.open(tmp_path / "local"))
+
+
+# --------------------------------------------------------------------------- a cluster with no shared folder
+@pytest.fixture(scope="module")
+def cluster():
+    """A Dask LocalCluster whose worker processes start in a folder of their own, with a TMPDIR of their own
+    (where their units write): nothing under the client's tmp_path or cache is theirs. Yields (client, the
+    workers' folder). One for the module (a cluster takes seconds to start)."""
+    distributed = pytest.importorskip("distributed")
+    workers = Path(tempfile.mkdtemp(prefix="dsc-workers-"))
+    (workers / "tmp").mkdir()
+    here = os.getcwd()
+    os.chdir(workers)
+    try:
+        lc = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                      dashboard_address=None, local_directory=str(workers / "dask"),
+                                      env={"TMPDIR": str(workers / "tmp")})
+    finally:
+        os.chdir(here)
+    client = distributed.Client(lc)
+    try:
+        yield client, workers
+    finally:
+        client.close()
+        lc.close()
+        shutil.rmtree(workers, ignore_errors=True)
+
+
+def _watch_stage(monkeypatch) -> list:
+    """The files of the client's staging, listed as each compile to a URL ends (before it is removed)."""
+    from dsc.compiler import upload
+
+    seen, real = [], upload._unstage
+    monkeypatch.setattr(upload, "_unstage", lambda root, stage: (seen.extend(
+        p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()), real(root, stage))[1])
+    return seen
+
+
+def _no_index_here(monkeypatch):
+    from dsc.compiler.sources import webdataset
+
+    def refuse(*a, **k):
+        raise AssertionError("the client read a tar: the scan of a cluster compile runs on its workers")
+    monkeypatch.setattr(webdataset, "index_tar", refuse)
+
+
+def test_a_cluster_without_a_shared_folder_compiles_s3_to_s3(data, cluster, tmp_path, monkeypatch):
+    _, _, ref = data
+    client, workers = cluster
+    assert set(client.run(tempfile.gettempdir).values()) == {str(workers / "tmp")}
+    assert set(client.run(os.getcwd).values()) == {str(workers)}
+    staged = _watch_stage(monkeypatch)
+    _no_index_here(monkeypatch)
+    url = "s3://dsc-out/cluster"
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, executor=client,
+                               cache_dir=str(tmp_path / "cache"), **OPTS)
+    assert r.path == url and r.manifest.num_samples == 30
+    assert staged and not [p for p in staged if "/image/c/" in p]  # no pixel ever reached the client's staging
+    assert not list((workers / "tmp").iterdir())  # the units' folders are gone
+    assert bucket_shards(url) == shard_files(ref)  # byte-identical to the local compile
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(dsc.open(ref))
+    assert dsc.verify(url, cache_dir=tmp_path / "c").ok
+
+
+_KILL_ONCE = """
+def arm(marker):
+    import os, signal
+    from dsc.compiler import units
+    real = units.compile_sample
+    def compile_sample(rec, *a, **k):
+        if rec.key.endswith("class_01_img_00002") and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # this worker dies in the middle of its unit
+        return real(rec, *a, **k)
+    units.compile_sample = compile_sample
+"""
+
+
+def test_a_worker_killed_mid_unit_is_retried_elsewhere(data, cluster, tmp_path):
+    _, _, ref = data
+    client, workers = cluster
+    scope: dict = {}
+    exec(_KILL_ONCE, scope)
+    marker = str(workers / "killed")
+    client.run(scope["arm"], marker)
+    url = "s3://dsc-out/killed"
+    r = dsc.compile_webdataset("s3://dsc-src/wds", url, executor=client, cache_dir=str(tmp_path / "cache"), **OPTS)
+    assert os.path.exists(marker) and r.manifest.num_samples == 30
+    assert bucket_shards(url) == shard_files(ref)
+
+
+def test_a_bad_member_on_the_cluster_and_resume_from_the_bucket(data, cluster, tmp_path):
+    folder, tars, ref = data
+    client, _ = cluster
+    bad = tmp_path / "tars"
+    shutil.copytree(tars, bad)
+    whole = (bad / "00002.tar").read_bytes()
+    at = whole.index(b"class_02_img_00009.jpg") + 512  # the last sample's image data: not a JPEG any more
+    (bad / "00002.tar").write_bytes(whole[:at] + b"\0" * 64 + whole[at + 64:])
+    upload_tree(bad, "s3://dsc-src/badwds")
+    url, cache = "s3://dsc-out/resumed", tmp_path / "cache"
+    with pytest.raises(SampleError) as e:
+        dsc.compile_webdataset("s3://dsc-src/badwds", url, executor=client, cache_dir=str(cache), **OPTS)
+    assert "00002.tar:class_02_img_00009.jpg" in str(e.value)
+    # a bad member mid-way with --on-error skip: the following shards are compacted (fetched back from the bucket,
+    # re-streamed, uploaded again in place of this writer's first upload), as a local compile compacts them
+    mid = tmp_path / "mid"
+    shutil.copytree(tars, mid)
+    whole = (mid / "00001.tar").read_bytes()
+    at = whole.index(b"class_01_img_00003.jpg") + 512
+    (mid / "00001.tar").write_bytes(whole[:at] + b"\0" * 64 + whole[at + 64:])
+    upload_tree(mid, "s3://dsc-src/midwds")
+    skipped = dsc.compile_webdataset("s3://dsc-src/midwds", "s3://dsc-out/skipped", executor=client,
+                                     cache_dir=str(tmp_path / "c2"), on_error="skip", **OPTS)
+    assert [s["key"] for s in skipped.skipped] == ["00001.tar/class_01_img_00003"]
+    local = dsc.compile_webdataset(str(mid), tmp_path / "mid.dsc", on_error="skip", workers=1, **OPTS)
+    assert local.manifest.num_samples == 29 and bucket_shards("s3://dsc-out/skipped") == shard_files(local.path)
+    open_store("s3://dsc-src/badwds").put("00002.tar", (tars / "00002.tar").read_bytes())  # fixed in the bucket
+    r = dsc.compile_webdataset("s3://dsc-src/badwds", url, executor=client, cache_dir=str(cache), resume=True,
+                               **OPTS)
+    assert r.resumed_units >= 1 and r.decoded <= 30 - 7 * r.resumed_units  # (units 2..4 read the replaced tar)
+    assert bucket_shards(url) == shard_files(ref)
+
+
+def test_workers_that_cannot_see_a_local_path_are_named(cluster, tmp_path):
+    from dsc.compiler.cluster import check_workers_see
+
+    client, _ = cluster
+    with pytest.raises(SourceError, match=r"cannot read /nowhere/a\.jpg .* object storage"):
+        check_workers_see(client, ["/nowhere/a.jpg"], None)
+    with pytest.raises(SourceError, match="compile to a URL"):
+        check_workers_see(client, [], "/nowhere/.out.dsc-tmp")
+
+
+def test_a_bad_input_on_a_cluster_stops_with_one_line(cluster, tmp_path):
+    """The CLI with --executor ADDRESS: a bad input stops the compile with its one-line error, and no traceback
+    from the Dask client's shutdown ("Exception ignored in _dask_results ... IOLoop is closed")."""
+    client, _ = cluster
+    src = tmp_path / "src"
+    write_imagefolder(src, num_classes=2, per_class=6, size_range=(30, 40), seed=2)
+    (src / "class_01" / "img_00003.jpg").write_bytes(b"not a jpeg")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    r = subprocess.run([sys.executable, "-m", "dsc.cli", "compile", "imagefolder", str(src), str(tmp_path / "out"),
+                        "--size", "16", "--shard-size", "3", "-q", "--executor", client.scheduler.address],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "img_00003.jpg" in r.stderr and "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, \
+        r.stderr
+
+
+def test_webdataset_and_table_on_every_object_store(object_store_url, data, tmp_path):
+    """The same reads (a listing, streamed GETs from an offset, range GETs) on S3, GCS and Azure."""
+    _, tars, ref = data
+    url = object_store_url
+    upload_tree(tars, url + "/wds")
+    dsc.compile_webdataset(url + "/wds", tmp_path / "w", workers=1, **OPTS)
+    assert shard_files(tmp_path / "w") == shard_files(ref)
+    from dsc.compiler.sources.inputs import open_input
+
+    whole = (tars / "00001.tar").read_bytes()
+    with open_input(url + "/wds/00001.tar", sequential=True) as f:
+        f.seek(5000)
+        assert f.read(3000) == whole[5000:8000]
+        f.seek(100)  # back: a new stream
+        assert f.read(10) == whole[100:110]
+    with open_input(url + "/wds/00001.tar") as f:  # by ranges
+        f.seek(len(whole) - 700)
+        assert f.read() == whole[-700:]
