@@ -165,6 +165,8 @@ class ValueField(Field):
     ragged: ClassVar[bool] = False  # the ragged column layout (values + offsets)
     keys: ClassVar[set] = set()  # the kind's manifest keys besides "kind"
     declared: bool = False  # the user declared it (else it was inferred from the first sample): for messages
+    origin: str | None = None  # where an undeclared kind came from, when not the first sample (a table's
+    # Hugging Face features): for messages, which then name the --column declaration that keeps the values
     required: ClassVar[set] = set()
 
     def __init__(self, name: str, spec: dict):
@@ -334,6 +336,10 @@ def numeric(field: ValueField, value, at: str, dtype=None) -> np.ndarray:
         if arr.dtype.kind == "f" and dtype.kind != "f" or not (rounded or np.array_equal(cast.astype(arr.dtype), arr)) \
                 or (dtype.kind == "f" and not np.isfinite(cast).all()):
             shown = arr.reshape(-1)[0] if arr.size == 1 else f"{arr.dtype} values"
+            if field.origin and not field.declared:
+                raise field.fail(at, f"{shown} does not fit the field's {dtype} exactly (the field's kind, "
+                                     f"{field.describe()}, came from {field.origin}); to keep the values, "
+                                     f"declare it: --column {field.name}:{arr.dtype}")
             raise field.fail(at, f"{shown} does not fit the field's {dtype} exactly (the field was "
                                  f"{'declared' if field.declared else 'inferred from the first sample'} "
                                  f"as {field.describe()})")
