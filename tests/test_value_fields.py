@@ -170,6 +170,9 @@ def test_detection_target_keeps_boxes_and_stores_other_keys(out):
     ({"c": 3}, r"dataset\[4\]: field 'c': expected text"),
     ({"c": None}, r"dataset\[4\]: has no value for field 'c'"),
     ({"z": 1}, r"dataset\[4\]: gives field 'z'"),
+    ({"m": {"a": [{2: "x"}]}}, r"dataset\[4\]: field 'm': json object keys must be str: the value\['a'\]\[0\] has "
+                              r"the key 2 \(int\)"),  # json.dumps would have made it "2"
+    ({"i": 2 ** 70}, r"dataset\[4\]: field 'i': the value 1180591620717411303424 does not fit int64"),
 ])
 def test_bad_values_name_the_sample_and_the_field(out, bad, match):
     good = {"c": "x", "e": np.zeros(2, np.float16), "m": {"a": 1}, "s": 1.0, "i": 2}
@@ -196,6 +199,50 @@ def test_mismatch_with_the_first_sample(out):
         compile_targets(out, targets)
     with pytest.raises(SourceError, match="'label'"):
         compile_targets(out, [{"label": 0.5}] * N, overwrite=True)
+
+
+def test_collate_of_samples_is_a_loader_batch(out):
+    """dsc.collate of ds[i] dicts (torch's default_collate path: a wrapper such as ConcatDataset does not forward
+    __getitems__) gives what a Loader batch gives, for every field kind: ragged rows of different lengths packed
+    with <name>_offsets (default_collate could not stack them), json / text / bytes lists untouched (it
+    restructured {"i": 2} per sample into {"i": tensor([2, 2])})."""
+    ds = compile_targets(out, [{**rich(i), "meta": {"i": 2}} for i in range(N)])
+    idx = [1, 3, 2, 0]
+
+    def same_batch(got, want):
+        assert set(got) == set(want) - {"index"}
+        for k, v in got.items():
+            if isinstance(v, torch.Tensor):
+                assert v.dtype == want[k].dtype and torch.equal(v, want[k]), k
+            else:
+                assert type(v) is list and v == want[k], k
+
+    want = ds.get_batch(idx)
+    assert want["tags_offsets"].tolist() == [0, 1, 4, 6, 6] and want["meta"] == [{"i": 2}] * 4
+    same_batch(collate([ds[i] for i in idx]), want)
+    same_batch(collate([ds[1], ds[3]]), ds.get_batch([1, 3]))
+    loader = torch.utils.data.DataLoader(torch.utils.data.ConcatDataset([ds, ds]), batch_size=4, collate_fn=dsc.collate)
+    batches = list(loader)
+    assert len(batches) == 5
+    for b, start in zip(batches, range(0, 2 * N, 4)):
+        same_batch(b, ds.get_batch([i % N for i in range(start, start + 4)]))
+    # plain dicts (no schema carried): the same, by the values
+    same_batch(collate([dict(ds[i]) for i in idx]), want)
+
+
+def test_json_lists_and_tuples_read_back_as_lists(out):
+    ds = compile_targets(out, [{"m": {"t": (i, "x"), "l": [i]}} for i in range(N)])
+    assert ds[3]["m"] == {"t": [3, "x"], "l": [3]}  # JSON has one sequence type (documented)
+
+
+def test_label_key_misuse_names_the_fix(out):
+    fix = r"the key 'label' is one class index, and holds \[1, 2\]; store multi-label ids .* under another name"
+    with pytest.raises(SampleError, match=r"dataset\[0\]: " + fix):
+        compile_targets(out, [{"label": [1, 2]}] * N)
+    with pytest.raises(SampleError, match=r"dataset\[3\]: " + fix):
+        compile_targets(out, [{"label": 1}] * 3 + [{"label": [1, 2]}] * (N - 3), overwrite=True)
+    with pytest.raises(ConfigError, match=r"'label' is the class index \(an int.*name a regression target"):
+        compile_targets(out, [{"label": 1}] * N, fields={"label": "float32"}, overwrite=True)
 
 
 # ----------------------------------------------------------------------------- tables, COCO captions, updates
@@ -295,6 +342,26 @@ def test_table_bad_column(tmp_path, out):
         dsc.compile_table(table, out, columns=["score:floaty"])
     with pytest.raises(SampleError, match="row 0: field 'n16': expected text"):
         dsc.compile_table(table, out, columns=["n16:text"], workers=1)
+    with pytest.raises(SourceError, match=r"--column caption:bytes: the column 'caption' holds strings .* the kind "
+                                          r"that fits is text"):  # (was a TypeError from bytes(str))
+        dsc.compile_table(table, out, columns=["caption:bytes"], workers=1)
+
+
+def test_table_hf_kind_that_does_not_fit_names_its_origin(tmp_path, out):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    t = pa.table({"image": [_png(i) for i in range(N)], "label": [0] * N, "score": [0.1 * i for i in range(N)]})
+    feats = {"score": {"_type": "Value", "dtype": "float32"}}  # over a float64 Arrow column
+    pq.write_table(t.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": feats}})}),
+                   tmp_path / "t.parquet")
+    with pytest.raises(SampleError, match=r"row 1: field 'score': 0.1 does not fit the field's float32 exactly \(the "
+                                          r"field's kind, number float32, came from the table's Hugging Face features "
+                                          r"\(Value\('float32'\)\)\); to keep the values, declare it: "
+                                          r"--column score:float64"):
+        dsc.compile_table(tmp_path / "t.parquet", out, columns=["score"], workers=1, size=(8, 8))
+    dsc.compile_table(tmp_path / "t.parquet", out, columns=["score:float64"], workers=1, size=(8, 8), overwrite=True)
+    assert dsc.open(out).get_batch(range(N))["score"].tolist() == [0.1 * i for i in range(N)]
 
 
 def test_coco_captions_beside_boxes(tmp_path, out):

@@ -195,12 +195,54 @@ class SampleBatch(list):
         return super().__getitem__(key)
 
 
+class Sample(dict):
+    """What ``ds[i]`` returns: a dict of the sample's fields that carries the dataset's ``schema``, so
+    :func:`collate` batches a list of them as the Loader would (wrappers such as ``ConcatDataset`` hand the
+    samples on as they are)."""
+
+    def __init__(self, *args, schema: Schema | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.schema = schema
+
+
 def collate(batch):
     """``collate_fn`` for torch's DataLoader: a :class:`SampleBatch` is already batched, so its fields
-    are returned with no second copy; anything else goes to ``default_collate``."""
+    are returned with no second copy. A list of per-sample dicts (``ds[i]``, through a wrapper that does not
+    forward ``__getitems__``) is batched as a Loader batch is, key by key, by the schema the samples carry
+    (else by their values): value fields' ``ragged`` rows packed with ``<key>_offsets``, ``host`` values (text,
+    json, bytes) as a Python list, as they are; the rest through ``default_collate`` (stacked). Anything else
+    goes to ``default_collate``."""
     if isinstance(batch, SampleBatch):
         return batch.fields
+    if batch and all(isinstance(s, dict) for s in batch):
+        schema = getattr(batch[0], "schema", None) or {}
+        out = {}
+        for key in batch[0]:
+            values = [s[key] for s in batch]
+            role = schema.get(key)
+            kind = role.kind if role is not None else _inferred_kind(values)
+            if kind == "host":
+                out[key] = values
+            elif kind == "ragged":
+                rows = [torch.as_tensor(v) for v in values]
+                offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+                torch.cumsum(torch.tensor([len(r) for r in rows], dtype=torch.int64), 0, out=offsets[1:])
+                out[key], out[f"{key}_offsets"] = torch.cat(rows), offsets
+            else:
+                out[key] = torch.utils.data.default_collate(values)
+        return out
     return torch.utils.data.default_collate(batch)
+
+
+def _inferred_kind(values: list) -> str:
+    """A key's role when the samples carry no schema (plain dicts): str, bytes, dicts, lists and None stay
+    a Python list (``host``); arrays whose first dimension differs are ``ragged``; the rest is stacked."""
+    if any(v is None or isinstance(v, (str, bytes, bytearray, dict, list, tuple)) for v in values):
+        return "host"
+    if all(isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim >= 1 for v in values) \
+            and len({tuple(v.shape[1:]) for v in values}) == 1 and len({v.shape[0] for v in values}) > 1:
+        return "ragged"
+    return "stack"
 
 
 def select_keys(batch: dict, keys: tuple[str, ...]) -> tuple:

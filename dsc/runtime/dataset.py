@@ -24,8 +24,8 @@ from ..store.local import Root
 from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
-from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, SampleBatch, as_tensors, box_form, collate, new_tensor, torch_dtype,
-                      numpy_alloc)
+from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, collate, new_tensor,
+                      torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import run_batch
@@ -318,7 +318,9 @@ class Dataset(torch.utils.data.Dataset):
             sample.update(r.sample(i))
         # the sample's own copy (one memcpy): the readers give views of the mapped shard and of the index arrays,
         # which a write would change for every later read through this handle (batches are copies already)
-        return {k: torch.from_numpy(v.copy()) if isinstance(v, np.ndarray) else v for k, v in sample.items()}
+        # (a Sample: a dict that carries the schema, so dsc.collate batches a list of them as the Loader does)
+        return Sample({k: torch.from_numpy(v.copy()) if isinstance(v, np.ndarray) else v for k, v in sample.items()},
+                      schema=self.schema)
 
     def to_original(self, i: int, boxes):
         """Map xyxy boxes in sample ``i``'s stored pixels (e.g. predictions) to its source image's pixels
@@ -432,7 +434,7 @@ class Dataset(torch.utils.data.Dataset):
         fields, packed = self._get_batch(indices, None, None)
         samples = []
         for k in range(len(fields["index"])):
-            sample = {}
+            sample = Sample(schema=self.schema)
             for r in self.readers.values():
                 sample.update(r.split(packed, k))
             samples.append(sample)

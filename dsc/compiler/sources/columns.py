@@ -102,6 +102,13 @@ def _hf_spec(f) -> dict | None:
     return None
 
 
+def _hf_name(f) -> str:
+    """A Hugging Face feature as its Python spelling, for messages: ``Value('float32')``."""
+    if isinstance(f, dict) and f.get("_type") == "Value":
+        return f"Value({f.get('dtype')!r})"
+    return f.get("_type", "a feature") if isinstance(f, dict) else "a list feature"
+
+
 def hf_features(schema) -> dict:
     meta = (schema.metadata or {}).get(b"huggingface")
     if not meta:
@@ -124,13 +131,20 @@ def column_specs(columns, schema, path, taken) -> dict:
         if name not in schema.names:
             raise SourceError(f"{path}: no column {name!r} for --column (columns: {', '.join(schema.names)})")
         if spec is None:
-            spec = _hf_spec(feats.get(name)) or _arrow_spec(schema.field(name).type)
+            spec = _hf_spec(feats.get(name))
+            if spec is not None:  # (named by a value that does not fit it)
+                spec["origin"] = f"the table's Hugging Face features ({_hf_name(feats.get(name))})"
+            else:
+                spec = _arrow_spec(schema.field(name).type)
         elif spec.get("multihot"):  # NAME:multihot: multi-label ids as a vector over the column's class names
             names = (_hf_spec(feats.get(name)) or {}).get("classes")
             if not names:
                 raise SourceError(f"--column {text}: multihot needs the column's class names (a Hugging Face "
                                   f"Sequence(ClassLabel) feature); without them store the ids (--column {name})")
             spec = {**spec, "shape": [len(names)], "classes": names}
+        if spec["kind"] == "bytes" and _arrow_spec(schema.field(name).type)["kind"] == "text":
+            raise SourceError(f"--column {text}: the column {name!r} holds strings ({schema.field(name).type}), "
+                              f"and bytes takes binary columns; the kind that fits is text (--column {name}:text)")
         if spec["kind"] not in VALUE_KINDS:
             raise SourceError(f"--column {text}: kind {spec['kind']!r} is not a value field kind")
         specs[name] = spec

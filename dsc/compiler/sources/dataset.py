@@ -141,6 +141,10 @@ class DatasetSource(Source):
         declared = self.fields or {}
         if not isinstance(declared, dict):
             raise ConfigError(f"fields must be a dict {{name: kind}}, got {type(declared).__name__}")
+        if "label" in declared:
+            raise ConfigError(f"fields={{'label': {declared['label']!r}}}: the key 'label' is the class index (an "
+                              f"int, not a declared field); name a regression target or other value otherwise "
+                              f"(e.g. 'target' or 'score'), in the targets and in fields=")
         specs = {}
         for name in [*first, *(k for k in declared if k not in first)]:
             try:
@@ -203,10 +207,17 @@ def _is_mask(target) -> bool:
 
 def _class_index(value, where: str) -> int:
     arr = _numpy(value)
-    if isinstance(arr, (bool, np.bool_)) or (isinstance(arr, np.ndarray) and arr.size != 1):
+    if isinstance(arr, (bool, np.bool_)):
         raise SampleError(where, f"the key 'label' is the class index, and holds {value!r}; name other values "
                                  f"otherwise")
-    arr = np.asarray(arr)
+    try:
+        arr = np.asarray(arr)
+    except (ValueError, TypeError):  # a ragged nest of lists
+        arr = np.asarray(None, object)
+    if arr.size != 1 or arr.dtype == object:
+        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__} of {arr.size} values"
+        raise SampleError(where, f"the key 'label' is one class index, and holds {shown}; store multi-label ids or "
+                                 f"other values under another name (e.g. 'tags'), or as the bare target")
     if arr.dtype.kind not in "iu":
         raise SampleError(where, f"the key 'label' is the class index, and holds a {arr.dtype} value ({value!r}); "
                                  f"name a regression target otherwise (e.g. 'target')")

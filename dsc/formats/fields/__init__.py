@@ -59,6 +59,7 @@ def value_field(name: str, spec: dict, declared: bool = False) -> ValueField:
     is rounded to a narrower float dtype). Raises ValueError for a spec no kind takes."""
     spec = dict(spec)
     declared = bool(spec.pop("declared", False) or declared)
+    origin = spec.pop("origin", None)  # (where an undeclared kind came from: for messages)
     cls = VALUE_KINDS.get(spec.get("kind"))
     if cls is None:
         raise ValueError(f"unknown field kind {spec.get('kind')!r} (one of {', '.join(VALUE_KINDS)})")
@@ -66,5 +67,5 @@ def value_field(name: str, spec: dict, declared: bool = False) -> ValueField:
         field = cls(name, spec)
     except TypeError as e:
         raise ValueError(str(e)) from None
-    field.declared = declared
+    field.declared, field.origin = declared, origin
     return field

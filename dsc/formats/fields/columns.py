@@ -165,6 +165,8 @@ class ValueField(Field):
     ragged: ClassVar[bool] = False  # the ragged column layout (values + offsets)
     keys: ClassVar[set] = set()  # the kind's manifest keys besides "kind"
     declared: bool = False  # the user declared it (else it was inferred from the first sample): for messages
+    origin: str | None = None  # where an undeclared kind came from, when not the first sample (a table's
+    # Hugging Face features): for messages, which then name the --column declaration that keeps the values
     required: ClassVar[set] = set()
 
     def __init__(self, name: str, spec: dict):
@@ -312,9 +314,16 @@ def numeric(field: ValueField, value, at: str, dtype=None) -> np.ndarray:
         arr = np.asarray(value)
     except (ValueError, TypeError) as e:
         raise field.fail(at, f"not an array of numbers ({e})") from None
+    dtype = np.dtype(dtype or field.column.dtype)
+    if arr.dtype == object and arr.size and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.flat):
+        # Python ints past 64 bits (numpy keeps them as objects): one that the field's dtype cannot hold is named
+        big = next((v for v in arr.flat if not _fits(v, dtype)), None)
+        if big is not None:
+            raise field.fail(at, f"the value {big} does not fit {dtype} (its range is "
+                                 f"{_range(dtype)}); declare a dtype that holds it, or store it as text")
+        arr = np.asarray(arr.tolist(), dtype)
     if arr.dtype.kind not in "biuf":
         raise field.fail(at, f"expected {field.describe()}, got values of type {arr.dtype}")
-    dtype = np.dtype(dtype or field.column.dtype)
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise field.fail(at, "NaN or infinity: value fields hold finite numbers (leave the sample out, or store "
                              "the missing value as a separate flag)")
@@ -327,11 +336,32 @@ def numeric(field: ValueField, value, at: str, dtype=None) -> np.ndarray:
         if arr.dtype.kind == "f" and dtype.kind != "f" or not (rounded or np.array_equal(cast.astype(arr.dtype), arr)) \
                 or (dtype.kind == "f" and not np.isfinite(cast).all()):
             shown = arr.reshape(-1)[0] if arr.size == 1 else f"{arr.dtype} values"
+            if field.origin and not field.declared:
+                raise field.fail(at, f"{shown} does not fit the field's {dtype} exactly (the field's kind, "
+                                     f"{field.describe()}, came from {field.origin}); to keep the values, "
+                                     f"declare it: --column {field.name}:{arr.dtype}")
             raise field.fail(at, f"{shown} does not fit the field's {dtype} exactly (the field was "
                                  f"{'declared' if field.declared else 'inferred from the first sample'} "
                                  f"as {field.describe()})")
         arr = cast
     return np.ascontiguousarray(arr, dtype.newbyteorder("<"))
+
+
+def _fits(v: int, dtype: np.dtype) -> bool:
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min <= v <= info.max
+    if dtype.kind == "f":
+        with np.errstate(all="ignore"):
+            f = dtype.type(v)
+        return bool(np.isfinite(f)) and int(f) == v
+    return v in (0, 1)
+
+
+def _range(dtype: np.dtype) -> str:
+    if dtype.kind in "iu":
+        return f"{np.iinfo(dtype).min}..{np.iinfo(dtype).max}"
+    return "whole numbers it holds exactly" if dtype.kind == "f" else "0 or 1"
 
 
 # ----------------------------------------------------------------------------- kinds from values and declarations
