@@ -79,7 +79,10 @@ def test_auto_augment_geometric_ops(name, mag, mode):
     else:
         t = [int(mag), 0] if name == "TranslateX" else [0, int(mag)]
         ref = F.affine(img, angle=0.0, translate=t, scale=1.0, shear=[0.0, 0.0], interpolation=interp)
-    close(got, ref, 1, frac=0.995)
+    # nearest: all but rounding ties. ShearY -0.6 puts one column in five exactly between two source rows
+    # (0.6 (x + 1/2) has a fractional part of 1/2), where the two float32 grids round either way: 96% agree
+    # on the H100 (torchvision 0.26); no tie -> no difference (ShearX 0.3, rotations, translations)
+    close(got, ref, 1, frac=0.95 if (mode == "nearest" and name == "ShearY") else 0.995)
 
 
 def test_erasing_and_mixup_formulas():
