@@ -312,3 +312,97 @@ def test_a_detection_mixture_keeps_each_sample_its_boxes(tmp_path):
         assert seen == 11
     images, targets = next(iter(dsc.Loader(srcs, batch_size=4, format="torchvision")))
     assert images.shape == (4, 3, 32, 32) and len(targets) == 4
+
+
+# ----------------------------------------------------------------------------- per-object masks and keypoints
+def _coco_variant(ann, out, rename=None, joints=None):
+    """A copy of COCO annotations ``ann`` with its classes renamed and/or only the first ``joints`` keypoints."""
+    import json
+
+    d = json.loads(ann.read_text())
+    for c in d["categories"]:
+        c["name"] = (rename or {}).get(c["name"], c["name"])
+        if joints and "keypoints" in c:
+            c["keypoints"] = c["keypoints"][:joints]
+            c["skeleton"] = [e for e in c["skeleton"] if max(e) <= joints]
+    if joints:
+        for a in d["annotations"]:
+            if "keypoints" in a:
+                a["keypoints"] = a["keypoints"][:3 * joints]
+                a["num_keypoints"] = sum(1 for v in a["keypoints"][2::3] if v)
+    out.write_text(json.dumps(d))
+    return out
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    """Two instance-mask + keypoint datasets (6 and 5 images) whose classes are named differently
+    (person/thing, human/object), and one like the first with 3 keypoints per box instead of 17."""
+    from dsc.synthetic import write_coco_instances
+
+    root = tmp_path_factory.mktemp("instances")
+    ann, images = write_coco_instances(root / "src0", n=6, seed=3)
+    ann1, images1 = write_coco_instances(root / "src1", n=5, seed=4)
+    ann1 = _coco_variant(ann1, root / "renamed.json", rename={"person": "human", "thing": "object"})
+    ann3 = _coco_variant(ann, root / "three.json", joints=3)
+    for name, (a, im) in {"i0": (ann, images), "i1": (ann1, images1), "k3": (ann3, images)}.items():
+        dsc.compile_coco(a, im, root / name, masks="instance", progress=False, workers=1, shard_size=2)
+    return [dsc.open(root / n) for n in ("i0", "i1", "k3")]
+
+
+@pytest.mark.parametrize("form", ["packed", "padded", "list", "torchvision"])
+def test_a_mixture_of_instance_mask_datasets_equals_its_sources_sample_by_sample(instances, form):
+    """Per-object masks (per object offsets into flat crops, their rects) and keypoints join across sources in
+    every batch form; format='torchvision' targets say their source (labels are per source: person vs human)."""
+    from dsc.runtime.batches import object_masks
+
+    srcs = instances[:2]
+    assert srcs[0].classes != srcs[1].classes
+    kw = {"format": "torchvision", "keep_crowd": True} if form == "torchvision" else {"boxes": form}
+    loader = dsc.Loader(srcs, batch_size=4, order="random", seed=2, num_threads=0, **kw)
+    by_id = [{int(ds[i]["image_id"]): i for i in range(len(ds))} for ds in srcs]
+    seen, mixed = [], 0
+    for x in loader:
+        if form == "torchvision":
+            images, targets = x
+            pairs = [(t["source"], by_id[t["source"]][t["image_id"]]) for t in targets]
+        else:
+            pairs = list(zip(x["source"].tolist(), x["index"].tolist()))
+        mixed += len({s for s, _ in pairs}) > 1
+        for k, (s, i) in enumerate(pairs):
+            ref = srcs[s][i]
+            n, (h, w) = len(ref["boxes"]), ref["image"].shape[:2]
+            if form == "packed":
+                o = x["box_offsets"]
+                got = {"boxes": x["boxes"][o[k]:o[k + 1]], "labels": x["labels"][o[k]:o[k + 1]],
+                       "keypoints": x["keypoints"][o[k]:o[k + 1]], "masks": object_masks(x, "masks", k)}
+            elif form == "padded":
+                m = x["box_mask"][k]
+                assert int(x["box_counts"][k]) == n and not x["masks"][k, n:].any()
+                assert not x["masks"][k, :, h:].any() and not x["masks"][k, :, :, w:].any()
+                got = {"boxes": x["boxes"][k][m], "labels": x["labels"][k][m], "keypoints": x["keypoints"][k][m],
+                       "masks": x["masks"][k, :n, :h, :w]}
+            elif form == "list":
+                got = x["targets"][k]
+            else:
+                got = dict(targets[k], labels=targets[k]["labels"] - 1)
+                assert loader.classes[s][int(targets[k]["labels"][0])] == \
+                    ["__background__", *srcs[s].classes][int(ref["labels"][0]) + 1]
+            for key in ("boxes", "labels", "keypoints", "masks"):
+                assert torch.equal(got[key].to(ref[key].dtype), ref[key]), (form, key, s, i)
+            seen.append((s, i))
+    assert sorted(seen) == [(s, i) for s in range(2) for i in range(len(srcs[s]))] and mixed
+
+
+def test_torchvision_targets_of_a_mixture_say_their_source(parts, instances):
+    images, targets = next(iter(dsc.Loader(instances[:2], batch_size=11, format="torchvision", num_threads=0)))
+    assert sorted(t["source"] for t in targets) == [0] * 6 + [1] * 5
+    images, target = next(iter(dsc.Loader([parts["a"], parts["b"]], batch_size=56, format="torchvision",
+                                          num_threads=0)))
+    assert set(target) == {"label", "source"} and sorted(target["source"].tolist()) == [0] * 36 + [1] * 20
+
+
+def test_keypoints_of_another_layout_are_refused_naming_the_field(instances):
+    with pytest.raises(dsc.ConfigError, match="do not agree on field 'keypoints': 17 keypoints per box in source "
+                                              "0, 3 in source 1"):
+        dsc.Loader([instances[0], instances[2]], batch_size=4)

@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
-from .mixture import Mixture
+from .mixture import Mixture, with_sources
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size, remaining
 from .orders.quasi_random import DEFAULT_WINDOW
@@ -400,6 +400,8 @@ class Loader:
                                   f"(\"mask\", the semantic mask, is there)", stacklevel=2)
             self._output = partial(torchvision_form, schema=dataset.schema, mask_values=mask_values,
                                    keep_crowd=self.keep_crowd)
+            if isinstance(dataset, Mixture):  # (each target says its source: labels are per source)
+                self._output = partial(with_sources, output=self._output, schema=dataset.schema)
 
     @property
     def classes(self) -> list[str]:

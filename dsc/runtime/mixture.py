@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .batches import Batch, box_form, new_tensor
+from .batches import Batch, box_form, new_tensor, value_keys
 from .dataset import Dataset, not_a_dataset
 from .orders.mixture import chunks, mixture_order, source_counts
 from . import reads as R
@@ -225,6 +225,17 @@ class Mixture:
                 if da != db:
                     raise ConfigError(f"the mixture's sources do not agree on field {name!r}: dtype {da} in source 0, "
                                       f"{db} in source {s}")
+            for key, role in a.keypoints().items():  # (M, K, 3) rows of every source join: one K, one flip
+                ka, kb = ds_joints(first, key), ds_joints(ds, key)
+                if ka != kb:
+                    raise ConfigError(f"the mixture's sources do not agree on field {key!r}: {ka} keypoints per box "
+                                      f"in source 0, {kb} in source {s} ({ds.path}); mix datasets of one keypoint "
+                                      f"layout")
+                if role.flip_index != b[key].flip_index:
+                    raise ConfigError(f"the mixture's sources do not agree on field {key!r}: their {ka} keypoints "
+                                      f"swap differently under a horizontal flip (flip_index {list(role.flip_index)} "
+                                      f"in source 0, {list(b[key].flip_index)} in source {s}), so they are not the "
+                                      f"same joints; mix datasets of one keypoint layout")
 
     @staticmethod
     def _dtype(reader):
@@ -413,13 +424,15 @@ class Mixture:
     def _join(self, got: list, shared: dict, alloc, B: int) -> dict:
         out = {}
         first = got[0][3]
+        offsets = self._offset_keys()
         for key in first:
             views = [g[3][key] for g in got]
             if key in shared and all(v.data_ptr() == shared[key][a:b].data_ptr() or b == a
                                      for v, (_, a, b, _) in zip(views, got)):
                 out[key] = shared[key]
-            elif key == "box_offsets" or (key.endswith("_offsets") and key[:-8] in self.schema):
-                out[key] = _join_offsets(views, alloc(key, (B + 1,), torch.int64))
+            elif key in offsets:  # per sample (B+1), per box (box_offsets) or per object mask (M+1): shifted
+                n = sum(len(v) - 1 for v in views)
+                out[key] = _join_offsets(views, alloc(key, (n + 1,), torch.int64))
             elif key.endswith("_sizes") and key[:-6] in self.schema:
                 out[key] = torch.cat(views, out=alloc(key, (B, *views[0].shape[1:]), views[0].dtype))
             elif f"{key}_sizes" in first:  # ragged, padded: each source's to the batch's largest
@@ -429,15 +442,23 @@ class Mixture:
                 out[key] = torch.cat(views, out=alloc(key, shape, views[0].dtype))
         return out
 
+    def _offset_keys(self) -> set[str]:
+        """The batch's offset indices, by the schema's roles: ``box_offsets`` (per sample, into the box rows),
+        a ragged image-like or value key's ``<key>_offsets`` (per sample, into its rows) and an object masks
+        key's ``<key>_offsets`` (per object, into its flat crops): each source's joined shifted by the rows
+        (or bytes) of the sources before it."""
+        return {"box_offsets"} | {f"{k}_offsets" for k, r in self.schema.items()
+                                  if r.kind in ("pixels", "ragged", "object_masks")}
+
     def _pad_join(self, key: str, views: list[torch.Tensor], alloc) -> torch.Tensor:
-        h = max(v.shape[1] for v in views)
-        w = max(v.shape[2] for v in views)
-        out = alloc(key, (sum(len(v) for v in views), h, w, *views[0].shape[3:]), views[0].dtype)
+        """Each source's padded rows of ``key`` into one batch, every axis after the first padded to the largest."""
+        tail = tuple(max(v.shape[d] for v in views) for d in range(1, views[0].dim()))
+        out = alloc(key, (sum(len(v) for v in views), *tail), views[0].dtype)
         fill = self.datasets[0].ignore_index if key == "mask" else 0
         out.fill_(fill or 0)
         a = 0
         for v in views:
-            out[a:a + len(v), :v.shape[1], :v.shape[2]] = v
+            out[(slice(a, a + len(v)), *(slice(0, n) for n in v.shape[1:]))] = v
             a += len(v)
         return out
 
@@ -450,6 +471,31 @@ class Mixture:
     def __repr__(self) -> str:
         parts = ", ".join(f"{ds.path}: {int(c)}" for ds, c in zip(self.datasets, self.counts))
         return f"dsc.Mixture({len(self.datasets)} sources, {len(self)} samples per epoch: {parts})"
+
+
+def with_sources(batch: dict, output, schema) -> tuple:
+    """``format="torchvision"`` over a mixture: ``output(batch)`` (:func:`~dsc.runtime.batches.torchvision_form`)
+    with each target saying whose sample it is, ``source`` (the source's index in the list; with
+    ``labels="per_source"`` label k of two sources names two classes): detection target dicts get ``"source"``
+    (an int, like their ``"image_id"``, which is the source's own), a dict of targets the batch's ``source``
+    (B,), and a lone target tensor (labels, masks, a value) becomes ``{its key: it, "source": (B,)}``."""
+    source = batch["source"]
+    images, target = output(batch)
+    if isinstance(target, list) and all(isinstance(t, dict) for t in target):
+        for t, s in zip(target, source.tolist()):
+            t["source"] = s
+    elif isinstance(target, dict):
+        target["source"] = source
+    else:
+        masks = [k for k in schema.pixels() if k != "image" and k in batch]
+        key = "mask" if masks else "label" if "label" in batch else next(k for k in value_keys(schema) if k in batch)
+        target = {key: target, "source": source}
+    return images, target
+
+
+def ds_joints(ds: Dataset, key: str) -> int:
+    """Keypoints per box of a dataset's keypoints field ``key`` (its stored (M, K, 3) rows)."""
+    return int(ds.readers[key].points.shape[1])
 
 
 def _join_offsets(views: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
