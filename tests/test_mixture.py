@@ -136,9 +136,10 @@ def test_mid_epoch_resume_of_a_mixture_is_the_uninterrupted_run(parts):
     got += [(x["source"].tolist(), x["index"].tolist(), x["image"].clone()) for x in second]
     assert [g[:2] for g in got] == [w[:2] for w in want]
     assert all(torch.equal(g[2], w[2]) for g, w in zip(got, want))
-    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state has (shard_size|dataset)"):
+    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state is of another mixture: its sources "
+                                              "are in another order"):
         dsc.Loader([b, a], **kw).load_state_dict(state)  # another mixture's state
-    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state has dataset"):
+    with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state is of another mixture: weights="):
         dsc.Loader([a, b], **{**kw, "weights": [1, 1]}).load_state_dict(state)
     with pytest.raises(dsc.ConfigError, match="the saved state is of a mixture of 2 datasets, this loader reads one"):
         dsc.Loader(a, batch_size=6, order="random", seed=5).load_state_dict(state)
@@ -406,3 +407,32 @@ def test_keypoints_of_another_layout_are_refused_naming_the_field(instances):
     with pytest.raises(dsc.ConfigError, match="do not agree on field 'keypoints': 17 keypoints per box in source "
                                               "0, 3 in source 1"):
         dsc.Loader([instances[0], instances[2]], batch_size=4)
+
+
+def test_a_state_of_another_mixture_is_refused_saying_what_differs(parts):
+    """Not two hashes: which sources, their order, the weights (and the counts they give), labels=,
+    one_source_per_batch= (whose epoch counts batches, not samples)."""
+    a, b = parts["a"], parts["b"]
+    kw = dict(batch_size=4, order="random", seed=1)
+    state = dsc.Loader([a, b], weights=[2, 1], epoch_size=60, **kw).state_dict()
+    refused = {
+        "its sources are in another order \\(the saved run's: .*/a, .*/b; this loader's: .*/b, .*/a\\)":
+            dsc.Loader([b, a], weights=[2, 1], epoch_size=60, **kw),
+        "weights=\\[2.0, 1.0\\] in the saved run, \\[1.0, 1.0\\] here; so each source gives \\[30, 30\\] samples per "
+        "epoch, not \\[40, 20\\]": dsc.Loader([a, b], weights=[1, 1], epoch_size=60, **kw),
+        "labels='per_source' in the saved run, 'names' here":
+            dsc.Loader([a, b], weights=[2, 1], epoch_size=60, labels="names", **kw),
+        "its source 1 was .*/b \\(20 samples, checksum [0-9a-f]{12}\\), this loader's is .*/a \\(36 samples":
+            dsc.Loader([a, a], weights=[2, 1], epoch_size=60, **kw),
+        "one_source_per_batch=False in the saved run, True here":
+            dsc.Loader([a, b], weights=[2, 1], epoch_size=60, one_source_per_batch=True, **kw),
+    }
+    for why, loader in refused.items():
+        with pytest.raises(dsc.ConfigError, match="cannot resume: the saved state is of another mixture: " + why):
+            loader.load_state_dict(state)
+    dsc.Loader([a, b], weights=[2, 1], epoch_size=60, **kw).load_state_dict(state)  # the same mixture resumes
+    chunked = dsc.Loader([a, b], weights=[2, 1], epoch_size=62, one_source_per_batch=True, **kw).state_dict()
+    with pytest.raises(dsc.ConfigError, match="counted in whole batches of one source: the saved run's had 17, this "
+                                              "loader's has 15 \\(batch_size=4, drop_last=True\\)"):
+        dsc.Loader([a, b], weights=[2, 1], epoch_size=62, one_source_per_batch=True, drop_last=True,
+                   **kw).load_state_dict(chunked)

@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from .batches import mask_values_of_labels, select_keys, torchvision_form
 from .dataset import Dataset, check_forms, not_a_dataset
-from .mixture import Mixture, with_sources
+from .mixture import Mixture, differences, with_sources
 from .orders import ORDERS, partition
 from .orders.partition import TAILS, part_size, remaining
 from .orders.quasi_random import DEFAULT_WINDOW
@@ -639,7 +639,8 @@ class Loader:
                 "num_samples": self.num_samples, "shard_size": shard_size,
                 "dataset": checksum, "version": version,
                 "transforms": _describe(self.transforms), "indices": self._indices_digest(),
-                "stages": [list(st) for st in self._epoch_stages(epoch)]}
+                "stages": [list(st) for st in self._epoch_stages(epoch)],
+                **({"mixture": self.dataset.describe()} if isinstance(self.dataset, Mixture) else {})}
 
     def _identity(self) -> tuple:
         """(shard size, manifest checksum, version) of what the loader reads (a mixture says its own)."""
@@ -673,7 +674,7 @@ class Loader:
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices", "stages"})  # (older states)
+        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices", "stages", "mixture"})  # (older states)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
@@ -690,6 +691,11 @@ class Loader:
             raise ConfigError(f"cannot resume: the saved state is of version {state['version']} of the dataset, this "
                               f"loader reads version {ours['version']}; open the version the run trained on "
                               f"(dsc.open(path, version={state['version']})) to resume it")
+        if mix and isinstance(state.get("mixture"), dict):  # (what differs, in words, before the hashes)
+            why = differences(state["mixture"], ours["mixture"])
+            if why:
+                raise ConfigError(f"cannot resume: the saved state is of another mixture: {why}; build the Loader "
+                                  f"over the mixture the run trained on")
         if getattr(self.dataset, "chunked", False) and state["batch_size"] != self.batch_size:
             raise ConfigError(f"cannot resume: the saved state has batch_size={state['batch_size']}, this loader has "
                               f"batch_size={self.batch_size}; with one source per batch the batches are cut from the "
@@ -700,6 +706,11 @@ class Loader:
                 if key == "indices":
                     raise ConfigError("cannot resume: the saved state drew from other samples (a Subset or indices= "
                                       "that differ from this loader's); build the Loader over the same samples")
+                if key == "num_samples" and getattr(self.dataset, "chunked", False):
+                    raise ConfigError(f"cannot resume: with one source per batch an epoch is counted in whole batches "
+                                      f"of one source: the saved run's had {state[key]!r}, this loader's has {mine} "
+                                      f"(batch_size={self.batch_size}, drop_last={self.drop_last}); build the Loader "
+                                      f"with the run's drop_last")
                 raise ConfigError(f"cannot resume: the saved state has {key}={state[key]!r}, this loader has "
                                   f"{key}={mine!r}; build the Loader with the same {key}")
         epoch, served = state["epoch"], state["batches_served"]

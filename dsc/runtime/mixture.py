@@ -311,6 +311,16 @@ class Mixture:
         }, sort_keys=True).encode()).hexdigest()
         return self.shard_sizes, h, [ds.version for ds in self.datasets]
 
+    def describe(self) -> dict:
+        """What a saved loader state records of the mixture, in words (JSON): each source's path, manifest
+        checksum and size, the per-epoch counts and the options that made them. :func:`differences` reads two of
+        them to say why a state does not resume here."""
+        return {"sources": [{"path": str(ds.path), "checksum": ds.manifest.checksum()[:12], "size": len(ds)}
+                            for ds in self.datasets],
+                "counts": self.counts.tolist(), "weights": self.weights, "epoch_size": self.epoch_size,
+                "choose": self.choose, "replace": self.replace, "labels": self.labels, "aliases": self.aliases,
+                "one_source_per_batch": self.chunked}
+
     @property
     def schema(self):
         return self.datasets[0].schema
@@ -491,6 +501,34 @@ def with_sources(batch: dict, output, schema) -> tuple:
         key = "mask" if masks else "label" if "label" in batch else next(k for k in value_keys(schema) if k in batch)
         target = {key: target, "source": source}
     return images, target
+
+
+def differences(saved: dict, ours: dict) -> str:
+    """How the mixture a loader state was saved over (``saved``, :meth:`Mixture.describe`) differs from this
+    loader's (``ours``), in words ('' when it does not): which sources, their order, the weights and counts,
+    labels=, replace=, one_source_per_batch=."""
+    out = []
+    a, b = saved.get("sources", []), ours["sources"]
+    name = lambda src: f"{src['path']} ({src['size']} samples, checksum {src['checksum']})"  # noqa: E731
+    if [x["checksum"] for x in a] != [x["checksum"] for x in b]:
+        if sorted(x["checksum"] for x in a) == sorted(x["checksum"] for x in b):
+            out.append(f"its sources are in another order (the saved run's: {', '.join(x['path'] for x in a)}; "
+                       f"this loader's: {', '.join(x['path'] for x in b)}): list them in the run's order")
+        elif len(a) != len(b):
+            out.append(f"it mixed {len(a)} sources ({', '.join(x['path'] for x in a)}), this loader {len(b)} "
+                       f"({', '.join(x['path'] for x in b)})")
+        else:
+            for s, (x, y) in enumerate(zip(a, b)):
+                if x["checksum"] != y["checksum"]:
+                    out.append(f"its source {s} was {name(x)}, this loader's is {name(y)}")
+    for key in ("one_source_per_batch", "labels", "aliases", "replace", "weights", "epoch_size", "choose"):
+        if key in saved and saved[key] != ours[key]:
+            out.append(f"{key}={saved[key]!r} in the saved run, {ours[key]!r} here")
+    if not out and saved.get("counts") != ours["counts"]:
+        out.append(f"samples per epoch from each source: {saved.get('counts')} in the saved run, {ours['counts']} here")
+    elif saved.get("counts") != ours["counts"] and any(k in " ".join(out) for k in ("weights", "epoch_size", "choose")):
+        out.append(f"so each source gives {ours['counts']} samples per epoch, not {saved.get('counts')}")
+    return "; ".join(out)
 
 
 def ds_joints(ds: Dataset, key: str) -> int:
