@@ -436,3 +436,24 @@ def test_a_state_of_another_mixture_is_refused_saying_what_differs(parts):
                                               "loader's has 15 \\(batch_size=4, drop_last=True\\)"):
         dsc.Loader([a, b], weights=[2, 1], epoch_size=62, one_source_per_batch=True, drop_last=True,
                    **kw).load_state_dict(chunked)
+
+
+def test_geometry_in_the_gather_moves_each_sources_masks_and_keypoints(instances):
+    """Each source's share of the batch's geometry (sizes, mirrored samples: keypoints swap left/right) is its
+    own rows of the plan: the mixture's samples equal each source's through the same transforms."""
+    from dsc.runtime.batches import object_masks
+
+    srcs = instances[:2]
+    kw = dict(transforms=[T.Resize((24, 20)), T.RandomHorizontalFlip(p=1.0)], num_threads=0)
+    own = []
+    for ds in srcs:
+        x = next(iter(dsc.Loader(ds, batch_size=len(ds), **kw)))
+        o = x["box_offsets"]
+        own.append({int(i): (x["keypoints"][o[k]:o[k + 1]], x["boxes"][o[k]:o[k + 1]], object_masks(x, "masks", k))
+                    for k, i in enumerate(x["index"].tolist())})
+    for x in dsc.Loader(srcs, batch_size=4, order="random", **kw):
+        o = x["box_offsets"]
+        for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+            got = (x["keypoints"][o[k]:o[k + 1]], x["boxes"][o[k]:o[k + 1]], object_masks(x, "masks", k))
+            assert all(torch.equal(g, r) for g, r in zip(got, own[s][i])), (s, i)
+            assert got[2].shape[1:] == (24, 20)

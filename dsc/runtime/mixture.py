@@ -15,6 +15,7 @@ class name (``labels="names"``).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -384,10 +385,7 @@ class Mixture:
         got = []
         for s, idx, a, b in parts:
             ds = self.datasets[s]
-            plan = None
-            if geometry is not None:
-                plan = type(geometry)(geometry.matrices[a:b], geometry.out,
-                                      geometry.programs[a:b] if geometry.programs is not None else None, geometry.fill)
+            plan = None if geometry is None else _plan_rows(geometry, a, b)
             dense = self._dense(ds, geometry is not None or post is not None)
             batch = ds.get_batch(idx, "packed", images, self._part_alloc(alloc, shared, dense, s, a, b, B),
                                  geometry=plan, post=post, reads=reads[s] if reads is not None else None)
@@ -529,6 +527,17 @@ def differences(saved: dict, ours: dict) -> str:
     elif saved.get("counts") != ours["counts"] and any(k in " ".join(out) for k in ("weights", "epoch_size", "choose")):
         out.append(f"so each source gives {ours['counts']} samples per epoch, not {saved.get('counts')}")
     return "; ".join(out)
+
+
+def _plan_rows(plan, a: int, b: int):
+    """Samples ``a:b`` of a batch's geometry (:class:`~dsc.transforms.fused.ChainPlan`): every per-sample part
+    sliced (matrices, programs, sizes before and after, which samples mirror x: what moves object masks and swaps
+    keypoints), the rest as it is."""
+    if getattr(plan, "keep", None) is not None:  # (per box: drawn from the boxes, which a gather plan never is)
+        raise ConfigError("a mixture's gather cannot split a geometry that drops boxes; run that op after the gather")
+    cut = lambda v: None if v is None else v[a:b]  # noqa: E731
+    return dataclasses.replace(plan, matrices=plan.matrices[a:b], programs=cut(plan.programs), sizes=cut(plan.sizes),
+                               hflip=cut(plan.hflip), out_sizes=cut(plan.out_sizes))
 
 
 def ds_joints(ds: Dataset, key: str) -> int:
