@@ -674,7 +674,8 @@ class Loader:
         ours = self.state_dict()  # once: it hashes the manifest
         if not isinstance(state, dict):
             raise ConfigError(f"a loader state is the dict state_dict() returns, got {type(state).__name__}")
-        missing = sorted(set(ours) - set(state) - {"transforms", "version", "indices", "stages", "mixture"})  # (older states)
+        optional = {"transforms", "version", "indices", "stages", "mixture"}  # (older states)
+        missing = sorted(set(ours) - set(state) - optional)
         if missing:
             raise ConfigError(f"cannot resume: the saved state lacks {', '.join(missing)}; give the dict "
                               f"state_dict() returned")
