@@ -451,3 +451,58 @@ def test_source_date_epoch_does_not_shorten_the_retention_period_in_object_stora
     r = dsc.vacuum(url)  # superseded by the bucket's clock: seconds ago
     assert r.removed == [] and r.recent == [0]
     assert len(dsc.open(url, version=0, cache_dir=tmp_path / "c")) == 6
+
+
+# --------------------------------------------------------------------------- 10. a damaged object in a bucket
+def _objects(m) -> dict:
+    """{object path: (sha256, nbytes)} of a manifest's small files."""
+    return {V.object_path(f["sha256"]): (f["sha256"], f["nbytes"]) for f in m.files.values()}
+
+
+def _rot(store, objects: dict) -> None:
+    """Put each object in the bucket with one byte flipped (its name and its size unchanged)."""
+    for rel, (sha, nbytes) in objects.items():
+        good = store.get(rel) if store.stat(rel) else None
+        data = bytearray(good if good is not None else b"\0" * nbytes)
+        data[-1] ^= 1
+        store.put(rel, bytes(data))
+
+
+@pytest.mark.parametrize("how", ["push", "update"])
+def test_a_bit_rotted_object_in_a_bucket_is_not_reused_by_its_name(s3, tmp_path, monkeypatch, how):
+    """Objects a new version shares with what is in the bucket (a leftover of an interrupted writer, or one
+    damaged since) are reused only when their bytes hash to their name: the version committed verifies and
+    reads the same as the local one."""
+    from dsc.compiler.upload import push
+
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://dsc-doors/rotted-{how}"
+    src, local = tmp_path / "src", tmp_path / "local.dsc"
+    make_folder(src, 12)
+    dsc.compile_imagefolder(src, local, workers=1, **OPTS)
+    base = tmp_path / "base.dsc"
+    shutil.copytree(local, base)
+    make_folder(src, 5, seed0=4000)
+    dsc.compile_imagefolder(src, local, update=True, workers=1, **OPTS)
+    v0, v1 = (_objects(dsc.open(local, version=n).manifest) for n in (0, 1))
+    new = {rel: o for rel, o in v1.items() if rel not in v0}
+    assert new
+    store = open_store_of(url)
+    if how == "push":
+        push(base, url, progress=False)  # version 0 there, then leftovers of version 1's objects, rotted
+        _rot(store, {**new, **v0})  # (version 0's too: a new version reuses them as well)
+        push(local, url, progress=False)
+    else:
+        push(base, url, progress=False)
+        _rot(store, new)
+        r = dsc.compile_imagefolder(src, url, update=True, workers=1, **OPTS)
+        assert r.committed and r.version == 1
+        assert set(_objects(dsc.open(url, cache_dir=tmp_path / "c0").manifest)) & set(new)  # (one was reused)
+    assert dsc.verify(url).ok
+    a, b = dsc.open(url, cache_dir=tmp_path / "c"), dsc.open(local)
+    assert len(a) == len(b) == 17 and _labels(a) == _labels(b)
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    assert CliRunner().invoke(main, ["verify", url, "-q"]).exit_code == 0
