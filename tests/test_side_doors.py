@@ -69,6 +69,63 @@ def test_writers_through_a_link_and_through_the_folder_take_one_lock(tmp_path):
     assert dsc.verify(real).ok
 
 
+@pytest.fixture
+def bind_mount(tmp_path):
+    """``bind_mount(folder)``: the folder mounted at another path (no link: its real path is another; skipped where
+    this process may not mount)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(folder: Path) -> Path:
+        at = tmp_path / f"bound-{len(mounted)}"
+        at.mkdir()
+        r = subprocess.run(["mount", "--bind", str(folder), str(at)], capture_output=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.decode().strip()}")
+        mounted.append(at)
+        return at
+    try:
+        yield mount
+    finally:
+        for at in mounted:
+            subprocess.run(["umount", "-l", str(at)])
+
+
+def test_a_vacuum_through_a_bind_mount_waits_for_an_update_of_the_real_path(tmp_path, monkeypatch, bind_mount):
+    """The same race as through a link, through a second path to the folder that no link resolution finds (a
+    bind mount): the dataset folder itself is locked, so the vacuum is refused and version 1 is whole."""
+    from dsc.store.local import OutLock
+
+    src, real = _small(tmp_path)
+    alias = bind_mount(real)
+    assert os.path.realpath(alias) != os.path.realpath(real) and os.path.samefile(alias, real)
+    make_folder(src, 8, seed0=500)
+    commit, seen = V.commit, []
+
+    def vacuum_through_the_mount_first(store, record):
+        try:
+            seen.append(dsc.vacuum(alias, older_than=0))
+        except CompileLockedError as e:
+            seen.append(e)
+        return commit(store, record)
+    monkeypatch.setattr(V, "commit", vacuum_through_the_mount_first)
+    r = dsc.compile_imagefolder(src, real, update=True, workers=1, **OPTS)
+    monkeypatch.setattr(V, "commit", commit)
+    assert r.committed and r.version == 1
+    assert len(seen) == 1 and isinstance(seen[0], CompileLockedError), seen
+    assert "through another path to the same folder" in str(seen[0])
+    assert dsc.verify(real).ok and len(dsc.open(real)) == 32
+    for held, other in ((real, alias), (alias, real)):  # every writer, either way round; then free again
+        with OutLock(held, "update"):
+            with pytest.raises(CompileLockedError):
+                dsc.compile_imagefolder(src, other, update=True, workers=1, **OPTS)
+            with pytest.raises(CompileLockedError):
+                dsc.tag(other, "x")
+    dsc.tag(alias, "x")
+    assert dsc.log(real)[-1]["tags"] == ["x"]
+
+
 # --------------------------------------------------------------------------- 3. retention by the store's clock
 def test_source_date_epoch_does_not_shorten_the_retention_period(tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")  # 2001: every record says so
