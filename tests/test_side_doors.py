@@ -69,6 +69,63 @@ def test_writers_through_a_link_and_through_the_folder_take_one_lock(tmp_path):
     assert dsc.verify(real).ok
 
 
+@pytest.fixture
+def bind_mount(tmp_path):
+    """``bind_mount(folder)``: the folder mounted at another path (no link: its real path is another; skipped where
+    this process may not mount)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(folder: Path) -> Path:
+        at = tmp_path / f"bound-{len(mounted)}"
+        at.mkdir()
+        r = subprocess.run(["mount", "--bind", str(folder), str(at)], capture_output=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.decode().strip()}")
+        mounted.append(at)
+        return at
+    try:
+        yield mount
+    finally:
+        for at in mounted:
+            subprocess.run(["umount", "-l", str(at)])
+
+
+def test_a_vacuum_through_a_bind_mount_waits_for_an_update_of_the_real_path(tmp_path, monkeypatch, bind_mount):
+    """The same race as through a link, through a second path to the folder that no link resolution finds (a
+    bind mount): the dataset folder itself is locked, so the vacuum is refused and version 1 is whole."""
+    from dsc.store.local import OutLock
+
+    src, real = _small(tmp_path)
+    alias = bind_mount(real)
+    assert os.path.realpath(alias) != os.path.realpath(real) and os.path.samefile(alias, real)
+    make_folder(src, 8, seed0=500)
+    commit, seen = V.commit, []
+
+    def vacuum_through_the_mount_first(store, record):
+        try:
+            seen.append(dsc.vacuum(alias, older_than=0))
+        except CompileLockedError as e:
+            seen.append(e)
+        return commit(store, record)
+    monkeypatch.setattr(V, "commit", vacuum_through_the_mount_first)
+    r = dsc.compile_imagefolder(src, real, update=True, workers=1, **OPTS)
+    monkeypatch.setattr(V, "commit", commit)
+    assert r.committed and r.version == 1
+    assert len(seen) == 1 and isinstance(seen[0], CompileLockedError), seen
+    assert "through another path to the same folder" in str(seen[0])
+    assert dsc.verify(real).ok and len(dsc.open(real)) == 32
+    for held, other in ((real, alias), (alias, real)):  # every writer, either way round; then free again
+        with OutLock(held, "update"):
+            with pytest.raises(CompileLockedError):
+                dsc.compile_imagefolder(src, other, update=True, workers=1, **OPTS)
+            with pytest.raises(CompileLockedError):
+                dsc.tag(other, "x")
+    dsc.tag(alias, "x")
+    assert dsc.log(real)[-1]["tags"] == ["x"]
+
+
 # --------------------------------------------------------------------------- 3. retention by the store's clock
 def test_source_date_epoch_does_not_shorten_the_retention_period(tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")  # 2001: every record says so
@@ -451,3 +508,58 @@ def test_source_date_epoch_does_not_shorten_the_retention_period_in_object_stora
     r = dsc.vacuum(url)  # superseded by the bucket's clock: seconds ago
     assert r.removed == [] and r.recent == [0]
     assert len(dsc.open(url, version=0, cache_dir=tmp_path / "c")) == 6
+
+
+# --------------------------------------------------------------------------- 10. a damaged object in a bucket
+def _objects(m) -> dict:
+    """{object path: (sha256, nbytes)} of a manifest's small files."""
+    return {V.object_path(f["sha256"]): (f["sha256"], f["nbytes"]) for f in m.files.values()}
+
+
+def _rot(store, objects: dict) -> None:
+    """Put each object in the bucket with one byte flipped (its name and its size unchanged)."""
+    for rel, (sha, nbytes) in objects.items():
+        good = store.get(rel) if store.stat(rel) else None
+        data = bytearray(good if good is not None else b"\0" * nbytes)
+        data[-1] ^= 1
+        store.put(rel, bytes(data))
+
+
+@pytest.mark.parametrize("how", ["push", "update"])
+def test_a_bit_rotted_object_in_a_bucket_is_not_reused_by_its_name(s3, tmp_path, monkeypatch, how):
+    """Objects a new version shares with what is in the bucket (a leftover of an interrupted writer, or one
+    damaged since) are reused only when their bytes hash to their name: the version committed verifies and
+    reads the same as the local one."""
+    from dsc.compiler.upload import push
+
+    monkeypatch.setenv("DSC_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://dsc-doors/rotted-{how}"
+    src, local = tmp_path / "src", tmp_path / "local.dsc"
+    make_folder(src, 12)
+    dsc.compile_imagefolder(src, local, workers=1, **OPTS)
+    base = tmp_path / "base.dsc"
+    shutil.copytree(local, base)
+    make_folder(src, 5, seed0=4000)
+    dsc.compile_imagefolder(src, local, update=True, workers=1, **OPTS)
+    v0, v1 = (_objects(dsc.open(local, version=n).manifest) for n in (0, 1))
+    new = {rel: o for rel, o in v1.items() if rel not in v0}
+    assert new
+    store = open_store_of(url)
+    if how == "push":
+        push(base, url, progress=False)  # version 0 there, then leftovers of version 1's objects, rotted
+        _rot(store, {**new, **v0})  # (version 0's too: a new version reuses them as well)
+        push(local, url, progress=False)
+    else:
+        push(base, url, progress=False)
+        _rot(store, new)
+        r = dsc.compile_imagefolder(src, url, update=True, workers=1, **OPTS)
+        assert r.committed and r.version == 1
+        assert set(_objects(dsc.open(url, cache_dir=tmp_path / "c0").manifest)) & set(new)  # (one was reused)
+    assert dsc.verify(url).ok
+    a, b = dsc.open(url, cache_dir=tmp_path / "c"), dsc.open(local)
+    assert len(a) == len(b) == 17 and _labels(a) == _labels(b)
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    assert CliRunner().invoke(main, ["verify", url, "-q"]).exit_code == 0

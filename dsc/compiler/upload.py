@@ -19,7 +19,7 @@ from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError, DscError, OutputExistsError, RemoteError, VersionConflictError
+from ..errors import ConfigError, CorruptDatasetError, DscError, OutputExistsError, RemoteError, VersionConflictError
 from ..progress import progress_bar
 from ..formats import layout as L
 from ..formats.layout import read_manifest
@@ -38,7 +38,9 @@ class Uploader:
 
     Nothing is ever overwritten: every file is created by a conditional put (create-only), so writers at one
     URL cannot change each other's bytes, committed or not. A file that is there already is kept when it is
-    provably this dataset's: a content-addressed object (its name is its SHA-256) with those bytes, or a
+    provably this dataset's: a content-addressed object (its name is its SHA-256) whose bytes, read back, hash
+    to its name (one damaged in the bucket is put again with the right bytes: the one overwrite, and a safe
+    one, as its name allows no other bytes), or a
     shard with the same SHA-256 uploaded by this very writer (``writer``: a token kept in the writer's local
     staging, so a resumed upload has the same one; it travels in each shard's metadata). Anything else there
     (another writer's shard at that slot: one publishing now, or one that was interrupted) stops the upload
@@ -77,7 +79,8 @@ class Uploader:
                 pass
         store = self.store
         there = store.stat(rel)
-        if self._ours(rel, there, sha256, nbytes):  # (without reading the local file: it may not be here)
+        if self._ours(rel, there, sha256, nbytes) and intact(store, rel, sha256, nbytes):  # (without reading the
+            # local file: it may not be here)
             with self.lock:
                 self.kept += 1
             return
@@ -127,6 +130,20 @@ def is_ours(rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int, 
     return there[1].get("sha256") == sha256 and there[1].get("writer") == writer
 
 
+def intact(store: Store, rel: str, sha256: str, nbytes: int) -> bool:
+    """Whether the object at ``rel`` may be reused: a shard (its stat said whose it is: see :func:`is_ours`), or a
+    content-addressed object whose bytes, read back (one GET of a small file), hash to its name. A name and a
+    size say nothing of a byte rotted in the bucket: an update reusing it would commit a version damaged from
+    birth."""
+    if not rel.startswith(versions.OBJECTS + "/"):
+        return True
+    try:
+        data = store.get_or_none(rel, nbytes)
+    except CorruptDatasetError:  # (longer than its name's bytes: replaced since its stat)
+        return False
+    return data is not None and len(data) == nbytes and hashlib.sha256(data).hexdigest() == sha256
+
+
 def replace_own(store: Store, rel: str, there: tuple[int, dict], writer: str) -> bool:
     """Remove a shard this writer uploaded with other bytes (a compaction after skipped inputs rewrote it), so
     that the new bytes can be created there; False (nothing removed) when it is not this writer's. A writer's
@@ -145,6 +162,13 @@ def put_shard(store: Store, rel: str, f, sha256: str, nbytes: int, writer: str, 
     hash and ``writer`` in its metadata; True when sent, False when this writer's copy was there already.
     Another writer's file there is a VersionConflictError (see :class:`Uploader`)."""
     there = store.stat(rel) if there is _UNKNOWN else there  # (its stat, when the caller has it)
+    if rel.startswith(versions.OBJECTS + "/"):  # content-addressed: reused only when its bytes hash to its name;
+        if is_ours(rel, there, sha256, nbytes, writer) and intact(store, rel, sha256, nbytes):
+            return False
+        # else (absent, or damaged since it was written) put by overwrite: these bytes, just hashed, are the
+        # only ones its name allows, so no writer's or reader's object can change by it
+        store.put(rel, f, attributes={"sha256": sha256, "writer": writer})
+        return True
     if there is not None:
         if is_ours(rel, there, sha256, nbytes, writer):
             return False
@@ -214,7 +238,8 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
             jobs[spec.path] = (spec.sha256, spec.nbytes)
         for rel, f in m.files.items():
             jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
-    jobs = {rel: job for rel, job in jobs.items() if rel not in done}
+    # (a published version's shards are there; its objects a new version reuses are checked like any other)
+    jobs = {rel: job for rel, job in jobs.items() if rel not in done or rel.startswith(versions.OBJECTS + "/")}
     latest = records[nums[-1]]["manifest"]
     view_is_ours = not remote or nums[-1] >= remote[-1]  # (never turn the view back to an older version)
     futs = [uploader.submit([local], rel, sha, n) for rel, (sha, n) in jobs.items()]

@@ -413,12 +413,19 @@ class OutLock:
     One lock per dataset, whatever path names it: the lock sits beside OUT's real path (links resolved), so a
     writer through a symbolic link ``alias -> real`` (or through a linked parent folder) and one through
     ``real`` take the same lock. Once held, the real path is resolved again: a link re-pointed meanwhile makes
-    the writer take the lock of what the link names now."""
+    the writer take the lock of what the link names now.
+
+    Paths to one folder without any link (a bind mount, ``/proc/self/root/...``) resolve to different real
+    paths, so the dataset folder itself is flock'ed too once the lock beside the path is held (when it exists:
+    a compile making a new OUT has only the lock beside it until it publishes): every alias opens the same
+    inode, so two writers through two such paths cannot both hold it. (A filesystem that refuses a flock on a
+    folder, NFS, has the lock beside the path alone.)"""
 
     def __init__(self, out: Path, what: str = "compile"):
         self.out, self.what = Path(out), what
         self.path = self._lock_path()
         self.fd: int | None = None
+        self.dir_fd: int | None = None  # the dataset folder, flock'ed (see above)
 
     def _lock_path(self) -> Path:
         real = Path(os.path.realpath(self.out))
@@ -452,10 +459,35 @@ class OutLock:
                 continue
             if same:
                 self.fd = fd
+                try:
+                    self.dir_fd = self._lock_folder()
+                except BaseException:
+                    self.__exit__()
+                    raise
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{self.what} (pid {os.getpid()})".encode(), 0)  # named to whoever is refused
                 return self
             os.close(fd)
+
+    def _lock_folder(self) -> int | None:
+        """The dataset folder (OUT's real path) opened and flock'ed, or None when there is no folder there yet (or
+        its filesystem has no flock on folders); CompileLockedError when a writer through another path to it
+        holds it."""
+        try:
+            dfd = os.open(os.path.realpath(self.out), _DIR | _NOFOLLOW)
+        except OSError:  # (none yet, or not a folder: the compile's own checks say what is wrong)
+            return None
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(dfd)
+            raise CompileLockedError(f"another dsc writer is writing {self.out} right now through another path to the "
+                                     f"same folder (a bind mount, or another name of it; its lock, beside that "
+                                     f"path, names it); wait for it to finish") from None
+        except OSError:
+            os.close(dfd)
+            return None
+        return dfd
 
     def __exit_fd(self, fd: int) -> None:
         """Let go of the lock held by ``fd`` (taken on a path that no longer names OUT's folder)."""
@@ -485,6 +517,9 @@ class OutLock:
         return err
 
     def __exit__(self, *exc) -> None:
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)  # (the folder's flock first: the lock beside the path still held meanwhile)
+            self.dir_fd = None
         if self.fd is not None:
             try:
                 self.path.unlink()
