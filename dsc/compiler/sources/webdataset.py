@@ -243,31 +243,35 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                            f"(--image-ext names the extensions)")
             if image_ext_found is not None:
                 image = members[image_ext_found]
+            wanted = [e for e in (read or {}) if e in members and e != image_ext_found]
+            blobs = {}  # the label's and the fields' members, read in tar order (a stream reads on, never back)
+            if problem is None:
+                if label_member is not None and label_member in members \
+                        and members[label_member][2] <= MAX_LABEL_BYTES:
+                    wanted.append(label_member)
+                big = next((e for e in wanted if e != label_member and members[e][2] > MAX_MEMBER_BYTES), None)
+                if big is not None:
+                    problem = f"the .{big} member has {members[big][2]:,} bytes, too many for a field"
+                for e in sorted(set(wanted), key=lambda e: members[e][1]) if problem is None else ():
+                    f.seek(members[e][1])
+                    blobs[e] = f.read(members[e][2])
             if problem is None and label_member is not None:
                 if label_member not in members:
                     problem = (f"no .{label_member} member for its label (--no-label compiles images only"
                                + (", --label-key takes it from the .json member" if label_key is None else "") + ")")
+                elif label_member not in blobs:
+                    problem = f"the .{label_member} member has {members[label_member][2]:,} bytes, too many for a label"
                 else:
-                    name, off, n = members[label_member]
-                    if n > MAX_LABEL_BYTES:
-                        problem = f"the .{label_member} member has {n:,} bytes, too many for a label"
-                    else:
-                        f.seek(off)
-                        try:
-                            label = _label_of(f.read(n), label_member, label_key)
-                        except ValueError as e:
-                            problem = str(e)
+                    try:
+                        label = _label_of(blobs[label_member], label_member, label_key)
+                    except ValueError as e:
+                        problem = str(e)
             values = {}
             for ext, how in (read or {}).items():
-                if problem is not None or ext not in members or ext == image_ext_found:
+                if problem is not None or ext not in blobs:
                     continue
-                name, off, n = members[ext]
-                if n > MAX_MEMBER_BYTES:
-                    problem = f"the .{ext} member has {n:,} bytes, too many for a field"
-                    break
-                f.seek(off)
                 try:
-                    values[ext] = decode_member(f.read(n), ext, how)
+                    values[ext] = decode_member(blobs[ext], ext, how)
                 except ValueError as e:
                     problem = str(e)
             samples.append(Sample(key, image, label, {e: (o, n) for e, (_, o, n) in members.items()}, problem,
@@ -285,8 +289,9 @@ class WebDatasetSource(Source):
 
     Local or in object storage (s3://, gs://, az://). Samples are grouped by key as WebDataset does (the path
     up to the first dot of a member's file name); the image is the first member found of --image-ext, the
-    label the integer in the .cls member (--label-ext) or a key of the .json member (--label-key). Tars are
-    streamed, never unpacked to disk."""
+    label the integer in the .cls member (--label-ext) or a key of the .json member (--label-key). The .txt,
+    .json and .npy members become fields named by their extension (--member picks them). Tars are streamed,
+    never unpacked to disk."""
 
     name = "webdataset"
     task = "classification"
