@@ -109,6 +109,50 @@ def test_coco_from_s3_matches_local(s3, tmp_path):
     assert (ba["image"] == bb["image"]).all() and (ba["boxes"] == bb["boxes"]).all()
 
 
+def test_yolo_and_voc_from_s3_match_local(s3, tmp_path):
+    """YOLO and VOC roots in a bucket (their layout under a URL prefix, found by one listing): the same samples,
+    boxes and masks as the same folders compiled locally; a missing split names its URL."""
+    from dsc.synthetic import detection_scenes, write_voc_segmentation, write_yolo
+
+    scenes = detection_scenes(6, seed=4)
+    yolo = tmp_path / "yolo"
+    write_yolo(yolo, scenes)
+    write_voc_segmentation(tmp_path / "voc", scenes, split="train")
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "voc" / "SegmentationObject").mkdir()
+    for s in scenes:  # object k of the XML: the pixels of value k + 1
+        ins = np.zeros((s["height"], s["width"]), np.uint8)
+        for k, b in enumerate(s["boxes"]):
+            ins[int(b[1]):int(b[3]), int(b[0]):int(b[2])] = k + 1
+        Image.fromarray(ins, "L").save(tmp_path / "voc" / "SegmentationObject" / (Path(s["file"]).stem + ".png"))
+    upload_tree(yolo, "s3://dsc-src/yolo")
+    upload_tree(tmp_path / "voc", "s3://dsc-src/VOC2012")
+    kw = dict(size=(32, 32), resize="pad", progress=False)
+    for name, local, remote, extra in (("yolo", str(yolo), "s3://dsc-src/yolo", {}),
+                                       ("voc", str(tmp_path / "voc"), "s3://dsc-src/VOC2012",
+                                        dict(split="train", masks="instance,semantic"))):
+        compile_ = getattr(dsc, f"compile_{name}")
+        r = compile_(remote, tmp_path / f"{name}-remote", workers=2, **extra, **kw)
+        compile_(local, tmp_path / f"{name}-local", workers=1, **extra, **kw)
+        a, b = dsc.open(tmp_path / f"{name}-remote"), dsc.open(tmp_path / f"{name}-local")
+        assert r.manifest.source["root"].startswith("s3://dsc-src/"), r.manifest.source
+        assert a.keys == b.keys and len(a) == len(b) == 6 and a.classes == b.classes, name
+        assert shard_files(tmp_path / f"{name}-remote") == shard_files(tmp_path / f"{name}-local"), name
+        ba, bb = a.get_batch(range(6)), b.get_batch(range(6))
+        assert (ba["image"] == bb["image"]).all() and (ba["boxes"] == bb["boxes"]).all(), name
+        if name == "voc":
+            assert (ba["mask"] == bb["mask"]).all() and a.manifest.fields["masks"]["kind"] == "object_masks"
+            assert all((a[i]["masks"] == b[i]["masks"]).all() for i in range(6))
+            assert sum(len(a[i]["masks"]) for i in range(6)) > 0
+    r = dsc.compile_yolo("s3://dsc-src/yolo", tmp_path / "yolo-data", data_yaml="s3://dsc-src/yolo/data.yaml",
+                         workers=1, **kw)
+    assert r.manifest.num_samples == 6
+    with pytest.raises(SourceError, match=r"s3://dsc-src/VOC2012/ImageSets/Main/nope.txt: no such split file"):
+        dsc.compile_voc("s3://dsc-src/VOC2012", tmp_path / "o", split="nope", **kw)
+
+
 def test_a_delta_table_in_s3(s3, tmp_path):
     deltalake = pytest.importorskip("deltalake")
     from test_versions import _rows

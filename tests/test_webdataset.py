@@ -162,23 +162,107 @@ def test_cli_sources_take_urls_and_name_a_missing_slash(tmp_path):
         dsc.compile_webdataset(str(tmp_path / "nothing"), tmp_path / "o")
 
 
-def test_other_members_are_read_for_fields_once_mapped(wds, monkeypatch):
-    """The member -> field path that value field kinds will use: records carry their other members, the fetch
-    decodes those ``MEMBER_FIELDS`` names (text, json, arrays from .npy) into ``Item.fields``."""
+def _npy(a) -> bytes:
     import numpy as np
 
-    from dsc.compiler.sources import webdataset as W
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=True)
+    return buf.getvalue()
 
+
+def _fielded_tars(folder: Path, out: Path) -> list[Path]:
+    """The ImageFolder packed with .txt, .json and an .npy member (a float32[3] per sample: its index)."""
+    import numpy as np
+
+    tars = pack_webdataset(folder, out, per_tar=5)
+    k = 0
+    for t in tars:
+        with tarfile.open(t) as tf:
+            keys = [m.name.rsplit(".", 1)[0] for m in tf.getmembers() if m.name.endswith(".cls")]
+        emb = {key: _npy(np.arange(3, dtype=np.float32) + k + j) for j, key in enumerate(keys)}
+        k += len(keys)
+        with tarfile.open(t) as tf:
+            members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+        with tarfile.open(t, "w", format=tarfile.USTAR_FORMAT) as tf:
+            for m, data in members:
+                tf.addfile(m, io.BytesIO(data))
+                if m.name.endswith(".txt"):
+                    key = m.name[:-4]
+                    info = tarfile.TarInfo(key + ".npy")
+                    info.size = len(emb[key])
+                    tf.addfile(info, io.BytesIO(emb[key]))
+    return tars
+
+
+def test_txt_json_npy_members_are_fields_in_ds_and_loader_batches(tmp_path):
+    """The members present besides the image and .cls are kept as fields named by their extension: .txt text,
+    .json json, .npy an array (numpy's format); ds[i] and the Loader's batches carry them exactly."""
+    import numpy as np
+    import torch
+
+    folder = tmp_path / "folder"
+    write_imagefolder(folder, num_classes=2, per_class=5, size_range=(30, 50), seed=3)
+    _fielded_tars(folder, tmp_path / "tars")
+    r = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "out", **OPTS)
+    ds = dsc.open(r.path)
+    f = ds.manifest.fields
+    assert {k: f[k]["kind"] for k in ("txt", "json", "npy")} == {"txt": "text", "json": "json", "npy": "array"}
+    assert (f["npy"]["dtype"], f["npy"]["shape"]) == ("float32", [3])
+    assert r.manifest.source["members"] == {"json": ".json", "npy": ".npy", "txt": ".txt"}
+    for i in range(10):
+        s = ds[i]
+        c = s["label"]
+        assert s["txt"] == f"a picture of class_{c:02d}"
+        assert s["json"] == {"label": c, "file": f"img_{i % 5:05d}.jpg"}
+        npy = s["npy"].numpy() if hasattr(s["npy"], "numpy") else np.asarray(s["npy"])
+        assert npy.dtype == np.float32 and npy.tolist() == [i, i + 1, i + 2]
+    batch = next(iter(dsc.Loader(ds, batch_size=10, order="sequential")))
+    assert batch["npy"].dtype == torch.float32 and batch["npy"].tolist() == [[i, i + 1, i + 2] for i in range(10)]
+    assert batch["txt"] == [ds[i]["txt"] for i in range(10)] and batch["json"] == [ds[i]["json"] for i in range(10)]
+    # --member picks and types them; 'none' keeps none
+    res = CliRunner().invoke(main, ["compile", "webdataset", str(tmp_path / "tars"), str(tmp_path / "picked"),
+                                    "--member", "txt", "--member", "npy:float16[3]", "--size", "24,32", "-q"])
+    assert res.exit_code == 0, res.output
+    f = dsc.open(tmp_path / "picked").manifest.fields
+    assert set(f) == {"txt", "npy"} and f["npy"]["dtype"] == "float16"
+    assert "json" not in dsc.open(tmp_path / "picked")[0]
+    r = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "none", members=["none"], **OPTS)
+    assert not r.manifest.fields and any("members not stored: .json (10 samples), .npy (10 samples), .txt" in w
+                                         for w in r.warnings), r.warnings
+
+
+def test_a_changed_caption_is_a_changed_sample_in_an_update(wds, tmp_path):
+    """The scan reads the .txt members into the records: an --update sees a new caption whose image did not
+    change (and stores it, without decoding the image again)."""
     _, tars, _ = wds
-    monkeypatch.setattr(W, "MEMBER_FIELDS", {"txt": "text", "json": "json"})
-    src = W.WebDatasetSource(src=str(tars / "00001.tar"))
-    records = src.scan().records
-    item = src.fetcher(records)(records[3])
-    assert item.fields == {"txt": "a picture of class_01", "json": {"label": 1, "file": "img_00003.jpg"}}
-    assert item.obj.getvalue()[:2] == b"\xff\xd8"  # the JPEG
-    buf = __import__("io").BytesIO()
-    np.save(buf, np.arange(6, dtype=np.float32).reshape(2, 3))
-    monkeypatch.setattr(W, "MEMBER_FIELDS", {"npy": "array"})
-    assert W.member_value("npy", buf.getvalue(), "x").tolist() == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(SampleError, match="x: .*its .npy member is not array"):
-        W.member_value("npy", b"not npy", "x")
+    src = tmp_path / "tars"
+    shutil.copytree(tars, src)
+    out = tmp_path / "out"
+    dsc.compile_webdataset(str(src), out, **OPTS)
+    _rewrite(src / "00001.tar", lambda name, data: b"a new caption" if name == "class_01_img_00004.txt" else data)
+    r = dsc.compile_webdataset(str(src), out, update=True, **OPTS)
+    assert r.committed and r.plan["unchanged"] == 29 and r.plan["decoded"] == 0, r.plan
+    ds = dsc.open(out)
+    assert ds[ds.keys.index("00001.tar/class_01_img_00004")]["txt"] == "a new caption"
+    fresh = tmp_path / "fresh"
+    dsc.compile_webdataset(str(src), fresh, **OPTS)
+    assert samples(dsc.open(out)) == samples(dsc.open(fresh))
+
+
+def test_a_bad_npy_or_json_member_is_a_named_skip(tmp_path):
+    import numpy as np
+
+    folder = tmp_path / "folder"
+    write_imagefolder(folder, num_classes=2, per_class=5, size_range=(30, 50), seed=3)
+    tars = _fielded_tars(folder, tmp_path / "tars")
+    pickled = _npy(np.array([{"a": 1}, None, 3], dtype=object))  # an object array: a pickle, never loaded
+    _rewrite(tars[0], lambda name, data: b"{not json" if name == "class_00_img_00001.json" else
+             (pickled if name == "class_00_img_00002.npy" else data))
+    with pytest.raises(SampleError, match=r"00000.tar.*\.json member is not JSON"):
+        dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "fail", **OPTS)
+    r = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "skip", on_error="skip", **OPTS)
+    reasons = {s["key"]: s["reason"] for s in r.skipped}
+    assert r.manifest.num_samples == 8
+    assert "its .json member is not JSON" in reasons["00000.tar/class_00_img_00001"]
+    assert "its .npy member is not a .npy array" in reasons["00000.tar/class_00_img_00002"]
+    assert "allow_pickle" in reasons["00000.tar/class_00_img_00002"]

@@ -17,6 +17,8 @@ the same affine map as the boxes; a joint that is hidden (v = 0) or leaves the s
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from ..errors import SampleError
@@ -26,6 +28,7 @@ from .decode import SWAPS_AXES, orient_array
 from .geometry import Plan
 from .masks import apply_plan_nearest, decode_mask, segmentation_mask
 from .sources.base import InstanceId, NormalizedPolygons
+from .sources.inputs import is_remote, read_bytes
 
 
 def _raster(shape, h: int, w: int, files: dict, where: str) -> np.ndarray:
@@ -34,7 +37,10 @@ def _raster(shape, h: int, w: int, files: dict, where: str) -> np.ndarray:
         return segmentation_mask(polys, h, w)
     if isinstance(shape, InstanceId):
         if shape.path not in files:
-            files[shape.path] = decode_mask(shape.path, shape.path)
+            obj = shape.path
+            if is_remote(obj):  # (an object in a bucket: VOC's SegmentationObject under a URL root)
+                obj = io.BytesIO(read_bytes(obj))
+            files[shape.path] = decode_mask(obj, shape.path)
         ids = files[shape.path]
         if ids.shape != (h, w):
             raise ValueError(f"the instance mask {shape.path} is {ids.shape[1]}x{ids.shape[0]} but its image is "

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...errors import DscError, SourceError
-from .inputs import is_remote, read_bytes
+from .inputs import RemotePath, identity, is_remote, read_bytes
 
 
 def utf8(text: str) -> bool:
@@ -244,6 +244,9 @@ def file_problem(path) -> str | None:
     optional file (a YOLO label, a VOC XML) as 'none' must still refuse one that is there but unreadable."""
     import stat
 
+    if is_remote(path):  # an object in a bucket: there or not (a folder's listing says so, else a HEAD request)
+        there = path.is_file() if isinstance(path, RemotePath) else identity(os.fspath(path)) is not None
+        return None if there else "missing"
     try:
         st = os.stat(path)
     except FileNotFoundError:

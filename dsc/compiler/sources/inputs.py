@@ -162,3 +162,114 @@ def read_bytes(path: str, limit: int | None = None) -> bytes:
     if limit is not None and len(data) > limit:
         raise SourceError(f"{path}: more than {limit:,} bytes")
     return data
+
+
+class RemotePath(os.PathLike):
+    """A folder or object under a URL prefix, with the few ``pathlib.Path`` operations the layout sources (YOLO,
+    VOC) walk their root with: ``/``, ``parent``, ``name``, ``stem``, ``suffix``, ``is_file``, ``is_dir``,
+    ``glob("*.txt")`` (its direct children), ``exists``. What exists comes from one listing of the root
+    (``remote_root``), so a scan costs one listing, not a request per file. ``str()`` / ``os.fspath`` is the URL."""
+
+    def __init__(self, url: str, listing: "_Listing"):
+        self.url, self._listing = url.rstrip("/"), listing
+
+    def __fspath__(self) -> str:
+        return self.url
+
+    __str__ = __fspath__
+
+    def __repr__(self):
+        return f"RemotePath({self.url!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, RemotePath) and other.url == self.url
+
+    def __hash__(self):
+        return hash(self.url)
+
+    def __truediv__(self, rel) -> "RemotePath":
+        rel = os.fspath(rel)
+        if is_remote(rel):
+            return RemotePath(rel, self._listing)
+        scheme, rest = self.url.split("://", 1)
+        bucket, _, key = rest.partition("/")
+        import posixpath
+
+        key = posixpath.normpath(posixpath.join("/" + key, rel.replace(os.sep, "/"))).lstrip("/")
+        return RemotePath(f"{scheme}://{bucket}/{key}", self._listing)
+
+    @property
+    def parent(self) -> "RemotePath":
+        return self / ".."
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        n = self.name
+        return n[n.rindex("."):] if "." in n.lstrip(".") else ""
+
+    @property
+    def stem(self) -> str:
+        return self.name[:len(self.name) - len(self.suffix)]
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def as_posix(self) -> str:
+        return self.url
+
+    def is_file(self) -> bool:
+        return self._listing.has(self.url)
+
+    def exists(self) -> bool:
+        return self.is_file() or self.is_dir()
+
+    def is_dir(self) -> bool:
+        return bool(self._listing.under(self.url))
+
+    def glob(self, pattern: str) -> list["RemotePath"]:
+        import fnmatch
+
+        return [RemotePath(u, self._listing) for u in self._listing.under(self.url)
+                if "/" not in u[len(self.url) + 1:] and fnmatch.fnmatch(u.rsplit("/", 1)[-1], pattern)]
+
+
+class _Listing:
+    """The objects under a URL prefix (one listing), asked by URL; outside it, one request each."""
+
+    def __init__(self, prefix: str):
+        import bisect
+
+        self.prefix = prefix.rstrip("/") + "/"
+        self.urls = [u for u, _ in list_objects(prefix)]
+        self.known = set(self.urls)
+        self._bisect = bisect.bisect_left
+
+    def covers(self, url: str) -> bool:
+        return url.startswith(self.prefix)
+
+    def has(self, url: str) -> bool:
+        if self.covers(url):
+            return url in self.known
+        return identity(url) is not None
+
+    def under(self, url: str) -> list[str]:
+        pre = url.rstrip("/") + "/"
+        if not (self.covers(pre) or pre == self.prefix):
+            return [u for u, _ in list_objects(url)] if is_prefix(url) else []
+        i = self._bisect(self.urls, pre)
+        out = []
+        while i < len(self.urls) and self.urls[i].startswith(pre):
+            out.append(self.urls[i])
+            i += 1
+        return out
+
+
+def remote_root(url: str, listed: str | None = None) -> RemotePath:
+    """The folder (or object) ``url`` as a :class:`RemotePath`, its existence known from one listing of ``listed``
+    (default: ``url`` itself)."""
+    url = check_input(url).rstrip("/")
+    return RemotePath(url, _Listing(listed or url))

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import SourceError
 from .coco import inside
+from .inputs import RemotePath, check_input, is_remote, relative, remote_root
 from .base import (ALLOW_OUTSIDE, DROP_EMPTY, InstanceId, MaskInfo, Param, Record, ScannedSource, Source, Target,
                    file_problem, read_input)
 
@@ -105,13 +106,20 @@ def _parse_xml(path: Path):
     return _text(root, "filename", path, ""), wh, objs
 
 
+def _inside(folder, name: str, where: str, allow_outside: bool):
+    """``inside`` for a local folder or a :class:`RemotePath` (the object's path, as one)."""
+    if isinstance(folder, RemotePath):
+        return folder / inside(str(folder), name, where, allow_outside)
+    return inside(folder, name, where, allow_outside)
+
+
 VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
                "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
 
 
 def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None,
              masks: bool | str = False, allow_outside_images: bool = False) -> ScannedSource:
-    root = Path(os.path.abspath(root))
+    root = remote_root(root) if is_remote(check_input(root)) else Path(os.path.abspath(root))  # (a bucket: one listing)
     kinds = {"semantic"} if masks is True else set(masks.split(",")) if masks else set()
     instance, masks = "instance" in kinds, "semantic" in kinds
     listed = masks or instance  # the split of ImageSets/Segmentation
@@ -139,19 +147,19 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
             filename, wh, objs = "", None, []  # a segmentation image needs no boxes
         else:
             filename, wh, objs = _parse_xml(xml)
-        img = inside(root / "JPEGImages", filename or f"{iid}.jpg", str(xml), allow_outside_images)
+        img = _inside(root / "JPEGImages", filename or f"{iid}.jpg", str(xml), allow_outside_images)
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
         mask = root / "SegmentationClass" / f"{iid}.png"
         mask_state = file_problem(mask) if masks else None
         if mask_state:
-            invalid.append((Path(os.path.relpath(img, root)).as_posix(),
+            invalid.append((relative(os.fspath(img), root),
                             f"{mask}: the mask of id {iid} (listed in {split_file.name}) is {mask_state}"))
             continue
         objects_png = root / "SegmentationObject" / f"{iid}.png"
         state = file_problem(objects_png) if instance else None
         if state:
-            invalid.append((Path(os.path.relpath(img, root)).as_posix(),
+            invalid.append((relative(os.fspath(img), root),
                             f"{objects_png}: the instance mask of id {iid} (listed in {split_file.name}) is {state}"))
             continue
         parsed.append((iid, xml, img, wh, objs))
@@ -167,7 +175,7 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         if unknown:
             raise SourceError(f"{xml}: object class {unknown[0]!r} is not in the "
                               + ("given classes" if classes is not None else "20 VOC classes (pass --classes)"))
-        records.append(Record(key=Path(os.path.relpath(img, root)).as_posix(), path=str(img), target=Target(
+        records.append(Record(key=relative(os.fspath(img), root), path=str(img), target=Target(
             boxes=np.array([o[1] for o in objs], np.float64).reshape(-1, 4),
             labels=np.array([index[o[0]] for o in objs], np.int64), image_id=k, source=str(xml), size=wh,
             attrs={"difficult": np.array([o[2] for o in objs], np.uint8),

@@ -13,8 +13,13 @@ unit's image members (one sequential pass over a range of a tar). A unit of work
 shard may span the end of one tar and the start of the next), so the resume journal and ``--update`` see
 a changed tar through its size and modification time (an object's ETag). Keys are ``<tar file name>/<key>``.
 
-The other members become fields once dsc has field kinds for them (text, json, arrays): ``MEMBER_FIELDS``
-is where a member's extension is mapped to a field. Until then the image and the label are compiled.
+The other members become value fields, named by their extension as WebDataset's ``to_tuple("jpg", "cls", "txt")``
+names them (a dot or dash in it becomes ``_``: ``emb.npy`` -> ``emb_npy``): by default those of ``MEMBER_FIELDS``
+the first sample has (``.txt`` -> text, ``.json`` -> json, ``.npy`` -> an array, read with numpy's format, never
+a pickle); ``--member EXT[:KIND]`` (repeatable) names them instead (KIND: text, json, bytes, array, or a declared
+kind such as ``float16[768]``; ``--member none`` keeps none). The scan reads them into the records (so
+``--update`` sees a changed caption whose image did not change); a member that does not decode, or a sample
+without a member the first sample has, is a named skip. Members kept by none of these are named in a warning.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ...errors import SampleError, SourceError
+from ...formats.fields import declared_spec, infer_spec
+from ...formats.manifest import batch_name_problem
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
 from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, read_bytes, size_of
 
@@ -35,11 +42,10 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 INDEX_THREADS = 8  # tars indexed at once by the scan (each a stream of header reads)
 MAX_LABEL_BYTES = 1 << 20
 
-# How the members a sample has besides its image and label become fields: extension -> field kind ("text",
-# "json", "array"). Empty until dsc has value field kinds: every record already carries its other members'
-# (extension, offset, size) (``Record.member[3]``) and ``fetch`` reads and decodes the ones named here into
-# ``Item.fields``; what is left is declaring them in the scan (``ScannedSource.fields``). See the module docstring.
-MEMBER_FIELDS: dict[str, str] = {}
+# The members a sample has besides its image and label that become fields by default (when the first sample
+# has them): extension -> how it decodes ("text": UTF-8, "json", "array": a .npy, "bytes": as is).
+MEMBER_FIELDS: dict[str, str] = {"txt": "text", "text": "text", "json": "json", "npy": "array"}
+MAX_MEMBER_BYTES = 1 << 26  # a member read into a field by the scan; anything larger is not a value
 
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext: key up to the first dot
 
@@ -137,6 +143,7 @@ class Sample:
     label: int
     members: dict
     problem: str | None = None
+    values: dict | None = None  # extension -> decoded value of the members read for fields
 
 
 def _label_of(data: bytes, ext: str, key_name: str | None) -> int:
@@ -158,9 +165,29 @@ def _label_of(data: bytes, ext: str, key_name: str | None) -> int:
         raise ValueError(f"the .{ext} member holds {data[:40]!r}, not an integer class index") from None
 
 
-def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str | None) -> tuple[list[Sample], str | None]:
+def decode_member(data: bytes, ext: str, how: str):
+    """A member's value for its field: ``how`` "text" (UTF-8), "json", "array" (a .npy, numpy's format, never a
+    pickle) or "bytes". Raises ValueError naming the member."""
+    try:
+        if how == "text":
+            return data.decode("utf-8")
+        if how == "json":
+            return json.loads(data)
+        if how == "array":
+            import numpy as np
+
+            return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, UnicodeDecodeError, OSError, EOFError) as e:
+        what = {"text": "UTF-8 text", "json": "JSON", "array": "a .npy array (numpy's format, no pickles)"}[how]
+        raise ValueError(f"its .{ext} member is not {what} ({e})") from None
+    return data
+
+
+def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str | None,
+              read: dict | None = None) -> tuple[list[Sample], str | None]:
     """The samples of one tar in member order, and what cut it short (a truncated tar: None when whole). Reads
-    the headers, and each label member; never the images. Runs on a thread of the scan or on a Dask worker."""
+    the headers, each label member and the members of ``read`` (extension -> how it decodes: ``decode_member``);
+    never the images. Runs on a thread of the scan or on a Dask worker."""
     size = size_of(tar)
     samples: list[Sample] = []
     cut = None
@@ -216,21 +243,39 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                            f"(--image-ext names the extensions)")
             if image_ext_found is not None:
                 image = members[image_ext_found]
+            wanted = [e for e in (read or {}) if e in members and e != image_ext_found]
+            blobs = {}  # the label's and the fields' members, read in tar order (a stream reads on, never back)
+            if problem is None:
+                if label_member is not None and label_member in members \
+                        and members[label_member][2] <= MAX_LABEL_BYTES:
+                    wanted.append(label_member)
+                big = next((e for e in wanted if e != label_member and members[e][2] > MAX_MEMBER_BYTES), None)
+                if big is not None:
+                    problem = f"the .{big} member has {members[big][2]:,} bytes, too many for a field"
+                for e in sorted(set(wanted), key=lambda e: members[e][1]) if problem is None else ():
+                    f.seek(members[e][1])
+                    blobs[e] = f.read(members[e][2])
             if problem is None and label_member is not None:
                 if label_member not in members:
                     problem = (f"no .{label_member} member for its label (--no-label compiles images only"
                                + (", --label-key takes it from the .json member" if label_key is None else "") + ")")
+                elif label_member not in blobs:
+                    problem = f"the .{label_member} member has {members[label_member][2]:,} bytes, too many for a label"
                 else:
-                    name, off, n = members[label_member]
-                    if n > MAX_LABEL_BYTES:
-                        problem = f"the .{label_member} member has {n:,} bytes, too many for a label"
-                    else:
-                        f.seek(off)
-                        try:
-                            label = _label_of(f.read(n), label_member, label_key)
-                        except ValueError as e:
-                            problem = str(e)
-            samples.append(Sample(key, image, label, {e: (o, n) for e, (_, o, n) in members.items()}, problem))
+                    try:
+                        label = _label_of(blobs[label_member], label_member, label_key)
+                    except ValueError as e:
+                        problem = str(e)
+            values = {}
+            for ext, how in (read or {}).items():
+                if problem is not None or ext not in blobs:
+                    continue
+                try:
+                    values[ext] = decode_member(blobs[ext], ext, how)
+                except ValueError as e:
+                    problem = str(e)
+            samples.append(Sample(key, image, label, {e: (o, n) for e, (_, o, n) in members.items()}, problem,
+                                  values))
     return samples, cut
 
 
@@ -244,8 +289,9 @@ class WebDatasetSource(Source):
 
     Local or in object storage (s3://, gs://, az://). Samples are grouped by key as WebDataset does (the path
     up to the first dot of a member's file name); the image is the first member found of --image-ext, the
-    label the integer in the .cls member (--label-ext) or a key of the .json member (--label-key). Tars are
-    streamed, never unpacked to disk."""
+    label the integer in the .cls member (--label-ext) or a key of the .json member (--label-key). The .txt,
+    .json and .npy members become fields named by their extension (--member picks them). Tars are streamed,
+    never unpacked to disk."""
 
     name = "webdataset"
     task = "classification"
@@ -260,6 +306,11 @@ class WebDatasetSource(Source):
         Param("label_key", "Take the label from this key of the sample's .json member instead."),
         Param("no_label", "The samples have no labels (images only).", type="flag", default=False, python=False),
         Param("classes", "Comma-separated class names (default: the label values).", type="csv"),
+        Param("members", "A member stored as a field named by its extension: EXT or EXT:KIND (KIND: text, json, "
+                         "bytes, array for a .npy, or a declared kind such as float16[768]; omitted: text for "
+                         ".txt, json for .json, array for .npy). Repeat it for more; 'none' keeps none. Default: "
+                         "the .txt, .json and .npy members the first sample has.",
+              type="csv", flag="--member", multiple=True, metavar="EXT[:KIND]"),
     )
 
     # (set by the compile for its scan: a map(fn, items) on the cluster's workers; threads by default)
@@ -279,19 +330,84 @@ class WebDatasetSource(Source):
     def labelled(self) -> bool:
         return self.label_ext is not None or self.label_key is not None
 
+    def _member_decls(self) -> list | None:
+        """[(ext, field name, declared spec or None)] of ``--member``; None: the default (see MEMBER_FIELDS)."""
+        if not self.members:
+            return None
+        if [m.strip().lower() for m in self.members] == ["none"]:
+            return []
+        out = []
+        for text in self.members:
+            ext, _, kind = str(text).partition(":")
+            ext = ext.strip().lower().lstrip(".")
+            if not ext:
+                raise SourceError(f"--member {text!r}: give a member extension (EXT or EXT:KIND)")
+            if ext in self.image_ext or ext == self.label_ext and self.label_key is None:
+                raise SourceError(f"--member {text!r}: .{ext} is the sample's image or label member already")
+            name = member_field_name(ext)
+            problem = batch_name_problem(name, {"image", "label"})
+            if problem:
+                raise SourceError(f"--member {text!r}: the field name {name!r} {problem}")
+            kind = kind.strip()
+            if not kind or kind == "array":
+                out.append((ext, name, {"how": kind or MEMBER_FIELDS.get(ext, "bytes")}))
+                continue
+            try:
+                spec = {**declared_spec(kind), "declared": True}
+            except ValueError as e:
+                raise SourceError(f"--member {text!r}: {e}") from None
+            out.append((ext, name, spec))
+        return out
+
     def scan(self) -> ScannedSource:
         tars = tar_list(self.src)
         label_ext = self.label_ext if self.label_key is None else None
-        index = _Index(self.image_ext, label_ext, self.label_key)
+        decls = self._member_decls()
+        taken = {*self.image_ext, label_ext}
+        if decls is None:
+            read = {e: how for e, how in MEMBER_FIELDS.items() if e not in taken}
+        else:
+            read = {e: (spec["how"] if "how" in spec else _how(spec)) for e, _, spec in decls}
+        index = _Index(self.image_ext, label_ext, self.label_key, read)
         mapper = self.index_map or _threads
         found = mapper(index, tars)
         records, invalid = [], []
         names = tuple(self.classes) if self.classes else ()
+        first = next((s for samples, _ in found for s in samples if s.problem is None), None)
+        if decls is None:  # the default: the members of MEMBER_FIELDS the first sample has
+            have = first.values if first is not None else {}
+            decls = [(e, member_field_name(e), {"how": read[e]}) for e in sorted(have)]
+        specs = {}
+        for ext, name, spec in decls:
+            if "how" in spec:
+                how = spec["how"]
+                if how in ("text", "json", "bytes"):
+                    spec = {"kind": how}
+                elif first is None or ext not in first.values:
+                    spec = None  # (no sample to infer it from: every sample is skipped for lacking it)
+                else:
+                    try:
+                        spec = infer_spec(first.values[ext], name)
+                    except ValueError as e:
+                        raise SourceError(f"{self.src}: the .{ext} member of the first sample holds {e}; declare "
+                                          f"its kind with --member {ext}:KIND") from None
+            if spec is not None:
+                specs[name] = spec
+        unkept: dict[str, int] = {}
         for tar, (samples, cut) in zip(tars, found):
             tname = name_of(tar)
             for j, s in enumerate(samples):
                 key = f"{tname}/{s.key}"
                 problem = s.problem
+                if problem is None:
+                    lacking = next((e for e, _, _ in decls if e not in s.values), None)
+                    if lacking is not None:
+                        problem = (f"no .{lacking} member, which the first sample has (every sample gives the same "
+                                   f"fields; --member names the members kept)")
+                    kept = {*taken, "json" if self.label_key is not None else None, *(e for e, _, _ in decls)}
+                    for e in s.members:
+                        if e not in kept:
+                            unkept[e] = unkept.get(e, 0) + 1
                 if problem is None and names and not 0 <= s.label < len(names):
                     problem = f"label {s.label} is not a class index (0..{len(names) - 1})"
                 if problem is None and s.label < -1 or (self.labelled and problem is None and s.label < 0):
@@ -300,18 +416,26 @@ class WebDatasetSource(Source):
                     invalid.append((key, f"{tar}: {problem}"))
                     continue
                 name, off, n = s.image
-                others = tuple((e, o, k) for e, (o, k) in sorted(s.members.items()) if e in MEMBER_FIELDS)
                 records.append(Record(key=key, path=tar, label=s.label if self.labelled else -1, row=j,
-                                      member=(name, off, n, others)))
+                                      member=(name, off, n, ()),
+                                      fields=tuple((fname, s.values[e]) for e, fname, _ in decls)))
             if cut is not None:
                 invalid.append((f"{tname}/*", f"{tar}: {cut}"))
         if not records and not invalid:
             raise SourceError(f"{self.src}: the tars hold no samples")
+        for e in [e for e in unkept if e in self.image_ext]:
+            del unkept[e]  # (a second image format of a sample: the first of --image-ext is its image)
+        warnings = ()
+        if unkept:
+            warnings = (f"members not stored: {', '.join(f'.{e} ({n:,} samples)' for e, n in sorted(unkept.items()))}"
+                        f"; --member EXT[:KIND] keeps one as a field",)
         return ScannedSource(kind="webdataset", root=self.src, task="classification" if self.labelled else "images",
-                             records=records, classes=names, invalid=tuple(invalid),
+                             records=records, classes=names, invalid=tuple(invalid), fields=specs,
+                             warnings=warnings,
                              summary={"kind": "webdataset", "root": self.src, "tars": len(tars),
                                       "samples": len(records), "image_ext": list(self.image_ext),
-                                      "label": (f"json:{self.label_key}" if self.label_key else self.label_ext)})
+                                      "label": (f"json:{self.label_key}" if self.label_key else self.label_ext),
+                                      "members": {fname: "." + e for e, fname, _ in decls}})
 
     def fetcher(self, records: list[Record]):
         """A unit's images, read member by member in offset order from one open stream per tar (a sequential
@@ -325,14 +449,10 @@ class WebDatasetSource(Source):
                     f = opened[r.path] = open_input(r.path, sequential=True)
                 except FileNotFoundError:
                     raise SampleError(where(r), "the tar is gone since the scan") from None
-            name, off, n, others = r.member
-            got = {e: _member(f, r, o, k) for o, k, e in sorted([(off, n, ""), *((o, k, e) for e, o, k in others)])}
-            buf = io.BytesIO(got.pop(""))  # (the members in tar order: the stream reads on, never back)
+            name, off, n, _ = r.member
+            buf = io.BytesIO(_member(f, r, off, n))  # (the fields' members were read by the scan: Record.fields)
             buf.name = where(r)
-            item = Item(buf, r.label, None)
-            if got:
-                item.fields = {e: member_value(e, data, where(r)) for e, data in got.items()}
-            return item
+            return Item(buf, r.label, None)
         return fetch
 
     def config(self) -> dict:
@@ -347,29 +467,24 @@ def _member(f, r: Record, offset: int, n: int) -> bytes:
     return data
 
 
-def member_value(ext: str, data: bytes, at: str):
-    """A member's value for its field (``MEMBER_FIELDS[ext]``): text (UTF-8), json, or an array (``.npy``, never a
-    pickle). A member that does not decode is a SampleError naming it."""
-    kind = MEMBER_FIELDS.get(ext)
-    try:
-        if kind == "text":
-            return data.decode("utf-8")
-        if kind == "json":
-            return json.loads(data)
-        if kind == "array":
-            import numpy as np
+def member_field_name(ext: str) -> str:
+    """The field a member is stored as: its extension (``txt``), a dot or dash made ``_`` (``emb.npy`` ->
+    ``emb_npy``), ``m_`` before one that starts with a digit."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", ext)
+    return name if name[:1].isalpha() else "m_" + name
 
-            return np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise SampleError(at, f"its .{ext} member is not {kind} ({e})") from None
-    return data
+
+def _how(spec: dict) -> str:
+    """How a member decodes for a declared kind: text, json and bytes as such, numbers and arrays from a .npy."""
+    return spec["kind"] if spec.get("kind") in ("text", "json", "bytes") else "array"
 
 
 class _Index:
     """``index_tar`` with the source's settings, as one picklable callable (it travels to Dask workers)."""
 
-    def __init__(self, image_ext, label_ext, label_key):
+    def __init__(self, image_ext, label_ext, label_key, read=None):
         self.image_ext, self.label_ext, self.label_key = tuple(image_ext), label_ext, label_key
+        self.read = dict(read or {})
 
     def __call__(self, tar: str):
-        return index_tar(tar, self.image_ext, self.label_ext, self.label_key)
+        return index_tar(tar, self.image_ext, self.label_ext, self.label_key, self.read)

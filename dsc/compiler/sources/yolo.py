@@ -20,7 +20,8 @@ import numpy as np
 from ...errors import SourceError
 from ...formats.fields.keypoints import KeypointsSpec
 from .base import DROP_EMPTY, NormalizedPolygons, Param, Record, ScannedSource, Source, Target, file_problem, read_input
-from .imagefolder import walk_images
+from .imagefolder import images_under
+from .inputs import RemotePath, check_input, is_remote, relative, remote_root
 
 
 def _load_yaml(path: Path) -> dict:
@@ -57,10 +58,9 @@ def _names(yaml_path: Path, names) -> tuple[str, ...]:
 
 
 def _image_files(entry: str, root: Path, problems: list) -> list[Path]:
-    p = Path(entry)
-    p = p if p.is_absolute() else root / p
+    p = root / entry if isinstance(root, RemotePath) or not Path(entry).is_absolute() else Path(entry)
     if p.is_dir():
-        return [Path(f) for f in walk_images(p, problems)]
+        return [root / f if isinstance(root, RemotePath) else Path(f) for f in images_under(p, problems)]
     if p.suffix == ".txt" and file_problem(p) != "missing":  # read_input names a FIFO or a folder
         out = []
         for line in read_input(p, "image list").splitlines():
@@ -74,8 +74,10 @@ def _image_files(entry: str, root: Path, problems: list) -> list[Path]:
 
 def label_path(image: Path) -> Path:
     s = str(image)
-    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    return Path(sb.join(s.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt")
+    sep = "/" if isinstance(image, RemotePath) else os.sep
+    sa, sb = f"{sep}images{sep}", f"{sep}labels{sep}"
+    label = sb.join(s.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt"
+    return image / label if isinstance(image, RemotePath) else Path(label)
 
 
 def _pose(yaml_path: Path, cfg: dict) -> tuple[KeypointsSpec, int] | None:
@@ -144,8 +146,14 @@ def _parse_labels(path: Path, num_classes: int, instance: bool = False, pose: tu
 
 def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os.PathLike | None = None,
               classes_file: str | os.PathLike | None = None, masks: str | None = None) -> ScannedSource:
-    root = Path(os.path.abspath(root))
-    yaml_path = Path(os.path.abspath(data_yaml)) if data_yaml else root / "data.yaml"
+    if is_remote(check_input(root)):  # in a bucket: the same layout under a URL prefix (one listing)
+        root = remote_root(check_input(root))
+    else:
+        root = Path(os.path.abspath(root))
+    if data_yaml and is_remote(check_input(data_yaml)):
+        yaml_path = root / check_input(data_yaml) if isinstance(root, RemotePath) else remote_root(data_yaml)
+    else:
+        yaml_path = Path(os.path.abspath(data_yaml)) if data_yaml else root / "data.yaml"
     problems: list = []
     instance, pose = masks == "instance", None
     if not root.is_dir():
@@ -171,7 +179,8 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
             raise SourceError(f"{yaml_path}: split {split!r} must be a folder, a .txt list, or a list of those")
         files = [f for e in entries for f in _image_files(str(e), base, problems)]
     else:
-        cf = Path(classes_file) if classes_file else root / "classes.txt"
+        cf = (check_input(classes_file) if is_remote(check_input(classes_file)) else Path(classes_file)) \
+            if classes_file else root / "classes.txt"
         cf_state = file_problem(cf)
         if cf_state == "missing":
             raise SourceError(f"{root}: no data.yaml and no classes file ({cf}); give one of them")
@@ -185,7 +194,7 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
     records, negatives = [], 0
     for k, f in enumerate(files):
         lp = label_path(f)
-        key = Path(os.path.relpath(f, base)).as_posix()
+        key = relative(os.fspath(f), base)
         state = file_problem(lp)
         shapes, points = (), None
         if state is None:
