@@ -625,6 +625,13 @@ def test_unknown_flip_permutation_is_recorded_warned_and_shown(tmp_path):
         b = next(iter(dsc.Loader(ds, batch_size=2, transforms=[T.RandomHorizontalFlip(1.0)])))
     np.testing.assert_allclose(b["keypoints"][0, :, 0].numpy(), 32 - np.array([9.6, 24.0, 8.0]), atol=1e-4)
 
+    kps = torch.tensor([[[3.0, 4.0, 2.0], [5.0, 6.0, 2.0]]])  # dsc.compile(dataset) with neither names nor flip
+    items = [(np.zeros((12, 16, 3), np.uint8), {"boxes": torch.tensor([[1.0, 1.0, 9.0, 9.0]]),
+                                                 "labels": torch.tensor([0]), "keypoints": kps})] * 2
+    report = dsc.compile(items, tmp_path / "py", classes=["a"], progress=False, workers=1)
+    assert any("keypoint_flip_index" in w for w in report.warnings), report.warnings
+    assert dsc.open(tmp_path / "py").manifest.fields["keypoints"]["flip_index"] is None
+
 
 def test_flip_permutation_from_name_conventions_and_the_coco_option(coco, tmp_path):
     """Joint names tell the permutation by left/right, l_/r_, _l/_r, L/R conventions; COCO joints named
