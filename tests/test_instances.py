@@ -576,3 +576,117 @@ def test_bad_instance_annotations_are_named_skips(coco, tmp_path):
     assert len(r.skipped) == 3 and r.manifest.num_samples == len(data["images"]) - 3, reasons
     assert "keypoints that are not 17" in reasons and "no usable 'segmentation'" in reasons
     assert "cannot rasterise its mask" in reasons and "RLE is 5x5" in reasons
+
+
+# ----------------------------------------------------------------------------- review: unknown flip permutations
+def _yolo_pose(root, data_yaml: str):
+    """A 3-joint YOLO pose set of two 24x32 images, one person each."""
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    for k in range(2):
+        Image.fromarray(np.full((24, 32, 3), 40 * k, np.uint8)).save(root / "images" / "train" / f"{k}.png")
+        (root / "labels" / "train" / f"{k}.txt").write_text("0 0.5 0.5 0.5 0.5 0.3 0.4 2 0.25 0.5 2 0.75 0.5 1\n")
+    (root / "data.yaml").write_text("train: images/train\nnames: [person]\nkpt_shape: [3, 3]\n" + data_yaml)
+
+
+def test_unknown_flip_permutation_is_recorded_warned_and_shown(tmp_path):
+    """YOLO pose without flip_idx: the manifest says flip_index null (not a known identity), the compile warns
+    naming flip_idx (the CLI shows it), dsc info says so, and a Loader with a horizontal flip warns once;
+    with flip_idx it is the given permutation and nobody warns."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    _yolo_pose(tmp_path / "no", "")
+    report = dsc.compile_yolo(tmp_path / "no", tmp_path / "no_out", progress=False, workers=1)
+    assert any("flip permutation is unknown" in w and "flip_idx" in w for w in report.warnings), report.warnings
+    ds = dsc.open(tmp_path / "no_out")
+    assert ds.manifest.fields["keypoints"]["flip_index"] is None
+    r = CliRunner().invoke(main, ["compile", "yolo", str(tmp_path / "no"), str(tmp_path / "cli_out")])
+    assert r.exit_code == 0 and "flip_idx" in r.output, r.output
+    info = CliRunner().invoke(main, ["info", str(tmp_path / "no_out")])
+    assert info.exit_code == 0 and "flip permutation unknown" in info.output, info.output
+    with pytest.warns(UserWarning, match="no known flip permutation.*flip_idx"):
+        loader = dsc.Loader(ds, batch_size=2, transforms=[T.RandomHorizontalFlip(1.0)])
+    b = next(iter(loader))  # flipped, joints kept in place (nothing else to do without the permutation)
+    np.testing.assert_allclose(b["keypoints"][0, :, 0].numpy(), 32 - np.array([9.6, 8.0, 24.0]), atol=1e-4)
+    import warnings as w_
+    with w_.catch_warnings():
+        w_.simplefilter("error")
+        dsc.Loader(ds, batch_size=2, transforms=[T.RandomVerticalFlip(1.0)])  # no horizontal flip: no warning
+
+    _yolo_pose(tmp_path / "yes", "flip_idx: [0, 2, 1]\n")
+    report = dsc.compile_yolo(tmp_path / "yes", tmp_path / "yes_out", progress=False, workers=1)
+    assert not any("flip" in w for w in report.warnings)
+    ds = dsc.open(tmp_path / "yes_out")
+    assert ds.manifest.fields["keypoints"]["flip_index"] == [0, 2, 1]
+    with w_.catch_warnings():
+        w_.simplefilter("error")
+        b = next(iter(dsc.Loader(ds, batch_size=2, transforms=[T.RandomHorizontalFlip(1.0)])))
+    np.testing.assert_allclose(b["keypoints"][0, :, 0].numpy(), 32 - np.array([9.6, 24.0, 8.0]), atol=1e-4)
+
+    kps = torch.tensor([[[3.0, 4.0, 2.0], [5.0, 6.0, 2.0]]])  # dsc.compile(dataset) with neither names nor flip
+    items = [(np.zeros((12, 16, 3), np.uint8), {"boxes": torch.tensor([[1.0, 1.0, 9.0, 9.0]]),
+                                                 "labels": torch.tensor([0]), "keypoints": kps})] * 2
+    report = dsc.compile(items, tmp_path / "py", classes=["a"], progress=False, workers=1)
+    assert any("keypoint_flip_index" in w for w in report.warnings), report.warnings
+    assert dsc.open(tmp_path / "py").manifest.fields["keypoints"]["flip_index"] is None
+
+
+def test_flip_permutation_from_name_conventions_and_the_coco_option(coco, tmp_path):
+    """Joint names tell the permutation by left/right, l_/r_, _l/_r, L/R conventions; COCO joints named
+    otherwise get flip_index null and a warning naming --keypoint-flip, which gives it (CLI and Python)."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+    from dsc.formats.fields.keypoints import flip_index_from_names
+
+    assert flip_index_from_names(["nose", "Leye", "Reye", "Lear", "Rear"]) == [0, 2, 1, 4, 3]
+    assert flip_index_from_names(["nose", "l_eye", "r_eye", "knee_L", "knee_R"]) == [0, 2, 1, 4, 3]
+    assert flip_index_from_names(["eyeL", "eyeR", "LeftHand", "RightHand", "lHip", "rHip"]) == [1, 0, 3, 2, 5, 4]
+    assert flip_index_from_names(["head", "tail"]) is None and flip_index_from_names(["a"]) == [0]
+    ann, images, out, api = coco
+    data = json.loads(ann.read_text())
+    person = [c for c in data["categories"] if c.get("keypoints")][0]
+    names = person["keypoints"]
+    person["keypoints"] = [n.replace("left_", "L").replace("right_", "R") for n in names]  # Leye, Reye, ...
+    (tmp_path / "L.json").write_text(json.dumps(data))
+    dsc.compile_coco(tmp_path / "L.json", images, tmp_path / "L", progress=False, workers=1)
+    assert dsc.open(tmp_path / "L").manifest.fields["keypoints"]["flip_index"] == FLIP_INDS
+    person["keypoints"] = [f"joint{k}" for k in range(17)]
+    (tmp_path / "anon.json").write_text(json.dumps(data))
+    report = dsc.compile_coco(tmp_path / "anon.json", images, tmp_path / "anon", progress=False, workers=1)
+    assert any("flip permutation is unknown" in w and "--keypoint-flip" in w for w in report.warnings)
+    assert dsc.open(tmp_path / "anon").manifest.fields["keypoints"]["flip_index"] is None
+    r = CliRunner().invoke(main, ["compile", "coco", "--annotations", str(tmp_path / "anon.json"), "--images",
+                                  str(images), str(tmp_path / "given"), "--keypoint-flip", ",".join(map(str, FLIP_INDS))])
+    assert r.exit_code == 0 and "unknown" not in r.output, r.output
+    assert dsc.open(tmp_path / "given").manifest.fields["keypoints"]["flip_index"] == FLIP_INDS
+    with pytest.raises(dsc.errors.SourceError, match="give each of the 17 keypoints"):
+        dsc.compile_coco(tmp_path / "anon.json", images, tmp_path / "bad", keypoint_flip="0,1", progress=False)
+
+
+def test_short_polygon_parts_draw_as_pycocotools_does(coco, tmp_path):
+    """A polygon part of fewer than 3 points draws nothing and an odd last number is dropped, as pycocotools'
+    frPoly does (annToMask where it draws: such a part after a full polygon); a first part of 4 numbers, on
+    which annToMask raises TypeError (frPyObjects takes the list for boxes), is drawn by the same rule instead
+    of failing the image; the compile says so."""
+    ann, images, out, api = coco
+    data = json.loads(ann.read_text())
+    anns = [a for a in data["annotations"] if isinstance(a["segmentation"], list) and not a["iscrowd"]]
+    full = anns[0]["segmentation"][0]
+    anns[0]["segmentation"] = [full, [10, 10, 30, 10], [3, 3], full[:8] + [99]]  # + a 2-point, 1-point, odd part
+    anns[1]["segmentation"] = [[10, 10, 30, 10]]  # annToMask: TypeError
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    report = dsc.compile_coco(tmp_path / "a.json", images, tmp_path / "out", masks="instance,semantic",
+                              progress=False, workers=1)
+    assert not report.skipped and any("fewer than 3 points" in w for w in report.warnings), report.warnings
+    ref = pycoco.COCO(str(tmp_path / "a.json"))
+    with pytest.raises(TypeError):
+        ref.annToMask(ref.anns[anns[1]["id"]])
+    ds = dsc.open(tmp_path / "out")
+    for i in range(len(ds)):
+        s = ds[i]
+        for j, a in enumerate(_anns(ref, int(s["image_id"]))):
+            want = (np.zeros(s["image"].shape[:2], np.uint8) if a["id"] == anns[1]["id"] else ref.annToMask(a))
+            np.testing.assert_array_equal(s["masks"][j].numpy(), want)

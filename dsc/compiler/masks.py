@@ -152,11 +152,13 @@ def segmentation_mask(seg, h: int, w: int) -> np.ndarray:
         counts = seg["counts"]
         return rle_decode(rle_counts(counts) if isinstance(counts, str) else counts, h, w)
     reach = 4 * max(h, w) + 64  # a vertex may lie outside the image, not arbitrarily far (each edge is walked)
-    for p in seg:
-        xy = np.asarray(p, np.float64)
+    # pycocotools' frPoly takes len(p) // 2 points (an odd last number is dropped), and a part of fewer than 3
+    # points toggles every pixel it walks twice: it draws nothing (so it is not walked here)
+    seg = [np.asarray(p[:len(p) - len(p) % 2], np.float64) for p in seg if len(p) >= 6]
+    for xy in seg:
         if not np.all(np.isfinite(xy)) or np.abs(xy).max() > reach:
             raise ValueError(f"a polygon vertex lies far outside the {w}x{h} image (or is not finite)")
-    toggles = [_polygon_toggles(np.asarray(p, np.float64), h, w) for p in seg]
+    toggles = [_polygon_toggles(xy, h, w) for xy in seg]
     mask = np.zeros((h, w), bool)
     for t in toggles:  # several polygons: their union
         mask |= _toggles_to_mask(t, h, w)

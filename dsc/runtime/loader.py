@@ -32,6 +32,7 @@ from . import reads as R
 from .prefetch import EpochIterator, Ring
 from .storage import CACHES
 from ..transforms import BatchOp, Compose, Geometric, PIXEL_OPS
+from ..transforms.objects import unknown_flip_warning
 from .remote import CONNECTIONS, _local_processes
 
 
@@ -322,6 +323,10 @@ class Loader:
         self.transforms = _compose(transforms)
         if hasattr(self.transforms, "bind"):  # ops that need the dataset (MixUp/CutMix: its number of classes)
             self.transforms.bind(dataset)
+        flip_why = unknown_flip_warning(self.transforms.ops, dataset.schema) \
+            if isinstance(self.transforms, Compose) and hasattr(dataset, "schema") else None
+        if flip_why:  # (a warning, not a refusal: a set whose joints have no sides flips fine)
+            warnings.warn(flip_why, stacklevel=2)
         # transforms move packed boxes: a padded or list form is made after them (on the CPU; on CUDA after
         # the copy the transforms refuse it, naming the packed form)
         self._after_boxes = None

@@ -28,6 +28,7 @@ import torch
 from ..errors import DscError
 from ..formats.fields import Schema
 from .fused import ChainPlan, run_program
+from .geometric import RandomHorizontalFlip
 
 
 # ----------------------------------------------------------------------------- nearest maps
@@ -161,7 +162,7 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
     permuted by ``flip_index``; hidden or outside joints become (0, 0, 0). ``out_w``, ``out_h``: the output
     size, one for all or (M,) per row."""
     p = points.double()
-    if len(flip_index) and bool(hflip.any()):
+    if flip_index and bool(hflip.any()):  # (None: unknown, joints stay; the Loader warned)
         p = torch.where(hflip.view(-1, 1, 1), p[:, list(flip_index)], p)
     x, y, v = p[..., 0], p[..., 1], p[..., 2]
     f = fwd.to(p.device)
@@ -239,3 +240,22 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
         for k, role in points.items():
             batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[kept],
                                       out_h[kept])
+
+
+def unknown_flip_warning(ops, schema: Schema) -> str | None:
+    """The Loader's warning when ``ops`` (a Compose's, RandomChoice's nested) flip horizontally over keypoints
+    whose flip permutation the dataset does not know (``Role.flip_index`` None): the flip mirrors x and keeps
+    every joint in place, so a left joint ends up as the right one's label. None when there is nothing to say."""
+    unknown = [k for k, r in schema.keypoints().items() if r.flip_index is None]
+
+    def flips(op) -> bool:
+        if isinstance(op, RandomHorizontalFlip):
+            return op.p > 0
+        return hasattr(op, "hflips") or any(flips(o) for o in getattr(op, "ops", ()) or ())
+
+    if not unknown or not any(flips(op) for op in ops):
+        return None
+    return (f"the transforms flip horizontally, but the dataset's {', '.join(map(repr, unknown))} have no known flip "
+            f"permutation (manifest flip_index null): flipped samples keep every joint in place, so left and right "
+            f"joints trade sides. Recompile with the permutation (COCO: --keypoint-flip or left_/right_ joint names; "
+            f"YOLO: flip_idx in data.yaml; dsc.compile(dataset): dataset.keypoint_flip_index)")

@@ -14,7 +14,10 @@ id); annotations are drawn in file order, later over earlier, and crowd annotati
 pycocotools' ``annToMask``, overlaps and crowds included; crowd regions keep ``iscrowd=1``);
 ``"instance,semantic"`` both. Keypoints (person_keypoints files: ``annotations[].keypoints`` and the
 categories' ``keypoints`` names and 1-based ``skeleton``) are stored whenever the file has them, with the
-flip permutation from the names (``left_*`` <-> ``right_*``).
+flip permutation ``keypoint_flip`` gives, else the one the names tell (``flip_index_from_names``: ``left_*`` <->
+``right_*``, ``l_``/``r_``, ``_l``/``_r``, ``L``/``R`` prefixes...), else unknown (recorded as null, and a warning).
+A polygon part with fewer than 3 points draws nothing (an odd last number is dropped), as pycocotools'
+``frPoly`` draws it; an annotation made only of such parts has an empty mask, and the compile says so.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names
+from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names, unknown_flip_warning
 from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import is_image_file
 from .inputs import check_input, identity, is_remote, join, list_objects, name_of, relative
@@ -76,7 +79,7 @@ def inside(folder: Path, name: str, where: str, allow_outside: bool) -> Path:
 
 
 def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_category_ids: bool = False,
-              masks: str | None = None, allow_outside_images: bool = False) -> ScannedSource:
+              masks: str | None = None, allow_outside_images: bool = False, keypoint_flip=None) -> ScannedSource:
     remote = is_remote(check_input(images))  # images in a bucket: the folder is a URL prefix, kept as text
     ann_path = check_input(annotations) if is_remote(check_input(annotations)) else Path(os.path.abspath(annotations))
     img_dir = check_input(images).rstrip("/") if remote else Path(os.path.abspath(images))
@@ -86,7 +89,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
     kinds = set(masks.split(",")) if masks else set()
     instance = "instance" in kinds
     masks = "semantic" if "semantic" in kinds else None
-    kp_spec = _keypoints_spec(ann_path, data)
+    kp_spec = _keypoints_spec(ann_path, data, keypoint_flip)
     K = kp_spec.num_keypoints if kp_spec is not None else 0
 
     cats = {}
@@ -136,6 +139,7 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
         order.append(iid)
 
     per_image: dict[int, list] = {iid: [] for iid in images}
+    short: list = []  # annotations with polygon parts pycocotools draws as nothing (fewer than 3 points)
     bad: dict[int, str] = {}  # image id -> why it cannot be compiled (a bad sample: --on-error decides)
     for k, a in enumerate(data["annotations"]):
         aid = a.get("id", f"#{k}") if isinstance(a, dict) else f"#{k}"
@@ -161,6 +165,8 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
             if not _valid_segmentation(shape):  # the image cannot get its mask: a bad sample (--on-error)
                 bad.setdefault(iid, f"{ann_path}: annotation {aid} has no usable 'segmentation' (polygons "
                                     f"[[x, y, ...]] or RLE {{counts, size}}); --masks needs one per annotation")
+            elif isinstance(shape, list) and any(len(p) < 6 or len(p) % 2 for p in shape):
+                short.append(aid)
             seg = (shape, -1 if crowd else mask_value[cid]) if masks else None
         kp = None
         if K:
@@ -202,6 +208,16 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
              [p.name for p in img_dir.iterdir()])
     unlisted = sum(1 for n in names if "/" not in n and is_image_file(n) and n not in listed)
     warnings = []
+    if short:
+        warnings.append(f"{len(short)} annotations of {name_of(str(ann_path))} (the first: id {short[0]}) have polygon "
+                        f"parts of fewer than 3 points (e.g. [x1, y1, x2, y2]: they draw nothing) or of an odd count "
+                        f"of numbers (the last is dropped), drawn as pycocotools' frPoly draws them; an annotation "
+                        f"made only of parts of fewer than 3 points has an empty mask")
+    if kp_spec is not None and kp_spec.flip_index is None:
+        warnings.append(unknown_flip_warning(K, "with --keypoint-flip (keypoint_flip=): the joint each becomes under a "
+                                                "horizontal flip, 0-based, e.g. 0,2,1,4,3 (0,1,2,... if none swap), "
+                                                "or name the joints left_*/right_* (or l_/r_, L/R prefixes) in the "
+                                                "category's 'keypoints'"))
     if unlisted:
         warnings.append(f"{unlisted} image files in {img_dir} are not in {name_of(str(ann_path))} and are not "
                         f"compiled")
@@ -217,12 +233,26 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                  **({"keypoints": K} if K else {})})
 
 
-def _keypoints_spec(ann_path: Path, data: dict) -> KeypointsSpec | None:
+def _flip_option(ann_path, keypoint_flip, K: int) -> tuple[int, ...]:
+    """``--keypoint-flip 0,2,1,...``: checked to be a permutation of the K joints."""
+    try:
+        flip = tuple(int(v) for v in keypoint_flip)
+    except (TypeError, ValueError):
+        flip = None
+    if flip is None or sorted(flip) != list(range(K)):
+        raise SourceError(f"--keypoint-flip {','.join(map(str, keypoint_flip))}: give each of the {K} keypoints of "
+                          f"{name_of(str(ann_path))} once (0-based, the joint each becomes under a horizontal flip)")
+    return flip
+
+
+def _keypoints_spec(ann_path: Path, data: dict, keypoint_flip=None) -> KeypointsSpec | None:
     """The keypoints every annotation has K of, named by the categories that name them; None without any."""
     named = [c for c in data["categories"] if isinstance(c, dict) and c.get("keypoints")]
     counts = {len(a["keypoints"]) for a in data["annotations"] if isinstance(a, dict)
               and isinstance(a.get("keypoints"), list) and a["keypoints"]}
     if not named and not counts:
+        if keypoint_flip:
+            raise SourceError(f"--keypoint-flip: {name_of(str(ann_path))} has no keypoints")
         return None
     names = named[0]["keypoints"] if named else []
     if any(c["keypoints"] != names for c in named):
@@ -237,8 +267,13 @@ def _keypoints_spec(ann_path: Path, data: dict) -> KeypointsSpec | None:
     skeleton = named[0].get("skeleton") or [] if named else []
     try:
         edges = tuple((int(a) - 1, int(b) - 1) for a, b in skeleton)  # COCO's skeleton is 1-based
+        flip = flip_index_from_names(names or ["0"] * K) if names or K == 1 else None
+    except Exception as e:  # noqa: BLE001 - a malformed skeleton: one line
+        raise SourceError(f"{ann_path}: the keypoints' skeleton is not pairs of 1-based joint numbers ({e})") from None
+    flip = _flip_option(ann_path, keypoint_flip, K) if keypoint_flip else flip
+    try:
         return KeypointsSpec(num_keypoints=K, names=tuple(names), skeleton=edges,
-                             flip_index=tuple(flip_index_from_names(names) if names else range(K)))
+                             flip_index=None if flip is None else tuple(flip))
     except Exception as e:  # noqa: BLE001 - a malformed skeleton: one line
         raise SourceError(f"{ann_path}: the keypoints' skeleton is not pairs of 1-based joint numbers ({e})") from None
 
@@ -274,7 +309,7 @@ def _subfolders(d: Path) -> list[Path]:
 
 def _valid_segmentation(seg) -> bool:
     if isinstance(seg, list):
-        return bool(seg) and all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 and all(
+        return bool(seg) and all(isinstance(p, list) and all(  # short/odd parts: drawn as pycocotools does
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in p) for p in seg)
     if isinstance(seg, dict):
         size, counts = seg.get("size"), seg.get("counts")
@@ -305,13 +340,16 @@ class CocoSource(Source):
                        "both.",
               type="choice", choices=MASK_CHOICES, default=None),
         ALLOW_OUTSIDE,
+        Param("keypoint_flip", "The joint each keypoint becomes under a horizontal flip, 0-based and comma-separated "
+                               "(COCO person: 0,2,1,4,3,...; 0,1,2,... if none swap); default: from the joint names' "
+                               "left/right pairs, else unknown (a warning).", type="csv"),
         Param("captions", "A COCO captions JSON (captions_*.json): each image's captions stored beside its boxes, "
                           "as the field 'captions' (a JSON list of str, in the file's order).", type="file"),
     )
 
     def scan(self) -> ScannedSource:
         scanned = scan_coco(self.annotations, self.images, self.keep_category_ids, self.masks,
-                            self.allow_outside_images)
+                            self.allow_outside_images, self.keypoint_flip)
         return with_captions(scanned, Path(self.captions)) if self.captions else scanned
 
 

@@ -6,7 +6,7 @@ torchvision's VOCSegmentation gives). An iterable without ``__getitem__`` is rea
 A detection target may also carry ``masks`` (k, H, W) (one per box: stored per object, exactly) and
 ``keypoints`` (k, K, 3) x, y, visibility (or (k, K, 2): visible), torchvision's form; the joints' names and
 flip permutation come from ``dataset.keypoint_names`` / ``dataset.keypoint_flip_index`` if it has them
-(names alone: ``left_*`` <-> ``right_*``; neither: no swap).
+(names alone: their left/right pairs; neither: unknown, and compile warns).
 
 Any other target is stored as value fields (``formats/fields/columns.py``), never changed or dropped: a
 dict of named values (``{"label": 3, "score": 0.7, "caption": "...", "tags": [1, 5], "emb": ndarray}``; the
@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import ConfigError, DscError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
-from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names
+from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names, unknown_flip_warning
 from .base import Item, MaskInfo, Param, Record, ScannedSource, Source, Target, where
 
 # keys of a detection target that are the objects' (or torchvision's per-box extras, ignored as before), not fields
@@ -90,6 +90,8 @@ class DatasetSource(Source):
         return ScannedSource(kind="dataset", root=type(dataset).__name__, task=task, records=records, classes=names,
                              masks=MaskInfo(classes=names, wide=bool(wide)) if task == "segmentation" else None,
                              fields=fields, instance_masks=self._expect["instance"], keypoints=kp,
+                             warnings=(unknown_flip_warning(kp.num_keypoints, _FLIP_HOW),)
+                             if kp is not None and kp.flip_index is None else (),
                              summary={"kind": "dataset", "type": type(dataset).__name__, "num_samples": n})
 
     def fetcher(self, records: list[Record]):
@@ -285,6 +287,10 @@ def _target(target, r: Record, where: str):
                                  f"of named values)") from None
 
 
+_FLIP_HOW = ("as the dataset's keypoint_flip_index (the joint each becomes under a horizontal flip; "
+             "list(range(K)) if none swap), or keypoint_names with left/right names")
+
+
 def _keypoints_spec(dataset, first: Target):
     """The keypoints of a dataset whose first target has them: K, names, flip permutation."""
     if first.keypoints is None:
@@ -292,8 +298,11 @@ def _keypoints_spec(dataset, first: Target):
     K = first.keypoints.shape[1]
     names = tuple(str(n) for n in (getattr(dataset, "keypoint_names", None) or ()))
     flip = getattr(dataset, "keypoint_flip_index", None)
-    flip = tuple(int(v) for v in flip) if flip is not None else tuple(flip_index_from_names(names) if names
-                                                                       else range(K))
+    if flip is not None:
+        flip = tuple(int(v) for v in flip)
+    elif names or K == 1:
+        flip = flip_index_from_names(names or ["0"])
+        flip = tuple(flip) if flip is not None else None
     try:
         return KeypointsSpec(num_keypoints=K, names=names, flip_index=flip)
     except DscError as e:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from ...formats.fields.keypoints import KeypointsSpec
+from ...formats.fields.keypoints import KeypointsSpec, unknown_flip_warning
 from .base import DROP_EMPTY, NormalizedPolygons, Param, Record, ScannedSource, Source, Target, file_problem, read_input
 from .imagefolder import images_under
 from .inputs import RemotePath, check_input, is_remote, relative, remote_root
@@ -89,11 +89,11 @@ def _pose(yaml_path: Path, cfg: dict) -> tuple[KeypointsSpec, int] | None:
             and shape[0] > 0 and shape[1] in (2, 3)):
         raise SourceError(f"{yaml_path}: kpt_shape must be [number of keypoints, 2 or 3], got {shape!r}")
     K = shape[0]
-    flip = cfg.get("flip_idx", list(range(K)))
-    if not isinstance(flip, list) or sorted(flip) != list(range(K)):
+    flip = cfg.get("flip_idx", list(range(K)) if K == 1 else None)  # absent: unknown (scan_yolo warns)
+    if flip is not None and (not isinstance(flip, list) or sorted(flip) != list(range(K))):
         raise SourceError(f"{yaml_path}: flip_idx must list each of the {K} keypoints once (the joint each "
                           f"becomes under a horizontal flip), got {flip!r}")
-    return KeypointsSpec(num_keypoints=K, flip_index=tuple(int(v) for v in flip)), shape[1]
+    return KeypointsSpec(num_keypoints=K, flip_index=None if flip is None else tuple(int(v) for v in flip)), shape[1]
 
 
 def _parse_labels(path: Path, num_classes: int, instance: bool = False, pose: tuple | None = None):
@@ -214,6 +214,9 @@ def scan_yolo(root: str | os.PathLike, split: str = "train", data_yaml: str | os
             keypoints=points)))
     warnings = [f"{negatives} images of split {split!r} have no label file and are kept as negatives"] \
         if negatives else []
+    if pose is not None and pose[0].flip_index is None:
+        warnings.append(unknown_flip_warning(pose[0].num_keypoints, f"as flip_idx in {yaml_path.name} (the joint each "
+                                             f"becomes under a horizontal flip, as Ultralytics reads it)"))
     return ScannedSource(kind="yolo", root=str(base), task="detection", records=records, classes=classes,
                          warnings=tuple(warnings), invalid=tuple(problems), instance_masks=instance,
                          keypoints=pose[0] if pose is not None else None,

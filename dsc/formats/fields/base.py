@@ -41,7 +41,8 @@ class Role:
     resample: str = "bilinear"
     fill: float | None = None
     tail: tuple = ()  # pixels: each sample's trailing axes after (H, W), e.g. (3,) for RGB
-    flip_index: tuple = ()  # keypoints: joint j becomes joint flip_index[j] under a horizontal flip
+    flip_index: tuple | None = ()  # keypoints: joint j becomes joint flip_index[j] under a horizontal flip
+    # (None: the dataset does not know its permutation; flips keep the joints in place)
 
 
 class Schema(dict):

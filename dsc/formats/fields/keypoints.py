@@ -5,10 +5,13 @@ person_keypoints file) has K rows of zeros. Coordinates are continuous pixels (c
 boxes); visibility is COCO's 0 (not labelled, or outside the image: x = y = 0), 1 (labelled, occluded),
 2 (visible). Node: ``<name>/points`` (M, K, 3) float32. Manifest: ``fields.<name> = {"kind": "keypoints",
 "num_keypoints": K, "names": [...], "skeleton": [[a, b], ...] (0-based joint pairs), "flip_index": [...]}``:
-``flip_index[j]`` is the joint that joint ``j`` becomes under a horizontal flip (left <-> right).
+``flip_index[j]`` is the joint that joint ``j`` becomes under a horizontal flip (left <-> right);
+``null`` when the source did not say and the names do not tell (a horizontal flip then keeps every joint in
+place, which swaps a left joint onto the right side: compile and the Loader warn).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
@@ -25,13 +28,41 @@ from .objects import gather_rows
 ROLE = "keypoints"
 
 
-def flip_index_from_names(names) -> list[int]:
-    """COCO's rule when a file names its joints only: ``left_x`` and ``right_x`` swap, others stay."""
+_SIDE = {"left": "right", "right": "left", "Left": "Right", "Right": "Left", "LEFT": "RIGHT", "RIGHT": "LEFT",
+         "l": "r", "r": "l", "L": "R", "R": "L"}
+_SIDE_RULES = (  # tried in order on a name; the first whose counterpart is another listed name pairs them
+    re.compile(r"left|right", re.IGNORECASE),  # left_eye, eye_left, LeftHand, RIGHT_KNEE
+    re.compile(r"^[lLrR](?=[_\-. ])"),          # l_eye, R-knee
+    re.compile(r"(?<=[_\-. ])[lLrR]$"),         # eye_l, knee.R
+    re.compile(r"^[LR](?=.)|^[lr](?=[A-Z0-9])"),  # LEye, Leye, Rshoulder, lHip
+    re.compile(r"(?<=[a-z0-9])[LR]$"),          # eyeL, kneeR
+)
+
+
+def _side_swap(m: re.Match) -> str:
+    t = m.group(0)
+    return _SIDE.get(t) or (_SIDE[t.lower()].capitalize() if t[0].isupper() else _SIDE[t.lower()])
+
+
+def flip_index_from_names(names) -> list[int] | None:
+    """The flip permutation a file's joint names tell: the rules of ``_SIDE_RULES`` in order (``left``/``right``
+    anywhere, any case; ``l_``/``r_`` prefixes; ``_l``/``_r`` suffixes; ``L``/``R`` prefixes, ``L``/``R``
+    suffixes), a joint pairing with the name the first matching rule makes of it when that name is listed;
+    unpaired joints stay. None (unknown) when no pair is found among two or more joints, or the pairs do not
+    make a permutation that undoes itself."""
     names = [str(n) for n in names]
-    out = []
+    if len(names) == 1:
+        return [0]
+    at = {n: j for j, n in enumerate(names)}
+    out = list(range(len(names)))
     for j, n in enumerate(names):
-        other = n.replace("left", "\0").replace("right", "left").replace("\0", "right")
-        out.append(names.index(other) if other != n and other in names else j)
+        for rule in _SIDE_RULES:
+            other = rule.sub(_side_swap, n)
+            if other != n and other in at:
+                out[j] = at[other]
+                break
+    if out == list(range(len(names))) or any(out[out[j]] != j for j in range(len(out))):
+        return None
     return out
 
 
@@ -40,7 +71,7 @@ class KeypointsSpec:
     num_keypoints: int
     names: tuple[str, ...] = ()
     skeleton: tuple[tuple[int, int], ...] = ()
-    flip_index: tuple[int, ...] = ()
+    flip_index: tuple[int, ...] | None = None  # None: not known (neither given nor told by the names)
 
     def __post_init__(self):
         K = self.num_keypoints
@@ -48,7 +79,7 @@ class KeypointsSpec:
             raise CorruptDatasetError(f"manifest: keypoints num_keypoints {K!r} is not a positive int")
         if self.names and len(self.names) != K:
             raise CorruptDatasetError(f"manifest: keypoints names {len(self.names)} for {K} keypoints")
-        if sorted(self.flip_index) != list(range(K)):
+        if self.flip_index is not None and sorted(self.flip_index) != list(range(K)):
             raise CorruptDatasetError(f"manifest: keypoints flip_index {list(self.flip_index)} is not a "
                                       f"permutation of 0..{K - 1}")
         if any(not (0 <= a < K and 0 <= b < K) for a, b in self.skeleton):
@@ -56,7 +87,7 @@ class KeypointsSpec:
 
     def to_dict(self) -> dict:
         return {"kind": "keypoints", "num_keypoints": self.num_keypoints, "names": list(self.names),
-                "skeleton": [list(e) for e in self.skeleton], "flip_index": list(self.flip_index)}
+                "skeleton": [list(e) for e in self.skeleton], "flip_index": None if self.flip_index is None else list(self.flip_index)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KeypointsSpec":
@@ -65,7 +96,7 @@ class KeypointsSpec:
         try:
             return cls(num_keypoints=d["num_keypoints"], names=tuple(str(n) for n in d.get("names") or ()),
                        skeleton=tuple((int(a), int(b)) for a, b in d.get("skeleton") or ()),
-                       flip_index=tuple(int(v) for v in d["flip_index"]))
+                       flip_index=None if d["flip_index"] is None else tuple(int(v) for v in d["flip_index"]))
         except (TypeError, ValueError) as e:
             raise CorruptDatasetError(f"manifest: keypoints field: {e}") from None
 
@@ -185,9 +216,19 @@ class KeypointsField(Field):
                                     sorted(set(sample_of[bad].tolist()))))
 
     def roles(self) -> dict[str, Role]:
-        return {self.name: Role(ROLE, flip_index=tuple(self.spec.flip_index))}
+        flip = self.spec.flip_index
+        return {self.name: Role(ROLE, flip_index=None if flip is None else tuple(flip))}
 
     def describe(self) -> str:
         sp = self.spec
         names = ", ".join(sp.names) if sp.names else "unnamed"
-        return f"{sp.num_keypoints} keypoints per box (x, y, visibility): {names}; {len(sp.skeleton)} skeleton edges"
+        flip = ("flip permutation unknown: a horizontal flip keeps every joint in place" if sp.flip_index is None
+                else f"flip permutation {list(sp.flip_index)}")
+        return (f"{sp.num_keypoints} keypoints per box (x, y, visibility): {names}; {len(sp.skeleton)} skeleton "
+                f"edges; {flip}")
+
+
+def unknown_flip_warning(K: int, how: str) -> str:
+    """The compile's note for keypoints whose flip permutation nobody gave (``how``: the source's way)."""
+    return (f"the {K} keypoints' flip permutation is unknown (recorded as flip_index null): a horizontal flip will "
+            f"mirror x but keep every joint in place, so left joints end up on the right; give it {how}")
