@@ -96,7 +96,24 @@ class RandomShortestSize(Geometric):
         return [("resize", _ints(nh), _ints(nw))]
 
 
-class FixedSizeCrop(Geometric):
+class _SizedCrop(Geometric):
+    """A crop of ``self.size`` at per-sample (top, left) offsets that ``params`` draws (pads where they
+    fall outside the image)."""
+
+    def matrix(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
+
+    def steps(self, sizes, p):
+        th, tw = _size(self.size)
+        top, left = p
+        B = len(sizes)
+        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
+
+
+class FixedSizeCrop(_SizedCrop):
     """torchvision ``FixedSizeCrop(size, fill=0)`` (the LSJ recipe): a crop of at most ``size`` at offset
     int(r * (h - th)), int(r * (w - tw)) (one r ~ U(0, 1) for both axes, per sample), padded at the bottom
     and right to ``size`` with ``fill`` (masks: their ignore index)."""
@@ -111,18 +128,6 @@ class FixedSizeCrop(Geometric):
         top = torch.floor((sizes[:, 0].double() - th).clamp(min=0) * r)
         left = torch.floor((sizes[:, 1].double() - tw).clamp(min=0) * r)
         return top, left
-
-    def matrix(self, sizes, p):
-        th, tw = _size(self.size)
-        top, left = p
-        B = len(sizes)
-        return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
-
-    def steps(self, sizes, p):
-        th, tw = _size(self.size)
-        top, left = p
-        B = len(sizes)
-        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
 
 
 class RandomZoomOut(Geometric):
@@ -412,7 +417,7 @@ class Mosaic(BatchOp):
         batch["box_offsets"] = off.to(batch["boxes"].device)
 
 
-class RandomCrop(Geometric):
+class RandomCrop(_SizedCrop):
     """torchvision ``RandomCrop(size, pad_if_needed=False, fill=0)`` (the segmentation recipe's crop): a
     side shorter than the crop is padded by the difference on both sides when ``pad_if_needed`` (v2's
     rule), then the crop is placed uniformly (``torch.randint(0, h - th + 1)``); outside: ``fill`` (masks:
@@ -433,15 +438,3 @@ class RandomCrop(Geometric):
         top = torch.floor(u[:, 0] * (h + 2 * ph - th + 1)) - ph
         left = torch.floor(u[:, 1] * (w + 2 * pw - tw + 1)) - pw
         return top, left
-
-    def matrix(self, sizes, p):
-        th, tw = _size(self.size)
-        top, left = p
-        B = len(sizes)
-        return _mat(torch.ones(B), torch.ones(B), left, top), torch.tensor([[th, tw]]).expand(B, 2).clone()
-
-    def steps(self, sizes, p):
-        th, tw = _size(self.size)
-        top, left = p
-        B = len(sizes)
-        return [("crop", _ints(top), _ints(left), [th] * B, [tw] * B)]
