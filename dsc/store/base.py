@@ -121,13 +121,9 @@ class Store:
         return contextlib.nullcontext()
 
 
-class RangeFile(io.RawIOBase):
-    """A store's object as a raw seekable file: each ``readinto`` is one :meth:`Store.read_range` (retried
-    by the store); wrap it in ``io.BufferedReader`` (``Store.reader``) for read-ahead."""
-
-    def __init__(self, store: "Store", rel: str, size: int):
-        self.store, self.rel, self.size, self.pos = store, rel, int(size), 0
-        self.name = store.where(rel)
+class SeekableFile(io.RawIOBase):
+    """A raw readable, seekable file of ``self.size`` bytes named ``self.name``, read at ``self.pos``: the
+    position bookkeeping :class:`RangeFile` and ``object.StreamFile`` share (they define ``readinto``)."""
 
     def readable(self) -> bool:
         return True
@@ -144,6 +140,15 @@ class RangeFile(io.RawIOBase):
             raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
         self.pos = base + offset
         return self.pos
+
+
+class RangeFile(SeekableFile):
+    """A store's object as a raw seekable file: each ``readinto`` is one :meth:`Store.read_range` (retried
+    by the store); wrap it in ``io.BufferedReader`` (``Store.reader``) for read-ahead."""
+
+    def __init__(self, store: "Store", rel: str, size: int):
+        self.store, self.rel, self.size, self.pos = store, rel, int(size), 0
+        self.name = store.where(rel)
 
     def readinto(self, b) -> int:
         n = min(len(b), self.size - self.pos)

@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
-from .base import MissingFile, Store, short_range
+from .base import MissingFile, SeekableFile, Store, short_range
 from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
@@ -374,7 +374,7 @@ class ObjectStore(Store):
                 raise
 
 
-class StreamFile(io.RawIOBase):
+class StreamFile(SeekableFile):
     """An object read forward by one streamed GET (see :meth:`ObjectStore.reader`): a seek within the next few
     MiB reads through, a seek elsewhere opens a new stream there; a stream that fails midway is opened again
     where it stopped (the store's retries apply to each opening)."""
@@ -388,22 +388,6 @@ class StreamFile(io.RawIOBase):
         self.pos = 0  # where the reader is
         self._at = None  # where the open stream is (None: no stream)
         self._it, self._left = None, memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
-        self.pos = base + offset
-        return self.pos
 
     def _open(self) -> None:
         self._it, self._left, self._at = self.store.open_stream(self.rel, self.pos), memoryview(b""), self.pos
