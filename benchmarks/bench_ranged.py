@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_remote import BATCH, _dataset, _server  # noqa: E402
+from bench_remote import BATCH, _dataset, _moto_s3  # noqa: E402
 from common import BENCH_DIR  # noqa: E402
 
 PAIRS = 5
@@ -68,11 +68,8 @@ def main() -> None:
     from dsc.store import open_store
 
     local = _dataset()
-    proc, endpoint = _server()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=endpoint)
     url = "s3://bench/ranged"
-    try:
+    with _moto_s3():
         push(local, url, progress=False)
         with tempfile.TemporaryDirectory(dir=BENCH_DIR) as tmp:
             ds = dsc.open(url, cache_dir=tmp, cache_limit=0)
@@ -88,14 +85,6 @@ def main() -> None:
                 t_ranged.append(_ranged(loader, p + 1, EPOCH_BATCHES))
             reads = loader._reads
             loader.close()
-    finally:
-        proc.kill()
-        proc.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     shares = sorted(a / b for a, b in zip(t_plain, t_ranged))
     mb = served / 1e6
     print(f"ranged reads: {len(ds):,} images 128x128 in s3:// (moto), random order, batch {BATCH}, cache_limit=0, "

@@ -14,6 +14,7 @@ for both sides of each ratio.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -84,6 +85,25 @@ def _server() -> tuple[subprocess.Popen, str]:
     return proc, endpoint
 
 
+@contextlib.contextmanager
+def _moto_s3():
+    """``_server()`` with the bench's credentials and endpoint in the environment: yields (proc, endpoint);
+    on leaving, the server is killed and the environment restored."""
+    proc, endpoint = _server()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=endpoint)
+    try:
+        yield proc, endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _epoch(ds, epochs: int = 1) -> float:
     """Seconds per epoch, over ``epochs`` epochs of one Loader."""
     import dsc
@@ -142,11 +162,8 @@ def main() -> None:
 
     local = _dataset()
     small = _many_shards()
-    proc, endpoint = _server()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=endpoint)
     url = "s3://bench/remote"
-    try:
+    with _moto_s3() as (proc, endpoint):
         push(local, url, progress=False)
         push(small, url + "-small", progress=False)
         ds_local = dsc.open(local)
@@ -191,14 +208,6 @@ def main() -> None:
                     break
                 t_s3fs.append(t)
             t_ob = min(t_raw)
-    finally:
-        proc.kill()
-        proc.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     n = len(ds_local)
     mb = total / 1e6
     print(f"remote: {n:,} images {SIZE}x{SIZE} ({mb:.0f} MB in {len(specs)} shards), batch {BATCH}, quasi_random; "
