@@ -25,25 +25,33 @@ def _small(tmp_path: Path, n: int = 24):
 
 
 # --------------------------------------------------------------------------- 1. one lock whatever path names it
+def _update_racing_a_vacuum(monkeypatch, src, real, alias):
+    """Update ``real`` with 8 more images while, between writing its shards and committing, ``dsc.vacuum(alias)``
+    runs: asserts the update committed version 1 and the vacuum was refused; returns the refusal."""
+    make_folder(src, 8, seed0=500)
+    commit, seen = V.commit, []
+
+    def vacuum_through_the_alias_first(store, record):
+        try:
+            seen.append(dsc.vacuum(alias, older_than=0))
+        except CompileLockedError as e:
+            seen.append(e)
+        return commit(store, record)
+    monkeypatch.setattr(V, "commit", vacuum_through_the_alias_first)
+    r = dsc.compile_imagefolder(src, real, update=True, workers=1, **OPTS)
+    monkeypatch.setattr(V, "commit", commit)
+    assert r.committed and r.version == 1
+    assert len(seen) == 1 and isinstance(seen[0], CompileLockedError), seen
+    return seen[0]
+
+
 def test_a_vacuum_through_a_link_waits_for_an_update_of_the_real_path(tmp_path, monkeypatch):
     """`dsc vacuum alias` while an update of `real` is between writing its shards and committing: the vacuum is
     refused (one lock), and the version the update commits is whole."""
     src, real = _small(tmp_path)
     alias = tmp_path / "alias.dsc"
     alias.symlink_to(real)
-    make_folder(src, 8, seed0=500)
-    commit, seen = V.commit, []
-
-    def vacuum_through_the_link_first(store, record):
-        try:
-            seen.append(dsc.vacuum(alias, older_than=0))
-        except CompileLockedError as e:
-            seen.append(e)
-        return commit(store, record)
-    monkeypatch.setattr(V, "commit", vacuum_through_the_link_first)
-    r = dsc.compile_imagefolder(src, real, update=True, workers=1, **OPTS)
-    assert r.committed and r.version == 1
-    assert len(seen) == 1 and isinstance(seen[0], CompileLockedError), seen
+    _update_racing_a_vacuum(monkeypatch, src, real, alias)
     assert dsc.verify(real).ok and len(dsc.open(real)) == 32
 
 
@@ -100,21 +108,8 @@ def test_a_vacuum_through_a_bind_mount_waits_for_an_update_of_the_real_path(tmp_
     src, real = _small(tmp_path)
     alias = bind_mount(real)
     assert os.path.realpath(alias) != os.path.realpath(real) and os.path.samefile(alias, real)
-    make_folder(src, 8, seed0=500)
-    commit, seen = V.commit, []
-
-    def vacuum_through_the_mount_first(store, record):
-        try:
-            seen.append(dsc.vacuum(alias, older_than=0))
-        except CompileLockedError as e:
-            seen.append(e)
-        return commit(store, record)
-    monkeypatch.setattr(V, "commit", vacuum_through_the_mount_first)
-    r = dsc.compile_imagefolder(src, real, update=True, workers=1, **OPTS)
-    monkeypatch.setattr(V, "commit", commit)
-    assert r.committed and r.version == 1
-    assert len(seen) == 1 and isinstance(seen[0], CompileLockedError), seen
-    assert "through another path to the same folder" in str(seen[0])
+    refused = _update_racing_a_vacuum(monkeypatch, src, real, alias)
+    assert "through another path to the same folder" in str(refused)
     assert dsc.verify(real).ok and len(dsc.open(real)) == 32
     for held, other in ((real, alias), (alias, real)):  # every writer, either way round; then free again
         with OutLock(held, "update"):
