@@ -392,6 +392,18 @@ def test_size_keeping_chains_on_mixed_sizes_need_no_fixed_size_op(detmask):
 
 
 # ---------------------------------------------------------------------------------------------- presets, Loader
+def _resumed_after_one_batch(run, **kw):
+    """``run(**kw)``, a Loader resumed from the state a ``run()`` Loader saved after its first batch."""
+    first = run()
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    second = run(**kw)
+    second.load_state_dict(state)
+    return second
+
+
 @pytest.mark.parametrize("name", ["ta_wide", "ra", "augmix", "autoaugment", "imagenet"])
 def test_classification_presets_same_batches_any_threads_and_after_resume(fixed, name):
     ops = T.presets.classification({"imagenet": None, "autoaugment": "imagenet"}.get(name, name), crop_size=32,
@@ -401,14 +413,7 @@ def test_classification_presets_same_batches_any_threads_and_after_resume(fixed,
     assert a[0][0].shape == (8, 3, 32, 32) and a[0][1].shape == (8, 3)
     b = [(b["image"].clone(), b["label"].clone()) for b in run(num_threads=0)]
     assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
-    first = run()
-    it = iter(first)
-    next(it)
-    state = first.state_dict()
-    del it
-    second = run(prefetch=1)
-    second.load_state_dict(state)
-    rest = [bb["image"].clone() for bb in second]
+    rest = [bb["image"].clone() for bb in _resumed_after_one_batch(run, prefetch=1)]
     assert all(torch.equal(x, y[0]) for x, y in zip(rest, a[1:]))
 
 
@@ -425,14 +430,7 @@ def test_detection_presets_through_the_loader(detmask):
         a = [(b["boxes"].clone(), b["box_offsets"].clone()) for b in run()]
         b = [(b["boxes"].clone(), b["box_offsets"].clone()) for b in run(num_threads=0)]
         assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
-        first = run()
-        it = iter(first)
-        next(it)
-        state = first.state_dict()
-        del it
-        second = run()
-        second.load_state_dict(state)
-        assert all(torch.equal(x["boxes"], y[0]) for x, y in zip(second, a[1:]))
+        assert all(torch.equal(x["boxes"], y[0]) for x, y in zip(_resumed_after_one_batch(run), a[1:]))
     assert T.presets.yolo(64)[0].size == 64 and len(T.presets.segmentation()) == 5
     with pytest.raises(dsc.ConfigError, match="detection preset"):
         T.presets.detection("nope")
