@@ -117,6 +117,12 @@ VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "
                "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
 
 
+def _png_problem(png: Path, wanted, what: str, iid: str, split_file: Path) -> str | None:
+    """Why ``png`` (the ``what`` of id ``iid``) cannot be read, when it is ``wanted``; else None."""
+    state = file_problem(png) if wanted else None
+    return f"{png}: the {what} of id {iid} (listed in {split_file.name}) is {state}" if state else None
+
+
 def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str] | None = None,
              masks: bool | str = False, allow_outside_images: bool = False) -> ScannedSource:
     root = remote_root(root) if is_remote(check_input(root)) else Path(os.path.abspath(root))  # (a bucket: one listing)
@@ -150,17 +156,11 @@ def scan_voc(root: str | os.PathLike, split: str = "trainval", classes: list[str
         img = _inside(root / "JPEGImages", filename or f"{iid}.jpg", str(xml), allow_outside_images)
         if not img.is_file() and (root / "JPEGImages" / f"{iid}.jpg").is_file():
             img = root / "JPEGImages" / f"{iid}.jpg"
-        mask = root / "SegmentationClass" / f"{iid}.png"
-        mask_state = file_problem(mask) if masks else None
-        if mask_state:
-            invalid.append((relative(os.fspath(img), root),
-                            f"{mask}: the mask of id {iid} (listed in {split_file.name}) is {mask_state}"))
-            continue
-        objects_png = root / "SegmentationObject" / f"{iid}.png"
-        state = file_problem(objects_png) if instance else None
-        if state:
-            invalid.append((relative(os.fspath(img), root),
-                            f"{objects_png}: the instance mask of id {iid} (listed in {split_file.name}) is {state}"))
+        problem = (_png_problem(root / "SegmentationClass" / f"{iid}.png", masks, "mask", iid, split_file)
+                   or _png_problem(root / "SegmentationObject" / f"{iid}.png", instance, "instance mask", iid,
+                                   split_file))
+        if problem:
+            invalid.append((relative(os.fspath(img), root), problem))
             continue
         parsed.append((iid, xml, img, wh, objs))
         without_xml += xml_state == "missing"
