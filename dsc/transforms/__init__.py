@@ -83,18 +83,12 @@ class Compose:
         self.stages: list[tuple[str, object]] = []
         i = 0
         while i < len(self.ops):
-            if isinstance(self.ops[i], Geometric):
+            cls = next((c for c in (Geometric, PixelOp) if isinstance(self.ops[i], c)), None)
+            if cls is not None:  # a run of geometric ops; of photometric ops (one float conversion)
                 j = i
-                while j < len(self.ops) and isinstance(self.ops[j], Geometric):
+                while j < len(self.ops) and isinstance(self.ops[j], cls):
                     j += 1
-                self.stages.append(("geometric", self.ops[i:j]))
-                i = j
-                continue
-            if isinstance(self.ops[i], PixelOp):  # a run of photometric ops: one float conversion
-                j = i
-                while j < len(self.ops) and isinstance(self.ops[j], PixelOp):
-                    j += 1
-                self.stages.append(("photo", self.ops[i:j]))
+                self.stages.append(("geometric" if cls is Geometric else "photo", self.ops[i:j]))
                 i = j
                 continue
             post, n = fuse_photometric(self.ops[i:])
