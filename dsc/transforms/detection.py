@@ -36,7 +36,18 @@ def _resize_to(sizes, nh, nw):
     return _mat(w / nw, h / nh, 0.0, 0.0), torch.stack([nh, nw], 1).long()
 
 
-class ScaleJitter(Geometric):
+class _DrawnResize(Geometric):
+    """A resize of each sample to the size ``self._new(sizes, params)`` computes from the drawn params."""
+
+    def matrix(self, sizes, p):
+        return _resize_to(sizes, *self._new(sizes, p))
+
+    def steps(self, sizes, p):
+        nh, nw = self._new(sizes, p)
+        return [("resize", _ints(nh), _ints(nw))]
+
+
+class ScaleJitter(_DrawnResize):
     """torchvision ``ScaleJitter(target_size, scale_range=(0.1, 2.0))`` (the LSJ recipe): per sample
     r = min(th / h, tw / w) * U(scale_range); resized to (int(h r), int(w r)), antialiased."""
 
@@ -56,15 +67,8 @@ class ScaleJitter(Geometric):
         r = torch.minimum(th / h, tw / w) * scale
         return torch.floor(h * r).clamp(min=1), torch.floor(w * r).clamp(min=1)
 
-    def matrix(self, sizes, scale):
-        return _resize_to(sizes, *self._new(sizes, scale))
 
-    def steps(self, sizes, scale):
-        nh, nw = self._new(sizes, scale)
-        return [("resize", _ints(nh), _ints(nw))]
-
-
-class RandomShortestSize(Geometric):
+class RandomShortestSize(_DrawnResize):
     """torchvision ``RandomShortestSize(min_size, max_size=None)`` (the multiscale recipe): per sample a
     shorter side drawn uniformly from ``min_size``, r = that / min(h, w), capped at max_size / max(h, w);
     resized to (int(h r), int(w r))."""
@@ -87,13 +91,6 @@ class RandomShortestSize(Geometric):
         if self.max_size is not None:
             r = torch.minimum(r, self.max_size / torch.maximum(h, w))
         return torch.floor(h * r).clamp(min=1), torch.floor(w * r).clamp(min=1)
-
-    def matrix(self, sizes, short):
-        return _resize_to(sizes, *self._new(sizes, short))
-
-    def steps(self, sizes, short):
-        nh, nw = self._new(sizes, short)
-        return [("resize", _ints(nh), _ints(nw))]
 
 
 class _SizedCrop(Geometric):
