@@ -46,8 +46,8 @@ def test_torchvision_form_equals_the_per_image_construction_and_keeps_held_targe
                 assert torch.equal(t["masks"], ref) and len(t["masks"]) == len(t["boxes"])
                 seen += int(ref.sum() > 0)
             if epoch == 0:
-                held.append([(t["masks"], t["masks"].clone()) for t in targets])
+                held.append([(t["masks"], t["masks"].clone()) for t in targets] + [(x, x.clone()) for x in images])
     assert seen > 0
-    for batch in held:  # what the user kept from the first epoch is as it was handed out
+    for batch in held:  # the images and masks the user kept from the first epoch is as it was handed out
         for kept, copy in batch:
             assert torch.equal(kept, copy)
