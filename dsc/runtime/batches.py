@@ -312,16 +312,17 @@ def _chw_floats(images, alloc=None):
     return out[0] if one else out
 
 
-def _target_masks(batch: dict, key: str, keeps: list, alloc=None) -> list[torch.Tensor]:
-    """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keeps[b]``: a bool per object of
-    sample b, only those; None: all), as :func:`object_masks` makes them, but as views of one zeroed buffer
+def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
+    """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keep``: a bool per box row of the
+    batch, only those; None: all), as :func:`object_masks` makes them, but as views of one zeroed buffer
     from ``alloc`` for the whole batch, each crop copied straight into its place."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
+    kept = keep.tolist() if keep is not None else None
     rows, sizes = [], []
     for b in range(len(o) - 1):
         r = range(o[b], o[b + 1])
-        rows.append(r if keeps[b] is None else [i for i, kept in zip(r, keeps[b].tolist()) if kept])
+        rows.append(r if kept is None else [i for i in r if kept[i]])
         sizes.append(image_size(batch, b))
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
@@ -403,17 +404,17 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         cols = {k: batch[k] for k in schema.box_rows() if k in batch}
         cols["boxes"] = cols["boxes"].to(torch.float32)
         cols["labels"] = cols["labels"].to(torch.int64) + 1
-        targets = packed_to_list(batch["box_offsets"], cols)
+        box_offsets, keep = batch["box_offsets"], None
+        if not keep_crowd and "iscrowd" in cols and bool(cols["iscrowd"].any()):  # the crowds out, batch-wide
+            keep = cols["iscrowd"] == 0
+            cols = {name: v[keep] for name, v in cols.items()}
+            kept = torch.zeros(len(keep) + 1, dtype=torch.int64, device=keep.device)
+            torch.cumsum(keep, 0, out=kept[1:])
+            box_offsets = kept[box_offsets]
+        targets = packed_to_list(box_offsets, cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
         exact = [k for k in schema.object_masks() if k in batch]
-        keeps = [None] * len(targets)
-        for k, t in enumerate(targets):
-            if not keep_crowd and "iscrowd" in t and bool(t["iscrowd"].any()):
-                keeps[k] = keep = t["iscrowd"] == 0
-                for name, v in list(t.items()):
-                    if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(keep):
-                        t[name] = v[keep]
-        exact_masks = _target_masks(batch, exact[0], keeps, alloc) if exact else None
+        exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
