@@ -283,6 +283,62 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
     return out.div_(torch.full((), 255.0, device=out.device))
 
 
+def _on_device(device):
+    """An allocator of new tensors on ``device`` (a batch already there: the CUDA path's output form)."""
+    return lambda name, shape, dtype: torch.empty(shape, dtype=dtype, device=device)
+
+
+def _chw_floats(images, alloc=None):
+    """:func:`_chw_float` of a batch's images (the (B, H, W, C) tensor, or a list of (H, W, C) views), the
+    same values, faster: per image, its channels moved first as stored (a byte shuffle into a scratch buffer
+    that stays in cache; the casting copy straight from the channels-last view was the slow part of
+    _chw_float), then converted into its place in one float buffer from ``alloc`` (the Loader's ring: reused
+    batch after batch, no fresh pages to fault in) and divided there; the images are views of that buffer."""
+    one = isinstance(images, torch.Tensor)
+    items = [images] if one else images
+    if (not items or any(x.is_floating_point() or x.dim() < 3 for x in items)
+            or len({(x.dtype, x.device) for x in items}) > 1):
+        return _each(images, _chw_float)
+    alloc = alloc or _on_device(items[0].device)
+    sizes = [x.numel() for x in items]
+    scratch = alloc("torchvision_image_chw", (max(sizes),), items[0].dtype)
+    buf = alloc("torchvision_image", (sum(sizes),), torch.float32)
+    divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
+    out, o = [], 0
+    for x, n in zip(items, sizes):
+        chw = x.movedim(-1, -3)
+        out.append(buf[o:o + n].view(chw.shape).copy_(scratch[:n].view(chw.shape).copy_(chw)).div_(divisor))
+        o += n
+    return out[0] if one else out
+
+
+def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
+    """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keep``: a bool per box row of the
+    batch, only those; None: all), as :func:`object_masks` makes them, but as views of one zeroed buffer
+    from ``alloc`` for the whole batch, each crop copied straight into its place."""
+    o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
+    rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
+    kept = keep.tolist() if keep is not None else None
+    rows, sizes = [], []
+    for b in range(len(o) - 1):
+        r = range(o[b], o[b + 1])
+        rows.append(r if kept is None else [i for i in r if kept[i]])
+        sizes.append(image_size(batch, b))
+    alloc = alloc or _on_device(flat.device)
+    buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
+    buf.zero_()
+    out, off = [], 0
+    for r, (h, w) in zip(rows, sizes):
+        m = buf[off:off + len(r) * h * w].view(len(r), h, w)
+        off += len(r) * h * w
+        for j, i in enumerate(r):
+            t, l, mh, mw = rects[i]
+            if mh and mw:
+                m[j, t:t + mh, l:l + mw] = flat[mo[i]:mo[i + 1]].view(mh, mw)
+        out.append(m)
+    return out
+
+
 def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
     """For a detection dataset with a semantic mask: (the mask value of each 1-based torchvision label, index 0
     the background: -1; why there is none, when there is none). dsc's sources' rules first: with ``ids``
@@ -318,7 +374,7 @@ def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor
 
 
 def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None,
-                     keep_crowd: bool = False) -> tuple:
+                     keep_crowd: bool = False, alloc=None) -> tuple:
     """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
 
     ``images``: float (B, C, H, W) in [0, 1] (or as dsc.transforms' ToFloat / Normalize made them) when the
@@ -335,8 +391,11 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     the labels (B,). Value fields (numbers, arrays, ragged, text, json, bytes) join each detection target dict
     (sample k's value); otherwise the target is a dict ``{"label" or "mask": ..., field: batch value}`` (ragged
     ones as lists of per-sample tensors), or, for a dataset whose only target is one field (a regression
-    ``target``, multi-hot, multi-label ids), that field's batch value itself."""
-    images = _each(sample_pixels(batch, "image"), _chw_float)
+    ``target``, multi-hot, multi-label ids), that field's batch value itself. ``alloc(name, shape, dtype)``:
+    the Loader's ring (default: new tensors), where the float images and the (k, H, W) masks go: each
+    sample's are views of one buffer for the batch (a batch or target the user keeps keeps its buffer from
+    being reused: the ring then makes another)."""
+    images = _chw_floats(sample_pixels(batch, "image"), alloc)
     values = {k: (ragged_list(batch, k) if f"{k}_offsets" in batch else batch[k]) for k in value_keys(schema)
               if k in batch}
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
@@ -345,20 +404,22 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         cols = {k: batch[k] for k in schema.box_rows() if k in batch}
         cols["boxes"] = cols["boxes"].to(torch.float32)
         cols["labels"] = cols["labels"].to(torch.int64) + 1
-        targets = packed_to_list(batch["box_offsets"], cols)
+        box_offsets, keep = batch["box_offsets"], None
+        if not keep_crowd and "iscrowd" in cols and bool(cols["iscrowd"].any()):  # the crowds out, batch-wide
+            keep = cols["iscrowd"] == 0
+            cols = {name: v[keep] for name, v in cols.items()}
+            kept = torch.zeros(len(keep) + 1, dtype=torch.int64, device=keep.device)
+            torch.cumsum(keep, 0, out=kept[1:])
+            box_offsets = kept[box_offsets]
+        targets = packed_to_list(box_offsets, cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
         exact = [k for k in schema.object_masks() if k in batch]
+        exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
-            keep = None
-            if not keep_crowd and "iscrowd" in t and bool(t["iscrowd"].any()):
-                keep = t["iscrowd"] == 0
-                for name, v in list(t.items()):
-                    if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(keep):
-                        t[name] = v[keep]
             if exact:
-                t["masks"] = object_masks(batch, exact[0], k, keep=keep)
+                t["masks"] = exact_masks[k]
             t.update({name: v[k] for name, v in values.items()})
             if mask is not None:
                 t["mask"] = mask[k]

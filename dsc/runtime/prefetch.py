@@ -101,6 +101,7 @@ class _EpochState:
         self.forms = (loader._gather_boxes, loader.images)
         self.after_boxes = getattr(loader, "_after_boxes", None)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)
+        self.output_alloc = loader.format == "torchvision"  # it takes the ring's allocator (images, masks)
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
         self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
         self.rank_kw = loader._transforms_take_rank  # a plain callable that takes rank= gets it
@@ -141,9 +142,10 @@ def _fill(state: _EpochState, k: int) -> None:
             state.cond.notify_all()
 
 
-def _transform_rest(state: _EpochState, batch, j: int, gen):
+def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
     """The transforms not run in the gather (the rest of a Compose, same generator, or a plain callable),
-    then the loader's output form (``keys`` tuples, ``format="torchvision"``)."""
+    then the loader's output form (``keys`` tuples, ``format="torchvision"``; its float images and masks into
+    the batch's ring slot ``alloc`` when given)."""
     if state.compose is None and state.transforms is not None:
         extra = {"rank": state.rank} if state.rank_kw else {}
         batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
@@ -152,7 +154,9 @@ def _transform_rest(state: _EpochState, batch, j: int, gen):
         batch = state.compose(batch, gen=gen, start=state.start)
     if state.after_boxes is not None:  # the box form asked for, from the packed boxes the transforms moved
         batch = box_form(batch, state.dataset.schema, state.after_boxes)
-    return state.output(batch) if state.output is not None else batch
+    if state.output is None:
+        return batch
+    return state.output(batch, alloc=alloc) if alloc is not None and state.output_alloc else state.output(batch)
 
 
 def _fill_jobs(state: _EpochState, k: int) -> None:
@@ -205,7 +209,7 @@ def _make_batch(state: _EpochState, j: int, stream):
                 event.record(stream)
             ring.copy_done[s] = event
         else:
-            batch = _transform_rest(state, batch, j, gen)
+            batch = _transform_rest(state, batch, j, gen, ring.allocator(s))
         return batch, event, gen
     except BaseException as e:  # handed to the consumer, raised there
         return e
