@@ -481,14 +481,14 @@ class Mixture:
         return f"dsc.Mixture({len(self.datasets)} sources, {len(self)} samples per epoch: {parts})"
 
 
-def with_sources(batch: dict, output, schema) -> tuple:
+def with_sources(batch: dict, output, schema, **kw) -> tuple:
     """``format="torchvision"`` over a mixture: ``output(batch)`` (:func:`~dsc.runtime.batches.torchvision_form`)
     with each target saying whose sample it is, ``source`` (the source's index in the list; with
     ``labels="per_source"`` label k of two sources names two classes): detection target dicts get ``"source"``
     (an int, like their ``"image_id"``, which is the source's own), a dict of targets the batch's ``source``
     (B,), and a lone target tensor (labels, masks, a value) becomes ``{its key: it, "source": (B,)}``."""
     source = batch["source"]
-    images, target = output(batch)
+    images, target = output(batch, **kw)  # (``alloc``: the ring slot's buffers, as for one dataset)
     if isinstance(target, list) and all(isinstance(t, dict) for t in target):
         for t, s in zip(target, source.tolist()):
             t["source"] = s
