@@ -23,7 +23,7 @@ from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
 from .base import Field, Part, Reader, Role
-from .objects import gather_rows
+from .objects import gather_rows, row_image_sizes
 
 ROLE = "keypoints"
 
@@ -197,16 +197,9 @@ class KeypointsField(Field):
             problems.append(Problem(f"{self.name}/points", f"shape {pts.shape}, expected ({M}, {K}, 3): one row "
                                                            f"of {K} joints per box"))
             return
-        sample_of = np.repeat(np.arange(len(box_off) - 1), np.diff(box_off))
+        sample_of, h, w = row_image_sizes(m, box_off, context)
         v = pts[..., 2]
         bad = ~np.isfinite(pts).all((1, 2)) | ~np.isin(v, (0, 1, 2)).all(1)
-        shapes = context.get("image_shapes")
-        if m.image.layout == "fixed":
-            h, w = np.full(M, m.image.height), np.full(M, m.image.width)
-        elif shapes is not None:
-            h, w = shapes[sample_of, 0], shapes[sample_of, 1]
-        else:
-            h = w = None
         if h is not None:
             out = (pts[..., 0] < 0) | (pts[..., 1] < 0) | (pts[..., 0] > w[:, None]) | (pts[..., 1] > h[:, None])
             bad |= (out & (v > 0)).any(1)

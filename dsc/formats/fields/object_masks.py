@@ -28,7 +28,7 @@ from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
 from .base import Field, Part, Reader, Role
-from .objects import gather_rows
+from .objects import gather_rows, row_image_sizes
 from .pixels import valid_offsets
 
 ROLE = "object_masks"
@@ -243,15 +243,8 @@ class ObjectMasksField(Field):
             problems.append(Problem(f"{self.name}/offsets", f"not {M} masks (one per box) with a valid byte index"))
             return
         need = (rects[:, 2].astype(np.int64) * rects[:, 3] + 7) // 8
-        sample_of = np.repeat(np.arange(len(box_off) - 1), np.diff(box_off))
+        sample_of, h, w = row_image_sizes(m, box_off, context)
         bad = (np.diff(off) != need) | (rects < 0).any(1)
-        shapes = context.get("image_shapes")
-        if m.image.layout == "fixed":
-            h, w = np.full(M, m.image.height), np.full(M, m.image.width)
-        elif shapes is not None:
-            h, w = shapes[sample_of, 0], shapes[sample_of, 1]
-        else:
-            h = w = None
         if h is not None:
             bad |= (rects[:, 0] + rects[:, 2] > h) | (rects[:, 1] + rects[:, 3] > w)
         if bad.any():

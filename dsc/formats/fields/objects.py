@@ -210,13 +210,8 @@ class ObjectsField(Field):
             bad = np.flatnonzero(np.diff(off) < 0).tolist() if off.shape == (n + 1,) else []
             problems.append(Problem(OFFSETS, f"not a valid box-offset index for {M} boxes", bad))
             return
-        sample_of = np.repeat(np.arange(n), np.diff(off))
-        shapes = context.get("image_shapes")
-        if m.image.layout == "fixed":
-            h, w = np.full(M, m.image.height), np.full(M, m.image.width)
-        elif shapes is not None:
-            h, w = shapes[sample_of, 0], shapes[sample_of, 1]
-        else:
+        sample_of, h, w = row_image_sizes(m, off, context)
+        if h is None:
             return
         finite = np.all(np.isfinite(boxes), axis=1)
         inside = finite & (boxes[:, 0] >= 0) & (boxes[:, 1] >= 0) & (boxes[:, 2] <= w) & (boxes[:, 3] <= h) \
@@ -231,3 +226,16 @@ class ObjectsField(Field):
 
     def roles(self) -> dict[str, Role]:
         return {"boxes": Role("boxes"), "labels": Role("box_rows"), **{k: Role("box_rows") for k in self.attributes}}
+
+
+def row_image_sizes(manifest, box_off: np.ndarray, context: dict):
+    """For ``dsc verify`` of per-box rows: (the sample of each row, its image's height and width per row), the
+    sizes None when they are not known (ragged images whose shapes could not be read)."""
+    M = int(box_off[-1]) if len(box_off) else 0
+    sample_of = np.repeat(np.arange(len(box_off) - 1), np.diff(box_off))
+    shapes = context.get("image_shapes")
+    if manifest.image.layout == "fixed":
+        return sample_of, np.full(M, manifest.image.height), np.full(M, manifest.image.width)
+    if shapes is not None:
+        return sample_of, shapes[sample_of, 0], shapes[sample_of, 1]
+    return sample_of, None, None
