@@ -29,7 +29,7 @@ from .batches import Batch, box_form, new_tensor, value_keys
 from .dataset import Dataset, not_a_dataset
 from .orders.mixture import chunks, mixture_order, source_counts
 from . import reads as R
-from ..transforms.fused import plan_chain
+from ..transforms.fused import fixes_size
 
 LABELS = ("per_source", "names")
 
@@ -250,7 +250,7 @@ class Mixture:
         geometry = None
         if hasattr(transforms, "gather_plan"):
             geometry = transforms.gather_plan()[0]
-        one_size = bool(geometry) and _ends_at_one_size(geometry)
+        one_size = bool(geometry) and fixes_size(geometry)
         first = self.datasets[0]
         for name in first.schema.pixels():
             layouts = [self._layout(ds, name) for ds in self.datasets]
@@ -555,12 +555,3 @@ def _join_offsets(views: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         base += int(v[-1])
         a += n
     return out
-
-
-def _ends_at_one_size(geometry) -> bool:
-    """Whether the fused geometric ops bring samples of any size to one size (probed on two sizes)."""
-    try:
-        plan = plan_chain(geometry, torch.tensor([[13, 29], [31, 11]]), torch.Generator().manual_seed(0))
-    except ConfigError:
-        return False
-    return plan.out is not None  # (None: a size-keeping chain, e.g. flips, leaves each sample its own size)
