@@ -179,6 +179,42 @@ def test_one_source_per_batch(parts):
     assert [len(x["index"]) for x in drop] == [8] * 6
 
 
+def test_fixed_fields_are_gathered_in_one_pass_equal_to_each_sources_own_batch(parts, tmp_path, monkeypatch):
+    """Image + label sources: every field is allocated once per batch and each source's reader writes its rows
+    straight in (no dataset batch per source, then a join): the same batches, for every read strategy, with a
+    source whose indices are not its rows (an update deleted a sample) and labels mapped by name."""
+    from dsc.runtime.dataset import Dataset
+
+    write_imagefolder(tmp_path / "src", num_classes=2, per_class=6, size_range=(20, 30), seed=5)
+    (tmp_path / "src" / "class_00").rename(tmp_path / "src" / "zebra")
+    (tmp_path / "src" / "zebra" / "img_00001.jpg").unlink()
+    opts = dict(size=(12, 10), shard_size=4, progress=False)
+    dsc.compile_imagefolder(tmp_path / "src", tmp_path / "h", **opts)
+    (tmp_path / "src" / "zebra" / "img_00003.jpg").unlink()
+    dsc.compile_imagefolder(tmp_path / "src", tmp_path / "h", update=True, **opts)
+    a, h = parts["a"], dsc.open(tmp_path / "h")
+    assert len(h) == 10 and h.manifest.num_rows > len(h) and h.classes == ["class_01", "zebra"]
+    per_source, real = [], Dataset._get_batch
+    monkeypatch.setattr(Dataset, "_get_batch", lambda self, *args, **kw: per_source.append(1) or real(self, *args, **kw))
+    for read in ("mapped", "windowed", "direct"):
+        batches = {}
+        for one_pass in (True, False):
+            loader = dsc.Loader([a, h], batch_size=7, order="random", labels="names", read=read, seed=2)
+            loader.dataset._all_dense = one_pass
+            per_source.clear()
+            batches[one_pass] = [{k: v.clone() for k, v in x.items()} for x in loader]
+            assert (len(per_source) == 0) == one_pass, read
+        assert loader.classes == ["class_00", "class_01", "class_02", "zebra"]
+        got = [(s, i) for x in batches[True] for s, i in zip(x["source"].tolist(), x["index"].tolist())]
+        assert sorted(got) == sorted([(0, i) for i in range(36)] + [(1, i) for i in range(10)])
+        for x, y in zip(batches[True], batches[False]):
+            assert list(x) == list(y) and all(torch.equal(x[k], y[k]) for k in x), read
+            for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+                ref = [a, h][s][i]
+                assert torch.equal(ref["image"], x["image"][k])
+                assert loader.classes[int(x["label"][k])] == [a, h][s].classes[int(ref["label"])]
+
+
 def test_read_strategies_serve_the_same_mixture(parts):
     a, b, r = parts["a"], parts["b"], parts["r"]
     for srcs, chain in (([a, b], None), ([r, b], [T.Resize((8, 8))])):
