@@ -161,6 +161,7 @@ class Mixture:
         S = len(self.datasets)
         self.sizes = np.array([len(ds) for ds in self.datasets], np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self._starts = self.offsets[:-1].tolist()  # (each source's first id, as ints: split() per batch)
         self.shard_sizes = [ds.manifest.shard_size for ds in self.datasets]
         if weights is not None:
             w = list(weights) if isinstance(weights, (list, tuple, np.ndarray)) else None
@@ -357,9 +358,8 @@ class Mixture:
     def split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray, int, int]]:
         """(source, its indices, a, b) of each source's run of the sorted ids ``ids`` (rows a:b of the batch)."""
         ids = np.asarray(ids, np.int64)
-        cuts = np.searchsorted(ids, self.offsets)
-        return [(s, ids[cuts[s]:cuts[s + 1]] - self.offsets[s], int(cuts[s]), int(cuts[s + 1]))
-                for s in range(len(self.datasets)) if cuts[s + 1] > cuts[s]]
+        cuts = np.searchsorted(ids, self.offsets).tolist()
+        return [(s, ids[a:b] - off, a, b) for s, (off, a, b) in enumerate(zip(self._starts, cuts, cuts[1:])) if b > a]
 
     def schedule(self, batches: list[np.ndarray], start: int, reads: _Reads, schedule_of) -> _Schedules | None:
         """Each source's read schedule of the epoch over its share of every batch (``schedule_of(dataset, reads,
@@ -411,17 +411,19 @@ class Mixture:
         whole batch and each source's reader writing its rows a:b straight in. A three-source batch then costs
         one dataset's plus two reader calls per field (not three dataset batches' assembly, then a join)."""
         full: dict[str, torch.Tensor] = {}
+        arrays: dict[str, np.ndarray] = {}  # (their numpy views, which the readers write)
         rows = [0, 0]  # the batch's rows the source being gathered writes
 
         def part(name: str, shape: tuple, dtype) -> np.ndarray:
-            t = full.get(name)
-            if t is None:
-                t = full[name] = alloc(name, (B, *(int(v) for v in shape[1:])), torch_dtype(dtype))
+            arr = arrays.get(name)
+            if arr is None:
+                full[name] = alloc(name, (B, *(int(v) for v in shape[1:])), torch_dtype(dtype))
+                arr = arrays[name] = full[name].numpy()
             a, b = rows
-            if not len(shape) or shape[0] != b - a or t.shape[1:] != tuple(shape[1:]) or t.dtype != torch_dtype(dtype):
+            if not len(shape) or shape[0] != b - a or arr.shape[1:] != tuple(shape[1:]) or arr.dtype != dtype:
                 raise DscError(f"a mixture's batch: field {name!r} of a source came as {tuple(shape)} {dtype}, not "
-                               f"rows {a}:{b} of the batch's {tuple(t.shape)} {t.dtype}")  # (_check_fields and
-            return t.numpy()[a:b]  # check_pixels refuse sources that disagree: this is a bug, not bad input)
+                               f"rows {a}:{b} of the batch's {arr.shape} {arr.dtype}")  # (_check_fields and
+            return arr[a:b]  # check_pixels refuse sources that disagree: this is a bug, not bad input)
 
         index = np.empty(B, np.int64)
         source = np.empty(B, np.int64)
