@@ -9,8 +9,9 @@ Made to be trusted on a shared machine: every shard file is read once first (the
 sides), one timed sample is as many whole epochs as take >= 1 s, and the loaders take turns within each round
 (single, mixture, weighted, then the reverse order the next round), so each round's ratio compares runs a
 second apart. Each ratio is the median of the rounds' ratios, with their range; ``cpu`` is the same ratio of
-the process's CPU time per sample (what the machine's other load disturbs least). The load average is printed
-before and after.
+the process's CPU time per sample (what the machine's other load disturbs least). A second Loader over the single
+dataset (another seed) is timed the same way: its ratio, which should be 1.00, shows what the method's noise and
+bias are in that run. The load average is printed before and after.
 """
 import math
 import os
@@ -53,6 +54,29 @@ def _epochs(loader, n: int) -> tuple[float, float]:
     return k / (time.perf_counter() - t0), k / (time.process_time() - c0)
 
 
+def _alternated(loaders: dict, epochs: int) -> dict[str, float]:
+    """Samples per CPU second of the calling thread, each loader's batches made in that thread (num_threads=0)
+    and the loaders' batches taken in turn, one batch each (the order reversed every turn): the finest
+    interleaving, and CPU time, which a preemption by the machine's other load does not count."""
+    cpu = {k: 0.0 for k in loaders}
+    got = {k: 0 for k in loaders}
+    for _ in range(epochs):
+        live = {k: iter(L) for k, L in loaders.items()}
+        turn = 0
+        while live:
+            for k in (list(live) if turn % 2 == 0 else list(live)[::-1]):
+                t0 = time.thread_time()
+                b = next(live[k], None)
+                if b is None:
+                    del live[k]
+                    continue
+                cpu[k] += time.thread_time() - t0
+                got[k] += len(b["index"])
+                b = None
+            turn += 1
+    return {k: got[k] / cpu[k] for k in loaders}
+
+
 def _load() -> str:
     return "load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()) + f" on {os.cpu_count()} cores"
 
@@ -73,7 +97,8 @@ def main() -> None:
     for order in ("random", "quasi_random"):
         loaders = {"single": dsc.Loader(single, batch_size=256, order=order, num_threads=2),
                    "mixture": dsc.Loader(parts, batch_size=256, order=order, num_threads=2),
-                   "weighted": dsc.Loader(parts, batch_size=256, order=order, num_threads=2, weights=[0.5, 0.3, 0.2])}
+                   "weighted": dsc.Loader(parts, batch_size=256, order=order, num_threads=2, weights=[0.5, 0.3, 0.2]),
+                   "again": dsc.Loader(single, batch_size=256, order=order, num_threads=2, seed=1)}
         same = {(L.read_strategy, L.threads_used, L.batch_size, len(L)) for L in loaders.values()}
         assert len(same) == 1, f"the loaders differ in read strategy, threads, batch size or batches: {same}"
         for loader in loaders.values():
@@ -88,12 +113,26 @@ def main() -> None:
                 cpu[k].append(c)
         base = statistics.median(wall["single"])
         print(row(f"{order}: one dataset (baseline)", base, "img/s", base, f"{n} epochs per sample"))
-        for k in ("mixture", "weighted"):
+        for k, what in (("mixture", "mixture of three"), ("weighted", "weighted of three"),
+                        ("again", "one dataset again (control)")):
             ratios = [m / s for m, s in zip(wall[k], wall["single"])]
             cpus = [m / s for m, s in zip(cpu[k], cpu["single"])]
-            print(f"  {f'{order}: {k} of three':<44} {statistics.median(wall[k]):>12,.0f} img/s  "
+            print(f"  {f'{order}: {what}':<44} {statistics.median(wall[k]):>12,.0f} img/s  "
                   f"{statistics.median(ratios):8.2f}x  rounds {min(ratios):.2f}-{max(ratios):.2f}; "
                   f"cpu {statistics.median(cpus):.2f}x")
+        for loader in loaders.values():
+            loader.close()
+        # the same, batches made in the calling thread and alternated batch by batch; CPU time of that thread
+        loaders = {"single": dsc.Loader(single, batch_size=256, order=order, num_threads=0),
+                   "mixture": dsc.Loader(parts, batch_size=256, order=order, num_threads=0),
+                   "weighted": dsc.Loader(parts, batch_size=256, order=order, num_threads=0, weights=[0.5, 0.3, 0.2]),
+                   "again": dsc.Loader(single, batch_size=256, order=order, num_threads=0, seed=1)}
+        _alternated(loaders, 1)
+        rounds = [_alternated(loaders, 2) for _ in range(ROUNDS)]
+        print(f"  {order}, batches alternated one by one in the calling thread, its CPU time: " + ", ".join(
+            f"{k} {statistics.median([r[k] / r['single'] for r in rounds]):.2f}x "
+            f"({min(r[k] / r['single'] for r in rounds):.2f}-{max(r[k] / r['single'] for r in rounds):.2f})"
+            for k in ("mixture", "weighted", "again")))
         for loader in loaders.values():
             loader.close()
     print(f"  ({_load()})")

@@ -201,6 +201,7 @@ class Mixture:
         self._check_fields()
         # every field of every source one row per sample, of one shape: batches gathered in one pass (_get_dense)
         self._all_dense = all(set(ds.schema) <= self._dense(ds, False) for ds in self.datasets)
+        self._gathering: tuple = (False, [])  # (the reads object, _gatherers' list for it)
         self._luts = None
         self.class_names: list[str] | None = None
         if labels == "names":
@@ -381,10 +382,10 @@ class Mixture:
         per-sample field straight into a slice of the batch's buffer), then the rest (ragged bytes, box rows)
         joined; ``source`` (B,) says whose each sample is, ``index`` its index in that source."""
         alloc = alloc or new_tensor
+        if geometry is None and post is None and self._all_dense:
+            return self._get_dense(np.asarray(ids, np.int64), alloc, reads)
         parts = self.split(ids)
         B = len(ids)
-        if geometry is None and post is None and self._all_dense:
-            return self._get_dense(ids, parts, alloc, reads, B)
         shared: dict[str, torch.Tensor] = {}
         got = []
         for s, idx, a, b in parts:
@@ -405,11 +406,14 @@ class Mixture:
         out["source"] = src
         return box_form(out, self.schema, boxes or self.datasets[0].box_form, alloc)
 
-    def _get_dense(self, ids: np.ndarray, parts: list, alloc, reads, B: int) -> Batch:
-        """The batch when every field is one row per sample, of one shape across the sources (fixed pixels,
-        labels: :attr:`_all_dense`), and nothing is transformed in the gather: each field allocated once for the
-        whole batch and each source's reader writing its rows a:b straight in. A three-source batch then costs
-        one dataset's plus two reader calls per field (not three dataset batches' assembly, then a join)."""
+    def _get_dense(self, ids: np.ndarray, alloc, reads) -> Batch:
+        """The batch of sorted ids ``ids`` when every field is one row per sample, of one shape across the sources
+        (fixed pixels, labels: :attr:`_all_dense`), and nothing is transformed in the gather: each field allocated
+        once for the whole batch and each source's reader writing its rows a:b straight in. A three-source batch
+        then costs one dataset's plus two reader calls per field (not three dataset batches' assembly, then a
+        join): the Python a batch runs is what a mixture adds to the copies, and on a loaded machine each of its
+        steps costs several times what it does alone."""
+        B = len(ids)
         full: dict[str, torch.Tensor] = {}
         arrays: dict[str, np.ndarray] = {}  # (their numpy views, which the readers write)
         rows = [0, 0]  # the batch's rows the source being gathered writes
@@ -425,22 +429,35 @@ class Mixture:
                                f"rows {a}:{b} of the batch's {arr.shape} {arr.dtype}")  # (_check_fields and
             return arr[a:b]  # check_pixels refuse sources that disagree: this is a bug, not bad input)
 
-        index = np.empty(B, np.int64)
-        source = np.empty(B, np.int64)
-        for s, idx, a, b in parts:
-            ds = self.datasets[s]
-            rows[0], rows[1] = a, b
-            forms = {"images": ds.image_form, "reads": reads[s] if reads is not None else None}
-            local = ds._to_rows(idx)
-            for reader in ds.readers.values():
+        index, source = alloc("index", (B,), torch.int64), alloc("source", (B,), torch.int64)
+        index_np, source_np = index.numpy(), source.numpy()
+        cuts = np.searchsorted(ids, self.offsets).tolist()
+        for s, (ds, readers, forms, holes, start) in enumerate(self._gatherers(reads)):
+            a, b = rows[0], rows[1] = cuts[s], cuts[s + 1]
+            if b == a:
+                continue
+            idx = index_np[a:b]
+            np.subtract(ids[a:b], start, out=idx)  # (the source's own indices: the batch's "index")
+            local = idx if holes is None else holes[idx]
+            for reader in readers:
                 reader.gather(local, part, forms)
-            index[a:b], source[a:b] = idx, s
+            source_np[a:b] = s
             if self._luts is not None and "label" in full:
                 self._map_labels({"label": full["label"][a:b]}, s)
         out = Batch(full, schema=self.schema)
-        out["index"] = alloc("index", (B,), torch.int64).copy_(torch.from_numpy(index))
-        out["source"] = alloc("source", (B,), torch.int64).copy_(torch.from_numpy(source))
+        out["index"], out["source"] = index, source
         return out
+
+    def _gatherers(self, reads) -> list[tuple]:
+        """Per source, what :meth:`_get_dense` hands its readers: (dataset, readers, forms, index -> row table or
+        None, first id), made once per read strategy object (one tuple: Loaders sharing this mixture, each with
+        its own reads, never see another's)."""
+        made = self._gathering
+        if made[0] is not reads:
+            made = self._gathering = (reads, [
+                (ds, tuple(ds.readers.values()), {"images": ds.image_form, "reads": None if reads is None else reads[s]},
+                 ds._rows, int(self.offsets[s])) for s, ds in enumerate(self.datasets)])
+        return made[1]
 
     def _dense(self, ds: Dataset, transformed: bool) -> set[str]:
         """Keys of ``ds``'s batches with one row per sample of one shape across sources: written in place."""
