@@ -195,7 +195,8 @@ def test_fixed_fields_are_gathered_in_one_pass_equal_to_each_sources_own_batch(p
     a, h = parts["a"], dsc.open(tmp_path / "h")
     assert len(h) == 10 and h.manifest.num_rows > len(h) and h.classes == ["class_01", "zebra"]
     per_source, real = [], Dataset._get_batch
-    monkeypatch.setattr(Dataset, "_get_batch", lambda self, *args, **kw: per_source.append(1) or real(self, *args, **kw))
+    monkeypatch.setattr(Dataset, "_get_batch",
+                        lambda self, *args, **kw: per_source.append(1) or real(self, *args, **kw))
     for read in ("mapped", "windowed", "direct"):
         batches = {}
         for one_pass in (True, False):

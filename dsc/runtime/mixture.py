@@ -455,8 +455,10 @@ class Mixture:
         made = self._gathering
         if made[0] is not reads:
             made = self._gathering = (reads, [
-                (ds, tuple(ds.readers.values()), {"images": ds.image_form, "reads": None if reads is None else reads[s]},
-                 ds._rows, int(self.offsets[s])) for s, ds in enumerate(self.datasets)])
+                (ds, tuple(ds.readers.values()),
+                 {"images": ds.image_form, "reads": None if reads is None else reads[s]}, ds._rows,
+                 int(self.offsets[s]))
+                for s, ds in enumerate(self.datasets)])
         return made[1]
 
     def _dense(self, ds: Dataset, transformed: bool) -> set[str]:
