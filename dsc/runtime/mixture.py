@@ -116,6 +116,24 @@ class _Schedules:
             s.close()
 
 
+class _Share:
+    """A source's share of each of an epoch's batches (its own indices), made when read: a Loader that schedules
+    nothing for the source (local, read in place) never splits the epoch's batches."""
+
+    def __init__(self, batches: list[np.ndarray], lo: int, hi: int):
+        self.batches, self.lo, self.hi = batches, lo, hi
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        b = self.batches[j]
+        return b[(b >= self.lo) & (b < self.hi)] - self.lo
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self.batches)))
+
+
 class Mixture:
     """Several compiled datasets read as one by :class:`dsc.Loader` (which also takes the list itself:
     ``dsc.Loader([a, b], weights=[0.7, 0.3])``).
@@ -365,11 +383,8 @@ class Mixture:
     def schedule(self, batches: list[np.ndarray], start: int, reads: _Reads, schedule_of) -> _Schedules | None:
         """Each source's read schedule of the epoch over its share of every batch (``schedule_of(dataset, reads,
         batches, start)``: the Loader's, with its cache budgets)."""
-        each = []
-        for s, ds in enumerate(self.datasets):
-            lo, hi = self.offsets[s], self.offsets[s + 1]
-            mine = [b[(b >= lo) & (b < hi)] - lo for b in batches]
-            each.append(schedule_of(ds, reads[s], mine, start))
+        each = [schedule_of(ds, reads[s], _Share(batches, int(self.offsets[s]), int(self.offsets[s + 1])), start)
+                for s, ds in enumerate(self.datasets)]
         out = _Schedules(each)
         return out if out.each else None
 
