@@ -214,6 +214,9 @@ def test_fixed_fields_are_gathered_in_one_pass_equal_to_each_sources_own_batch(p
                 ref = [a, h][s][i]
                 assert torch.equal(ref["image"], x["image"][k])
                 assert loader.classes[int(x["label"][k])] == [a, h][s].classes[int(ref["label"])]
+    for bad in ([3, 1], [0, 46], [-1, 2]):  # unsorted, past the last source, negative: refused, not wrong rows
+        with pytest.raises(dsc.ConfigError, match="sorted and in \\[0, 46\\)"):
+            loader.dataset.get_batch(bad)
 
 
 def test_read_strategies_serve_the_same_mixture(parts):

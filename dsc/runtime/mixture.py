@@ -397,8 +397,13 @@ class Mixture:
         per-sample field straight into a slice of the batch's buffer), then the rest (ragged bytes, box rows)
         joined; ``source`` (B,) says whose each sample is, ``index`` its index in that source."""
         alloc = alloc or new_tensor
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if len(ids) and (ids[0] < 0 or ids[-1] >= self.offsets[-1] or bool((ids[1:] < ids[:-1]).any())):
+            raise ConfigError(f"a mixture's get_batch takes ids (offsets[source] + index, the mixture's .offsets) "
+                              f"sorted and in [0, {int(self.offsets[-1])}); got {ids[:8].tolist()}"
+                              f"{'...' if len(ids) > 8 else ''}")
         if geometry is None and post is None and self._all_dense:
-            return self._get_dense(np.asarray(ids, np.int64), alloc, reads)
+            return self._get_dense(ids, alloc, reads)
         parts = self.split(ids)
         B = len(ids)
         shared: dict[str, torch.Tensor] = {}
