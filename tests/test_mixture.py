@@ -497,3 +497,25 @@ def test_geometry_in_the_gather_moves_each_sources_masks_and_keypoints(instances
             got = (x["keypoints"][o[k]:o[k + 1]], x["boxes"][o[k]:o[k + 1]], object_masks(x, "masks", k))
             assert all(torch.equal(g, r) for g, r in zip(got, own[s][i])), (s, i)
             assert got[2].shape[1:] == (24, 20)
+
+
+def test_value_fields_of_other_shapes_or_dtypes_are_refused(tmp_path):
+    """Two sources whose array field has another shape (or dtype) are refused naming the field, not joined
+    by torch.cat deep in a batch."""
+    rng = np.random.default_rng(5)
+    imgs = [rng.integers(0, 255, (8, 8, 3), np.uint8) for _ in range(4)]
+
+    def make(name, emb):
+        dsc.compile([(im, {"label": 0, "emb": emb}) for im in imgs], tmp_path / name, workers=1, progress=False)
+        return dsc.open(tmp_path / name)
+
+    a = make("a", np.zeros(4, np.float32))
+    b = make("b", np.zeros(8, np.float32))
+    c = make("c", np.zeros(4, np.float16))
+    same = make("d", np.ones(4, np.float32))
+    with pytest.raises(dsc.ConfigError, match=r"field 'emb': dtype float32 \(4,\) in source 0, float32 \(8,\) in source 1"):
+        dsc.Loader([a, b], batch_size=4)
+    with pytest.raises(dsc.ConfigError, match=r"field 'emb': dtype float32 \(4,\) in source 0, float16 \(4,\) in source 1"):
+        dsc.Loader([a, c], batch_size=4)
+    x = next(iter(dsc.Loader([a, same], batch_size=8, order="sequential")))
+    assert x["emb"].shape == (8, 4)

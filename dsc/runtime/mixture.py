@@ -262,8 +262,14 @@ class Mixture:
 
     @staticmethod
     def _dtype(reader):
+        """What must agree for rows of two sources to join: the pixels' dtype, or a value field's dtype and shape."""
         px = getattr(reader, "px", None)
-        return str(np.dtype(px.px.dtype)) if px is not None else None
+        if px is not None:
+            return str(np.dtype(px.px.dtype))
+        field = getattr(reader, "field", None)
+        if field is not None and hasattr(field, "dtype") and hasattr(field, "shape"):
+            return f"{field.dtype} {tuple(field.shape)}"
+        return None
 
     def check_pixels(self, transforms) -> None:
         """Every image-like field comes out at one size: the sources' fixed sizes agree, or the transforms' fused
