@@ -128,6 +128,9 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     each object row's sample; ``keep``: the rows whose boxes survived); the others are dropped."""
     flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
     dev = flat.device
+    if all(isinstance(m, Flips) for m in maps):
+        _flip_object_masks(batch, key, maps, sample, keep)
+        return
     flat_c, o, r = flat.cpu().numpy(), offs.tolist(), rects.tolist()
     np_maps = {}
     new_flat, new_rects = [], []
@@ -152,6 +155,45 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     np.cumsum(sizes, out=offsets[1:])
     batch[key] = torch.from_numpy(np.concatenate(new_flat) if new_flat else np.zeros(0, np.uint8)).to(dev)
     batch[f"{key}_rects"] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
+    batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
+
+
+def _flip_object_masks(batch: dict, key: str, maps: list, sample: np.ndarray, keep: np.ndarray) -> None:
+    """:func:`move_object_masks` when every sample's map only flips (torchvision's detection recipe): the
+    crops keep their sizes, so the output is allocated once; a run of kept crops of samples that are not
+    flipped is one block copy, a flipped crop one reversed slice assignment into its place (no per-object
+    arrays, no concatenation), and the rectangles are mirrored batch-wide."""
+    flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
+    dev = flat.device
+    src, o = flat.cpu().numpy(), offs.cpu().numpy()
+    rows = np.flatnonzero(keep)
+    r = rects.cpu().numpy()[rows].astype(np.int64)
+    flips = np.asarray([(m[0], m[1], m[2], m[3]) for m in maps], np.int64).reshape(-1, 4)[sample[rows]]
+    sizes = r[:, 2] * r[:, 3]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint8)
+    moved = (flips[:, 0] | flips[:, 1]).astype(bool) & (sizes > 0)
+    src_start, src_end, dst = o[rows].tolist(), o[rows + 1].tolist(), offsets.tolist()
+    todo = moved.tolist()
+    j, n = 0, len(rows)
+    while j < n:
+        if todo[j]:
+            t, l, h, w = r[j].tolist()
+            crop = src[src_start[j]:src_end[j]].reshape(h, w)
+            out[dst[j]:dst[j + 1]].reshape(h, w)[...] = crop[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
+            j += 1
+            continue
+        k = j  # a run of unmoved crops, back to back in the source as in the output: one copy
+        while k + 1 < n and not todo[k + 1] and rows[k + 1] == rows[k] + 1:
+            k += 1
+        out[dst[j]:dst[k + 1]] = src[src_start[j]:src_end[k]]
+        j = k + 1
+    fh, fw = flips[:, 0].astype(bool) & (r[:, 2] > 0), flips[:, 1].astype(bool) & (r[:, 3] > 0)
+    r[fh, 0] = flips[fh, 2] - r[fh, 0] - r[fh, 2]
+    r[fw, 1] = flips[fw, 3] - r[fw, 1] - r[fw, 3]
+    batch[key] = torch.from_numpy(out).to(dev)
+    batch[f"{key}_rects"] = torch.from_numpy(r).to(dev)
     batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
 
 
