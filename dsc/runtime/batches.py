@@ -425,11 +425,18 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
             box_offsets = kept[box_offsets]
         targets = packed_to_list(box_offsets, cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
+        # the transforms' record of each sample's geometry (transforms/objects.py record_geometry)
+        affine = batch["affine"] if "affine" in batch and "affine" not in schema else None
+        flipped = batch["flipped"].tolist() if "flipped" in batch and "flipped" not in schema else None
         exact = [k for k in schema.object_masks() if k in batch]
         exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            if affine is not None:
+                t["affine"] = affine[k]
+            if flipped is not None:
+                t["flipped"] = flipped[k]
             if exact:
                 t["masks"] = exact_masks[k]
             t.update({name: v[k] for name, v in values.items()})

@@ -19,6 +19,11 @@ batch and that plan and moves every key the schema gives a per-object role:
 
 A new geometric op needs nothing here as long as its matrices and programs are right; a new per-object
 role is taught here once, for every op.
+
+Every batch a geometric op moved also says what it did to each sample (:func:`record_geometry`), so a user
+can move annotations of their own: ``affine`` (B, 2, 3) float64, the map from the stored sample's pixel
+coordinates to the output's, composed over every geometric stage (the Loader's gather and the ops after it),
+and ``flipped`` (B,) bool, the output mirrors the stored image left-right (its joints were swapped).
 """
 from __future__ import annotations
 
@@ -255,10 +260,39 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
     return keep
 
 
+# ----------------------------------------------------------------------------- the record
+GEOMETRY_KEYS = ("affine", "flipped")
+
+
+def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
+    """Compose ``plan`` into the batch's record of its samples' geometry: ``affine`` (B, 2, 3) float64, the
+    point (x, y) of the stored sample (continuous pixel coordinates, pixel corners at integers: the
+    convention of boxes, keypoints and ``transform/affine``) lands at ``affine[b] @ (x, y, 1)`` of the
+    output; ``flipped`` (B,) bool, the output mirrors the stored image left-right (an odd number of
+    horizontal flips: keypoints had their left and right joints swapped). A later stage composes onto the
+    record of the earlier ones. A field of the dataset named like one of them keeps its name (not recorded)."""
+    B = len(plan.matrices)
+    fwd = torch.linalg.inv(plan.matrices.double().cpu())  # output -> input, inverted: input -> output
+    hflip = plan.hflip.cpu() if plan.hflip is not None else torch.zeros(B, dtype=torch.bool)
+    prev, was = batch.get("affine"), batch.get("flipped")
+    if "affine" not in schema:
+        if isinstance(prev, torch.Tensor) and prev.shape == (B, 2, 3):  # an earlier stage's: this one after it
+            fwd = fwd.to(prev.device) @ torch.cat([prev.double(), fwd.new_tensor([[[0.0, 0.0, 1.0]]]).to(
+                prev.device).expand(B, 1, 3)], 1)
+        dev = prev.device if isinstance(prev, torch.Tensor) else batch["image"].device
+        batch["affine"] = (fwd[:, :2] + 0.0).to(dev)  # (+ 0.0: no -0.0 in the record)
+    if "flipped" not in schema:
+        if isinstance(was, torch.Tensor) and was.shape == (B,):
+            hflip = hflip.to(was.device) ^ was.bool()
+        dev = was.device if isinstance(was, torch.Tensor) else batch["image"].device
+        batch["flipped"] = hflip.to(dev)
+
+
 # ----------------------------------------------------------------------------- all of them
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
     samples' (h, w) before the chain (default: the plan's)."""
+    record_geometry(batch, plan, schema)
     if "boxes" not in batch:
         return
     sizes = sizes if sizes is not None else plan.sizes
