@@ -107,3 +107,16 @@ def test_compose_on_a_gathered_batch_records_it_too(ds):
     out = T.Compose([T.RandomHorizontalFlip(1.0)])(batch, seed=0)
     widths = out["image_shapes"][:, 1].double()
     assert out["flipped"].all() and torch.equal(out["affine"][:, 0, 2], widths)
+
+
+def test_mosaic_voids_the_record(tmp_path):
+    """Mosaic puts four samples on one canvas: no map of the stored sample says where it went, so the record
+    is NaN (also through a later flip) and there is no ``flipped``, never a stale map."""
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(6, seed=2))
+    dsc.compile_coco(ann, images, tmp_path / "det", size=48, resize="pad", progress=False)
+    ds = dsc.open(tmp_path / "det")
+    for ops in ([T.RandomHorizontalFlip(1.0), T.Mosaic(24)], [T.Mosaic(24), T.RandomHorizontalFlip(1.0)]):
+        batch = next(iter(dsc.Loader(ds, batch_size=4, num_threads=0, transforms=ops)))
+        assert batch["affine"].shape == (4, 2, 3) and batch["affine"].isnan().all() and "flipped" not in batch

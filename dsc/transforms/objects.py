@@ -270,7 +270,9 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
     convention of boxes, keypoints and ``transform/affine``) lands at ``affine[b] @ (x, y, 1)`` of the
     output; ``flipped`` (B,) bool, the output mirrors the stored image left-right (an odd number of
     horizontal flips: keypoints had their left and right joints swapped). A later stage composes onto the
-    record of the earlier ones. A field of the dataset named like one of them keeps its name (not recorded)."""
+    record of the earlier ones; after an op that moves samples in a way no map states (Mosaic) ``affine`` is
+    NaN and there is no ``flipped``. A field of the dataset named like one of them keeps its name (not
+    recorded)."""
     B = len(plan.matrices)
     fwd = torch.linalg.inv(plan.matrices.double().cpu())  # output -> input, inverted: input -> output
     hflip = plan.hflip.cpu() if plan.hflip is not None else torch.zeros(B, dtype=torch.bool)
@@ -282,6 +284,9 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
         dev = prev.device if isinstance(prev, torch.Tensor) else batch["image"].device
         batch["affine"] = (fwd[:, :2] + 0.0).to(dev)  # (+ 0.0: no -0.0 in the record)
     if "flipped" not in schema:
+        if isinstance(prev, torch.Tensor) and "affine" not in schema and bool(prev.isnan().any()):
+            batch.pop("flipped", None)  # the samples were moved in a way no map states (Mosaic): no record
+            return
         if isinstance(was, torch.Tensor) and was.shape == (B,):
             hflip = hflip.to(was.device) ^ was.bool()
         dev = was.device if isinstance(was, torch.Tensor) else batch["image"].device
