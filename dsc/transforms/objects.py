@@ -264,7 +264,7 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
 GEOMETRY_KEYS = ("affine", "flipped")
 
 
-def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
+def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Tensor | None = None) -> None:
     """Compose ``plan`` into the batch's record of its samples' geometry: ``affine`` (B, 2, 3) float64, the
     point (x, y) of the stored sample (continuous pixel coordinates, pixel corners at integers: the
     convention of boxes, keypoints and ``transform/affine``) lands at ``affine[b] @ (x, y, 1)`` of the
@@ -274,7 +274,9 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
     NaN and there is no ``flipped``. A field of the dataset named like one of them keeps its name (not
     recorded)."""
     B = len(plan.matrices)
-    fwd = torch.linalg.inv(plan.matrices.double().cpu())  # output -> input, inverted: input -> output
+    if fwd is None:  # (``fwd``: the plan's forward maps, when the caller has them)
+        fwd = torch.linalg.inv(plan.matrices)  # output -> input, inverted: input -> output
+    fwd = fwd.double().cpu()
     hflip = plan.hflip.cpu() if plan.hflip is not None else torch.zeros(B, dtype=torch.bool)
     prev, was = batch.get("affine"), batch.get("flipped")
     if "affine" not in schema:
@@ -297,7 +299,8 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema) -> None:
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
     samples' (h, w) before the chain (default: the plan's)."""
-    record_geometry(batch, plan, schema)
+    fwd = torch.linalg.inv(plan.matrices)  # input pixel -> output pixel, per sample
+    record_geometry(batch, plan, schema, fwd)
     if "boxes" not in batch:
         return
     sizes = sizes if sizes is not None else plan.sizes
@@ -316,7 +319,7 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:
         kept = sample[keep]
-        fwd = torch.linalg.inv(plan.matrices)[kept]
+        fwd = fwd[kept]
         hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[kept]
         for k, role in points.items():
             batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[kept],
