@@ -318,3 +318,34 @@ def test_yolo_preset_on_the_device(det):
     ops = T.presets.yolo(64)
     b = next(iter(dsc.Loader(det, batch_size=4, seed=1, transforms=ops, device="cuda")))
     assert b["image"].is_cuda and b["image"].shape == (4, 64, 64, 3) and b["boxes"].is_cuda
+
+
+def test_geometry_record_and_native_size_images_on_the_device(tmp_path):
+    """The transforms' record (``affine``, ``flipped``) composed over a stage fused in the host gather and one
+    run on the device equals the CPU loader's, on the device; format="torchvision" at native sizes hands
+    the device the CPU's float images (channels-last views, as torchvision's PILToTensor + ToDtype) and
+    targets carrying the record."""
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / "src", n=6, seed=3)
+    dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+
+    class Shift(T.Geometric):  # map only: runs on the device, after the copy
+        def plan(self, sizes, gen):
+            m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
+            m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
+            return m, sizes.clone()
+
+    ops = [T.RandomResizedCrop(32, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), Shift()]
+    for a, b in zip(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1),
+                    dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda")):
+        for k in ("affine", "flipped"):
+            assert b[k].device.type == "cuda"
+            torch.testing.assert_close(b[k].cpu(), a[k], msg=k)
+    kw = dict(batch_size=3, format="torchvision", transforms=[T.RandomHorizontalFlip()], seed=2)
+    for (ci, ct), (gi, gt) in zip(dsc.Loader(ds, **kw), dsc.Loader(ds, device="cuda", **kw)):
+        for x, y in zip(ci, gi):
+            assert y.device.type == "cuda" and torch.equal(y.cpu(), x) and y.stride() == x.stride()
+        for x, y in zip(ct, gt):
+            assert torch.equal(y["affine"].cpu(), x["affine"]) and y["flipped"] == x["flipped"]

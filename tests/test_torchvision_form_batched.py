@@ -39,8 +39,13 @@ def test_torchvision_form_equals_the_per_image_construction_and_keeps_held_targe
         for (images, targets), batch in zip(tv, packed):
             ref_images, ref_masks = _reference(batch)
             assert len(images) == len(ref_images) == len(targets)
-            for img, ref in zip(images, ref_images):
-                assert img.dtype == torch.float32 and img.is_contiguous() and torch.equal(img, ref)
+            for img, ref, hwc in zip(images, ref_images, sample_pixels(batch, "image")):
+                assert img.dtype == torch.float32 and torch.equal(img, ref)
+                # mixed sizes (a list): each image laid out as torchvision's detection reference hands it,
+                # PILToTensor (a (C, H, W) permuted view of the HWC pixels) then ToDtype(float, scale=True)
+                # (.to keeps the strides, then / 255)
+                tv_ref = hwc.permute(2, 0, 1).to(torch.float32) / 255
+                assert img.stride() == tv_ref.stride() and torch.equal(img, tv_ref)
             for t, ref in zip(targets, ref_masks):
                 assert t["masks"].dtype == torch.uint8 and t["masks"].shape == ref.shape
                 assert torch.equal(t["masks"], ref) and len(t["masks"]) == len(t["boxes"])
@@ -51,3 +56,19 @@ def test_torchvision_form_equals_the_per_image_construction_and_keeps_held_targe
     for batch in held:  # the images and masks the user kept from the first epoch is as it was handed out
         for kept, copy in batch:
             assert torch.equal(kept, copy)
+
+
+def test_the_batch_wide_cast_in_pieces_equals_the_per_image_one(ds, monkeypatch):
+    """The packed images are cast and divided in cache-sized pieces; pieces that split images anywhere
+    (777 bytes) give the same floats."""
+    import dsc.runtime.batches as B
+
+    monkeypatch.setattr(B, "_CAST_CHUNK", 777)
+    kw = dict(batch_size=3, num_threads=0, transforms=[T.RandomHorizontalFlip(0.5)])
+    n = 0
+    for (images, _), batch in zip(dsc.Loader(ds, format="torchvision", **kw), dsc.Loader(ds, **kw)):
+        assert batch["image"].numel() > 3 * 777
+        for img, ref in zip(images, _reference(batch)[0]):
+            assert torch.equal(img, ref)
+            n += 1
+    assert n == len(ds)

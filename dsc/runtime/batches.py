@@ -95,7 +95,11 @@ def padded_to_packed(padded: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dic
 def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     """Per-image target dicts whose tensors are views of the packed columns (torchvision's form)."""
     o = box_offsets.tolist()
-    return [{name: col[o[b]:o[b + 1]] for name, col in columns.items()} for b in range(len(o) - 1)]
+    if len(o) < 2:
+        return []
+    counts = [b - a for a, b in zip(o[:-1], o[1:])]
+    per = {name: torch.split(col[o[0]:o[-1]], counts) for name, col in columns.items()}  # (one call a column)
+    return [{name: views[b] for name, views in per.items()} for b in range(len(counts))]
 
 
 def ragged_list(batch: dict, name: str) -> list:
@@ -290,10 +294,14 @@ def _on_device(device):
 
 def _chw_floats(images, alloc=None):
     """:func:`_chw_float` of a batch's images (the (B, H, W, C) tensor, or a list of (H, W, C) views), the
-    same values, faster: per image, its channels moved first as stored (a byte shuffle into a scratch buffer
-    that stays in cache; the casting copy straight from the channels-last view was the slow part of
-    _chw_float), then converted into its place in one float buffer from ``alloc`` (the Loader's ring: reused
-    batch after batch, no fresh pages to fault in) and divided there; the images are views of that buffer."""
+    same values, faster: converted into their places in one float buffer from ``alloc`` (the Loader's ring:
+    reused batch after batch, no fresh pages to fault in) and divided there. The (B, C, H, W) tensor is
+    contiguous (its channels moved first as bytes through a scratch buffer that stays in cache, then cast);
+    a list's images (mixed sizes: torchvision's detection recipe at native size) are (C, H, W) views of
+    channels-last memory, exactly as torchvision's detection reference hands them to its models
+    (``PILToTensor`` permutes a view, ``ToDtype(float, scale=True)`` keeps its strides), which spares the
+    channel shuffle, the costliest pass of the conversion (measured: the list form's conversion about twice
+    as fast under load, values equal)."""
     one = isinstance(images, torch.Tensor)
     items = [images] if one else images
     if (not items or any(x.is_floating_point() or x.dim() < 3 for x in items)
@@ -301,41 +309,86 @@ def _chw_floats(images, alloc=None):
         return _each(images, _chw_float)
     alloc = alloc or _on_device(items[0].device)
     sizes = [x.numel() for x in items]
-    scratch = alloc("torchvision_image_chw", (max(sizes),), items[0].dtype)
     buf = alloc("torchvision_image", (sum(sizes),), torch.float32)
     divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
-    out, o = [], 0
-    for x, n in zip(items, sizes):
-        chw = x.movedim(-1, -3)
-        out.append(buf[o:o + n].view(chw.shape).copy_(scratch[:n].view(chw.shape).copy_(chw)).div_(divisor))
-        o += n
-    return out[0] if one else out
+    if not one:  # each image cast where it lies, channels last, and divided while it is still in cache
+        out, o = [], 0
+        for x, n in zip(items, sizes):
+            out.append(buf[o:o + n].view(x.shape).copy_(x).div_(divisor).movedim(-1, -3))
+            o += n
+        return out
+    scratch = alloc("torchvision_image_chw", (max(sizes),), items[0].dtype)
+    chw = images.movedim(-1, -3)
+    n = sizes[0]
+    return buf.view(chw.shape).copy_(scratch[:n].view(chw.shape).copy_(chw)).div_(divisor)
+
+
+def _image_sizes(batch: dict, B: int) -> list[tuple[int, int]]:
+    """Every sample's (height, width) in a batch of any image form (:func:`image_size` of each, one
+    ``tolist`` for the batch)."""
+    if "image_shapes" in batch:
+        return [(h, w) for h, w, *_ in batch["image_shapes"].tolist()]
+    if "image_sizes" in batch:
+        return [(h, w) for h, w in batch["image_sizes"].tolist()]
+    return [image_size(batch, 0)] * B
+
+
+_CAST_CHUNK = 1 << 18  # uint8 -> float32 conversion in pieces of 1 MB of floats: a core's L2 cache
+
+
+def _packed_chw_floats(batch: dict, alloc=None):
+    """:func:`_chw_floats` of a packed ragged batch's images (``image`` flat, ``image_offsets``,
+    ``image_shapes``): the images lie back to back in the flat buffer, so the float buffer takes the same
+    layout and the batch is cast and divided as one run of bytes, in cache-sized pieces (two tensor ops a
+    piece, none per image: less of the Loader threads' time holds the GIL); each image a (C, H, W) view of
+    it, channels-last as the list form of :func:`_chw_floats`."""
+    flat = batch["image"]
+    shapes = batch["image_shapes"].tolist()
+    if flat.is_floating_point() or not shapes or len(shapes[0]) != 3:
+        return _chw_floats(sample_pixels(batch, "image"), alloc)
+    alloc = alloc or _on_device(flat.device)
+    buf = alloc("torchvision_image", (flat.numel(),), torch.float32)
+    divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
+    step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
+    for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
+        buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
+    o = batch["image_offsets"].tolist()
+    return [buf[o[k]:o[k + 1]].view(shapes[k]).movedim(-1, -3) for k in range(len(shapes))]
 
 
 def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
     """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keep``: a bool per box row of the
-    batch, only those; None: all), as :func:`object_masks` makes them, but as views of one zeroed buffer
-    from ``alloc`` for the whole batch, each crop copied straight into its place."""
+    batch, only those; None: all), as :func:`object_masks` makes them, but as views of one buffer from
+    ``alloc`` for the whole batch, zeroed, each crop copied straight into its place (on the CPU through numpy
+    views: a slice assignment costs a microsecond there against ten for a tensor's, and releases the GIL
+    for its copy, so the Loader's two threads are not serialised by the per-object loop)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
     kept = keep.tolist() if keep is not None else None
-    rows, sizes = [], []
+    rows = []
     for b in range(len(o) - 1):
         r = range(o[b], o[b + 1])
         rows.append(r if kept is None else [i for i in r if kept[i]])
-        sizes.append(image_size(batch, b))
+    sizes = _image_sizes(batch, len(o) - 1)
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
-    buf.zero_()
+    cpu = buf.device.type == "cpu" and flat.device.type == "cpu"
+    if cpu:  # each mask zeroed just before its crop goes in: the crop's lines are still in cache
+        dest, src = buf.numpy(), flat.numpy()
+    else:
+        dest, src = buf.zero_(), flat
     out, off = [], 0
     for r, (h, w) in zip(rows, sizes):
-        m = buf[off:off + len(r) * h * w].view(len(r), h, w)
-        off += len(r) * h * w
+        n = len(r) * h * w
+        out.append(buf[off:off + n].view(len(r), h, w))
+        m = dest[off:off + n].reshape(len(r), h, w)
+        off += n
         for j, i in enumerate(r):
             t, l, mh, mw = rects[i]
+            if cpu:
+                m[j] = 0
             if mh and mw:
-                m[j, t:t + mh, l:l + mw] = flat[mo[i]:mo[i + 1]].view(mh, mw)
-        out.append(m)
+                m[j, t:t + mh, l:l + mw] = src[mo[i]:mo[i + 1]].reshape(mh, mw)
     return out
 
 
@@ -395,7 +448,8 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     the Loader's ring (default: new tensors), where the float images and the (k, H, W) masks go: each
     sample's are views of one buffer for the batch (a batch or target the user keeps keeps its buffer from
     being reused: the ring then makes another)."""
-    images = _chw_floats(sample_pixels(batch, "image"), alloc)
+    images = _packed_chw_floats(batch, alloc) if "image_offsets" in batch else \
+        _chw_floats(sample_pixels(batch, "image"), alloc)
     values = {k: (ragged_list(batch, k) if f"{k}_offsets" in batch else batch[k]) for k in value_keys(schema)
               if k in batch}
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
@@ -413,11 +467,18 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
             box_offsets = kept[box_offsets]
         targets = packed_to_list(box_offsets, cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
+        # the transforms' record of each sample's geometry (transforms/objects.py record_geometry)
+        affine = batch["affine"] if "affine" in batch and "affine" not in schema else None
+        flipped = batch["flipped"].tolist() if "flipped" in batch and "flipped" not in schema else None
         exact = [k for k in schema.object_masks() if k in batch]
         exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            if affine is not None:
+                t["affine"] = affine[k]
+            if flipped is not None:
+                t["flipped"] = flipped[k]
             if exact:
                 t["masks"] = exact_masks[k]
             t.update({name: v[k] for name, v in values.items()})

@@ -402,7 +402,7 @@ class Dataset(torch.utils.data.Dataset):
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
         if own_sizes:  # each sample keeps its size: transformed after the gather, in its packed form
             apply_plan(geometry, batch, self.schema)
-        elif geometry is not None and "boxes" in batch:  # boxes, per-box rows, object masks, keypoints
+        elif geometry is not None:  # boxes, per-box rows, object masks, keypoints; the record (affine, flipped)
             move_objects(batch, geometry, self.schema)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)

@@ -18,6 +18,7 @@ only after the event says the copy is done.
 """
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -52,7 +53,7 @@ class Ring:
         slot = self.slots[s]
 
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-            numel = int(np.prod(shape)) if len(shape) else 1
+            numel = math.prod(shape)  # (np.prod of a tuple costs microseconds, with the GIL held)
             buf = slot.get(name)
             if buf is not None and buf.dtype == dtype and _storage_users(buf) > 1:
                 self.taken += 1

@@ -19,6 +19,11 @@ batch and that plan and moves every key the schema gives a per-object role:
 
 A new geometric op needs nothing here as long as its matrices and programs are right; a new per-object
 role is taught here once, for every op.
+
+Every batch a geometric op moved also says what it did to each sample (:func:`record_geometry`), so a user
+can move annotations of their own: ``affine`` (B, 2, 3) float64, the map from the stored sample's pixel
+coordinates to the output's, composed over every geometric stage (the Loader's gather and the ops after it),
+and ``flipped`` (B,) bool, the output mirrors the stored image left-right (its joints were swapped).
 """
 from __future__ import annotations
 
@@ -128,6 +133,9 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     each object row's sample; ``keep``: the rows whose boxes survived); the others are dropped."""
     flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
     dev = flat.device
+    if all(isinstance(m, Flips) for m in maps):
+        _flip_object_masks(batch, key, maps, sample, keep)
+        return
     flat_c, o, r = flat.cpu().numpy(), offs.tolist(), rects.tolist()
     np_maps = {}
     new_flat, new_rects = [], []
@@ -152,6 +160,45 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     np.cumsum(sizes, out=offsets[1:])
     batch[key] = torch.from_numpy(np.concatenate(new_flat) if new_flat else np.zeros(0, np.uint8)).to(dev)
     batch[f"{key}_rects"] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
+    batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
+
+
+def _flip_object_masks(batch: dict, key: str, maps: list, sample: np.ndarray, keep: np.ndarray) -> None:
+    """:func:`move_object_masks` when every sample's map only flips (torchvision's detection recipe): the
+    crops keep their sizes, so the output is allocated once; a run of kept crops of samples that are not
+    flipped is one block copy, a flipped crop one reversed slice assignment into its place (no per-object
+    arrays, no concatenation), and the rectangles are mirrored batch-wide."""
+    flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
+    dev = flat.device
+    src, o = flat.cpu().numpy(), offs.cpu().numpy()
+    rows = np.flatnonzero(keep)
+    r = rects.cpu().numpy()[rows].astype(np.int64)
+    flips = np.asarray([(m[0], m[1], m[2], m[3]) for m in maps], np.int64).reshape(-1, 4)[sample[rows]]
+    sizes = r[:, 2] * r[:, 3]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint8)
+    moved = (flips[:, 0] | flips[:, 1]).astype(bool) & (sizes > 0)
+    src_start, src_end, dst = o[rows].tolist(), o[rows + 1].tolist(), offsets.tolist()
+    todo = moved.tolist()
+    j, n = 0, len(rows)
+    while j < n:
+        if todo[j]:
+            t, l, h, w = r[j].tolist()
+            crop = src[src_start[j]:src_end[j]].reshape(h, w)
+            out[dst[j]:dst[j + 1]].reshape(h, w)[...] = crop[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
+            j += 1
+            continue
+        k = j  # a run of unmoved crops, back to back in the source as in the output: one copy
+        while k + 1 < n and not todo[k + 1] and rows[k + 1] == rows[k] + 1:
+            k += 1
+        out[dst[j]:dst[k + 1]] = src[src_start[j]:src_end[k]]
+        j = k + 1
+    fh, fw = flips[:, 0].astype(bool) & (r[:, 2] > 0), flips[:, 1].astype(bool) & (r[:, 3] > 0)
+    r[fh, 0] = flips[fh, 2] - r[fh, 0] - r[fh, 2]
+    r[fw, 1] = flips[fw, 3] - r[fw, 1] - r[fw, 3]
+    batch[key] = torch.from_numpy(out).to(dev)
+    batch[f"{key}_rects"] = torch.from_numpy(r).to(dev)
     batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
 
 
@@ -213,10 +260,47 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
     return keep
 
 
+# ----------------------------------------------------------------------------- the record
+GEOMETRY_KEYS = ("affine", "flipped")
+
+
+def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Tensor | None = None) -> None:
+    """Compose ``plan`` into the batch's record of its samples' geometry: ``affine`` (B, 2, 3) float64, the
+    point (x, y) of the stored sample (continuous pixel coordinates, pixel corners at integers: the
+    convention of boxes, keypoints and ``transform/affine``) lands at ``affine[b] @ (x, y, 1)`` of the
+    output; ``flipped`` (B,) bool, the output mirrors the stored image left-right (an odd number of
+    horizontal flips: keypoints had their left and right joints swapped). A later stage composes onto the
+    record of the earlier ones; after an op that moves samples in a way no map states (Mosaic) ``affine`` is
+    NaN and there is no ``flipped``. A field of the dataset named like one of them keeps its name (not
+    recorded)."""
+    B = len(plan.matrices)
+    if fwd is None:  # (``fwd``: the plan's forward maps, when the caller has them)
+        fwd = torch.linalg.inv(plan.matrices)  # output -> input, inverted: input -> output
+    fwd = fwd.double().cpu()
+    hflip = plan.hflip.cpu() if plan.hflip is not None else torch.zeros(B, dtype=torch.bool)
+    prev, was = batch.get("affine"), batch.get("flipped")
+    if "affine" not in schema:
+        if isinstance(prev, torch.Tensor) and prev.shape == (B, 2, 3):  # an earlier stage's: this one after it
+            fwd = fwd.to(prev.device) @ torch.cat([prev.double(), fwd.new_tensor([[[0.0, 0.0, 1.0]]]).to(
+                prev.device).expand(B, 1, 3)], 1)
+        dev = prev.device if isinstance(prev, torch.Tensor) else batch["image"].device
+        batch["affine"] = (fwd[:, :2] + 0.0).to(dev)  # (+ 0.0: no -0.0 in the record)
+    if "flipped" not in schema:
+        if isinstance(prev, torch.Tensor) and "affine" not in schema and bool(prev.isnan().any()):
+            batch.pop("flipped", None)  # the samples were moved in a way no map states (Mosaic): no record
+            return
+        if isinstance(was, torch.Tensor) and was.shape == (B,):
+            hflip = hflip.to(was.device) ^ was.bool()
+        dev = was.device if isinstance(was, torch.Tensor) else batch["image"].device
+        batch["flipped"] = hflip.to(dev)
+
+
 # ----------------------------------------------------------------------------- all of them
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
     samples' (h, w) before the chain (default: the plan's)."""
+    fwd = torch.linalg.inv(plan.matrices)  # input pixel -> output pixel, per sample
+    record_geometry(batch, plan, schema, fwd)
     if "boxes" not in batch:
         return
     sizes = sizes if sizes is not None else plan.sizes
@@ -235,7 +319,7 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:
         kept = sample[keep]
-        fwd = torch.linalg.inv(plan.matrices)[kept]
+        fwd = fwd[kept]
         hflip = (plan.hflip if plan.hflip is not None else torch.zeros(len(counts), dtype=torch.bool))[kept]
         for k, role in points.items():
             batch[k] = move_keypoints(batch[k], fwd, hflip.to(batch[k].device), role.flip_index, out_w[kept],
