@@ -462,9 +462,11 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
     if name == "Invert":
         return x.bitwise_not_()
     if name == "AutoContrast":
-        lo = x.amin(dim=(1, 2)).to(torch.float32).view(N, -1, 1, 1)
-        hi = x.amax(dim=(1, 2)).to(torch.float32).view(N, -1, 1, 1)
+        lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
+        lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
         return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
+    if name == "Sharpness":
+        return C.sharpness_u8(x, 1.0 + mag)
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))

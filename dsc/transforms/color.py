@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -220,12 +221,18 @@ def value_image(n: int, channels: int = 1, device=None) -> torch.Tensor:
 
 
 def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, H, W, C) through per-sample lookup tables ``lut`` (N, 1 or C, 256) (any dtype holding 0..255):
-    one gather."""
+    """CPU uint8 (N, H, W, C) through per-sample lookup tables ``lut`` (N, 1 or C, 256) (any dtype holding
+    0..255), in place: numpy's take per sample (per channel), several times torch's gathers on uint8."""
     N, H, W, Cn = x.shape
-    lut = lut.reshape(N, -1, 256).to(torch.uint8).expand(N, Cn, 256).contiguous()
-    offs = (torch.arange(N * Cn, dtype=torch.int32, device=x.device) * 256).view(N, 1, 1, Cn)
-    return lut.view(-1).index_select(0, (x.to(torch.int32) + offs).reshape(-1)).view(N, H, W, Cn)
+    t = lut.reshape(N, -1, 256).to(torch.uint8).numpy()
+    a = x.numpy()
+    for b in range(N):
+        if t.shape[1] == 1:
+            np.take(t[b, 0], a[b], out=a[b], mode="clip")
+        else:
+            for c in range(Cn):
+                np.take(t[b, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
+    return x
 
 
 def histograms_u8(x: torch.Tensor) -> torch.Tensor:
@@ -233,6 +240,22 @@ def histograms_u8(x: torch.Tensor) -> torch.Tensor:
     N, H, W, Cn = x.shape
     planes = x.permute(0, 3, 1, 2).contiguous().view(N * Cn, H * W)
     return torch.stack([torch.bincount(p, minlength=256) for p in planes]).view(N, Cn, 256)
+
+
+def sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`sharpness` on uint8 (N, H, W, C), in place, the same numbers: the 3x3 sum in int16 and its rounding
+    by 13 as floor((s + 6) / 13) (s / 13 is never a half), the blend in float32 as there."""
+    N, H, W, Cn = x.shape
+    if H <= 2 or W <= 2:
+        return x
+    xi = x.to(torch.int16)
+    p = xi[:, :, :-2] + xi[:, :, 1:-1] + xi[:, :, 2:]
+    box = p[:, :-2] + p[:, 1:-1] + p[:, 2:]
+    deg = box.add_(xi[:, 1:-1, 1:-1], alpha=4).add_(6).div_(13, rounding_mode="floor")
+    view = x[:, 1:-1, 1:-1].to(torch.float32)
+    view.add_((deg.to(torch.float32) - view) * (1.0 - _f(factor, view)))
+    x[:, 1:-1, 1:-1] = view.clamp_(0, 255).to(torch.uint8)
+    return x
 
 
 def shift_u8(x: torch.Tensor, dx: list[int], dy: list[int], fill) -> torch.Tensor:
