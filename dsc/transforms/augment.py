@@ -6,11 +6,17 @@ Each op draws its parameters per sample from the batch's (seed, epoch, rank, bat
 torchvision's distributions (``params(sizes, gen)``: a dict of per-sample tensors), then applies them to the
 whole batch at once (``apply``): one vectorised pass per op, or per distinct sub-op where samples drew
 different ones (AutoAugment's policies: the samples that drew Rotate are rotated together). A run of these
-ops is one stage: the uint8 (B, H, W, C) batch becomes float (B, C, H, W) once, each op quantises as
-torchvision does on uint8 tensors (so a single op is within a grey level of torchvision on the same
-parameters), and the stage writes uint8 back. A float image (after ToFloat, before Normalize) is taken
-as [0, 1]. Ragged batches (images of several sizes) are run one sample at a time, with the same draws.
-They are torch ops: on the device (CUDA) after the uint8 copy when the Loader runs there.
+ops is one stage. Each op's formula is written once, on float pixels (``apply``), quantising as torchvision
+does on uint8 tensors (so a single op is within a grey level of torchvision on the same parameters). On the
+CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
+it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
+posterize, solarize, invert, autocontrast, equalize), a whole-pixel shift (translate), an int16 box sum
+(sharpness) or a float copy of those samples (shear, rotate, colour, blur, hue...), each giving the float
+formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
+batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
+and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
+there writes its windows in place). Ragged batches (images of several sizes) are run one sample at a time,
+with the same draws.
 
 Photometric ops touch only the image: boxes, masks and labels are left as they are. The auto-augment
 family's geometric sub-ops (shear, translate, rotate) move the image only, as in classification

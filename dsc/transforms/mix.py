@@ -9,7 +9,8 @@ eps / C (what ``CrossEntropyLoss(label_smoothing=eps)`` does to a hard target). 
 dataset's number of classes once a Loader runs the op (``bind``). Draws come from the batch's (seed,
 epoch, rank, batch) generator, so batches are the same for any thread count and after a resume. They need
 one image size (after a fixed-size op); a uint8 image is mixed in float and rounded back; boxes and masks
-are refused, as torchvision refuses them.
+are refused, as torchvision refuses them. Both write into the batch's float image (no second batch-sized
+tensor: MixUp from the last sample back, a few at a time; CutMix only its box).
 """
 from __future__ import annotations
 
