@@ -170,6 +170,9 @@ class _PerImageRecipe(torch.utils.data.Dataset):
         self.ds, self.paths = ds, paths
         self.ops = T.Compose(_split_batch_ops(ops)[0])
         self.schema = ds.schema
+        # boxes or masks are in the stored frame: the source image is resized to it first; a classification
+        # recipe runs on the decoded source as it is (as a per-image pipeline would)
+        self.framed = "boxes" in ds.schema or any(k != "image" for k in ds.schema.pixels())
 
     def __len__(self):
         return len(self.paths)
@@ -182,7 +185,7 @@ class _PerImageRecipe(torch.utils.data.Dataset):
         with Image.open(self.paths[i]) as im:
             im = ImageOps.exif_transpose(im).convert("RGB")
             h, w = sample["image"].shape[:2]
-            if im.size != (w, h):  # compiled at another size: boxes and masks are in the stored frame
+            if im.size != (w, h) and self.framed:  # compiled at another size: boxes and masks are in the stored frame
                 im = im.resize((w, h), Image.Resampling.BILINEAR)
             img = torch.from_numpy(np.asarray(im).copy())
         batch = {"image": img.unsqueeze(0)}

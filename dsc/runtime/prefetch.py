@@ -152,7 +152,7 @@ def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
         batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
                                  **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
-        batch = state.compose(batch, gen=gen, start=state.start)
+        batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc)
     if state.after_boxes is not None:  # the box form asked for, from the packed boxes the transforms moved
         batch = box_form(batch, state.dataset.schema, state.after_boxes)
     if state.output is None:

@@ -6,11 +6,17 @@ Each op draws its parameters per sample from the batch's (seed, epoch, rank, bat
 torchvision's distributions (``params(sizes, gen)``: a dict of per-sample tensors), then applies them to the
 whole batch at once (``apply``): one vectorised pass per op, or per distinct sub-op where samples drew
 different ones (AutoAugment's policies: the samples that drew Rotate are rotated together). A run of these
-ops is one stage: the uint8 (B, H, W, C) batch becomes float (B, C, H, W) once, each op quantises as
-torchvision does on uint8 tensors (so a single op is within a grey level of torchvision on the same
-parameters), and the stage writes uint8 back. A float image (after ToFloat, before Normalize) is taken
-as [0, 1]. Ragged batches (images of several sizes) are run one sample at a time, with the same draws.
-They are torch ops: on the device (CUDA) after the uint8 copy when the Loader runs there.
+ops is one stage. Each op's formula is written once, on float pixels (``apply``), quantising as torchvision
+does on uint8 tensors (so a single op is within a grey level of torchvision on the same parameters). On the
+CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
+it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
+posterize, solarize, invert, autocontrast, equalize), a whole-pixel shift (translate), an int16 box sum
+(sharpness) or a float copy of those samples (shear, rotate, colour, blur, hue...), each giving the float
+formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
+batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
+and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
+there writes its windows in place). Ragged batches (images of several sizes) are run one sample at a time,
+with the same draws.
 
 Photometric ops touch only the image: boxes, masks and labels are left as they are. The auto-augment
 family's geometric sub-ops (shear, translate, rotate) move the image only, as in classification
@@ -52,8 +58,34 @@ class PixelOp(BatchOp):
     def apply(self, x: torch.Tensor, p: dict, sizes: torch.Tensor, bound: float, integer: bool) -> torch.Tensor:
         raise NotImplementedError
 
+    def apply_u8(self, x: torch.Tensor, p: dict, sizes: torch.Tensor) -> torch.Tensor:
+        """The same on uint8 (N, H, W, C) pixels (the CPU stage keeps them uint8 between ops): ``apply`` on a
+        float copy, quantised as on uint8 (ops with a uint8 kernel override it). May write into ``x``."""
+        return _to_u8(self.apply(_to_float(x), p, sizes, 255.0, True))
+
     def __call__(self, batch: dict, gen: torch.Generator) -> dict:
         return apply_pixel_ops([self], batch, gen)
+
+
+def _take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A copy of samples ``rows`` of a contiguous batch (index_select over flat rows: a memcpy each)."""
+    return x.reshape(len(x), -1).index_select(0, rows.to(x.device)).view(len(rows), *x.shape[1:])
+
+
+def _put_rows(x: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None:
+    """x[rows] = y, a sample at a time (torch's index_copy_/index_put_ on images are many times slower)."""
+    for i, r in enumerate(rows.tolist()):
+        x[r].copy_(y[i])
+
+
+def _to_float(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, H, W, C) -> float32 (N, C, H, W) (channels-last in memory, as the float stage has it)."""
+    return x.permute(0, 3, 1, 2).to(torch.float32)
+
+
+def _to_u8(y: torch.Tensor) -> torch.Tensor:
+    """float (N, C, H, W) holding whole values -> uint8 (N, H, W, C), clamped to 0..255."""
+    return y.clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
 def _range(value, name: str, center: float = 1.0, bound=(0, float("inf")), clip_first: bool = True):
@@ -292,6 +324,17 @@ class RandomErasing(PixelOp):
                 if self.value == "random" else v
         return x
 
+    def apply_u8(self, x, p, sizes):
+        """The windows written straight into the uint8 pixels (values clamped to 0..255, truncated)."""
+        Cn = x.shape[3]
+        if self.value != "random":
+            v = torch.as_tensor(self.value, dtype=torch.float32).clamp(0, 255).to(torch.uint8).to(x.device)
+        for b in p["on"].nonzero().view(-1).tolist():
+            t, l, eh, ew = p["box"][b].tolist()
+            x[b, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].permute(1, 2, 0).clamp(0, 255).to(
+                x.device, torch.uint8) if self.value == "random" else v
+        return x
+
 
 # ------------------------------------------------------------------------------------------- auto-augment
 def _bins_shear(hi):
@@ -395,6 +438,46 @@ def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, int
     raise ConfigError(f"unknown auto-augment op {name!r}")
 
 
+_LUT_OPS = {"Brightness": lambda v, m: C.brightness(v, 1.0 + m, 255.0, True),
+            "Solarize": lambda v, m: C.solarize(v, 255.0 * m, 255.0, True)}
+
+
+def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation: str = "nearest",
+                   fill=None) -> torch.Tensor:
+    """:func:`apply_named` on uint8 (N, H, W, C) pixels, the same numbers: whole-pixel translations as shifts,
+    the ops that map each value alone as lookup tables (made by the float formulas), the rest on a float copy.
+    May write into ``x``."""
+    N = x.shape[0]
+    mag = mag.double()
+    if name == "Identity":
+        return x
+    if name in ("TranslateX", "TranslateY"):
+        t = torch.trunc(mag).long().tolist()  # int(magnitude): whole pixels, so the bilinear/nearest warp is a shift
+        zero = [0] * N
+        f = 0.0 if fill is None else fill
+        f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
+        return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
+    if name in _LUT_OPS:
+        return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag))
+    if name == "Contrast":
+        mean = C.contrast_mean(_to_float(x), True)
+        return C.apply_lut(x, C.blend(C.value_image(N, device=x.device), mean, 1.0 + mag, 255.0, True))
+    if name == "Posterize":
+        bits = mag.long().view(-1, 1, 1, 1)
+        return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
+    if name == "Invert":
+        return x.bitwise_not_()
+    if name == "AutoContrast":
+        lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
+        lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
+        return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
+    if name == "Sharpness":
+        return C.sharpness_u8(x, 1.0 + mag)
+    if name == "Equalize":
+        return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
+    return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
+
+
 class _AutoBase(PixelOp):
     """Per sample, slots of (op, on, magnitude); ``apply`` runs slot by slot, each op on the samples that
     drew it, together."""
@@ -439,6 +522,28 @@ class _AutoBase(PixelOp):
                     continue
                 x = _subset_apply(x, ops[:, k] == i, lambda v, r, name=name: apply_named(
                     name, v, p["mag"][r, k], bound, integer, self.interpolation, self.fill))
+        return x
+
+    def apply_u8(self, x, p, sizes):
+        """Slot by slot, each drawn op once on the uint8 samples that drew it (gathered, run, written back)."""
+        if "ops" not in p:
+            return x
+        ops = torch.where(p["on"], p["ops"], -1)
+        for k in range(ops.shape[1]):
+            col = ops[:, k]
+            for i in sorted(set(col.tolist()) - {-1}):
+                name = self.names[i]
+                if name == "Identity":
+                    continue
+                on = col == i
+                if bool(on.all()):
+                    y = apply_named_u8(name, x, p["mag"][:, k], self.interpolation, self.fill)
+                    if y.data_ptr() != x.data_ptr() or y.stride() != x.stride():
+                        x.copy_(y)  # (x stays the contiguous batch the next op gathers from)
+                    continue
+                rows = on.nonzero().view(-1)
+                _put_rows(x, rows, apply_named_u8(name, _take_rows(x, rows), p["mag"][on, k], self.interpolation,
+                                                  self.fill))
         return x
 
 
@@ -552,6 +657,26 @@ class AugMix(_AutoBase):
             mix.add_(aug * p["w"][:, i].to(x.device, x.dtype).view(-1, 1, 1, 1))
         return C.quantise(mix, integer)
 
+    def apply_u8(self, x, p, sizes):
+        """Each chain on a uint8 copy of the batch; then the mix (the same float arithmetic as ``apply``), a
+        few samples at a time (in cache), truncated to uint8 into ``x``."""
+        W = self.mixture_width
+        K = p["ops"].shape[1] // W
+        augs = [super(AugMix, self).apply_u8(x.clone(), {"ops": p["ops"][:, i * K:(i + 1) * K],
+                                                         "on": p["on"][:, i * K:(i + 1) * K],
+                                                         "mag": p["mag"][:, i * K:(i + 1) * K]}, sizes)
+                for i in range(W)]
+        m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
+        w = p["w"].to(x.device, torch.float32)
+        step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
+        for c0 in range(0, len(x), step):
+            sl = slice(c0, c0 + step)
+            mix = _to_float(x[sl]) * m0[sl]
+            for i, aug in enumerate(augs):
+                mix.add_(_to_float(aug[sl]) * w[sl, i].view(-1, 1, 1, 1))
+            x[sl] = _to_u8(mix.trunc_())
+        return x
+
 
 # ------------------------------------------------------------------------------------------------ the stage
 def _pixel_views(batch: dict):
@@ -568,11 +693,14 @@ def _pixel_views(batch: dict):
 CHUNK_BYTES = 1 << 21  # the float pixels of the samples a CPU pass works on at once (about L2)
 
 
-def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None) -> dict:
+def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None, inplace: bool = False,
+                    alloc=None) -> dict:
     """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
     ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place). ``post``:
     the ToFloat/Normalize pass that follows (a fixed-size uint8 batch goes straight into it, in float: its
-    values are whole numbers already, so the result is the same as through uint8)."""
+    values are whole numbers already, so the result is the same as through uint8). ``inplace``: the image
+    is this pipeline's own (a ring slot, an earlier stage's output) and may be written into; ``alloc``: the
+    Loader's ring-slot allocator, for the float output (memory reused batch after batch)."""
     views, img = _pixel_views(batch)
     if any(op.moves_pixels for op in ops):
         moved = [k for k in batch if k in ("boxes", "mask") or k.endswith("_mask")]
@@ -610,12 +738,27 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
             v.copy_(y[0].permute(1, 2, 0).clamp_(0, 255).to(v.dtype))
         return batch
     if img.is_floating_point():
-        batch["image"] = run(img.to(torch.float32) if img.dtype != torch.float32 else img.clone(), None, False,
-                             1.0).to(img.dtype)
+        x = img.to(torch.float32) if img.dtype != torch.float32 else img if inplace else img.clone()
+        batch["image"] = run(x, None, False, 1.0).to(img.dtype)
         return batch
     if img.dtype != torch.uint8:
         raise ConfigError(f"photometric ops take uint8 or float images, got {img.dtype}")
     B, H, W, Cn = img.shape
+    if img.device.type == "cpu":
+        # On the CPU the batch stays uint8 between ops: each op runs once on the samples that drew it (a lookup
+        # table, a shift, or a float copy of just those samples), then one pass to float when ``post`` follows.
+        x = img if inplace else img.clone()
+        for op, p in zip(ops, params):
+            x = op.apply_u8(x, p, sizes)
+        if post is None:
+            batch["image"] = x.contiguous()
+            return batch
+        out = post.empty(B, H, W, Cn, alloc=(lambda name, shape, dtype: alloc(f"{name}:float", shape, dtype))
+                         if alloc is not None else None)
+        for b in range(B):  # (sample by sample: each stays in cache through the conversion)
+            post.apply_sample(x[b], out[b])
+        batch["image"] = out
+        return batch
     # On the CPU a few samples at a time: each op's passes then stay in cache (a float pass over a whole batch
     # is memory-bound: slower than the same ops one image at a time); on a GPU the whole batch at once.
     chunk = B if img.device.type != "cpu" else max(1, CHUNK_BYTES // max(1, H * W * Cn * 4))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -58,12 +59,17 @@ def brightness(x, factor, bound, integer):
     return blend(x, torch.zeros((), dtype=x.dtype, device=x.device), factor, bound, integer)
 
 
-def contrast(x, factor, bound, integer):
-    """``adjust_contrast``: blend with the mean of the (uint8: floored) grey image."""
+def contrast_mean(x: torch.Tensor, integer: bool) -> torch.Tensor:
+    """(N, 1, 1, 1): the mean of the (uint8: floored) grey image, what ``adjust_contrast`` blends with."""
     g = grayscale(x) if x.shape[1] == 3 else x.clone()
     if integer:
         g.floor_()
-    return blend(x, g.mean(dim=(1, 2, 3), keepdim=True), factor, bound, integer)
+    return g.mean(dim=(1, 2, 3), keepdim=True)
+
+
+def contrast(x, factor, bound, integer):
+    """``adjust_contrast``: blend with the mean of the (uint8: floored) grey image."""
+    return blend(x, contrast_mean(x, integer), factor, bound, integer)
 
 
 def saturation(x, factor, bound, integer):
@@ -145,8 +151,11 @@ def invert(x, bound, integer):
 
 def autocontrast(x, bound, integer):
     """``autocontrast``: each channel stretched from its [min, max] to [0, bound] (a flat channel is kept)."""
-    lo = x.amin(dim=(-2, -1), keepdim=True)
-    hi = x.amax(dim=(-2, -1), keepdim=True)
+    return stretch(x, x.amin(dim=(-2, -1), keepdim=True), x.amax(dim=(-2, -1), keepdim=True), bound, integer)
+
+
+def stretch(x, lo, hi, bound, integer):
+    """``autocontrast``'s map given each channel's [lo, hi] ((N, C, 1, 1), as x's dtype)."""
     eq = hi == lo
     inv_scale = torch.where(eq, torch.ones_like(hi), (hi - lo) / bound)
     lo = torch.where(eq, torch.zeros_like(lo), lo)
@@ -160,15 +169,21 @@ def equalize(x, bound, integer):
     flat = u8.flatten(-2).long()  # (N, C, HW)
     hist = torch.zeros((*flat.shape[:-1], 256), dtype=torch.int64, device=x.device)
     hist.scatter_add_(-1, flat, torch.ones_like(flat))
+    out = equalize_lut(hist).gather(-1, flat).view_as(x).to(x.dtype)
+    return out if integer else out / 255.0 * bound
+
+
+def equalize_lut(hist: torch.Tensor) -> torch.Tensor:
+    """(..., 256) int64 lookup tables of ``equalize`` from (..., 256) int64 histograms (a channel whose values
+    but the last are under 255: the identity)."""
     cum = hist.cumsum(-1)
     last = cum.argmax(-1, keepdim=True)  # the last non-empty bin
-    step = torch.div(flat.shape[-1] - hist.gather(-1, last), 255, rounding_mode="floor")
+    step = torch.div(cum[..., -1:] - hist.gather(-1, last), 255, rounding_mode="floor")
     valid = step.ne(0)
     lut = torch.div(cum[..., :-1] + torch.div(step, 2, rounding_mode="floor"),
                     torch.where(valid, step, torch.ones_like(step)), rounding_mode="floor").clamp_(0, 255)
     lut = torch.cat([torch.zeros_like(lut[..., :1]), lut], -1)
-    out = torch.where(valid, lut.gather(-1, flat), flat).view_as(x).to(x.dtype)
-    return out if integer else out / 255.0 * bound
+    return torch.where(valid, lut, torch.arange(256, device=hist.device))
 
 
 def gaussian_kernel(ksize: int, sigma: torch.Tensor) -> torch.Tensor:
@@ -193,6 +208,68 @@ def gaussian_blur(x, ksize: tuple[int, int], sigma: torch.Tensor, bound, integer
     y = F.pad(x.reshape(1, N * C, H, W), [px, px, py, py], mode="reflect")
     y = F.conv2d(F.conv2d(y, wx.to(x.device), groups=N * C), wy.to(x.device), groups=N * C)
     return quantise(y.view(N, C, H, W).clamp_(0, bound), integer, "round")
+
+
+# ---------------------------------------------------------------------------------------------- uint8
+# The auto-augment family's stage on the CPU keeps the batch uint8 (N, H, W, C) between ops: an op that maps
+# each value alone (brightness, contrast given its mean, posterize, solarize, invert, autocontrast, equalize)
+# is a per-sample (per-channel) lookup table made by the float formula above on the 256 values, so it gives
+# the float path's numbers exactly; the others run on float copies of the samples that drew them.
+def value_image(n: int, channels: int = 1, device=None) -> torch.Tensor:
+    """(n, channels, 1, 256) float32 holding 0..255: the float formulas run on it give lookup tables."""
+    return torch.arange(256, dtype=torch.float32, device=device).view(1, 1, 1, 256).expand(n, channels, 1, 256)
+
+
+def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """CPU uint8 (N, H, W, C) through per-sample lookup tables ``lut`` (N, 1 or C, 256) (any dtype holding
+    0..255), in place: numpy's take per sample (per channel), several times torch's gathers on uint8."""
+    N, H, W, Cn = x.shape
+    t = lut.reshape(N, -1, 256).to(torch.uint8).numpy()
+    a = x.numpy()
+    for b in range(N):
+        if t.shape[1] == 1:
+            np.take(t[b, 0], a[b], out=a[b], mode="clip")
+        else:
+            for c in range(Cn):
+                np.take(t[b, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
+    return x
+
+
+def histograms_u8(x: torch.Tensor) -> torch.Tensor:
+    """(N, C, 256) int64 value counts of uint8 (N, H, W, C), channel by channel."""
+    N, H, W, Cn = x.shape
+    planes = x.permute(0, 3, 1, 2).contiguous().view(N * Cn, H * W)
+    return torch.stack([torch.bincount(p, minlength=256) for p in planes]).view(N, Cn, 256)
+
+
+def sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`sharpness` on uint8 (N, H, W, C), in place, the same numbers: the 3x3 sum in int16 and its rounding
+    by 13 as floor((s + 6) / 13) (s / 13 is never a half), the blend in float32 as there."""
+    N, H, W, Cn = x.shape
+    if H <= 2 or W <= 2:
+        return x
+    xi = x.to(torch.int16)
+    p = xi[:, :, :-2] + xi[:, :, 1:-1] + xi[:, :, 2:]
+    box = p[:, :-2] + p[:, 1:-1] + p[:, 2:]
+    deg = box.add_(xi[:, 1:-1, 1:-1], alpha=4).add_(6).div_(13, rounding_mode="floor")
+    view = x[:, 1:-1, 1:-1].to(torch.float32)
+    view.add_((deg.to(torch.float32) - view) * (1.0 - _f(factor, view)))
+    x[:, 1:-1, 1:-1] = view.clamp_(0, 255).to(torch.uint8)
+    return x
+
+
+def shift_u8(x: torch.Tensor, dx: list[int], dy: list[int], fill) -> torch.Tensor:
+    """uint8 (N, H, W, C) moved by whole pixels (sample b: ``dx[b]`` right, ``dy[b]`` down), ``fill`` (a uint8
+    value or one per channel) where nothing lands: an affine translation by whole pixels, without resampling."""
+    N, H, W, Cn = x.shape
+    out = torch.empty_like(x)
+    out[:] = torch.as_tensor(fill, dtype=torch.uint8, device=x.device).view(-1)
+    for b, (sx, sy) in enumerate(zip(dx, dy)):
+        if abs(sx) >= W or abs(sy) >= H:
+            continue
+        out[b, max(sy, 0):H + min(sy, 0), max(sx, 0):W + min(sx, 0)] = \
+            x[b, max(-sy, 0):H - max(sy, 0), max(-sx, 0):W - max(sx, 0)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- affine

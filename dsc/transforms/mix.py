@@ -9,7 +9,8 @@ eps / C (what ``CrossEntropyLoss(label_smoothing=eps)`` does to a hard target). 
 dataset's number of classes once a Loader runs the op (``bind``). Draws come from the batch's (seed,
 epoch, rank, batch) generator, so batches are the same for any thread count and after a resume. They need
 one image size (after a fixed-size op); a uint8 image is mixed in float and rounded back; boxes and masks
-are refused, as torchvision refuses them.
+are refused, as torchvision refuses them. Both write into the batch's float image (no second batch-sized
+tensor: MixUp from the last sample back, a few at a time; CutMix only its box).
 """
 from __future__ import annotations
 
@@ -84,13 +85,31 @@ class MixUp(_Mix):
         img = self._check(batch)
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
-        x = img.to(torch.float32) if not img.is_floating_point() else img
+        if img.is_floating_point():  # in place, as CutMix: no second batch-sized tensor (the same arithmetic)
+            batch["image"] = _mix_rolled_(img, lam)
+            return batch
+        x = img.to(torch.float32)
         out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
         if len(x):
             out[1:].add_(x[:-1], alpha=1.0 - lam)
             out[0].add_(x[-1], alpha=1.0 - lam)
-        batch["image"] = out.round_().clamp_(0, 255).to(img.dtype) if not img.is_floating_point() else out.to(img.dtype)
+        batch["image"] = out.round_().clamp_(0, 255).to(img.dtype)
         return batch
+
+
+def _mix_rolled_(x: torch.Tensor, lam: float, chunk: int = 4) -> torch.Tensor:
+    """x[b] = lam x[b] + (1 - lam) x[b - 1] (x[0] with the last) in place: from the end, ``chunk`` samples at a
+    time, each reading a copy of the chunk before it (still unmixed), so only a chunk is ever copied."""
+    B = len(x)
+    if B == 0:
+        return x
+    last = x[-1].clone()
+    for j in range(B, 1, -chunk):
+        i = max(1, j - chunk)
+        prev = x[i - 1:j - 1].clone()
+        x[i:j].mul_(lam).add_(prev, alpha=1.0 - lam)
+    x[0].mul_(lam).add_(last, alpha=1.0 - lam)
+    return x
 
 
 class CutMix(_Mix):
