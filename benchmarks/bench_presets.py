@@ -29,7 +29,10 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    """``python bench_presets.py [NAME ...]``: only the presets named (all of them without)."""
+    import sys
+
     import dsc
     from dsc.bench import preset_dataloader_rate
     from dsc.synthetic import detection_scenes, write_coco
@@ -37,11 +40,14 @@ def main() -> None:
 
     import bench_recipe
 
-    src = bench_recipe.sources()
-    cls = bench_recipe.compiled(src, "fixed", size=256)
+    only = set(sys.argv[1:] if argv is None else argv)
     print(f"reference recipes on CPU: {SAMPLES} samples per preset, 2 threads vs torch DataLoader(2 workers) per "
           f"image")
+    cls = None
     for name in CLASSIFICATION:
+        if only and name not in only:
+            continue
+        cls = cls or bench_recipe.compiled(bench_recipe.sources(), "fixed", size=256)
         ops = recipe(name)
         rate = dsc_rate(cls, ops, 128, "dict")
         base = preset_dataloader_rate(cls, ops, 128, limit=SAMPLES // 2)
@@ -53,6 +59,8 @@ def main() -> None:
         dsc.compile_coco(root / "annotations.json", root / "images", out, progress=False)
     det = dsc.open(out)
     for name in DETECTION:
+        if only and name not in only:
+            continue
         ops = detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
         rate = dsc_rate(det, ops, 16, "torchvision")
         base = preset_dataloader_rate(det, ops, 16, limit=SAMPLES // 4)

@@ -25,9 +25,12 @@ from ..formats.fields import Schema
 
 
 def _fill(fill, name):
-    if not isinstance(fill, (int, float)) or isinstance(fill, bool) or not 0 <= fill <= 255:
-        raise ConfigError(f"{name}: fill is a pixel value 0-255, got {fill!r}")
-    return fill
+    """A pixel value 0-255, or one per channel (torchvision's ``fill=(123, 117, 104)``, the mean colour)."""
+    values = list(fill) if isinstance(fill, (tuple, list)) else [fill]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 255
+                             for v in values):
+        raise ConfigError(f"{name}: fill is a pixel value 0-255 or one per channel, got {fill!r}")
+    return tuple(values) if isinstance(fill, (tuple, list)) else fill
 
 
 def _resize_to(sizes, nh, nw):
@@ -160,15 +163,6 @@ class RandomZoomOut(Geometric):
         return [("crop", _ints(-top), _ints(-left), _ints(ch), _ints(cw))]
 
 
-def _iou(boxes: torch.Tensor, box: list[float]) -> torch.Tensor:
-    x0, y0, x1, y1 = box
-    iw = (torch.minimum(boxes[:, 2], torch.tensor(x1)) - torch.maximum(boxes[:, 0], torch.tensor(x0))).clamp(min=0)
-    ih = (torch.minimum(boxes[:, 3], torch.tensor(y1)) - torch.maximum(boxes[:, 1], torch.tensor(y0))).clamp(min=0)
-    inter = iw * ih
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return inter / (area + (x1 - x0) * (y1 - y0) - inter)
-
-
 class RandomIoUCrop(Geometric):
     """torchvision ``RandomIoUCrop(min_scale=0.3, max_scale=1.0, min_aspect_ratio=0.5, max_aspect_ratio=2.0,
     sampler_options=[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0], trials=40)`` (the SSD recipe), per sample: draw a
@@ -190,40 +184,63 @@ class RandomIoUCrop(Geometric):
             [float(v) for v in sampler_options]
         self.trials = int(trials)
 
-    def _one(self, h: int, w: int, boxes: torch.Tensor, gen) -> tuple[list[int], torch.Tensor]:
-        keep_all = torch.ones(len(boxes), dtype=torch.bool)
-        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
-            m = self.sampler_options[int(torch.randint(len(self.sampler_options), (1,), generator=gen))]
-            if m >= 1.0:
-                return [0, 0, h, w], keep_all
-            for _ in range(self.trials):
-                r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand(2, generator=gen, dtype=torch.float64)
-                nw, nh = int(w * float(r[0])), int(h * float(r[1]))
-                if nh == 0 or not self.min_aspect_ratio <= nw / nh <= self.max_aspect_ratio:
-                    continue
-                r = torch.rand(2, generator=gen, dtype=torch.float64)
-                left, top = int((w - nw) * float(r[0])), int((h - nh) * float(r[1]))
-                right, bottom = left + nw, top + nh
-                if left == right or top == bottom or len(boxes) == 0:
-                    continue
-                cx, cy = 0.5 * (boxes[:, 0] + boxes[:, 2]), 0.5 * (boxes[:, 1] + boxes[:, 3])
-                inside = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
-                if not bool(inside.any()):
-                    continue
-                if float(_iou(boxes[inside], [left, top, right, bottom]).max()) < m:
-                    continue
-                return [top, left, nh, nw], inside
-        return [0, 0, h, w], keep_all
-
     def params(self, sizes, gen, boxes=None):
-        crops, keeps = [], []
-        for b, (h, w) in enumerate(sizes.tolist()):
-            crop, keep = self._one(int(h), int(w), boxes[b], gen)
-            crops.append(crop)
-            keeps.append(keep)
-        t = torch.tensor(crops, dtype=torch.float64).view(-1, 4)
-        return {"top": t[:, 0], "left": t[:, 1], "h": t[:, 2], "w": t[:, 3],
-                "keep": torch.cat(keeps) if keeps else torch.zeros(0, dtype=torch.bool)}
+        """torchvision's loop, run for the whole batch at once: each round draws every unfinished sample's
+        minimum IoU and its ``trials`` candidate crops together, and each sample takes its first candidate
+        that passes (as the loop would, trial by trial); a sample whose draw is 1.0 keeps its image."""
+        B = len(sizes)
+        counts = [len(b) for b in boxes] if boxes is not None else [0] * B
+        N = max(counts, default=0)
+        bx = torch.zeros((B, max(N, 1), 4), dtype=torch.float64)
+        has = torch.zeros((B, max(N, 1)), dtype=torch.bool)
+        for b, n in enumerate(counts):
+            if n:
+                bx[b, :n], has[b, :n] = boxes[b].double().cpu(), True
+        H, W = sizes[:, 0].double(), sizes[:, 1].double()
+        top, left, ch, cw = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64), H.clone(), W.clone()
+        found = torch.zeros(B, dtype=torch.bool)  # a crop was taken
+        todo = torch.ones(B, dtype=torch.bool)
+        options = torch.tensor(self.sampler_options, dtype=torch.float64)
+        cx = (0.5 * (bx[..., 0] + bx[..., 2])).unsqueeze(1)  # (B, 1, N)
+        cy = (0.5 * (bx[..., 1] + bx[..., 3])).unsqueeze(1)
+        area = ((bx[..., 2] - bx[..., 0]) * (bx[..., 3] - bx[..., 1])).unsqueeze(1)
+        T_ = self.trials
+        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
+            if not bool(todo.any()):
+                break
+            m = options[torch.randint(len(options), (B,), generator=gen)]
+            todo &= m < 1.0
+            r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand((B, T_, 2), generator=gen,
+                                                                                dtype=torch.float64)
+            u = torch.rand((B, T_, 2), generator=gen, dtype=torch.float64)
+            nw, nh = torch.floor(W.view(B, 1) * r[..., 0]), torch.floor(H.view(B, 1) * r[..., 1])
+            ok = (nh > 0) & (nw > 0)
+            aspect = nw / nh.clamp(min=1)
+            ok &= (self.min_aspect_ratio <= aspect) & (aspect <= self.max_aspect_ratio)
+            lf, tp = torch.floor((W.view(B, 1) - nw) * u[..., 0]), torch.floor((H.view(B, 1) - nh) * u[..., 1])
+            rt, bt = lf + nw, tp + nh
+            l3, t3, r3, b3 = lf.unsqueeze(-1), tp.unsqueeze(-1), rt.unsqueeze(-1), bt.unsqueeze(-1)
+            inside = has.unsqueeze(1) & (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)  # (B, T, N)
+            iw = (torch.minimum(bx[..., 2].unsqueeze(1), r3) - torch.maximum(bx[..., 0].unsqueeze(1), l3)).clamp(min=0)
+            ih = (torch.minimum(bx[..., 3].unsqueeze(1), b3) - torch.maximum(bx[..., 1].unsqueeze(1), t3)).clamp(min=0)
+            inter = iw * ih
+            iou = inter / (area + (nw * nh).unsqueeze(-1) - inter)
+            best = torch.where(inside, iou, torch.full_like(iou, -1.0)).amax(-1)
+            ok &= inside.any(-1) & (best >= m.view(B, 1)) & todo.view(B, 1)
+            hit = ok.any(1)
+            if bool(hit.any()):
+                k = ok.double().argmax(1)
+                rows = torch.arange(B)
+                top, left = torch.where(hit, tp[rows, k], top), torch.where(hit, lf[rows, k], left)
+                ch, cw = torch.where(hit, nh[rows, k], ch), torch.where(hit, nw[rows, k], cw)
+                found |= hit
+                todo &= ~hit
+        # the boxes whose centre lies inside the crop (a sample that kept its image keeps them all)
+        l3, t3, r3, b3 = (v.view(B, 1, 1) for v in (left, top, left + cw, top + ch))
+        inside = (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)
+        keep = (inside[:, 0] | ~found.view(B, 1))
+        keep = torch.cat([keep[b, :n] for b, n in enumerate(counts)]) if B else torch.zeros(0, dtype=torch.bool)
+        return {"top": top, "left": left, "h": ch, "w": cw, "keep": keep}
 
     def matrix(self, sizes, p):
         B = len(sizes)
@@ -244,15 +261,22 @@ def _pair(v, name, sym=True):
 
 
 class RandomAffine(Geometric):
-    """torchvision ``RandomAffine(degrees, translate=None, scale=None, shear=None, fill=0, center=None)``: per
-    sample angle ~ U(degrees), translation round(U(-t w, t w)), round(U(-t h, t h)) pixels, scale ~ U(scale),
-    shear x ~ U(shear[0:2]) (and y ~ U(shear[2:4])), composed as torchvision's inverse affine matrix about
-    ``center`` (default the image centre). dsc's ``size=(h, w)``: the output size (Ultralytics'
-    random_perspective after Mosaic: the input centre lands on the output centre + the translation, as a
-    fraction of the output size). Through the batched resampling pass: images bilinear, masks nearest,
-    boxes by their corners, clipped and dropped when empty."""
+    """torchvision ``RandomAffine(degrees, translate=None, scale=None, shear=None, interpolation=NEAREST,
+    fill=0, center=None)``: per sample angle ~ U(degrees), translation round(U(-t w, t w)), round(U(-t h, t h))
+    pixels, scale ~ U(scale), shear x ~ U(shear[0:2]) (and y ~ U(shear[2:4])), composed as torchvision's
+    inverse affine matrix about ``center`` (default the image centre). dsc's ``size=(h, w)``: the output size
+    (Ultralytics' random_perspective after Mosaic: the input centre lands on the output centre + the
+    translation, as a fraction of the output size). Resampled as torchvision's affine (no antialiasing):
+    images by ``interpolation`` ("nearest", torchvision's default, or "bilinear"), straight from the uint8
+    pixels; masks nearest; boxes by their corners, clipped and dropped when empty."""
 
-    def __init__(self, degrees=0, translate=None, scale=None, shear=None, fill: int = 0, center=None, size=None):
+    def __init__(self, degrees=0, translate=None, scale=None, shear=None, interpolation="nearest", fill: int = 0,
+                 center=None, size=None):
+        mode = str(getattr(interpolation, "value", interpolation)).lower()
+        if mode not in ("nearest", "bilinear"):
+            raise ConfigError(f"RandomAffine: interpolation is 'nearest' (torchvision's default) or 'bilinear', got "
+                              f"{interpolation!r}")
+        self.interpolation = mode
         self.degrees = _pair(degrees, "degrees")
         self.translate = None if translate is None else tuple(float(v) for v in translate)
         if self.translate is not None and (len(self.translate) != 2 or not all(0 <= v <= 1 for v in self.translate)):

@@ -94,7 +94,7 @@ def yolo(size: int = 640, degrees: float = 0.0, translate: float = 0.1, scale: f
 
     ops: list = [Mosaic(size, fill=114)] if mosaic else []
     ops.append(RandomAffine(degrees=degrees, translate=(translate, translate), scale=(1 - scale, 1 + scale),
-                            shear=shear or None, fill=114, size=(size, size)))
+                            shear=shear or None, interpolation="bilinear", fill=114, size=(size, size)))
     ops.append(RandomHSV(*hsv))
     if fliplr > 0:
         ops.append(RandomHorizontalFlip(fliplr))
