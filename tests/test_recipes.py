@@ -321,7 +321,8 @@ def check_aligned(out, covered=True):
         assert ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).all()
         assert (boxes >= 0).all() and (boxes[:, [0, 2]] <= W).all() and (boxes[:, [1, 3]] <= H).all()
         for (x0, y0, x1, y1), lab, cr in zip(boxes, labels, crowd):
-            inner = m[int(math.ceil(y0)) + 1:int(y1) - 1, int(math.ceil(x0)) + 1:int(x1) - 1]
+            ya, yb, xa, xb = int(math.ceil(y0)) + 1, int(y1) - 1, int(math.ceil(x0)) + 1, int(x1) - 1
+            inner = m[ya:max(ya, yb), xa:max(xa, xb)]  # (a sliver under 1 px: nothing inside; never a wrapped index)
             if inner.size:
                 assert (inner == (255 if cr else lab + 1)).all(), "a box does not frame its mask"
                 checked += 1

@@ -18,8 +18,9 @@ import torch
 
 from . import color as C
 from .augment import BatchOp
-from .fused import run_program
+from .fused import ChainPlan, full, run_program
 from .geometric import Geometric, _ints, _mat, _size
+from .objects import move_objects
 from ..errors import ConfigError
 from ..formats.fields import Schema
 
@@ -323,48 +324,59 @@ class RandomAffine(Geometric):
 
 
 class Mosaic(BatchOp):
-    """Ultralytics' ``Mosaic`` (4 images, the YOLO default): per sample, it and three partners drawn uniformly
-    from the same batch (Ultralytics draws them from the dataset; dsc from the batch, so it stays one pass
-    over the gathered batch, deterministic and resumable with the batch's generator) are each resized to a
-    longer side of ``size`` (min(ceil(side r), size)), placed around a centre (xc, yc) ~ U(size/2, 3 size/2)
-    on a 2 size x 2 size canvas of ``fill`` (top-left, top-right, bottom-left, bottom-right); boxes scaled,
-    shifted, clipped to the canvas (where each placed image shows), dropped when empty, merged with their
-    rows (each quadrant a per-sample map through the shared ``transform_boxes``); masks placed alike (nearest, ignore index around). Follow it with
-    ``RandomAffine(..., size=size)`` as Ultralytics' random_perspective does."""
+    """Ultralytics' ``Mosaic(imgsz=640, p=1.0, n=4)`` (the YOLO default). Per sample, with probability ``p``:
+    it and three partners are each resized to a longer side of ``size`` (min(ceil(side r), size)) and placed
+    around a centre (xc, yc) ~ U(size/2, 3 size/2) on a 2 size x 2 size canvas of ``fill`` (top-left,
+    top-right, bottom-left, bottom-right); otherwise (Ultralytics' ``p`` < 1: the image alone, letterboxed
+    to size x size before its random_perspective) it is resized alike and letterboxed into a size x size
+    square at the canvas centre, so the ``RandomAffine(..., size=size)`` that follows treats both as
+    Ultralytics does.
 
-    def __init__(self, size: int = 640, fill: int = 114):
+    Which samples are combined: the partners are drawn uniformly (with replacement, the sample itself
+    included) from the same batch. Ultralytics draws them from its buffer of the images it loaded last (up to
+    64); dsc's batch plays that buffer, so Mosaic stays one pass over the gathered batch, and the draws come
+    from the batch's (seed, epoch, rank, batch) generator: deterministic, the same for any thread count,
+    replayed on resume. Per-sample values (label fields, value fields) stay the sample's own.
+
+    Everything per object moves with the image it belongs to: each placement is one per-sample map (scale,
+    then shift) through the shared mover (``objects.move_objects``): boxes scaled, shifted, clipped to the
+    canvas (where each placed image shows: its inner edges are the image's own), dropped when empty with
+    every per-box row, per-object mask and keypoint row; per-object masks nearest; keypoints moved (a joint
+    that leaves the canvas becomes (0, 0, 0)); semantic masks placed alike (nearest, their ignore index
+    around). The four images' objects are merged per sample in placement order."""
+
+    def __init__(self, size: int = 640, fill: int = 114, p: float = 1.0):
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"Mosaic: size is a positive int, got {size!r}")
-        self.size, self.fill = size, _fill(fill, "Mosaic")
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise ConfigError(f"Mosaic: p is a probability 0-1 (Ultralytics' mosaic=), got {p!r}")
+        self.size, self.fill, self.p = size, _fill(fill, "Mosaic"), float(p)
 
-    def __call__(self, batch, gen):
-        from .resample import _views  # lazy: resample imports this package's geometric ops
-
-        schema = getattr(batch, "schema", None)
-        if schema is None:
-            if "boxes" in batch or "mask" in batch:
-                raise ConfigError("Mosaic: this batch has boxes or a mask but no schema; pass schema=ds.schema")
-            schema = Schema.default()
-        if "box_offsets" not in batch and "boxes" in batch:
-            raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
-        pixels = {k: r for k, r in schema.pixels().items() if k in batch}
-        other = sorted(k for k, r in schema.items() if k in batch and r.kind not in ("pixels", "boxes", "box_rows",
-                                                                                      "sample"))
-        if other:  # per-object masks, keypoints: moved by the per-object mover, not placed here yet
-            raise ConfigError(f"Mosaic places images, semantic masks, boxes and per-box rows; this batch also has "
-                              f"{', '.join(map(repr, other))}: drop them (keys=) or leave Mosaic out")
-        sizes = _views(batch, "image")[1]
+    def placements(self, sizes: torch.Tensor, gen: torch.Generator) -> list[list[tuple]]:
+        """Per output sample, its placements: (source sample, (h, w) resized, canvas region (x1a, y1a, x2a,
+        y2a), region of the resized image shown there (x1b, y1b, x2b, y2b))."""
         B, s = len(sizes), self.size
+        on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
         partners = torch.randint(max(B, 1), (B, 3), generator=gen)
         centres = torch.floor(C.uniform(gen, 2 * B, s / 2, 3 * s / 2)).long().view(B, 2)  # (xc, yc)
-        parts = []  # per sample: 4 x (source, (nh, nw), region a (x1a, y1a, x2a, y2a), region b (x1b, y1b, ...))
+        hw = sizes.tolist()
+
+        def resized(j):
+            h0, w0 = hw[j]
+            r = s / max(h0, w0)
+            return min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s)
+
+        parts = []
         for b in range(B):
+            if not bool(on[b]):  # letterboxed to s x s (Ultralytics' LetterBox: round(d - 0.1)), at the centre
+                h, w = resized(b)
+                top, left = s // 2 + round((s - h) / 2 - 0.1), s // 2 + round((s - w) / 2 - 0.1)
+                parts.append([(b, (h, w), (left, top, left + w, top + h), (0, 0, w, h))])
+                continue
             xc, yc = centres[b].tolist()
             own = []
             for i, j in enumerate([b] + partners[b].tolist()):
-                h0, w0 = sizes[j].tolist()
-                r = s / max(h0, w0)
-                h, w = min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s)
+                h, w = resized(j)
                 if i == 0:
                     a = (max(xc - w, 0), max(yc - h, 0), xc, yc)
                     bb = (w - (a[2] - a[0]), h - (a[3] - a[1]), w, h)
@@ -379,63 +391,158 @@ class Mosaic(BatchOp):
                     bb = (0, 0, min(w, a[2] - a[0]), min(a[3] - a[1], h))
                 own.append((j, (h, w), a, bb))
             parts.append(own)
+        return parts
+
+    def __call__(self, batch, gen):
+        from .resample import _views  # lazy: resample imports this package's geometric ops
+
+        schema = getattr(batch, "schema", None)
+        if schema is None:
+            if "boxes" in batch or "mask" in batch:
+                raise ConfigError("Mosaic: this batch has boxes or a mask but no schema; pass schema=ds.schema")
+            schema = Schema.default()
+        if "box_offsets" not in batch and "boxes" in batch:
+            raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
+        pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+        sizes = _views(batch, "image")[1]
+        B, s = len(sizes), self.size
+        parts = self.placements(sizes, gen)
         for key, role in pixels.items():
             views = _views(batch, key)[0]
             nearest = role.resample == "nearest"
-            fill = role.fill if role.fill is not None else float(self.fill)
+            fill = role.fill if role.fill is not None else self.fill
             tail = tuple(views[0].shape[2:]) if views else role.tail
-            canvas = torch.full((B, 2 * s, 2 * s, *tail), fill, dtype=batch[key].dtype, device=batch[key].device)
+            canvas = full((B, 2 * s, 2 * s, *tail), fill, batch[key].dtype, batch[key].device)
             for b, own in enumerate(parts):
                 for j, (h, w), a, bb in own:
                     ph, pw = a[3] - a[1], a[2] - a[0]
                     if ph <= 0 or pw <= 0:
                         continue
-                    piece = torch.empty((ph, pw, *tail), dtype=canvas.dtype, device=canvas.device)
-                    run_program(views[j], [("resize", h, w), ("crop", bb[1], bb[0], ph, pw, fill)], piece, nearest,
-                                fill)
-                    canvas[b, a[1]:a[3], a[0]:a[2]] = piece
+                    run_program(views[j], [("resize", h, w), ("crop", bb[1], bb[0], ph, pw, fill)],
+                                canvas[b, a[1]:a[3], a[0]:a[2]], nearest, fill)
             for suffix in ("_offsets", "_shapes", "_sizes"):
                 batch.pop(key + suffix, None)
             batch[key] = canvas
         if "boxes" in batch:
-            self._boxes(batch, schema, sizes, parts)
+            self._objects(batch, schema, sizes, parts)
         return batch
 
-    def _boxes(self, batch, schema, sizes, parts):
-        """Each quadrant is one per-sample geometric description (the source's map onto the canvas: scale,
-        then shift); its boxes and per-box rows go through the shared ``transform_boxes`` (clipped to the
-        canvas, which is where each placed image shows: its inner edges are the image's own; dropped when
-        empty), then the four are merged per sample in quadrant order."""
-        from .resample import transform_boxes  # lazy: resample imports this package's geometric ops
+    def _objects(self, batch, schema, sizes, parts):
+        """Every placement is one per-sample map from the canvas to its source (undo the shift, then the
+        resize): the placements' objects (each its source's box rows, per-object masks, keypoints) go as one
+        batch of placements through ``move_objects``, whose per-placement offsets then regroup per sample."""
+        side = 2 * self.size
+        hw = sizes.tolist()
+        src, M = [], []
+        for own in parts:
+            for j, (h, w), a, bb in own:
+                h0, w0 = hw[j]
+                sx, sy = w0 / w, h0 / h
+                src.append(j)
+                M.append([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]])
+        P = len(src)
+        M = torch.tensor(M, dtype=torch.float64).view(P, 3, 3)
+        sub = take_objects(batch, schema, torch.tensor(src, dtype=torch.long))
+        plan = ChainPlan(M, (side, side), None, sizes=sizes[src].view(P, 2), hflip=torch.zeros(P, dtype=torch.bool),
+                         out_sizes=torch.tensor([[side, side]], dtype=torch.long).expand(P, 2))
+        move_objects(sub, plan, schema)
+        first = torch.tensor([0] + [len(own) for own in parts], dtype=torch.long).cumsum(0)
+        sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
+        batch.update(sub)
 
-        keys = [k for k in schema.box_rows() if k in batch]  # boxes and every per-box row
-        offsets = batch["box_offsets"].cpu()
-        B, side = len(parts), 2 * self.size
-        quads = []
-        for i in range(4):
-            M = torch.zeros((B, 3, 3), dtype=torch.float64)
-            rows = []
-            for b, own in enumerate(parts):
-                j, (h, w), a, bb = own[i]
-                h0, w0 = sizes[j].tolist()
-                sx, sy = w0 / w, h0 / h  # canvas -> source: undo the shift, then the resize
-                M[b] = torch.tensor([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]],
-                                    dtype=torch.float64)
-                rows.append(torch.arange(int(offsets[j]), int(offsets[j + 1])))
-            take = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
-            sub = {k: batch[k][take.to(batch[k].device)] for k in keys}
-            counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
-            sub["box_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(batch["boxes"].device)
-            transform_boxes(sub, M, side, side, keys)
-            sub["box_offsets"] = sub["box_offsets"].cpu()
-            quads.append(sub)
-        order = [(q, int(q["box_offsets"][b]), int(q["box_offsets"][b + 1])) for b in range(B) for q in quads]
-        for k in keys:
-            batch[k] = torch.cat([q[k][s:e] for q, s, e in order]) if order else batch[k][:0]
-        counts = [sum(e - s for q, s, e in order[4 * b:4 * b + 4]) for b in range(B)]
-        off = torch.zeros(B + 1, dtype=torch.int64)
-        torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=off[1:])
-        batch["box_offsets"] = off.to(batch["boxes"].device)
+
+class YoloMixUp(BatchOp):
+    """Ultralytics' ``MixUp(p=mixup)`` of the YOLO recipe (``T.presets.yolo(mixup=...)``; after Mosaic and
+    the random perspective, as Ultralytics runs it on two images that both went through them): per sample,
+    with probability ``p``, a partner drawn uniformly from the OTHER samples of the batch (Ultralytics: an
+    image from its buffer of recent loads, through its own mosaic and perspective; here the partner as it
+    is after the ops before this one) and a ratio r ~ Beta(alpha, alpha) (Ultralytics: Beta(32, 32)); the
+    image becomes uint8(r · image + (1 - r) · partner) (truncated, as numpy's astype), and its objects are
+    its own followed by the partner's (boxes, per-box rows, per-object masks, keypoints: Ultralytics'
+    Instances.concatenate). Images of one size. A semantic mask (Ultralytics has none) is not blended: each
+    pixel takes the class of the image that has an object there, the ignore index where both have different
+    ones."""
+
+    def __init__(self, p: float = 0.0, alpha: float = 32.0):
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise ConfigError(f"YoloMixUp: p is a probability 0-1 (Ultralytics' mixup=), got {p!r}")
+        if not isinstance(alpha, (int, float)) or alpha <= 0:
+            raise ConfigError(f"YoloMixUp: alpha is a positive number (Ultralytics: 32.0), got {alpha!r}")
+        self.p, self.alpha = float(p), float(alpha)
+
+    def draw(self, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mixed (B,) bool, partner (B,) long, ratio (B,) float64)."""
+        on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
+        other = torch.randint(max(B - 1, 1), (B,), generator=gen)
+        partner = torch.where(other >= torch.arange(B), other + 1, other) if B > 1 else torch.zeros(B, dtype=torch.long)
+        return on & (B > 1), partner, C.beta(gen, self.alpha, self.alpha, B).view(B)
+
+    def __call__(self, batch, gen):
+        schema = getattr(batch, "schema", None) or Schema.default()
+        img = batch["image"]
+        if "image_offsets" in batch or "image_sizes" in batch or img.dim() != 4:
+            raise ConfigError("YoloMixUp blends images of one size: put it after Mosaic and RandomAffine(size=...)")
+        masks = {k: r for k, r in schema.pixels().items() if k != "image" and k in batch}
+        if any(f"{k}_offsets" in batch or f"{k}_sizes" in batch for k in masks):
+            raise ConfigError("YoloMixUp blends images of one size: put it after Mosaic and RandomAffine(size=...)")
+        B = len(img)
+        on, partner, r = self.draw(B, gen)
+        if not bool(on.any()):
+            return batch
+        idx = torch.nonzero(on).view(-1)
+        rr = r[idx].to(torch.float32).to(img.device).view(-1, 1, 1, 1)
+        a, b = img[idx.to(img.device)].float(), img[partner[idx].to(img.device)].float()
+        mixed = a.mul_(rr).add_(b.mul_(1 - rr))
+        out = img.clone()
+        out[idx.to(img.device)] = (mixed.trunc_().clamp_(0, 255) if img.dtype == torch.uint8 else mixed).to(img.dtype)
+        batch["image"] = out
+        for k, role in masks.items():  # class ids are not blended: each pixel keeps the object that is there
+            m, d = batch[k], idx.to(batch[k].device)
+            a, b = m[d], m[partner[idx].to(m.device)]
+            ignore = torch.full((), role.fill if role.fill is not None else 255, dtype=m.dtype, device=m.device)
+            new = m.clone()
+            new[d] = torch.where(a == 0, b, torch.where((b == 0) | (b == a), a, ignore))
+            batch[k] = new
+        if "boxes" in batch:
+            src, groups = [], []
+            for k in range(B):
+                src += [k, int(partner[k])] if bool(on[k]) else [k]
+                groups.append(len(src))
+            sub = take_objects(batch, schema, torch.tensor(src, dtype=torch.long))
+            first = torch.tensor([0] + groups, dtype=torch.long)
+            sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
+            batch.update(sub)
+        return batch
+
+
+def take_objects(batch: dict, schema: Schema, samples: torch.Tensor) -> dict:
+    """The per-object keys of a packed batch (boxes, per-box rows, keypoints, per-object masks) for the
+    samples ``samples`` (a sample may come several times), in that order, with their ``box_offsets``."""
+    offsets = batch["box_offsets"].cpu()
+    counts = (offsets[1:] - offsets[:-1])[samples]
+    rows = torch.repeat_interleave(offsets[:-1][samples], counts) + torch.arange(int(counts.sum())) - \
+        torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    out = {}
+    for k in schema.box_rows():
+        if k in batch:
+            out[k] = batch[k][rows.to(batch[k].device)]
+    for k in schema.object_masks():
+        if k not in batch:
+            continue
+        mo = batch[f"{k}_offsets"].cpu()
+        lengths = mo[1:][rows] - mo[:-1][rows]
+        starts = torch.cumsum(lengths, 0) - lengths
+        pix = torch.repeat_interleave(mo[:-1][rows] - starts, lengths) + torch.arange(int(lengths.sum()))
+        dev = batch[k].device
+        out[k] = batch[k][pix.to(dev)]
+        out[f"{k}_rects"] = batch[f"{k}_rects"][rows.to(dev)]
+        new = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=new[1:])
+        out[f"{k}_offsets"] = new.to(dev)
+    new = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=new[1:])
+    out["box_offsets"] = new.to(batch["box_offsets"].device)
+    return out
 
 
 class RandomCrop(_SizedCrop):

@@ -17,9 +17,10 @@
 * ``segmentation(base_size=520, crop_size=480)``: SegmentationPresetTrain: random shorter side in
   [0.5, 2) x base_size, flip, RandomCrop(crop_size, padded with 0, masks with their ignore index), ToFloat,
   Normalize.
-* ``yolo(size=640)``: Ultralytics' default train-time augmentation (Mosaic of 4, random_perspective as
-  RandomAffine(translate 0.1, scale 0.5, fill 114, output size), HSV jitter h 0.015 / s 0.7 / v 0.4,
-  flip 0.5).
+* ``yolo(size=640, mosaic=1.0, mixup=0.0)``: Ultralytics' default train-time augmentation (Mosaic of 4 with
+  probability ``mosaic``, the others letterboxed; random_perspective as RandomAffine(translate 0.1, scale
+  0.5, bilinear as cv2.warpAffine, fill 114, output size); MixUp with probability ``mixup`` (YoloMixUp:
+  Beta(32, 32), objects of both images); HSV jitter h 0.015 / s 0.7 / v 0.4; flip 0.5).
 """
 from __future__ import annotations
 
@@ -89,12 +90,14 @@ def segmentation(base_size: int = 520, crop_size: int = 480, hflip: float = 0.5,
 
 
 def yolo(size: int = 640, degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0,
-         hsv=(0.015, 0.7, 0.4), fliplr: float = 0.5, mosaic: bool = True) -> list:
-    from . import Mosaic, RandomAffine, RandomHorizontalFlip, RandomHSV  # lazy: this package
+         hsv=(0.015, 0.7, 0.4), fliplr: float = 0.5, mosaic: float = 1.0, mixup: float = 0.0) -> list:
+    from . import Mosaic, RandomAffine, RandomHorizontalFlip, RandomHSV, YoloMixUp  # lazy: this package
 
-    ops: list = [Mosaic(size, fill=114)] if mosaic else []
+    ops: list = [Mosaic(size, fill=114, p=float(mosaic))]  # (p < 1: the others letterboxed, as Ultralytics)
     ops.append(RandomAffine(degrees=degrees, translate=(translate, translate), scale=(1 - scale, 1 + scale),
                             shear=shear or None, interpolation="bilinear", fill=114, size=(size, size)))
+    if mixup > 0:
+        ops.append(YoloMixUp(mixup))
     ops.append(RandomHSV(*hsv))
     if fliplr > 0:
         ops.append(RandomHorizontalFlip(fliplr))
