@@ -146,3 +146,62 @@ def test_yolo_mixup_blends_pairs_and_concatenates_their_objects(people):
     batch = next(iter(dsc.Loader(people, batch_size=4, transforms=ops, seed=1, keys=("image", "boxes", "masks",
                                                                                      "keypoints", "labels"))))
     assert batch[0].shape == (4, 48, 48, 3)
+
+
+def test_detection_presets_fill_with_the_references_mean_colour(people):
+    zo = next(op for op in T.presets.detection("ssd") if isinstance(op, T.RandomZoomOut))
+    fc = next(op for op in T.presets.detection("lsj", size=64) if isinstance(op, T.FixedSizeCrop))
+    assert zo.fill == fc.fill == (123.0, 117.0, 104.0)  # references/detection/presets.py: fill=mean
+    b = people.get_batch(range(3))
+    out = T.Compose([T.RandomZoomOut(fill=(123, 117, 104), side_range=(3.0, 3.0), p=1.0)])(b, seed=0)
+    from dsc.runtime.batches import sample_pixels
+    for img, (h, w, _) in zip(sample_pixels(out, "image"), b["image_shapes"].tolist()):
+        assert img.shape[:2] == (3 * h, 3 * w)
+        corners = torch.stack([img[0, 0], img[0, -1], img[-1, 0], img[-1, -1]])
+        canvas = (img == torch.tensor([123, 117, 104], dtype=torch.uint8)).all(-1)
+        assert canvas.sum() >= 8 * h * w - 1 and (corners == torch.tensor([123, 117, 104])).all(-1).sum() >= 3
+    # the fused gather: FixedSizeCrop's padding takes the colour too, masks their ignore index
+    batch = next(iter(dsc.Loader(people, batch_size=3, transforms=[T.FixedSizeCrop((120, 120), fill=(123, 117, 104))])))
+    assert (batch["image"][:, -1, -1] == torch.tensor([123, 117, 104], dtype=torch.uint8)).all()
+    assert (batch["mask"][:, -1, -1] == 255).all()
+    with pytest.raises(dsc.ConfigError, match="fill"):
+        T.RandomZoomOut(fill=(1, 2, 300))
+
+
+def _tv_affine(img: torch.Tensor, M: torch.Tensor, fill, mode: str, out_hw) -> torch.Tensor:
+    """torchvision's tensor affine resampling written out (``_apply_grid_transform``): grid_sample
+    (align_corners=False, zeros outside) of the image with a ones channel at each output pixel centre's
+    source point; nearest: ``fill`` where the mask < 0.5; bilinear: (img - fill) * mask + fill; rounded."""
+    x = img.permute(0, 3, 1, 2).double()
+    N, C, H, W = x.shape
+    oh, ow = out_hw
+    ys, xs = torch.meshgrid(torch.arange(oh, dtype=torch.float64) + 0.5, torch.arange(ow, dtype=torch.float64) + 0.5,
+                            indexing="ij")
+    pts = torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, -1, 3) @ M.transpose(1, 2)
+    grid = torch.stack([pts[..., 0] * 2 / W - 1, pts[..., 1] * 2 / H - 1], -1).view(N, oh, ow, 2)
+    y = F.grid_sample(torch.cat([x, torch.ones_like(x[:, :1])], 1), grid, mode=mode, padding_mode="zeros",
+                      align_corners=False)
+    y, mask = y[:, :-1], y[:, -1:]
+    f = torch.tensor(fill, dtype=torch.float64).view(1, -1, 1, 1)
+    y = torch.where(mask < 0.5, f.expand_as(y), y) if mode == "nearest" else (y - f) * mask + f
+    return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_random_affine_resamples_as_torchvision(mode):
+    from dsc.transforms.fused import plan_chain
+
+    assert T.RandomAffine(10).interpolation == "nearest"  # torchvision v2's default
+    rng = np.random.default_rng(0)
+    img = torch.from_numpy(rng.integers(0, 256, (6, 37, 53, 3), dtype=np.uint8))
+    kw = dict(degrees=25, translate=(0.1, 0.2), scale=(0.6, 1.7), shear=(-10, 10, -5, 5), fill=(10, 200, 30))
+    op = T.RandomAffine(**kw) if mode == "nearest" else T.RandomAffine(interpolation=mode, **kw)
+    out = T.Compose([op])({"image": img.clone()}, seed=4)["image"]
+    plan = plan_chain([op], torch.tensor([[37, 53]]).repeat(6, 1), T.batch_generator(4, 0, 0))
+    ref = _tv_affine(img, plan.matrices, (10, 200, 30), mode, (37, 53))
+    d = (out.int() - ref.int()).abs()
+    if mode == "nearest":  # (exact but for source points on a pixel edge, where rounding picks either side)
+        assert (d > 0).any(-1).double().mean() < 0.002
+    else:
+        assert d.max() <= 1
+    assert not torch.equal(out, img)

@@ -10,10 +10,12 @@
   ResNet-50 weights: ``classification("ta_wide", crop_size=176, random_erase=0.1, mixup=0.2, cutmix=1.0,
   label_smoothing=0.1)``.
 * ``detection(name)``: ``references/detection/presets.py`` DetectionPresetTrain: "hflip" (flip 0.5);
-  "lsj" (ScaleJitter((1024, 1024)), FixedSizeCrop((1024, 1024)), flip); "multiscale"
-  (RandomShortestSize((480, ..., 800), 1333), flip); "ssd" (RandomPhotometricDistort, RandomZoomOut(fill =
-  the mean colour's grey 117), RandomIoUCrop, flip); "ssdlite" (RandomIoUCrop, flip). Images stay uint8
-  (the torchvision form makes them float) and, except "lsj", of several sizes: detection models resize.
+  "lsj" (ScaleJitter((1024, 1024)), FixedSizeCrop((1024, 1024), fill=mean), flip); "multiscale"
+  (RandomShortestSize((480, ..., 800), 1333), flip); "ssd" (RandomPhotometricDistort, RandomZoomOut(fill=mean),
+  RandomIoUCrop, flip); "ssdlite" (RandomIoUCrop, flip); mean = (123, 117, 104), the reference's fill
+  (masks: their ignore index; per-object masks 0 outside, as the reference's Mask fill). Images stay uint8
+  (the torchvision form makes them float, as the reference's ToDtype(float, scale=True)) and, except "lsj",
+  of several sizes: detection models resize.
 * ``segmentation(base_size=520, crop_size=480)``: SegmentationPresetTrain: random shorter side in
   [0.5, 2) x base_size, flip, RandomCrop(crop_size, padded with 0, masks with their ignore index), ToFloat,
   Normalize.
@@ -70,11 +72,11 @@ def detection(name: str = "hflip", hflip: float = 0.5, size: int = 1024) -> list
     if name == "hflip":
         return flip
     if name == "lsj":
-        return [ScaleJitter((size, size)), FixedSizeCrop((size, size)), *flip, ToFloat()]
+        return [ScaleJitter((size, size)), FixedSizeCrop((size, size), fill=MEAN_255), *flip, ToFloat()]
     if name == "multiscale":
         return [RandomShortestSize([480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800], 1333), *flip]
     if name == "ssd":
-        return [RandomPhotometricDistort(), RandomZoomOut(fill=int(MEAN_255[1])), RandomIoUCrop(), *flip]
+        return [RandomPhotometricDistort(), RandomZoomOut(fill=MEAN_255), RandomIoUCrop(), *flip]
     if name == "ssdlite":
         return [RandomIoUCrop(), *flip]
     raise ConfigError(f"detection preset: one of {', '.join(DETECTION)}, got {name!r}")
