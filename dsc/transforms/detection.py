@@ -413,13 +413,16 @@ class Mosaic(BatchOp):
             fill = role.fill if role.fill is not None else self.fill
             tail = tuple(views[0].shape[2:]) if views else role.tail
             canvas = full((B, 2 * s, 2 * s, *tail), fill, batch[key].dtype, batch[key].device)
+            resized = {}  # each source resized once, however many placements show it
             for b, own in enumerate(parts):
                 for j, (h, w), a, bb in own:
                     ph, pw = a[3] - a[1], a[2] - a[0]
                     if ph <= 0 or pw <= 0:
                         continue
-                    run_program(views[j], [("resize", h, w), ("crop", bb[1], bb[0], ph, pw, fill)],
-                                canvas[b, a[1]:a[3], a[0]:a[2]], nearest, fill)
+                    if j not in resized:
+                        resized[j] = torch.empty((h, w, *tail), dtype=canvas.dtype, device=canvas.device)
+                        run_program(views[j], [("resize", h, w)], resized[j], nearest, fill)
+                    canvas[b, a[1]:a[3], a[0]:a[2]] = resized[j][bb[1]:bb[3], bb[0]:bb[2]]
             for suffix in ("_offsets", "_shapes", "_sizes"):
                 batch.pop(key + suffix, None)
             batch[key] = canvas
