@@ -52,7 +52,11 @@ def full(shape, fill, dtype, device) -> torch.Tensor:
         if len(shape) < 3 or shape[-1] != len(fill):
             raise ConfigError(f"a fill of {len(fill)} values (one per channel) on pixels of shape {tuple(shape)}: "
                               f"give one number, or one per channel")
-        return torch.tensor(fill, dtype=torch.float64).round().to(dtype).to(device).expand(shape).clone()
+        row = torch.tensor(fill, dtype=torch.float64).round().to(dtype).to(device).repeat(shape[-2])  # one line
+        out = torch.empty(shape, dtype=dtype, device=device)
+        flat = out.view(-1, row.numel())
+        flat.copy_(row.expand_as(flat))  # (a broadcast row: copied line by line, not value by value)
+        return out
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
