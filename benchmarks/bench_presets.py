@@ -1,7 +1,10 @@
 """The reference recipes (dsc.transforms.presets) on CPU: each preset through dsc.Loader (batched ops,
 geometry fused into the gather) beside a torch DataLoader (2 persistent workers) that decodes the same
 JPEGs with PIL and runs the same recipe per image with torch ops (what torchvision.transforms.v2 does per
-sample; MixUp/CutMix in its collate, as torchvision's train.py), same run.
+sample; MixUp/CutMix in its collate, as torchvision's train.py), same run. Detection: dsc hands out
+format="torchvision" (float CHW images) and the per-image side ends, as torchvision's DetectionPresetTrain,
+with ToDtype(float, scale=True); a second line gives dsc's uint8 packed batches (what goes to a GPU, which
+converts there) against the same per-image rate.
 
 Classification: the recipe benchmark's 4,000 JPEGs of 256-384 px, compiled at 256 (fixed). Detection: the
 detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged). Timed: one
@@ -63,9 +66,11 @@ def main(argv=None) -> None:
             continue
         ops = detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
         rate = dsc_rate(det, ops, 16, "torchvision")
+        packed = dsc_rate(det, ops, 16, "dict")
         base = preset_dataloader_rate(det, ops, 16, limit=SAMPLES // 4)
         label = {"det-lsj": "det-lsj (640)", "yolo": "yolo (320)"}.get(name, name)
         print(row(f"{label} (ragged 400-640)", rate, "img/s", base, f"vs per-image ({base or 0:,.0f} img/s)"))
+        print(row("  same, uint8 packed (the form sent to a GPU)", packed, "img/s", base, "vs the same per-image"))
 
 
 if __name__ == "__main__":

@@ -460,4 +460,6 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     assert batch["image"].shape == (4, 3, 32, 32) and batch["label"].shape == (4, 3)
     det = _PerImageRecipe(detmask[0], source_paths(detmask[0]), T.presets.detection("ssd"))
     item = det[1]
-    assert item["image"].shape[0] == 1 and len(item["box_offsets"]) == 2
+    # (ending as DetectionPresetTrain does: ToDtype(torch.float, scale=True) on the (C, H, W) image)
+    assert item["image"].shape[0] == 3 and item["image"].dtype == torch.float32 and len(item["box_offsets"]) == 2
+    assert 0 <= float(item["image"].min()) and float(item["image"].max()) <= 1
