@@ -205,3 +205,23 @@ def test_random_affine_resamples_as_torchvision(mode):
     else:
         assert d.max() <= 1
     assert not torch.equal(out, img)
+
+
+def test_a_crop_inside_the_crop_before_it_runs_as_one():
+    """Zoom-out then IoU crop: the crop of the canvas, cut straight from the image (the canvas is never made),
+    equals the two crops one after the other, flips pending or not."""
+    from dsc.transforms.fused import run_program
+
+    img = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    fill = (123.0, 117.0, 104.0)
+    for flip in (False, True):
+        flips = [("flip", 0, flip)]
+        first = flips + [("crop", -15, -7, 60, 70, fill)]
+        canvas = torch.empty((60, 70, 3), dtype=torch.uint8)
+        run_program(img, first, canvas, False, None)
+        for second in [("crop", 10, 3, 25, 40, 0.0), ("crop", 0, 0, 60, 70, 0.0), ("crop", 40, 50, 20, 20, 0.0)]:
+            want = torch.empty((second[3], second[4], 3), dtype=torch.uint8)
+            run_program(canvas, [second], want, False, None)
+            got = torch.empty_like(want)
+            run_program(img, first + [second], got, False, None)
+            assert torch.equal(got, want)

@@ -269,7 +269,8 @@ class RandomAffine(Geometric):
     (Ultralytics' random_perspective after Mosaic: the input centre lands on the output centre + the
     translation, as a fraction of the output size). Resampled as torchvision's affine (no antialiasing):
     images by ``interpolation`` ("nearest", torchvision's default, or "bilinear"), straight from the uint8
-    pixels; masks nearest; boxes by their corners, clipped and dropped when empty."""
+    pixels; masks nearest; boxes by their corners, clipped and dropped when empty. A chain holding it is
+    resampled once, through the composed map, with its interpolation."""
 
     def __init__(self, degrees=0, translate=None, scale=None, shear=None, interpolation="nearest", fill: int = 0,
                  center=None, size=None):

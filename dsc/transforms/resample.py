@@ -98,8 +98,8 @@ def _fill_like(fill, out: torch.Tensor) -> torch.Tensor:
 def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int, fill,
           mode: str) -> torch.Tensor:
     """torchvision's affine resampling (``F.affine``: ``grid_sample``, align_corners=False, no antialiasing)
-    straight from the integer canvas (B, Hm, Wm[, C]): only the output's pixels are made, never a float copy
-    of the input. ``nearest``: the pixel nearest each output pixel centre's source point, ``fill`` where it
+    straight from the integer canvas (B, Hm, Wm[, C]): nearest gathers the output's pixels, bilinear converts
+    to float only the part of each image its output reads. ``nearest``: the pixel nearest each output pixel centre's source point, ``fill`` where it
     lies outside the sample's image; ``bilinear``: the four neighbours (those outside count as zeros)
     weighted, blended with ``fill`` by the weight that lay inside (torchvision's mask channel:
     (S - fill) * inside + fill), rounded."""
@@ -107,11 +107,11 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     dev = canvas.device
     squeeze = canvas.dim() == 3
     C = 1 if squeeze else canvas.shape[3]
-    rows = canvas.reshape(B * Hm * Wm, C)  # one row of C values per pixel: gathered by a 1-D index
     xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, dev, torch.float32)
     u, v = torch.broadcast_tensors(xi - 0.5, yi - 0.5)  # pixel-index coordinates of the source points
-    base = (torch.arange(B, device=dev) * (Hm * Wm)).view(B, 1, 1)
     if mode == "nearest":
+        rows = canvas.reshape(B * Hm * Wm, C)  # one row of C values per pixel: gathered by a 1-D index
+        base = (torch.arange(B, device=dev) * (Hm * Wm)).view(B, 1, 1)
         xs, ys = torch.round(u), torch.round(v)  # grid_sample's nearest: half to even
         inside = (xs >= 0) & (xs <= w - 1) & (ys >= 0) & (ys <= h - 1)
         idx = (ys.clamp_(0, Hm - 1).long() * Wm + xs.clamp_(0, Wm - 1).long() + base).view(-1)
