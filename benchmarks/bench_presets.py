@@ -28,7 +28,8 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str) -> float:
     next(iter(loader))  # map the shards, warm the ring
     t0, n = time.perf_counter(), 0
     for b in loader:
-        n += len(b[0]) if isinstance(b, tuple) else len(b["image"])
+        n += len(b[0]) if isinstance(b, tuple) else len(b["image_offsets"]) - 1 if "image_offsets" in b else \
+            len(b["image"])
     return n / (time.perf_counter() - t0)
 
 
