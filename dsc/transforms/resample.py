@@ -283,7 +283,24 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
     out_sizes = plan.out_sizes.tolist()
     for key, role in pixels.items():
         views = _views(batch, key)[0]
-        pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
+        if plan.programs is None or not views:
+            pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
+            continue
+        # the programs write each sample straight into its place in the packed output (no second copy)
+        tail = tuple(views[0].shape[2:])
+        shapes = [(int(h), int(w), *tail) for h, w in out_sizes]
+        sizes = torch.tensor([math.prod(shp) for shp in shapes], dtype=torch.int64)
+        offsets = torch.zeros(len(shapes) + 1, dtype=torch.int64)
+        torch.cumsum(sizes, 0, out=offsets[1:])
+        flat = torch.empty(int(offsets[-1]), dtype=batch[key].dtype, device=batch[key].device)
+        o = offsets.tolist()
+        for b, v in enumerate(views):
+            run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill)
+        for suffix in ("_offsets", "_shapes", "_sizes"):
+            batch.pop(key + suffix, None)
+        batch[key] = flat
+        batch[f"{key}_offsets"] = offsets.to(flat.device)
+        batch[f"{key}_shapes"] = torch.tensor(shapes, dtype=torch.int64, device=flat.device).view(-1, 2 + len(tail))
     move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
 
