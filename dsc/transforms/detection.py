@@ -484,6 +484,8 @@ class YoloMixUp(BatchOp):
     def __call__(self, batch, gen):
         schema = getattr(batch, "schema", None) or Schema.default()
         img = batch["image"]
+        if "image_offsets" in batch and len(batch["image_offsets"]) <= 1 or len(img) == 0:
+            return batch  # an empty batch
         if "image_offsets" in batch or "image_sizes" in batch or img.dim() != 4:
             raise ConfigError("YoloMixUp blends images of one size: put it after Mosaic and RandomAffine(size=...)")
         masks = {k: r for k, r in schema.pixels().items() if k != "image" and k in batch}
