@@ -1,7 +1,10 @@
 """The reference recipes (dsc.transforms.presets) on CPU: each preset through dsc.Loader (batched ops,
 geometry fused into the gather) beside a torch DataLoader (2 persistent workers) that decodes the same
 JPEGs with PIL and runs the same recipe per image with torch ops (what torchvision.transforms.v2 does per
-sample; MixUp/CutMix in its collate, as torchvision's train.py), same run.
+sample; MixUp/CutMix in its collate, as torchvision's train.py), same run. Detection: dsc hands out
+format="torchvision" (float CHW images) and the per-image side ends, as torchvision's DetectionPresetTrain,
+with ToDtype(float, scale=True); a second line gives dsc's uint8 packed batches (what goes to a GPU, which
+converts there) against the same per-image rate.
 
 Classification: the recipe benchmark's 4,000 JPEGs of 256-384 px, compiled at 256 (fixed). Detection: the
 detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged). Timed: one
@@ -25,11 +28,15 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str) -> float:
     next(iter(loader))  # map the shards, warm the ring
     t0, n = time.perf_counter(), 0
     for b in loader:
-        n += len(b[0]) if isinstance(b, tuple) else len(b["image"])
+        n += len(b[0]) if isinstance(b, tuple) else len(b["image_offsets"]) - 1 if "image_offsets" in b else \
+            len(b["image"])
     return n / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    """``python bench_presets.py [NAME ...]``: only the presets named (all of them without)."""
+    import sys
+
     import dsc
     from dsc.bench import preset_dataloader_rate
     from dsc.synthetic import detection_scenes, write_coco
@@ -37,11 +44,14 @@ def main() -> None:
 
     import bench_recipe
 
-    src = bench_recipe.sources()
-    cls = bench_recipe.compiled(src, "fixed", size=256)
+    only = set(sys.argv[1:] if argv is None else argv)
     print(f"reference recipes on CPU: {SAMPLES} samples per preset, 2 threads vs torch DataLoader(2 workers) per "
           f"image")
+    cls = None
     for name in CLASSIFICATION:
+        if only and name not in only:
+            continue
+        cls = cls or bench_recipe.compiled(bench_recipe.sources(), "fixed", size=256)
         ops = recipe(name)
         rate = dsc_rate(cls, ops, 128, "dict")
         base = preset_dataloader_rate(cls, ops, 128, limit=SAMPLES // 2)
@@ -53,11 +63,15 @@ def main() -> None:
         dsc.compile_coco(root / "annotations.json", root / "images", out, progress=False)
     det = dsc.open(out)
     for name in DETECTION:
+        if only and name not in only:
+            continue
         ops = detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
         rate = dsc_rate(det, ops, 16, "torchvision")
+        packed = dsc_rate(det, ops, 16, "dict")
         base = preset_dataloader_rate(det, ops, 16, limit=SAMPLES // 4)
         label = {"det-lsj": "det-lsj (640)", "yolo": "yolo (320)"}.get(name, name)
         print(row(f"{label} (ragged 400-640)", rate, "img/s", base, f"vs per-image ({base or 0:,.0f} img/s)"))
+        print(row("  same, uint8 packed (the form sent to a GPU)", packed, "img/s", base, "vs the same per-image"))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from .errors import ConfigError
 from .formats.fields import Schema
 from .formats.fields.base import Batch
 from .runtime import Loader
+from .runtime.batches import sample_pixels
 from .runtime import open as open_dataset
 
 
@@ -198,7 +199,14 @@ class _PerImageRecipe(torch.utils.data.Dataset):
         if "label" in sample:
             batch["label"] = torch.tensor([sample["label"]])
         schema = Schema({k: r for k, r in self.schema.items() if k in batch})
-        return self.ops(batch, seed=i, schema=schema) if self.ops.ops else batch
+        out = self.ops(batch, seed=i, schema=schema) if self.ops.ops else batch
+        if "boxes" in out and not out["image"].is_floating_point():
+            # torchvision's DetectionPresetTrain ends every recipe with ToDtype(torch.float, scale=True) on the
+            # (C, H, W) image (dsc's side: format="torchvision")
+            out["image"] = sample_pixels(out, "image")[0].permute(2, 0, 1).to(torch.float32).div_(255)
+            for suffix in ("_offsets", "_shapes", "_sizes"):
+                out.pop("image" + suffix, None)
+        return out
 
 
 def _collate(ops):

@@ -349,3 +349,25 @@ def test_geometry_record_and_native_size_images_on_the_device(tmp_path):
             assert y.device.type == "cuda" and torch.equal(y.cpu(), x) and y.stride() == x.stride()
         for x, y in zip(ct, gt):
             assert torch.equal(y["affine"].cpu(), x["affine"]) and y["flipped"] == x["flipped"]
+
+
+def test_yolo_mosaic_mixup_masks_and_keypoints_on_the_device(tmp_path):
+    """Mosaic (p < 1) with per-object masks and keypoints, RandomAffine bilinear and nearest, YoloMixUp: on
+    the device after the uint8 copy, the same objects as on the CPU, images within a grey level or two."""
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / "src", n=6, seed=3)
+    dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    for ops in (T.presets.yolo(48, mosaic=0.7, mixup=0.5),
+                [T.Mosaic(32), T.RandomAffine(degrees=20, scale=(0.5, 1.5), size=(32, 32))]):
+        cpu = list(dsc.Loader(ds, batch_size=3, seed=4, transforms=ops))
+        gpu = list(dsc.Loader(ds, batch_size=3, seed=4, transforms=ops, device="cuda"))
+        for a, b in zip(cpu, gpu):
+            assert b["image"].is_cuda and b["keypoints"].is_cuda and b["masks"].is_cuda
+            for k in ("box_offsets", "labels", "masks_rects"):
+                assert torch.equal(a[k], b[k].cpu()), k
+            torch.testing.assert_close(a["boxes"], b["boxes"].cpu(), atol=1e-3, rtol=0)
+            torch.testing.assert_close(a["keypoints"], b["keypoints"].cpu(), atol=1e-3, rtol=0)
+            d = (a["image"].int() - b["image"].cpu().int()).abs()
+            assert float((d > 2).double().mean()) < 0.01

@@ -321,7 +321,8 @@ def check_aligned(out, covered=True):
         assert ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).all()
         assert (boxes >= 0).all() and (boxes[:, [0, 2]] <= W).all() and (boxes[:, [1, 3]] <= H).all()
         for (x0, y0, x1, y1), lab, cr in zip(boxes, labels, crowd):
-            inner = m[int(math.ceil(y0)) + 1:int(y1) - 1, int(math.ceil(x0)) + 1:int(x1) - 1]
+            ya, yb, xa, xb = int(math.ceil(y0)) + 1, int(y1) - 1, int(math.ceil(x0)) + 1, int(x1) - 1
+            inner = m[ya:max(ya, yb), xa:max(xa, xb)]  # (a sliver under 1 px: nothing inside; never a wrapped index)
             if inner.size:
                 assert (inner == (255 if cr else lab + 1)).all(), "a box does not frame its mask"
                 checked += 1
@@ -459,4 +460,6 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     assert batch["image"].shape == (4, 3, 32, 32) and batch["label"].shape == (4, 3)
     det = _PerImageRecipe(detmask[0], source_paths(detmask[0]), T.presets.detection("ssd"))
     item = det[1]
-    assert item["image"].shape[0] == 1 and len(item["box_offsets"]) == 2
+    # (ending as DetectionPresetTrain does: ToDtype(torch.float, scale=True) on the (C, H, W) image)
+    assert item["image"].shape[0] == 3 and item["image"].dtype == torch.float32 and len(item["box_offsets"]) == 2
+    assert 0 <= float(item["image"].min()) and float(item["image"].max()) <= 1

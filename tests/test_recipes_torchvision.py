@@ -112,3 +112,22 @@ def test_random_hsv_matches_ultralytics_with_opencv():
         hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
         ref = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[..., ::-1]
         close(got[n].permute(1, 2, 0), torch.from_numpy(ref.copy()), 2, frac=0.99)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_random_affine_equals_torchvision_affine(mode):
+    """dsc's RandomAffine (drawn parameters, uint8 straight from the batch) against torchvision's
+    functional affine with the same angle, translation, scale, shear and fill, per sample."""
+    from dsc import transforms as T
+
+    img = images(4)
+    op = T.RandomAffine(degrees=25, translate=(0.1, 0.2), scale=(0.6, 1.7), shear=(-10, 10, -5, 5),
+                        interpolation=mode, fill=(10, 200, 30))
+    out = T.Compose([op])({"image": img.permute(0, 2, 3, 1).contiguous()}, seed=4)["image"].permute(0, 3, 1, 2)
+    sizes = torch.tensor([[37, 45]]).repeat(4, 1)
+    angle, tx, ty, sc, shx, shy = op.params(sizes, T.batch_generator(4, 0, 0))
+    im = InterpolationMode.NEAREST if mode == "nearest" else InterpolationMode.BILINEAR
+    for k in range(4):
+        ref = F.affine(img[k], angle=float(angle[k]), translate=[float(tx[k]), float(ty[k])], scale=float(sc[k]),
+                       shear=[float(shx[k]), float(shy[k])], interpolation=im, fill=[10, 200, 30])
+        close(out[k], ref, tol=1, frac=0.995 if mode == "nearest" else 1.0)

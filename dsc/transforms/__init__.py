@@ -24,7 +24,7 @@ from .augment import (PHOTOMETRIC, AugMix, AutoAugment, BatchOp, ColorJitter, Ga
                       RandomErasing, RandomGrayscale, RandomHSV, RandomPhotometricDistort, TrivialAugmentWide,
                       apply_pixel_ops)
 from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomIoUCrop, RandomShortestSize, RandomZoomOut,
-                        ScaleJitter)
+                        ScaleJitter, YoloMixUp)
 from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
@@ -187,4 +187,4 @@ __all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Co
            "BatchOp", "PixelOp", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomPhotometricDistort",
            "RandomHSV", "RandomErasing", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix",
            "MixUp", "CutMix", "RandomChoice", "Mosaic", "ScaleJitter", "FixedSizeCrop", "RandomShortestSize",
-           "RandomZoomOut", "RandomIoUCrop", "RandomAffine", "RandomCrop", "presets"]
+           "RandomZoomOut", "RandomIoUCrop", "RandomAffine", "RandomCrop", "YoloMixUp", "presets"]

@@ -18,16 +18,20 @@ import torch
 
 from . import color as C
 from .augment import BatchOp
-from .fused import run_program
+from .fused import ChainPlan, full, run_program
 from .geometric import Geometric, _ints, _mat, _size
+from .objects import move_objects
 from ..errors import ConfigError
 from ..formats.fields import Schema
 
 
 def _fill(fill, name):
-    if not isinstance(fill, (int, float)) or isinstance(fill, bool) or not 0 <= fill <= 255:
-        raise ConfigError(f"{name}: fill is a pixel value 0-255, got {fill!r}")
-    return fill
+    """A pixel value 0-255, or one per channel (torchvision's ``fill=(123, 117, 104)``, the mean colour)."""
+    values = list(fill) if isinstance(fill, (tuple, list)) else [fill]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 255
+                             for v in values):
+        raise ConfigError(f"{name}: fill is a pixel value 0-255 or one per channel, got {fill!r}")
+    return tuple(values) if isinstance(fill, (tuple, list)) else fill
 
 
 def _resize_to(sizes, nh, nw):
@@ -160,15 +164,6 @@ class RandomZoomOut(Geometric):
         return [("crop", _ints(-top), _ints(-left), _ints(ch), _ints(cw))]
 
 
-def _iou(boxes: torch.Tensor, box: list[float]) -> torch.Tensor:
-    x0, y0, x1, y1 = box
-    iw = (torch.minimum(boxes[:, 2], torch.tensor(x1)) - torch.maximum(boxes[:, 0], torch.tensor(x0))).clamp(min=0)
-    ih = (torch.minimum(boxes[:, 3], torch.tensor(y1)) - torch.maximum(boxes[:, 1], torch.tensor(y0))).clamp(min=0)
-    inter = iw * ih
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return inter / (area + (x1 - x0) * (y1 - y0) - inter)
-
-
 class RandomIoUCrop(Geometric):
     """torchvision ``RandomIoUCrop(min_scale=0.3, max_scale=1.0, min_aspect_ratio=0.5, max_aspect_ratio=2.0,
     sampler_options=[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0], trials=40)`` (the SSD recipe), per sample: draw a
@@ -190,40 +185,63 @@ class RandomIoUCrop(Geometric):
             [float(v) for v in sampler_options]
         self.trials = int(trials)
 
-    def _one(self, h: int, w: int, boxes: torch.Tensor, gen) -> tuple[list[int], torch.Tensor]:
-        keep_all = torch.ones(len(boxes), dtype=torch.bool)
-        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
-            m = self.sampler_options[int(torch.randint(len(self.sampler_options), (1,), generator=gen))]
-            if m >= 1.0:
-                return [0, 0, h, w], keep_all
-            for _ in range(self.trials):
-                r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand(2, generator=gen, dtype=torch.float64)
-                nw, nh = int(w * float(r[0])), int(h * float(r[1]))
-                if nh == 0 or not self.min_aspect_ratio <= nw / nh <= self.max_aspect_ratio:
-                    continue
-                r = torch.rand(2, generator=gen, dtype=torch.float64)
-                left, top = int((w - nw) * float(r[0])), int((h - nh) * float(r[1]))
-                right, bottom = left + nw, top + nh
-                if left == right or top == bottom or len(boxes) == 0:
-                    continue
-                cx, cy = 0.5 * (boxes[:, 0] + boxes[:, 2]), 0.5 * (boxes[:, 1] + boxes[:, 3])
-                inside = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
-                if not bool(inside.any()):
-                    continue
-                if float(_iou(boxes[inside], [left, top, right, bottom]).max()) < m:
-                    continue
-                return [top, left, nh, nw], inside
-        return [0, 0, h, w], keep_all
-
     def params(self, sizes, gen, boxes=None):
-        crops, keeps = [], []
-        for b, (h, w) in enumerate(sizes.tolist()):
-            crop, keep = self._one(int(h), int(w), boxes[b], gen)
-            crops.append(crop)
-            keeps.append(keep)
-        t = torch.tensor(crops, dtype=torch.float64).view(-1, 4)
-        return {"top": t[:, 0], "left": t[:, 1], "h": t[:, 2], "w": t[:, 3],
-                "keep": torch.cat(keeps) if keeps else torch.zeros(0, dtype=torch.bool)}
+        """torchvision's loop, run for the whole batch at once: each round draws every unfinished sample's
+        minimum IoU and its ``trials`` candidate crops together, and each sample takes its first candidate
+        that passes (as the loop would, trial by trial); a sample whose draw is 1.0 keeps its image."""
+        B = len(sizes)
+        counts = [len(b) for b in boxes] if boxes is not None else [0] * B
+        N = max(counts, default=0)
+        bx = torch.zeros((B, max(N, 1), 4), dtype=torch.float64)
+        has = torch.zeros((B, max(N, 1)), dtype=torch.bool)
+        for b, n in enumerate(counts):
+            if n:
+                bx[b, :n], has[b, :n] = boxes[b].double().cpu(), True
+        H, W = sizes[:, 0].double(), sizes[:, 1].double()
+        top, left, ch, cw = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64), H.clone(), W.clone()
+        found = torch.zeros(B, dtype=torch.bool)  # a crop was taken
+        todo = torch.ones(B, dtype=torch.bool)
+        options = torch.tensor(self.sampler_options, dtype=torch.float64)
+        cx = (0.5 * (bx[..., 0] + bx[..., 2])).unsqueeze(1)  # (B, 1, N)
+        cy = (0.5 * (bx[..., 1] + bx[..., 3])).unsqueeze(1)
+        area = ((bx[..., 2] - bx[..., 0]) * (bx[..., 3] - bx[..., 1])).unsqueeze(1)
+        T_ = self.trials
+        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
+            if not bool(todo.any()):
+                break
+            m = options[torch.randint(len(options), (B,), generator=gen)]
+            todo &= m < 1.0
+            r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand((B, T_, 2), generator=gen,
+                                                                                dtype=torch.float64)
+            u = torch.rand((B, T_, 2), generator=gen, dtype=torch.float64)
+            nw, nh = torch.floor(W.view(B, 1) * r[..., 0]), torch.floor(H.view(B, 1) * r[..., 1])
+            ok = (nh > 0) & (nw > 0)
+            aspect = nw / nh.clamp(min=1)
+            ok &= (self.min_aspect_ratio <= aspect) & (aspect <= self.max_aspect_ratio)
+            lf, tp = torch.floor((W.view(B, 1) - nw) * u[..., 0]), torch.floor((H.view(B, 1) - nh) * u[..., 1])
+            rt, bt = lf + nw, tp + nh
+            l3, t3, r3, b3 = lf.unsqueeze(-1), tp.unsqueeze(-1), rt.unsqueeze(-1), bt.unsqueeze(-1)
+            inside = has.unsqueeze(1) & (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)  # (B, T, N)
+            iw = (torch.minimum(bx[..., 2].unsqueeze(1), r3) - torch.maximum(bx[..., 0].unsqueeze(1), l3)).clamp(min=0)
+            ih = (torch.minimum(bx[..., 3].unsqueeze(1), b3) - torch.maximum(bx[..., 1].unsqueeze(1), t3)).clamp(min=0)
+            inter = iw * ih
+            iou = inter / (area + (nw * nh).unsqueeze(-1) - inter)
+            best = torch.where(inside, iou, torch.full_like(iou, -1.0)).amax(-1)
+            ok &= inside.any(-1) & (best >= m.view(B, 1)) & todo.view(B, 1)
+            hit = ok.any(1)
+            if bool(hit.any()):
+                k = ok.double().argmax(1)
+                rows = torch.arange(B)
+                top, left = torch.where(hit, tp[rows, k], top), torch.where(hit, lf[rows, k], left)
+                ch, cw = torch.where(hit, nh[rows, k], ch), torch.where(hit, nw[rows, k], cw)
+                found |= hit
+                todo &= ~hit
+        # the boxes whose centre lies inside the crop (a sample that kept its image keeps them all)
+        l3, t3, r3, b3 = (v.view(B, 1, 1) for v in (left, top, left + cw, top + ch))
+        inside = (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)
+        keep = (inside[:, 0] | ~found.view(B, 1))
+        keep = torch.cat([keep[b, :n] for b, n in enumerate(counts)]) if B else torch.zeros(0, dtype=torch.bool)
+        return {"top": top, "left": left, "h": ch, "w": cw, "keep": keep}
 
     def matrix(self, sizes, p):
         B = len(sizes)
@@ -244,15 +262,23 @@ def _pair(v, name, sym=True):
 
 
 class RandomAffine(Geometric):
-    """torchvision ``RandomAffine(degrees, translate=None, scale=None, shear=None, fill=0, center=None)``: per
-    sample angle ~ U(degrees), translation round(U(-t w, t w)), round(U(-t h, t h)) pixels, scale ~ U(scale),
-    shear x ~ U(shear[0:2]) (and y ~ U(shear[2:4])), composed as torchvision's inverse affine matrix about
-    ``center`` (default the image centre). dsc's ``size=(h, w)``: the output size (Ultralytics'
-    random_perspective after Mosaic: the input centre lands on the output centre + the translation, as a
-    fraction of the output size). Through the batched resampling pass: images bilinear, masks nearest,
-    boxes by their corners, clipped and dropped when empty."""
+    """torchvision ``RandomAffine(degrees, translate=None, scale=None, shear=None, interpolation=NEAREST,
+    fill=0, center=None)``: per sample angle ~ U(degrees), translation round(U(-t w, t w)), round(U(-t h, t h))
+    pixels, scale ~ U(scale), shear x ~ U(shear[0:2]) (and y ~ U(shear[2:4])), composed as torchvision's
+    inverse affine matrix about ``center`` (default the image centre). dsc's ``size=(h, w)``: the output size
+    (Ultralytics' random_perspective after Mosaic: the input centre lands on the output centre + the
+    translation, as a fraction of the output size). Resampled as torchvision's affine (no antialiasing):
+    images by ``interpolation`` ("nearest", torchvision's default, or "bilinear"), straight from the uint8
+    pixels; masks nearest; boxes by their corners, clipped and dropped when empty. A chain holding it is
+    resampled once, through the composed map, with its interpolation."""
 
-    def __init__(self, degrees=0, translate=None, scale=None, shear=None, fill: int = 0, center=None, size=None):
+    def __init__(self, degrees=0, translate=None, scale=None, shear=None, interpolation="nearest", fill: int = 0,
+                 center=None, size=None):
+        mode = str(getattr(interpolation, "value", interpolation)).lower()
+        if mode not in ("nearest", "bilinear"):
+            raise ConfigError(f"RandomAffine: interpolation is 'nearest' (torchvision's default) or 'bilinear', got "
+                              f"{interpolation!r}")
+        self.interpolation = mode
         self.degrees = _pair(degrees, "degrees")
         self.translate = None if translate is None else tuple(float(v) for v in translate)
         if self.translate is not None and (len(self.translate) != 2 or not all(0 <= v <= 1 for v in self.translate)):
@@ -299,48 +325,59 @@ class RandomAffine(Geometric):
 
 
 class Mosaic(BatchOp):
-    """Ultralytics' ``Mosaic`` (4 images, the YOLO default): per sample, it and three partners drawn uniformly
-    from the same batch (Ultralytics draws them from the dataset; dsc from the batch, so it stays one pass
-    over the gathered batch, deterministic and resumable with the batch's generator) are each resized to a
-    longer side of ``size`` (min(ceil(side r), size)), placed around a centre (xc, yc) ~ U(size/2, 3 size/2)
-    on a 2 size x 2 size canvas of ``fill`` (top-left, top-right, bottom-left, bottom-right); boxes scaled,
-    shifted, clipped to the canvas (where each placed image shows), dropped when empty, merged with their
-    rows (each quadrant a per-sample map through the shared ``transform_boxes``); masks placed alike (nearest, ignore index around). Follow it with
-    ``RandomAffine(..., size=size)`` as Ultralytics' random_perspective does."""
+    """Ultralytics' ``Mosaic(imgsz=640, p=1.0, n=4)`` (the YOLO default). Per sample, with probability ``p``:
+    it and three partners are each resized to a longer side of ``size`` (min(ceil(side r), size)) and placed
+    around a centre (xc, yc) ~ U(size/2, 3 size/2) on a 2 size x 2 size canvas of ``fill`` (top-left,
+    top-right, bottom-left, bottom-right); otherwise (Ultralytics' ``p`` < 1: the image alone, letterboxed
+    to size x size before its random_perspective) it is resized alike and letterboxed into a size x size
+    square at the canvas centre, so the ``RandomAffine(..., size=size)`` that follows treats both as
+    Ultralytics does.
 
-    def __init__(self, size: int = 640, fill: int = 114):
+    Which samples are combined: the partners are drawn uniformly (with replacement, the sample itself
+    included) from the same batch. Ultralytics draws them from its buffer of the images it loaded last (up to
+    64); dsc's batch plays that buffer, so Mosaic stays one pass over the gathered batch, and the draws come
+    from the batch's (seed, epoch, rank, batch) generator: deterministic, the same for any thread count,
+    replayed on resume. Per-sample values (label fields, value fields) stay the sample's own.
+
+    Everything per object moves with the image it belongs to: each placement is one per-sample map (scale,
+    then shift) through the shared mover (``objects.move_objects``): boxes scaled, shifted, clipped to the
+    canvas (where each placed image shows: its inner edges are the image's own), dropped when empty with
+    every per-box row, per-object mask and keypoint row; per-object masks nearest; keypoints moved (a joint
+    that leaves the canvas becomes (0, 0, 0)); semantic masks placed alike (nearest, their ignore index
+    around). The four images' objects are merged per sample in placement order."""
+
+    def __init__(self, size: int = 640, fill: int = 114, p: float = 1.0):
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"Mosaic: size is a positive int, got {size!r}")
-        self.size, self.fill = size, _fill(fill, "Mosaic")
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise ConfigError(f"Mosaic: p is a probability 0-1 (Ultralytics' mosaic=), got {p!r}")
+        self.size, self.fill, self.p = size, _fill(fill, "Mosaic"), float(p)
 
-    def __call__(self, batch, gen):
-        from .resample import _views  # lazy: resample imports this package's geometric ops
-
-        schema = getattr(batch, "schema", None)
-        if schema is None:
-            if "boxes" in batch or "mask" in batch:
-                raise ConfigError("Mosaic: this batch has boxes or a mask but no schema; pass schema=ds.schema")
-            schema = Schema.default()
-        if "box_offsets" not in batch and "boxes" in batch:
-            raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
-        pixels = {k: r for k, r in schema.pixels().items() if k in batch}
-        other = sorted(k for k, r in schema.items() if k in batch and r.kind not in ("pixels", "boxes", "box_rows",
-                                                                                      "sample"))
-        if other:  # per-object masks, keypoints: moved by the per-object mover, not placed here yet
-            raise ConfigError(f"Mosaic places images, semantic masks, boxes and per-box rows; this batch also has "
-                              f"{', '.join(map(repr, other))}: drop them (keys=) or leave Mosaic out")
-        sizes = _views(batch, "image")[1]
+    def placements(self, sizes: torch.Tensor, gen: torch.Generator) -> list[list[tuple]]:
+        """Per output sample, its placements: (source sample, (h, w) resized, canvas region (x1a, y1a, x2a,
+        y2a), region of the resized image shown there (x1b, y1b, x2b, y2b))."""
         B, s = len(sizes), self.size
+        on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
         partners = torch.randint(max(B, 1), (B, 3), generator=gen)
         centres = torch.floor(C.uniform(gen, 2 * B, s / 2, 3 * s / 2)).long().view(B, 2)  # (xc, yc)
-        parts = []  # per sample: 4 x (source, (nh, nw), region a (x1a, y1a, x2a, y2a), region b (x1b, y1b, ...))
+        hw = sizes.tolist()
+
+        def resized(j):
+            h0, w0 = hw[j]
+            r = s / max(h0, w0)
+            return min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s)
+
+        parts = []
         for b in range(B):
+            if not bool(on[b]):  # letterboxed to s x s (Ultralytics' LetterBox: round(d - 0.1)), at the centre
+                h, w = resized(b)
+                top, left = s // 2 + round((s - h) / 2 - 0.1), s // 2 + round((s - w) / 2 - 0.1)
+                parts.append([(b, (h, w), (left, top, left + w, top + h), (0, 0, w, h))])
+                continue
             xc, yc = centres[b].tolist()
             own = []
             for i, j in enumerate([b] + partners[b].tolist()):
-                h0, w0 = sizes[j].tolist()
-                r = s / max(h0, w0)
-                h, w = min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s)
+                h, w = resized(j)
                 if i == 0:
                     a = (max(xc - w, 0), max(yc - h, 0), xc, yc)
                     bb = (w - (a[2] - a[0]), h - (a[3] - a[1]), w, h)
@@ -355,63 +392,163 @@ class Mosaic(BatchOp):
                     bb = (0, 0, min(w, a[2] - a[0]), min(a[3] - a[1], h))
                 own.append((j, (h, w), a, bb))
             parts.append(own)
+        return parts
+
+    def __call__(self, batch, gen):
+        from .resample import _views  # lazy: resample imports this package's geometric ops
+
+        schema = getattr(batch, "schema", None)
+        if schema is None:
+            if "boxes" in batch or "mask" in batch:
+                raise ConfigError("Mosaic: this batch has boxes or a mask but no schema; pass schema=ds.schema")
+            schema = Schema.default()
+        if "box_offsets" not in batch and "boxes" in batch:
+            raise ConfigError("Mosaic moves boxes in the packed form: gather with boxes='packed' (the default)")
+        pixels = {k: r for k, r in schema.pixels().items() if k in batch}
+        sizes = _views(batch, "image")[1]
+        B, s = len(sizes), self.size
+        parts = self.placements(sizes, gen)
         for key, role in pixels.items():
             views = _views(batch, key)[0]
             nearest = role.resample == "nearest"
-            fill = role.fill if role.fill is not None else float(self.fill)
+            fill = role.fill if role.fill is not None else self.fill
             tail = tuple(views[0].shape[2:]) if views else role.tail
-            canvas = torch.full((B, 2 * s, 2 * s, *tail), fill, dtype=batch[key].dtype, device=batch[key].device)
+            canvas = full((B, 2 * s, 2 * s, *tail), fill, batch[key].dtype, batch[key].device)
+            resized = {}  # each source resized once, however many placements show it
             for b, own in enumerate(parts):
                 for j, (h, w), a, bb in own:
                     ph, pw = a[3] - a[1], a[2] - a[0]
                     if ph <= 0 or pw <= 0:
                         continue
-                    piece = torch.empty((ph, pw, *tail), dtype=canvas.dtype, device=canvas.device)
-                    run_program(views[j], [("resize", h, w), ("crop", bb[1], bb[0], ph, pw, fill)], piece, nearest,
-                                fill)
-                    canvas[b, a[1]:a[3], a[0]:a[2]] = piece
+                    if j not in resized:
+                        resized[j] = torch.empty((h, w, *tail), dtype=canvas.dtype, device=canvas.device)
+                        run_program(views[j], [("resize", h, w)], resized[j], nearest, fill)
+                    canvas[b, a[1]:a[3], a[0]:a[2]] = resized[j][bb[1]:bb[3], bb[0]:bb[2]]
             for suffix in ("_offsets", "_shapes", "_sizes"):
                 batch.pop(key + suffix, None)
             batch[key] = canvas
         if "boxes" in batch:
-            self._boxes(batch, schema, sizes, parts)
+            self._objects(batch, schema, sizes, parts)
         return batch
 
-    def _boxes(self, batch, schema, sizes, parts):
-        """Each quadrant is one per-sample geometric description (the source's map onto the canvas: scale,
-        then shift); its boxes and per-box rows go through the shared ``transform_boxes`` (clipped to the
-        canvas, which is where each placed image shows: its inner edges are the image's own; dropped when
-        empty), then the four are merged per sample in quadrant order."""
-        from .resample import transform_boxes  # lazy: resample imports this package's geometric ops
+    def _objects(self, batch, schema, sizes, parts):
+        """Every placement is one per-sample map from the canvas to its source (undo the shift, then the
+        resize): the placements' objects (each its source's box rows, per-object masks, keypoints) go as one
+        batch of placements through ``move_objects``, whose per-placement offsets then regroup per sample."""
+        side = 2 * self.size
+        hw = sizes.tolist()
+        src, M = [], []
+        for own in parts:
+            for j, (h, w), a, bb in own:
+                h0, w0 = hw[j]
+                sx, sy = w0 / w, h0 / h
+                src.append(j)
+                M.append([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]])
+        P = len(src)
+        M = torch.tensor(M, dtype=torch.float64).view(P, 3, 3)
+        sub = take_objects(batch, schema, torch.tensor(src, dtype=torch.long))
+        plan = ChainPlan(M, (side, side), None, sizes=sizes[src].view(P, 2), hflip=torch.zeros(P, dtype=torch.bool),
+                         out_sizes=torch.tensor([[side, side]], dtype=torch.long).expand(P, 2))
+        move_objects(sub, plan, schema)
+        first = torch.tensor([0] + [len(own) for own in parts], dtype=torch.long).cumsum(0)
+        sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
+        batch.update(sub)
 
-        keys = [k for k in schema.box_rows() if k in batch]  # boxes and every per-box row
-        offsets = batch["box_offsets"].cpu()
-        B, side = len(parts), 2 * self.size
-        quads = []
-        for i in range(4):
-            M = torch.zeros((B, 3, 3), dtype=torch.float64)
-            rows = []
-            for b, own in enumerate(parts):
-                j, (h, w), a, bb = own[i]
-                h0, w0 = sizes[j].tolist()
-                sx, sy = w0 / w, h0 / h  # canvas -> source: undo the shift, then the resize
-                M[b] = torch.tensor([[sx, 0, -(a[0] - bb[0]) * sx], [0, sy, -(a[1] - bb[1]) * sy], [0, 0, 1]],
-                                    dtype=torch.float64)
-                rows.append(torch.arange(int(offsets[j]), int(offsets[j + 1])))
-            take = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
-            sub = {k: batch[k][take.to(batch[k].device)] for k in keys}
-            counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
-            sub["box_offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(batch["boxes"].device)
-            transform_boxes(sub, M, side, side, keys)
-            sub["box_offsets"] = sub["box_offsets"].cpu()
-            quads.append(sub)
-        order = [(q, int(q["box_offsets"][b]), int(q["box_offsets"][b + 1])) for b in range(B) for q in quads]
-        for k in keys:
-            batch[k] = torch.cat([q[k][s:e] for q, s, e in order]) if order else batch[k][:0]
-        counts = [sum(e - s for q, s, e in order[4 * b:4 * b + 4]) for b in range(B)]
-        off = torch.zeros(B + 1, dtype=torch.int64)
-        torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=off[1:])
-        batch["box_offsets"] = off.to(batch["boxes"].device)
+
+class YoloMixUp(BatchOp):
+    """Ultralytics' ``MixUp(p=mixup)`` of the YOLO recipe (``T.presets.yolo(mixup=...)``; after Mosaic and
+    the random perspective, as Ultralytics runs it on two images that both went through them): per sample,
+    with probability ``p``, a partner drawn uniformly from the OTHER samples of the batch (Ultralytics: an
+    image from its buffer of recent loads, through its own mosaic and perspective; here the partner as it
+    is after the ops before this one) and a ratio r ~ Beta(alpha, alpha) (Ultralytics: Beta(32, 32)); the
+    image becomes uint8(r · image + (1 - r) · partner) (truncated, as numpy's astype), and its objects are
+    its own followed by the partner's (boxes, per-box rows, per-object masks, keypoints: Ultralytics'
+    Instances.concatenate). Images of one size. A semantic mask (Ultralytics has none) is not blended: each
+    pixel takes the class of the image that has an object there, the ignore index where both have different
+    ones."""
+
+    def __init__(self, p: float = 0.0, alpha: float = 32.0):
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise ConfigError(f"YoloMixUp: p is a probability 0-1 (Ultralytics' mixup=), got {p!r}")
+        if not isinstance(alpha, (int, float)) or alpha <= 0:
+            raise ConfigError(f"YoloMixUp: alpha is a positive number (Ultralytics: 32.0), got {alpha!r}")
+        self.p, self.alpha = float(p), float(alpha)
+
+    def draw(self, B: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mixed (B,) bool, partner (B,) long, ratio (B,) float64)."""
+        on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
+        other = torch.randint(max(B - 1, 1), (B,), generator=gen)
+        partner = torch.where(other >= torch.arange(B), other + 1, other) if B > 1 else torch.zeros(B, dtype=torch.long)
+        return on & (B > 1), partner, C.beta(gen, self.alpha, self.alpha, B).view(B)
+
+    def __call__(self, batch, gen):
+        schema = getattr(batch, "schema", None) or Schema.default()
+        img = batch["image"]
+        if "image_offsets" in batch and len(batch["image_offsets"]) <= 1 or len(img) == 0:
+            return batch  # an empty batch
+        if "image_offsets" in batch or "image_sizes" in batch or img.dim() != 4:
+            raise ConfigError("YoloMixUp blends images of one size: put it after Mosaic and RandomAffine(size=...)")
+        masks = {k: r for k, r in schema.pixels().items() if k != "image" and k in batch}
+        if any(f"{k}_offsets" in batch or f"{k}_sizes" in batch for k in masks):
+            raise ConfigError("YoloMixUp blends images of one size: put it after Mosaic and RandomAffine(size=...)")
+        B = len(img)
+        on, partner, r = self.draw(B, gen)
+        if not bool(on.any()):
+            return batch
+        idx = torch.nonzero(on).view(-1)
+        rr = r[idx].to(torch.float32).to(img.device).view(-1, 1, 1, 1)
+        a, b = img[idx.to(img.device)].float(), img[partner[idx].to(img.device)].float()
+        mixed = a.mul_(rr).add_(b.mul_(1 - rr))
+        out = img.clone()
+        out[idx.to(img.device)] = (mixed.trunc_().clamp_(0, 255) if img.dtype == torch.uint8 else mixed).to(img.dtype)
+        batch["image"] = out
+        for k, role in masks.items():  # class ids are not blended: each pixel keeps the object that is there
+            m, d = batch[k], idx.to(batch[k].device)
+            a, b = m[d], m[partner[idx].to(m.device)]
+            ignore = torch.full((), role.fill if role.fill is not None else 255, dtype=m.dtype, device=m.device)
+            new = m.clone()
+            new[d] = torch.where(a == 0, b, torch.where((b == 0) | (b == a), a, ignore))
+            batch[k] = new
+        if "boxes" in batch:
+            src, groups = [], []
+            for k in range(B):
+                src += [k, int(partner[k])] if bool(on[k]) else [k]
+                groups.append(len(src))
+            sub = take_objects(batch, schema, torch.tensor(src, dtype=torch.long))
+            first = torch.tensor([0] + groups, dtype=torch.long)
+            sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
+            batch.update(sub)
+        return batch
+
+
+def take_objects(batch: dict, schema: Schema, samples: torch.Tensor) -> dict:
+    """The per-object keys of a packed batch (boxes, per-box rows, keypoints, per-object masks) for the
+    samples ``samples`` (a sample may come several times), in that order, with their ``box_offsets``."""
+    offsets = batch["box_offsets"].cpu()
+    counts = (offsets[1:] - offsets[:-1])[samples]
+    rows = torch.repeat_interleave(offsets[:-1][samples], counts) + torch.arange(int(counts.sum())) - \
+        torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    out = {}
+    for k in schema.box_rows():
+        if k in batch:
+            out[k] = batch[k][rows.to(batch[k].device)]
+    for k in schema.object_masks():
+        if k not in batch:
+            continue
+        mo = batch[f"{k}_offsets"].cpu()
+        lengths = mo[1:][rows] - mo[:-1][rows]
+        starts = torch.cumsum(lengths, 0) - lengths
+        pix = torch.repeat_interleave(mo[:-1][rows] - starts, lengths) + torch.arange(int(lengths.sum()))
+        dev = batch[k].device
+        out[k] = batch[k][pix.to(dev)]
+        out[f"{k}_rects"] = batch[f"{k}_rects"][rows.to(dev)]
+        new = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=new[1:])
+        out[f"{k}_offsets"] = new.to(dev)
+    new = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=new[1:])
+    out["box_offsets"] = new.to(batch["box_offsets"].device)
+    return out
 
 
 class RandomCrop(_SizedCrop):

@@ -41,6 +41,23 @@ class ChainPlan:
     hflip: torch.Tensor | None = None  # (B,) bool: the sample's map mirrors x (keypoints swap left/right)
     out_sizes: torch.Tensor | None = None  # (B, 2) each sample's (h, w) after the chain; ``out`` None: they differ
     keep: torch.Tensor | None = None  # per box (packed order): False where an op drops it (RandomIoUCrop)
+    interpolation: str | None = None  # the batched pass: None antialiased bilinear; "nearest" | "bilinear" as
+    # torchvision's affine (no antialiasing): the last op of the chain with an ``interpolation`` says
+
+
+def full(shape, fill, dtype, device) -> torch.Tensor:
+    """A tensor of ``shape`` holding ``fill``: one number, or one per channel (the last dimension), as
+    torchvision's ``fill=(123, 117, 104)``."""
+    if isinstance(fill, (tuple, list)):
+        if len(shape) < 3 or shape[-1] != len(fill):
+            raise ConfigError(f"a fill of {len(fill)} values (one per channel) on pixels of shape {tuple(shape)}: "
+                              f"give one number, or one per channel")
+        row = torch.tensor(fill, dtype=torch.float64).round().to(dtype).to(device).repeat(shape[-2])  # one line
+        out = torch.empty(shape, dtype=dtype, device=device)
+        flat = out.view(-1, row.numel())
+        flat.copy_(row.expand_as(flat))  # (a broadcast row: copied line by line, not value by value)
+        return out
+    return torch.full(shape, fill, dtype=dtype, device=device)
 
 
 def _current_boxes(boxes, M: torch.Tensor) -> list[torch.Tensor]:
@@ -67,7 +84,7 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, 
     M = torch.eye(3, dtype=torch.float64).expand(B, 3, 3).clone()
     steps: list | None = []
     fill = 0.0
-    keep = None
+    keep, interpolation = None, None
     sizes_in, hflip = sizes, torch.zeros(B, dtype=torch.bool)
     for op in ops:
         if getattr(op, "needs_boxes", False):
@@ -91,25 +108,34 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, 
             hflip ^= op.hflips(sizes, p) if hasattr(op, "hflips") else mirrors_x(m)
             s = op.steps(sizes, p)
             if s is not None:  # each crop carries the fill of the op that made it (CenterCrop's zeros stay zeros)
-                own = float(op.fill) if getattr(op, "fill", None) is not None else 0.0
+                own = _fill_value(op.fill) if getattr(op, "fill", None) is not None else 0.0
                 s = [(*st, [own] * B) if st[0] == "crop" and len(st) == 5 else st for st in s]
             steps = None if steps is None or s is None else steps + s
         if getattr(op, "fill", None) is not None:
-            fill = float(op.fill)
+            fill = _fill_value(op.fill)
+        if getattr(op, "interpolation", None) is not None:
+            interpolation = op.interpolation
         M = M @ m
         sizes = new
     if B == 0:  # an empty batch: the output size is the chain's, whatever the (absent) input
         out = plan_chain(ops, torch.tensor([[1, 1]]), torch.Generator(),
                          boxes=(torch.zeros((0, 4)), torch.zeros(2, dtype=torch.long))).out
-        return ChainPlan(M, out, [], fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes.long().view(0, 2))
+        return ChainPlan(M, out, [], fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes.long().view(0, 2),
+                         interpolation=interpolation)
     programs = None
     if steps is not None:  # per sample: [(kind, args...)], from the batched lists
         programs = [[(kind, *(a[b] for a in args)) for kind, *args in steps] for b in range(B)]
     sizes = sizes.long()
     if not bool((sizes == sizes[0]).all()):  # samples of several sizes (flips, scale jitter): a ragged batch
-        return ChainPlan(M, None, programs, fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes, keep=keep)
+        return ChainPlan(M, None, programs, fill, sizes=sizes_in, hflip=hflip, out_sizes=sizes, keep=keep,
+                         interpolation=interpolation)
     return ChainPlan(M, (int(sizes[0, 0]), int(sizes[0, 1])), programs, fill, sizes=sizes_in, hflip=hflip,
-                     out_sizes=sizes, keep=keep)
+                     out_sizes=sizes, keep=keep, interpolation=interpolation)
+
+
+def _fill_value(fill):
+    """An op's fill as the plan carries it: a float, or a tuple of floats (one per channel)."""
+    return tuple(float(v) for v in fill) if isinstance(fill, (tuple, list)) else float(fill)
 
 
 def fixes_size(ops: list[Geometric]) -> bool:
@@ -186,7 +212,7 @@ def _resized_region(x: torch.Tensor, size: tuple[int, int], top: int, left: int,
     H, W = x.shape[:2]
     nh, nw = size
     t0, t1, l0, l1 = max(top, 0), min(top + h, nh), max(left, 0), min(left + w, nw)
-    canvas = torch.full((h, w, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    canvas = full((h, w, *x.shape[2:]), fill, x.dtype, x.device)
     if t1 <= t0 or l1 <= l0:
         return canvas
     if nearest:
@@ -226,13 +252,20 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         elif kind == "crop":
             top, left, h, w = a[:4]
             cfill = fill if fill is not None else (a[4] if len(a) > 4 else 0.0)
+            while k + 1 < len(program) and program[k + 1][0] == "crop":  # a crop inside the crop before it
+                t2, l2, h2, w2 = program[k + 1][1:5]  # (zoom-out, then IoU crop): one crop, the first's fill
+                if not (0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w):
+                    break
+                top, left, h, w = top + t2, left + l2, h2, w2
+                k += 1
+                skip = k
             H, W = x.shape[:2]
             top = H - top - h if fh else top
             left = W - left - w if fw else left
             if 0 <= top and top + h <= H and 0 <= left and left + w <= W:
                 x = x[top:top + h, left:left + w]
             else:  # partly outside: a canvas of the fill with the inside part pasted
-                canvas = torch.full((h, w, *x.shape[2:]), cfill, dtype=x.dtype, device=x.device)
+                canvas = full((h, w, *x.shape[2:]), cfill, x.dtype, x.device)
                 t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
                 if t1 > t0 and l1 > l0:
                     canvas[t0 - top:t1 - top, l0 - left:l1 - left] = x[t0:t1, l0:l1]

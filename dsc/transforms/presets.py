@@ -10,16 +10,19 @@
   ResNet-50 weights: ``classification("ta_wide", crop_size=176, random_erase=0.1, mixup=0.2, cutmix=1.0,
   label_smoothing=0.1)``.
 * ``detection(name)``: ``references/detection/presets.py`` DetectionPresetTrain: "hflip" (flip 0.5);
-  "lsj" (ScaleJitter((1024, 1024)), FixedSizeCrop((1024, 1024)), flip); "multiscale"
-  (RandomShortestSize((480, ..., 800), 1333), flip); "ssd" (RandomPhotometricDistort, RandomZoomOut(fill =
-  the mean colour's grey 117), RandomIoUCrop, flip); "ssdlite" (RandomIoUCrop, flip). Images stay uint8
-  (the torchvision form makes them float) and, except "lsj", of several sizes: detection models resize.
+  "lsj" (ScaleJitter((1024, 1024)), FixedSizeCrop((1024, 1024), fill=mean), flip); "multiscale"
+  (RandomShortestSize((480, ..., 800), 1333), flip); "ssd" (RandomPhotometricDistort, RandomZoomOut(fill=mean),
+  RandomIoUCrop, flip); "ssdlite" (RandomIoUCrop, flip); mean = (123, 117, 104), the reference's fill
+  (masks: their ignore index; per-object masks 0 outside, as the reference's Mask fill). Images stay uint8
+  (the torchvision form makes them float, as the reference's ToDtype(float, scale=True)) and, except "lsj",
+  of several sizes: detection models resize.
 * ``segmentation(base_size=520, crop_size=480)``: SegmentationPresetTrain: random shorter side in
   [0.5, 2) x base_size, flip, RandomCrop(crop_size, padded with 0, masks with their ignore index), ToFloat,
   Normalize.
-* ``yolo(size=640)``: Ultralytics' default train-time augmentation (Mosaic of 4, random_perspective as
-  RandomAffine(translate 0.1, scale 0.5, fill 114, output size), HSV jitter h 0.015 / s 0.7 / v 0.4,
-  flip 0.5).
+* ``yolo(size=640, mosaic=1.0, mixup=0.0)``: Ultralytics' default train-time augmentation (Mosaic of 4 with
+  probability ``mosaic``, the others letterboxed; random_perspective as RandomAffine(translate 0.1, scale
+  0.5, bilinear as cv2.warpAffine, fill 114, output size); MixUp with probability ``mixup`` (YoloMixUp:
+  Beta(32, 32), objects of both images); HSV jitter h 0.015 / s 0.7 / v 0.4; flip 0.5).
 """
 from __future__ import annotations
 
@@ -69,11 +72,11 @@ def detection(name: str = "hflip", hflip: float = 0.5, size: int = 1024) -> list
     if name == "hflip":
         return flip
     if name == "lsj":
-        return [ScaleJitter((size, size)), FixedSizeCrop((size, size)), *flip, ToFloat()]
+        return [ScaleJitter((size, size)), FixedSizeCrop((size, size), fill=MEAN_255), *flip, ToFloat()]
     if name == "multiscale":
         return [RandomShortestSize([480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800], 1333), *flip]
     if name == "ssd":
-        return [RandomPhotometricDistort(), RandomZoomOut(fill=int(MEAN_255[1])), RandomIoUCrop(), *flip]
+        return [RandomPhotometricDistort(), RandomZoomOut(fill=MEAN_255), RandomIoUCrop(), *flip]
     if name == "ssdlite":
         return [RandomIoUCrop(), *flip]
     raise ConfigError(f"detection preset: one of {', '.join(DETECTION)}, got {name!r}")
@@ -89,12 +92,14 @@ def segmentation(base_size: int = 520, crop_size: int = 480, hflip: float = 0.5,
 
 
 def yolo(size: int = 640, degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0,
-         hsv=(0.015, 0.7, 0.4), fliplr: float = 0.5, mosaic: bool = True) -> list:
-    from . import Mosaic, RandomAffine, RandomHorizontalFlip, RandomHSV  # lazy: this package
+         hsv=(0.015, 0.7, 0.4), fliplr: float = 0.5, mosaic: float = 1.0, mixup: float = 0.0) -> list:
+    from . import Mosaic, RandomAffine, RandomHorizontalFlip, RandomHSV, YoloMixUp  # lazy: this package
 
-    ops: list = [Mosaic(size, fill=114)] if mosaic else []
+    ops: list = [Mosaic(size, fill=114, p=float(mosaic))]  # (p < 1: the others letterboxed, as Ultralytics)
     ops.append(RandomAffine(degrees=degrees, translate=(translate, translate), scale=(1 - scale, 1 + scale),
-                            shear=shear or None, fill=114, size=(size, size)))
+                            shear=shear or None, interpolation="bilinear", fill=114, size=(size, size)))
+    if mixup > 0:
+        ops.append(YoloMixUp(mixup))
     ops.append(RandomHSV(*hsv))
     if fliplr > 0:
         ops.append(RandomHorizontalFlip(fliplr))

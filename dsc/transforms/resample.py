@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
-from .fused import plan_chain, run_batch, run_program
+from .fused import full, plan_chain, run_batch, run_program
 from .geometric import Geometric
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
 
@@ -85,7 +85,75 @@ def _nearest(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out
     out = canvas[b, ys, xs]
     if out.dim() == 4:
         valid = valid.unsqueeze(-1)
-    return torch.where(valid, out, torch.full((), fill, dtype=out.dtype, device=dev)).contiguous()  # no branch
+    return torch.where(valid, out, _fill_like(fill, out)).contiguous()  # no branch
+
+
+def _fill_like(fill, out: torch.Tensor) -> torch.Tensor:
+    """``fill`` (a number, or one per channel) broadcastable against ``out`` (..., C) or a mask."""
+    if isinstance(fill, (tuple, list)):
+        return full((1,) * (out.dim() - 1) + (out.shape[-1],), fill, out.dtype, out.device)
+    return torch.full((), fill, dtype=out.dtype, device=out.device)
+
+
+def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int, fill,
+          mode: str) -> torch.Tensor:
+    """torchvision's affine resampling (``F.affine``: ``grid_sample``, align_corners=False, no antialiasing)
+    straight from the integer canvas (B, Hm, Wm[, C]): nearest gathers the output's pixels, bilinear converts
+    to float only the part of each image its output reads. ``nearest``: the pixel nearest each output pixel centre's source point, ``fill`` where it
+    lies outside the sample's image; ``bilinear``: the four neighbours (those outside count as zeros)
+    weighted, blended with ``fill`` by the weight that lay inside (torchvision's mask channel:
+    (S - fill) * inside + fill), rounded."""
+    B, Hm, Wm = canvas.shape[:3]
+    dev = canvas.device
+    squeeze = canvas.dim() == 3
+    C = 1 if squeeze else canvas.shape[3]
+    xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, dev, torch.float32)
+    u, v = torch.broadcast_tensors(xi - 0.5, yi - 0.5)  # pixel-index coordinates of the source points
+    if mode == "nearest":
+        rows = canvas.reshape(B * Hm * Wm, C)  # one row of C values per pixel: gathered by a 1-D index
+        base = (torch.arange(B, device=dev) * (Hm * Wm)).view(B, 1, 1)
+        xs, ys = torch.round(u), torch.round(v)  # grid_sample's nearest: half to even
+        inside = (xs >= 0) & (xs <= w - 1) & (ys >= 0) & (ys <= h - 1)
+        idx = (ys.clamp_(0, Hm - 1).long() * Wm + xs.clamp_(0, Wm - 1).long() + base).view(-1)
+        out = rows.index_select(0, idx).view(B, out_h, out_w, C)
+        out = torch.where(inside.unsqueeze(-1), out, _fill_like(fill, out))
+        return (out[..., 0] if squeeze else out).contiguous()
+    # bilinear: grid_sample over the image (zeros outside, as torchvision's), and the weight that lay inside
+    # the sample's own image, which factors into x and y parts (torchvision gets it from a ones channel)
+    # (per axis: 1 within [0, w - 1], falling linearly to 0 over the pixel beyond each edge)
+    inside = torch.minimum(u + 1, w - u).clamp_(0, 1).mul_(torch.minimum(v + 1, h - v).clamp_(0, 1))
+    img = canvas.unsqueeze(-1) if squeeze else canvas
+    gx, gy = xi.expand(B, out_h, out_w), yi.expand(B, out_h, out_w)
+    out = torch.empty((B, C, out_h, out_w), dtype=torch.float32, device=dev).permute(0, 2, 3, 1)
+    hw = src_sizes.tolist()
+    for b in range(B):  # only the part of each image the output reads goes to float (a zoom reads little of it)
+        Hb, Wb = (int(v) for v in hw[b])
+        xa, xb = (int(v) for v in torch.stack([gx[b].min(), gx[b].max()]).floor().tolist())
+        ya, yb = (int(v) for v in torch.stack([gy[b].min(), gy[b].max()]).floor().tolist())
+        x0c, x1c = min(max(xa - 2, 0), Wb), min(max(xb + 3, 0), Wb)
+        y0c, y1c = min(max(ya - 2, 0), Hb), min(max(yb + 3, 0), Hb)
+        if x1c <= x0c or y1c <= y0c:
+            out[b] = 0
+            continue
+        src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
+        grid = torch.stack([(gx[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0, (gy[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0], -1)
+        out[b] = F.grid_sample(src, grid.unsqueeze(0), mode="bilinear", padding_mode="zeros",
+                               align_corners=False)[0].permute(1, 2, 0)
+    f = _fill_like(fill, out).float()
+    out = out.sub_(f).mul_(inside.unsqueeze(-1)).add_(f).round_()
+    if canvas.dtype == torch.uint8:
+        out = out.clamp_(0, 255)
+    out = out.to(canvas.dtype)
+    return (out[..., 0] if squeeze else out).contiguous()
+
+
+def _resampler(plan, nearest: bool):
+    """The batched pass's resampling for a role: masks nearest; images as the chain's op says (RandomAffine:
+    torchvision's nearest or bilinear), else antialiased bilinear."""
+    mode = getattr(plan, "interpolation", None)
+    if mode is not None:
+        return lambda *a: _warp(*a, "nearest" if nearest else mode)
+    return _nearest if nearest else _resample
 
 
 def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h: int, out_w: int,
@@ -115,7 +183,9 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
                                 align_corners=False)
             out = tap if out is None else out.add_(tap)
     out.div_(taps[0] * taps[1])
-    out = torch.where(valid.expand(B, out_h, out_w).unsqueeze(1), out, torch.full_like(out, fill))
+    f = _fill_like(fill, out.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) if isinstance(fill, (tuple, list)) else fill
+    out = torch.where(valid.expand(B, out_h, out_w).unsqueeze(1), out, f if torch.is_tensor(f) else
+                      torch.full_like(out, f))
     return out.round_().clamp_(0, 255).to(canvas.dtype).permute(0, 2, 3, 1).contiguous()
 
 
@@ -160,7 +230,7 @@ def apply_plan(plan, batch: dict, schema: Schema) -> dict:
                             nearest, role.fill)
         else:
             fill = plan.fill if role.fill is None else role.fill
-            resample = _nearest if nearest else _resample
+            resample = _resampler(plan, nearest)
             if f"{key}_offsets" in batch and len(batch[f"{key}_offsets"]) > 1:
                 # packed ragged: one sample at a time, never a canvas of the largest height by the largest width
                 # (a 1x4000 and a 4000x1 image would make it 4000x4000 per sample)
@@ -189,7 +259,7 @@ def move_sample(view: torch.Tensor, role, plan, b: int, out_hw: tuple[int, int])
         return out
     fill = plan.fill if role.fill is None else role.fill
     size = torch.tensor([list(view.shape[:2])])
-    return (_nearest if nearest else _resample)(view.unsqueeze(0), size, plan.matrices[b:b + 1], h, w, fill)[0]
+    return _resampler(plan, nearest)(view.unsqueeze(0), size, plan.matrices[b:b + 1], h, w, fill)[0]
 
 
 def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
@@ -213,7 +283,24 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
     out_sizes = plan.out_sizes.tolist()
     for key, role in pixels.items():
         views = _views(batch, key)[0]
-        pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
+        if plan.programs is None or not views:
+            pack(batch, key, [move_sample(v, role, plan, b, tuple(out_sizes[b])) for b, v in enumerate(views)])
+            continue
+        # the programs write each sample straight into its place in the packed output (no second copy)
+        tail = tuple(views[0].shape[2:])
+        shapes = [(int(h), int(w), *tail) for h, w in out_sizes]
+        sizes = torch.tensor([math.prod(shp) for shp in shapes], dtype=torch.int64)
+        offsets = torch.zeros(len(shapes) + 1, dtype=torch.int64)
+        torch.cumsum(sizes, 0, out=offsets[1:])
+        flat = torch.empty(int(offsets[-1]), dtype=batch[key].dtype, device=batch[key].device)
+        o = offsets.tolist()
+        for b, v in enumerate(views):
+            run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill)
+        for suffix in ("_offsets", "_shapes", "_sizes"):
+            batch.pop(key + suffix, None)
+        batch[key] = flat
+        batch[f"{key}_offsets"] = offsets.to(flat.device)
+        batch[f"{key}_shapes"] = torch.tensor(shapes, dtype=torch.int64, device=flat.device).view(-1, 2 + len(tail))
     move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
 
@@ -238,8 +325,8 @@ def _each_own_size(batch: dict, key: str, role, plan) -> None:
                 dest[b].copy_(out)
         else:
             fill = plan.fill if role.fill is None else role.fill
-            dest[b].copy_((_nearest if nearest else _resample)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1],
-                                                                h, w, fill)[0])
+            dest[b].copy_(_resampler(plan, nearest)(v.unsqueeze(0), sizes[b:b + 1], plan.matrices[b:b + 1], h, w,
+                                                    fill)[0])
     batch[key] = new
 
 
