@@ -449,7 +449,7 @@ class Mosaic(BatchOp):
         sub = take_objects(batch, schema, torch.tensor(src, dtype=torch.long))
         plan = ChainPlan(M, (side, side), None, sizes=sizes[src].view(P, 2), hflip=torch.zeros(P, dtype=torch.bool),
                          out_sizes=torch.tensor([[side, side]], dtype=torch.long).expand(P, 2))
-        move_objects(sub, plan, schema)
+        move_objects(sub, plan, schema, record=False)  # (placements, not samples: Mosaic voids the record)
         first = torch.tensor([0] + [len(own) for own in parts], dtype=torch.long).cumsum(0)
         sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
         batch.update(sub)

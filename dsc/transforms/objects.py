@@ -296,11 +296,14 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Ten
 
 
 # ----------------------------------------------------------------------------- all of them
-def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None) -> None:
+def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None,
+                 record: bool = True) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
-    samples' (h, w) before the chain (default: the plan's)."""
+    samples' (h, w) before the chain (default: the plan's). ``record=False``: ``batch`` is not a batch of
+    samples (Mosaic's placements), so no record of its geometry is made."""
     fwd = torch.linalg.inv(plan.matrices)  # input pixel -> output pixel, per sample
-    record_geometry(batch, plan, schema, fwd)
+    if record:
+        record_geometry(batch, plan, schema, fwd)
     if "boxes" not in batch:
         return
     sizes = sizes if sizes is not None else plan.sizes
