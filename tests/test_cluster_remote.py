@@ -330,6 +330,63 @@ def test_a_bad_member_on_the_cluster_and_resume_from_the_bucket(data, cluster, t
     assert bucket_shards(url) == shard_files(ref)
 
 
+_COUNT_DECODES = """
+def arm(folder):
+    import os
+    from dsc.compiler import units
+    real = getattr(units, "_uncounted", units.compile_sample)
+    units._uncounted = real
+    def compile_sample(rec, *a, **k):
+        with open(os.path.join(folder, "decoded-%d" % os.getpid()), "a") as f:
+            f.write(rec.key + "\\n")
+        return real(rec, *a, **k)
+    units.compile_sample = compile_sample
+
+def disarm():
+    from dsc.compiler import units
+    units.compile_sample = getattr(units, "_uncounted", units.compile_sample)
+"""
+
+
+def test_an_update_on_a_cluster_without_a_shared_folder(data, cluster, tmp_path, monkeypatch):
+    """--update of a dataset in S3 from tars in S3 on the cluster: the workers decode only the changed tar's
+    changed samples and upload their shards; the client's staging never holds a shard; the result is what a
+    fresh compile of the tars as they are now holds."""
+    from PIL import Image
+
+    folder, tars, _ = data
+    client, workers = cluster
+    url, cache = "s3://dsc-out/updated", str(tmp_path / "cache")
+    upload_tree(tars, "s3://dsc-src/upd")
+    dsc.compile_webdataset("s3://dsc-src/upd", url, executor=client, cache_dir=cache, **OPTS)
+    changed = tmp_path / "folder"
+    shutil.copytree(folder, changed)
+    for stem, color in (("img_00002", (250, 10, 10)), ("img_00005", (10, 250, 10))):
+        Image.new("RGB", (41, 37), color).save(changed / "class_01" / f"{stem}.jpg", quality=90)
+    new_tars = pack_webdataset(changed, tmp_path / "tars", per_tar=10)
+    differ = [t.name for t in new_tars if t.read_bytes() != (tars / t.name).read_bytes()]
+    assert differ == ["00001.tar"]
+    open_store("s3://dsc-src/upd").put("00001.tar", (tmp_path / "tars" / "00001.tar").read_bytes())
+    scope: dict = {}
+    exec(_COUNT_DECODES, scope)
+    counts = workers / "counts"
+    counts.mkdir()
+    client.run(scope["arm"], str(counts))
+    staged = _watch_stage(monkeypatch)
+    try:
+        r = dsc.compile_webdataset("s3://dsc-src/upd", url, executor=client, cache_dir=cache, update=True, **OPTS)
+    finally:
+        client.run(scope["disarm"])
+    decoded = sorted(k for p in counts.iterdir() for k in p.read_text().split())
+    assert decoded == ["00001.tar/class_01_img_00002", "00001.tar/class_01_img_00005"]  # nothing else decoded
+    assert r.committed and r.version == 1 and r.plan["changed"] == 2 and r.decoded == 2
+    assert staged and not [p for p in staged if "/image/c/" in p]  # the new shard went up from a worker
+    assert not list((workers / "tmp").iterdir())
+    fresh = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "fresh.dsc", workers=1, **OPTS)
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(dsc.open(fresh.path))
+    assert dsc.verify(url, cache_dir=tmp_path / "c").ok
+
+
 def test_workers_that_cannot_see_a_local_path_are_named(cluster, tmp_path):
     from dsc.compiler.cluster import check_workers_see
 

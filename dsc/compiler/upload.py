@@ -388,16 +388,20 @@ def _run_stage(store: Store, cache_dir):
 
 def update_url(update_local, url: str, options):
     """``--update`` of a dataset in object storage: its latest version pulled without shards into a local
-    staging folder, updated there (``update_local(stage, name)``: only new and changed inputs decoded;
-    ``name(message)`` puts the URL where a message names the staging folder), and
+    staging folder, updated there (``update_local(stage, name, first_slot, direct)``: only new and changed
+    inputs decoded; ``name(message)`` puts the URL where a message names the staging folder), and
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
-    that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
+    that committed first makes this one fail with VersionConflictError, nothing of it referenced). On a Dask
+    cluster (``options.executor``) the units upload their own shards, as a compile's do (``direct``: the URL and
+    this writer's token), so the workers need no filesystem shared with this one; the push then finds them in
+    the bucket, this writer's, and sends only the small files."""
     store = open_store(url)
     with store.lock("update"), _run_stage(store, options.cache_dir) as stage:
         pull_for_update(store, stage)
         base = versions.read_record(stage, versions.versions(stage)[-1])["manifest"]
         first = free_slot(store, base)  # past every shard there: another writer's leftovers are never in the way
-        report = update_local(stage, lambda message: message.replace(str(stage), store.url), first)
+        direct = (store.url, _token(stage)) if options.executor is not None else None
+        report = update_local(stage, lambda message: message.replace(str(stage), store.url), first, direct)
         sent = None
         if report.committed:  # (this writer's: under its lease, with a token that goes with its staging)
             with closing(Uploader(store, _token(stage))) as uploader:
