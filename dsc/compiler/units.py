@@ -28,6 +28,7 @@ from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask
 from .options import CompileOptions
 from .resample import single_threaded
 from .sources.base import Item, Record, Source, where
+from .sources.inputs import remember_all
 from .upload import put_shard
 from ..store import open_store
 
@@ -42,6 +43,7 @@ class UnitTask:
     shard_size: int
     fields: tuple[Field, ...]
     upload: tuple[str, str] | None = None  # (output URL, writer token): the worker uploads its shards itself
+    known: tuple = ()  # identities of its inputs in object storage the scan found (inputs.known): no HEAD again
 
 
 INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",
@@ -229,6 +231,7 @@ def compile_unit(task: UnitTask, source: Source) -> UnitResult:
     """Decode, resize and write shard ``task.s`` of every field. Bad inputs are recorded (or stop the unit
     under on_error="fail"); write failures raise WriteError from the shard writers. A task with ``upload``
     (a cluster compile to a URL) writes in a temporary folder of this worker's own and uploads its shards."""
+    remember_all(task.known)
     with single_threaded(task.options.resizer):
         if task.upload is None:
             return _compile_unit(task, source)
@@ -249,7 +252,7 @@ def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
     shards = {p.shard.path: p.shard for p in result.parts.values() if getattr(p, "shard", None) is not None}
     for rel, spec in shards.items():
         with open(root / rel, "rb") as f:
-            put_shard(store, rel, f, spec.sha256, spec.nbytes, writer)
+            put_shard(store, rel, f, spec.sha256, spec.nbytes, writer, ask=False)  # (a retried unit's: judged then)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.relative_to(root).as_posix() not in shards}
 

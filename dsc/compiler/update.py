@@ -38,7 +38,7 @@ from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
-from .sources.inputs import identity
+from .sources.inputs import identity, known
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
@@ -423,8 +423,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     decode = [records[i] for i in plan.decode]
     txn = out / versions.TXN / str(n_new)
     unit_options = replace(options, executor=None)
-    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields), direct)
-             for u, start in enumerate(range(0, len(decode), K))]
+    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields), direct,
+                      known(r.path for r in decode[start:start + K])) for u, start in enumerate(range(0, len(decode), K))]
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
                       shard_ok=uploaded_shard_check(*direct) if direct else None)
     inputs = {t.s: inputs_of(t.records) for t in tasks}

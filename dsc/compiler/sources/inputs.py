@@ -76,6 +76,19 @@ def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
         _IDENTITY[url] = (int(size), float(mtime), etag)
 
 
+def known(paths) -> tuple:
+    """The identities this process knows of the objects among ``paths`` (from a listing or a HEAD), as
+    (url, size, mtime, etag): handed to the workers with their units (``remember_all``), so that a worker asks
+    the bucket nothing the scan already did."""
+    return tuple((p, *_IDENTITY[p]) for p in dict.fromkeys(paths) if p in _IDENTITY)
+
+
+def remember_all(entries) -> None:
+    """Take the identities ``known`` gave (in a worker)."""
+    for url, size, mtime, etag in entries:
+        remember(url, size, mtime, etag)
+
+
 def list_objects(prefix: str) -> list[tuple[str, int]]:
     """(URL, size) of every object under the URL ``prefix`` (a folder: its objects at any depth), sorted;
     their identities are remembered."""
@@ -138,16 +151,19 @@ def size_of(path: str) -> int:
     return found[0]
 
 
-def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False):
+def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False,
+               start: int | None = None, ahead: int = 0):
     """A seekable binary file of the input: a local file, or an object read as it is consumed (never downloaded
     whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
-    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request)."""
+    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request), or
+    where reading ends (no byte past it is asked for). ``start`` and ``ahead`` (sequential): the request is made
+    now, at ``start``, and a thread reads up to ``ahead`` bytes ahead of the caller."""
     if not is_remote(path):
         return open(path, "rb")
     store, rel = split(path)
     size = size if size is not None else size_of(path)
     if sequential:
-        return store.reader(rel, size, buffer, sequential=True)
+        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead)
     return store.reader(rel, size, buffer)
 
 
