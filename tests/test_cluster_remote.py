@@ -208,6 +208,116 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     assert samples(dsc.open(r.path)) == samples(dsc.open(tmp_path / "local"))
 
 
+def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
+    """What a compile asks the bucket: the scan one streamed GET per tar (its label and text members read as the
+    walk passes them, never a second pass); a unit one GET per tar it reads, for its span only, and no HEAD (the
+    scan's identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing);
+    a new shard one create-only PUT, no HEAD before it."""
+    import importlib
+
+    from dsc.compiler.sources import inputs
+    from dsc.store.object import ObjectStore
+
+    C = importlib.import_module("dsc.compiler.compile")  # (dsc.compiler.compile is also the function)
+    _, tars, ref = data
+    calls = []
+    for name in ("stat", "identity", "open_stream", "put", "get", "read_range", "etag"):
+        def wrap(self, rel, *a, _real=getattr(ObjectStore, name), _name=name, **k):
+            calls.append((_name, rel, a, k))
+            return _real(self, rel, *a, **k)
+        monkeypatch.setattr(ObjectStore, name, wrap)
+    scan_done = []
+    real_unit = C.compile_unit
+
+    def fresh_unit(task, source):  # as a worker process would: no identity remembered from the scan
+        scan_done.append(len(calls))
+        monkeypatch.setattr(inputs, "_IDENTITY", {})
+        return real_unit(task, source)
+    monkeypatch.setattr(C, "compile_unit", fresh_unit)
+    from dsc.store import object as O
+
+    ahead = []
+    monkeypatch.setattr(O, "ReadAhead", type("Counted", (O.ReadAhead,), {
+        "__init__": lambda self, it, limit: (ahead.append(limit), O.ReadAhead.__init__(self, it, limit))[1]}))
+    url = "s3://dsc-out/counted"
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, workers=1,
+                               cache_dir=str(tmp_path / "cache"), **OPTS)
+    assert r.manifest.num_samples == 30 and bucket_shards(url) == shard_files(ref)
+    sizes = {t.name: t.stat().st_size for t in tars.glob("*.tar")}
+    scan, units = calls[:scan_done[0]], calls[scan_done[0]:]
+    tar_reads = [c for c in scan if c[0] == "open_stream"]
+    assert sorted(c[1].rsplit("/", 1)[-1] for c in tar_reads) == sorted(sizes)  # one stream per tar
+    streams = [c for c in units if c[0] == "open_stream" and c[1].endswith(".tar")]
+    assert not [c for c in units if c[0] in ("stat", "identity") and c[1].endswith(".tar")]  # no HEAD of a tar
+    assert len(streams) <= 5 + 2  # 5 units of 7 samples over 3 tars of 10: at most two tars each, 7 spans in all
+    asked = sum(c[2][1] - c[2][0] for c in streams)  # (start, end): each unit asks for its span only
+    assert len(ahead) == len(streams)  # and reads it ahead of the decode, on a thread
+    assert asked <= sum(sizes.values())
+    shards = set(bucket_shards(url))
+    assert not [c for c in calls if c[0] == "stat" and c[1] in shards]  # a new shard: put, never asked for first
+    assert sorted(c[1] for c in calls if c[0] == "put" and c[1] in shards) == sorted(shards)
+
+
+def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
+    """A tar larger than the reader's buffer: its labels and captions are read as the walk passes them, so the
+    scan is one GET of the tar (reading them after the walk went back to its start: a second GET of it all)."""
+    import io
+    import tarfile
+
+    from dsc.compiler.sources.webdataset import index_tar
+    from dsc.store.object import ObjectStore
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for k in range(4):
+            for ext, data in (("jpg", os.urandom(700_000)), ("cls", str(k).encode()), ("txt", b"a caption")):
+                info = tarfile.TarInfo(f"s{k}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    open_store("s3://dsc-src/big").put("0.tar", buf.getvalue())
+    streams = []
+    real = ObjectStore.open_stream
+    monkeypatch.setattr(ObjectStore, "open_stream", lambda self, rel, *a: (streams.append(a), real(self, rel, *a))[1])
+    samples_, cut = index_tar("s3://dsc-src/big/0.tar", ("jpg",), "cls", None, {"txt": "text"})
+    assert cut is None and [(s.key, s.label, s.values) for s in samples_] == [
+        (f"s{k}", k, {"txt": "a caption"}) for k in range(4)]
+    assert len(streams) == 1 and streams[0][0] == 0
+
+
+def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
+    """The thread behind a unit's tar stream (ObjectStore.reader(..., ahead=)): it reads chunks before they are
+    asked for, never more than its limit ahead, hands them on in order, and a failure where it happened."""
+    import time
+
+    from dsc.store.object import ReadAhead
+
+    pulled = []
+
+    def chunks(fail_at=None):
+        for i in range(10):
+            if i == fail_at:
+                raise ConnectionError("the connection broke")
+            pulled.append(i)
+            yield bytes([i]) * 1000
+
+    ra = ReadAhead(chunks(), 3000)
+    deadline = time.monotonic() + 10
+    while len(pulled) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(pulled) == 4  # 3,000 bytes buffered and one chunk in hand, none asked for yet
+    assert b"".join(ra) == b"".join(bytes([i]) * 1000 for i in range(10))
+    pulled.clear()
+    broken = ReadAhead(chunks(fail_at=2), 1 << 20)
+    assert next(broken) == bytes([0]) * 1000 and next(broken) == bytes([1]) * 1000
+    with pytest.raises(ConnectionError):
+        next(broken)
+    held = ReadAhead(chunks(), 1000)
+    held.stop()  # (a reader closed midway: its thread ends)
+    held._thread.join(5)
+    assert not held._thread.is_alive()
+
+
 # --------------------------------------------------------------------------- a cluster with no shared folder
 @pytest.fixture(scope="module")
 def cluster():
