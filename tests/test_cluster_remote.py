@@ -236,9 +236,9 @@ def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
     monkeypatch.setattr(C, "compile_unit", fresh_unit)
     from dsc.store import object as O
 
-    ahead = []
-    monkeypatch.setattr(O, "ReadAhead", type("Counted", (O.ReadAhead,), {
-        "__init__": lambda self, it, limit: (ahead.append(limit), O.ReadAhead.__init__(self, it, limit))[1]}))
+    ahead, RA = [], O.ReadAhead
+    monkeypatch.setattr(O, "ReadAhead", type("Counted", (RA,), {
+        "__init__": lambda self, it, limit: (ahead.append(limit), RA.__init__(self, it, limit))[1]}))
     url = "s3://dsc-out/counted"
     r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, workers=1,
                                cache_dir=str(tmp_path / "cache"), **OPTS)
