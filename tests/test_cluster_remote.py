@@ -318,6 +318,43 @@ def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
     assert not held._thread.is_alive()
 
 
+def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatch):
+    """A worker reads a Parquet file's footer once, and a row group that several of its units share (shards of
+    fewer rows than a row group) once: one range request for exactly its bytes, not a footer and the group
+    (and a buffer's read past it) per unit."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+
+    from dsc.compiler.sources import inputs, table
+    from dsc.compiler.sources.table import TableSource
+    from dsc.store.object import ObjectStore
+
+    images = [bytes([k]) * 3000 for k in range(64)]
+    pq.write_table(pa.table({"image": images, "label": [k % 4 for k in range(64)]}), tmp_path / "t.parquet",
+                   row_group_size=16)
+    open_store("s3://dsc-src/groups").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
+    src = TableSource(path="s3://dsc-src/groups/t.parquet")
+    records = src.scan().records
+    monkeypatch.setattr(table, "_FOOTERS", {})  # (a worker process: nothing read yet)
+    monkeypatch.setattr(table, "_GROUPS", {})
+    monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
+    ranges = []
+    real = ObjectStore.read_range
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append((a, b)),
+                                                                            real(self, rel, a, b))[1])
+    got = []
+    for u in range(0, 64, 8):  # 8 units of 8 rows: two a row group
+        fetch = src.fetcher(records[u:u + 8])
+        got += [fetch(r).obj.getvalue() for r in records[u:u + 8]]
+    assert got == images
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    chunks = sorted((c.data_page_offset if c.dictionary_page_offset is None else c.dictionary_page_offset,
+                     c.total_compressed_size) for g in range(4) for c in [meta.row_group(g).column(0)])
+    footer = [r for r in ranges if r[1] == (tmp_path / "t.parquet").stat().st_size]
+    assert len(footer) == 1  # the footer once
+    assert sorted((a, b - a) for a, b in ranges if (a, b) not in footer) == chunks  # each group once, exactly
+
+
 # --------------------------------------------------------------------------- a cluster with no shared folder
 @pytest.fixture(scope="module")
 def cluster():

@@ -17,6 +17,7 @@ import zlib
 
 from ...errors import ConfigError, SourceError
 from ...store import is_url, open_store, url_typo
+from ...store.base import RangeFile
 
 _IDENTITY: dict[str, tuple[int, float, str]] = {}  # url -> (size, mtime, etag), from listings (this process)
 IDENTITY_LIMIT = 4_000_000  # entries kept from listings (a few hundred MB at most)
@@ -157,13 +158,16 @@ def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequen
     whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
     starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request), or
     where reading ends (no byte past it is asked for). ``start`` and ``ahead`` (sequential): the request is made
-    now, at ``start``, and a thread reads up to ``ahead`` bytes ahead of the caller."""
+    now, at ``start``, and a thread reads up to ``ahead`` bytes ahead of the caller. ``buffer`` 0 (not
+    sequential): unbuffered, each read one range request for exactly its bytes."""
     if not is_remote(path):
         return open(path, "rb")
     store, rel = split(path)
     size = size if size is not None else size_of(path)
     if sequential:
         return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead)
+    if buffer <= 0:  # unbuffered: each read one request for exactly its bytes (a reader whose reads are few, large)
+        return RangeFile(store, rel, size)
     return store.reader(rel, size, buffer)
 
 
