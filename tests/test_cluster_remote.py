@@ -399,6 +399,23 @@ def _no_index_here(monkeypatch):
     monkeypatch.setattr(webdataset, "index_tar", refuse)
 
 
+_COUNT_SECEDES = """
+def arm(path):
+    import distributed
+    real = getattr(distributed, "_uncounted_secede", distributed.secede)
+    distributed._uncounted_secede = real
+    def secede():
+        with open(path, "a") as f:
+            f.write("seceded\\n")
+        return real()
+    distributed.secede = secede
+
+def disarm():
+    import distributed
+    distributed.secede = getattr(distributed, "_uncounted_secede", distributed.secede)
+"""
+
+
 def test_a_cluster_without_a_shared_folder_compiles_s3_to_s3(data, cluster, tmp_path, monkeypatch):
     _, _, ref = data
     client, workers = cluster
@@ -406,9 +423,17 @@ def test_a_cluster_without_a_shared_folder_compiles_s3_to_s3(data, cluster, tmp_
     assert set(client.run(os.getcwd).values()) == {str(workers)}
     staged = _watch_stage(monkeypatch)
     _no_index_here(monkeypatch)
+    scope: dict = {}
+    exec(_COUNT_SECEDES, scope)
+    client.run(scope["arm"], str(workers / "seceded"))
     url = "s3://dsc-out/cluster"
-    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, executor=client,
-                               cache_dir=str(tmp_path / "cache"), **OPTS)
+    try:
+        r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, executor=client,
+                                   cache_dir=str(tmp_path / "cache"), **OPTS)
+    finally:
+        client.run(scope["disarm"])
+    # a unit's upload left the worker's thread pool: the worker went on to its next unit meanwhile
+    assert (workers / "seceded").read_text().split() and len((workers / "seceded").read_text().split()) <= 5
     assert r.path == url and r.manifest.num_samples == 30
     assert staged and not [p for p in staged if "/image/c/" in p]  # no pixel ever reached the client's staging
     assert not list((workers / "tmp").iterdir())  # the units' folders are gone

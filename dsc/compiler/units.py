@@ -11,6 +11,8 @@ import io
 import shutil
 import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -238,10 +240,38 @@ def compile_unit(task: UnitTask, source: Source) -> UnitResult:
         tmp = tempfile.mkdtemp(prefix="dsc-unit-")
         try:
             result = _compile_unit(replace(task, root=tmp), source)
-            result.files = upload_unit(Path(tmp), result, *task.upload)
+            with _uploading():  # (the worker's slot goes to the next unit while this one's shards go up)
+                result.files = upload_unit(Path(tmp), result, *task.upload)
             return result
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+UPLOADS_BEHIND = 2  # units of a Dask worker whose shards upload while its next units compile
+_BEHIND = threading.BoundedSemaphore(UPLOADS_BEHIND)
+
+
+@contextmanager
+def _uploading():
+    """On a Dask worker, a unit's upload leaves the worker's thread pool (``distributed.secede``): the task goes
+    on in a thread of its own and its slot starts the next unit, so an upload never holds up the decoding (its
+    result still returns only once its shards are in the bucket). At most ``UPLOADS_BEHIND`` at once; beyond,
+    the upload holds its slot (the uploads set the pace). Elsewhere: nothing."""
+    if not _BEHIND.acquire(blocking=False):
+        yield
+        return
+    try:
+        try:
+            from distributed import get_worker, secede
+
+            get_worker()
+        except (ImportError, ValueError):  # not on a Dask worker
+            yield
+            return
+        secede()
+        yield
+    finally:
+        _BEHIND.release()
 
 
 def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
