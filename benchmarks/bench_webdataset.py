@@ -188,6 +188,9 @@ def main() -> None:
                 ("Parquet, local disk", "table", str(parquet), None),
                 ("Parquet in S3", "table", "s3://bench/table/images.parquet", None)]
         seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, dsc CPU s, server CPU s, requests)
+        # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
+        dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
+                               workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
         for k in range(3):  # interleaved rounds: every run of a round sees about the same machine
             print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
             for name, kind, src, to in runs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from pathlib import Path
 
 from ...errors import SampleError, SourceError
@@ -86,17 +87,22 @@ def _footer(path: str):
     meta = _FOOTERS.get(key)
     if meta is None:
         meta = pq.ParquetFile(_opened(path)).metadata
-        if len(_FOOTERS) >= KEEP_FOOTERS:
-            _FOOTERS.pop(next(iter(_FOOTERS)))
-        _FOOTERS[key] = meta
+        with _KEEP_LOCK:
+            if len(_FOOTERS) >= KEEP_FOOTERS:
+                _FOOTERS.pop(next(iter(_FOOTERS)), None)
+            _FOOTERS[key] = meta
     return meta, key[1]
 
 
+_KEEP_LOCK = threading.Lock()  # (a Dask worker runs units on several threads)
+
+
 def _keep_group(key: tuple, column) -> None:
-    _GROUPS.pop(key, None)
-    _GROUPS[key] = column
-    while sum(c.nbytes for c in _GROUPS.values()) > KEEP_GROUP_BYTES and len(_GROUPS) > 1:
-        _GROUPS.pop(next(iter(_GROUPS)))
+    with _KEEP_LOCK:
+        _GROUPS.pop(key, None)
+        _GROUPS[key] = column
+        while sum(c.nbytes for c in _GROUPS.values()) > KEEP_GROUP_BYTES and len(_GROUPS) > 1:
+            _GROUPS.pop(next(iter(_GROUPS)))
 
 
 def _read_meta_columns(path, columns: list[str]):
@@ -228,7 +234,8 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
             groups.append(g)
             first = start if first is None else first
         start += n
-    have = {g: _GROUPS.get((path, ident, column, g)) for g in groups}
+    with _KEEP_LOCK:
+        have = {g: _GROUPS.get((path, ident, column, g)) for g in groups}
     missing = [g for g, c in have.items() if c is None]
     if missing:
         col = pq.ParquetFile(_opened(path), metadata=meta).read_row_groups(missing, columns=[column]).column(column)

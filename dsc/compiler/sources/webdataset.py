@@ -260,8 +260,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                 big = next((e for e in wanted if e != label_member and members[e][2] > MAX_MEMBER_BYTES), None)
                 if big is not None:
                     problem = f"the .{big} member has {members[big][2]:,} bytes, too many for a field"
-                for e in set(wanted) if problem is None else ():
-                    blobs[e] = read_now[e]
+                blobs = {e: read_now[e] for e in wanted if e in read_now} if problem is None else {}
             if problem is None and label_member is not None:
                 if label_member not in members:
                     problem = (f"no .{label_member} member for its label (--no-label compiles images only"
