@@ -284,6 +284,20 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
     assert len(streams) == 1 and streams[0][0] == 0
 
 
+def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
+    """Its unit's request is made on the read-ahead thread; the missing object still reaches the sample as
+    "the tar is gone since the scan", not as an error of the stream."""
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+
+    _, tars, _ = data
+    open_store("s3://dsc-src/gone").put("00000.tar", (tars / "00000.tar").read_bytes())
+    src = WebDatasetSource(src="s3://dsc-src/gone/00000.tar")
+    records = src.scan().records
+    open_store("s3://dsc-src/gone").delete("00000.tar")
+    with pytest.raises(SampleError, match="gone since the scan"):
+        src.fetcher(records[:3])(records[0])
+
+
 def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
     """The thread behind a unit's tar stream (ObjectStore.reader(..., ahead=)): it reads chunks before they are
     asked for, never more than its limit ahead, hands them on in order, and a failure where it happened."""

@@ -408,8 +408,12 @@ class StreamFile(SeekableFile):
 
     def _open(self) -> None:
         self._stop_ahead()
-        it = self.store.open_stream(self.rel, self.pos, self.size)
-        self._it, self._left, self._at = (ReadAhead(it, self.ahead) if self.ahead else it), memoryview(b""), self.pos
+        pos = self.pos
+        if self.ahead:  # (the request too is made on the read-ahead thread: opening never waits for the server)
+            self._it = ReadAhead(lambda: self.store.open_stream(self.rel, pos, self.size), self.ahead)
+        else:
+            self._it = self.store.open_stream(self.rel, pos, self.size)
+        self._left, self._at = memoryview(b""), pos
 
     def _stop_ahead(self) -> None:
         if isinstance(self._it, ReadAhead):
@@ -459,8 +463,9 @@ class StreamFile(SeekableFile):
 
 class ReadAhead:
     """An iterator of a stream's chunks, read by a thread of its own up to ``limit`` bytes ahead of the consumer
-    (the next bytes of a tar arrive while the worker decodes the previous image). A failure of the stream reaches
-    the consumer where it happened; ``stop()`` ends the thread (at the latest after the chunk it waits for)."""
+    (the next bytes of a tar arrive while the worker decodes the previous image). ``it``: the stream, or a
+    function that opens it (called on the thread). A failure of the stream, or of its opening, reaches the
+    consumer where it happened; ``stop()`` ends the thread (at the latest after the chunk it waits for)."""
 
     def __init__(self, it, limit: int):
         import queue
@@ -473,7 +478,7 @@ class ReadAhead:
 
     def _run(self, it) -> None:
         try:
-            for chunk in it:
+            for chunk in (it() if callable(it) else it):
                 with self._cv:
                     while self._buffered >= self._limit and not self._stopped:
                         self._cv.wait()

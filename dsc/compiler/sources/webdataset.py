@@ -486,7 +486,10 @@ class WebDatasetSource(Source):
 
 def _member(f, r: Record, offset: int, n: int) -> bytes:
     f.seek(offset)
-    data = f.read(n)
+    try:
+        data = f.read(n)
+    except FileNotFoundError:  # (an object's stream is opened on its read-ahead thread: missing shows here)
+        raise SampleError(where(r), "the tar is gone since the scan") from None
     if len(data) != n:
         raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
     return data
