@@ -2,7 +2,7 @@
 
 A compile to ``s3://bucket/prefix`` (or ``gs://``, ``az://``) compiles into a local staging dataset under
 the cache directory (``CACHE/uploads/<id>/``) and uploads as it goes: each shard as soon as its unit is
-written (in parallel, multipart for big files), then the version's objects and the plain-Zarr view, then
+written (in parallel; a shard by one conditional PUT), then the version's objects and the plain-Zarr view, then
 the version record by one conditional put (If-None-Match: the commit), then the root ``zarr.json``. Until
 the record is there, nothing in the bucket is a dataset to a reader (readers find versions by their
 records). ``--resume`` continues an interrupted compile from its staging and skips every shard the bucket
