@@ -281,8 +281,8 @@ def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
     store = open_store(url)
     shards = {p.shard.path: p.shard for p in result.parts.values() if getattr(p, "shard", None) is not None}
     for rel, spec in shards.items():
-        with open(root / rel, "rb") as f:
-            put_shard(store, rel, f, spec.sha256, spec.nbytes, writer, ask=False)  # (a retried unit's: judged then)
+        put_shard(store, rel, (root / rel).read_bytes(), spec.sha256, spec.nbytes, writer,
+                  ask=False)  # (one PUT, its body in memory as a single PUT's is anyway; a retried unit's: judged then)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.relative_to(root).as_posix() not in shards}
 

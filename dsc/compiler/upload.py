@@ -102,8 +102,10 @@ class Uploader:
         if fd is None:
             raise FileNotFoundError(f"{path}: not in the local staging, and not in the bucket")
         with os.fdopen(fd, "rb") as f:
-            if new:  # (hashed as it was written, moments ago: its size says it is whole)
-                wrong = os.fstat(f.fileno()).st_size != nbytes
+            body = f
+            if new:  # (hashed as it was written, moments ago: its size says it is whole; read here, in one go: a
+                body = f.read()  # single PUT holds its body in memory anyway)
+                wrong = len(body) != nbytes
             else:
                 h = hashlib.sha256()
                 while chunk := f.read(1 << 22):
@@ -113,7 +115,7 @@ class Uploader:
             if wrong:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
-            sent = put_shard(store, rel, f, sha256, nbytes, self.writer, there, ask=ask)
+            sent = put_shard(store, rel, body, sha256, nbytes, self.writer, there, ask=ask)
         with self.lock:
             if sent:
                 self.sent += 1
