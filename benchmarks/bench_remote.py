@@ -68,12 +68,13 @@ def _random_epochs(ds, epochs: int = 20) -> float:
     return (time.perf_counter() - t0) / epochs
 
 
-def _server() -> tuple[subprocess.Popen, str]:
+def _server(log=None) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in its own process; ``log``: a file its request log (one line a request) goes to."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=log if log is not None else subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:

@@ -1,14 +1,19 @@
-"""WebDataset tars compiled where they live (issue 35), against an S3 API server (moto) in its own process:
+"""Compiles where the data lives (issue 35), against an S3 API server (moto) in its own process:
 
 * ``dsc compile webdataset`` of tars in the bucket against the same tars on local disk (the goal: at least 90%
   of the local compile's images per second), and of the bucket straight to a bucket;
+* ``dsc compile table`` of a Parquet file in the bucket (row groups read by range) against the same file on
+  local disk;
 * against ``webdataset``'s own reader decoding the same tars with the same resize (the per-epoch cost a
   WebDataset user pays today: a compile costs about one such epoch, and every epoch after it none), when
   the package is installed (``make bench`` installs it: the bench extra); else a plain ``tarfile`` + PIL loop,
   and the line says so.
 
-Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. moto is a
-Python server: on a 2-core machine it competes with the compile for the cores.
+Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. The runs
+are interleaved, 3 rounds; each ratio is taken against the local compile of its own round. moto is a Python
+server: on a 2-core machine it competes with the compile for the cores, so each run also says the CPU seconds
+dsc used (this process and its workers) and the server used, and how many requests it served: dsc's own cost
+against the local compile's is the CPU ratio.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 from bench_remote import _cpu, _server
 from common import BENCH_DIR, cached, row, scenes
 
@@ -89,45 +95,141 @@ def _reader_rate(tars: list[Path]) -> tuple[float, str]:
     return n / (time.perf_counter() - t0), what
 
 
+def _parquet(tars: list[Path]) -> Path:
+    """The same 1,000 JPEGs as a Parquet file (image bytes, label), in row groups of 100."""
+    def build(root: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from dsc.compiler.sources.webdataset import index_tar
+
+        images, labels = [], []
+        for t in tars:
+            data = t.read_bytes()
+            for smp in index_tar(str(t), ("jpg",), "cls", None)[0]:
+                _, off, n = smp.image
+                images.append(data[off:off + n])
+                labels.append(smp.label)
+        root.mkdir(parents=True)
+        pq.write_table(pa.table({"image": images, "label": labels}), root / "images.parquet", row_group_size=100)
+
+    return cached("parquet-8x125", build) / "images.parquet"
+
+
+class _CPU:
+    """CPU seconds of this process and its descendants (the compile's workers), sampled while they live."""
+
+    def __init__(self, exclude: int):
+        import threading
+
+        import psutil
+
+        self.me, self.exclude, self.seen, self.stop = psutil.Process(), exclude, {}, False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def poll(self) -> None:
+        import psutil
+
+        for p in self.me.children(recursive=True):
+            if p.pid != self.exclude:
+                try:
+                    c = p.cpu_times()
+                    self.seen[p.pid] = c.user + c.system
+                except psutil.Error:
+                    pass
+
+    def _run(self) -> None:
+        while not self.stop:
+            self.poll()
+            time.sleep(0.05)
+
+    def total(self) -> float:
+        self.poll()
+        c = self.me.cpu_times()
+        return c.user + c.system + sum(self.seen.values())
+
+
+def _requests(log: Path, start: int) -> tuple[int, int]:
+    """(requests the server logged since line ``start``, lines now)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return sum(1 for line in lines[start:] if "HTTP/1.1" in line), len(lines)
+
+
 def main() -> None:
+    import dsc
     from dsc.store import open_store
 
-    print(f"\nWebDataset tars where they live: 1,000 JPEGs (300-500 px) in 10 tars, compiled to {SIZE}x{SIZE} "
-          f"with {WORKERS} workers; an S3 API server (moto) in its own process")
+    print(f"\nCompiles where the data lives: 1,000 JPEGs (300-500 px) as 10 WebDataset tars and as one Parquet file "
+          f"(row groups of 100), compiled to {SIZE}x{SIZE} with {WORKERS} workers; an S3 API server (moto) in its "
+          f"own process on the same {os.cpu_count()} cores")
     tars = _tars()
-    proc, endpoint = _server()
+    parquet = _parquet(tars)
+    work = Path(tempfile.mkdtemp(prefix="bench-wds-", dir=BENCH_DIR))
+    log = work / "server.log"
+    with open(log, "w") as logf:
+        proc, endpoint = _server(logf)
     old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
                                           "AWS_DEFAULT_REGION")}
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_ENDPOINT_URL": endpoint,
                        "AWS_DEFAULT_REGION": "us-east-1"})
-    work = Path(tempfile.mkdtemp(prefix="bench-wds-", dir=BENCH_DIR))
+    try:
+        cpu = _CPU(proc.pid)
+    except ImportError:  # (psutil comes with dask; without it the CPU columns are left out)
+        cpu = None
     try:
         store = open_store("s3://bench")
         for t in tars:
             store.put(f"wds/{t.name}", t)
-        local_src, remote_src = str(tars[0].parent), "s3://bench/wds/{00000..00009}.tar"
-        rates = {"local": [], "s3": [], "s3->s3": []}
-        server_cpu = {"local": [], "s3": [], "s3->s3": []}  # the S3 server's CPU seconds during each compile
-        for k in range(3):  # alternating, best of 3 each
-            for name, src, out in (("local", local_src, str(work / f"l{k}")), ("s3", remote_src, str(work / f"s{k}")),
-                                   ("s3->s3", remote_src, f"s3://bench/out{k}")):
-                before = _cpu(proc.pid)[1]
-                rates[name].append(_compile(src, out, work / "cache"))
-                server_cpu[name].append(_cpu(proc.pid)[1] - before)
-                if not out.startswith("s3://"):
+        store.put("table/images.parquet", parquet)
+        tar_src, s3_tars = str(tars[0].parent), "s3://bench/wds/{00000..00009}.tar"
+        runs = [("tars, local disk", "webdataset", tar_src, None), ("tars in S3", "webdataset", s3_tars, None),
+                ("tars in S3 -> dataset in S3", "webdataset", s3_tars, "s3"),
+                ("Parquet, local disk", "table", str(parquet), None),
+                ("Parquet in S3", "table", "s3://bench/table/images.parquet", None)]
+        seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, dsc CPU s, server CPU s, requests)
+        # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
+        dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
+                               workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
+        for k in range(3):  # interleaved rounds: every run of a round sees about the same machine
+            print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
+            for name, kind, src, to in runs:
+                out = f"s3://bench/out-{kind}-{k}" if to else str(work / f"{kind}-{k}")
+                c0, s0, (_, n0) = (cpu.total() if cpu else 0.0), _cpu(proc.pid)[1], _requests(log, 0)
+                t0 = time.perf_counter()
+                fn = dsc.compile_webdataset if kind == "webdataset" else dsc.compile_table
+                r = fn(src, out, size=SIZE, resize="stretch", workers=WORKERS, progress=False,
+                       cache_dir=str(work / "cache"))
+                dt = time.perf_counter() - t0
+                assert r.manifest.num_samples == 1000, r.manifest.num_samples
+                used = (cpu.total() - c0) if cpu else float("nan")
+                seen[name].append((1000 / dt, used, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0]))
+                base = seen[runs[3 if kind == "table" else 0][0]][k]
+                print(f"    {name:<30} {1000 / dt:7.1f} img/s {seen[name][k][0] / base[0]:5.2f}x of local; dsc "
+                      f"{used:5.2f} CPU s ({base[1] / used if used else 0:4.2f}x local's), server "
+                      f"{seen[name][k][2]:4.2f} CPU s, {seen[name][k][3]} requests")
+                if not to:
                     shutil.rmtree(out, ignore_errors=True)
-        best = {k: max(v) for k, v in rates.items()}
         reader, what = _reader_rate(tars)
-        print(row("compile, tars on local disk (baseline)", best["local"], "img/s"))
-        cpu = {k: min(v) for k, v in server_cpu.items()}
-        print(row("compile, tars in S3", best["s3"], "img/s", best["local"],
-                  f"goal >= 0.90x; the S3 server used {cpu['s3']:.1f} CPU s of the 2 cores"))
-        print(row("compile, tars in S3 -> dataset in S3", best["s3->s3"], "img/s", best["local"],
-                  f"the S3 server used {cpu['s3->s3']:.1f} CPU s"))
-        print(row(what, reader, "img/s", best["local"]))
-        print(row("  the compile against that reader's epoch", best["local"], "img/s", reader,
+        print("  best of 3 (each ratio: the median of the three rounds' ratios to the local compile of their round)")
+        for name, kind, _, to in runs:
+            base = seen[runs[3 if kind == "table" else 0][0]]
+            ratios = sorted(a[0] / b[0] for a, b in zip(seen[name], base))
+            if seen[name] is base:
+                extra = f"(baseline) dsc {np.median([a[1] for a in base]):.2f} CPU s"
+            else:
+                extra = (f"rounds {', '.join(f'{a[0] / b[0]:.2f}' for a, b in zip(seen[name], base))}; dsc CPU "
+                         f"{np.median([b[1] / a[1] for a, b in zip(seen[name], base)]):.2f}x of local's; server "
+                         f"{np.median([a[2] for a in seen[name]]):.2f} CPU s, {seen[name][-1][3]} requests")
+            print(f"  {'compile, ' + name:<44} {max(a[0] for a in seen[name]):>12,.0f} img/s  {ratios[1]:8.2f}x  "
+                  f"{extra}")
+        best = max(a[0] for a in seen[runs[0][0]])
+        print(row(what, reader, "img/s", best))
+        print(row("  the compile against that reader's epoch", best, "img/s", reader,
                   "(one such epoch; dsc's epochs after it decode nothing)"))
     finally:
+        if cpu is not None:
+            cpu.stop = True
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -208,6 +208,167 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     assert samples(dsc.open(r.path)) == samples(dsc.open(tmp_path / "local"))
 
 
+def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
+    """What a compile asks the bucket: the scan one streamed GET per tar (its label and text members read as the
+    walk passes them, never a second pass); a unit one GET per tar it reads, for its span only, and no HEAD (the
+    scan's identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing);
+    a new shard one create-only PUT, no HEAD before it."""
+    import importlib
+
+    from dsc.compiler.sources import inputs
+    from dsc.store.object import ObjectStore
+
+    C = importlib.import_module("dsc.compiler.compile")  # (dsc.compiler.compile is also the function)
+    _, tars, ref = data
+    calls = []
+    for name in ("stat", "identity", "open_stream", "put", "get", "read_range", "etag"):
+        def wrap(self, rel, *a, _real=getattr(ObjectStore, name), _name=name, **k):
+            calls.append((_name, rel, a, k))
+            return _real(self, rel, *a, **k)
+        monkeypatch.setattr(ObjectStore, name, wrap)
+    scan_done = []
+    real_unit = C.compile_unit
+
+    def fresh_unit(task, source):  # as a worker process would: no identity remembered from the scan
+        scan_done.append(len(calls))
+        monkeypatch.setattr(inputs, "_IDENTITY", {})
+        return real_unit(task, source)
+    monkeypatch.setattr(C, "compile_unit", fresh_unit)
+    from dsc.store import object as O
+
+    ahead, RA = [], O.ReadAhead
+    monkeypatch.setattr(O, "ReadAhead", type("Counted", (RA,), {
+        "__init__": lambda self, it, limit: (ahead.append(limit), RA.__init__(self, it, limit))[1]}))
+    url = "s3://dsc-out/counted"
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, workers=1,
+                               cache_dir=str(tmp_path / "cache"), **OPTS)
+    assert r.manifest.num_samples == 30 and bucket_shards(url) == shard_files(ref)
+    sizes = {t.name: t.stat().st_size for t in tars.glob("*.tar")}
+    scan, units = calls[:scan_done[0]], calls[scan_done[0]:]
+    tar_reads = [c for c in scan if c[0] == "open_stream"]
+    assert sorted(c[1].rsplit("/", 1)[-1] for c in tar_reads) == sorted(sizes)  # one stream per tar
+    streams = [c for c in units if c[0] == "open_stream" and c[1].endswith(".tar")]
+    assert not [c for c in units if c[0] in ("stat", "identity") and c[1].endswith(".tar")]  # no HEAD of a tar
+    assert len(streams) <= 5 + 2  # 5 units of 7 samples over 3 tars of 10: at most two tars each, 7 spans in all
+    asked = sum(c[2][1] - c[2][0] for c in streams)  # (start, end): each unit asks for its span only
+    assert len(ahead) == len(streams)  # and reads it ahead of the decode, on a thread
+    assert asked <= sum(sizes.values())
+    shards = set(bucket_shards(url))
+    assert not [c for c in calls if c[0] == "stat" and c[1] in shards]  # a new shard: put, never asked for first
+    assert sorted(c[1] for c in calls if c[0] == "put" and c[1] in shards) == sorted(shards)
+
+
+def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
+    """A tar larger than the reader's buffer: its labels and captions are read as the walk passes them, so the
+    scan is one GET of the tar (reading them after the walk went back to its start: a second GET of it all)."""
+    import io
+    import tarfile
+
+    from dsc.compiler.sources.webdataset import index_tar
+    from dsc.store.object import ObjectStore
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for k in range(4):
+            for ext, data in (("jpg", os.urandom(700_000)), ("cls", str(k).encode()), ("txt", b"a caption")):
+                info = tarfile.TarInfo(f"s{k}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    open_store("s3://dsc-src/big").put("0.tar", buf.getvalue())
+    streams = []
+    real = ObjectStore.open_stream
+    monkeypatch.setattr(ObjectStore, "open_stream", lambda self, rel, *a: (streams.append(a), real(self, rel, *a))[1])
+    samples_, cut = index_tar("s3://dsc-src/big/0.tar", ("jpg",), "cls", None, {"txt": "text"})
+    assert cut is None and [(s.key, s.label, s.values) for s in samples_] == [
+        (f"s{k}", k, {"txt": "a caption"}) for k in range(4)]
+    assert len(streams) == 1 and streams[0][0] == 0
+
+
+def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
+    """Its unit's request is made on the read-ahead thread; the missing object still reaches the sample as
+    "the tar is gone since the scan", not as an error of the stream."""
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+
+    _, tars, _ = data
+    open_store("s3://dsc-src/gone").put("00000.tar", (tars / "00000.tar").read_bytes())
+    src = WebDatasetSource(src="s3://dsc-src/gone/00000.tar")
+    records = src.scan().records
+    open_store("s3://dsc-src/gone").delete("00000.tar")
+    with pytest.raises(SampleError, match="gone since the scan"):
+        src.fetcher(records[:3])(records[0])
+
+
+def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
+    """The thread behind a unit's tar stream (ObjectStore.reader(..., ahead=)): it reads chunks before they are
+    asked for, never more than its limit ahead, hands them on in order, and a failure where it happened."""
+    import time
+
+    from dsc.store.object import ReadAhead
+
+    pulled = []
+
+    def chunks(fail_at=None):
+        for i in range(10):
+            if i == fail_at:
+                raise ConnectionError("the connection broke")
+            pulled.append(i)
+            yield bytes([i]) * 1000
+
+    ra = ReadAhead(chunks(), 3000)
+    deadline = time.monotonic() + 10
+    while len(pulled) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(pulled) == 4  # 3,000 bytes buffered and one chunk in hand, none asked for yet
+    assert b"".join(ra) == b"".join(bytes([i]) * 1000 for i in range(10))
+    pulled.clear()
+    broken = ReadAhead(chunks(fail_at=2), 1 << 20)
+    assert next(broken) == bytes([0]) * 1000 and next(broken) == bytes([1]) * 1000
+    with pytest.raises(ConnectionError):
+        next(broken)
+    held = ReadAhead(chunks(), 1000)
+    held.stop()  # (a reader closed midway: its thread ends)
+    held._thread.join(5)
+    assert not held._thread.is_alive()
+
+
+def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatch):
+    """A worker reads a Parquet file's footer once, and a row group that several of its units share (shards of
+    fewer rows than a row group) once: one range request for exactly its bytes, not a footer and the group
+    (and a buffer's read past it) per unit."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+
+    from dsc.compiler.sources import inputs, table
+    from dsc.compiler.sources.table import TableSource
+    from dsc.store.object import ObjectStore
+
+    images = [bytes([k]) * 3000 for k in range(64)]
+    pq.write_table(pa.table({"image": images, "label": [k % 4 for k in range(64)]}), tmp_path / "t.parquet",
+                   row_group_size=16)
+    open_store("s3://dsc-src/groups").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
+    src = TableSource(path="s3://dsc-src/groups/t.parquet")
+    records = src.scan().records
+    monkeypatch.setattr(table, "_FOOTERS", {})  # (a worker process: nothing read yet)
+    monkeypatch.setattr(table, "_GROUPS", {})
+    monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
+    ranges = []
+    real = ObjectStore.read_range
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append((a, b)),
+                                                                            real(self, rel, a, b))[1])
+    got = []
+    for u in range(0, 64, 8):  # 8 units of 8 rows: two a row group
+        fetch = src.fetcher(records[u:u + 8])
+        got += [fetch(r).obj.getvalue() for r in records[u:u + 8]]
+    assert got == images
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    chunks = sorted((c.data_page_offset if c.dictionary_page_offset is None else c.dictionary_page_offset,
+                     c.total_compressed_size) for g in range(4) for c in [meta.row_group(g).column(0)])
+    footer = [r for r in ranges if r[1] == (tmp_path / "t.parquet").stat().st_size]
+    assert len(footer) == 1  # the footer once
+    assert sorted((a, b - a) for a, b in ranges if (a, b) not in footer) == chunks  # each group once, exactly
+
+
 # --------------------------------------------------------------------------- a cluster with no shared folder
 @pytest.fixture(scope="module")
 def cluster():
@@ -252,6 +413,23 @@ def _no_index_here(monkeypatch):
     monkeypatch.setattr(webdataset, "index_tar", refuse)
 
 
+_COUNT_SECEDES = """
+def arm(path):
+    import distributed
+    real = getattr(distributed, "_uncounted_secede", distributed.secede)
+    distributed._uncounted_secede = real
+    def secede():
+        with open(path, "a") as f:
+            f.write("seceded\\n")
+        return real()
+    distributed.secede = secede
+
+def disarm():
+    import distributed
+    distributed.secede = getattr(distributed, "_uncounted_secede", distributed.secede)
+"""
+
+
 def test_a_cluster_without_a_shared_folder_compiles_s3_to_s3(data, cluster, tmp_path, monkeypatch):
     _, _, ref = data
     client, workers = cluster
@@ -259,9 +437,17 @@ def test_a_cluster_without_a_shared_folder_compiles_s3_to_s3(data, cluster, tmp_
     assert set(client.run(os.getcwd).values()) == {str(workers)}
     staged = _watch_stage(monkeypatch)
     _no_index_here(monkeypatch)
+    scope: dict = {}
+    exec(_COUNT_SECEDES, scope)
+    client.run(scope["arm"], str(workers / "seceded"))
     url = "s3://dsc-out/cluster"
-    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, executor=client,
-                               cache_dir=str(tmp_path / "cache"), **OPTS)
+    try:
+        r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, executor=client,
+                                   cache_dir=str(tmp_path / "cache"), **OPTS)
+    finally:
+        client.run(scope["disarm"])
+    # a unit's upload left the worker's thread pool: the worker went on to its next unit meanwhile
+    assert (workers / "seceded").read_text().split() and len((workers / "seceded").read_text().split()) <= 5
     assert r.path == url and r.manifest.num_samples == 30
     assert staged and not [p for p in staged if "/image/c/" in p]  # no pixel ever reached the client's staging
     assert not list((workers / "tmp").iterdir())  # the units' folders are gone
@@ -328,6 +514,64 @@ def test_a_bad_member_on_the_cluster_and_resume_from_the_bucket(data, cluster, t
                                **OPTS)
     assert r.resumed_units >= 1 and r.decoded <= 30 - 7 * r.resumed_units  # (units 2..4 read the replaced tar)
     assert bucket_shards(url) == shard_files(ref)
+
+
+_COUNT_DECODES = """
+def arm(folder):
+    import os
+    from dsc.compiler import units
+    real = getattr(units, "_uncounted", units.compile_sample)
+    units._uncounted = real
+    def compile_sample(rec, *a, **k):
+        with open(os.path.join(folder, "decoded-%d" % os.getpid()), "a") as f:
+            f.write(rec.key + "\\n")
+        return real(rec, *a, **k)
+    units.compile_sample = compile_sample
+
+def disarm():
+    from dsc.compiler import units
+    units.compile_sample = getattr(units, "_uncounted", units.compile_sample)
+"""
+
+
+def test_an_update_on_a_cluster_without_a_shared_folder(data, cluster, tmp_path, monkeypatch):
+    """--update of a dataset in S3 from tars in S3 on the cluster: the workers decode only the changed tar's
+    changed samples and upload their shards; the client's staging never holds a shard; the result is what a
+    fresh compile of the tars as they are now holds."""
+    from PIL import Image
+
+    folder, tars, _ = data
+    client, workers = cluster
+    url, cache = "s3://dsc-out/updated", str(tmp_path / "cache")
+    upload_tree(tars, "s3://dsc-src/upd")
+    dsc.compile_webdataset("s3://dsc-src/upd", url, executor=client, cache_dir=cache, **OPTS)
+    changed = tmp_path / "folder"
+    shutil.copytree(folder, changed)
+    for stem, color in (("img_00002", (250, 10, 10)), ("img_00005", (10, 250, 10))):
+        Image.new("RGB", (41, 37), color).save(changed / "class_01" / f"{stem}.jpg", quality=90)
+    new_tars = pack_webdataset(changed, tmp_path / "tars", per_tar=10)
+    differ = [t.name for t in new_tars if t.read_bytes() != (tars / t.name).read_bytes()]
+    assert differ == ["00001.tar"]
+    open_store("s3://dsc-src/upd").put("00001.tar", (tmp_path / "tars" / "00001.tar").read_bytes())
+    scope: dict = {}
+    exec(_COUNT_DECODES, scope)
+    counts = workers / "counts"
+    counts.mkdir()
+    client.run(scope["arm"], str(counts))
+    staged = _watch_stage(monkeypatch)
+    before = set((workers / "tmp").iterdir())  # (a worker killed by another test leaves its unit's folder)
+    try:
+        r = dsc.compile_webdataset("s3://dsc-src/upd", url, executor=client, cache_dir=cache, update=True, **OPTS)
+    finally:
+        client.run(scope["disarm"])
+    decoded = sorted(k for p in counts.iterdir() for k in p.read_text().split())
+    assert decoded == ["00001.tar/class_01_img_00002", "00001.tar/class_01_img_00005"]  # nothing else decoded
+    assert r.committed and r.version == 1 and r.plan["changed"] == 2 and r.decoded == 2
+    assert staged and not [p for p in staged if "/image/c/" in p]  # the new shard went up from a worker
+    assert set((workers / "tmp").iterdir()) == before
+    fresh = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "fresh.dsc", workers=1, **OPTS)
+    assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(dsc.open(fresh.path))
+    assert dsc.verify(url, cache_dir=tmp_path / "c").ok
 
 
 def test_workers_that_cannot_see_a_local_path_are_named(cluster, tmp_path):

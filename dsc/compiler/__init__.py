@@ -38,11 +38,11 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
     if not store.local:  # object storage: compiled in a local staging folder, published there (upload.py)
         if options.update and versions.versions(store):
 
-            def update_local(stage, name, first_slot):  # (messages name the URL, not the local staging folder)
+            def update_local(stage, name, first_slot, direct=None):  # (messages name the URL, not the staging)
                 say = (lambda m: warn(name(m))) if warn is not None else None
                 tell = (lambda m: info(name(m))) if info is not None else None
-                return update_dataset(_scan(source, say), stage, options, source, warn=say, info=tell,
-                                      first_slot=first_slot, view_too=False)
+                return update_dataset(_scan(source, say, executor=options.executor), stage, options, source,
+                                      warn=say, info=tell, first_slot=first_slot, view_too=False, direct=direct)
 
             return update_url(update_local, out, options)
         if options.dry_run:

@@ -38,7 +38,7 @@ from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where
-from .sources.inputs import is_remote
+from .sources.inputs import is_remote, known
 from . import cluster
 from .upload import is_ours
 from ..store import open_store
@@ -289,7 +289,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = [UnitTask(s, start, records[start:start + K], "" if direct else str(tmp), unit_options, K, fields,
-                          direct) for s, start in enumerate(range(0, len(records), K))]
+                          direct, known(r.path for r in records[start:start + K]))
+                 for s, start in enumerate(range(0, len(records), K))]
         inputs = {t.s: inputs_of(t.records) for t in tasks}
         done = {}
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):

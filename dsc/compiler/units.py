@@ -11,6 +11,8 @@ import io
 import shutil
 import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask
 from .options import CompileOptions
 from .resample import single_threaded
 from .sources.base import Item, Record, Source, where
+from .sources.inputs import remember_all
 from .upload import put_shard
 from ..store import open_store
 
@@ -42,6 +45,7 @@ class UnitTask:
     shard_size: int
     fields: tuple[Field, ...]
     upload: tuple[str, str] | None = None  # (output URL, writer token): the worker uploads its shards itself
+    known: tuple = ()  # identities of its inputs in object storage the scan found (inputs.known): no HEAD again
 
 
 INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",
@@ -229,16 +233,45 @@ def compile_unit(task: UnitTask, source: Source) -> UnitResult:
     """Decode, resize and write shard ``task.s`` of every field. Bad inputs are recorded (or stop the unit
     under on_error="fail"); write failures raise WriteError from the shard writers. A task with ``upload``
     (a cluster compile to a URL) writes in a temporary folder of this worker's own and uploads its shards."""
+    remember_all(task.known)
     with single_threaded(task.options.resizer):
         if task.upload is None:
             return _compile_unit(task, source)
         tmp = tempfile.mkdtemp(prefix="dsc-unit-")
         try:
             result = _compile_unit(replace(task, root=tmp), source)
-            result.files = upload_unit(Path(tmp), result, *task.upload)
+            with _uploading():  # (the worker's slot goes to the next unit while this one's shards go up)
+                result.files = upload_unit(Path(tmp), result, *task.upload)
             return result
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+UPLOADS_BEHIND = 2  # units of a Dask worker whose shards upload while its next units compile
+_BEHIND = threading.BoundedSemaphore(UPLOADS_BEHIND)
+
+
+@contextmanager
+def _uploading():
+    """On a Dask worker, a unit's upload leaves the worker's thread pool (``distributed.secede``): the task goes
+    on in a thread of its own and its slot starts the next unit, so an upload never holds up the decoding (its
+    result still returns only once its shards are in the bucket). At most ``UPLOADS_BEHIND`` at once; beyond,
+    the upload holds its slot (the uploads set the pace). Elsewhere: nothing."""
+    if not _BEHIND.acquire(blocking=False):
+        yield
+        return
+    try:
+        try:
+            from distributed import get_worker, secede
+
+            get_worker()
+        except (ImportError, ValueError):  # not on a Dask worker
+            yield
+            return
+        secede()
+        yield
+    finally:
+        _BEHIND.release()
 
 
 def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
@@ -248,8 +281,8 @@ def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
     store = open_store(url)
     shards = {p.shard.path: p.shard for p in result.parts.values() if getattr(p, "shard", None) is not None}
     for rel, spec in shards.items():
-        with open(root / rel, "rb") as f:
-            put_shard(store, rel, f, spec.sha256, spec.nbytes, writer)
+        put_shard(store, rel, (root / rel).read_bytes(), spec.sha256, spec.nbytes, writer,
+                  ask=False)  # (one PUT, its body in memory as a single PUT's is anyway; a retried unit's: judged then)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.relative_to(root).as_posix() not in shards}
 

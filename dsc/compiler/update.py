@@ -38,14 +38,14 @@ from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
-from .sources.inputs import identity
+from .sources.inputs import identity, known
 from .journal import Journal, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
 from .compile import Rows
-from .compile import _classes, _stop, decode_units, decode_warnings, write_version
+from .compile import _classes, _stop, decode_units, decode_warnings, uploaded_shard_check, write_version
 from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
@@ -310,12 +310,15 @@ def _norm(v):
 
 
 def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, source: Source, warn=None,
-                   info=None, first_slot: int = 0, view_too: bool = True) -> CompileReport:
+                   info=None, first_slot: int = 0, view_too: bool = True,
+                   direct: tuple[str, str] | None = None) -> CompileReport:
     """Make the next version of ``out`` from ``scanned`` (see the module docstring). ``info(message)``
     receives the plan before anything is written; ``warn`` the notes (a resumed or discarded attempt).
     ``first_slot``: new shards go to slots from there on at least (a dataset in object storage: past every
     shard already in the bucket). ``view_too=False``: the plain-Zarr view is not written (a staging copy of a
-    dataset in object storage: the push writes the bucket's view from the version's objects)."""
+    dataset in object storage: the push writes the bucket's view from the version's objects). ``direct``: (URL,
+    writer token) of a dataset in object storage updated on a Dask cluster: the units upload their own shards
+    there (as a compile's: compile.py), ``out`` gets everything else."""
 
     t0 = time.perf_counter()
     say = warn or (lambda msg: None)
@@ -356,7 +359,7 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                                  version=m.version["number"], committed=False, dry_run=options.dry_run)
-        return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot, view_too)
+        return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot, view_too, direct)
 
 
 def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:
@@ -409,7 +412,8 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
 
 
 def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: CompileOptions, source: Source,
-           fields, t0: float, say, first_slot: int = 0, view_too: bool = True) -> CompileReport:
+           fields, t0: float, say, first_slot: int = 0, view_too: bool = True,
+           direct: tuple[str, str] | None = None) -> CompileReport:
 
     m = base.manifest
     K = m.shard_size
@@ -419,9 +423,10 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     decode = [records[i] for i in plan.decode]
     txn = out / versions.TXN / str(n_new)
     unit_options = replace(options, executor=None)
-    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields))
-             for u, start in enumerate(range(0, len(decode), K))]
-    journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out)
+    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields), direct,
+                      known(r.path for r in decode[start:start + K])) for u, start in enumerate(range(0, len(decode), K))]
+    journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
+                      shard_ok=uploaded_shard_check(*direct) if direct else None)
     inputs = {t.s: inputs_of(t.records) for t in tasks}
     done = {}
     if os.path.lexists(txn):
@@ -439,7 +444,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             shutil.rmtree(txn, ignore_errors=True)
     _discard_slots(out, L.shard_nodes(m), next_slot, keep=set(done))
     results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
-                                options.workers or os.cpu_count() or 1)
+                                options.workers or os.cpu_count() or 1, tmp=out)  # (units that upload their
+    # shards hand back the small files they wrote besides them: those go into ``out``)
     said = decode_warnings(results, decode, say)
     failed = {decode[i].key for r in results for i, _ in r.errors}
     if not (plan.removed or plan.relabel or plan.moved) and failed == {r.key for r in decode} and \

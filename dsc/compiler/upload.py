@@ -2,7 +2,7 @@
 
 A compile to ``s3://bucket/prefix`` (or ``gs://``, ``az://``) compiles into a local staging dataset under
 the cache directory (``CACHE/uploads/<id>/``) and uploads as it goes: each shard as soon as its unit is
-written (in parallel, multipart for big files), then the version's objects and the plain-Zarr view, then
+written (in parallel; a shard by one conditional PUT), then the version's objects and the plain-Zarr view, then
 the version record by one conditional put (If-None-Match: the commit), then the root ``zarr.json``. Until
 the record is there, nothing in the bucket is a dataset to a reader (readers find versions by their
 records). ``--resume`` continues an interrupted compile from its staging and skips every shard the bucket
@@ -47,23 +47,27 @@ class Uploader:
     with VersionConflictError, nothing committed. An update picks slots past every shard in the bucket
     (``free_slot``), so such leftovers never block the next writer; ``dsc vacuum`` removes them."""
 
-    def __init__(self, store: Store, writer: str, connections: int = CONNECTIONS):
+    def __init__(self, store: Store, writer: str, connections: int = CONNECTIONS, fresh: bool = False):
         self.store = store
         self.writer = writer
+        self.fresh = fresh  # a first compile (not resumed): its files are put without asking first (see submit)
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-upload")
         self.jobs: dict[str, tuple[str, Future]] = {}
         self.lock = threading.Lock()
         self.sent = self.kept = self.bytes_sent = 0
 
-    def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int) -> Future:
+    def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int, new: bool = False) -> Future:
         """Upload ``rel`` (read from the first of ``places`` that has it), unless already done with this hash.
         A file re-written since its upload began (a compaction after skipped inputs) is uploaded again after
-        the first upload ends, so the last bytes written are the ones the bucket keeps."""
+        the first upload ends, so the last bytes written are the ones the bucket keeps. ``new``: a shard this run
+        just wrote (its SHA-256 computed from the bytes as they were written): it is not hashed again, and it
+        is put without a request first to ask whether it is there (as every file of a ``fresh`` uploader);
+        found there after all, it is checked as any other (``put_shard``)."""
         with self.lock:
             job = self.jobs.get(rel)
             if job is not None and job[0] == sha256:
                 return job[1]
-            fut = self.pool.submit(self._one, places, rel, sha256, nbytes, job[1] if job else None)
+            fut = self.pool.submit(self._one, places, rel, sha256, nbytes, job[1] if job else None, new)
             self.jobs[rel] = (sha256, fut)
             return fut
 
@@ -71,37 +75,47 @@ class Uploader:
         """Whether what is at ``rel`` is the file this writer would put there (see the class docstring)."""
         return is_ours(rel, there, sha256, nbytes, self.writer)
 
-    def _one(self, places: list[Path], rel: str, sha256: str, nbytes: int, before: Future | None) -> None:
+    def _one(self, places: list[Path], rel: str, sha256: str, nbytes: int, before: Future | None,
+             new: bool = False) -> None:
         if before is not None:  # (submitted earlier, so already running or ahead in the queue)
             try:
                 before.result()
             except Exception:  # noqa: BLE001 - superseded by this upload
                 pass
         store = self.store
-        there = store.stat(rel)
-        if self._ours(rel, there, sha256, nbytes) and intact(store, rel, sha256, nbytes):  # (without reading the
-            # local file: it may not be here)
-            with self.lock:
-                self.kept += 1
-            return
-        for i, base in enumerate(places):  # the staging directory is renamed into place when the compile ends
+        fd = path = None
+        for base in places:  # the staging directory is renamed into place when the compile ends
             path = base / rel
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                break
             except FileNotFoundError:
-                if i == len(places) - 1:
-                    raise
                 continue
-            break
+        ask = not (new or self.fresh) or fd is None  # (not here: a worker uploaded it, or an earlier run did)
+        there = store.stat(rel) if ask else _UNKNOWN
+        if ask and self._ours(rel, there, sha256, nbytes) and intact(store, rel, sha256, nbytes):
+            if fd is not None:
+                os.close(fd)
+            with self.lock:
+                self.kept += 1
+            return
+        if fd is None:
+            raise FileNotFoundError(f"{path}: not in the local staging, and not in the bucket")
         with os.fdopen(fd, "rb") as f:
-            h = hashlib.sha256()
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-            if f.tell() != nbytes or h.hexdigest() != sha256:
+            body = f
+            if new:  # (hashed as it was written, moments ago: its size says it is whole; read here, in one go: a
+                body = f.read()  # single PUT holds its body in memory anyway)
+                wrong = len(body) != nbytes
+            else:
+                h = hashlib.sha256()
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+                wrong = f.tell() != nbytes or h.hexdigest() != sha256
+                f.seek(0)
+            if wrong:
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
-            f.seek(0)
-            sent = put_shard(store, rel, f, sha256, nbytes, self.writer, there)
+            sent = put_shard(store, rel, body, sha256, nbytes, self.writer, there, ask=ask)
         with self.lock:
             if sent:
                 self.sent += 1
@@ -157,17 +171,23 @@ def replace_own(store: Store, rel: str, there: tuple[int, dict], writer: str) ->
 _UNKNOWN = object()
 
 
-def put_shard(store: Store, rel: str, f, sha256: str, nbytes: int, writer: str, there=_UNKNOWN) -> bool:
+def put_shard(store: Store, rel: str, f, sha256: str, nbytes: int, writer: str, there=_UNKNOWN,
+              ask: bool = True) -> bool:
     """Upload one shard (``f``: its open file, already checked to hold ``sha256``) by a create-only put, with its
     hash and ``writer`` in its metadata; True when sent, False when this writer's copy was there already.
-    Another writer's file there is a VersionConflictError (see :class:`Uploader`)."""
-    there = store.stat(rel) if there is _UNKNOWN else there  # (its stat, when the caller has it)
+    Another writer's file there is a VersionConflictError (see :class:`Uploader`). ``there``: its stat, when the
+    caller has it; else, with ``ask``, one request asks first (a resumed upload sends no shard the bucket has),
+    and without it the put is made at once (a file just written: one request, not two) and what a refused
+    create finds there is judged the same way."""
+    attributes = {"sha256": sha256, "writer": writer}
+    if there is _UNKNOWN:
+        there = store.stat(rel) if ask else None
     if rel.startswith(versions.OBJECTS + "/"):  # content-addressed: reused only when its bytes hash to its name;
-        if is_ours(rel, there, sha256, nbytes, writer) and intact(store, rel, sha256, nbytes):
+        if there is not None and is_ours(rel, there, sha256, nbytes, writer) and intact(store, rel, sha256, nbytes):
             return False
-        # else (absent, or damaged since it was written) put by overwrite: these bytes, just hashed, are the
-        # only ones its name allows, so no writer's or reader's object can change by it
-        store.put(rel, f, attributes={"sha256": sha256, "writer": writer})
+        # else (absent, damaged since it was written, or not asked) put by overwrite: these bytes, just hashed,
+        # are the only ones its name allows, so no writer's or reader's object can change by it
+        store.put(rel, f, attributes=attributes)
         return True
     if there is not None:
         if is_ours(rel, there, sha256, nbytes, writer):
@@ -175,11 +195,17 @@ def put_shard(store: Store, rel: str, f, sha256: str, nbytes: int, writer: str, 
         if not replace_own(store, rel, there, writer):
             raise taken(store, rel)
     try:
-        store.put(rel, f, create_only=True, attributes={"sha256": sha256, "writer": writer})
-    except FileExistsError:  # created meanwhile: by this writer (a retried unit: the same bytes), or another
-        if not is_ours(rel, store.stat(rel), sha256, nbytes, writer):
+        store.put(rel, f, create_only=True, attributes=attributes)
+    except FileExistsError:  # there after all: this writer's (a retried unit: the same bytes; a compaction's
+        there = store.stat(rel)  # rewrite: other bytes, replaced), or another writer's
+        if there is not None and is_ours(rel, there, sha256, nbytes, writer):
+            return False
+        if there is None or not replace_own(store, rel, there, writer):
             raise taken(store, rel) from None
-        return False
+        try:
+            store.put(rel, f, create_only=True, attributes=attributes)
+        except FileExistsError:
+            raise taken(store, rel) from None
     return True
 
 
@@ -388,16 +414,20 @@ def _run_stage(store: Store, cache_dir):
 
 def update_url(update_local, url: str, options):
     """``--update`` of a dataset in object storage: its latest version pulled without shards into a local
-    staging folder, updated there (``update_local(stage, name)``: only new and changed inputs decoded;
-    ``name(message)`` puts the URL where a message names the staging folder), and
+    staging folder, updated there (``update_local(stage, name, first_slot, direct)``: only new and changed
+    inputs decoded; ``name(message)`` puts the URL where a message names the staging folder), and
     pushed: the new shards and objects, then the new record by the conditional put (a concurrent update
-    that committed first makes this one fail with VersionConflictError, nothing of it referenced)."""
+    that committed first makes this one fail with VersionConflictError, nothing of it referenced). On a Dask
+    cluster (``options.executor``) the units upload their own shards, as a compile's do (``direct``: the URL and
+    this writer's token), so the workers need no filesystem shared with this one; the push then finds them in
+    the bucket, this writer's, and sends only the small files."""
     store = open_store(url)
     with store.lock("update"), _run_stage(store, options.cache_dir) as stage:
         pull_for_update(store, stage)
         base = versions.read_record(stage, versions.versions(stage)[-1])["manifest"]
         first = free_slot(store, base)  # past every shard there: another writer's leftovers are never in the way
-        report = update_local(stage, lambda message: message.replace(str(stage), store.url), first)
+        direct = (store.url, _token(stage)) if options.executor is not None else None
+        report = update_local(stage, lambda message: message.replace(str(stage), store.url), first, direct)
         sent = None
         if report.committed:  # (this writer's: under its lease, with a token that goes with its staging)
             with closing(Uploader(store, _token(stage))) as uploader:
@@ -420,7 +450,8 @@ def compile_to_url(compile_local, url: str, options):
     if existing and not (options.resume and staged):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"pass --update to make a new version of it, or compile to another URL")
-    with store.lock("compile"), closing(Uploader(store, _token(stage))) as uploader:
+    # (a compile not resumed puts its files without asking the bucket first: see Uploader.submit)
+    with store.lock("compile"), closing(Uploader(store, _token(stage), fresh=not options.resume)) as uploader:
         if options.resume and staged:
             report = None  # compiled already; the upload was interrupted
         else:
@@ -432,7 +463,7 @@ def compile_to_url(compile_local, url: str, options):
                 for p in res.parts.values():
                     spec = getattr(p, "shard", None)
                     if spec is not None:
-                        uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes)
+                        uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes, new=True)
 
             # on a cluster, the units upload their own shards: the workers need no filesystem shared with this one
             direct = (store.url, uploader.writer) if options.executor is not None else None

@@ -16,6 +16,7 @@ import io
 import os
 import random
 import re
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -294,22 +295,37 @@ class ObjectStore(Store):
             return b""
         return bytes(self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end)))
 
-    def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False):
-        """The object as a seekable binary file of ``size`` bytes. ``sequential``: read by one streamed GET from
-        where reading starts (a tar read member after member: one request, not one per buffer), opened again
-        only after a seek backwards or far ahead; else by ranges of ``buffer`` bytes (a Parquet file's footer,
-        then its row groups)."""
+    def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False, start: int | None = None,
+               ahead: int = 0):
+        """The object as a seekable binary file of ``size`` bytes (a size below the object's: it reads as if it
+        ended there, and no byte past it is asked for). ``sequential``: read by one streamed GET from where
+        reading starts (a tar read member after member: one request, not one per buffer), opened again only
+        after a seek backwards or far ahead; else by ranges of ``buffer`` bytes (a Parquet file's footer, then
+        its row groups). ``start`` with ``ahead``: the stream opens at ``start`` now, and a thread reads up to
+        ``ahead`` bytes ahead of the reader (the network's waits overlap the caller's work)."""
         if not sequential:
             return super().reader(rel, size, buffer)
-        return io.BufferedReader(StreamFile(self, rel, size), min(buffer, 1 << 20))
+        raw = StreamFile(self, rel, size, ahead)
+        if start is not None:
+            raw.seek(start)
+            raw._open()
+        return io.BufferedReader(raw, min(buffer, 1 << 20))
 
-    def open_stream(self, rel: str, start: int):
-        """An iterator of the object's bytes from ``start`` on (one GET)."""
+    def open_stream(self, rel: str, start: int, end: int | None = None):
+        """An iterator of the object's bytes from ``start`` on (one GET), up to ``end`` when given (the server
+        then sends no more than is read: a unit that needs part of a tar asks for that part). Fewer bytes where
+        the object is shorter; none when it ends before ``start``."""
         import obstore
 
         def attempt():
-            opts = {"range": {"offset": start}} if start else {}
-            return iter(obstore.get(self._store, rel, options=opts).stream(min_chunk_size=1 << 20))
+            opts = {"range": (start, end)} if end is not None else {"range": {"offset": start}} if start else {}
+            try:
+                return iter(obstore.get(self._store, rel, options=opts).stream(min_chunk_size=1 << 20))
+            except Exception as e:  # noqa: BLE001 - 416: the object ends before start (cut short since its listing)
+                status = _STATUS.search(str(e))
+                if status and int(status.group(1)) == 416:
+                    return iter(())
+                raise
         return self._call("reading", rel, attempt)
 
     def identity(self, rel: str) -> tuple[int, float, str] | None:
@@ -382,15 +398,31 @@ class StreamFile(SeekableFile):
     SKIP = 4 << 20  # a seek forward by up to this much reads through rather than opening a new stream
     REOPENS = 5
 
-    def __init__(self, store: "ObjectStore", rel: str, size: int):
+    def __init__(self, store: "ObjectStore", rel: str, size: int, ahead: int = 0):
         self.store, self.rel, self.size = store, rel, int(size)
         self.name = store.where(rel)
         self.pos = 0  # where the reader is
         self._at = None  # where the open stream is (None: no stream)
         self._it, self._left = None, memoryview(b"")
+        self.ahead = ahead  # bytes a thread reads ahead of the reader (0: none, the reader's own reads)
 
     def _open(self) -> None:
-        self._it, self._left, self._at = self.store.open_stream(self.rel, self.pos), memoryview(b""), self.pos
+        self._stop_ahead()
+        pos = self.pos
+        if self.ahead:  # (the request too is made on the read-ahead thread: opening never waits for the server)
+            self._it = ReadAhead(lambda: self.store.open_stream(self.rel, pos, self.size), self.ahead)
+        else:
+            self._it = self.store.open_stream(self.rel, pos, self.size)
+        self._left, self._at = memoryview(b""), pos
+
+    def _stop_ahead(self) -> None:
+        if isinstance(self._it, ReadAhead):
+            self._it.stop()
+
+    def close(self) -> None:
+        self._stop_ahead()
+        self._it = None
+        super().close()
 
     def _chunk(self) -> memoryview:
         for attempt in range(self.REOPENS + 1):
@@ -427,6 +459,56 @@ class StreamFile(SeekableFile):
         self._at += n
         self.pos = self._at
         return n
+
+
+class ReadAhead:
+    """An iterator of a stream's chunks, read by a thread of its own up to ``limit`` bytes ahead of the consumer
+    (the next bytes of a tar arrive while the worker decodes the previous image). ``it``: the stream, or a
+    function that opens it (called on the thread). A failure of the stream, or of its opening, reaches the
+    consumer where it happened; ``stop()`` ends the thread (at the latest after the chunk it waits for)."""
+
+    def __init__(self, it, limit: int):
+        import queue
+
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._cv = threading.Condition()
+        self._buffered, self._limit, self._stopped = 0, max(1, int(limit)), False
+        self._thread = threading.Thread(target=self._run, args=(it,), name="dsc-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, it) -> None:
+        try:
+            for chunk in (it() if callable(it) else it):
+                with self._cv:
+                    while self._buffered >= self._limit and not self._stopped:
+                        self._cv.wait()
+                    if self._stopped:
+                        return
+                    self._buffered += len(chunk)
+                self._q.put(chunk)
+            self._q.put(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which retries or raises it
+            self._q.put(e)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._q.get()
+        if item is None:
+            self._q.put(None)  # (a second call after the end ends too)
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        with self._cv:
+            self._buffered -= len(item)
+            self._cv.notify()
+        return item
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
 
 
 def _first_line(e: BaseException) -> str:

@@ -17,6 +17,7 @@ import zlib
 
 from ...errors import ConfigError, SourceError
 from ...store import is_url, open_store, url_typo
+from ...store.base import RangeFile
 
 _IDENTITY: dict[str, tuple[int, float, str]] = {}  # url -> (size, mtime, etag), from listings (this process)
 IDENTITY_LIMIT = 4_000_000  # entries kept from listings (a few hundred MB at most)
@@ -74,6 +75,19 @@ def name_of(path: str) -> str:
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
     if len(_IDENTITY) < IDENTITY_LIMIT:
         _IDENTITY[url] = (int(size), float(mtime), etag)
+
+
+def known(paths) -> tuple:
+    """The identities this process knows of the objects among ``paths`` (from a listing or a HEAD), as
+    (url, size, mtime, etag): handed to the workers with their units (``remember_all``), so that a worker asks
+    the bucket nothing the scan already did."""
+    return tuple((p, *_IDENTITY[p]) for p in dict.fromkeys(paths) if p in _IDENTITY)
+
+
+def remember_all(entries) -> None:
+    """Take the identities ``known`` gave (in a worker)."""
+    for url, size, mtime, etag in entries:
+        remember(url, size, mtime, etag)
 
 
 def list_objects(prefix: str) -> list[tuple[str, int]]:
@@ -138,16 +152,22 @@ def size_of(path: str) -> int:
     return found[0]
 
 
-def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False):
+def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False,
+               start: int | None = None, ahead: int = 0):
     """A seekable binary file of the input: a local file, or an object read as it is consumed (never downloaded
     whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
-    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request)."""
+    starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request), or
+    where reading ends (no byte past it is asked for). ``start`` and ``ahead`` (sequential): the request is made
+    now, at ``start``, and a thread reads up to ``ahead`` bytes ahead of the caller. ``buffer`` 0 (not
+    sequential): unbuffered, each read one range request for exactly its bytes."""
     if not is_remote(path):
         return open(path, "rb")
     store, rel = split(path)
     size = size if size is not None else size_of(path)
     if sequential:
-        return store.reader(rel, size, buffer, sequential=True)
+        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead)
+    if buffer <= 0:  # unbuffered: each read one request for exactly its bytes (a reader whose reads are few, large)
+        return RangeFile(store, rel, size)
     return store.reader(rel, size, buffer)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from pathlib import Path
 
 from ...errors import SampleError, SourceError
 from .base import Item, Param, Record, ScannedSource, Source, where
 from .columns import column_specs, column_values
-from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input
+from .inputs import check_input, identity, is_prefix, is_remote, list_objects, name_of, open_input
 
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
@@ -65,8 +66,43 @@ def _hf_class_names(schema, label_column: str):
 
 
 def _opened(path):
-    """What pyarrow reads: the local path, or the object as a seekable file read by ranges."""
-    return open_input(path, buffer=1 << 16) if is_remote(path) else path  # (pyarrow's reads are few and large)
+    """What pyarrow reads: the local path, or the object as a seekable file read by ranges: each read of
+    pyarrow's one range request for exactly its bytes (they are few and large: the footer, column chunks)."""
+    return open_input(path, buffer=0) if is_remote(path) else path
+
+
+# What a process (a compile worker) keeps of the Parquet files it reads, by (path, identity): each file's footer,
+# read once, and the image column of the last row groups read, so that units sharing a row group (a shard of
+# fewer rows than a row group) read and decompress it once, in object storage one request, not one per unit.
+_FOOTERS: dict = {}
+_GROUPS: "dict[tuple, object]" = {}  # (path, identity, column, group) -> the group's rows of the column, LRU order
+KEEP_GROUP_BYTES = 256 << 20
+KEEP_FOOTERS = 256
+
+
+def _footer(path: str):
+    """(the Parquet file's metadata, the file's identity): read once per process and version of the file."""
+    pq = _pyarrow()
+    key = (path, identity(path))
+    meta = _FOOTERS.get(key)
+    if meta is None:
+        meta = pq.ParquetFile(_opened(path)).metadata
+        with _KEEP_LOCK:
+            if len(_FOOTERS) >= KEEP_FOOTERS:
+                _FOOTERS.pop(next(iter(_FOOTERS)), None)
+            _FOOTERS[key] = meta
+    return meta, key[1]
+
+
+_KEEP_LOCK = threading.Lock()  # (a Dask worker runs units on several threads)
+
+
+def _keep_group(key: tuple, column) -> None:
+    with _KEEP_LOCK:
+        _GROUPS.pop(key, None)
+        _GROUPS[key] = column
+        while sum(c.nbytes for c in _GROUPS.values()) > KEEP_GROUP_BYTES and len(_GROUPS) > 1:
+            _GROUPS.pop(next(iter(_GROUPS)))
 
 
 def _read_meta_columns(path, columns: list[str]):
@@ -190,16 +226,30 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
                 return pa.ipc.open_stream(src).read_all().column(column).slice(lo, hi - lo).to_pylist()
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(_opened(path))  # (from object storage: the footer, then only these row groups, by range)
+    meta, ident = _footer(path)  # (from object storage: the footer once, then only these row groups, by range)
     groups, start, first = [], 0, None
-    for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
         if start < hi and start + n > lo:
             groups.append(g)
             first = start if first is None else first
         start += n
-    table = pf.read_row_groups(groups, columns=[column])
-    return table.column(column).slice(lo - first, hi - lo).to_pylist()
+    with _KEEP_LOCK:
+        have = {g: _GROUPS.get((path, ident, column, g)) for g in groups}
+    missing = [g for g, c in have.items() if c is None]
+    if missing:
+        col = pq.ParquetFile(_opened(path), metadata=meta).read_row_groups(missing, columns=[column]).column(column)
+        at = 0
+        for g in missing:
+            n = meta.row_group(g).num_rows
+            have[g] = col.slice(at, n)
+            at += n
+    for g in groups:  # (the most recently used last)
+        _keep_group((path, ident, column, g), have[g])
+    import pyarrow as pa
+
+    rows = pa.chunked_array([c for g in groups for c in have[g].chunks], type=have[groups[0]].type)
+    return rows.slice(lo - first, hi - lo).to_pylist()
 
 
 def image_bytes(value, at: str) -> bytes:

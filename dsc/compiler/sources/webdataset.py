@@ -40,6 +40,8 @@ from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, op
 TAR_EXTENSIONS = (".tar",)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 INDEX_THREADS = 8  # tars indexed at once by the scan (each a stream of header reads)
+READ_AHEAD = 8 << 20  # bytes of a tar in object storage read ahead of a unit's decode (per tar the unit reads)
+EAGER_TARS = 4  # a unit spanning at most this many tars requests them all when it starts
 MAX_LABEL_BYTES = 1 << 20
 
 # The members a sample has besides its image and label that become fields by default (when the first sample
@@ -187,17 +189,20 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
               read: dict | None = None) -> tuple[list[Sample], str | None]:
     """The samples of one tar in member order, and what cut it short (a truncated tar: None when whole). Reads
     the headers, each label member and the members of ``read`` (extension -> how it decodes: ``decode_member``);
-    never the images. Runs on a thread of the scan or on a Dask worker."""
+    never the images. Runs on a thread of the scan or on a Dask worker. One pass: a member it reads is read as
+    its header is (in tar order), so a tar in object storage is one streamed GET, never read twice."""
     size = size_of(tar)
     samples: list[Sample] = []
     cut = None
     label_member = "json" if label_key is not None else label_ext
+    limits = {label_member: MAX_LABEL_BYTES} if label_member is not None else {}
+    limits.update({e: MAX_MEMBER_BYTES for e in (read or {})})  # what is read as the walk passes it
     with open_input(tar, size, sequential=True) as f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
         except tarfile.ReadError as e:
             return [], f"not a readable tar file ({e})"
-        groups: list[list] = []  # [key, {ext: (name, offset, size)}, duplicated ext or None], in member order
+        groups: list[list] = []  # [key, {ext: (name, offset, size)}, duplicated ext or None, {ext: bytes}]
         while True:
             try:
                 ti = tf.next()
@@ -221,18 +226,21 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                 cut = (f"the tar is truncated: member {ti.name!r} needs bytes up to {ti.offset_data + ti.size:,}, "
                        f"the file has {size:,}")
                 if groups and groups[-1][0] != key:  # the samples before the cut one are whole
-                    groups.append([key, {}, None])
+                    groups.append([key, {}, None, {}])
                 break
             if not groups or groups[-1][0] != key:
-                groups.append([key, {}, None])
+                groups.append([key, {}, None, {}])
             if ext in groups[-1][1]:
                 groups[-1][2] = ext
             groups[-1][1][ext] = (ti.name, ti.offset_data, ti.size)
+            if ti.size <= limits.get(ext, -1):  # a label or field member: read now, the stream is there
+                f.seek(ti.offset_data)
+                groups[-1][3][ext] = f.read(ti.size)
         if cut is not None and groups:  # the sample the tar stops in may have lost members: not compiled
             cut += f"; its samples from {groups[-1][0]!r} on are missing"
             groups.pop()
         order = [tuple(g) for g in groups]
-        for key, members, dup in order:
+        for key, members, dup, read_now in order:
             problem, label, image = None, -1, None
             if dup is not None:
                 problem = f"two members named {key}.{dup}; a sample holds one member per extension"
@@ -244,7 +252,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
             if image_ext_found is not None:
                 image = members[image_ext_found]
             wanted = [e for e in (read or {}) if e in members and e != image_ext_found]
-            blobs = {}  # the label's and the fields' members, read in tar order (a stream reads on, never back)
+            blobs = {}  # the label's and the fields' members (read during the walk)
             if problem is None:
                 if label_member is not None and label_member in members \
                         and members[label_member][2] <= MAX_LABEL_BYTES:
@@ -252,9 +260,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                 big = next((e for e in wanted if e != label_member and members[e][2] > MAX_MEMBER_BYTES), None)
                 if big is not None:
                     problem = f"the .{big} member has {members[big][2]:,} bytes, too many for a field"
-                for e in sorted(set(wanted), key=lambda e: members[e][1]) if problem is None else ():
-                    f.seek(members[e][1])
-                    blobs[e] = f.read(members[e][2])
+                blobs = {e: read_now[e] for e in wanted if e in read_now} if problem is None else {}
             if problem is None and label_member is not None:
                 if label_member not in members:
                     problem = (f"no .{label_member} member for its label (--no-label compiles images only"
@@ -439,16 +445,35 @@ class WebDatasetSource(Source):
 
     def fetcher(self, records: list[Record]):
         """A unit's images, read member by member in offset order from one open stream per tar (a sequential
-        pass over the unit's range of each tar: one streamed request from object storage)."""
+        pass over the unit's range of each tar: one streamed request from object storage, for exactly the
+        bytes from its first image to the end of its last; no request for the tar's size). In object storage
+        the requests of every tar of the unit are made at once, and a thread per tar reads ahead of the decode
+        (``READ_AHEAD`` bytes), so the next image, and the next tar's first ones, are there when they are
+        needed."""
+        spans: dict[str, list[int]] = {}  # tar -> [first byte, end] of the unit's image members
+        for r in records:
+            _, off, n, _ = r.member
+            span = spans.setdefault(r.path, [off, off + n])
+            span[0], span[1] = min(span[0], off), max(span[1], off + n)
         opened: dict[str, object] = {}
 
+        def open_tar(path: str):
+            first, end = spans[path]
+            try:
+                opened[path] = open_input(path, end, sequential=True, start=first, ahead=READ_AHEAD)
+            except FileNotFoundError:
+                opened[path] = None
+
+        if len(spans) <= EAGER_TARS and all(is_remote(p) for p in spans):
+            for path in spans:
+                open_tar(path)
+
         def fetch(r: Record) -> Item:
-            f = opened.get(r.path)
+            if r.path not in opened:
+                open_tar(r.path)
+            f = opened[r.path]
             if f is None:
-                try:
-                    f = opened[r.path] = open_input(r.path, sequential=True)
-                except FileNotFoundError:
-                    raise SampleError(where(r), "the tar is gone since the scan") from None
+                raise SampleError(where(r), "the tar is gone since the scan")
             name, off, n, _ = r.member
             buf = io.BytesIO(_member(f, r, off, n))  # (the fields' members were read by the scan: Record.fields)
             buf.name = where(r)
@@ -461,7 +486,10 @@ class WebDatasetSource(Source):
 
 def _member(f, r: Record, offset: int, n: int) -> bytes:
     f.seek(offset)
-    data = f.read(n)
+    try:
+        data = f.read(n)
+    except FileNotFoundError:  # (an object's stream is opened on its read-ahead thread: missing shows here)
+        raise SampleError(where(r), "the tar is gone since the scan") from None
     if len(data) != n:
         raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
     return data
