@@ -118,7 +118,19 @@ def read_record_bytes(where, n: int) -> tuple[dict, bytes]:
         raise VersionNotFoundError(
             f"{store.url} has no version {n} (" + (f"versions: {_ranges(have)}" if have else "no versions")
             + "; `dsc log` lists them; a version removed by `dsc vacuum` is gone)") from None
-    return parse_record(data, store.where(record_path(n)), n), data
+    rec = parse_record(data, store.where(record_path(n)), n)
+    bind_table(rec["manifest"], store)
+    return rec, data
+
+
+def bind_table(m: Manifest, store: Store, mirror: Path | None = None) -> Manifest:
+    """Point version ``m``'s shard table (format 4) at the objects of the dataset in ``store`` (see
+    ``shardtable.store_loader``; nothing is read until a shard's entry is needed)."""
+    if m.shard_table is not None:
+        from .shardtable import store_loader
+
+        m.shard_table.bind(store_loader(store, mirror))
+    return m
 
 
 def records(where, nums: list[int]) -> dict[int, dict]:

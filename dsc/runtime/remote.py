@@ -83,6 +83,7 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
                                            hold=offline_version is None)
     root = Root(mirror)
     versions.use(root, rec["manifest"])
+    versions.bind_table(rec["manifest"], store, mirror)  # (its shard table: fetched into the mirror when first read)
     return rec, root, store, cache, lease
 
 
