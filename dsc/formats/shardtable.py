@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptDatasetError
-from .specs import ShardSpec
+from ..store import open_store
+from ..store.local import write_atomic
+from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
 
 MAGIC = b"DSCSHTAB"
 TABLE_VERSION = 1
@@ -131,8 +133,6 @@ class ShardTable:
 
     @staticmethod
     def check_ref(d) -> dict:
-        from .specs import _SHA256, _positive_int, check_spec_keys
-
         check_spec_keys("shard_table", d, REF_KEYS, REF_KEYS)
         _positive_int("shard_table.slots", d["slots"])
         _positive_int("shard_table.shards", d["shards"])
@@ -148,6 +148,18 @@ class ShardTable:
                 raise CorruptDatasetError("manifest: a shard table's sha256 must be 64 hex digits")
             _positive_int("shard_table.chain[].nbytes", t["nbytes"])
         return d
+
+    def __getstate__(self):  # (a dataset pickled for a spawned DataLoader worker: the worker reads the table itself)
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_parts", "_memo")}
+        if not isinstance(self._load, StoreLoader):  # (a writer's table in memory: kept as it is)
+            state["_load"] = None
+        else:
+            state["_full"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock, self._parts, self._memo = threading.Lock(), None, {}
 
     @property
     def objects(self) -> list[dict]:
@@ -319,8 +331,6 @@ def build(columns: dict[str, tuple], present: int, parent: ShardTable | None, wr
 
 def write_object(out: Path):
     """A ``write`` for ``build``: the table object under the dataset folder ``out`` (kept when there already)."""
-    from ..store.local import write_atomic
-
     def write(sha: str, data: bytes) -> None:
         p = Path(out) / object_rel(sha)
         try:
@@ -333,10 +343,30 @@ def write_object(out: Path):
 
 
 # ----------------------------------------------------------------------------- reading
-def store_loader(store, mirror: Path | None = None):
+def store_loader(store, mirror: Path | None = None) -> "StoreLoader":
+    return StoreLoader(store, mirror)
+
+
+class StoreLoader:
     """``load(sha256, nbytes)`` of a dataset's table objects: mapped from a folder; from object storage, the
-    node's mirror copy (``mirror``) when intact, else one GET checked against its hash and kept in the mirror."""
-    def load(sha: str, nbytes: int):
+    node's mirror copy (``mirror``) when intact, else one GET checked against its hash and kept in the mirror.
+    Pickled as the dataset's address (a spawned worker opens it again)."""
+
+    def __init__(self, store, mirror: Path | None = None):
+        self._store, self.mirror = store, mirror
+        self.url = str(store.path) if store.local else store.url
+
+    def __getstate__(self):
+        return {"url": self.url, "mirror": self.mirror, "_store": None}
+
+    @property
+    def store(self):
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def __call__(self, sha: str, nbytes: int):
+        store, mirror = self.store, self.mirror
         rel = object_rel(sha)
         if store.local:
             files = store.files()
@@ -360,9 +390,6 @@ def store_loader(store, mirror: Path | None = None):
         if len(data) != nbytes or hashlib.sha256(data).hexdigest() != sha:
             raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
                                       f"dataset in object storage is damaged")
-        if mirror is not None:
-            from .remote import write_atomic  # lazy: remote.py imports versions, which imports the manifest
-
-            write_atomic(Path(mirror) / rel, data)
+        if mirror is not None:  # (processes sharing the mirror may write it at once: each its own private name)
+            write_atomic(Path(mirror) / rel, data, unique=True)
         return data
-    return load

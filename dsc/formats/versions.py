@@ -32,6 +32,7 @@ from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, Ver
 from ..store import LocalStore, Store, open_store
 from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
 from .manifest import Manifest
+from .shardtable import store_loader
 from .names import slot_folders
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 from ..errors import CredentialsError
@@ -127,8 +128,6 @@ def bind_table(m: Manifest, store: Store, mirror: Path | None = None) -> Manifes
     """Point version ``m``'s shard table (format 4) at the objects of the dataset in ``store`` (see
     ``shardtable.store_loader``; nothing is read until a shard's entry is needed)."""
     if m.shard_table is not None:
-        from .shardtable import store_loader
-
         m.shard_table.bind(store_loader(store, mirror))
     return m
 
