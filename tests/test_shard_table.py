@@ -246,3 +246,57 @@ def test_masks_are_a_column_of_the_table(tmp_path):
     ds = dsc.open(out)
     assert ds[5]["mask"].shape == (16, 16)
     assert not dsc.verify(out).problems
+
+
+@pytest.fixture
+def s3(s3_server):
+    pytest.importorskip("obstore")
+    from object_servers import use_server
+
+    with pytest.MonkeyPatch.context() as m:
+        use_server(s3_server, m)
+        m.delenv("DSC_CACHE_DIR", raising=False)
+        s3_server.bucket("dsc-test")
+        yield s3_server
+
+
+def test_object_storage_fetches_the_table_when_a_shard_is_first_read(s3, tmp_path):
+    """push uploads every table of the chain; a remote open fetches none of it; the first read fetches it once
+    into the node's mirror (a second handle on the node reads that copy); an --update of the URL writes a
+    delta; vacuum and verify of the URL count the tables."""
+    from dsc.compiler.upload import push
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 20)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    make_folder(src, 3, seed0=600)
+    dsc.compile_imagefolder(src, out, update=True, **opts)
+    url = "s3://dsc-test/shard-table"
+    push(out, url, progress=False)
+    tables = table_objects(out)
+    assert len(tables) == 2
+    cache = tmp_path / "cache"
+    ds = dsc.open(url, cache_dir=cache)
+    mirror = next((cache / "datasets").iterdir())
+    assert not any((mirror / rel).exists() for rel in tables)  # not at open
+    assert ds[len(ds) - 1]["image"].numpy().tobytes() == dsc.open(out)[len(ds) - 1]["image"].numpy().tobytes()
+    assert all((mirror / rel).is_file() for rel in tables)  # at the first read, into the node's mirror
+    assert set(map(tuple, ((k, v) for k, v in zip(ds.keys, ds.get_batch(range(len(ds)))["label"].tolist())))) == \
+        set(zip(dsc.open(out).keys, dsc.open(out).get_batch(range(len(ds)))["label"].tolist()))
+    assert not dsc.verify(url).problems
+    # an update of the URL: a delta of the bucket's table
+    make_folder(src, 2, seed0=700)
+    r = dsc.compile_imagefolder(src, url, update=True, **dict(opts, cache_dir=str(tmp_path / "stage")))
+    m = V.read_record(open_store_of(url), r.version)["manifest"]
+    assert len(m.shard_table.objects) == 3 and m.shard_table.objects[:2] == \
+        V.read_record(out, 1)["manifest"].shard_table.objects
+    assert len(dsc.open(url, cache_dir=cache)) == 25
+    dsc.vacuum(url, keep=1, older_than="0")
+    assert not dsc.verify(url).problems and len(dsc.open(url, cache_dir=tmp_path / "c2")) == 25
+
+
+def open_store_of(url):
+    from dsc.store import open_store
+
+    return open_store(url)

@@ -104,6 +104,25 @@ def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cac
     return rec, storage
 
 
+class _SpecsByPath:
+    """{shard path: ShardSpec} of a version with a shard table, each entry read from the table when asked for."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __getitem__(self, rel: str):
+        node, slot = rel.split("/", 1)[0], L.slot_of(rel)
+        spec = (self.table.column(node)[slot] if node in self.table.columns and slot is not None
+                and slot < self.table.slots else None)
+        if spec is None or spec.path != rel:
+            raise KeyError(rel)
+        return spec
+
+    def values(self) -> list:
+        """Every shard of the version (the whole table read)."""
+        return [s for name in self.table.columns for s in self.table.column(name) if s is not None]
+
+
 class RemoteStorage(Storage):
     """A remote version's bytes: small arrays from the local mirror, shards through the shard cache.
 
@@ -117,7 +136,8 @@ class RemoteStorage(Storage):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
         self.url = self.root = store.url  # (errors name the URL; the small files are read from the mirror)
         self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
-        self.specs = {s.path: s for s in L.shard_specs(manifest)}
+        self.specs = ({s.path: s for s in L.shard_specs(manifest)} if manifest.shard_table is None
+                      else _SpecsByPath(manifest.shard_table))  # (a shard table: read when a shard is first needed)
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._held: dict[str, Held] = {}
@@ -409,8 +429,11 @@ def cache_list(cache_dir=None) -> dict:
                 m = versions.read_record(Root(d), nums[-1])["manifest"]
             except DscError:
                 m = None
-            if m is not None:
-                specs = L.shard_specs(m)
+            try:
+                specs = L.shard_specs(m) if m is not None else None
+            except DscError:  # (a shard table no read of this version fetched yet: none of its shards either)
+                specs = None
+            if specs is not None:
                 have = [s for s in specs if cache.path(s.sha256).is_file()]
                 item.update(shards=len(specs), cached=len(have), bytes=sum(s.nbytes for s in have))
         out["datasets"].append(item)
