@@ -13,8 +13,8 @@ import torch
 import dsc
 from dsc.formats import shardtable
 from dsc.formats import versions as V
-from dsc.formats.manifest import canonical_sha256
 from dsc.store.local import Root
+from damage import list_shards
 from test_versions import content, make_folder
 
 
@@ -185,29 +185,6 @@ def test_restore_shares_the_table(tmp_path):
     assert not dsc.verify(out).problems and content(out) == content(out, version=n)
 
 
-def _list_shards(path: Path) -> None:
-    """Rewrite every version of ``path`` as format 3 wrote it: the shards listed in the manifest (and in the
-    view's root zarr.json), no shard table."""
-    for n in V.versions(path):
-        rec = V.read_record(path, n)
-        m = rec["manifest"]
-        d = m.to_dict()
-        del d["shard_table"]
-        d["format_version"] = 3
-        d["shards"] = [s.to_dict() if s is not None else None for s in m.shards]
-        for name in m.shard_table.columns[1:]:
-            d["fields"][name]["shards"] = [s.to_dict() if s is not None else None
-                                           for s in m.shard_table.column(name)]
-        d["checksum"] = canonical_sha256(d)
-        raw = json.loads((path / V.record_path(n)).read_text())
-        raw["manifest"] = d
-        (path / V.record_path(n)).write_text(json.dumps(raw, indent=1))
-        root = json.loads((path / "zarr.json").read_text())
-        if root["attributes"]["dsc"]["version"]["number"] == n:
-            root["attributes"]["dsc"] = d
-            (path / "zarr.json").write_text(json.dumps(root, indent=1))
-
-
 def test_a_dataset_with_its_shards_listed_opens_verifies_and_updates(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
     make_folder(src, 20)
@@ -215,7 +192,7 @@ def test_a_dataset_with_its_shards_listed_opens_verifies_and_updates(tmp_path):
     dsc.compile_imagefolder(src, out, **opts)
     want = content(out)
     tables = table_objects(out)
-    _list_shards(out)
+    list_shards(out)
     for rel in tables:
         (out / rel).unlink()  # (an old dataset has no table)
     m = V.read_record(out, 0)["manifest"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,7 +255,7 @@ class ShardTable:
         return ShardColumn(self, self.columns.index(name))
 
 
-class ShardColumn:
+class ShardColumn(Sequence):
     """One field's shards by slot, as a read-only sequence of ShardSpec / None read from the table on demand
     (what ``manifest.shards`` and a mask field's ``shards`` are in format 4)."""
 

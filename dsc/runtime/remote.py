@@ -249,6 +249,9 @@ class RemoteStorage(Storage):
                                f"remote dataset reads only within a Loader's epoch)")
             return held.fd
 
+    def check_shard(self, rel: str, nbytes: int) -> None:
+        """(A cached shard's size and hash are checked as it is downloaded.)"""
+
     def hold(self, spec) -> Held:
         """Shard ``spec`` held in the cache, downloaded (at most its recorded size) when the cache lacks it."""
         return self.cache.hold(spec.sha256, spec.nbytes,

@@ -385,6 +385,9 @@ class PixelsReader:
         if need > (spec.count if spec is not None else 0):
             raise CorruptDatasetError(f"{self.store.root}: live marks rows of slot {s} that no shard of the version "
                                       f"holds; the dataset is damaged")
+        check = getattr(self.store, "check_shard", None)
+        if spec is not None and check is not None:
+            check(spec.path, spec.nbytes)
         if spec is not None and not self.px.fixed and \
                 int(self.shard_starts[s + 1] - self.shard_starts[s]) * self.px.itemsize != spec.nbytes:
             raise CorruptDatasetError(f"{self.store.root}: {self.px.offsets_node} disagrees with the size of "
