@@ -36,10 +36,15 @@ def sha256_file(path: Path) -> str:
 
 def file_checksums(root: Path, exclude: set[str]) -> dict:
     """{relative path: {"nbytes", "sha256"}} of every file under root except the root zarr.json, the
-    shards (``exclude``) and hidden entries (the journal)."""
+    shards (``exclude``) and hidden entries (the journal). The chunk folders that hold only shards (``image/c``,
+    ``image/values/<s>/c``) are not walked: a compile's fixed cost would otherwise grow by a directory walk a
+    shard."""
     out = {}
+    prune = {rel.rsplit("/c/", 1)[0] + "/c" for rel in exclude if "/c/" in rel}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
+        here = Path(dirpath).relative_to(root).as_posix()
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_"))
+                             and (f"{here}/{d}" if here != "." else d) not in prune)
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
