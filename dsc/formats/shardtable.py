@@ -32,7 +32,7 @@ TABLE_VERSION = 1
 HEADER = 64  # magic (8), table version uint32, columns uint32, slots uint64, entries uint64, base sha256 (32)
 ENTRY = 48  # count uint64, nbytes uint64, sha256 (32 raw bytes); all zero: no shard at that slot
 MAX_CHAIN = 8  # tables a version's chain may hold (one full, then deltas)
-REF_KEYS = {"slots", "shards", "columns", "chain"}
+REF_KEYS = {"slots", "shards", "nbytes", "columns", "chain"}
 _ZERO = bytes(32)
 
 
@@ -137,6 +137,7 @@ class ShardTable:
         check_spec_keys("shard_table", d, REF_KEYS, REF_KEYS)
         _positive_int("shard_table.slots", d["slots"])
         _positive_int("shard_table.shards", d["shards"])
+        _positive_int("shard_table.nbytes", d["nbytes"])
         cols, chain = d["columns"], d["chain"]
         if (not isinstance(cols, list) or not cols or cols[0] != "image" or len(set(cols)) != len(cols)
                 or not all(isinstance(c, str) for c in cols)):
@@ -326,8 +327,14 @@ def build(columns: dict[str, tuple], present: int, parent: ShardTable | None, wr
         data = encode(rows, S)
     sha = hashlib.sha256(data).hexdigest()
     write(sha, data)
-    return {"slots": S, "shards": present, "columns": names,
+    return {"slots": S, "shards": present, "nbytes": total_bytes(rows), "columns": names,
             "chain": [*chain, {"sha256": sha, "nbytes": len(data)}]}, rows
+
+
+def total_bytes(rows: np.ndarray) -> int:
+    """The bytes of every shard of every column of ``rows`` (S, C*ENTRY)."""
+    e = rows.reshape(len(rows), -1, ENTRY)
+    return int(np.ascontiguousarray(e[:, :, 8:16]).view("<u8").sum())
 
 
 def write_object(out: Path):

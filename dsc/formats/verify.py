@@ -164,10 +164,10 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
         if table_ok:
             try:
                 present = sum(s is not None for s in m.shards)
-                L.shard_specs(m)  # (every entry of every column, checked as it is read)
-                if present != m.shard_count:
-                    P.append(Problem("shard table", f"holds {present} image shards, the manifest says "
-                                                    f"{m.shard_count}"))
+                total = sum(s.nbytes for s in L.shard_specs(m))  # (every entry of every column, checked as read)
+                if (present, total) != (m.shard_count, m.shard_table.ref["nbytes"]):
+                    P.append(Problem("shard table", f"holds {present} image shards of {total} bytes in all, the "
+                                                    f"manifest says {m.shard_count} of {m.shard_table.ref['nbytes']}"))
             except DscError as e:
                 P.append(Problem("shard table", str(e)))
                 table_ok = False

@@ -159,6 +159,9 @@ class Dataset(torch.utils.data.Dataset):
     def shard_bytes(self) -> int:
         """Bytes of every shard file this version reads (its image, mask... shards): what reading it whole
         puts in memory."""
+        table = self.manifest.shard_table
+        if table is not None:  # (recorded in the manifest: the table is not read for it)
+            return table.ref["nbytes"]
         return int(self.slot_bytes().sum())
 
     def slot_bytes(self) -> np.ndarray:
