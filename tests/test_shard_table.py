@@ -170,6 +170,26 @@ def test_verify_vacuum_restore_and_compact_with_tables(updated):
     del before
 
 
+def test_a_missing_or_damaged_table_is_named_at_the_first_read(tmp_path):
+    out = tiny(tmp_path / "t", 12)
+    (rel,) = table_objects(out)
+    good = (out / rel).read_bytes()
+    (out / rel).write_bytes(good[:-48])  # (one entry short)
+    ds = dsc.open(out)  # (the table is not read at open)
+    with pytest.raises(dsc.CorruptDatasetError, match=rel.split("/")[-1]):
+        ds[0]
+    bad = bytearray(good)
+    bad[64 + 5 * 48] = 7  # slot 5 says 7 samples in a shard of 1
+    (out / rel).write_bytes(bytes(bad))
+    ds = dsc.open(out)
+    assert ds[4]["label"] == 4
+    with pytest.raises(dsc.CorruptDatasetError, match="image/c/5/0/0/0"):
+        ds[5]
+    (out / rel).unlink()
+    with pytest.raises(dsc.CorruptDatasetError, match="missing"):
+        dsc.open(out)[0]
+
+
 def test_restore_shares_the_table(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
     make_folder(src, 12)

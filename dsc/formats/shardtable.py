@@ -163,6 +163,12 @@ class ShardTable:
         self.__dict__.update(state)
         self._lock, self._parts, self._memo = threading.Lock(), None, {}
 
+    def __eq__(self, other):
+        return isinstance(other, ShardTable) and other.ref == self.ref
+
+    def __hash__(self):
+        return hash(self.ref["chain"][-1]["sha256"])
+
     @property
     def objects(self) -> list[dict]:
         """The table's objects ({sha256, nbytes}), the full table first."""
