@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import CorruptDatasetError, FormatVersionError
 from .specs import (_SHA256, ATTRIBUTE_DTYPES, LAYOUTS, RESIZE_POLICIES, RESIZERS, ImageSpec,  # noqa: F401
@@ -78,22 +78,9 @@ class Manifest:
             return self.shard_table.ref["shards"]
         return sum(s is not None for s in self.shards)
 
-    def geometry(self, fields: dict | None = None) -> dict[str, Geometry]:
-        """Each sharded column's geometry: the image's, and each mask field's (``fields``: the raw entries)."""
-        im = self.image
-        out = {"image": Geometry("image", im.layout == "fixed", 3, im.sample_nbytes if im.layout == "fixed" else 0)}
-        for name, d in (self.fields if fields is None else fields).items():
-            if isinstance(d, dict) and d.get("kind") == "mask":
-                fixed = d.get("layout") == "fixed"
-                nb = int(d["height"]) * int(d["width"]) * (2 if d.get("dtype") == "uint16" else 1) if fixed else 0
-                out[name] = Geometry(name, fixed, 2, nb)
-        return out
-
     def with_table(self, parent: "Manifest | None", write) -> "Manifest":
         """This manifest (written with its shards listed) with its shards in a shard table instead (format 4):
         the table's object(s) written by ``write(sha256, data)``, a delta of ``parent``'s table when it has one."""
-        from dataclasses import replace
-
         if self.shard_table is not None:
             return self
         cols = {"image": tuple(self.shards)}
@@ -103,7 +90,7 @@ class Manifest:
                 cols[name] = tuple(ShardSpec.from_dict(x) if x is not None else None for x in d["shards"])
         ref, rows = build_table(cols, self.shard_count, parent.shard_table if parent is not None else None, write)
         fields = {n: ({k: v for k, v in d.items() if k != "shards"} if n in cols else d) for n, d in self.fields.items()}
-        table = ShardTable(ref, self.geometry(fields), self.shard_size, self.num_rows)
+        table = ShardTable(ref, geometry(self.image, fields), self.shard_size, self.num_rows)
         table.bind(_stale)
         table._full = rows  # (every entry in memory already)
         return replace(self, format_version=4, fields=fields, shard_table=table, shards=table.column("image"))
@@ -247,12 +234,12 @@ class Manifest:
             if "shard_table" in d:
                 image = ImageSpec.from_dict(d["image"])
                 fields = _typed("fields", d.get("fields", {}), dict)
-                geometry = _Geo(image, fields).geometry()
+                geo = geometry(image, fields)
                 ref = ShardTable.check_ref(d["shard_table"])
-                if ref["columns"] != ["image", *sorted(set(geometry) - {"image"})]:
+                if ref["columns"] != ["image", *sorted(set(geo) - {"image"})]:
                     raise CorruptDatasetError(f"manifest: shard_table.columns {ref['columns']} are not the image and "
                                               f"its mask fields")
-                table = ShardTable(ref, geometry, d["shard_size"], _typed("rows", d.get("rows"), int))
+                table = ShardTable(ref, geo, d["shard_size"], _typed("rows", d.get("rows"), int))
             m = cls(
                 format=d["format"], format_version=version, dsc_version=_typed("dsc_version", d["dsc_version"], str),
                 task=d["task"], num_samples=d["num_samples"], shard_size=d["shard_size"],
@@ -288,13 +275,17 @@ class Manifest:
 VERSION_KEYS = {"number", "parent", "operation"}
 
 
-class _Geo:
-    """``Manifest.geometry`` before there is a Manifest (parsing one)."""
-
-    def __init__(self, image, fields):
-        self.image, self.fields = image, fields
-
-    geometry = Manifest.geometry
+def geometry(image: ImageSpec, fields: dict) -> dict[str, Geometry]:
+    """Each sharded column's geometry (shard_table.columns): the image's, and each mask field's (``fields``: the
+    manifest's raw entries)."""
+    out = {"image": Geometry("image", image.layout == "fixed", 3,
+                             image.sample_nbytes if image.layout == "fixed" else 0)}
+    for name, d in fields.items():
+        if isinstance(d, dict) and d.get("kind") == "mask":
+            fixed = d.get("layout") == "fixed"
+            nb = int(d["height"]) * int(d["width"]) * (2 if d.get("dtype") == "uint16" else 1) if fixed else 0
+            out[name] = Geometry(name, fixed, 2, nb)
+    return out
 
 
 def _stale(sha, nbytes):
