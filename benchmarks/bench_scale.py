@@ -93,6 +93,7 @@ def _rss() -> int:
 
 
 def _child(path: str | None) -> dict:
+    import numpy.random  # noqa: F401 - (imported lazily by an order or by dsc.open: not what this measures)
     import torch  # noqa: F401 - (imported by dsc.open anyway: the baseline process holds it too)
 
     import dsc
