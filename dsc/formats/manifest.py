@@ -153,7 +153,13 @@ class Manifest:
             if kind not in EXTRA_KINDS:
                 raise FormatVersionError(f"the dataset has a field {name!r} of kind {kind!r}, which this dsc does "
                                          f"not read; upgrade dsc (pip install -U dsc)")
+            if table is not None and kind == "mask" and name not in table.columns:
+                raise CorruptDatasetError(f"manifest: the mask field {name!r} is not a column of the shard table "
+                                          f"({table.columns})")
             FIELD_KINDS[kind].check(name, spec, self)
+        if table is not None and table.columns != ["image", *sorted(set(table.geometry) - {"image"})]:
+            raise CorruptDatasetError(f"manifest: shard_table.columns {table.columns} are not the image and its mask "
+                                      f"fields")
         if (self.task == "detection") != (self.objects is not None):
             raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
         if self.objects is not None:
@@ -234,12 +240,8 @@ class Manifest:
             if "shard_table" in d:
                 image = ImageSpec.from_dict(d["image"])
                 fields = _typed("fields", d.get("fields", {}), dict)
-                geo = geometry(image, fields)
                 ref = ShardTable.check_ref(d["shard_table"])
-                if ref["columns"] != ["image", *sorted(set(geo) - {"image"})]:
-                    raise CorruptDatasetError(f"manifest: shard_table.columns {ref['columns']} are not the image and "
-                                              f"its mask fields")
-                table = ShardTable(ref, geo, d["shard_size"], _typed("rows", d.get("rows"), int))
+                table = ShardTable(ref, geometry(image, fields), d["shard_size"], _typed("rows", d.get("rows"), int))
             m = cls(
                 format=d["format"], format_version=version, dsc_version=_typed("dsc_version", d["dsc_version"], str),
                 task=d["task"], num_samples=d["num_samples"], shard_size=d["shard_size"],

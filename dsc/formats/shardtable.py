@@ -382,8 +382,8 @@ class StoreLoader:
     def __call__(self, sha: str, nbytes: int):
         store, mirror = self.store, self.mirror
         rel = object_rel(sha)
-        if store.local:
-            files = store.files()
+        if store.local:  # (through the dataset's folder as it was opened: never another compile swapped in since)
+            files = store.root
             size = files.size(rel)
             if size != nbytes:
                 raise CorruptDatasetError(f"{files / rel} has {size:,} bytes, the manifest records {nbytes:,} (a "

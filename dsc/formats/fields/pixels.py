@@ -371,6 +371,8 @@ class PixelsReader:
             self.shard_starts = starts
 
     def _spec(self, s: int) -> ShardSpec:
+        if self._checked is not None:  # (a storage a spawned worker could not re-open says why, before the table)
+            getattr(self.store, "dir", None)
         spec = self.shards[s]
         if self._checked is not None and not self._checked[s]:
             self._check_slot(s, spec)
