@@ -11,6 +11,8 @@ shards, compile's fixed cost <= 0.5 ms a shard.
 
 ``DSC_BENCH_SHARDS`` (default ``1024,32768``) picks the counts: 1M shards take hours to compile at today's
 per-shard cost on a small machine, so it is run only when asked (``DSC_BENCH_SHARDS=1024,32768,1048576``).
+``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
+and opens the same simulation with that code too, in the same run, each row beside its baseline.
 ``python benchmarks/bench_scale.py``.
 """
 from __future__ import annotations
@@ -30,29 +32,49 @@ from common import BENCH_DIR  # noqa: E402
 SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768").split(",")]
 
 
-def _build(n: int) -> tuple[Path, float]:
-    """The simulation of ``n`` shards (built once, kept under build/bench) and its compile's seconds."""
-    out = BENCH_DIR / f"scale-{n}.dsc"
-    stamp = BENCH_DIR / f"scale-{n}.seconds"
+BASELINE = os.environ.get("DSC_BENCH_BASELINE")
+HERE = str(Path(__file__).resolve().parents[1])
+
+
+def _env(code: str) -> dict:
+    """The environment of a child process that imports dsc from the source tree ``code``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([code, *sys.path])}
+
+
+def _compile(n: int, out: str) -> float:
+    """(In a child process) compile the simulation of ``n`` shards into ``out``; its seconds."""
+    import shutil
+
+    import torch
+
+    import dsc
+
+    class Tiny(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return np.full((2, 2, 3), i % 251, np.uint8), i % 10
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    dsc.compile(Tiny(), out, size=2, shard_size=1, progress=False, workers=1)
+    return time.perf_counter() - t0
+
+
+def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float]:
+    """The simulation of ``n`` shards compiled by the dsc at ``code`` (built once, kept under build/bench)
+    and its compile's seconds."""
+    out = BENCH_DIR / f"scale{name}-{n}.dsc"
+    stamp = BENCH_DIR / f"scale{name}-{n}.seconds"
     if not (out.exists() and stamp.exists()):
-        import shutil
-
-        import torch
-
-        import dsc
-
-        class Tiny(torch.utils.data.Dataset):
-            def __len__(self):
-                return n
-
-            def __getitem__(self, i):
-                return np.full((2, 2, 3), i % 251, np.uint8), i % 10
-
-        shutil.rmtree(out, ignore_errors=True)
-        print(f"  compiling {n:,} shards of one 2x2 sample (once)...", flush=True)
-        t0 = time.perf_counter()
-        dsc.compile(Tiny(), out, size=2, shard_size=1, progress=False, workers=1)
-        stamp.write_text(str(time.perf_counter() - t0))
+        print(f"  compiling {n:,} shards of one 2x2 sample{f' ({name})' if name else ''} (once)...", flush=True)
+        BENCH_DIR.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, __file__, "--compile", str(n), str(out)], capture_output=True, text=True,
+                           env=_env(code), timeout=24 * 3600)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-3000:])
+        stamp.write_text(r.stdout.strip().splitlines()[-1])
     return out, float(stamp.read_text())
 
 
@@ -71,6 +93,7 @@ def _rss() -> int:
 
 
 def _child(path: str | None) -> dict:
+    import numpy.random  # noqa: F401 - (imported lazily by an order or by dsc.open: not what this measures)
     import torch  # noqa: F401 - (imported by dsc.open anyway: the baseline process holds it too)
 
     import dsc
@@ -86,42 +109,54 @@ def _child(path: str | None) -> dict:
     return {"open": t_open, "read": read, "first": time.perf_counter() - t0, "rss": _rss()}
 
 
-def _measure(path: Path | None) -> dict:
+def _measure(path: Path | None, code: str = HERE) -> dict:
     r = subprocess.run([sys.executable, __file__, "--child", str(path) if path else "-"], capture_output=True,
-                       text=True, timeout=3600)
+                       text=True, timeout=3600, env=_env(code))
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _metadata_bytes(path: Path) -> tuple[int, int]:
-    """(JSON bytes, table bytes) of a dataset's metadata: every *.json, and a per-shard table where there is one."""
+    """(JSON bytes, table bytes) of a dataset's metadata: every *.json, and its shard table's objects (format 4:
+    the objects that start with the table's magic)."""
     js = sum(p.stat().st_size for p in path.rglob("*.json"))
-    table = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "shard-table" in p.name)
+    table = 0
+    for p in (path / "_dsc" / "objects").rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                if f.read(8) == b"DSCSHTAB":
+                    table += p.stat().st_size
     return js, table
 
 
 def main() -> None:
-    base = _measure(None)
-    rows = []
-    for n in SHARDS:
-        path, seconds = _build(n)
-        rows.append((n, seconds, _measure(path), *_metadata_bytes(path)))
-    n0, s0 = rows[0][0], rows[0][1]
+    codes = [("", HERE)] + ([("-baseline", BASELINE)] if BASELINE else [])
     print(f"many shards (one 2x2 sample a shard; each open in a fresh process; RSS against a process that imported "
-          f"dsc and torch only, {base['rss'] / 1e6:.0f} MB)")
-    print(f"  {'shards':>10} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
+          f"dsc and torch only" + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run"
+                                   if BASELINE else "") + ")")
+    print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
           f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16}")
-    for n, seconds, m, js, table in rows:
-        per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
-        print(f"  {n:>10,} {js / 1e6:>10.1f} MB {table / 1e6:>6.1f} MB {m['read'] / 1e6:>10.1f} MB "
-              f"{m['open']:>7.2f} s {m['first']:>10.2f} s {(m['rss'] - base['rss']) / 1e6:>5.0f} MB {per:>16}")
+    for name, code in codes:
+        base = _measure(None, code)
+        rows = []
+        for n in SHARDS:
+            path, seconds = _build(n, code, name)
+            rows.append((n, seconds, _measure(path, code), *_metadata_bytes(path)))
+        n0, s0 = rows[0][0], rows[0][1]
+        for n, seconds, m, js, table in rows:
+            per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
+            print(f"  {n:>10,} {name.strip('-') or 'this':>9} {js / 1e6:>10.1f} MB {table / 1e6:>6.1f} MB "
+                  f"{m['read'] / 1e6:>10.1f} MB {m['open']:>7.2f} s {m['first']:>10.2f} s "
+                  f"{(m['rss'] - base['rss']) / 1e6:>5.0f} MB {per:>16}", flush=True)
     print("  goals at 1M shards: dsc.open <= 1 s, RSS <= 200 MB a process, first batch <= 2 s, read at open "
           "independent of the shards, compile <= 0.5 ms a shard (fixed cost)")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+    if len(sys.argv) > 3 and sys.argv[1] == "--compile":
+        print(_compile(int(sys.argv[2]), sys.argv[3]))
+    elif len(sys.argv) > 2 and sys.argv[1] == "--child":
         print(json.dumps(_child(None if sys.argv[2] == "-" else sys.argv[2])))
     else:
         main()

@@ -291,7 +291,7 @@ def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str],
     for n in report.kept:
         m = records[n]["manifest"]
         used_shards |= {s.path for s in L.shard_specs(m)}
-        used_objects |= {f["sha256"] for f in m.files.values()}
+        used_objects |= {f["sha256"] for f in L.objects(m)}  # (the shard table's objects too)
     used_slots = {"/".join(p.split("/")[:3]) for p in used_shards}
     removed = set(report.removed)
     out = []
@@ -331,7 +331,7 @@ def _referenced(records: dict) -> set[str]:
     for rec in records.values():
         m = rec["manifest"]
         every |= {"/".join(s.path.split("/")[:3]) for s in L.shard_specs(m)}
-        every |= {V.object_path(f["sha256"]) for f in m.files.values()}
+        every |= {V.object_path(f["sha256"]) for f in L.objects(m)}
     return every
 
 

@@ -8,7 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
-__all__ = ["edit_manifest", "manifest_file", "node_file", "read_manifest", "read_node", "seal", "write_node"]
+__all__ = ["edit_manifest", "list_shards", "manifest_file", "node_file", "read_manifest", "read_node", "seal", "write_node"]
 
 
 def manifest_file(out: Path) -> Path:
@@ -83,3 +83,30 @@ def write_node(out: Path, rel: str, data: bytes, record: bool = False) -> None:
 
 def read_node(out: Path, rel: str) -> bytes:
     return node_file(out, rel).read_bytes()
+
+
+def list_shards(path: Path) -> None:
+    """Rewrite every version of ``path`` as format 3 wrote it: the shards listed in the manifest (and in the
+    view's root zarr.json), no shard table (the table's objects stay, unused)."""
+    from dsc.formats import versions as V
+    from dsc.formats.manifest import canonical_sha256
+
+    for n in V.versions(path):
+        m = V.read_record(path, n)["manifest"]
+        if m.shard_table is None:
+            continue
+        d = m.to_dict()
+        del d["shard_table"]
+        d["format_version"] = 3
+        d["shards"] = [s.to_dict() if s is not None else None for s in m.shards]
+        for name in m.shard_table.columns[1:]:
+            d["fields"][name]["shards"] = [s.to_dict() if s is not None else None
+                                           for s in m.shard_table.column(name)]
+        d["checksum"] = canonical_sha256(d)
+        raw = json.loads((Path(path) / V.record_path(n)).read_text())
+        raw["manifest"] = d
+        (Path(path) / V.record_path(n)).write_text(json.dumps(raw, indent=1))
+        root = json.loads((Path(path) / "zarr.json").read_text())
+        if root["attributes"]["dsc"]["version"]["number"] == n:
+            root["attributes"]["dsc"] = d
+            (Path(path) / "zarr.json").write_text(json.dumps(root, indent=1))

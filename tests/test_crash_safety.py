@@ -18,6 +18,7 @@ import dsc
 from conftest import DecodeCounter, journal_units, stopped_at_unit, tree_bytes
 from damage import edit_manifest
 from dsc.formats.verify import verify
+from dsc.formats import versions as V
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
 
@@ -263,6 +264,7 @@ def test_verify_detects_every_flipped_byte(datasets, tmp_path, name):
     assert verify(src).ok
     m = dsc.open(src).manifest
     targets = [s.path for s in m.shards] + [f for f in m.files if "/c/" in f]  # shards and index arrays
+    targets += [V.object_path(t["sha256"]) for t in m.shard_table.objects]  # and the shard table
     rng = np.random.default_rng(zlib.crc32(name.encode()))  # (hash() of a str changes from run to run)
     work = tmp_path / "d"
     shutil.copytree(src, work)

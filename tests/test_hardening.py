@@ -259,8 +259,9 @@ def copy(datasets, name, tmp_path) -> Path:
     ("fixed", lambda m: m.__setitem__("source", "ab"), "source has the wrong type", True),
     ("det", lambda m: m.__setitem__("category_ids", ["x"]), "category_ids", True),
     ("fixed", lambda m: m["files"].__setitem__(next(iter(m["files"])), 5), "files", True),
-    ("fixed", lambda m: m["image"].__setitem__("height", 13), "image shard 0", True),  # a wrong fixed height
-    ("fixed", lambda m: m.update(num_samples=10 ** 12, rows=10 ** 12), "shards listed", True),  # 17: a crafted count
+    # a wrong fixed height (format 4: the shard table's entries are checked as read, the array's zarr.json at open)
+    ("fixed", lambda m: m["image"].__setitem__("height", 13), "image shard 0|does not describe", True),
+    ("fixed", lambda m: m.update(num_samples=10 ** 12, rows=10 ** 12), "shards listed|shard table of", True),  # 17
     ("fixed", lambda m: m.pop("checksum"), "checksum", False),  # 16: the checksum is mandatory
     ("seg", lambda m: m["fields"].__setitem__("index", m["fields"].pop("mask")), "field name 'index'", True),
     ("seg", lambda m: m["fields"].__setitem__("mask_sizes", m["fields"].pop("mask")), "batches already use", True),
@@ -273,8 +274,12 @@ def test_8_16_17_manifest_edits_are_refused_at_open(datasets, tmp_path, name, ed
     edit_manifest(out, edit, sealed=seal)
     with pytest.raises(dsc.CorruptDatasetError, match=match):
         dsc.open(out)
-    with pytest.raises(dsc.CorruptDatasetError):
-        dsc.verify(out)
+    try:
+        report = dsc.verify(out)
+    except dsc.CorruptDatasetError:
+        pass
+    else:  # (a manifest that parses, whose shard table's entries or arrays disagree: reported, not raised)
+        assert not report.ok
 
 
 def _json_bytes(meta) -> bytes:
@@ -538,15 +543,15 @@ def test_15_links_inside_a_dataset_are_refused(datasets, tmp_path):
     (tmp_path / "elsewhere").write_bytes(shard.read_bytes())
     shard.unlink()
     shard.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(dsc.UnsafePathError, match="symbolic link"):
-        dsc.open(out)
+    with pytest.raises(dsc.UnsafePathError, match="symbolic link"):  # (format 4: each shard at its first read)
+        dsc.open(out).get_batch(range(len(dsc.open(out))))
     report = dsc.verify(out)
     assert not report.ok and "symbolic link" in str(report.problems)
     out2 = copy(datasets, "fixed", tmp_path / "b")  # a linked directory component
     shutil.move(out2 / "image/c", tmp_path / "cdir")
     (out2 / "image/c").symlink_to(tmp_path / "cdir")
     with pytest.raises(dsc.UnsafePathError):
-        dsc.open(out2)
+        dsc.open(out2).get_batch(range(len(dsc.open(out2))))
 
 
 # ----------------------------------------------------------------------------- 18, 23. argument checks

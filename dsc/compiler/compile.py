@@ -31,7 +31,7 @@ from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
 from ..formats import layout as L
 from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, MaskField, MaskSpec, ObjectMasksField,
                               ObjectsField, mask_dtype, value_field)
-from ..formats import versions, view
+from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums, file_checksums_one
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of, settings
@@ -389,9 +389,10 @@ def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, result
 
 def write_version(stage: Path, out: Path, scanned: ScannedSource, options: CompileOptions, fields: tuple[Field, ...],
                   parts: dict, rows: Rows, K: int, skipped: tuple[dict, ...], version: dict,
-                  classes: tuple[str, ...]) -> Manifest:
+                  classes: tuple[str, ...], parent: Manifest | None = None) -> Manifest:
     """Every field's arrays, the keys, per-row geometry, input fingerprints and liveness into ``stage``;
-    their objects under ``out``; the manifest (a fresh compile's: written into ``stage`` as its root zarr.json)."""
+    their objects under ``out``; the shard table's object under ``out`` (a delta of ``parent``'s table, an
+    update's base, when it can be); the manifest (a fresh compile's: written into ``stage`` as its root zarr.json)."""
     R = len(rows.keys)
     write_group(stage, L.CHECKSUMS)
     contributions: dict = {"fields": {}}
@@ -422,7 +423,7 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
         format_version=Manifest.version_for(contributions["fields"]), dsc_version=__version__, task=scanned.task,
         num_samples=int(rows.live.sum()), shard_size=K, classes=classes, category_ids=scanned.category_ids,
         source={**scanned.summary, "options": opts}, skipped=skipped, files=files, rows=R, version=version,
-        **contributions)
+        **contributions).with_table(parent, shardtable.write_object(out))
     if stage == out:  # a fresh compile: the staged files are the view (an update's view is written once it commits)
         view.write_root(stage, manifest)
     versions.store_objects(stage, out, files)

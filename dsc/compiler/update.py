@@ -89,7 +89,7 @@ def check_base(root: Root, out: Path, m: Manifest) -> None:
     """Every small file of the base version has the bytes its manifest records (their hashes: the files are
     small, and an update carries them, or what it derives from them, into the new version): a base damaged on
     disk is refused, before the new version is made damaged from birth."""
-    for rel, f in m.files.items():
+    for rel, f in [*m.files.items(), *((versions.object_path(t["sha256"]), t) for t in L.table_objects(m))]:
         if root.sha256(rel) != f["sha256"]:
             raise CorruptDatasetError(
                 f"{out}: version {m.version['number']}, the base of this update, is damaged: {rel} (its content "
@@ -509,7 +509,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     shutil.rmtree(stage, ignore_errors=True)
     os.close(open_folder(stage, out))
     new_m = write_version(stage, out, scanned, options, tuple(fields), parts, rows, K, skipped, version,
-                          _classes(scanned, parts.get("label", []), parts.get("objects", [])))
+                          _classes(scanned, parts.get("label", []), parts.get("objects", [])), parent=m)
     summary = {"samples": new_m.num_samples, **plan.summary(), "skipped": len(skipped)}
     versions.write_stat(out, n_new, rows.stat)
     sync_filesystem(out)

@@ -262,7 +262,7 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
         m = rec["manifest"]
         for spec in L.shard_specs(m):
             jobs[spec.path] = (spec.sha256, spec.nbytes)
-        for rel, f in m.files.items():
+        for f in L.objects(m):  # (its small files' objects, and its shard table's)
             jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
     # (a published version's shards are there; its objects a new version reuses are checked like any other)
     jobs = {rel: job for rel, job in jobs.items() if rel not in done or rel.startswith(versions.OBJECTS + "/")}
@@ -347,7 +347,7 @@ def _conflict(store: Store, n: int, what: str) -> VersionConflictError:
 
 def _paths(m) -> set[str]:
     """Every file a version's record references: its shards and its objects."""
-    return {s.path for s in L.shard_specs(m)} | {versions.object_path(f["sha256"]) for f in m.files.values()}
+    return {s.path for s in L.shard_specs(m)} | {versions.object_path(f["sha256"]) for f in L.objects(m)}
 
 
 def pull_for_update(store: Store, dst: Path) -> int:
@@ -356,7 +356,7 @@ def pull_for_update(store: Store, dst: Path) -> int:
     carried over by reference; nor the view, which it does not write there) and ``push`` then uploads only the
     new version's files. Returns N."""
     n = versions.versions(store)[-1]
-    m = fetch_version(store, dst, n)["manifest"]
+    m = fetch_version(store, dst, n, tables=True)["manifest"]
     _pull_stat(store, dst, n, m)
     return n
 

@@ -11,7 +11,11 @@ from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json, read
 from ..store import Store
 
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:
-    """Every shard file of the dataset: the image's, then those of each later field (masks)."""
+    """Every shard file of the dataset: the image's, then those of each later field (masks). (Reads the whole
+    shard table of a format 4 version: for writers, verify and vacuum, never at open.)"""
+    table = manifest.shard_table
+    if table is not None:
+        return [s for name in table.columns for s in table.column(name) if s is not None]
     extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ()) if s]
     return [s for s in manifest.shards if s is not None] + extra
 
@@ -19,7 +23,19 @@ def shard_specs(manifest: Manifest) -> list[ShardSpec]:
 def shard_nodes(manifest: Manifest) -> list[str]:
     """The nodes whose shards sit in slot folders (``<node>/c/<slot>``, ``<node>/values/<slot>``): the image and
     every image-like field."""
+    if manifest.shard_table is not None:
+        return list(manifest.shard_table.columns)
     return [IMAGE, *(name for name, spec in manifest.fields.items() if spec.get("shards") is not None)]
+
+
+def table_objects(manifest: Manifest) -> list[dict]:
+    """The shard table's objects ({sha256, nbytes}) a format 4 version uses (none before format 4)."""
+    return manifest.shard_table.objects if manifest.shard_table is not None else []
+
+
+def objects(manifest: Manifest) -> list[dict]:
+    """Every object ({sha256, nbytes}) the version uses: its small files' and its shard table's."""
+    return [*manifest.files.values(), *table_objects(manifest)]
 
 
 def check_shard_files(root, manifest: Manifest) -> None:

@@ -9,16 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import CorruptDatasetError, FormatVersionError
 from .specs import (_SHA256, ATTRIBUTE_DTYPES, LAYOUTS, RESIZE_POLICIES, RESIZERS, ImageSpec,  # noqa: F401
                     ResizeSpec, ShardSpec, _check_fields, _positive_int, check_spec_keys)
 from .zarr_v3 import check_node_path
 from .fields import EXTRA_KINDS, FIELD_KINDS
+from .shardtable import Geometry, ShardTable, build as build_table
 
 FORMAT_NAME = "dsc"
-FORMAT_VERSION = 3  # the newest this dsc reads and writes: 3 = versioned (rows, live, version); 1-2 are read
+FORMAT_VERSION = 4  # the newest this dsc reads and writes: 4 = the shard table; 3 = versioned (rows, live, version)
 TASKS = ("classification", "detection", "segmentation", "images")
 RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", "checksums")
 # the keys a batch already has (and the suffixes of a ragged or padded key's companions): a field or a box
@@ -54,12 +55,14 @@ class Manifest:
     fields: dict = field(default_factory=dict)  # later field kinds: name -> {"kind": ..., ...} (format version 2)
     rows: int | None = None  # format 3: rows of every per-sample array (row = slot * shard_size + j), holes included
     version: dict | None = None  # format 3: {"number", "parent", "operation"} (the time is in the log record)
+    shard_table: ShardTable | None = None  # format 4: the shards by slot in a table object (shards: its image column)
     format: str = FORMAT_NAME
 
     @staticmethod
     def version_for(fields: dict, versioned: bool = True) -> int:
         """The format version a writer records: 3 (versions) for everything dsc writes now; 2 / 1 were
-        written before (1 unless the dataset has a field version 1 lacks)."""
+        written before (1 unless the dataset has a field version 1 lacks). (4, the shard table, is recorded when the
+        table is attached: ``with_table``.)"""
         return 3 if versioned else 2 if fields else 1
 
     @property
@@ -71,7 +74,26 @@ class Manifest:
     @property
     def shard_count(self) -> int:
         """Shard files of the image (slots a version does not use are not counted)."""
+        if self.shard_table is not None:
+            return self.shard_table.ref["shards"]
         return sum(s is not None for s in self.shards)
+
+    def with_table(self, parent: "Manifest | None", write) -> "Manifest":
+        """This manifest (written with its shards listed) with its shards in a shard table instead (format 4):
+        the table's object(s) written by ``write(sha256, data)``, a delta of ``parent``'s table when it has one."""
+        if self.shard_table is not None:
+            return self
+        cols = {"image": tuple(self.shards)}
+        for name in sorted(self.fields):
+            d = self.fields[name]
+            if isinstance(d, dict) and d.get("shards") is not None:
+                cols[name] = tuple(ShardSpec.from_dict(x) if x is not None else None for x in d["shards"])
+        ref, rows = build_table(cols, self.shard_count, parent.shard_table if parent is not None else None, write)
+        fields = {n: ({k: v for k, v in d.items() if k != "shards"} if n in cols else d) for n, d in self.fields.items()}
+        table = ShardTable(ref, geometry(self.image, fields), self.shard_size, self.num_rows)
+        table.bind(_stale)
+        table._full = rows  # (every entry in memory already)
+        return replace(self, format_version=4, fields=fields, shard_table=table, shards=table.column("image"))
 
     @property
     def versioned(self) -> bool:
@@ -93,10 +115,20 @@ class Manifest:
         elif self.format_version >= 3:
             raise CorruptDatasetError("manifest: format version 3 has rows and a version")
         expect = -(-self.num_rows // K)
+        table = self.shard_table
+        if table is not None:
+            if self.format_version < 4 or not self.versioned or table.slots != expect or table.K != K or \
+                    table.num_rows != self.num_rows:
+                raise CorruptDatasetError(f"manifest: a shard table of {table.slots} slots, {expect} expected for "
+                                          f"{self.num_rows} rows in shards of {K} (format 4, versioned)")
+            if self.shard_count > expect:
+                raise CorruptDatasetError(f"manifest: {self.shard_count} shards in {expect} slots")
+        elif self.format_version >= 4:
+            raise CorruptDatasetError("manifest: format version 4 lists its shards in a shard table")
         if len(self.shards) != expect:
             raise CorruptDatasetError(f"manifest: {len(self.shards)} shards listed, {expect} expected for "
                                       f"{self.num_rows} {'rows' if self.versioned else 'samples'} in shards of {K}")
-        for s, sh in enumerate(self.shards):
+        for s, sh in enumerate(self.shards if table is None else ()):  # (a table's entries: checked as read)
             last = min(K, self.num_rows - s * K)
             if sh is None:
                 if not self.versioned or s == len(self.shards) - 1:
@@ -121,7 +153,13 @@ class Manifest:
             if kind not in EXTRA_KINDS:
                 raise FormatVersionError(f"the dataset has a field {name!r} of kind {kind!r}, which this dsc does "
                                          f"not read; upgrade dsc (pip install -U dsc)")
+            if table is not None and kind == "mask" and name not in table.columns:
+                raise CorruptDatasetError(f"manifest: the mask field {name!r} is not a column of the shard table "
+                                          f"({table.columns})")
             FIELD_KINDS[kind].check(name, spec, self)
+        if table is not None and table.columns != ["image", *sorted(set(table.geometry) - {"image"})]:
+            raise CorruptDatasetError(f"manifest: shard_table.columns {table.columns} are not the image and its mask "
+                                      f"fields")
         if (self.task == "detection") != (self.objects is not None):
             raise CorruptDatasetError("manifest: 'objects' is required for detection and only for detection")
         if self.objects is not None:
@@ -138,8 +176,8 @@ class Manifest:
                 if problem:
                     raise CorruptDatasetError(f"manifest: the box attribute {name!r} {problem}; the dataset is damaged")
         # every image shard where the layout puts it, with exactly the bytes its samples need (fixed): so
-        # counts and sizes agree before anything is mapped
-        for s, sh in enumerate(self.shards):
+        # counts and sizes agree before anything is mapped (a table's: as each entry is read)
+        for s, sh in enumerate(self.shards if table is None else ()):
             if sh is None:
                 continue
             if self.image.layout == "fixed":
@@ -163,7 +201,8 @@ class Manifest:
             "classes": list(self.classes),
             "category_ids": list(self.category_ids),
             "objects": self.objects,
-            "shards": [s.to_dict() if s is not None else None for s in self.shards],
+            **({"shards": [s.to_dict() if s is not None else None for s in self.shards]} if self.shard_table is None
+               else {"shard_table": self.shard_table.ref}),
             "source": self.source,
             "skipped": list(self.skipped),
             "files": self.files,
@@ -190,16 +229,27 @@ class Manifest:
                 f"upgrade dsc (pip install -U dsc)")
         keys = {"format", "format_version", "dsc_version", "task", "num_samples", "shard_size", "image",
                 "resize", "classes", "category_ids", "objects", "shards", "source", "skipped", "files", "checksum",
-                "fields", "rows", "version"}
+                "fields", "rows", "version", "shard_table"}
         check_spec_keys("manifest", d, keys, keys - {"source", "skipped", "classes", "category_ids", "objects", "files",
-                                                     "fields", "rows", "version"})
+                                                     "fields", "rows", "version", "shards", "shard_table"})
+        if ("shards" in d) == ("shard_table" in d):
+            raise CorruptDatasetError("manifest: lists its shards (format 1-3) or names a shard table (format 4), "
+                                      "exactly one of them")
         try:
+            table = None
+            if "shard_table" in d:
+                image = ImageSpec.from_dict(d["image"])
+                fields = _typed("fields", d.get("fields", {}), dict)
+                ref = ShardTable.check_ref(d["shard_table"])
+                table = ShardTable(ref, geometry(image, fields), d["shard_size"], _typed("rows", d.get("rows"), int))
             m = cls(
                 format=d["format"], format_version=version, dsc_version=_typed("dsc_version", d["dsc_version"], str),
                 task=d["task"], num_samples=d["num_samples"], shard_size=d["shard_size"],
                 image=ImageSpec.from_dict(d["image"]), resize=ResizeSpec.from_dict(d["resize"]),
-                shards=tuple(ShardSpec.from_dict(s) if s is not None else None
-                             for s in _typed("shards", d["shards"], list)),
+                shards=(tuple(ShardSpec.from_dict(s) if s is not None else None
+                              for s in _typed("shards", d["shards"], list)) if table is None
+                        else table.column("image")),
+                shard_table=table,
                 classes=tuple(_typed("classes[]", c, str) for c in _typed("classes", d.get("classes", []), list)),
                 category_ids=tuple(_typed("category_ids[]", c, int)
                                    for c in _typed("category_ids", d.get("category_ids", []), list)),
@@ -225,6 +275,25 @@ class Manifest:
 
 
 VERSION_KEYS = {"number", "parent", "operation"}
+
+
+def geometry(image: ImageSpec, fields: dict) -> dict[str, Geometry]:
+    """Each sharded column's geometry (shard_table.columns): the image's, and each mask field's (``fields``: the
+    manifest's raw entries)."""
+    out = {"image": Geometry("image", image.layout == "fixed", 3,
+                             image.sample_nbytes if image.layout == "fixed" else 0)}
+    for name, d in fields.items():
+        if isinstance(d, dict) and d.get("kind") == "mask":
+            fixed = d.get("layout") == "fixed"
+            nb = int(d["height"]) * int(d["width"]) * (2 if d.get("dtype") == "uint16" else 1) if fixed else 0
+            out[name] = Geometry(name, fixed, 2, nb)
+    return out
+
+
+def _stale(sha, nbytes):
+    raise AssertionError("a written shard table is read from memory")
+
+
 
 
 def _check_version(v: dict) -> None:

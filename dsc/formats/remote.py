@@ -50,11 +50,14 @@ def intact(path: Path, f: dict) -> bool:
     return len(data) == f["nbytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]
 
 
-def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True) -> dict:
+def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects: bool = True,
+                  tables: bool = False) -> dict:
     """Version ``n``'s record and every small file it lists (its objects, each checked against its size and
     SHA-256; not with ``objects=False``) into the local folder ``dst``, in the dataset layout; returns the
     parsed record. Objects ``dst`` has already are checked against their hash (a cache's copy damaged on its
-    disk is fetched again: the bucket's was checked on the way in) and not fetched again when intact."""
+    disk is fetched again: the bucket's was checked on the way in) and not fetched again when intact.
+    The shard table's objects (format 4) are fetched now only with ``tables`` (a writer's copy); a reader's
+    come when it first needs a shard's entry, into ``dst`` too (``versions.bind_table``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     local = dst / versions.record_path(n)
@@ -66,8 +69,6 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects
             write_atomic(local, data)
         if tag is not None:
             write_atomic(local.with_name(local.name + ".etag"), tag.encode())
-    if not objects:
-        return rec
 
     def one(f):
         rel = versions.object_path(f["sha256"])
@@ -81,7 +82,12 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects
                                       f"dataset in object storage is damaged. Recompile it")
         write_atomic(dst / rel, obj)
 
-    todo = [f for f in rec["manifest"].files.values() if not intact(dst / versions.object_path(f["sha256"]), f)]
+    versions.bind_table(rec["manifest"], store, dst)
+    if not objects:
+        return rec
+    want = [*rec["manifest"].files.values(), *(rec["manifest"].shard_table.objects
+                                              if tables and rec["manifest"].shard_table is not None else [])]
+    todo = [f for f in want if not intact(dst / versions.object_path(f["sha256"]), f)]
     if todo:
         with ThreadPoolExecutor(min(connections, len(todo))) as ex:
             for fut in [ex.submit(one, f) for f in todo]:

@@ -32,6 +32,7 @@ from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, Ver
 from ..store import LocalStore, Store, open_store
 from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
 from .manifest import Manifest
+from .shardtable import store_loader
 from .names import slot_folders
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 from ..errors import CredentialsError
@@ -118,7 +119,17 @@ def read_record_bytes(where, n: int) -> tuple[dict, bytes]:
         raise VersionNotFoundError(
             f"{store.url} has no version {n} (" + (f"versions: {_ranges(have)}" if have else "no versions")
             + "; `dsc log` lists them; a version removed by `dsc vacuum` is gone)") from None
-    return parse_record(data, store.where(record_path(n)), n), data
+    rec = parse_record(data, store.where(record_path(n)), n)
+    bind_table(rec["manifest"], store)
+    return rec, data
+
+
+def bind_table(m: Manifest, store: Store, mirror: Path | None = None) -> Manifest:
+    """Point version ``m``'s shard table (format 4) at the objects of the dataset in ``store`` (see
+    ``shardtable.store_loader``; nothing is read until a shard's entry is needed)."""
+    if m.shard_table is not None:
+        m.shard_table.bind(store_loader(store, mirror))
+    return m
 
 
 def records(where, nums: list[int]) -> dict[int, dict]:

@@ -55,6 +55,15 @@ def not_a_dataset(obj, who: str, subset: bool = False) -> ConfigError:
                        f"dsc dataset, the path of one, or a torch.utils.data.Subset of one")
 
 
+def _rows_needed(live: np.ndarray, K: int, slots: int) -> np.ndarray:
+    """(slots,) int64: one past the last live row's position in each slot (0: no live row), what the slot's
+    shard must hold at least."""
+    pad = np.zeros(slots * K, bool)
+    pad[:len(live)] = live[:slots * K]
+    grid = pad.reshape(slots, K)
+    return np.where(grid.any(axis=1), K - np.argmax(grid[:, ::-1], axis=1), 0).astype(np.int64)
+
+
 class Dataset(torch.utils.data.Dataset):
     """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification),
     ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
@@ -103,7 +112,12 @@ class Dataset(torch.utils.data.Dataset):
                                           f"{m.num_samples}; the dataset is damaged")
             if m.num_samples != m.num_rows:
                 self._rows = np.flatnonzero(live).astype(np.int64)
-            self._check_rows(np.flatnonzero(live))
+            if m.shard_table is None:
+                self._check_rows(np.flatnonzero(live))
+            else:  # (a shard table is not read at open: each slot's rows are checked when it is first read)
+                need = _rows_needed(live, m.shard_size, len(m.shards))
+                for px in self._pixel_readers():
+                    px.need = need
         self._n = m.num_samples
         self.schema = schema_of(self.fields)
         self._image = self.readers["image"]
@@ -129,7 +143,8 @@ class Dataset(torch.utils.data.Dataset):
                                            f"version 0 and no tags")
             self.manifest = L.read_manifest(root)
         m = self.manifest
-        L.check_shard_files(root, m)
+        if m.shard_table is None:  # (a shard table's: each shard's size is checked when it is first mapped)
+            L.check_shard_files(root, m)
         return Storage(root, m.checksum(), m.version["number"] if m.version else None, pin)
 
     @property
@@ -144,13 +159,19 @@ class Dataset(torch.utils.data.Dataset):
     def shard_bytes(self) -> int:
         """Bytes of every shard file this version reads (its image, mask... shards): what reading it whole
         puts in memory."""
-        return sum(spec.nbytes for px in self._pixel_readers() for spec in px.shards if spec is not None)
+        table = self.manifest.shard_table
+        if table is not None:  # (recorded in the manifest: the table is not read for it)
+            return table.ref["nbytes"]
+        return int(self.slot_bytes().sum())
 
     def slot_bytes(self) -> np.ndarray:
         """Bytes of the shard files of each slot (its image, mask... shards; 0 for a slot the version lacks)."""
         pxs = self._pixel_readers()
         out = np.zeros(max((len(px.shards) for px in pxs), default=0), np.int64)
         for px in pxs:
+            if getattr(px.shards, "lazy", False):  # (a shard table: one vector read)
+                out[:len(px.shards)] += px.shards.nbytes()
+                continue
             for s, spec in enumerate(px.shards):
                 if spec is not None:
                     out[s] += spec.nbytes

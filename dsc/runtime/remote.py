@@ -83,6 +83,7 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
                                            hold=offline_version is None)
     root = Root(mirror)
     versions.use(root, rec["manifest"])
+    versions.bind_table(rec["manifest"], store, mirror)  # (its shard table: fetched into the mirror when first read)
     return rec, root, store, cache, lease
 
 
@@ -103,6 +104,25 @@ def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cac
     return rec, storage
 
 
+class _SpecsByPath:
+    """{shard path: ShardSpec} of a version with a shard table, each entry read from the table when asked for."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __getitem__(self, rel: str):
+        node, slot = rel.split("/", 1)[0], L.slot_of(rel)
+        spec = (self.table.column(node)[slot] if node in self.table.columns and slot is not None
+                and slot < self.table.slots else None)
+        if spec is None or spec.path != rel:
+            raise KeyError(rel)
+        return spec
+
+    def values(self) -> list:
+        """Every shard of the version (the whole table read)."""
+        return [s for name in self.table.columns for s in self.table.column(name) if s is not None]
+
+
 class RemoteStorage(Storage):
     """A remote version's bytes: small arrays from the local mirror, shards through the shard cache.
 
@@ -116,7 +136,8 @@ class RemoteStorage(Storage):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
         self.url = self.root = store.url  # (errors name the URL; the small files are read from the mirror)
         self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
-        self.specs = {s.path: s for s in L.shard_specs(manifest)}
+        self.specs = ({s.path: s for s in L.shard_specs(manifest)} if manifest.shard_table is None
+                      else _SpecsByPath(manifest.shard_table))  # (a shard table: read when a shard is first needed)
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._held: dict[str, Held] = {}
@@ -227,6 +248,9 @@ class RemoteStorage(Storage):
                 raise DscError(f"{self.store.where(rel)} is read directly while not held (read='direct' on a "
                                f"remote dataset reads only within a Loader's epoch)")
             return held.fd
+
+    def check_shard(self, rel: str, nbytes: int) -> None:
+        """(A cached shard's size and hash are checked as it is downloaded.)"""
 
     def hold(self, spec) -> Held:
         """Shard ``spec`` held in the cache, downloaded (at most its recorded size) when the cache lacks it."""
@@ -408,8 +432,11 @@ def cache_list(cache_dir=None) -> dict:
                 m = versions.read_record(Root(d), nums[-1])["manifest"]
             except DscError:
                 m = None
-            if m is not None:
-                specs = L.shard_specs(m)
+            try:
+                specs = L.shard_specs(m) if m is not None else None
+            except DscError:  # (a shard table no read of this version fetched yet: none of its shards either)
+                specs = None
+            if specs is not None:
                 have = [s for s in specs if cache.path(s.sha256).is_file()]
                 item.update(shards=len(specs), cached=len(have), bytes=sum(s.nbytes for s in have))
         out["datasets"].append(item)

@@ -55,6 +55,11 @@ class Storage(Arrays):
         if pin is not None:
             pin.release()
 
+    def check_shard(self, rel: str, nbytes: int) -> None:
+        """A shard (of a version with a shard table) is there with its size, checked when its slot is first read
+        (a version that lists its shards has them all checked at open)."""
+        self.dir.check_size(rel, nbytes)
+
     def map_file(self, rel: str, nbytes: int, populate: bool = True) -> np.ndarray:
         """A new mapping of a shard's first ``nbytes``, not kept here (a read strategy holds it)."""
         return self.dir.map(rel, nbytes, populate)

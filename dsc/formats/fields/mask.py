@@ -54,19 +54,31 @@ class MaskSpec:
     def to_dict(self) -> dict:
         return {"kind": "mask", "layout": self.layout, "dtype": self.dtype, "ignore_index": self.ignore_index,
                 "classes": list(self.classes), "height": self.height, "width": self.width,
-                "shards": [s.to_dict() if s is not None else None for s in self.shards]}
+                **({} if getattr(self.shards, "lazy", False) else
+                   {"shards": [s.to_dict() if s is not None else None for s in self.shards]})}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MaskSpec":
+    def from_dict(cls, d: dict, table=None) -> "MaskSpec":
+        """The entry ``d``; its shards listed in it (formats 2-3) or, in format 4, the column of the manifest's
+        shard ``table`` (ShardTable) named after the field (``name``)."""
         check_spec_keys("mask field", d, {"kind", "layout", "dtype", "ignore_index", "classes", "height", "width",
-                                          "shards"}, {"kind", "layout", "dtype", "ignore_index", "shards"})
+                                          "shards"}, {"kind", "layout", "dtype", "ignore_index"}
+                        | ({"shards"} if table is None else set()))
+        if table is not None and "shards" in d:
+            raise CorruptDatasetError("manifest: a mask field of format 4 has its shards in the shard table")
         try:
             return cls(layout=d["layout"], dtype=d["dtype"], ignore_index=d["ignore_index"],
                        classes=tuple(str(c) for c in d.get("classes") or ()), height=d.get("height"),
-                       width=d.get("width"), shards=tuple(ShardSpec.from_dict(s) if s is not None else None
-                                                              for s in d["shards"]))
+                       width=d.get("width"), shards=table if table is not None else tuple(
+                           ShardSpec.from_dict(s) if s is not None else None for s in d["shards"]))
         except TypeError as e:
             raise CorruptDatasetError(f"manifest: mask field: {e}") from None
+
+
+def _column(m, name: str):
+    """Field ``name``'s column of the manifest's shard table (format 4), or None (its shards listed in it)."""
+    table = getattr(m, "shard_table", None)
+    return table.column(name) if table is not None else None
 
 
 class MaskField(Field):
@@ -80,18 +92,21 @@ class MaskField(Field):
 
     @classmethod
     def from_manifest(cls, m) -> list["MaskField"]:
-        return [cls(MaskSpec.from_dict(d), name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
+        return [cls(MaskSpec.from_dict(d, _column(m, name)), name) for name, d in m.fields.items()
+                if d.get("kind") == cls.kind]
 
     @classmethod
     def check(cls, name: str, d: dict, m) -> None:
         """The entry parses, and fits the image's shard grid: same layout and size, one shard per image
         shard with the same count, each of the size its samples need, under the field's own node."""
-        spec = MaskSpec.from_dict(d)
+        spec = MaskSpec.from_dict(d, _column(m, name))
         field = cls(spec, name)
         im = m.image
         if spec.layout != im.layout or (spec.height, spec.width) != (im.height, im.width):
             raise CorruptDatasetError(f"manifest: mask field {name!r} is {spec.layout} {spec.height}x{spec.width}, "
                                       f"its images {im.layout} {im.height}x{im.width}")
+        if getattr(spec.shards, "lazy", False):  # (a shard table: each entry checked against the image's as read)
+            return
         if len(spec.shards) != len(m.shards):
             raise CorruptDatasetError(f"manifest: mask field {name!r} lists {len(spec.shards)} shards for "
                                       f"{len(m.shards)} image shards")

@@ -346,15 +346,22 @@ class PixelsReader:
     ``shards[slots[k]]`` at ``file_offsets[k]`` into ``dest[dest_offsets[k]:]``, and ``reads.scratch(n)`` is
     a reusable buffer of the calling thread (samples that need per-sample work land there first)."""
 
+    need = None  # (slots,) int64 or None: the rows each slot's shard must hold (the version's live rows)
+
     def __init__(self, pixels: Pixels, store, shards: tuple[ShardSpec, ...], n: int, K: int):
         self.px, self.store, self.shards, self.n, self.K = pixels, store, shards, n, K
         self.name = pixels.node
+        # a shard table (format 4) is read when a slot is first read, and its entry checked then; listed shards
+        # are checked here, at open
+        self._checked = np.zeros(len(shards), bool) if getattr(shards, "lazy", False) else None
         if not pixels.fixed:
             self.offsets = store.array(pixels.offsets_node, (n + 1,))
             self.shapes = store.array(pixels.shapes_node, (n, pixels.ndim))
             starts = self.offsets[np.minimum(np.arange(len(shards) + 1) * K, n)]
-            recorded = np.array([s.nbytes if s is not None else 0 for s in shards], np.int64)
-            if not valid_offsets(self.offsets) or not np.array_equal(np.diff(starts) * pixels.itemsize, recorded):
+            recorded = None if self._checked is not None else np.array(
+                [s.nbytes if s is not None else 0 for s in shards], np.int64)
+            if not valid_offsets(self.offsets) or (recorded is not None and not np.array_equal(
+                    np.diff(starts) * pixels.itemsize, recorded)):
                 raise CorruptDatasetError(f"{store.root}: {pixels.offsets_node} disagrees with the shard sizes in "
                                           f"the manifest; the dataset is damaged. Recompile it")
             bad = bad_shapes(self.shapes, np.diff(self.offsets), pixels.channels)
@@ -364,10 +371,30 @@ class PixelsReader:
             self.shard_starts = starts
 
     def _spec(self, s: int) -> ShardSpec:
+        if self._checked is not None:  # (a storage a spawned worker could not re-open says why, before the table)
+            getattr(self.store, "dir", None)
         spec = self.shards[s]
+        if self._checked is not None and not self._checked[s]:
+            self._check_slot(s, spec)
         if spec is None:
             raise CorruptDatasetError(f"{self.store.root}: shard slot {s} of {self.px.node} is not part of this version")
         return spec
+
+    def _check_slot(self, s: int, spec: ShardSpec | None) -> None:
+        """A slot's shard (from a shard table) when first read: it holds the version's rows there, and (ragged)
+        the bytes the offsets give its samples."""
+        need = int(self.need[s]) if self.need is not None and s < len(self.need) else 0
+        if need > (spec.count if spec is not None else 0):
+            raise CorruptDatasetError(f"{self.store.root}: live marks rows of slot {s} that no shard of the version "
+                                      f"holds; the dataset is damaged")
+        check = getattr(self.store, "check_shard", None)
+        if spec is not None and check is not None:
+            check(spec.path, spec.nbytes)
+        if spec is not None and not self.px.fixed and \
+                int(self.shard_starts[s + 1] - self.shard_starts[s]) * self.px.itemsize != spec.nbytes:
+            raise CorruptDatasetError(f"{self.store.root}: {self.px.offsets_node} disagrees with the size of "
+                                      f"{spec.path} in the shard table; the dataset is damaged. Recompile it")
+        self._checked[s] = True
 
     def shard(self, s: int, reads=None) -> np.ndarray:
         """Shard ``s``: (count, *sample) for fixed samples, else its flat elements."""

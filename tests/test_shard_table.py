@@ -1,0 +1,299 @@
+"""The shard table (format 4, issue 34): opening a version reads metadata whose size does not grow with the
+shards (the bytes read are counted); an --update writes a delta of its parent's table, the chain stays
+bounded; verify, vacuum, restore, compact and object storage keep working; a dataset whose manifest lists its
+shards (formats 1-3) still opens, verifies and updates."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import dsc
+from dsc.formats import shardtable
+from dsc.formats import versions as V
+from dsc.store.local import Root
+from damage import list_shards
+from test_versions import content, make_folder
+
+
+class Tiny(torch.utils.data.Dataset):
+    """``n`` samples of 2x2 pixels: with shard_size=1, one shard each (the issue's simulation)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2, 2, 3), i % 251, np.uint8), i % 10
+
+
+def tiny(path: Path, n: int) -> Path:
+    dsc.compile(Tiny(n), path, size=2, shard_size=1, progress=False, workers=1)
+    return path
+
+
+def reads_at_open(path, monkeypatch) -> list[tuple[str, int]]:
+    """(file, bytes) of every read and mapping ``dsc.open`` makes (files by their name in the dataset)."""
+    log = []
+    real_read, real_map = Root.read, Root.map
+
+    def read(self, rel, limit=None):
+        out = real_read(self, rel, limit)
+        log.append((self.redirect.get(rel, rel) if self.redirect else rel, len(out)))
+        return out
+
+    def map_(self, rel, nbytes, populate=True):
+        log.append((self.redirect.get(rel, rel) if self.redirect else rel, nbytes))
+        return real_map(self, rel, nbytes, populate)
+
+    with monkeypatch.context() as m:
+        m.setattr(Root, "read", read)
+        m.setattr(Root, "map", map_)
+        ds = dsc.open(path)
+    return ds, log
+
+
+def table_objects(path) -> list[str]:
+    m = V.read_record(path, V.versions(path)[-1])["manifest"]
+    return [V.object_path(t["sha256"]) for t in m.shard_table.objects]
+
+
+def test_open_reads_the_same_metadata_bytes_for_20_and_2000_shards(tmp_path, monkeypatch):
+    small, big = tiny(tmp_path / "s", 20), tiny(tmp_path / "b", 2000)
+    metadata = {}
+    for path in (small, big):
+        ds, log = reads_at_open(path, monkeypatch)
+        assert len(ds) in (20, 2000) and ds.manifest.shard_count == len(ds)
+        tables = set(table_objects(path))
+        assert not tables & {rel for rel, _ in log}  # the table is not read at open
+        metadata[path] = sum(n for rel, n in log if rel.endswith(".json"))  # the record (and any zarr.json)
+        assert metadata[path] > 0
+        # the table is read when a shard is first touched, and every sample is right
+        assert ds[len(ds) - 1]["image"][0, 0, 0] == (len(ds) - 1) % 251
+        assert ds.get_batch(np.arange(len(ds)))["label"].tolist() == [i % 10 for i in range(len(ds))]
+    # the record differs only by the digits of its counts; with the shards listed it would grow ~100 B a shard
+    assert abs(metadata[big] - metadata[small]) < 200, metadata
+    assert (big / "zarr.json").stat().st_size < 2 * (small / "zarr.json").stat().st_size
+    assert (big / V.record_path(0)).stat().st_size - (small / V.record_path(0)).stat().st_size < 200
+    # the table itself: 64 header bytes + 48 a slot
+    (rel,) = table_objects(big)
+    assert (big / rel).stat().st_size == shardtable.HEADER + 2000 * shardtable.ENTRY
+    loader = dsc.Loader(dsc.open(big), batch_size=64, order="random", seed=0)
+    assert sum(len(b["image"]) for b in loader) == 2000
+
+
+def _header(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"slots": int.from_bytes(data[16:24], "little"), "entries": int.from_bytes(data[24:32], "little"),
+            "base": data[32:64].hex() if any(data[32:64]) else None, "nbytes": len(data)}
+
+
+@pytest.fixture
+def updated(tmp_path):
+    """(source, dataset): 64 images in 16 slots of 4, then an --update adding 4 and removing 1."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    paths = make_folder(src, 64)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    make_folder(src, 4, seed0=5000)
+    paths[10].unlink()
+    r = dsc.compile_imagefolder(src, out, update=True, **opts)
+    assert r.committed and r.version == 1
+    return src, out, opts
+
+
+def test_an_update_writes_a_delta_of_its_parents_table(updated):
+    src, out, opts = updated
+    m0, m1 = (V.read_record(out, n)["manifest"] for n in (0, 1))
+    full, = m0.shard_table.objects
+    assert m1.shard_table.objects[0] == full and len(m1.shard_table.objects) == 2  # shared, not copied
+    delta = _header(out / V.object_path(m1.shard_table.objects[1]["sha256"]))
+    head = _header(out / V.object_path(full["sha256"]))
+    assert head == {"slots": 16, "entries": 16, "base": None, "nbytes": 64 + 16 * 48}
+    # the new slot only (the removed sample's slot keeps its shard: the sample is not live)
+    assert delta["entries"] == 1 and delta["base"] == full["sha256"] and delta["slots"] == 17
+    assert delta["nbytes"] == 64 + 8 + 48 < head["nbytes"]
+    ds = dsc.open(out)
+    fresh = out.parent / "fresh"
+    dsc.compile_imagefolder(src, fresh, **opts)
+    assert content(out) == content(fresh) and len(ds) == 67
+    assert [s.path for s in ds.manifest.shards if s is not None][-1] == "image/c/16/0/0/0"
+    assert not dsc.verify(out).problems
+
+
+def test_the_delta_chain_stays_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(shardtable, "MAX_CHAIN", 3)
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 16)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    chains = []
+    for k in range(4):
+        make_folder(src, 1, seed0=7000 + k)
+        dsc.compile_imagefolder(src, out, update=True, **opts)
+        chains.append(len(V.read_record(out, k + 1)["manifest"].shard_table.objects))
+    assert chains == [2, 3, 1, 2]  # a full table again once the chain would pass MAX_CHAIN
+    assert len(dsc.open(out)) == 20 and not dsc.verify(out).problems
+
+
+def test_verify_vacuum_restore_and_compact_with_tables(updated):
+    src, out, opts = updated
+    before = content(out, version=0)
+    # vacuum keeps the objects of the kept version's chain (its parent's full table among them)
+    rep = dsc.vacuum(out, keep=1, older_than="0")
+    assert rep.removed == [0]
+    assert all((out / rel).is_file() for rel in table_objects(out))
+    assert not dsc.verify(out).problems and len(dsc.open(out)) == 67
+    # a damaged table is named by verify, and by a read
+    rel = table_objects(out)[-1]
+    data = bytearray((out / rel).read_bytes())
+    data[-1] ^= 0xFF
+    good = (out / rel).read_bytes()
+    (out / rel).write_bytes(bytes(data))
+    problems = dsc.verify(out).problems
+    assert any(rel in p.file for p in problems), problems
+    (out / rel).write_bytes(good)
+    # restore names its version's table as it is; compact writes a full one; vacuum frees what none uses
+    assert dsc.compact(out).committed
+    m = V.read_record(out, V.versions(out)[-1])["manifest"]
+    assert len(m.shard_table.objects) == 1 and m.version["operation"] == "compact"
+    assert not dsc.verify(out).problems
+    assert content(out) == content(out, version=1)
+    dsc.vacuum(out, keep=1, older_than="0")
+    assert sorted(p.name for p in (out / V.OBJECTS).rglob("*") if p.is_file() and
+                  p.read_bytes()[:8] == shardtable.MAGIC) == [m.shard_table.objects[0]["sha256"]]
+    assert not dsc.verify(out).problems and content(out) == content(out, version=1 + 1)
+    del before
+
+
+def test_a_missing_or_damaged_table_is_named_at_the_first_read(tmp_path):
+    out = tiny(tmp_path / "t", 12)
+    (rel,) = table_objects(out)
+    good = (out / rel).read_bytes()
+    (out / rel).write_bytes(good[:-48])  # (one entry short)
+    ds = dsc.open(out)  # (the table is not read at open)
+    with pytest.raises(dsc.CorruptDatasetError, match=rel.split("/")[-1]):
+        ds[0]
+    bad = bytearray(good)
+    bad[64 + 5 * 48] = 7  # slot 5 says 7 samples in a shard of 1
+    (out / rel).write_bytes(bytes(bad))
+    ds = dsc.open(out)
+    assert ds[4]["label"] == 4
+    with pytest.raises(dsc.CorruptDatasetError, match="image/c/5/0/0/0"):
+        ds[5]
+    (out / rel).unlink()
+    with pytest.raises(dsc.CorruptDatasetError, match="missing"):
+        dsc.open(out)[0]
+
+
+def test_restore_shares_the_table(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 12)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    make_folder(src, 3, seed0=800)
+    dsc.compile_imagefolder(src, out, update=True, **opts)
+    n = dsc.restore(out, version=0)
+    m0, mn = (V.read_record(out, k)["manifest"] for k in (0, n))
+    assert mn.shard_table.ref == m0.shard_table.ref
+    assert content(out) == content(out, version=0)
+    dsc.vacuum(out, keep=1, older_than="0")
+    assert not dsc.verify(out).problems and content(out) == content(out, version=n)
+
+
+def test_a_dataset_with_its_shards_listed_opens_verifies_and_updates(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 20)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    want = content(out)
+    tables = table_objects(out)
+    list_shards(out)
+    for rel in tables:
+        (out / rel).unlink()  # (an old dataset has no table)
+    m = V.read_record(out, 0)["manifest"]
+    assert m.shard_table is None and m.format_version == 3 and len(m.shards) == 5
+    ds = dsc.open(out)
+    assert content(out) == want and ds.manifest.shard_count == 5
+    assert not dsc.verify(out).problems
+    import zarr
+
+    assert zarr.open_group(str(out), mode="r")["image"].shape[0] == 20
+    make_folder(src, 2, seed0=900)
+    r = dsc.compile_imagefolder(src, out, update=True, **opts)
+    m1 = V.read_record(out, r.version)["manifest"]
+    assert m1.format_version == 4 and len(m1.shard_table.objects) == 1  # (no parent table: a full one)
+    assert len(dsc.open(out)) == 22 and not dsc.verify(out).problems
+    assert content(out, version=0) == want
+
+
+def test_masks_are_a_column_of_the_table(tmp_path):
+    from dsc.synthetic import detection_scenes, write_voc_segmentation
+
+    root, out = tmp_path / "src", tmp_path / "out"
+    write_voc_segmentation(root, detection_scenes(6, seed=3))
+    dsc.compile_voc(root, out, split="train", masks=True, size=16, shard_size=2, workers=1, progress=False)
+    m = V.read_record(out, 0)["manifest"]
+    assert m.shard_table.columns == ["image", "mask"] and "shards" not in m.fields["mask"]
+    assert [s.path for s in m.shard_table.column("mask")] == [f"mask/c/{s}/0/0" for s in range(3)]
+    ds = dsc.open(out)
+    assert ds[5]["mask"].shape == (16, 16)
+    assert not dsc.verify(out).problems
+
+
+@pytest.fixture
+def s3(s3_server):
+    pytest.importorskip("obstore")
+    from object_servers import use_server
+
+    with pytest.MonkeyPatch.context() as m:
+        use_server(s3_server, m)
+        m.delenv("DSC_CACHE_DIR", raising=False)
+        s3_server.bucket("dsc-test")
+        yield s3_server
+
+
+def test_object_storage_fetches_the_table_when_a_shard_is_first_read(s3, tmp_path):
+    """push uploads every table of the chain; a remote open fetches none of it; the first read fetches it once
+    into the node's mirror (a second handle on the node reads that copy); an --update of the URL writes a
+    delta; vacuum and verify of the URL count the tables."""
+    from dsc.compiler.upload import push
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 20)
+    opts = dict(size=8, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    make_folder(src, 3, seed0=600)
+    dsc.compile_imagefolder(src, out, update=True, **opts)
+    url = "s3://dsc-test/shard-table"
+    push(out, url, progress=False)
+    tables = table_objects(out)
+    assert len(tables) == 2
+    cache = tmp_path / "cache"
+    ds = dsc.open(url, cache_dir=cache)
+    mirror = next((cache / "datasets").iterdir())
+    assert not any((mirror / rel).exists() for rel in tables)  # not at open
+    assert ds[len(ds) - 1]["image"].numpy().tobytes() == dsc.open(out)[len(ds) - 1]["image"].numpy().tobytes()
+    assert all((mirror / rel).is_file() for rel in tables)  # at the first read, into the node's mirror
+    assert set(map(tuple, ((k, v) for k, v in zip(ds.keys, ds.get_batch(range(len(ds)))["label"].tolist())))) == \
+        set(zip(dsc.open(out).keys, dsc.open(out).get_batch(range(len(ds)))["label"].tolist()))
+    assert not dsc.verify(url).problems
+    # an update of the URL: a delta of the bucket's table
+    make_folder(src, 2, seed0=700)
+    r = dsc.compile_imagefolder(src, url, update=True, **dict(opts, cache_dir=str(tmp_path / "stage")))
+    m = V.read_record(open_store_of(url), r.version)["manifest"]
+    assert len(m.shard_table.objects) == 3 and m.shard_table.objects[:2] == \
+        V.read_record(out, 1)["manifest"].shard_table.objects
+    assert len(dsc.open(url, cache_dir=cache)) == 25
+    dsc.vacuum(url, keep=1, older_than="0")
+    assert not dsc.verify(url).problems and len(dsc.open(url, cache_dir=tmp_path / "c2")) == 25
+
+
+def open_store_of(url):
+    from dsc.store import open_store
+
+    return open_store(url)
