@@ -290,7 +290,11 @@ def _doomed(store: Store, report: VacuumReport, records: dict, nodes: list[str],
     used_shards, used_objects = set(), set()
     for n in report.kept:
         m = records[n]["manifest"]
-        used_shards |= {s.path for s in L.shard_specs(m)}
+        try:  # (a kept version whose shard table cannot be read and checked: its shards are unknown, keep them all)
+            used_shards |= {s.path for s in L.shard_specs(m)}
+        except CorruptDatasetError as e:
+            raise CorruptDatasetError(f"version {n}, which vacuum keeps: {e}. Vacuum cannot tell which shards it "
+                                      f"uses: nothing was removed") from None
         used_objects |= {f["sha256"] for f in L.objects(m)}  # (the shard table's objects too)
     used_slots = {"/".join(p.split("/")[:3]) for p in used_shards}
     removed = set(report.removed)
@@ -330,7 +334,10 @@ def _referenced(records: dict) -> set[str]:
     every = set()
     for rec in records.values():
         m = rec["manifest"]
-        every |= {"/".join(s.path.split("/")[:3]) for s in L.shard_specs(m)}
+        try:  # (a removed version's damaged table: its shards count as leftovers, they go either way)
+            every |= {"/".join(s.path.split("/")[:3]) for s in L.shard_specs(m)}
+        except CorruptDatasetError:
+            pass
         every |= {V.object_path(f["sha256"]) for f in L.objects(m)}
     return every
 

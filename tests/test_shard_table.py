@@ -182,9 +182,8 @@ def test_a_missing_or_damaged_table_is_named_at_the_first_read(tmp_path):
     bad[64 + 5 * 48] = 7  # slot 5 says 7 samples in a shard of 1
     (out / rel).write_bytes(bytes(bad))
     ds = dsc.open(out)
-    assert ds[4]["label"] == 4
-    with pytest.raises(dsc.CorruptDatasetError, match="image/c/5/0/0/0"):
-        ds[5]
+    with pytest.raises(dsc.CorruptDatasetError, match=f"{rel}.*SHA-256"):  # (hashed at its first load: any slot)
+        ds[4]
     (out / rel).unlink()
     with pytest.raises(dsc.CorruptDatasetError, match="missing"):
         dsc.open(out)[0]
@@ -297,3 +296,112 @@ def open_store_of(url):
     from dsc.store import open_store
 
     return open_store(url)
+
+
+def _zero_entries(path: Path, slots) -> bytes:
+    """Zero the whole 48-byte entries of ``slots`` in the full table (its size and header kept: a zero-filled
+    disk block); returns the good bytes."""
+    (rel,) = table_objects(path)
+    good = (path / rel).read_bytes()
+    bad = bytearray(good)
+    for s in slots:
+        at = shardtable.HEADER + s * shardtable.ENTRY
+        bad[at:at + shardtable.ENTRY] = bytes(shardtable.ENTRY)
+    (path / rel).write_bytes(bytes(bad))
+    return good
+
+
+def test_a_damaged_local_table_stops_reads_and_vacuum_deletes_nothing(tmp_path):
+    """A table whose entries were zeroed (size and magic intact) read as 'no shard there': vacuum deleted the
+    latest version's shards. The local table is hashed when first loaded: reads and vacuum name it."""
+    out = tiny(tmp_path / "t", 12)
+    (rel,) = table_objects(out)
+    want = content(out)
+    shards = sorted(p for p in (out / "image" / "c").rglob("*") if p.is_file())
+    good = _zero_entries(out, [1, 2, 3])
+    with pytest.raises(dsc.CorruptDatasetError, match=f"{rel}.*SHA-256.*dsc verify"):
+        dsc.open(out)[0]  # (slot 0's entry is intact: the whole table is checked at its first load)
+    for dry_run in (True, False):
+        with pytest.raises(dsc.CorruptDatasetError, match=f"version 0, which vacuum keeps: .*{rel}.*nothing was "
+                                                          f"removed"):
+            dsc.vacuum(out, keep=1, older_than="0", dry_run=dry_run)
+    assert sorted(p for p in (out / "image" / "c").rglob("*") if p.is_file()) == shards  # (all 12 still there)
+    assert len(shards) == 12
+    (out / rel).write_bytes(good)  # (restored from a copy: the dataset is whole)
+    assert content(out) == want and not dsc.verify(out).problems
+    assert dsc.vacuum(out, keep=1, older_than="0").files == 0
+
+
+def test_an_update_of_a_damaged_table_names_it(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 8)
+    opts = dict(size=8, shard_size=2, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    (rel,) = table_objects(out)
+    _zero_entries(out, [1])
+    make_folder(src, 1, seed0=77)
+    with pytest.raises(dsc.CorruptDatasetError, match=f"{rel}.*nothing was written.*dsc verify"):
+        dsc.compile_imagefolder(src, out, update=True, **opts)
+    assert V.versions(out) == [0]
+
+
+def test_verify_reports_live_rows_that_no_shard_holds(tmp_path):
+    """A version whose (hash-consistent) table has no entry for a slot with live rows (a writer's bug): verify
+    says so (formats 1-3 checked it at open), instead of passing a version every read of which fails."""
+    import hashlib
+
+    from dsc.formats.manifest import canonical_sha256
+
+    out = tiny(tmp_path / "t", 6)
+    rp = out / V.record_path(0)
+    rec = json.loads(rp.read_bytes())
+    ref = rec["manifest"]["shard_table"]
+    b = bytearray((out / V.object_path(ref["chain"][0]["sha256"])).read_bytes())
+    at = shardtable.HEADER + 2 * shardtable.ENTRY
+    nbytes = int.from_bytes(b[at + 8:at + 16], "little")
+    b[at:at + shardtable.ENTRY] = bytes(shardtable.ENTRY)  # slot 2: no shard
+    sha = hashlib.sha256(bytes(b)).hexdigest()
+    (out / V.object_path(sha)).parent.mkdir(parents=True, exist_ok=True)
+    (out / V.object_path(sha)).write_bytes(bytes(b))
+    ref["chain"] = [{"sha256": sha, "nbytes": len(b)}]
+    ref["shards"] -= 1
+    ref["nbytes"] -= nbytes
+    man = {k: v for k, v in rec["manifest"].items() if k != "checksum"}
+    rec["manifest"]["checksum"] = canonical_sha256(man)
+    rp.write_bytes(json.dumps(rec).encode())
+    problems = dsc.verify(out).problems
+    assert [p.file for p in problems if "no shard of the version holds" in str(p)] == ["live"], problems
+    assert "slots 2;" in str(problems[-1])
+
+
+def test_push_of_a_damaged_local_table_names_it(s3, tmp_path):
+    from dsc.compiler.upload import push
+
+    out = tiny(tmp_path / "t", 6)
+    (rel,) = table_objects(out)
+    _zero_entries(out, [1])
+    with pytest.raises(dsc.DscError, match=f"{rel}.*dsc verify"):
+        push(out, "s3://dsc-test/damaged", progress=False)
+
+
+def test_an_update_of_an_older_format_says_it_writes_format_4(tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 8)
+    args = ["compile", "imagefolder", str(src), str(out), "--size", "8", "--shard-size", "4"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    for rel in table_objects(out):
+        list_shards(out)
+        (out / rel).unlink()  # (format 3: the shards listed in the manifest)
+    assert V.read_record(out, 0)["manifest"].format_version == 3
+    make_folder(src, 2, seed0=900)
+    r = CliRunner().invoke(main, [*args, "--update"])
+    assert r.exit_code == 0, r.output
+    said = [line for line in r.output.splitlines() if "format 4" in line]
+    assert len(said) == 1 and "version 0 is format 3" in said[0] and "older dsc" in said[0], r.output
+    assert V.read_record(out, 1)["manifest"].format_version == 4
+    r = CliRunner().invoke(main, [*args, "--update"])  # (a format-4 parent: nothing said)
+    assert "format 4" not in r.output

@@ -35,7 +35,7 @@ from ..formats import layout as L
 from ..formats import versions, view
 from ..store.local import Root, not_ours, open_folder, refuse_links
 from ..formats.fields import VALUE_KINDS, fields_of
-from ..formats.manifest import Manifest
+from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .sources.inputs import identity, known
@@ -359,6 +359,10 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                                  version=m.version["number"], committed=False, dry_run=options.dry_run)
+        if m.format_version < FORMAT_VERSION:
+            say(f"{out}: version {m.version['number']} is format {m.format_version}; this update writes the new "
+                f"version in format {FORMAT_VERSION} (the shard table), which an older dsc (one that reads formats "
+                f"up to 3) cannot read; the versions before it stay readable")
         return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot, view_too, direct)
 
 

@@ -113,6 +113,10 @@ class Uploader:
                 wrong = f.tell() != nbytes or h.hexdigest() != sha256
                 f.seek(0)
             if wrong:
+                if rel.startswith("_dsc/objects/"):  # (a version's object: its shard table or a small file)
+                    raise RemoteError(f"{path} ({rel}: an object of the version, e.g. its shard table) does not have "
+                                      f"the bytes its name (SHA-256) says: the local dataset is damaged; run `dsc "
+                                      f"verify` on it, and restore the file from an intact copy or recompile")
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
                                   f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
             sent = put_shard(store, rel, body, sha256, nbytes, self.writer, there, ask=ask)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 
+import numpy as np
+
 from ..errors import CorruptDatasetError, DatasetNotFoundError
 from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
@@ -18,6 +20,20 @@ def shard_specs(manifest: Manifest) -> list[ShardSpec]:
         return [s for name in table.columns for s in table.column(name) if s is not None]
     extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ()) if s]
     return [s for s in manifest.shards if s is not None] + extra
+
+
+def rows_outside_shards(manifest: Manifest, rows) -> "np.ndarray":
+    """The ``rows`` (live rows of the version) that no image shard of the version holds, inside its count: a
+    writer's bug (what ``Dataset`` checks at open in formats 1-3 and ``dsc verify`` checks in every format)."""
+    rows = np.asarray(rows, np.int64)
+    K, table = manifest.shard_size, manifest.shard_table
+    counts = (table.column(IMAGE).counts() if table is not None
+              else np.array([s.count if s is not None else 0 for s in manifest.shards], np.int64))
+    slot = rows // K
+    bad = slot >= len(counts)
+    ok = ~bad
+    bad[ok] = (rows[ok] - slot[ok] * K) >= counts[slot[ok]]
+    return rows[bad]
 
 
 def shard_nodes(manifest: Manifest) -> list[str]:

@@ -15,6 +15,7 @@ hold more than half of the slots.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..errors import CorruptDatasetError
 from ..store import open_store
-from ..store.local import write_atomic
+from ..store.local import map_fd, write_atomic
 from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
 
 MAGIC = b"DSCSHTAB"
@@ -361,6 +362,12 @@ def store_loader(store, mirror: Path | None = None) -> "StoreLoader":
     return StoreLoader(store, mirror)
 
 
+_FIX = ("Run `dsc verify` to list every problem; restore the file from an intact copy of the dataset (e.g. one "
+        "you pushed) or recompile")
+_CHECKED: set[tuple] = set()  # local table objects whose SHA-256 this process has checked (by inode, size, times)
+_CHECKED_LOCK = threading.Lock()
+
+
 class StoreLoader:
     """``load(sha256, nbytes)`` of a dataset's table objects: mapped from a folder; from object storage, the
     node's mirror copy (``mirror``) when intact, else one GET checked against its hash and kept in the mirror.
@@ -384,11 +391,23 @@ class StoreLoader:
         rel = object_rel(sha)
         if store.local:  # (through the dataset's folder as it was opened: never another compile swapped in since)
             files = store.root
-            size = files.size(rel)
-            if size != nbytes:
-                raise CorruptDatasetError(f"{files / rel} has {size:,} bytes, the manifest records {nbytes:,} (a "
-                                          f"shard table); the dataset is damaged (dsc verify lists every problem)")
-            return files.map(rel, nbytes, populate=False)
+            fd = files.open_file(rel)
+            try:
+                st = os.fstat(fd)
+                if st.st_size != nbytes:
+                    raise CorruptDatasetError(f"{files / rel} has {st.st_size:,} bytes, the manifest records "
+                                              f"{nbytes:,} (a shard table); the dataset is damaged. {_FIX}")
+                data = map_fd(fd, nbytes, files / rel, populate=False)
+            finally:
+                os.close(fd)
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha)
+            if key not in _CHECKED:  # (once per object and process: ~48 bytes a slot, read before any entry is used)
+                if hashlib.sha256(data).hexdigest() != sha:
+                    raise CorruptDatasetError(f"{files / rel} (a shard table) does not have the bytes its name "
+                                              f"(SHA-256) says; the dataset is damaged. {_FIX}")
+                with _CHECKED_LOCK:
+                    _CHECKED.add(key)
+            return data
         if mirror is not None:
             try:
                 data = (Path(mirror) / rel).read_bytes()

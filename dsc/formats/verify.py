@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+
+import numpy as np
 from pathlib import Path
 
 from ..errors import DscError
@@ -181,6 +183,19 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
                                      f"({m.num_rows},)"))
         else:
             context["live"] = live
+            if live is not None and table_ok:  # (every live row in a shard of the version: else every read fails)
+                try:
+                    bad = L.rows_outside_shards(m, np.flatnonzero(live))
+                except DscError as e:
+                    P.append(Problem("shard table", str(e)))
+                else:
+                    if len(bad):
+                        K = m.shard_size
+                        slots = sorted({int(r) // K for r in bad})
+                        P.append(Problem(L.LIVE, f"marks {len(bad)} rows that no shard of the version holds (slots "
+                                                 f"{', '.join(map(str, slots[:5]))}{'...' if len(slots) > 5 else ''}"
+                                                 f"; rows {int(bad[0])}...): their samples cannot be read. Restore "
+                                                 f"an earlier version (dsc restore) or recompile"))
     for f in fields_of(m):
         if table_ok or not getattr(f, "pixels", None):  # (a damaged shard table: its shards cannot be listed)
             f.verify(root, m, P, context)

@@ -200,10 +200,7 @@ class Dataset(torch.utils.data.Dataset):
 
     def _check_rows(self, rows: np.ndarray) -> None:
         """Every sample of the version sits in a shard the version has, inside its count."""
-        m, K = self.manifest, self.manifest.shard_size
-        counts = np.array([s.count if s is not None else 0 for s in m.shards], np.int64)
-        slot = rows // K
-        if len(rows) and (slot.max() >= len(counts) or ((rows - slot * K) >= counts[slot]).any()):
+        if len(L.rows_outside_shards(self.manifest, rows)):
             raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks rows that no shard of the version holds; the "
                                       f"dataset is damaged")
 
