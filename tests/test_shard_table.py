@@ -405,3 +405,23 @@ def test_an_update_of_an_older_format_says_it_writes_format_4(tmp_path):
     assert V.read_record(out, 1)["manifest"].format_version == 4
     r = CliRunner().invoke(main, [*args, "--update"])  # (a format-4 parent: nothing said)
     assert "format 4" not in r.output
+
+
+def test_a_local_table_is_hashed_once_per_process(tmp_path, monkeypatch):
+    import hashlib
+
+    out = tiny(tmp_path / "t", 5)
+    (sha,) = [rel.rsplit("/", 1)[-1] for rel in table_objects(out)]
+    hashed, real = [], hashlib.sha256
+
+    def counting(data=b""):
+        h = real(data)
+        hashed.append(h.hexdigest())
+        return h
+
+    monkeypatch.setattr(shardtable.hashlib, "sha256", counting)
+    monkeypatch.setattr(shardtable, "_CHECKED", set())
+    for _ in range(3):
+        ds = dsc.open(out)
+        assert ds[4]["label"] == 4
+    assert hashed.count(sha) == 1
