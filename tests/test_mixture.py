@@ -80,6 +80,20 @@ def test_draws_with_replacement():
 
 
 # ----------------------------------------------------------------------------- the Loader
+def test_a_subset_as_a_mixture_source_is_refused_with_what_works(parts):
+    """A Subset works for a single-dataset Loader, not as a mixture source: the message says so (it once said
+    the mixture took one) and names choose=/weights=."""
+    a, b = parts["a"], parts["b"]
+    train, _ = torch.utils.data.random_split(a, [30, 6])
+    assert len(dsc.Loader(train, batch_size=10)) == 3
+    with pytest.raises(dsc.ConfigError, match=r"source 0 is a torch.utils.data.Subset, which only a single-dataset "
+                                              r"dsc.Loader\(subset\) takes.*choose=\[n, \.\.\.\] or weights="):
+        dsc.Loader([train, b], batch_size=10)
+    with pytest.raises(dsc.ConfigError) as e:
+        dsc.Loader([a, [1, 2]], batch_size=10)
+    assert "got list" in str(e.value) and "Subset of one" not in str(e.value)
+
+
 @pytest.mark.parametrize("order", ORDER_NAMES)
 def test_every_sample_of_every_source_once_per_epoch(parts, order):
     a, b = parts["a"], parts["b"]
