@@ -252,6 +252,21 @@ def test_txt_json_npy_members_are_fields_in_ds_and_loader_batches(tmp_path):
                                          for w in r.warnings), r.warnings
 
 
+def test_a_member_no_sample_has_and_contradictory_label_flags_are_refused_up_front(wds, tmp_path):
+    """--member foo that no sample has is a wrong name (it was a per-sample error suggesting --on-error skip,
+    which would skip everything); --no-label with --label-key contradict each other."""
+    _, tars, _ = wds
+    runner = CliRunner()
+    res = runner.invoke(main, ["compile", "webdataset", str(tars), str(tmp_path / "m"), "--member", "foo:float16",
+                               "--size", "24,32", "-q"])
+    assert res.exit_code != 0 and "--member foo: no scanned sample has a .foo member" in res.output, res.output
+    assert "check the name" in res.output and "on-error" not in res.output and not (tmp_path / "m").exists()
+    res = runner.invoke(main, ["compile", "webdataset", str(tars), str(tmp_path / "n"), "--no-label",
+                               "--label-key", "x", "--size", "24,32", "-q"])
+    assert res.exit_code != 0 and "--no-label and --label-key x contradict each other" in res.output, res.output
+    assert not (tmp_path / "n").exists()
+
+
 def test_a_changed_caption_is_a_changed_sample_in_an_update(wds, tmp_path):
     """The scan reads the .txt members into the records: an --update sees a new caption whose image did not
     change (and stores it, without decoding the image again)."""
