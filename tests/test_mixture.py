@@ -287,8 +287,12 @@ def test_fields_must_agree(parts, tmp_path):
         dsc.Loader([a, dsc.open(tmp_path / "det")], batch_size=4)
     with pytest.raises(dsc.ConfigError, match="weights must be 2"):
         dsc.Loader([a, a], batch_size=4, weights=[1])
-    with pytest.raises(dsc.ConfigError, match="for a mixture"):
-        dsc.Loader(a, batch_size=4, weights=[1])
+    with pytest.raises(dsc.ConfigError, match=r"^weights= is for a mixture \(a list of datasets"):
+        dsc.Loader(a, batch_size=4, weights=[1])  # (it said "weights= given with Dataset")
+    with pytest.raises(dsc.ConfigError, match=r"^weights= is for a mixture"):
+        dsc.Loader(str(tmp_path / "det"), batch_size=4, weights=[1])  # (and "given with str" for a path)
+    with pytest.raises(dsc.ConfigError, match="given with a dsc.Mixture, which already says it"):
+        dsc.Loader(dsc.Mixture([a, a]), batch_size=4, weights=[1, 1])
     with pytest.raises(dsc.ConfigError, match="indices="):
         dsc.Loader([a, a], batch_size=4, indices=[0])
 
