@@ -180,8 +180,9 @@ class Mixture:
                                       f"dataset dsc.Loader(subset) takes. To draw part of a source per epoch, "
                                       f"give choose=[n, ...] or weights= (a different part each epoch)")
                 elif isinstance(src, Mixture) or not isinstance(src, Dataset):
-                    raise not_a_dataset(src, "dsc.Mixture", takes="dsc datasets or their paths (a "
+                    err = not_a_dataset(src, "dsc.Mixture", takes="dsc datasets or their paths (a "
                                         "torch.utils.data.Subset only alone, in dsc.Loader(subset))")
+                    raise ConfigError(f"source {len(self.datasets)} of the list: {err}")
                 self.datasets.append(src)
             self._configure(weights, epoch_size, choose, replace, labels, aliases, one_source_per_batch)
         except BaseException:
