@@ -104,8 +104,8 @@ def _mixture_of(dataset, indices, **options) -> tuple[Mixture, None] | None:
     if given:
         names = ", ".join(f"{k}=" for k in given)
         if mixture:
-            raise ConfigError(f"{names} given with a dsc.Mixture, which already says {'these' if len(given) > 1 else 'it'}"
-                              f": give {'them' if len(given) > 1 else 'it'} to dsc.Mixture([a, b], ...) or pass the "
+            raise ConfigError(f"{names} given with a dsc.Mixture, which already says "
+                              f"{'these' if len(given) > 1 else 'it'}: give {'them' if len(given) > 1 else 'it'} to dsc.Mixture([a, b], ...) or pass the "
                               f"list itself, dsc.Loader([a, b], weights=[0.7, 0.3])")
         raise ConfigError(f"{names} {'are' if len(given) > 1 else 'is'} for a mixture (a list of datasets: "
                           f"dsc.Loader([a, b], weights=[0.7, 0.3])); this Loader reads one dataset")
