@@ -19,6 +19,7 @@ timed).
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,14 +426,25 @@ def cuda_report(ds, batch_size: int = 256, order: str = "random", num_threads: i
     return {"copy_limit": limit, "loader": rate, "overlap": overlap}
 
 
+def recipe_header(name: str) -> str:
+    """The recipe's ops for the bench's header line, a long list of numbers summarised (the segmentation
+    preset's RandomShortestSize draws from hundreds of sizes: ``[260, 261, ..., 1039] (780 values)``)."""
+    if name == "imagenet":
+        return "RandomResizedCrop(224) + flip + ToFloat + Normalize"
+
+    def brief(m):
+        values = m.group(1).split(", ")
+        return f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} values)"
+    return re.sub(r"\[(-?[\d.]+(?:, -?[\d.]+){7,})\]", brief, repr(T.Compose(recipe(name)))[9:-2])
+
+
 def run_recipe_bench(path, name: str = "imagenet", batch_size: int = 256, order: str = "random",
                      num_threads: int = 2, epochs: int = 3, device: str = "cpu", echo=print) -> dict:
 
     ds = open_dataset(path)
     r = recipe_rates(ds, batch_size, order, num_threads, epochs, name, device)
     echo(f"dsc bench {path} --recipe {name}: {len(ds):,} samples, batch {batch_size}, order {order}, device {device}; "
-         + (T.Compose(recipe(name)).__repr__()[9:-2] if name != "imagenet" else
-            "RandomResizedCrop(224) + flip + ToFloat + Normalize"))
+         + recipe_header(name))
     echo(f"  {'dsc.Loader, plain epochs (no transforms)':<58} {r['plain']:>10,.0f} img/s")
     echo(f"  {'dsc.Loader + recipe (batched; geometry fused into the gather)':<58} {r['recipe']:>10,.0f} img/s  "
          f"{r['recipe'] / r['plain']:.0%} of plain epochs"

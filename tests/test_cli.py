@@ -260,3 +260,10 @@ def test_an_out_in_a_folder_dsc_cannot_write_names_out_and_the_fix(scenes_src, t
     r = run("compile", "imagefolder", scenes_src, tmp_path / "afile" / "x", "--size", "8")
     assert r.exit_code == 1 and "afile/x: cannot make the lock file dsc keeps beside it" in r.output
     assert "a part of that path is a file, not a folder" in r.output and "Errno" not in r.output
+
+
+def test_compile_help_says_which_sources_may_be_in_object_storage():
+    """imagefolder and table read s3:// gs:// az:// as webdataset does: their --help says so."""
+    for source in ("imagefolder", "table", "webdataset"):
+        r = CliRunner().invoke(main, ["compile", source, "--help"])
+        assert r.exit_code == 0 and "(s3://, gs://, az://" in r.output, (source, r.output)

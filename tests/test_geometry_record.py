@@ -85,7 +85,8 @@ def test_the_record_in_torchvision_targets_and_the_padded_form(ds):
             assert t["affine"].shape == (2, 3) and isinstance(t["flipped"], bool)
             assert torch.equal(t["affine"], pb["affine"][b]) and t["flipped"] == bool(pb["flipped"][b])
             h, w = img.shape[-2:]
-            want = _mapped(ds, int(pb["index"][b]), t["affine"], t["flipped"], w, h, crowds=False)
+            assert t["index"] == int(pb["index"][b])  # the row to map annotations of your own (image_id is COCO's)
+            want = _mapped(ds, t["index"], t["affine"], t["flipped"], w, h, crowds=False)
             assert torch.allclose(t["keypoints"].double(), want, atol=1e-4)
             # a flip at native size: x -> w - x
             assert torch.equal(t["affine"], torch.tensor([[-1.0, 0, w], [0, 1.0, 0]], dtype=torch.float64)

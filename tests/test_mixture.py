@@ -80,6 +80,20 @@ def test_draws_with_replacement():
 
 
 # ----------------------------------------------------------------------------- the Loader
+def test_a_subset_as_a_mixture_source_is_refused_with_what_works(parts):
+    """A Subset works for a single-dataset Loader, not as a mixture source: the message says so (it once said
+    the mixture took one) and names choose=/weights=."""
+    a, b = parts["a"], parts["b"]
+    train, _ = torch.utils.data.random_split(a, [30, 6])
+    assert len(dsc.Loader(train, batch_size=10)) == 3
+    with pytest.raises(dsc.ConfigError, match=r"source 0 is a torch.utils.data.Subset, which only a single-dataset "
+                                              r"dsc.Loader\(subset\) takes.*choose=\[n, \.\.\.\] or weights="):
+        dsc.Loader([train, b], batch_size=10)
+    with pytest.raises(dsc.ConfigError) as e:
+        dsc.Loader([a, [1, 2]], batch_size=10)
+    assert "got list" in str(e.value) and "Subset of one" not in str(e.value)
+
+
 @pytest.mark.parametrize("order", ORDER_NAMES)
 def test_every_sample_of_every_source_once_per_epoch(parts, order):
     a, b = parts["a"], parts["b"]
@@ -273,8 +287,12 @@ def test_fields_must_agree(parts, tmp_path):
         dsc.Loader([a, dsc.open(tmp_path / "det")], batch_size=4)
     with pytest.raises(dsc.ConfigError, match="weights must be 2"):
         dsc.Loader([a, a], batch_size=4, weights=[1])
-    with pytest.raises(dsc.ConfigError, match="for a mixture"):
-        dsc.Loader(a, batch_size=4, weights=[1])
+    with pytest.raises(dsc.ConfigError, match=r"^weights= is for a mixture \(a list of datasets"):
+        dsc.Loader(a, batch_size=4, weights=[1])  # (it said "weights= given with Dataset")
+    with pytest.raises(dsc.ConfigError, match=r"^weights= is for a mixture"):
+        dsc.Loader(str(tmp_path / "det"), batch_size=4, weights=[1])  # (and "given with str" for a path)
+    with pytest.raises(dsc.ConfigError, match="given with a dsc.Mixture, which already says it"):
+        dsc.Loader(dsc.Mixture([a, a]), batch_size=4, weights=[1, 1])
     with pytest.raises(dsc.ConfigError, match="indices="):
         dsc.Loader([a, a], batch_size=4, indices=[0])
 

@@ -439,6 +439,19 @@ def test_detection_presets_through_the_loader(detmask):
         T.presets.classification("nope")
 
 
+def test_the_classification_preset_refuses_what_it_would_silently_drop():
+    """Negative probabilities were silently off (while random_erase=2 was refused); label_smoothing without
+    MixUp/CutMix smoothed nothing: torchvision's reference puts it in the loss, and the error says so."""
+    for kw in ({"mixup": -1}, {"cutmix": -1}, {"random_erase": -0.1}, {"hflip": -0.5}, {"label_smoothing": -0.1}):
+        name = next(iter(kw))
+        with pytest.raises(dsc.ConfigError, match=f"classification preset: {name} is a number >= 0"):
+            T.presets.classification("ra", **kw)
+    with pytest.raises(dsc.ConfigError, match=r"torch.nn.CrossEntropyLoss\(label_smoothing=0.1\)"):
+        T.presets.classification("ta_wide", label_smoothing=0.1)
+    ops = T.presets.classification("ta_wide", mixup=0.2, label_smoothing=0.1, num_classes=3)
+    assert isinstance(ops[-1], T.MixUp) and ops[-1].label_smoothing == 0.1
+
+
 def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     from click.testing import CliRunner
 
@@ -451,6 +464,9 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     r = CliRunner().invoke(main, ["bench", str(detmask[0].path), "--batch-size", "2", "--epochs", "1", "--recipe",
                                   "det-ssd"])
     assert r.exit_code == 0 and "RandomIoUCrop" in r.output, r.output
+    from dsc.bench import recipe_header  # (the segmentation preset's hundreds of min sizes, summarised)
+    seg = recipe_header("segmentation")
+    assert len(seg) < 400 and "RandomShortestSize(min_size=[260, 261, ..., " in seg and " values)" in seg, seg
     # the per-image baseline: a decoded JPEG through the per-image part, MixUp/CutMix in the collate
     from dsc.bench import _PerImageRecipe, _collate, source_paths
 

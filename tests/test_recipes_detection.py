@@ -168,6 +168,22 @@ def test_detection_presets_fill_with_the_references_mean_colour(people):
         T.RandomZoomOut(fill=(1, 2, 300))
 
 
+def test_every_fill_is_a_whole_pixel_value_as_letterbox_takes_it():
+    """A fill for uint8 images is a whole number 0-255 (or one per channel) in every op, as Letterbox refused
+    0.5 already: Mosaic(640, 0.5), meant as p=0.5, once took 0.5 as the fill."""
+    ops = {"Mosaic": lambda f: T.Mosaic(48, f), "RandomZoomOut": lambda f: T.RandomZoomOut(f),
+           "RandomAffine": lambda f: T.RandomAffine(10, fill=f), "FixedSizeCrop": lambda f: T.FixedSizeCrop(32, f),
+           "RandomCrop": lambda f: T.RandomCrop(32, fill=f), "Letterbox": lambda f: T.Letterbox(32, f)}
+    for name, make in ops.items():
+        for bad in (0.5, 114.5, (1, 2, 2.5), -1, 256, float("nan")):
+            with pytest.raises(dsc.ConfigError, match=f"{name}: fill is a pixel value, a whole number 0-255"):
+                make(bad)
+        assert make(114).fill == 114 and make(114.0).fill == 114.0
+    with pytest.raises(dsc.ConfigError, match=r"for the probability, name it: Mosaic\(\.\.\., p=0.5\)"):
+        T.Mosaic(640, 0.5)
+    assert T.Mosaic(640, p=0.5).p == 0.5 and T.RandomAffine(10, fill=(123, 117, 104)).fill == (123, 117, 104)
+
+
 def _tv_affine(img: torch.Tensor, M: torch.Tensor, fill, mode: str, out_hw) -> torch.Tensor:
     """torchvision's tensor affine resampling written out (``_apply_grid_transform``): grid_sample
     (align_corners=False, zeros outside) of the image with a ones channel at each output pixel centre's

@@ -134,6 +134,27 @@ def test_update_decodes_only_a_changed_and_an_added_tar(wds, tmp_path, monkeypat
     assert samples(dsc.open(out)) == samples(dsc.open(fresh))
 
 
+def test_an_update_with_nothing_changed_commits_nothing_and_a_new_class_still_counts(wds, tmp_path):
+    """Classes from the .cls values (no --classes) are known only after decoding: a no-change update compares
+    with the base's (it once saw "classes: 3 -> 0" and committed an empty version); a tar with label 3 adds it."""
+    _, tars, _ = wds
+    src = tmp_path / "tars"
+    shutil.copytree(tars, src)
+    out = tmp_path / "out"
+    dsc.compile_webdataset(str(src), out, **OPTS)
+    res = CliRunner().invoke(main, ["compile", "webdataset", str(src), str(out), "--update"])
+    assert res.exit_code == 0, res.output
+    assert "up to date with its source" in res.output and "classes:" not in res.output, res.output
+    assert dsc.open(out).manifest.version["number"] == 0
+    more = tmp_path / "more"
+    write_imagefolder(more, num_classes=4, per_class=1, size_range=(30, 50), seed=5)
+    shutil.copy(pack_webdataset(more, tmp_path / "more-tars", per_tar=4)[0], src / "00003.tar")
+    r = dsc.compile_webdataset(str(src), out, update=True, **{**OPTS, "workers": 1})
+    assert r.committed and r.plan["added"] == 4
+    ds = dsc.open(out)
+    assert list(ds.classes) == ["0", "1", "2", "3"] and ds.get_batch(range(30, 34))["label"].tolist() == [0, 1, 2, 3]
+
+
 def test_resume_keeps_the_finished_units(wds, tmp_path, monkeypatch):
     _, tars, ref = wds
     out = tmp_path / "out"
@@ -229,6 +250,21 @@ def test_txt_json_npy_members_are_fields_in_ds_and_loader_batches(tmp_path):
     r = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "none", members=["none"], **OPTS)
     assert not r.manifest.fields and any("members not stored: .json (10 samples), .npy (10 samples), .txt" in w
                                          for w in r.warnings), r.warnings
+
+
+def test_a_member_no_sample_has_and_contradictory_label_flags_are_refused_up_front(wds, tmp_path):
+    """--member foo that no sample has is a wrong name (it was a per-sample error suggesting --on-error skip,
+    which would skip everything); --no-label with --label-key contradict each other."""
+    _, tars, _ = wds
+    runner = CliRunner()
+    res = runner.invoke(main, ["compile", "webdataset", str(tars), str(tmp_path / "m"), "--member", "foo:float16",
+                               "--size", "24,32", "-q"])
+    assert res.exit_code != 0 and "--member foo: no scanned sample has a .foo member" in res.output, res.output
+    assert "check the name" in res.output and "on-error" not in res.output and not (tmp_path / "m").exists()
+    res = runner.invoke(main, ["compile", "webdataset", str(tars), str(tmp_path / "n"), "--no-label",
+                               "--label-key", "x", "--size", "24,32", "-q"])
+    assert res.exit_code != 0 and "--no-label and --label-key x contradict each other" in res.output, res.output
+    assert not (tmp_path / "n").exists()
 
 
 def test_a_changed_caption_is_a_changed_sample_in_an_update(wds, tmp_path):

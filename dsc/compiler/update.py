@@ -306,7 +306,9 @@ def _check_same_source(m: Manifest, scanned: ScannedSource, source: Source, out:
 
 
 def _norm(v):
-    return list(v) if isinstance(v, (tuple, list)) else v
+    if isinstance(v, (tuple, list)):  # (a repeatable CLI option given no times is [], the Python default None)
+        return list(v) or None
+    return v
 
 
 def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, source: Source, warn=None,
@@ -349,13 +351,14 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
         _check_same_fields(base, fields, scanned, out)
         plan = plan_update(base, scanned, source)
         tell(plan.describe())
-        if scanned.classes != m.classes:
-            added = [c for c in scanned.classes if c not in m.classes]
-            gone = [c for c in m.classes if c not in scanned.classes]
-            tell(f"classes: {len(m.classes)} -> {len(scanned.classes)}" + (f"; new: {', '.join(added[:5])}" if added else "")
+        classes = _scanned_classes(scanned, m)
+        if classes != m.classes:
+            added = [c for c in classes if c not in m.classes]
+            gone = [c for c in m.classes if c not in classes]
+            tell(f"classes: {len(m.classes)} -> {len(classes)}" + (f"; new: {', '.join(added[:5])}" if added else "")
                  + (f"; gone: {', '.join(gone[:5])}" if gone else "") + "; every sample's label follows its class name "
                  "(indices of existing classes may shift)")
-        if options.dry_run or plan.empty and scanned.classes == m.classes:
+        if options.dry_run or plan.empty and classes == m.classes:
             return CompileReport(path=out, manifest=m, skipped=(), warnings=scanned.warnings,
                                  seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                                  version=m.version["number"], committed=False, dry_run=options.dry_run)
@@ -364,6 +367,15 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
                 f"version in format {FORMAT_VERSION} (the shard table), which an older dsc (one that reads formats "
                 f"up to 3) cannot read; the versions before it stay readable")
         return _apply(base, plan, scanned, out, options, source, fields, t0, say, first_slot, view_too, direct)
+
+
+def _scanned_classes(scanned: ScannedSource, m) -> tuple[str, ...]:
+    """The source's class names as far as the scan knows them. A source whose classes are its label values
+    (a WebDataset's ``.cls`` members without --classes: compile.py's ``_classes``) names none before decoding:
+    its classes are the base's until the new version's labels say otherwise (``_classes`` at the commit)."""
+    if scanned.classes or scanned.task not in ("classification", "detection"):
+        return scanned.classes
+    return m.classes
 
 
 def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:
@@ -453,7 +465,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     said = decode_warnings(results, decode, say)
     failed = {decode[i].key for r in results for i, _ in r.errors}
     if not (plan.removed or plan.relabel or plan.moved) and failed == {r.key for r in decode} and \
-            {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and scanned.classes == m.classes:
+            {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and _scanned_classes(scanned, m) == m.classes:
         say(f"the {len(failed)} input{'s' if len(failed) != 1 else ''} skipped before still fail and nothing else "
             f"changed: no new version")
         _discard_slots(out, L.shard_nodes(m), next_slot)

@@ -433,7 +433,8 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     ``images``: float (B, C, H, W) in [0, 1] (or as dsc.transforms' ToFloat / Normalize made them) when the
     batch's images are one size, else a list of (C, H, W) tensors. ``targets``: with boxes, a list of dicts
     ``{"boxes": float32 (k, 4) xyxy, "labels": int64 (k,) 1-based (0 is torchvision's background: label k
-    is class ``classes[k - 1]``), "image_id", per-box columns (iscrowd, area, difficult...)}``, and when the
+    is class ``classes[k - 1]``), "image_id" (the source's), "index" (the dataset's row), per-box columns
+    (iscrowd, area, difficult...)}``, and when the
     dataset has a semantic mask, "mask" (H, W) int64 and "masks" uint8 (k, H, W), one per box: the pixels
     of the box's class inside the box (``mask_values``: each label's mask value; dsc stores class masks, not
     instances, so two overlapping boxes of one class share their pixels). A dataset compiled with
@@ -467,6 +468,7 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
             box_offsets = kept[box_offsets]
         targets = packed_to_list(box_offsets, cols)
         ids = batch["image_id"].tolist() if "image_id" in batch else []
+        index = batch["index"].tolist() if "index" in batch and "index" not in schema else []  # the dataset row
         # the transforms' record of each sample's geometry (transforms/objects.py record_geometry)
         affine = batch["affine"] if "affine" in batch and "affine" not in schema else None
         flipped = batch["flipped"].tolist() if "flipped" in batch and "flipped" not in schema else None
@@ -475,6 +477,8 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
         for k, t in enumerate(targets):
             if ids:
                 t["image_id"] = ids[k]
+            if index:
+                t["index"] = index[k]
             if affine is not None:
                 t["affine"] = affine[k]
             if flipped is not None:

@@ -46,13 +46,15 @@ def check_forms(boxes, images, allow_none: bool = False) -> None:
         raise ConfigError(f"images must be one of {', '.join(IMAGE_FORMS)}, got {images!r}")
 
 
-def not_a_dataset(obj, who: str, subset: bool = False) -> ConfigError:
-    """The error for anything given where a compiled dataset (or its path) belongs: what it is, and the fix."""
+def not_a_dataset(obj, who: str, subset: bool = False,
+                  takes: str = "a dsc dataset, the path of one, or a torch.utils.data.Subset of one") -> ConfigError:
+    """The error for anything given where a compiled dataset (or its path) belongs: what it is, and the fix
+    (``takes``: what ``who`` accepts)."""
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
     inner = "a torch.utils.data.Subset of " if subset else ""
     return ConfigError(f"{who} reads datasets compiled by dsc, and got {inner}{kind}. Compile it first with "
-                       f"dsc.compile(dataset, 'OUT') (or `dsc compile ...`), then read dsc.open('OUT'); {who} takes a "
-                       f"dsc dataset, the path of one, or a torch.utils.data.Subset of one")
+                       f"dsc.compile(dataset, 'OUT') (or `dsc compile ...`), then read dsc.open('OUT'); {who} takes "
+                       f"{takes}")
 
 
 def _rows_needed(live: np.ndarray, K: int, slots: int) -> np.ndarray:

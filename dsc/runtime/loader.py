@@ -102,9 +102,13 @@ def _mixture_of(dataset, indices, **options) -> tuple[Mixture, None] | None:
                                                          type(v) is type(_MIXTURE_DEFAULTS[k]) and
                                                          v == _MIXTURE_DEFAULTS[k]))
     if given:
-        what = "a dsc.Mixture already says these" if mixture else "they are for a mixture"
-        raise ConfigError(f"{', '.join(given)}= given with {type(dataset).__name__}: {what} (dsc.Loader([a, b], "
-                          f"weights=[0.7, 0.3]) or dsc.Loader(dsc.Mixture([a, b], weights=...)))")
+        names = ", ".join(f"{k}=" for k in given)
+        if mixture:
+            raise ConfigError(f"{names} given with a dsc.Mixture, which already says "
+                              f"{'these' if len(given) > 1 else 'it'}: give {'them' if len(given) > 1 else 'it'} to dsc.Mixture([a, b], ...) or pass the "
+                              f"list itself, dsc.Loader([a, b], weights=[0.7, 0.3])")
+        raise ConfigError(f"{names} {'are' if len(given) > 1 else 'is'} for a mixture (a list of datasets: "
+                          f"dsc.Loader([a, b], weights=[0.7, 0.3])); this Loader reads one dataset")
     return (dataset, None) if mixture else None
 
 

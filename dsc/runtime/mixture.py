@@ -23,6 +23,7 @@ import re
 
 import numpy as np
 import torch
+from torch.utils.data import Subset
 
 from ..errors import ConfigError, DscError
 from .batches import Batch, box_form, new_tensor, torch_dtype, value_keys
@@ -134,6 +135,12 @@ class _Share:
         return (self[j] for j in range(len(self.batches)))
 
 
+def _beneath_subsets(obj):
+    while isinstance(obj, Subset):
+        obj = obj.dataset
+    return obj
+
+
 class Mixture:
     """Several compiled datasets read as one by :class:`dsc.Loader` (which also takes the list itself:
     ``dsc.Loader([a, b], weights=[0.7, 0.3])``).
@@ -167,8 +174,15 @@ class Mixture:
                 if isinstance(src, (str, os.PathLike)):
                     src = Dataset(src)
                     self._owned.append(src)
+                elif isinstance(src, Subset) and isinstance(_beneath_subsets(src), (Dataset, str, os.PathLike)):
+                    raise ConfigError(f"a mixture's sources are whole dsc datasets (or their paths); source "
+                                      f"{len(self.datasets)} is a torch.utils.data.Subset, which only a single-"
+                                      f"dataset dsc.Loader(subset) takes. To draw part of a source per epoch, "
+                                      f"give choose=[n, ...] or weights= (a different part each epoch)")
                 elif isinstance(src, Mixture) or not isinstance(src, Dataset):
-                    raise not_a_dataset(src, "dsc.Mixture")
+                    err = not_a_dataset(src, "dsc.Mixture", takes="dsc datasets or their paths (a "
+                                        "torch.utils.data.Subset only alone, in dsc.Loader(subset))")
+                    raise ConfigError(f"source {len(self.datasets)} of the list: {err}")
                 self.datasets.append(src)
             self._configure(weights, epoch_size, choose, replace, labels, aliases, one_source_per_batch)
         except BaseException:

@@ -25,12 +25,17 @@ from ..errors import ConfigError
 from ..formats.fields import Schema
 
 
-def _fill(fill, name):
-    """A pixel value 0-255, or one per channel (torchvision's ``fill=(123, 117, 104)``, the mean colour)."""
+def _fill(fill, name, p: bool = False):
+    """A uint8 pixel value, a whole number 0-255, or one per channel (torchvision's ``fill=(123, 117, 104)``,
+    the mean colour), as Letterbox takes it. ``p``: the op also takes a probability ``p``, which a fraction
+    given as the fill likely meant (``Mosaic(640, 0.5)``)."""
     values = list(fill) if isinstance(fill, (tuple, list)) else [fill]
-    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 255
-                             for v in values):
-        raise ConfigError(f"{name}: fill is a pixel value 0-255 or one per channel, got {fill!r}")
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                             and 0 <= v <= 255 and v == int(v) for v in values):
+        hint = (f"; for the probability, name it: {name}(..., p={fill!r})" if p and isinstance(fill, float)
+                and 0 < fill < 1 else "")
+        raise ConfigError(f"{name}: fill is a pixel value, a whole number 0-255 (e.g. 114) or one per channel, "
+                          f"got {fill!r}{hint}")
     return tuple(values) if isinstance(fill, (tuple, list)) else fill
 
 
@@ -142,7 +147,7 @@ class RandomZoomOut(Geometric):
             raise ConfigError(f"RandomZoomOut: side_range is (low, high) with 1 <= low <= high, got {side_range!r}")
         if not 0 <= p <= 1:
             raise ConfigError(f"RandomZoomOut: p is a probability, got {p!r}")
-        self.fill, self.side_range, self.p = _fill(fill, "RandomZoomOut"), (float(lo), float(hi)), float(p)
+        self.fill, self.side_range, self.p = _fill(fill, "RandomZoomOut", p=True), (float(lo), float(hi)), float(p)
 
     def params(self, sizes, gen):
         B = len(sizes)
@@ -351,7 +356,7 @@ class Mosaic(BatchOp):
             raise ConfigError(f"Mosaic: size is a positive int, got {size!r}")
         if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
             raise ConfigError(f"Mosaic: p is a probability 0-1 (Ultralytics' mosaic=), got {p!r}")
-        self.size, self.fill, self.p = size, _fill(fill, "Mosaic"), float(p)
+        self.size, self.fill, self.p = size, _fill(fill, "Mosaic", p=True), float(p)
 
     def placements(self, sizes: torch.Tensor, gen: torch.Generator) -> list[list[tuple]]:
         """Per output sample, its placements: (source sample, (h, w) resized, canvas region (x1a, y1a, x2a,

@@ -39,6 +39,14 @@ def classification(auto_augment: str | None = None, crop_size: int = 224, random
     from . import (AugMix, AutoAugment, CutMix, MixUp, Normalize, RandAugment, RandomChoice,  # lazy: this package
                    RandomErasing, RandomHorizontalFlip, RandomResizedCrop, ToFloat, TrivialAugmentWide)
 
+    for name, v in (("random_erase", random_erase), ("mixup", mixup), ("cutmix", cutmix), ("hflip", hflip),
+                    ("label_smoothing", label_smoothing)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            raise ConfigError(f"classification preset: {name} is a number >= 0 (0: off), got {v!r}")
+    if label_smoothing > 0 and not (mixup > 0 or cutmix > 0):
+        raise ConfigError(f"classification preset: label_smoothing={label_smoothing} smooths MixUp/CutMix's soft "
+                          f"labels, and neither is on; without them (as torchvision's reference) put it in the "
+                          f"loss: torch.nn.CrossEntropyLoss(label_smoothing={label_smoothing})")
     ops: list = [RandomResizedCrop(crop_size)]
     if hflip > 0:
         ops.append(RandomHorizontalFlip(hflip))

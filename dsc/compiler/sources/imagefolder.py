@@ -128,7 +128,7 @@ class ImageFolderSource(Source):
 
     Classes are the sorted sub-folder names; images are the files with an image extension
     (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case), walked recursively in sorted order.
-    Hidden entries are ignored."""
+    Hidden entries are ignored. SRC may be a folder in object storage (s3://, gs://, az://)."""
 
     name = "imagefolder"
     task = "classification"

@@ -270,7 +270,8 @@ COLUMNS = Param("columns", "A column stored as a field: NAME or NAME:KIND (KIND:
 class TableSource(Source):
     """A Parquet / Arrow table (a file or a folder of files) of image bytes. Needs dsc[table].
 
-    Workers read only the Parquet row groups / Arrow record batches of their shard."""
+    PATH may be in object storage (s3://, gs://, az://: a file, or a prefix of files). Workers read only the
+    Parquet row groups / Arrow record batches of their shard."""
 
     name = "table"
     task = "classification"

@@ -31,7 +31,7 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ...errors import SampleError, SourceError
+from ...errors import ConfigError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
 from ...formats.manifest import batch_name_problem
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
@@ -324,6 +324,9 @@ class WebDatasetSource(Source):
 
     @classmethod
     def from_cli(cls, no_label: bool = False, **kwargs) -> "WebDatasetSource":
+        if no_label and kwargs.get("label_key") is not None:
+            raise ConfigError(f"--no-label and --label-key {kwargs['label_key']} contradict each other: give one "
+                              f"(--label-key takes the label from the .json member, --no-label compiles images only)")
         return cls(**{**kwargs, "label_ext": None if no_label else kwargs.get("label_ext")})
 
     def __init__(self, **kwargs):
@@ -380,6 +383,13 @@ class WebDatasetSource(Source):
         records, invalid = [], []
         names = tuple(self.classes) if self.classes else ()
         first = next((s for samples, _ in found for s in samples if s.problem is None), None)
+        declared = decls is not None
+        for ext, _, _ in decls or ():  # a --member no sample has: a wrong name, not a sample to skip
+            if not any(ext in (s.values or {}) for samples, _ in found for s in samples if s.problem is None):
+                have = sorted(first.members) if first is not None else []
+                raise SourceError(f"{self.src}: --member {ext}: no scanned sample has a .{ext} member"
+                                  + (f" (the first sample has {', '.join('.' + e for e in have)})" if have else "")
+                                  + "; check the name (the extension after the sample's key)")
         if decls is None:  # the default: the members of MEMBER_FIELDS the first sample has
             have = first.values if first is not None else {}
             decls = [(e, member_field_name(e), {"how": read[e]}) for e in sorted(have)]
@@ -408,8 +418,9 @@ class WebDatasetSource(Source):
                 if problem is None:
                     lacking = next((e for e, _, _ in decls if e not in s.values), None)
                     if lacking is not None:
-                        problem = (f"no .{lacking} member, which the first sample has (every sample gives the same "
-                                   f"fields; --member names the members kept)")
+                        problem = (f"no .{lacking} member, which " + ("--member names" if declared else
+                                   "the first sample has") + " (every sample gives the same fields; --member "
+                                   "names the members kept)")
                     kept = {*taken, "json" if self.label_key is not None else None, *(e for e, _, _ in decls)}
                     for e in s.members:
                         if e not in kept:
