@@ -220,10 +220,28 @@ def _describe_image(m) -> str:
     return f"ragged (h, w, {im.channels}) uint8 ({im.mode}), {cap}"
 
 
-def _describe_objects(m) -> str:
+def _describe_objects(m, path=None, version: int | None = None) -> str:
+    """The boxes of the version's samples. The manifest counts box rows, which after an update include those of
+    removed samples and holes: a local dataset (``path``) is opened to count its live samples' boxes instead."""
     o = m.objects
-    return (f"{_n(o['num_boxes'], 'box', 'boxes')} "
-            f"({o['dropped_boxes']} dropped by the resize), {_n(o['images_without_boxes'], 'image')} without boxes")
+    boxes, empty, note = o["num_boxes"], o["images_without_boxes"], ""
+    if m.versioned and m.num_rows != m.num_samples:
+        from .store import is_url  # lazy: numpy, for dsc --help's speed
+
+        if path is not None and not is_url(str(path)):
+            import numpy as np  # lazy: for dsc --help's speed
+
+            from .runtime.dataset import open as open_dataset  # lazy: torch, for dsc --help's speed
+
+            with open_dataset(path, version=version) as ds:
+                off = np.asarray(ds.readers["objects"].offsets)
+                rows = ds._rows if ds._rows is not None else np.arange(m.num_samples)
+                counts = off[rows + 1] - off[rows]
+                boxes, empty = int(counts.sum()), int((counts == 0).sum())
+        else:
+            note = f" (box rows, counting those of the {m.num_rows - m.num_samples:,} rows not live)"
+    return (f"{_n(boxes, 'box', 'boxes')}{note} "
+            f"({o['dropped_boxes']} dropped by the resize), {_n(empty, 'image')} without boxes")
 
 
 def _extra_fields(m) -> list[tuple[str, str]]:
@@ -260,7 +278,7 @@ def _report(report) -> None:
                    f"{_n(m.shard_count, 'shard')}, {_mb(report.bytes_written)}) in {report.seconds:.1f} s: "
                    f"{this_run}{report.images_per_second:,.0f} img/s")
     if m.objects is not None:
-        click.echo(f"objects: {_describe_objects(m)}")
+        click.echo(f"objects: {_describe_objects(m, report.path)}")
     for name, desc in _extra_fields(m):
         click.echo(f"{name}: {desc}")
     if report.skipped:
@@ -836,7 +854,7 @@ def info(dataset: Path | None, show_env: bool, skipped: bool, as_json: bool, ver
         ("bytes", f"{_mb(total)} of shards " + ("(in object storage; `dsc cache ls` shows what is cached here)"
                                                  if remote else "(all present, sizes match the manifest)")),
         ("classes", f"{len(m.classes)}: {cls}" if m.classes else "none"),
-        *([("objects", _describe_objects(m))] if m.objects is not None else []),
+        *([("objects", _describe_objects(m, dataset, version))] if m.objects is not None else []),
         *_extra_fields(m),
         ("source", " ".join(f"{k}={v}" for k, v in m.source.items() if k not in ("options", "params"))),
         ("skipped", f"{len(m.skipped)}" + (" (dsc info --skipped lists them)" if m.skipped else "")),

@@ -267,3 +267,28 @@ def test_compile_help_says_which_sources_may_be_in_object_storage():
     for source in ("imagefolder", "table", "webdataset"):
         r = CliRunner().invoke(main, ["compile", source, "--help"])
         assert r.exit_code == 0 and "(s3://, gs://, az://" in r.output, (source, r.output)
+
+
+def test_box_counts_after_an_update_are_the_live_samples(tmp_path):
+    """The manifest counts box rows, which an update that removes a sample keeps; the compile report and
+    `dsc info` count the boxes of the version's samples (they said 10 boxes after 2 of them were removed)."""
+    import json
+
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "src", detection_scenes(6, seed=1))
+    out = tmp_path / "out.dsc"
+    first = run("compile", "coco", out, "--images", images, "--annotations", ann)
+    a = json.loads(ann.read_text())
+    total = len(a["annotations"])
+    assert f"objects: {total} boxes" in first.output
+    gone = a["images"][0]["id"]
+    removed = sum(x["image_id"] == gone for x in a["annotations"])
+    assert removed > 0
+    a["images"] = a["images"][1:]
+    a["annotations"] = [x for x in a["annotations"] if x["image_id"] != gone]
+    ann.write_text(json.dumps(a))
+    upd = run("compile", "coco", out, "--images", images, "--annotations", ann, "--update")
+    assert f"objects: {total - removed} boxes" in upd.output
+    assert f"{total - removed} boxes" in run("info", out).output
+    assert f"{total} boxes" in run("info", out, "--version", "0").output
