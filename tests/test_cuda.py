@@ -260,6 +260,15 @@ def test_value_fields_go_to_the_device_with_the_pixels(tmp_path):
             assert b["caption"] == [f"c{i}" for i in idx] and b["meta"] == [{"i": i} for i in idx]
 
 
+class _Shift(T.Geometric):
+    """A map-only geometric op (a shift by (3, -2)): it runs on the device, after the copy."""
+
+    def plan(self, sizes, gen):
+        m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
+        m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
+        return m, sizes.clone()
+
+
 def test_instance_masks_and_keypoints_on_the_device(tmp_path):
     """Per-object masks and keypoints: device batches (fused crop + flip in the gather, then a map-only op on
     the device) equal the CPU loader's; format="torchvision" targets on the device."""
@@ -270,13 +279,7 @@ def test_instance_masks_and_keypoints_on_the_device(tmp_path):
                      progress=False, workers=1)
     ds = dsc.open(tmp_path / "out")
 
-    class Shift(T.Geometric):  # map only: runs on the device, after the copy
-        def plan(self, sizes, gen):
-            m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
-            m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
-            return m, sizes.clone()
-
-    ops = [T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), Shift()]
+    ops = [T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), _Shift()]
     for a, b in zip(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1),
                     dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda")):
         for k in ("boxes", "box_offsets", "masks", "masks_rects", "masks_offsets", "keypoints"):
@@ -331,13 +334,7 @@ def test_geometry_record_and_native_size_images_on_the_device(tmp_path):
     dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", progress=False, workers=1)
     ds = dsc.open(tmp_path / "out")
 
-    class Shift(T.Geometric):  # map only: runs on the device, after the copy
-        def plan(self, sizes, gen):
-            m = torch.eye(3, dtype=torch.float64).repeat(len(sizes), 1, 1)
-            m[:, 0, 2], m[:, 1, 2] = 3.0, -2.0
-            return m, sizes.clone()
-
-    ops = [T.RandomResizedCrop(32, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), Shift()]
+    ops = [T.RandomResizedCrop(32, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), _Shift()]
     for a, b in zip(dsc.Loader(ds, batch_size=3, transforms=ops, seed=1),
                     dsc.Loader(ds, batch_size=3, transforms=ops, seed=1, device="cuda")):
         for k in ("affine", "flipped"):
