@@ -20,9 +20,10 @@ from .formats import versions as V
 from .formats import view
 from .compiler.staging import sync_filesystem
 from .store import Store, open_store
+from .store.object import WriterLease
 
 DEFAULT_RETENTION = "7d"
-WRITERS = "_dsc/writers/"  # (object storage: the writers' leases, store/object.py's WriterLease.PREFIX)
+WRITERS = WriterLease.PREFIX  # (object storage: the writers' leases)
 
 
 def _versioned(out) -> Store:
@@ -192,9 +193,9 @@ def vacuum(out, keep: int = 1, older_than: str | float = DEFAULT_RETENTION, dry_
         elif not store.list(""):
             raise V.no_dataset(store)
     with writing(store, "vacuum"):  # (everything is read under the lock or lease: what writers left is final)
-        if not store.local and not V.versions(store):  # no version: only what interrupted writers left (the log
-            return _leftovers_only(store, time.time() - retention, dry_run)  # read under the lease, not before)
-        have = V.versions(store)
+        have = V.versions(store)  # (the log read under the lease, not before)
+        if not store.local and not have:  # no version: only what interrupted writers left
+            return _leftovers_only(store, time.time() - retention, dry_run)
         records = V.records(store, have)
         nodes = sorted({node for rec in records.values() for node in L.shard_nodes(rec["manifest"])})
         if store.local:

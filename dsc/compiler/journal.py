@@ -51,10 +51,15 @@ def fingerprint(records, settings: dict) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(settings, sort_keys=True).encode())
     for r in records:
-        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
-        if r.target is not None or r.fields:  # (value fields known at scan: a table's columns, COCO captions)
-            h.update(record_digest(r).to_bytes(8, "little", signed=True))
+        hash_record(h, r)
     return h.hexdigest()
+
+
+def hash_record(h, r) -> None:
+    """Feed what record ``r`` is compiled from into the hash ``h`` (a journal's and an update's fingerprint)."""
+    h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
+    if r.target is not None or r.fields:  # (value fields known at scan: a table's columns, COCO captions)
+        h.update(record_digest(r).to_bytes(8, "little", signed=True))
 
 
 def inputs_of(records) -> str:

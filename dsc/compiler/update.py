@@ -39,7 +39,7 @@ from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .sources.inputs import identity, known
-from .journal import Journal, inputs_of
+from .journal import Journal, hash_record, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
@@ -420,10 +420,7 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
     h.update(json.dumps({"base": plan.base, "next_slot": next_slot, "options": options.recorded(
         masks=scanned.masks is not None), "K": base.manifest.shard_size}, sort_keys=True, default=str).encode())
     for i in plan.decode:
-        r = scanned.records[i]
-        h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
-        if r.target is not None or r.fields:
-            h.update(record_digest(r).to_bytes(8, "little", signed=True))
+        hash_record(h, scanned.records[i])
     return h.hexdigest()
 
 

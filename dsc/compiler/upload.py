@@ -113,7 +113,7 @@ class Uploader:
                 wrong = f.tell() != nbytes or h.hexdigest() != sha256
                 f.seek(0)
             if wrong:
-                if rel.startswith("_dsc/objects/"):  # (a version's object: its shard table or a small file)
+                if rel.startswith(versions.OBJECTS + "/"):  # (a version's object: its shard table or a small file)
                     raise RemoteError(f"{path} ({rel}: an object of the version, e.g. its shard table) does not have "
                                       f"the bytes its name (SHA-256) says: the local dataset is damaged; run `dsc "
                                       f"verify` on it, and restore the file from an intact copy or recompile")

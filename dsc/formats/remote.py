@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..store import Store
 from ..store.local import write_atomic as _write_atomic
-from . import versions
+from . import layout, versions
 from ..errors import CorruptDatasetError, DscError
 
 
@@ -85,8 +85,7 @@ def fetch_version(store: Store, dst: Path, n: int, connections: int = 8, objects
     versions.bind_table(rec["manifest"], store, dst)
     if not objects:
         return rec
-    want = [*rec["manifest"].files.values(), *(rec["manifest"].shard_table.objects
-                                              if tables and rec["manifest"].shard_table is not None else [])]
+    want = layout.objects(rec["manifest"]) if tables else list(rec["manifest"].files.values())
     todo = [f for f in want if not intact(dst / versions.object_path(f["sha256"]), f)]
     if todo:
         with ThreadPoolExecutor(min(connections, len(todo))) as ex:
