@@ -168,8 +168,9 @@ class _PerImageRecipe(torch.utils.data.Dataset):
     ops on that one image with torch ops (what torchvision.transforms.v2 does per sample), boxes and masks
     from the dataset; the ops that combine samples (MixUp/CutMix, Mosaic) run in the collate."""
 
-    def __init__(self, ds, paths, ops):
+    def __init__(self, ds, paths, ops, rows=None):
         self.ds, self.paths = ds, paths
+        self.rows = range(len(paths)) if rows is None else rows  # (paths[i] is the source of sample rows[i])
         self.ops = T.Compose(_split_batch_ops(ops)[0])
         self.schema = ds.schema
         # boxes or masks are in the stored frame: the source image is resized to it first; a classification
@@ -183,7 +184,7 @@ class _PerImageRecipe(torch.utils.data.Dataset):
         import numpy as np
         from PIL import Image, ImageOps
 
-        sample = self.ds[i]
+        sample = self.ds[self.rows[i]]
         with Image.open(self.paths[i]) as im:
             im = ImageOps.exif_transpose(im).convert("RGB")
             h, w = sample["image"].shape[:2]
@@ -225,10 +226,11 @@ def _collate(ops):
 
 def preset_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024) -> float | None:
     """Images/s of torch's DataLoader(2 workers) doing ``ops`` per image from the source JPEGs."""
-    paths = source_paths(ds)
+    rows: list[int] = []
+    paths = source_files(ds, rows=rows)[0]
     if not paths or len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size:
         return None
-    dl = torch.utils.data.DataLoader(_PerImageRecipe(ds, paths, ops), batch_size=batch_size, num_workers=2,
+    dl = torch.utils.data.DataLoader(_PerImageRecipe(ds, paths, ops, rows), batch_size=batch_size, num_workers=2,
                                      shuffle=True, persistent_workers=True, prefetch_factor=2,
                                      collate_fn=_collate(ops))
     it = iter(dl)
@@ -271,19 +273,25 @@ class _PILRecipe(torch.utils.data.Dataset):
 SOURCE_KINDS = ("imagefolder", "coco", "yolo", "voc", "segfolder")  # sources whose samples are image files
 
 
-def source_files(ds, limit: int | None = None) -> tuple[list[str], list[str]]:
+def source_files(ds, limit: int | None = None, rows: list[int] | None = None) -> tuple[list[str], list[str]]:
     """The source files of a dataset that are still where its manifest says (up to ``limit`` of them), and
-    those looked for that are not there (moved or deleted since the compile)."""
+    those looked for that are not there (moved or deleted since the compile). ``rows``: a list that gets the
+    dataset index of each file found (so a sample is paired with its own file when some are missing)."""
     m = ds.manifest
     if m.source.get("kind") not in SOURCE_KINDS:
         return [], []
     root = Path(m.source.get("images") or m.source.get("root") or "")  # COCO keys are relative to images/
     found, missing = [], []
-    for k in ds.keys:
+    for i, k in enumerate(ds.keys):
         if limit is not None and len(found) >= limit:
             break
         p = str(root / k)
-        (found if os.path.isfile(p) else missing).append(p)
+        if os.path.isfile(p):
+            found.append(p)
+            if rows is not None:
+                rows.append(i)
+        else:
+            missing.append(p)
     return found, missing
 
 

@@ -479,3 +479,24 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     # (ending as DetectionPresetTrain does: ToDtype(torch.float, scale=True) on the (C, H, W) image)
     assert item["image"].shape[0] == 3 and item["image"].dtype == torch.float32 and len(item["box_offsets"]) == 2
     assert 0 <= float(item["image"].min()) and float(item["image"].max()) <= 1
+
+
+def test_the_per_image_baseline_pairs_each_sample_with_its_own_file(tmp_path):
+    """With a source file gone since the compile, the per-image baseline still gives each sample its own
+    file (it gave every later sample the next sample's JPEG with this one's boxes)."""
+    from dsc.bench import _PerImageRecipe, source_files
+
+    scenes = detection_scenes(6, seed=2, size_range=(40, 60))
+    ann, images = write_coco(tmp_path / "coco", scenes)
+    dsc.compile_coco(ann, images, tmp_path / "ds", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "ds")
+    gone = sorted(images.iterdir())[1]
+    gone.unlink()
+    rows: list[int] = []
+    paths, missing = source_files(ds, rows=rows)
+    assert missing == [str(gone)] and len(rows) == len(paths) == len(ds) - 1
+    per = _PerImageRecipe(ds, paths, [T.RandomHorizontalFlip(p=0.0)], rows)
+    for i, (row, path) in enumerate(zip(rows, paths)):
+        assert path.endswith(ds.keys[row])
+        h, w = per[i]["image"].shape[-2:]
+        assert (h, w) == tuple(ds[row]["image"].shape[:2])
