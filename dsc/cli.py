@@ -413,8 +413,9 @@ def _confirm_overwrite(out) -> None:
     """``--overwrite`` of a dataset with more than its one version, or with tags, drops them all: asked at a
     terminal, refused elsewhere (a script removes OUT itself, or makes a new version with --update)."""
     from .compiler.staging import history  # lazy: PIL, for the compile commands
+    from .store import is_url  # lazy: numpy, for dsc --help's speed
 
-    lost = history(out) if not str(out).startswith(("s3:", "gs:", "az:")) else None
+    lost = None if is_url(str(out)) else history(out)
     if lost is None:
         return
     said = f"{out} holds {lost}; --overwrite replaces it with a new compile (version 0, no tags) and drops them all"

@@ -59,7 +59,7 @@ def _objects_overlay(im: Image.Image, masks: np.ndarray) -> Image.Image:
 
 def _skeleton(ds) -> tuple[str | None, list]:
     """The keypoints key of the dataset's samples and its skeleton edges (none: no keypoints)."""
-    keys = [k for k, r in ds.schema.items() if r.kind == "keypoints"]
+    keys = list(ds.schema.keypoints())
     if not keys:
         return None, []
     return keys[0], [tuple(e) for e in ds.manifest.fields.get(keys[0], {}).get("skeleton", [])]
@@ -78,7 +78,7 @@ def preview(ds, out: str | os.PathLike, n: int = 16, cols: int | None = None, ce
     draw = ImageDraw.Draw(canvas)
     classes = ds.classes
     name = lambda c: classes[c] if 0 <= c < len(classes) and classes[c] else str(c)  # noqa: E731
-    object_masks = [k for k, r in ds.schema.items() if r.kind == "object_masks"]
+    object_masks = list(ds.schema.object_masks())
     kp_key, edges = _skeleton(ds)
     for k, i in enumerate(indices):
         s = ds[i]
