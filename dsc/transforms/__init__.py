@@ -20,7 +20,7 @@ from .geometric import (CenterCrop, Geometric, Letterbox, RandomHorizontalFlip, 
                         RandomVerticalFlip, Resize)
 from .photometric import (PIXEL_OPS, ChannelsFirst, ChannelsLast, Normalize, PixelPost, ToDtype, ToFloat,
                           fuse_photometric)
-from .augment import (PHOTOMETRIC, AugMix, AutoAugment, BatchOp, ColorJitter, GaussianBlur, PixelOp, RandAugment,
+from .augment import (AugMix, AutoAugment, BatchOp, ColorJitter, GaussianBlur, PixelOp, RandAugment,
                       RandomErasing, RandomGrayscale, RandomHSV, RandomPhotometricDistort, TrivialAugmentWide,
                       apply_pixel_ops)
 from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomIoUCrop, RandomShortestSize, RandomZoomOut,
@@ -29,7 +29,6 @@ from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
 from .resample import apply_geometric
-from .objects import GEOMETRY_KEYS
 from .fused import fixes_size
 from . import presets
 

@@ -759,23 +759,14 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
             post.apply_sample(x[b], out[b])
         batch["image"] = out
         return batch
-    # On the CPU a few samples at a time: each op's passes then stay in cache (a float pass over a whole batch
-    # is memory-bound: slower than the same ops one image at a time); on a GPU the whole batch at once.
-    chunk = B if img.device.type != "cpu" else max(1, CHUNK_BYTES // max(1, H * W * Cn * 4))
+    # On a GPU (the CPU returned above) the whole batch at once, in float.
     out = post.empty(B, H, W, Cn) if post is not None else img
     if post is not None and out.device != img.device:
         out = out.to(img.device)
-    for c0 in range(0, B, chunk):
-        rows = torch.arange(c0, min(B, c0 + chunk))
-        y = run(img[c0:c0 + chunk].permute(0, 3, 1, 2).to(torch.float32), rows if chunk < B else None, True,
-                255.0).clamp_(0, 255)
-        if post is not None:
-            post.apply_float(y, out=out[c0:c0 + chunk])
-        else:
-            out[c0:c0 + chunk] = y.to(torch.uint8).permute(0, 2, 3, 1)
+    y = run(img.permute(0, 3, 1, 2).to(torch.float32), None, True, 255.0).clamp_(0, 255)
+    if post is not None:
+        post.apply_float(y, out=out)
+    else:
+        out[:] = y.to(torch.uint8).permute(0, 2, 3, 1)
     batch["image"] = out
     return batch
-
-
-PHOTOMETRIC = (ColorJitter, RandomGrayscale, GaussianBlur, RandomPhotometricDistort, RandomHSV, RandomErasing,
-               AutoAugment, RandAugment, TrivialAugmentWide, AugMix)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from .coco import inside
+from .coco import MASK_CHOICES, inside
 from .inputs import RemotePath, check_input, is_remote, relative, remote_root
 from .base import (ALLOW_OUTSIDE, DROP_EMPTY, InstanceId, MaskInfo, Param, Record, ScannedSource, Source, Target,
                    file_problem, read_input)
@@ -223,7 +223,7 @@ class VocSource(Source):
         Param("masks", "Also store each image's SegmentationClass/<id>.png as its mask (--masks, --masks semantic); "
                        "instance: each object's own mask from SegmentationObject/<id>.png (value k + 1: the k-th "
                        "object of the XML); instance,semantic: both.",
-              type="choice", choices=("semantic", "instance", "instance,semantic", "semantic,instance"),
+              type="choice", choices=MASK_CHOICES,
               default=False, flag_value="semantic"),
         ALLOW_OUTSIDE,
     )

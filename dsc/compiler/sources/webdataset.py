@@ -410,6 +410,7 @@ class WebDatasetSource(Source):
             if spec is not None:
                 specs[name] = spec
         unkept: dict[str, int] = {}
+        kept = {*taken, "json" if self.label_key is not None else None, *(e for e, _, _ in decls)}
         for tar, (samples, cut) in zip(tars, found):
             tname = name_of(tar)
             for j, s in enumerate(samples):
@@ -421,7 +422,6 @@ class WebDatasetSource(Source):
                         problem = (f"no .{lacking} member, which " + ("--member names" if declared else
                                    "the first sample has") + " (every sample gives the same fields; --member "
                                    "names the members kept)")
-                    kept = {*taken, "json" if self.label_key is not None else None, *(e for e, _, _ in decls)}
                     for e in s.members:
                         if e not in kept:
                             unkept[e] = unkept.get(e, 0) + 1
