@@ -5,6 +5,7 @@ stream is not a terminal (a log file, a pipe, a CI job) a plain line now and the
 from __future__ import annotations
 
 import sys
+import threading
 
 PLAIN_EVERY = 30.0  # seconds between two plain progress lines (and one at the start and one at the end)
 PLAIN_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f}%), {elapsed} elapsed, {remaining} left{postfix}"
@@ -32,11 +33,30 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+_BAR = None
+
+
+def _bar_class():
+    """tqdm with a write lock of its own that only this process's threads take. tqdm's default lock adds a
+    process-shared semaphore, inherited by every forked child (compile pools, crash tests): a child killed while
+    holding it (it takes it even to forget an inherited bar) leaves it held for good, and the next bar of the
+    parent, even a disabled one, waits forever. dsc's bars are only ever written by the process that made them."""
+    global _BAR
+    if _BAR is None:
+        from tqdm import tqdm
+
+        class Bar(tqdm):
+            pass
+
+        Bar.set_lock(threading.RLock())
+        _BAR = Bar
+    return _BAR
+
+
 def progress_bar(*, disable: bool = False, file=None, **kwargs):
     """A ``tqdm`` bar (same arguments) writing to ``file`` (default: stderr): the bar itself on a terminal,
     plain lines every :data:`PLAIN_EVERY` seconds elsewhere."""
-    from tqdm import tqdm
-
+    tqdm = _bar_class()
     stream = sys.stderr if file is None else file
     if disable or _is_terminal(stream):
         return tqdm(disable=disable, file=stream, **kwargs)
