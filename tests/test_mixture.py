@@ -342,6 +342,18 @@ def test_a_mixture_of_a_local_and_an_s3_dataset(parts, s3_server, tmp_path, monk
                 got.append(s)
         assert np.bincount(got).tolist() == [20, 20]
     assert remote.storage.cache.downloads > 0
+    # read="auto", the bucket's source with no shard cache: that source alone reads by byte ranges (it used to be
+    # refused for its cache limit, the mixture choosing one strategy as if every source were local)
+    uncached = dsc.open(url, cache_dir=tmp_path / "cache0", cache_limit=0)
+    loader = dsc.Loader([a, uncached], batch_size=6, order="random", seed=1, weights=[1, 1], epoch_size=40)
+    assert loader.read_strategy == "mapped+ranged", loader.read_reason
+    assert "cache_limit=0" in loader.read_reason and str(a.path) in loader.read_reason
+    n = 0
+    for x in loader:
+        for k, (s, i) in enumerate(zip(x["source"].tolist(), x["index"].tolist())):
+            assert torch.equal(x["image"][k], (a if s == 0 else local_copy)[i]["image"])
+            n += s
+    assert n == 20 and uncached.storage.cache.downloads == 0 and loader._reads[1].requests > 0
 
 
 def test_a_detection_mixture_keeps_each_sample_its_boxes(tmp_path):

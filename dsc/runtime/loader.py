@@ -367,15 +367,23 @@ class Loader:
             except ConfigError:
                 if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
                     raise
-        remote = None
-        if not isinstance(dataset, Mixture) and dataset.remote:  # (a cache that cannot hold a batch's shards:
-            cache_of = dataset.storage.cache                      # samples read by byte ranges)
-            remote = (cache_of.share(_local_processes()) if cache_of.limit is not None else None,
-                      R.batch_shard_bytes(dataset.slot_bytes(), order, batch_size, dataset.manifest.shard_size,
-                                          self.window))
-        self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache, remote)
-        make = dataset.make_reads if isinstance(dataset, Mixture) else partial(R.make, storage=dataset.storage)
-        self._reads = make(self.read_strategy, io_depth=io_depth, memory=memory[0] if memory else None)
+        def remote(ds):  # (a dataset in object storage whose cache cannot hold a batch's shards: samples read by
+            if not ds.remote:  # byte ranges)
+                return None
+            cache_of = ds.storage.cache
+            return (cache_of.share(_local_processes()) if cache_of.limit is not None else None,
+                    R.batch_shard_bytes(ds.slot_bytes(), order, batch_size, ds.manifest.shard_size, self.window))
+
+        kw = dict(io_depth=io_depth, memory=memory[0] if memory else None)
+        if isinstance(dataset, Mixture):  # (each source its own strategy: one in a bucket with a small cache reads
+            picks = [R.choose(order, dataset.shard_bytes, read, memory, cache, remote(ds))  # by ranges, a local
+                     for ds in dataset.datasets]                                            # one maps)
+            self.read_strategy, self.read_reason = R.join_choices(picks, [str(ds.path) for ds in dataset.datasets])
+            self._reads = dataset.make_reads([name for name, _ in picks], **kw)
+        else:
+            self.read_strategy, self.read_reason = R.choose(order, dataset.shard_bytes, read, memory, cache,
+                                                            remote(dataset))
+            self._reads = R.make(self.read_strategy, dataset.storage, **kw)
         if cache == "ram":
             dataset.load_to_ram()
 
@@ -565,7 +573,7 @@ class Loader:
         return self._schedule_of(self.dataset, self._reads, batches, start)
 
     def _schedule_of(self, ds: Dataset, reads, batches: list[np.ndarray], start: int):
-        if start >= len(batches) or not (ds.remote or self.read_strategy == "windowed") or \
+        if start >= len(batches) or not (ds.remote or reads.name == "windowed") or \
                 not getattr(reads, "holds_shards", True):
             return None  # (a local dataset read in place, or one read by byte ranges: nothing to schedule)
         needs, paths, nbytes = ds.shard_plan(batches)

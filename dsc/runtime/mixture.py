@@ -84,11 +84,11 @@ def merge_classes(class_lists: list[list[str]], aliases: dict | None = None) -> 
 
 
 class _Reads:
-    """A mixture's read strategy: one object of the chosen strategy per source (each over its own storage)."""
+    """A mixture's read strategies: one object of its chosen strategy per source (each over its own storage)."""
 
-    def __init__(self, name: str, datasets: list[Dataset], **kw):
-        self.name = name
-        self.each = [R.make(name, ds.storage, **kw) for ds in datasets]
+    def __init__(self, names: list[str], datasets: list[Dataset], **kw):
+        self.name = names[0] if len(set(names)) == 1 else "+".join(names)
+        self.each = [R.make(name, ds.storage, **kw) for name, ds in zip(names, datasets)]
 
     def __getitem__(self, s: int):
         return self.each[s]
@@ -391,8 +391,9 @@ class Mixture:
         for ds in self.datasets:
             ds.load_to_ram()
 
-    def make_reads(self, name: str, **kw) -> _Reads:
-        return _Reads(name, self.datasets, **kw)
+    def make_reads(self, names: list[str], **kw) -> _Reads:
+        """The sources' read strategies, ``names[s]`` for source ``s``."""
+        return _Reads(names, self.datasets, **kw)
 
     def split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray, int, int]]:
         """(source, its indices, a, b) of each source's run of the sorted ids ``ids`` (rows a:b of the batch)."""

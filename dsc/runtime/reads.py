@@ -221,6 +221,16 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
     return "windowed", f"{why}; order {order}: shards read ahead in order and released behind"
 
 
+def join_choices(picks: list[tuple[str, str]], names: list[str]) -> tuple[str, str]:
+    """(strategy, why) of a mixture whose sources chose ``picks`` (each ``choose``'s pair; ``names``: the
+    sources' names): the one strategy when all chose it, else ``a+b+...`` source by source with each reason."""
+    kinds = [name for name, _ in picks]
+    if len(set(kinds)) == 1 and len({why for _, why in picks}) == 1:
+        return kinds[0], picks[0][1]
+    joined = kinds[0] if len(set(kinds)) == 1 else "+".join(kinds)
+    return joined, "; ".join(f"source {s} ({n}): {k}, {why}" for s, (n, (k, why)) in enumerate(zip(names, picks)))
+
+
 def describe(dataset_bytes: int, memory: tuple[int, str] | None = None) -> str:
     """What a Loader with ``read="auto"`` reads this dataset with, in every order, and why (``dsc info``)."""
     memory = memory or available_memory()
