@@ -229,14 +229,10 @@ def _describe_objects(m, path=None, version: int | None = None) -> str:
         from .store import is_url  # lazy: numpy, for dsc --help's speed
 
         if path is not None and not is_url(str(path)):
-            import numpy as np  # lazy: for dsc --help's speed
-
             from .runtime.dataset import open as open_dataset  # lazy: torch, for dsc --help's speed
 
             with open_dataset(path, version=version) as ds:
-                off = np.asarray(ds.readers["objects"].offsets)
-                rows = ds._rows if ds._rows is not None else np.arange(m.num_samples)
-                counts = off[rows + 1] - off[rows]
+                counts = ds.box_counts()
                 boxes, empty = int(counts.sum()), int((counts == 0).sum())
         else:
             note = f" (box rows, counting those of the {m.num_rows - m.num_samples:,} rows not live)"

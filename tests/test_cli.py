@@ -292,3 +292,7 @@ def test_box_counts_after_an_update_are_the_live_samples(tmp_path):
     assert f"objects: {total - removed} boxes" in upd.output
     assert f"{total - removed} boxes" in run("info", out).output
     assert f"{total} boxes" in run("info", out, "--version", "0").output
+    import dsc
+
+    with dsc.open(out) as ds:  # (the public count the report uses: one per live sample, in order)
+        assert ds.box_counts().tolist() == [len(ds[i]["boxes"]) for i in range(len(ds))]

@@ -233,6 +233,14 @@ class Dataset(torch.utils.data.Dataset):
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
 
+    def box_counts(self) -> np.ndarray:
+        """(N,) int64: the number of boxes (object rows) of each of this version's samples; the manifest's
+        ``num_boxes`` counts the rows of the shard grid, removed samples' included. Raises KeyError without
+        boxes."""
+        off = np.asarray(self.readers["objects"].offsets)
+        rows = self._to_rows(np.arange(self._n, dtype=np.int64))
+        return (off[rows + 1] - off[rows]).astype(np.int64)
+
     @property
     def class_to_idx(self) -> dict[str, int]:
         return {c: i for i, c in enumerate(self.manifest.classes)}
