@@ -526,6 +526,62 @@ def test_a_flip_on_mixed_sizes_keeps_each_sample_in_its_form(coco):
             assert batch["image"].shape[1:3] == tuple(batch["image_sizes"].max(0).values.tolist())
 
 
+def _same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    elif isinstance(a, dict):
+        assert sorted(a) == sorted(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("fmt", ["dict", "torchvision"])
+def test_the_loaders_flip_on_mixed_sizes_writes_each_image_once_in_the_gather(coco, monkeypatch, fmt):
+    """A flip-only chain on mixed sizes runs in the Loader's gather: each image is written once, flipped or
+    not, from its view of the shard straight into its place in the packed batch (it used to be packed, then
+    copied again into a new batch by the transform after the gather); the batches equal that older path's
+    (the same draws), masks, joints, boxes and the geometry record with them."""
+    from dsc.formats.fields.pixels import PixelsReader
+    from dsc.runtime.dataset import Dataset
+    from dsc.transforms import resample
+
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    writes, after = [], []
+    pack, own = PixelsReader.pack, resample._each_own_size
+
+    def counting_pack(self, idx, alloc, reads=None, write=None):
+        def counted(k, view, dest):
+            writes.append((self.name, int(idx[k])))
+            write(k, view, dest)
+        return pack(self, idx, alloc, reads, counted if write is not None else None)
+
+    monkeypatch.setattr(PixelsReader, "pack", counting_pack)
+    monkeypatch.setattr(resample, "_each_own_size", lambda *a: (after.append(a[1]), own(*a))[1])
+
+    def epoch(in_gather: bool):
+        monkeypatch.setattr(Dataset, "gathers_own_sizes", in_gather)
+        loader = dsc.Loader(ds, batch_size=4, order="random", seed=5, num_threads=0, format=fmt,
+                            transforms=[T.RandomHorizontalFlip()])
+        return list(loader)
+
+    new = epoch(True)
+    assert sorted(writes) == sorted((k, i) for k in ("image", "mask") for i in range(len(ds))) and not after
+    writes.clear()
+    old = epoch(False)
+    assert not writes and sorted(after) == ["image", "image", "mask", "mask"]
+    _same(new, old)
+    flipped = [bool(f) for b in new for f in (b["flipped"] if fmt == "dict" else [t["flipped"] for t in b[1]])]
+    assert any(flipped) and not all(flipped)
+
+
 def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
     """An image stored raw with EXIF orientation 6 whose COCO entry declares the raw size: its polygon and
     keypoints are in the raw frame and turn with the image (the boxes' rule)."""
