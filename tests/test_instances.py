@@ -395,6 +395,33 @@ def test_verify_info_view_update_and_preview(coco, tmp_path):
     assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
 
 
+def test_an_update_asks_each_field_whether_its_rows_are_placed_at_decode(coco, tmp_path):
+    """Per-object masks and joints are placed while decoding (the field kinds say so: ``placed_at_decode``, not a
+    list of kind names in the update): an --update of a set with instance masks only (no semantic mask, which
+    re-decodes on its own) re-places a re-annotated object's mask and joints."""
+    import shutil
+
+    from dsc.formats.fields import FIELD_KINDS
+
+    assert {k for k, cls in FIELD_KINDS.items() if cls.placed_at_decode} == {"object_masks", "keypoints"}
+    ann, images, _, _ = coco
+    out = tmp_path / "inst"
+    base = dsc.compile_coco(ann, images, out, masks="instance", progress=False, workers=1).version
+    src = tmp_path / "src"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = data["annotations"][0]
+    first["segmentation"] = [[2, 2, 12, 2, 12, 12, 2, 12]]
+    first["bbox"], first["keypoints"][:3] = [2, 2, 10, 10], [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    dsc.compile_coco(src / ann.name, src / "images", out, masks="instance", update=True, progress=False, workers=1)
+    new, api2 = dsc.open(out), pycoco.COCO(str(src / ann.name))
+    assert "mask" not in new.schema and new.version == base + 1
+    changed = [new[i] for i in range(len(new)) if int(new[i]["image_id"]) == first["image_id"]][0]
+    np.testing.assert_array_equal(changed["masks"][0].numpy(), api2.annToMask(first))
+    assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
+
+
 class Rot90(T.Geometric):
     """A map-only op (no steps: the batched path) that is not axis-aligned: a quarter turn counter-clockwise."""
 

@@ -145,6 +145,7 @@ class KeypointsReader(Reader):
 
 class KeypointsField(Field):
     kind = ROLE
+    placed_at_decode = True
     in_fields = True
 
     def __init__(self, spec: KeypointsSpec, name: str = "keypoints"):

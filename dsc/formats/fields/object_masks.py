@@ -178,6 +178,7 @@ def image_size(batch: dict, k: int) -> tuple[int, int]:
 
 class ObjectMasksField(Field):
     kind = ROLE
+    placed_at_decode = True
     in_fields = True
 
     def __init__(self, name: str = "masks"):
