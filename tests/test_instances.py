@@ -749,6 +749,42 @@ def test_flip_permutation_from_name_conventions_and_the_coco_option(coco, tmp_pa
         dsc.compile_coco(tmp_path / "anon.json", images, tmp_path / "bad", keypoint_flip="0,1", progress=False)
 
 
+def test_one_rule_resolves_the_flip_permutation_for_every_source(monkeypatch):
+    """``resolve_flip`` decides for COCO, YOLO and ``dsc.compile(dataset)`` alike: the source's own permutation
+    (checked), else the names' one, one joint itself, else unknown; each source asks it (counted)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dsc.compiler.sources import coco as coco_src, dataset as dataset_src, yolo as yolo_src
+    from dsc.formats.fields.keypoints import resolve_flip
+
+    assert resolve_flip(3, [0, 2, 1], ["a", "b", "c"]) == (0, 2, 1)
+    assert resolve_flip(3, None, ["nose", "left_eye", "right_eye"]) == (0, 2, 1)
+    assert resolve_flip(3) is None and resolve_flip(3, None, ["a", "b", "c"]) is None and resolve_flip(1) == (0,)
+    for bad in ([0, 1], [0, 0, 1], "0,2,1", 5):
+        with pytest.raises(ValueError, match="each of the 3 keypoints once"):
+            resolve_flip(3, bad)
+    asked = []
+
+    def spy(*a, **k):
+        asked.append(a)
+        return resolve_flip(*a, **k)
+
+    for mod in (coco_src, yolo_src, dataset_src):
+        monkeypatch.setattr(mod, "resolve_flip", spy)
+    names = ["nose", "left_eye", "right_eye"]
+    data = {"categories": [{"id": 1, "name": "person", "keypoints": names}], "annotations": []}
+    assert coco_src._keypoints_spec(Path("a.json"), data).flip_index == (0, 2, 1)
+    assert yolo_src._pose(Path("data.yaml"), {"kpt_shape": [3, 3], "flip_idx": [0, 2, 1]})[0].flip_index == (0, 2, 1)
+    assert yolo_src._pose(Path("data.yaml"), {"kpt_shape": [3, 3]})[0].flip_index is None
+    source = SimpleNamespace(keypoint_names=names)
+    assert dataset_src._keypoints_spec(source, SimpleNamespace(keypoints=np.zeros((1, 3, 3)))).flip_index == (0, 2, 1)
+    assert len(asked) == 4
+    with pytest.raises(dsc.errors.SourceError, match="keypoint_flip_index"):
+        dataset_src._keypoints_spec(SimpleNamespace(keypoint_flip_index=[0, 1, 1]),
+                                    SimpleNamespace(keypoints=np.zeros((1, 3, 3))))
+
+
 def test_short_polygon_parts_draw_as_pycocotools_does(coco, tmp_path):
     """A polygon part of fewer than 3 points draws nothing and an odd last number is dropped, as pycocotools'
     frPoly does (annToMask where it draws: such a part after a full polygon); a first part of 4 numbers, on
