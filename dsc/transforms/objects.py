@@ -223,19 +223,20 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
 
 
 # ----------------------------------------------------------------------------- boxes
-def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> torch.Tensor:
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None, fwd=None,
+                    sample=None) -> torch.Tensor:
     """Boxes through the forward maps, clipped to the output (``out_w``, ``out_h``: one size, or (B,) per
     sample); boxes left without area (or False in ``keep``, per box: an op that drops boxes itself) are
     dropped with every per-box row, and ``box_offsets`` rewritten (batched, no loop per box). Returns which
-    were kept."""
+    were kept. ``fwd`` (the inverses of ``M``) and ``sample`` (each box's sample): when the caller has them."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
     dev = batch["boxes"].device
     box_keys = [k for k in box_keys if k in batch]
     counts = (offsets[1:] - offsets[:-1]).cpu()
-    fwd = torch.linalg.inv(M).to(dev)  # input pixel -> output pixel
-    sample = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
+    fwd = (torch.linalg.inv(M) if fwd is None else fwd).to(dev)  # input pixel -> output pixel
+    sample = (torch.repeat_interleave(torch.arange(len(counts)), counts) if sample is None else sample).to(dev)
     b = batch["boxes"].double()
     xs = torch.stack([b[:, 0], b[:, 2], b[:, 0], b[:, 2]], 1)
     ys = torch.stack([b[:, 1], b[:, 1], b[:, 3], b[:, 3]], 1)
@@ -313,7 +314,7 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     outs = _out_sizes(plan, len(counts)).double()
     out_h, out_w = outs[:, 0], outs[:, 1]
     keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(),  # filters keypoints too
-                           keep=getattr(plan, "keep", None)).cpu()
+                           keep=getattr(plan, "keep", None), fwd=fwd, sample=sample).cpu()
     masks = [k for k in schema.object_masks() if k in batch]
     if masks:
         maps = nearest_maps(plan, sizes)
