@@ -609,6 +609,35 @@ def test_the_loaders_flip_on_mixed_sizes_writes_each_image_once_in_the_gather(co
     assert any(flipped) and not all(flipped)
 
 
+def test_a_flip_run_in_the_gather_mirrors_each_crop_as_it_is_unpacked(coco, monkeypatch):
+    """A flip-only plan given to the gather mirrors each object's mask crop (and its rectangle) while unpacking
+    it, so no pass over the crops is left for after the gather (counted: only the identity compaction of a
+    dropped box's row runs); the batch equals the plan applied after a plain gather, with a box the plan drops."""
+    import dataclasses
+
+    from dsc.transforms import objects
+    from dsc.transforms.fused import plan_chain
+    from dsc.transforms.resample import apply_plan
+
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    idx = [0, 1, 2, 3, 4]
+    plan = plan_chain([T.RandomHorizontalFlip()], ds.sample_sizes(idx), batch_generator(0, 0, 1, 0))
+    assert 0 < int(plan.hflip.sum()) < len(idx)
+    n = int(ds.get_batch(idx)["box_offsets"][-1])
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[3] = False
+    plan = dataclasses.replace(plan, keep=keep)
+    moves, flip = [], objects._flip_object_masks
+    monkeypatch.setattr(objects, "_flip_object_masks", lambda b, k, maps, *a: (
+        moves.append(any(m[0] or m[1] for m in maps)), flip(b, k, maps, *a))[1])
+    got = ds.get_batch(idx, geometry=plan)
+    assert moves == [False]  # the dropped box's row left out; no crop reversed after the gather
+    ref = apply_plan(plan, ds.get_batch(idx), ds.schema)
+    assert moves == [False, True] and len(ref["masks_rects"]) == n - 1
+    _same({k: v for k, v in got.items() if k != "index"}, {k: v for k, v in ref.items() if k != "index"})
+
+
 def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
     """An image stored raw with EXIF orientation 6 whose COCO entry declares the raw size: its polygon and
     keypoints are in the raw frame and turn with the image (the boxes' rule)."""

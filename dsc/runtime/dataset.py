@@ -29,7 +29,7 @@ from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, Sample, SampleBatch, as_ten
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import run_batch, run_program
-from ..transforms.objects import move_objects
+from ..transforms.objects import flip_only, move_objects
 from ..transforms.resample import apply_plan
 from .remote import open_remote
 from .schedule import shard_needs
@@ -424,6 +424,12 @@ class Dataset(torch.utils.data.Dataset):
             torch.equal(geometry.out_sizes.long(), geometry.sizes.long()) and \
             all(getattr(self.readers[k], "px", None) is not None and not self.readers[k].px.px.fixed
                 for k in self.schema.pixels() if k in self.readers)
+        placed: tuple = ()
+        if in_place:  # flips only: each object's mask crop mirrored as it is unpacked (no second pass)
+            flips = flip_only(geometry)
+            if flips is not None:
+                forms["object_flips"] = flips
+                placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
@@ -435,7 +441,7 @@ class Dataset(torch.utils.data.Dataset):
         if own_sizes and not in_place:  # each sample keeps its size: transformed after the gather, in its packed form
             apply_plan(geometry, batch, self.schema)
         elif geometry is not None:  # boxes, per-box rows, object masks, keypoints; the record (affine, flipped)
-            move_objects(batch, geometry, self.schema)
+            move_objects(batch, geometry, self.schema, placed=placed)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed

@@ -297,11 +297,22 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Ten
 
 
 # ----------------------------------------------------------------------------- all of them
+def flip_only(plan: ChainPlan) -> np.ndarray | None:
+    """(B, 4) int64 (flip rows, flip columns, height, width) of each sample when every program of ``plan`` only
+    flips (torchvision's detection recipe), else None."""
+    if plan.programs is None or not all(step[0] == "flip" for p in plan.programs for step in p):
+        return None
+    maps = nearest_maps(plan, plan.sizes)
+    return np.asarray([tuple(m) for m in maps], np.int64).reshape(-1, 4)
+
+
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None,
-                 record: bool = True) -> None:
+                 record: bool = True, placed: tuple = ()) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
     samples' (h, w) before the chain (default: the plan's). ``record=False``: ``batch`` is not a batch of
-    samples (Mosaic's placements), so no record of its geometry is made."""
+    samples (Mosaic's placements), so no record of its geometry is made. ``placed``: object-mask keys the
+    gather already moved through ``plan`` (mirrored while unpacked, :func:`flip_only`): they only lose the
+    rows of dropped boxes."""
     fwd = torch.linalg.inv(plan.matrices)  # input pixel -> output pixel, per sample
     if record:
         record_geometry(batch, plan, schema, fwd)
@@ -315,11 +326,16 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     out_h, out_w = outs[:, 0], outs[:, 1]
     keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(),  # filters keypoints too
                            keep=getattr(plan, "keep", None), fwd=fwd, sample=sample).cpu()
-    masks = [k for k in schema.object_masks() if k in batch]
+    masks = [k for k in schema.object_masks() if k in batch and k not in placed]
     if masks:
         maps = nearest_maps(plan, sizes)
         for k in masks:
             move_object_masks(batch, k, maps, sample.numpy(), keep.numpy())
+    dropped = [k for k in placed if k in batch] if not bool(keep.all()) else []
+    if dropped:  # (no move left: each sample's map the identity, the kept crops' runs copied)
+        still = [Flips(False, False, int(h), int(w)) for h, w in _out_sizes(plan, len(counts)).tolist()]
+        for k in dropped:
+            _flip_object_masks(batch, k, still, sample.numpy(), keep.numpy())
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:
         kept = sample[keep]
