@@ -395,6 +395,33 @@ def test_verify_info_view_update_and_preview(coco, tmp_path):
     assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
 
 
+def test_an_update_asks_each_field_whether_its_rows_are_placed_at_decode(coco, tmp_path):
+    """Per-object masks and joints are placed while decoding (the field kinds say so: ``placed_at_decode``, not a
+    list of kind names in the update): an --update of a set with instance masks only (no semantic mask, which
+    re-decodes on its own) re-places a re-annotated object's mask and joints."""
+    import shutil
+
+    from dsc.formats.fields import FIELD_KINDS
+
+    assert {k for k, cls in FIELD_KINDS.items() if cls.placed_at_decode} == {"object_masks", "keypoints"}
+    ann, images, _, _ = coco
+    out = tmp_path / "inst"
+    base = dsc.compile_coco(ann, images, out, masks="instance", progress=False, workers=1).version
+    src = tmp_path / "src"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = data["annotations"][0]
+    first["segmentation"] = [[2, 2, 12, 2, 12, 12, 2, 12]]
+    first["bbox"], first["keypoints"][:3] = [2, 2, 10, 10], [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    dsc.compile_coco(src / ann.name, src / "images", out, masks="instance", update=True, progress=False, workers=1)
+    new, api2 = dsc.open(out), pycoco.COCO(str(src / ann.name))
+    assert "mask" not in new.schema and new.version == base + 1
+    changed = [new[i] for i in range(len(new)) if int(new[i]["image_id"]) == first["image_id"]][0]
+    np.testing.assert_array_equal(changed["masks"][0].numpy(), api2.annToMask(first))
+    assert changed["keypoints"][0, 0].tolist() == [5.5, 6.5, 2.0]
+
+
 class Rot90(T.Geometric):
     """A map-only op (no steps: the batched path) that is not axis-aligned: a quarter turn counter-clockwise."""
 
@@ -524,6 +551,91 @@ def test_a_flip_on_mixed_sizes_keeps_each_sample_in_its_form(coco):
                                           s["masks"].numpy()[:, :, ::-1])
         if form == "padded":
             assert batch["image"].shape[1:3] == tuple(batch["image_sizes"].max(0).values.tolist())
+
+
+def _same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    elif isinstance(a, dict):
+        assert sorted(a) == sorted(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("fmt", ["dict", "torchvision"])
+def test_the_loaders_flip_on_mixed_sizes_writes_each_image_once_in_the_gather(coco, monkeypatch, fmt):
+    """A flip-only chain on mixed sizes runs in the Loader's gather: each image is written once, flipped or
+    not, from its view of the shard straight into its place in the packed batch (it used to be packed, then
+    copied again into a new batch by the transform after the gather); the batches equal that older path's
+    (the same draws), masks, joints, boxes and the geometry record with them."""
+    from dsc.formats.fields.pixels import PixelsReader
+    from dsc.runtime.dataset import Dataset
+    from dsc.transforms import resample
+
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    writes, after = [], []
+    pack, own = PixelsReader.pack, resample._each_own_size
+
+    def counting_pack(self, idx, alloc, reads=None, write=None):
+        def counted(k, view, dest):
+            writes.append((self.name, int(idx[k])))
+            write(k, view, dest)
+        return pack(self, idx, alloc, reads, counted if write is not None else None)
+
+    monkeypatch.setattr(PixelsReader, "pack", counting_pack)
+    monkeypatch.setattr(resample, "_each_own_size", lambda *a: (after.append(a[1]), own(*a))[1])
+
+    def epoch(in_gather: bool):
+        monkeypatch.setattr(Dataset, "gathers_own_sizes", in_gather)
+        loader = dsc.Loader(ds, batch_size=4, order="random", seed=5, num_threads=0, format=fmt,
+                            transforms=[T.RandomHorizontalFlip()])
+        return list(loader)
+
+    new = epoch(True)
+    assert sorted(writes) == sorted((k, i) for k in ("image", "mask") for i in range(len(ds))) and not after
+    writes.clear()
+    old = epoch(False)
+    assert not writes and sorted(after) == ["image", "image", "mask", "mask"]
+    _same(new, old)
+    flipped = [bool(f) for b in new for f in (b["flipped"] if fmt == "dict" else [t["flipped"] for t in b[1]])]
+    assert any(flipped) and not all(flipped)
+
+
+def test_a_flip_run_in_the_gather_mirrors_each_crop_as_it_is_unpacked(coco, monkeypatch):
+    """A flip-only plan given to the gather mirrors each object's mask crop (and its rectangle) while unpacking
+    it, so no pass over the crops is left for after the gather (counted: only the identity compaction of a
+    dropped box's row runs); the batch equals the plan applied after a plain gather, with a box the plan drops."""
+    import dataclasses
+
+    from dsc.transforms import objects
+    from dsc.transforms.fused import plan_chain
+    from dsc.transforms.resample import apply_plan
+
+    ann, images, out, api = coco
+    ds = dsc.open(out)
+    idx = [0, 1, 2, 3, 4]
+    plan = plan_chain([T.RandomHorizontalFlip()], ds.sample_sizes(idx), batch_generator(0, 0, 1, 0))
+    assert 0 < int(plan.hflip.sum()) < len(idx)
+    n = int(ds.get_batch(idx)["box_offsets"][-1])
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[3] = False
+    plan = dataclasses.replace(plan, keep=keep)
+    moves, flip = [], objects._flip_object_masks
+    monkeypatch.setattr(objects, "_flip_object_masks", lambda b, k, maps, *a: (
+        moves.append(any(m[0] or m[1] for m in maps)), flip(b, k, maps, *a))[1])
+    got = ds.get_batch(idx, geometry=plan)
+    assert moves == [False]  # the dropped box's row left out; no crop reversed after the gather
+    ref = apply_plan(plan, ds.get_batch(idx), ds.schema)
+    assert moves == [False, True] and len(ref["masks_rects"]) == n - 1
+    _same({k: v for k, v in got.items() if k != "index"}, {k: v for k, v in ref.items() if k != "index"})
 
 
 def test_annotations_in_the_raw_frame_turn_with_the_image(tmp_path):
@@ -664,6 +776,42 @@ def test_flip_permutation_from_name_conventions_and_the_coco_option(coco, tmp_pa
     assert dsc.open(tmp_path / "given").manifest.fields["keypoints"]["flip_index"] == FLIP_INDS
     with pytest.raises(dsc.errors.SourceError, match="give each of the 17 keypoints"):
         dsc.compile_coco(tmp_path / "anon.json", images, tmp_path / "bad", keypoint_flip="0,1", progress=False)
+
+
+def test_one_rule_resolves_the_flip_permutation_for_every_source(monkeypatch):
+    """``resolve_flip`` decides for COCO, YOLO and ``dsc.compile(dataset)`` alike: the source's own permutation
+    (checked), else the names' one, one joint itself, else unknown; each source asks it (counted)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dsc.compiler.sources import coco as coco_src, dataset as dataset_src, yolo as yolo_src
+    from dsc.formats.fields.keypoints import resolve_flip
+
+    assert resolve_flip(3, [0, 2, 1], ["a", "b", "c"]) == (0, 2, 1)
+    assert resolve_flip(3, None, ["nose", "left_eye", "right_eye"]) == (0, 2, 1)
+    assert resolve_flip(3) is None and resolve_flip(3, None, ["a", "b", "c"]) is None and resolve_flip(1) == (0,)
+    for bad in ([0, 1], [0, 0, 1], "0,2,1", 5):
+        with pytest.raises(ValueError, match="each of the 3 keypoints once"):
+            resolve_flip(3, bad)
+    asked = []
+
+    def spy(*a, **k):
+        asked.append(a)
+        return resolve_flip(*a, **k)
+
+    for mod in (coco_src, yolo_src, dataset_src):
+        monkeypatch.setattr(mod, "resolve_flip", spy)
+    names = ["nose", "left_eye", "right_eye"]
+    data = {"categories": [{"id": 1, "name": "person", "keypoints": names}], "annotations": []}
+    assert coco_src._keypoints_spec(Path("a.json"), data).flip_index == (0, 2, 1)
+    assert yolo_src._pose(Path("data.yaml"), {"kpt_shape": [3, 3], "flip_idx": [0, 2, 1]})[0].flip_index == (0, 2, 1)
+    assert yolo_src._pose(Path("data.yaml"), {"kpt_shape": [3, 3]})[0].flip_index is None
+    source = SimpleNamespace(keypoint_names=names)
+    assert dataset_src._keypoints_spec(source, SimpleNamespace(keypoints=np.zeros((1, 3, 3)))).flip_index == (0, 2, 1)
+    assert len(asked) == 4
+    with pytest.raises(dsc.errors.SourceError, match="keypoint_flip_index"):
+        dataset_src._keypoints_spec(SimpleNamespace(keypoint_flip_index=[0, 1, 1]),
+                                    SimpleNamespace(keypoints=np.zeros((1, 3, 3))))
 
 
 def test_short_polygon_parts_draw_as_pycocotools_does(coco, tmp_path):

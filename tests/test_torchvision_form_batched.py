@@ -26,7 +26,7 @@ def _reference(batch):
     through object_masks (crowds left out)."""
     images = [_chw_float(x) for x in sample_pixels(batch, "image")]
     o = batch["box_offsets"].tolist()
-    masks = [object_masks(batch, "masks", k, keep=batch["iscrowd"][o[k]:o[k + 1]] == 0) for k in range(len(o) - 1)]
+    masks = [object_masks(batch, "masks", k)[batch["iscrowd"][o[k]:o[k + 1]] == 0] for k in range(len(o) - 1)]
     return images, masks
 
 

@@ -193,7 +193,7 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
     fp = base.fingerprint
     labels = base.readers["label"].labels if "label" in base.readers else None
     segments_mask = masks and any(r.mask == "" for r in records)  # masks drawn from the annotations (COCO)
-    if any(d.get("kind") in ("object_masks", "keypoints") for d in m.fields.values()):
+    if any(f.placed_at_decode for f in base.fields):
         segments_mask = True  # per-object masks and joints are placed while decoding: a new annotation decodes again
 
     def annotation_changed(rec, r: int) -> bool:

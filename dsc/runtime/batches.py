@@ -113,25 +113,16 @@ def value_keys(schema: Schema) -> list[str]:
     return [k for k, r in schema.items() if r.kind in ("value", "ragged", "host")]
 
 
-def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | None = None,
-                 keep: torch.Tensor | None = None) -> torch.Tensor:
+def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | None = None) -> torch.Tensor:
     """Sample ``k``'s per-object masks (k, H, W) uint8 from a packed batch (``H, W``: its image's size unless
-    given, e.g. a padded canvas; ``keep``: only those of its objects)."""
+    given, e.g. a padded canvas)."""
     o = batch["box_offsets"]
     a, b = int(o[k]), int(o[k + 1])
     mo = batch[f"{key}_offsets"]
     if h is None:
         h, w = image_size(batch, k)
     offsets, rects = mo[a:b + 1] - mo[a], batch[f"{key}_rects"][a:b]
-    flat = batch[key][int(mo[a]):int(mo[b])]
-    if keep is not None:  # the kept crops, back to back
-        starts, ends = offsets[:-1][keep].tolist(), offsets[1:][keep].tolist()
-        flat = torch.cat([flat[x:y] for x, y in zip(starts, ends)]) if starts else flat[:0]
-        sizes = torch.tensor([y - x for x, y in zip(starts, ends)], dtype=torch.int64)
-        offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
-        torch.cumsum(sizes, 0, out=offsets[1:])
-        rects = rects[keep]
-    return paste(flat, offsets, rects, h, w)
+    return paste(batch[key][int(mo[a]):int(mo[b])], offsets, rects, h, w)
 
 
 def _object_masks_form(batch: dict, schema: Schema, form: str, alloc=new_tensor) -> dict:

@@ -28,8 +28,8 @@ from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, Sample, SampleBatch, as_ten
                       torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
-from ..transforms.fused import run_batch
-from ..transforms.objects import move_objects
+from ..transforms.fused import run_batch, run_program
+from ..transforms.objects import flip_only, move_objects
 from ..transforms.resample import apply_plan
 from .remote import open_remote
 from .schedule import shard_needs
@@ -73,6 +73,10 @@ class Dataset(torch.utils.data.Dataset):
     (numbers, arrays, ragged rows, text, json, bytes: ``formats/fields/columns.py``). ``boxes`` picks the detection batch
     form (packed | padded | list) and ``images`` how ragged images batch (packed bytes + shapes, or padded
     to the batch's largest + true sizes)."""
+
+    # its gather runs a size-keeping chain (flips) on mixed sizes straight into the packed batch (the Loader
+    # then hands it the chain: Compose.gather_plan(keep_sizes=True))
+    gathers_own_sizes = True
 
     def __init__(self, path: str | os.PathLike, boxes: str = "packed", images: str = "packed",
                  version: int | None = None, tag: str | None = None, cache_dir: str | os.PathLike | None = None,
@@ -422,16 +426,30 @@ class Dataset(torch.utils.data.Dataset):
             raise DscError("ragged images need a fixed-size geometric op (RandomResizedCrop, Resize((h, w)), "
                            "CenterCrop, Letterbox) before ToFloat")
         pixels = self.schema.pixels() if (geometry is not None and not own_sizes) or post is not None else {}
+        # a size-keeping chain (flips) on packed ragged pixels: each sample through its program straight from
+        # its view of the shard into its place in the packed batch (one copy, as a plain gather makes)
+        in_place = own_sizes and forms["images"] == "packed" and geometry.programs is not None and \
+            torch.equal(geometry.out_sizes.long(), geometry.sizes.long()) and \
+            all(getattr(self.readers[k], "px", None) is not None and not self.readers[k].px.px.fixed
+                for k in self.schema.pixels() if k in self.readers)
+        placed: tuple = ()
+        if in_place:  # flips only: each object's mask crop mirrored as it is unpacked (no second pass)
+            flips = flip_only(geometry)
+            if flips is not None:
+                forms["object_flips"] = flips
+                placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
+            elif in_place and name in self.schema.pixels():
+                fields.update(r.px.pack(rows, np_alloc, reads, write=_program_writer(geometry, self.schema[name])))
             else:
                 fields.update(r.gather(rows, np_alloc, forms))
         batch = Batch(as_tensors(fields, tensors), schema=self.schema)
-        if own_sizes:  # each sample keeps its size: transformed after the gather, in its packed form
+        if own_sizes and not in_place:  # each sample keeps its size: transformed after the gather, in its packed form
             apply_plan(geometry, batch, self.schema)
         elif geometry is not None:  # boxes, per-box rows, object masks, keypoints; the record (affine, flipped)
-            move_objects(batch, geometry, self.schema)
+            move_objects(batch, geometry, self.schema, placed=placed)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed
@@ -467,6 +485,16 @@ class Dataset(torch.utils.data.Dataset):
                 sample.update(r.split(packed, k))
             samples.append(sample)
         return SampleBatch(samples, fields)
+
+
+def _program_writer(plan, role):
+    """``write(k, view, dest)`` for a packed gather (``PixelsReader.pack``): sample ``k``'s stored view through
+    its program of ``plan`` into ``dest`` (its place in the packed batch, at its own size)."""
+    nearest = role.resample == "nearest"
+
+    def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
+        run_program(torch.from_numpy(view), plan.programs[k], torch.from_numpy(dest), nearest, role.fill)
+    return write
 
 
 def open(path: str | os.PathLike, boxes: str = "packed", images: str = "packed", version: int | None = None,  # noqa: A001

@@ -98,7 +98,8 @@ class _EpochState:
         self.geometry = self.post = None
         self.start = 0
         if self.compose is not None:
-            self.geometry, self.post, self.start = self.compose.gather_plan(photometric=loader.device.type != "cuda")
+            self.geometry, self.post, self.start = self.compose.gather_plan(
+                photometric=loader.device.type != "cuda", keep_sizes=getattr(loader.dataset, "gathers_own_sizes", False))
         self.forms = (loader._gather_boxes, loader.images)
         self.after_boxes = getattr(loader, "_after_boxes", None)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)

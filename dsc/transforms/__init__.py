@@ -29,7 +29,7 @@ from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
 from .resample import apply_geometric
-from .fused import fixes_size
+from .fused import fixes_size, keeps_sizes
 from . import presets
 
 
@@ -117,15 +117,18 @@ class Compose:
                 self.stages.append(("op", run))
                 i += 1
 
-    def gather_plan(self, photometric: bool = True):
-        """What a gather can run per sample: (the leading geometric ops when every one has steps, else None;
-        the photometric pass after them when ``photometric``, else None; the index of the first stage left
-        for the batch)."""
+    def gather_plan(self, photometric: bool = True, keep_sizes: bool = False):
+        """What a gather can run per sample: (the leading geometric ops when every one has steps and the chain
+        ends at one size, or, with ``keep_sizes`` (the gather packs mixed sizes in place: a Dataset's), keeps
+        each sample's own size (flips), else None; the photometric pass after a one-size chain when
+        ``photometric``, else None; the index of the first stage left for the batch)."""
         k, geometry, post = 0, None, None
-        if self.stages and self.stages[0][0] == "geometric" and all(op.fusable for op in self.stages[0][1]) \
-                and fixes_size(self.stages[0][1]):
-            geometry, k = self.stages[0][1], 1
-        if photometric and k < len(self.stages) and self.stages[k][0] == "pixels" and (geometry or k == 0):
+        one_size = False
+        if self.stages and self.stages[0][0] == "geometric" and all(op.fusable for op in self.stages[0][1]):
+            one_size = fixes_size(self.stages[0][1])
+            if one_size or (keep_sizes and keeps_sizes(self.stages[0][1])):
+                geometry, k = self.stages[0][1], 1
+        if photometric and k < len(self.stages) and self.stages[k][0] == "pixels" and (one_size or k == 0):
             post, k = self.stages[k][1], k + 1
         return geometry, post, k
 

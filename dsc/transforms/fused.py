@@ -147,6 +147,18 @@ def fixes_size(ops: list[Geometric]) -> bool:
     return probe.out is not None
 
 
+def keeps_sizes(ops: list[Geometric]) -> bool:
+    """Whether the chain leaves every sample at its own size with integer programs (flips): a gather can then
+    run it into the packed ragged batch, each sample straight into its place (a draw that turns out otherwise,
+    e.g. a RandomChoice's other branch, is run after the gather: the gather checks each batch's plan)."""
+    sizes = torch.tensor([[37, 91], [120, 55], [64, 64]])
+    try:
+        probe = plan_chain(ops, sizes, torch.Generator().manual_seed(0))
+    except ConfigError:
+        return False
+    return probe.out is None and probe.programs is not None and torch.equal(probe.out_sizes, sizes)
+
+
 def mirrors_x(m: torch.Tensor) -> torch.Tensor:
     """(B,) bool: which of the (B, 3, 3) maps mirror horizontally (a negative determinant and a negative x
     scale: a horizontal flip; a vertical flip mirrors y only). An op may say it itself: ``hflips(sizes, params)``."""

@@ -223,19 +223,20 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
 
 
 # ----------------------------------------------------------------------------- boxes
-def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None) -> torch.Tensor:
+def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=None, fwd=None,
+                    sample=None) -> torch.Tensor:
     """Boxes through the forward maps, clipped to the output (``out_w``, ``out_h``: one size, or (B,) per
     sample); boxes left without area (or False in ``keep``, per box: an op that drops boxes itself) are
     dropped with every per-box row, and ``box_offsets`` rewritten (batched, no loop per box). Returns which
-    were kept."""
+    were kept. ``fwd`` (the inverses of ``M``) and ``sample`` (each box's sample): when the caller has them."""
     if "box_offsets" not in batch:
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
     dev = batch["boxes"].device
     box_keys = [k for k in box_keys if k in batch]
     counts = (offsets[1:] - offsets[:-1]).cpu()
-    fwd = torch.linalg.inv(M).to(dev)  # input pixel -> output pixel
-    sample = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
+    fwd = (torch.linalg.inv(M) if fwd is None else fwd).to(dev)  # input pixel -> output pixel
+    sample = (torch.repeat_interleave(torch.arange(len(counts)), counts) if sample is None else sample).to(dev)
     b = batch["boxes"].double()
     xs = torch.stack([b[:, 0], b[:, 2], b[:, 0], b[:, 2]], 1)
     ys = torch.stack([b[:, 1], b[:, 1], b[:, 3], b[:, 3]], 1)
@@ -296,11 +297,22 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Ten
 
 
 # ----------------------------------------------------------------------------- all of them
+def flip_only(plan: ChainPlan) -> np.ndarray | None:
+    """(B, 4) int64 (flip rows, flip columns, height, width) of each sample when every program of ``plan`` only
+    flips (torchvision's detection recipe), else None."""
+    if plan.programs is None or not all(step[0] == "flip" for p in plan.programs for step in p):
+        return None
+    maps = nearest_maps(plan, plan.sizes)
+    return np.asarray([tuple(m) for m in maps], np.int64).reshape(-1, 4)
+
+
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None,
-                 record: bool = True) -> None:
+                 record: bool = True, placed: tuple = ()) -> None:
     """Every per-object key of a packed batch through ``plan`` (see the module docstring). ``sizes``: the
     samples' (h, w) before the chain (default: the plan's). ``record=False``: ``batch`` is not a batch of
-    samples (Mosaic's placements), so no record of its geometry is made."""
+    samples (Mosaic's placements), so no record of its geometry is made. ``placed``: object-mask keys the
+    gather already moved through ``plan`` (mirrored while unpacked, :func:`flip_only`): they only lose the
+    rows of dropped boxes."""
     fwd = torch.linalg.inv(plan.matrices)  # input pixel -> output pixel, per sample
     if record:
         record_geometry(batch, plan, schema, fwd)
@@ -313,12 +325,17 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     outs = _out_sizes(plan, len(counts)).double()
     out_h, out_w = outs[:, 0], outs[:, 1]
     keep = transform_boxes(batch, plan.matrices, out_w, out_h, schema.box_rows(),  # filters keypoints too
-                           keep=getattr(plan, "keep", None)).cpu()
-    masks = [k for k in schema.object_masks() if k in batch]
+                           keep=getattr(plan, "keep", None), fwd=fwd, sample=sample).cpu()
+    masks = [k for k in schema.object_masks() if k in batch and k not in placed]
     if masks:
         maps = nearest_maps(plan, sizes)
         for k in masks:
             move_object_masks(batch, k, maps, sample.numpy(), keep.numpy())
+    dropped = [k for k in placed if k in batch] if not bool(keep.all()) else []
+    if dropped:  # (no move left: each sample's map the identity, the kept crops' runs copied)
+        still = [Flips(False, False, int(h), int(w)) for h, w in _out_sizes(plan, len(counts)).tolist()]
+        for k in dropped:
+            _flip_object_masks(batch, k, still, sample.numpy(), keep.numpy())
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:
         kept = sample[keep]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names, unknown_flip_warning
+from ...formats.fields.keypoints import KeypointsSpec, resolve_flip, unknown_flip_warning
 from .base import ALLOW_OUTSIDE, DROP_EMPTY, MaskInfo, Param, Record, ScannedSource, Source, Target, read_input
 from .imagefolder import is_image_file
 from .inputs import check_input, identity, is_remote, join, list_objects, name_of, relative
@@ -233,18 +233,6 @@ def scan_coco(annotations: str | os.PathLike, images: str | os.PathLike, keep_ca
                  **({"keypoints": K} if K else {})})
 
 
-def _flip_option(ann_path, keypoint_flip, K: int) -> tuple[int, ...]:
-    """``--keypoint-flip 0,2,1,...``: checked to be a permutation of the K joints."""
-    try:
-        flip = tuple(int(v) for v in keypoint_flip)
-    except (TypeError, ValueError):
-        flip = None
-    if flip is None or sorted(flip) != list(range(K)):
-        raise SourceError(f"--keypoint-flip {','.join(map(str, keypoint_flip))}: give each of the {K} keypoints of "
-                          f"{name_of(str(ann_path))} once (0-based, the joint each becomes under a horizontal flip)")
-    return flip
-
-
 def _keypoints_spec(ann_path: Path, data: dict, keypoint_flip=None) -> KeypointsSpec | None:
     """The keypoints every annotation has K of, named by the categories that name them; None without any."""
     named = [c for c in data["categories"] if isinstance(c, dict) and c.get("keypoints")]
@@ -267,10 +255,14 @@ def _keypoints_spec(ann_path: Path, data: dict, keypoint_flip=None) -> Keypoints
     skeleton = named[0].get("skeleton") or [] if named else []
     try:
         edges = tuple((int(a) - 1, int(b) - 1) for a, b in skeleton)  # COCO's skeleton is 1-based
-        flip = flip_index_from_names(names or ["0"] * K) if names or K == 1 else None
     except Exception as e:  # noqa: BLE001 - a malformed skeleton: one line
         raise SourceError(f"{ann_path}: the keypoints' skeleton is not pairs of 1-based joint numbers ({e})") from None
-    flip = _flip_option(ann_path, keypoint_flip, K) if keypoint_flip else flip
+    try:
+        flip = resolve_flip(K, keypoint_flip or None, names)
+    except ValueError:
+        raise SourceError(f"--keypoint-flip {','.join(map(str, keypoint_flip))}: give each of the {K} keypoints of "
+                          f"{name_of(str(ann_path))} once (0-based, the joint each becomes under a horizontal flip)"
+                          ) from None
     try:
         return KeypointsSpec(num_keypoints=K, names=tuple(names), skeleton=edges,
                              flip_index=None if flip is None else tuple(flip))

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import ConfigError, DscError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
-from ...formats.fields.keypoints import KeypointsSpec, flip_index_from_names, unknown_flip_warning
+from ...formats.fields.keypoints import KeypointsSpec, resolve_flip, unknown_flip_warning
 from .base import Item, MaskInfo, Param, Record, ScannedSource, Source, Target, where
 
 # keys of a detection target that are the objects' (or torchvision's per-box extras, ignored as before), not fields
@@ -297,12 +297,10 @@ def _keypoints_spec(dataset, first: Target):
         return None
     K = first.keypoints.shape[1]
     names = tuple(str(n) for n in (getattr(dataset, "keypoint_names", None) or ()))
-    flip = getattr(dataset, "keypoint_flip_index", None)
-    if flip is not None:
-        flip = tuple(int(v) for v in flip)
-    elif names or K == 1:
-        flip = flip_index_from_names(names or ["0"])
-        flip = tuple(flip) if flip is not None else None
+    try:
+        flip = resolve_flip(K, getattr(dataset, "keypoint_flip_index", None), names)
+    except ValueError as e:
+        raise SourceError(f"the dataset's keypoint_flip_index: {e}") from None
     try:
         return KeypointsSpec(num_keypoints=K, names=names, flip_index=flip)
     except DscError as e:

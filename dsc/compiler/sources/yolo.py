@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SourceError
-from ...formats.fields.keypoints import KeypointsSpec, unknown_flip_warning
+from ...formats.fields.keypoints import KeypointsSpec, resolve_flip, unknown_flip_warning
 from .base import DROP_EMPTY, NormalizedPolygons, Param, Record, ScannedSource, Source, Target, file_problem, read_input
 from .imagefolder import images_under
 from .inputs import RemotePath, check_input, is_remote, relative, remote_root
@@ -89,11 +89,15 @@ def _pose(yaml_path: Path, cfg: dict) -> tuple[KeypointsSpec, int] | None:
             and shape[0] > 0 and shape[1] in (2, 3)):
         raise SourceError(f"{yaml_path}: kpt_shape must be [number of keypoints, 2 or 3], got {shape!r}")
     K = shape[0]
-    flip = cfg.get("flip_idx", list(range(K)) if K == 1 else None)  # absent: unknown (scan_yolo warns)
-    if flip is not None and (not isinstance(flip, list) or sorted(flip) != list(range(K))):
+    given = cfg.get("flip_idx")  # absent: unknown (scan_yolo warns), unless one joint
+    try:
+        if given is not None and not isinstance(given, list):
+            raise ValueError
+        flip = resolve_flip(K, given)
+    except ValueError:
         raise SourceError(f"{yaml_path}: flip_idx must list each of the {K} keypoints once (the joint each "
-                          f"becomes under a horizontal flip), got {flip!r}")
-    return KeypointsSpec(num_keypoints=K, flip_index=None if flip is None else tuple(int(v) for v in flip)), shape[1]
+                          f"becomes under a horizontal flip), got {given!r}") from None
+    return KeypointsSpec(num_keypoints=K, flip_index=flip), shape[1]
 
 
 def _parse_labels(path: Path, num_classes: int, instance: bool = False, pose: tuple | None = None):

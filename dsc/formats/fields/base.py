@@ -115,6 +115,9 @@ class Field:
 
     kind: ClassVar[str] = ""
     in_fields: ClassVar[bool] = False  # described under the manifest's `fields` (kinds after format version 1)
+    # its rows are made while the sample is decoded (placed by the image's geometry: compile-time resize, EXIF
+    # orientation), so an update decodes a sample again when its annotations change
+    placed_at_decode: ClassVar[bool] = False
     name: str = ""
 
     # ------------------------------------------------------------------ format

@@ -66,6 +66,27 @@ def flip_index_from_names(names) -> list[int] | None:
     return out
 
 
+def resolve_flip(K: int, given=None, names=()) -> tuple[int, ...] | None:
+    """THE rule every source follows for its keypoints' flip permutation: ``given`` (the source's own: COCO's
+    ``--keypoint-flip``, YOLO's ``flip_idx``, a dataset's ``keypoint_flip_index``) when there is one, which must
+    list each of the ``K`` joints once (else ValueError saying so; the caller names its option); else the one
+    the joints' ``names`` tell (:func:`flip_index_from_names`); one joint flips to itself; else None (unknown:
+    the source warns)."""
+    if given is not None:
+        try:
+            flip = tuple(int(v) for v in given)
+        except (TypeError, ValueError):
+            flip = None
+        if flip is None or sorted(flip) != list(range(K)):
+            raise ValueError(f"the flip permutation must list each of the {K} keypoints once, 0-based (the joint each "
+                             f"becomes under a horizontal flip), got {given!r}")
+        return flip
+    if K == 1:
+        return (0,)
+    flip = flip_index_from_names(names) if names else None
+    return None if flip is None else tuple(flip)
+
+
 @dataclass(frozen=True, kw_only=True)
 class KeypointsSpec:
     num_keypoints: int
@@ -145,6 +166,7 @@ class KeypointsReader(Reader):
 
 class KeypointsField(Field):
     kind = ROLE
+    placed_at_decode = True
     in_fields = True
 
     def __init__(self, spec: KeypointsSpec, name: str = "keypoints"):

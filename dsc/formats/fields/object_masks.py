@@ -54,18 +54,27 @@ def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
 
 
 def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray,
-           out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+           out: np.ndarray | None = None, flips: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
-    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per mask, straight into its place."""
+    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per mask, straight into its place. ``flips``
+    (len(rows), 2) bool: each crop's rows / columns reversed on the way in (a flip run in the gather)."""
     hw = rects[rows, 2].astype(np.int64) * rects[rows, 3]
     out_off = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(hw, out=out_off[1:])
     flat = np.empty(int(out_off[-1]), np.uint8) if out is None else out
     starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
     o, sizes = out_off.tolist(), hw.tolist()
+    moved = flips.any(1).tolist() if flips is not None else [False] * len(rows)
     for j in range(len(rows)):
-        if sizes[j]:
-            flat[o[j]:o[j + 1]] = np.unpackbits(bits[starts[j]:ends[j]], count=sizes[j])
+        if not sizes[j]:
+            continue
+        crop = np.unpackbits(bits[starts[j]:ends[j]], count=sizes[j])
+        if moved[j]:
+            h, w = int(rects[rows[j], 2]), int(rects[rows[j], 3])
+            crop = crop.reshape(h, w)[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
+            flat[o[j]:o[j + 1]].reshape(h, w)[...] = crop
+        else:
+            flat[o[j]:o[j + 1]] = crop
     return flat, out_off
 
 
@@ -145,12 +154,25 @@ class ObjectMasksReader(Reader):
         return {self.name: paste(flat, off, self.rects[rows].astype(np.int64), *self.size(i)).numpy()}
 
     def gather(self, idx: np.ndarray, alloc, forms: dict) -> dict:
-        rows, _ = gather_rows(self.box_offsets, idx)
+        """The packed crops of samples ``idx``. ``forms["object_flips"]``, (B, 4) int (flip rows, flip columns,
+        height, width) per sample: each crop mirrored while it is unpacked, its rectangle with it (a flip-only
+        chain run in the gather: no second pass over the crops)."""
+        rows, box_offsets = gather_rows(self.box_offsets, idx)
         out = {self.name: alloc(self.name, (mask_bytes(self.rects, rows),), np.dtype(np.uint8)),
                f"{self.name}_rects": alloc(f"{self.name}_rects", (len(rows), 4), np.dtype(np.int64)),
                f"{self.name}_offsets": alloc(f"{self.name}_offsets", (len(rows) + 1,), np.dtype(np.int64))}
-        _, off = unpack(self.bits, self.offsets, self.rects, rows, out[self.name])
-        out[f"{self.name}_rects"][:] = self.rects[rows]
+        rects = out[f"{self.name}_rects"]
+        rects[:] = self.rects[rows]
+        flips = forms.get("object_flips")
+        per_row = None
+        if flips is not None:
+            per_row = np.repeat(np.asarray(flips, np.int64).reshape(-1, 4), np.diff(box_offsets), axis=0)
+        _, off = unpack(self.bits, self.offsets, self.rects, rows, out[self.name],
+                        None if per_row is None else per_row[:, :2].astype(bool))
+        if per_row is not None:  # the rectangles mirrored (an empty mask's stays (0, 0, 0, 0))
+            fh, fw = per_row[:, 0].astype(bool) & (rects[:, 2] > 0), per_row[:, 1].astype(bool) & (rects[:, 3] > 0)
+            rects[fh, 0] = per_row[fh, 2] - rects[fh, 0] - rects[fh, 2]
+            rects[fw, 1] = per_row[fw, 3] - rects[fw, 1] - rects[fw, 3]
         out[f"{self.name}_offsets"][:] = off
         return out
 
@@ -178,6 +200,7 @@ def image_size(batch: dict, k: int) -> tuple[int, int]:
 
 class ObjectMasksField(Field):
     kind = ROLE
+    placed_at_decode = True
     in_fields = True
 
     def __init__(self, name: str = "masks"):

@@ -482,15 +482,21 @@ class PixelsReader:
             np.take(self.shard(s, reads), local, axis=0, out=out[a:b], mode="clip")
         return out
 
-    def pack(self, idx: np.ndarray, alloc, reads=None) -> dict[str, np.ndarray]:
-        """Ragged: every sample's elements back to back, ``<name>_offsets`` (B+1,), ``<name>_shapes``."""
+    def pack(self, idx: np.ndarray, alloc, reads=None, write=None) -> dict[str, np.ndarray]:
+        """Ragged: every sample's elements back to back, ``<name>_offsets`` (B+1,), ``<name>_shapes``.
+        ``write(k, view, dest)``: puts sample ``k`` (its stored view) into ``dest`` (its place, of its shape)
+        instead of a plain copy (a size-keeping transform, e.g. a flip, run in the same pass)."""
         name = self.name
         sizes = self.offsets[idx + 1] - self.offsets[idx]
         o = alloc(f"{name}_offsets", (len(idx) + 1,), np.int64)
         o[0] = 0
         np.cumsum(sizes, out=o[1:])
         flat = alloc(name, (int(o[-1]),), np.dtype(self.px.dtype))
-        if reads is not None and reads.direct and flat.flags.c_contiguous:
+        if write is not None:
+            ends = o.tolist()
+            for k, v in enumerate(self.samples(idx, reads)):
+                write(k, v, flat[ends[k]:ends[k + 1]].reshape(v.shape))
+        elif reads is not None and reads.direct and flat.flags.c_contiguous:
             self._read_direct(idx, reads, flat.view(np.uint8), o[:-1] * self.px.itemsize)
         else:
             for k, i in enumerate(idx.tolist()):
