@@ -369,6 +369,50 @@ def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatc
     assert sorted((a, b - a) for a, b in ranges if (a, b) not in footer) == chunks  # each group once, exactly
 
 
+def test_the_next_units_row_groups_are_read_ahead_once(s3, tmp_path, monkeypatch):
+    """``TableSource.prefetch`` (a worker told its next unit) reads that unit's row groups on a thread; the unit,
+    when it runs, takes them as they are (or waits for the read in flight): each row group one request."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import time
+
+    from dsc.compiler.sources import inputs, table
+    from dsc.compiler.sources.table import TableSource
+    from dsc.store.object import ObjectStore
+
+    images = [bytes([k]) * 2000 for k in range(32)]
+    pq.write_table(pa.table({"image": images, "label": [k % 2 for k in range(32)]}), tmp_path / "t.parquet",
+                   row_group_size=8)
+    open_store("s3://dsc-src/ahead").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
+    src = TableSource(path="s3://dsc-src/ahead/t.parquet")
+    records = src.scan().records
+    for name in ("_FOOTERS", "_GROUPS", "_READING"):  # (a worker process: nothing read yet)
+        monkeypatch.setattr(table, name, {})
+    monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    starts = [(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset)
+              for g in range(4) for c in [meta.row_group(g).column(0)]]
+    ranges = []
+    real = ObjectStore.read_range
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append(a), real(self, rel, a, b))[1])
+    fetch = src.fetcher(records[0:8])  # the unit running now: group 0
+    src.prefetch(records[8:16])  # its worker's next unit: group 1, read on a thread
+    for _ in range(500):
+        if len(table._GROUPS) == 2:
+            break
+        time.sleep(0.01)
+    assert len(table._GROUPS) == 2  # read without anyone waiting for it
+    asked = len(ranges)
+    nxt = src.fetcher(records[8:16])
+    assert [nxt(r).obj.getvalue() for r in records[8:16]] == images[8:16]
+    assert len(ranges) == asked  # nothing asked again
+    src.prefetch(records[16:24])
+    then = src.fetcher(records[16:24])  # at once: it waits for the read in flight
+    assert [then(r).obj.getvalue() for r in records[16:24]] == images[16:24]
+    assert [fetch(r).obj.getvalue() for r in records[0:8]] == images[0:8]
+    assert sorted(a for a in ranges if a in starts) == starts[:3]  # each group one request
+
+
 def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkeypatch):
     """With 2 workers, units of one row group go to one worker (each runs a contiguous run of units, reading the
     group its next unit needs ahead of time): the server is asked for each row group's image chunk about once (a
