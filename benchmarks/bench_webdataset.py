@@ -11,9 +11,12 @@
 
 Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. The runs
 are interleaved, 3 rounds; each ratio is taken against the local compile of its own round. moto is a Python
-server: on a 2-core machine it competes with the compile for the cores, so each run also says the CPU seconds
-dsc used (this process and its workers) and the server used, and how many requests it served: dsc's own cost
-against the local compile's is the CPU ratio.
+server in its own process: on a 2-core machine it competes with the compile for the cores (and it serves a range
+of an object by reading the whole object: a Parquet row group costs it the file), so each run also says what
+dsc's CPU per image was (this process: scan, uploads, commit; its workers: decoding), against the local compile's
+in the same round, and the server's CPU seconds and requests. dsc's own cost against the local compile's is the
+CPU ratio; the wall ratio stays the measured one, and the summary adds beside it an estimate of the wall ratio
+were the server's CPU seconds on other cores (the wall time less the server's CPU shared by the cores).
 """
 from __future__ import annotations
 
@@ -116,38 +119,35 @@ def _parquet(tars: list[Path]) -> Path:
     return cached("parquet-8x125", build) / "images.parquet"
 
 
-class _CPU:
-    """CPU seconds of this process and its descendants (the compile's workers), sampled while they live."""
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of its children it has reaped (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, exclude: int):
-        import threading
 
-        import psutil
+def _dsc_cpu(server: int) -> tuple[float, float]:
+    """(this process's CPU seconds: the scan, the uploads, the client's bookkeeping; its workers'): the workers are
+    children it has reaped (forked from it), or children the fork server reaped (a compile from a bucket forks its
+    workers from it: a child of this process, as the server is, which is left out). Read, not sampled: a compile's
+    workers are reaped when it returns, and nothing polls while it runs."""
+    t = os.times()
+    workers = t.children_user + t.children_system
+    me = str(os.getpid())
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != server:
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:  # (field 4: the parent)
+                        workers += _proc_cpu(int(entry.name))
+            except (OSError, IndexError):  # (gone meanwhile)
+                pass
+    return t.user + t.system, workers
 
-        self.me, self.exclude, self.seen, self.stop = psutil.Process(), exclude, {}, False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
-    def poll(self) -> None:
-        import psutil
-
-        for p in self.me.children(recursive=True):
-            if p.pid != self.exclude:
-                try:
-                    c = p.cpu_times()
-                    self.seen[p.pid] = c.user + c.system
-                except psutil.Error:
-                    pass
-
-    def _run(self) -> None:
-        while not self.stop:
-            self.poll()
-            time.sleep(0.05)
-
-    def total(self) -> float:
-        self.poll()
-        c = self.me.cpu_times()
-        return c.user + c.system + sum(self.seen.values())
+def _ms(run: tuple) -> float:
+    """dsc's CPU milliseconds per image of a run (this process's and its workers')."""
+    return (run[1] + run[2]) / 1000 * 1000
 
 
 def _requests(log: Path, start: int) -> tuple[int, int]:
@@ -174,10 +174,6 @@ def main() -> None:
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_ENDPOINT_URL": endpoint,
                        "AWS_DEFAULT_REGION": "us-east-1"})
     try:
-        cpu = _CPU(proc.pid)
-    except ImportError:  # (psutil comes with dask; without it the CPU columns are left out)
-        cpu = None
-    try:
         store = open_store("s3://bench")
         for t in tars:
             store.put(f"wds/{t.name}", t)
@@ -187,7 +183,8 @@ def main() -> None:
                 ("tars in S3 -> dataset in S3", "webdataset", s3_tars, "s3"),
                 ("Parquet, local disk", "table", str(parquet), None),
                 ("Parquet in S3", "table", "s3://bench/table/images.parquet", None)]
-        seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, dsc CPU s, server CPU s, requests)
+        seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, client CPU s, workers' CPU s, server CPU s,
+        #                                                          requests, load average)
         # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
         dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
                                workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
@@ -195,32 +192,39 @@ def main() -> None:
             print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
             for name, kind, src, to in runs:
                 out = f"s3://bench/out-{kind}-{k}" if to else str(work / f"{kind}-{k}")
-                c0, s0, (_, n0) = (cpu.total() if cpu else 0.0), _cpu(proc.pid)[1], _requests(log, 0)
+                (c0, w0), s0, (_, n0) = _dsc_cpu(proc.pid), _cpu(proc.pid)[1], _requests(log, 0)
                 t0 = time.perf_counter()
                 fn = dsc.compile_webdataset if kind == "webdataset" else dsc.compile_table
                 r = fn(src, out, size=SIZE, resize="stretch", workers=WORKERS, progress=False,
                        cache_dir=str(work / "cache"))
                 dt = time.perf_counter() - t0
                 assert r.manifest.num_samples == 1000, r.manifest.num_samples
-                used = (cpu.total() - c0) if cpu else float("nan")
-                seen[name].append((1000 / dt, used, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0]))
-                base = seen[runs[3 if kind == "table" else 0][0]][k]
-                print(f"    {name:<30} {1000 / dt:7.1f} img/s {seen[name][k][0] / base[0]:5.2f}x of local; dsc "
-                      f"{used:5.2f} CPU s ({base[1] / used if used else 0:4.2f}x local's), server "
-                      f"{seen[name][k][2]:4.2f} CPU s, {seen[name][k][3]} requests")
+                c1, w1 = _dsc_cpu(proc.pid)
+                seen[name].append((1000 / dt, c1 - c0, w1 - w0, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0],
+                                   os.getloadavg()[0]))
+                a, base = seen[name][k], seen[runs[3 if kind == "table" else 0][0]][k]
+                print(f"    {name:<30} {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; dsc {_ms(a):5.2f} ms CPU/img "
+                      f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s; {_ms(base) / _ms(a):4.2f}x local's), server "
+                      f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
         reader, what = _reader_rate(tars)
-        print("  best of 3 (each ratio: the median of the three rounds' ratios to the local compile of their round)")
+        print("  best of 3 (each ratio: the median of the three rounds' ratios to the local compile of their round; CPU: "
+              "dsc's own, this process and its workers, per image, local's over this one's)")
         for name, kind, _, to in runs:
             base = seen[runs[3 if kind == "table" else 0][0]]
             ratios = sorted(a[0] / b[0] for a, b in zip(seen[name], base))
             if seen[name] is base:
-                extra = f"(baseline) dsc {np.median([a[1] for a in base]):.2f} CPU s"
+                extra = f"(baseline) dsc {np.median([_ms(a) for a in base]):.2f} ms CPU/img"
             else:
+                # what the server's CPU would free were it on other cores: its seconds off this compile's wall time
+                # shared by the cores (an estimate, beside the measured ratio, not instead of it)
+                freed = sorted(1000 / (1000 / a[0] - a[3] / os.cpu_count()) / b[0] for a, b in zip(seen[name], base))
                 extra = (f"rounds {', '.join(f'{a[0] / b[0]:.2f}' for a, b in zip(seen[name], base))}; dsc CPU "
-                         f"{np.median([b[1] / a[1] for a, b in zip(seen[name], base)]):.2f}x of local's; server "
-                         f"{np.median([a[2] for a in seen[name]]):.2f} CPU s, {seen[name][-1][3]} requests")
+                         f"{np.median([_ms(b) / _ms(a) for a, b in zip(seen[name], base)]):.2f}x of local's "
+                         f"({np.median([_ms(a) for a in seen[name]]):.2f} ms/img); server "
+                         f"{np.median([a[3] for a in seen[name]]):.2f} CPU s, {seen[name][-1][4]} requests; without "
+                         f"the server's CPU on these cores ~{freed[1]:.2f}x (estimate)")
             print(f"  {'compile, ' + name:<44} {max(a[0] for a in seen[name]):>12,.0f} img/s  {ratios[1]:8.2f}x  "
                   f"{extra}")
         best = max(a[0] for a in seen[runs[0][0]])
@@ -228,8 +232,6 @@ def main() -> None:
         print(row("  the compile against that reader's epoch", best, "img/s", reader,
                   "(one such epoch; dsc's epochs after it decode nothing)"))
     finally:
-        if cpu is not None:
-            cpu.stop = True
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

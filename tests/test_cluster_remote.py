@@ -369,6 +369,139 @@ def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatc
     assert sorted((a, b - a) for a, b in ranges if (a, b) not in footer) == chunks  # each group once, exactly
 
 
+def test_the_next_units_row_groups_are_read_ahead_once(s3, tmp_path, monkeypatch):
+    """``TableSource.prefetch`` (a worker told its next unit) reads that unit's row groups on a thread; the unit,
+    when it runs, takes them as they are (or waits for the read in flight): each row group one request."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import time
+
+    from dsc.compiler.sources import inputs, table
+    from dsc.compiler.sources.table import TableSource
+    from dsc.store.object import ObjectStore
+
+    images = [bytes([k]) * 2000 for k in range(32)]
+    pq.write_table(pa.table({"image": images, "label": [k % 2 for k in range(32)]}), tmp_path / "t.parquet",
+                   row_group_size=8)
+    open_store("s3://dsc-src/ahead").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
+    src = TableSource(path="s3://dsc-src/ahead/t.parquet")
+    records = src.scan().records
+    for name in ("_FOOTERS", "_GROUPS", "_READING"):  # (a worker process: nothing read yet)
+        monkeypatch.setattr(table, name, {})
+    monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    starts = [(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset)
+              for g in range(4) for c in [meta.row_group(g).column(0)]]
+    ranges = []
+    real = ObjectStore.read_range
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append(a), real(self, rel, a, b))[1])
+    fetch = src.fetcher(records[0:8])  # the unit running now: group 0
+    src.prefetch(records[8:16])  # its worker's next unit: group 1, read on a thread
+    for _ in range(500):
+        if len(table._GROUPS) == 2:
+            break
+        time.sleep(0.01)
+    assert len(table._GROUPS) == 2  # read without anyone waiting for it
+    asked = len(ranges)
+    nxt = src.fetcher(records[8:16])
+    assert [nxt(r).obj.getvalue() for r in records[8:16]] == images[8:16]
+    assert len(ranges) == asked  # nothing asked again
+    src.prefetch(records[16:24])
+    then = src.fetcher(records[16:24])  # at once: it waits for the read in flight
+    assert [then(r).obj.getvalue() for r in records[16:24]] == images[16:24]
+    assert [fetch(r).obj.getvalue() for r in records[0:8]] == images[0:8]
+    assert sorted(a for a in ranges if a in starts) == starts[:3]  # each group one request
+
+
+def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkeypatch):
+    """With 2 workers, units of one row group go to one worker (each runs a contiguous run of units, reading the
+    group its next unit needs ahead of time): the server is asked for each row group's image chunk about once (a
+    run's edge, or a unit taken over at the end, can read one twice), not once per worker as when units went out
+    in order, alternating between the workers. The scan reads the label chunks 8 at once, each exactly once."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+    import threading
+
+    import numpy as np
+    from moto.s3.responses import S3Response
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    images = []
+    for _ in range(96):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(b, "PNG")
+        images.append(b.getvalue())
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(96)]}), path, row_group_size=16)
+    open_store("s3://dsc-src/runs").put("t.parquet", path.read_bytes())
+    meta = pq.ParquetFile(path).metadata
+    image_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
+                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(0)]}
+    label_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
+                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(1)]}
+    asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests too)
+    real = S3Response._handle_range_header
+
+    def counted(self, request, headers, content):
+        if request.path.endswith("/runs/t.parquet"):
+            with lock:
+                asked.append(int(request.headers["range"].split("=")[1].split("-")[0]))
+        return real(self, request, headers, content)
+    monkeypatch.setattr(S3Response, "_handle_range_header", counted)
+    from dsc.store.object import ObjectStore
+
+    threads, read = [], ObjectStore.read_range  # (the scan runs here: which thread asked for each label chunk)
+    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (
+        threads.append((a, threading.current_thread().name)), read(self, rel, a, b))[1])
+    r = dsc.compile_table("s3://dsc-src/runs/t.parquet", tmp_path / "out", workers=2,
+                          **{**OPTS, "shard_size": 4})  # 24 units, 4 a row group
+    ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
+    assert samples(dsc.open(r.path)) == samples(dsc.open(ref.path))
+    group_reads = [a for a in asked if a in image_chunks]
+    assert set(group_reads) == image_chunks
+    assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)  # (in order: about 2 x 6)
+    assert sorted(a for a in asked if a in label_chunks) == sorted(label_chunks)  # the scan: each once,
+    assert {name.split("_")[0] for a, name in threads if a in label_chunks} == {"dsc-range"}  # read ahead together
+
+
+def test_a_pool_in_runs_gives_each_worker_contiguous_tasks_and_says_the_next():
+    """``imap_unordered(runs=True)``: every task once; a worker's tasks follow one another (it starts at an evenly
+    spaced place and, its run done, takes over the far half of the longest run left); ``then`` tells each task
+    the one its worker takes next."""
+    from dsc.compiler.pool import WorkerPool, _Runs
+
+    runs = _Runs(list(range(10)), 2)
+    order = {0: [], 1: []}
+    for w in (0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1):  # worker 1 fast at first, then worker 0
+        t = runs.peek(w)
+        if t is not None:
+            runs.take(w)
+            order[w].append(t)
+    assert sorted(order[0] + order[1]) == list(range(10))
+    assert order[1][:5] == [5, 6, 7, 8, 9] and order[0][0] == 0  # runs [0, 5) and [5, 10), then the rest
+    assert order[0] == sorted(order[0])  # (worker 1 took nothing of worker 0's run back: it took the far half)
+
+    pool = WorkerPool(2, _task_and_pid)
+    try:
+        got = list(pool.imap_unordered(list(range(12)), runs=True, then=lambda t, nxt: (t, nxt)))
+    finally:
+        pool.close()
+    assert sorted(t for t, _, _ in got) == list(range(12))
+    by_pid: dict = {}
+    for t, nxt, pid in got:
+        by_pid.setdefault(pid, []).append((t, nxt))
+    for seq in by_pid.values():
+        for (t, nxt), (t2, _) in zip(seq, seq[1:]):
+            assert nxt in (t2, None) or t2 > nxt  # (told the next of its run, unless another took it over)
+
+
+def _task_and_pid(task):
+    t, nxt = task
+    return t, nxt, os.getpid()
+
+
 # --------------------------------------------------------------------------- a cluster with no shared folder
 @pytest.fixture(scope="module")
 def cluster():

@@ -451,3 +451,21 @@ def test_a_duration_says_its_unit():
     for bad in ("7", "1.5", "-1d", "7 days"):
         with pytest.raises(ConfigError, match="a duration is a number with s, m, h, d or w"):
             parse_duration(bad)
+
+
+def test_s3_puts_over_tls_are_not_hashed_again_to_sign_them(monkeypatch):
+    """Over https (AWS's default) the S3 client signs UNSIGNED-PAYLOAD: a shard's bytes are not hashed a second time
+    (dsc hashed them as it wrote them; TLS guards them in transit). Over plain http, or with AWS_UNSIGNED_PAYLOAD
+    set by the user, obstore's own setting stands."""
+    pytest.importorskip("obstore")
+    for k in ("AWS_UNSIGNED_PAYLOAD", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.invalid")
+    assert open_store("s3://b/ds")._store.config.get("unsigned_payload") == "true"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert "unsigned_payload" not in open_store("s3://b/ds")._store.config
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.invalid")
+    monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", "false")
+    assert open_store("s3://b/ds")._store.config.get("unsigned_payload") != "true"

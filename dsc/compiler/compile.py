@@ -104,13 +104,19 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
                 with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root)) as it:
                     consume(it, bar)
             elif pool is not None:
-                consume(pool.imap_unordered(todo), bar)
+                consume(pool.imap_unordered(todo, runs=source.shares_reads, then=_then if source.shares_reads else None),
+                        bar)
             else:
                 consume(map(run, todo), bar)
     finally:
         if pool is not None:
             pool.close()
     return [results[t.s] for t in tasks]
+
+
+def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
+    """``task`` told the records of the unit its worker will probably run next (their reads can start now)."""
+    return replace(task, then=tuple(following.records)) if following is not None else task
 
 
 def uploaded_shard_check(url: str, writer: str):

@@ -95,6 +95,53 @@ def _start_without_main(p) -> None:
         spawn.get_preparation_data = real
 
 
+class _Queue:
+    """Tasks in order, to whichever worker asks."""
+
+    def __init__(self, tasks):
+        self.todo = deque(tasks)
+
+    def peek(self, w: int):
+        return self.todo[0] if self.todo else None
+
+    def take(self, w: int) -> None:
+        self.todo.popleft()
+
+    def after(self, w: int):
+        return None
+
+
+class _Runs:
+    """Tasks in contiguous runs, one per worker (``n``), so that neighbouring tasks that share reads (the units
+    of one Parquet row group, fetched once per process) go to the same worker: each worker starts at an evenly
+    spaced place and takes the task after its last one; a worker whose run is done takes the far half of the
+    longest run left (the last task of it, when one is left). Every task is taken once."""
+
+    def __init__(self, tasks, n: int):
+        self.tasks = list(tasks)
+        k = len(self.tasks)
+        self.runs = [[w * k // n, (w + 1) * k // n] for w in range(max(1, n))]  # [next, end) of each worker
+
+    def peek(self, w: int):
+        lo, hi = self.runs[w]
+        if lo >= hi:
+            v = max(range(len(self.runs)), key=lambda i: self.runs[i][1] - self.runs[i][0])
+            vlo, vhi = self.runs[v]
+            if vlo >= vhi:
+                return None
+            mid = (vlo + vhi + 1) // 2 if vhi - vlo > 1 else vlo
+            self.runs[v], self.runs[w] = [vlo, mid], [mid, vhi]
+        return self.tasks[self.runs[w][0]]
+
+    def take(self, w: int) -> None:
+        self.runs[w][0] += 1
+
+    def after(self, w: int):
+        """The task worker ``w`` takes after the one ``peek`` gave it, unless another's run ends first."""
+        lo, hi = self.runs[w]
+        return self.tasks[lo + 1] if lo + 1 < hi else None
+
+
 class WorkerPool:
     """``WorkerPool(n, fn, initializer)``; ``imap_unordered(tasks)`` yields ``fn(task)`` as workers finish
     them (a task's exception is raised in the parent); ``close()`` stops and reaps every worker."""
@@ -118,19 +165,25 @@ class WorkerPool:
             self.close()
             raise
 
-    def imap_unordered(self, tasks):
-        todo = deque(tasks)
+    def imap_unordered(self, tasks, runs: bool = False, then=None):
+        """``runs``: neighbouring tasks share their reads (units of a Parquet row group): each worker takes the
+        task after its last one (see :class:`_Runs`); else tasks go out in order. ``then(task, following)``: what
+        is sent for ``task``, told the task the same worker will probably take after it (or None)."""
+        todo = _Runs(tasks, len(self._workers)) if runs else _Queue(tasks)
         busy = set()  # the workers holding a task (one each)
         proc = {conn: p for p, conn in self._workers}
         by_sentinel = {p.sentinel: conn for p, conn in self._workers}
 
+        order = {conn: w for w, (_, conn) in enumerate(self._workers)}
+
         def send_next(conn) -> None:
-            if todo:
+            task = todo.peek(order[conn])
+            if task is not None:
                 try:
-                    conn.send(todo[0])
+                    conn.send(task if then is None else then(task, todo.after(order[conn])))
                 except OSError:  # its end of the pipe is closed: the worker is gone
                     raise self._died(proc[conn]) from None
-                todo.popleft()
+                todo.take(order[conn])
                 busy.add(conn)
 
         for _, conn in self._workers:

@@ -46,6 +46,7 @@ class UnitTask:
     fields: tuple[Field, ...]
     upload: tuple[str, str] | None = None  # (output URL, writer token): the worker uploads its shards itself
     known: tuple = ()  # identities of its inputs in object storage the scan found (inputs.known): no HEAD again
+    then: tuple = ()  # the records of the unit this worker will probably run next (Source.prefetch)
 
 
 INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",
@@ -234,6 +235,8 @@ def compile_unit(task: UnitTask, source: Source) -> UnitResult:
     under on_error="fail"); write failures raise WriteError from the shard writers. A task with ``upload``
     (a cluster compile to a URL) writes in a temporary folder of this worker's own and uploads its shards."""
     remember_all(task.known)
+    if task.then:
+        source.prefetch(list(task.then))
     with single_threaded(task.options.resizer):
         if task.upload is None:
             return _compile_unit(task, source)

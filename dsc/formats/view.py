@@ -140,18 +140,17 @@ def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None =
     store = as_store(where)
     src = store if src is None else src
     cur = current(store)
-    for rel, f in m.files.items():
-        if not src.stat(object_path(f["sha256"])):
-            _recover_object(src, rel, f, cur, alternating(m))
+    missing = [rel for rel, there in zip(m.files, _each(src, lambda f: src.stat(object_path(f["sha256"])),
+                                                          m.files.values())) if not there]
+    for rel in missing:
+        _recover_object(src, rel, m.files[rel], cur, alternating(m))
     files, metas = contents(src, m, other(cur))
     if superseded(store, m):  # (asked before each step: the chunks, the nodes' metadata, the root)
         return
-    for path, rel in files:
-        store.put(path, src.get(object_path(m.files[rel]["sha256"])))
+    _copy_files(store, src, m, files)
     if superseded(store, m):  # (a newer writer may have read the same separator and written its view meanwhile:
         return settle(store)  # what this one just wrote may be over it)
-    for node, meta in metas.items():
-        store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
+    _put_metas(store, metas)
     if superseded(store, m):
         return settle(store)
     store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
@@ -161,6 +160,31 @@ def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None =
         alt = alternating(old)
         for rel in set(old.files) - set(m.files):
             store.delete(view_path(rel, cur, alt))
+
+
+IN_FLIGHT = 8  # requests at once of a step of the view in object storage
+
+
+def _each(store: Store, fn, items) -> list:
+    """``[fn(item) for item in items]``; in object storage ``IN_FLIGHT`` requests at once (a step's files are
+    independent of one another: only the steps are ordered)."""
+    items = list(items)
+    if store.local or len(items) < 2:
+        return [fn(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(IN_FLIGHT, len(items)), thread_name_prefix="dsc-view") as pool:
+        return list(pool.map(fn, items))
+
+
+def _copy_files(store: Store, src: Store, m: Manifest, files) -> None:
+    """The view's chunk files (``contents``), copied from the version's objects in ``src``."""
+    _each(store, lambda pr: store.put(pr[0], src.get(object_path(m.files[pr[1]]["sha256"]))), files)
+
+
+def _put_metas(store: Store, metas: dict) -> None:
+    """Each node's ``zarr.json`` of the view."""
+    _each(store, lambda item: store.put(f"{item[0]}/{ZARR_JSON}", json_bytes(item[1])), metas.items())
 
 
 def settle(where, rounds: int = 16) -> None:
@@ -184,10 +208,8 @@ def settle(where, rounds: int = 16) -> None:
         if shown is not None and shown.checksum() == m.checksum():
             sep = current(store)
             files, metas = contents(store, m, sep)
-            for path, rel in files:
-                store.put(path, store.get(object_path(m.files[rel]["sha256"])))
-            for node, meta in metas.items():
-                store.put(f"{node}/{ZARR_JSON}", json_bytes(meta))
+            _copy_files(store, store, m, files)
+            _put_metas(store, metas)
             if not superseded(store, m):
                 return
         else:

@@ -149,11 +149,29 @@ class RangeFile(SeekableFile):
     def __init__(self, store: "Store", rel: str, size: int):
         self.store, self.rel, self.size, self.pos = store, rel, int(size), 0
         self.name = store.where(rel)
+        self._have: dict[int, bytes] = {}  # prefetched ranges by their start
+
+    def prefetch(self, ranges, in_flight: int = 8) -> None:
+        """Read the byte ranges ``[(start, end)]`` now, ``in_flight`` requests at once (the column chunks a reader
+        is about to ask for one after another); a later read inside one of them is served from it."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        ranges = sorted({(int(a), min(int(b), self.size)) for a, b in ranges if a < b and a < self.size})
+        if not ranges:
+            return
+        with ThreadPoolExecutor(min(in_flight, len(ranges)), thread_name_prefix="dsc-range") as pool:
+            for (a, _), data in zip(ranges, pool.map(lambda r: self.store.read_range(self.rel, *r), ranges)):
+                self._have[a] = data
 
     def readinto(self, b) -> int:
         n = min(len(b), self.size - self.pos)
         if n <= 0:
             return 0
+        for a, data in self._have.items():  # (few: a file's column chunks)
+            if a <= self.pos and self.pos + n <= a + len(data):
+                b[:n] = memoryview(data)[self.pos - a:self.pos - a + n]
+                self.pos += n
+                return n
         data = self.store.read_range(self.rel, self.pos, self.pos + n)
         b[:len(data)] = data
         self.pos += len(data)

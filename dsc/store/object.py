@@ -138,6 +138,11 @@ class ObjectStore(Store):
         self.endpoint = (config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3")
                          or os.environ.get("AWS_ENDPOINT_URL")) if self.scheme == "s3" else None
         client = {"allow_http": True} if (self.endpoint or "").startswith("http://") else {}
+        if self.scheme == "s3" and not client and "AWS_UNSIGNED_PAYLOAD" not in os.environ:
+            # Over TLS, a body is not hashed again to sign it (SigV4's UNSIGNED-PAYLOAD, as the AWS CLI does over
+            # HTTPS): TLS already guards it, and dsc hashed each shard as it wrote it (its SHA-256 travels in the
+            # object's metadata; readers check it). Over plain http, or with AWS_UNSIGNED_PAYLOAD set: signed.
+            config["unsigned_payload"] = True
         if self.scheme == "s3" and "region" not in config and not (os.environ.get("AWS_REGION")
                                                                   or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # (an S3-compatible server ignores it; AWS redirects per bucket)

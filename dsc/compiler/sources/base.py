@@ -418,6 +418,8 @@ class Source:
     local_only: ClassVar[bool] = False  # its data lives in this process: forked local workers only, no Dask
     makes_masks: ClassVar[bool] = False  # it can give masks (Item.mask): its CLI command offers --mask-ignore
     rows_in_files: ClassVar[bool] = False  # records are rows of shared files (tables): a file's size says nothing
+    shares_reads: ClassVar[bool] = False  # neighbouring units read the same bytes (a Parquet row group): a worker
+    #                                      takes the unit after its last one (pool._Runs), reading them once
     update_free: ClassVar[tuple[str, ...]] = ()  # parameters an --update may change (a table version to read)
 
     def __init__(self, **kwargs):
@@ -474,6 +476,10 @@ class Source:
         """Runs in a worker, once per unit: a function record -> :class:`Item` (a table source reads the
         unit's rows in one go here)."""
         return file_item
+
+    def prefetch(self, records: list[Record]) -> None:
+        """Runs in a worker as a unit starts: ``records`` are those of the unit it will probably run next (see
+        ``shares_reads``); a source may start reading them in the background. Default: nothing."""
 
     def unchanged_since(self, summary: dict) -> set[str] | None:
         """For ``--update``: the input files (``Record.path``) this source knows to be unchanged since the

@@ -105,10 +105,29 @@ def _keep_group(key: tuple, column) -> None:
             _GROUPS.pop(next(iter(_GROUPS)))
 
 
+def _chunks(meta, columns) -> list[tuple[int, int]]:
+    """The byte ranges [start, end) of ``columns``' chunks in every row group (what reading them reads)."""
+    out = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in range(group.num_columns):
+            c = group.column(i)
+            if c.path_in_schema.split(".")[0] in columns:
+                start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+                out.append((start, start + c.total_compressed_size))
+    return out
+
+
 def _read_meta_columns(path, columns: list[str]):
     if str(path).endswith(".parquet"):
         pq = _pyarrow()
-        pf = pq.ParquetFile(_opened(path))
+        if is_remote(path):  # the footer, then every wanted column chunk by a range request, 8 in flight at once
+            meta = _footer(path)[0]  # (the chunks would be read one after another, each waiting for the last)
+            src = _opened(path)
+            src.prefetch(_chunks(meta, [c for c in columns if c in meta.schema.to_arrow_schema().names]))
+            pf = pq.ParquetFile(src, metadata=meta)
+        else:
+            pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
         have = [c for c in columns if c in schema.names]
         return schema, pf.read(columns=have) if have else None, pf.metadata.num_rows
@@ -202,6 +221,73 @@ def read_ipc(path: str):
         return pa.ipc.open_stream(src).read_all()
 
 
+def _groups_of(meta, lo: int, hi: int) -> tuple[list[int], int]:
+    """(the row groups that hold rows [lo, hi), the first row of the first)."""
+    groups, start, first = [], 0, None
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if start < hi and start + n > lo:
+            groups.append(g)
+            first = start if first is None else first
+        start += n
+    return groups, first
+
+
+# Row groups being read now, by a unit or ahead of one: (path, identity, column, group) -> Future of its rows. A
+# unit that needs one waits for it rather than reading it again.
+_READING: dict = {}
+
+
+def _groups(path: str, meta, ident, column: str, groups: list[int], wait: bool = True) -> dict:
+    """{group: its rows of ``column``} of ``groups``: those kept (or being read) as they are, the others read
+    at once, each by a thread of its own (in object storage: one range request each, all in flight together).
+    ``wait=False``: start the reads and return (a read-ahead)."""
+    from concurrent.futures import Future
+
+    have, mine = {}, []
+    with _KEEP_LOCK:
+        for g in groups:
+            key = (path, ident, column, g)
+            have[g] = _GROUPS.get(key)
+            if have[g] is None:
+                have[g] = _READING.get(key)
+            if have[g] is None:
+                have[g] = _READING[key] = Future()
+                mine.append(g)
+    for g in mine:
+        threading.Thread(target=_read_group, args=(path, meta, ident, column, g, have[g]), daemon=True,
+                         name="dsc-row-group").start()
+    if not wait:
+        return {}
+    return {g: c.result() if isinstance(c, Future) else c for g, c in have.items()}
+
+
+def _read_group(path: str, meta, ident, column: str, g: int, fut) -> None:
+    """Read row group ``g`` of ``column`` into ``fut`` (and keep it), or its error."""
+    pq = _pyarrow()
+    key = (path, ident, column, g)
+    try:
+        rows = pq.ParquetFile(_opened(path), metadata=meta).read_row_group(g, columns=[column]).column(column)
+    except BaseException as e:  # noqa: BLE001 - the unit waiting for it raises it
+        with _KEEP_LOCK:
+            _READING.pop(key, None)
+        fut.set_exception(e)
+        return
+    _keep_group(key, rows)
+    with _KEEP_LOCK:
+        _READING.pop(key, None)
+    fut.set_result(rows)
+
+
+def read_ahead(path: str, column: str, lo: int, hi: int) -> None:
+    """Start reading, in the background, the Parquet row groups that hold rows [lo, hi) of ``column`` (the rows
+    of the unit a worker will probably run next): their requests overlap this unit's decoding."""
+    if path.endswith((".arrow", ".feather", ".ipc")):
+        return
+    meta, ident = _footer(path)
+    _groups(path, meta, ident, column, _groups_of(meta, lo, hi)[0], wait=False)
+
+
 def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
     """Rows [lo, hi) of one column of a Parquet or Arrow IPC file, as Python values."""
     import pyarrow as pa
@@ -224,26 +310,9 @@ def read_table_column(path: str, column: str, lo: int, hi: int) -> list:
             except pa.ArrowInvalid:  # IPC stream format (datasets' save_to_disk): sequential only
                 src.seek(0)
                 return pa.ipc.open_stream(src).read_all().column(column).slice(lo, hi - lo).to_pylist()
-    import pyarrow.parquet as pq
-
     meta, ident = _footer(path)  # (from object storage: the footer once, then only these row groups, by range)
-    groups, start, first = [], 0, None
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if start < hi and start + n > lo:
-            groups.append(g)
-            first = start if first is None else first
-        start += n
-    with _KEEP_LOCK:
-        have = {g: _GROUPS.get((path, ident, column, g)) for g in groups}
-    missing = [g for g, c in have.items() if c is None]
-    if missing:
-        col = pq.ParquetFile(_opened(path), metadata=meta).read_row_groups(missing, columns=[column]).column(column)
-        at = 0
-        for g in missing:
-            n = meta.row_group(g).num_rows
-            have[g] = col.slice(at, n)
-            at += n
+    groups, first = _groups_of(meta, lo, hi)
+    have = _groups(path, meta, ident, column, groups)
     for g in groups:  # (the most recently used last)
         _keep_group((path, ident, column, g), have[g])
     import pyarrow as pa
@@ -276,6 +345,7 @@ class TableSource(Source):
     name = "table"
     task = "classification"
     rows_in_files = True
+    shares_reads = True  # (a row group holds several units' rows: read once by the worker that runs them)
     params = (
         Param("path", "A Parquet or Arrow IPC file, or a folder of them.", type="path", required=True, argument=True),
         Param("image_column", "Column of encoded image bytes (or Hugging Face Image structs).", default="image"),
@@ -315,3 +385,14 @@ class TableSource(Source):
             buf.name = where(r)  # error messages name the table row
             return Item(buf, r.label, r.target)
         return table_item
+
+    def prefetch(self, records: list[Record]) -> None:
+        """Start reading the row groups of ``records`` (the unit this worker will probably run next)."""
+        by_file: dict[str, list[int]] = {}
+        for r in records:
+            by_file.setdefault(r.path, []).append(r.row)
+        for path, rows in by_file.items():
+            try:
+                read_ahead(path, self.image_column, min(rows), max(rows) + 1)
+            except (OSError, ValueError, KeyError):  # (said by the unit that reads them, if it does)
+                pass
