@@ -11,6 +11,7 @@ Everything here is numpy: the runtime maps shards through a store and wraps resu
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,7 @@ class Pixels:
 
     @property
     def sample_nbytes(self) -> int:
-        return int(np.prod(self.sample_shape)) * self.itemsize
+        return math.prod(self.sample_shape) * self.itemsize
 
     @property
     def dim_names(self) -> list[str]:
