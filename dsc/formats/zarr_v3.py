@@ -155,6 +155,13 @@ def plain_array_json(length: int, dtype: str = "uint8", dimension_name: str = "b
     return _array_json([length], _DTYPES[dtype], [length], [_bytes_codec(np.dtype(dtype))], 0, [dimension_name], None)
 
 
+def ragged_shard_meta(nbytes: int, dtype: str = "uint8") -> bytes:
+    """The ``zarr.json`` beside a ragged shard of ``nbytes`` bytes (``<node>/values/<s>/zarr.json``): implied by
+    the shard's size (format 4 lists it nowhere; the shard writer, verify and push make or check these bytes)."""
+    itemsize = np.dtype(dtype).itemsize
+    return json_bytes(plain_array_json(nbytes // itemsize, dtype, "byte" if itemsize == 1 else "element"))
+
+
 def read_array_meta(root, rel: str) -> dict:
     """An array node's metadata, checked to be the kind of Zarr v3 array dsc writes (1 chunk or sharded)."""
     meta = read_node_json(root, rel)
