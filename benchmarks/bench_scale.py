@@ -2,15 +2,19 @@
 sample per shard, so the metadata is all there is).
 
 For each shard count: the compile's fixed cost per shard ((time - time of the smallest) / (shards - its
-shards)); then, in a fresh process each: ``dsc.open`` (seconds, and bytes read by read calls, /proc/self/io
+shards)), in wall time and in CPU time (user + system of the compiling process: on a shared machine the wall
+time is mostly waiting for a core and for the disk's inode creation), and the files and folders it made per
+shard; then, in a fresh process each: ``dsc.open`` (seconds, and bytes read by read calls, /proc/self/io
 ``rchar``), the first random batch of 256 (seconds), RSS after both against a process that only imported dsc,
 and the metadata on disk (JSON: the root zarr.json with the manifest, the version records, every other
 *.json; table: a columnar per-shard table, where the format has one). Goals (issue 34, at 1M shards):
 open <= 1 s, <= 200 MB RSS per process, first batch <= 2 s, bytes read at open independent of the
 shards, compile's fixed cost <= 0.5 ms a shard.
 
-``DSC_BENCH_SHARDS`` (default ``1024,32768``) picks the counts: 1M shards take hours to compile at today's
-per-shard cost on a small machine, so it is run only when asked (``DSC_BENCH_SHARDS=1024,32768,1048576``).
+``DSC_BENCH_SHARDS`` (default ``1024,32768,131072``) picks the counts (each dataset is compiled once and kept
+under build/bench): 1M shards are 4M files and folders (a fixed shard is ``image/c/<s>/0/0/0``), which this
+bench's 2-core machine creates in about an hour, so it is run only when asked
+(``DSC_BENCH_SHARDS=1024,32768,1048576``).
 ``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
 and opens the same simulation with that code too, in the same run, each row beside its baseline.
 ``python benchmarks/bench_scale.py``.
@@ -29,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BENCH_DIR  # noqa: E402
 
-SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768").split(",")]
+SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768,131072").split(",")]
 
 
 BASELINE = os.environ.get("DSC_BENCH_BASELINE")
@@ -41,8 +45,8 @@ def _env(code: str) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([code, *sys.path])}
 
 
-def _compile(n: int, out: str) -> float:
-    """(In a child process) compile the simulation of ``n`` shards into ``out``; its seconds."""
+def _compile(n: int, out: str) -> str:
+    """(In a child process) compile the simulation of ``n`` shards into ``out``; its seconds, wall and CPU."""
     import shutil
 
     import torch
@@ -57,14 +61,14 @@ def _compile(n: int, out: str) -> float:
             return np.full((2, 2, 3), i % 251, np.uint8), i % 10
 
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     dsc.compile(Tiny(), out, size=2, shard_size=1, progress=False, workers=1)
-    return time.perf_counter() - t0
+    return f"{time.perf_counter() - t0} {time.process_time() - c0}"
 
 
-def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float]:
+def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float, float | None]:
     """The simulation of ``n`` shards compiled by the dsc at ``code`` (built once, kept under build/bench)
-    and its compile's seconds."""
+    and its compile's seconds (wall, CPU: None in a stamp that predates it)."""
     out = BENCH_DIR / f"scale{name}-{n}.dsc"
     stamp = BENCH_DIR / f"scale{name}-{n}.seconds"
     if not (out.exists() and stamp.exists()):
@@ -75,7 +79,8 @@ def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float]:
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-3000:])
         stamp.write_text(r.stdout.strip().splitlines()[-1])
-    return out, float(stamp.read_text())
+    wall, *cpu = stamp.read_text().split()
+    return out, float(wall), float(cpu[0]) if cpu else None
 
 
 def _rchar() -> int:
@@ -130,25 +135,33 @@ def _metadata_bytes(path: Path) -> tuple[int, int]:
     return js, table
 
 
+def _entries(path: Path) -> int:
+    """Files and folders under ``path`` (what the compile created)."""
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))
+
+
 def main() -> None:
     codes = [("", HERE)] + ([("-baseline", BASELINE)] if BASELINE else [])
     print(f"many shards (one 2x2 sample a shard; each open in a fresh process; RSS against a process that imported "
           f"dsc and torch only" + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run"
                                    if BASELINE else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
-          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16}")
-    for name, code in codes:
-        base = _measure(None, code)
-        rows = []
-        for n in SHARDS:
-            path, seconds = _build(n, code, name)
-            rows.append((n, seconds, _measure(path, code), *_metadata_bytes(path)))
-        n0, s0 = rows[0][0], rows[0][1]
-        for n, seconds, m, js, table in rows:
+          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14}")
+    bases = {name: _measure(None, code) for name, code in codes}
+    first: dict = {}
+    for n in SHARDS:  # (each count: the baseline's compile and open, then this code's, so both see the same load)
+        for name, code in codes:
+            path, seconds, cpu = _build(n, code, name)
+            m, (js, table), entries = _measure(path, code), _metadata_bytes(path), _entries(path)
+            n0, s0, c0, e0 = first.setdefault(name, (n, seconds, cpu, entries))
             per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
+            per_cpu = ("-" if cpu is None or c0 is None else f"{(cpu - c0) / (n - n0) * 1e3:.2f} ms" if n > n0
+                       else f"({cpu / n * 1e3:.2f} ms)")
+            per_files = f"{(entries - e0) / (n - n0):.2f}" if n > n0 else f"({entries / n:.2f})"
             print(f"  {n:>10,} {name.strip('-') or 'this':>9} {js / 1e6:>10.1f} MB {table / 1e6:>6.1f} MB "
                   f"{m['read'] / 1e6:>10.1f} MB {m['open']:>7.2f} s {m['first']:>10.2f} s "
-                  f"{(m['rss'] - base['rss']) / 1e6:>5.0f} MB {per:>16}", flush=True)
+                  f"{(m['rss'] - bases[name]['rss']) / 1e6:>5.0f} MB {per:>16} {per_cpu:>12} {per_files:>14}   "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print("  goals at 1M shards: dsc.open <= 1 s, RSS <= 200 MB a process, first batch <= 2 s, read at open "
           "independent of the shards, compile <= 0.5 ms a shard (fixed cost)")
 

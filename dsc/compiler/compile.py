@@ -323,8 +323,13 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                 raise
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
-                         seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in L.shard_specs(manifest)),
+                         seconds=time.perf_counter() - t0, bytes_written=_shard_bytes(manifest),
                          resumed_units=len(done), decoded=sum(len(t.records) for t in tasks if t.s not in done))
+
+
+def _shard_bytes(m: Manifest) -> int:
+    """The bytes of every shard of ``m``: its table's sum (not a ShardSpec made per shard to add them up)."""
+    return m.shard_table.ref["nbytes"] if m.shard_table is not None else sum(s.nbytes for s in L.shard_specs(m))
 
 
 def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
