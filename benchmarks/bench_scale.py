@@ -15,7 +15,8 @@ shards, compile's fixed cost <= 0.5 ms a shard.
 under build/bench): 1M shards are 4M files and folders (a fixed shard is ``image/c/<s>/0/0/0``), which this
 bench's 2-core machine creates in about an hour, so it is run only when asked
 (``DSC_BENCH_SHARDS=1024,32768,1048576``).
-``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
+``DSC_BENCH_LAYOUT=ragged`` compiles the same samples in the ragged layout (``max_side``: each shard a Zarr
+array of its own, whose ``zarr.json`` the manifest once listed). ``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
 and opens the same simulation with that code too, in the same run, each row beside its baseline.
 ``python benchmarks/bench_scale.py``.
 """
@@ -36,6 +37,7 @@ from common import BENCH_DIR  # noqa: E402
 SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768,131072").split(",")]
 
 
+LAYOUT = os.environ.get("DSC_BENCH_LAYOUT", "fixed")
 BASELINE = os.environ.get("DSC_BENCH_BASELINE")
 HERE = str(Path(__file__).resolve().parents[1])
 
@@ -62,15 +64,17 @@ def _compile(n: int, out: str) -> str:
 
     shutil.rmtree(out, ignore_errors=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    dsc.compile(Tiny(), out, size=2, shard_size=1, progress=False, workers=1)
+    dsc.compile(Tiny(), out, **(dict(size=2) if LAYOUT == "fixed" else dict(max_side=2)), shard_size=1,
+                progress=False, workers=1)
     return f"{time.perf_counter() - t0} {time.process_time() - c0}"
 
 
 def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float, float | None]:
     """The simulation of ``n`` shards compiled by the dsc at ``code`` (built once, kept under build/bench)
     and its compile's seconds (wall, CPU: None in a stamp that predates it)."""
-    out = BENCH_DIR / f"scale{name}-{n}.dsc"
-    stamp = BENCH_DIR / f"scale{name}-{n}.seconds"
+    kind = "" if LAYOUT == "fixed" else f"-{LAYOUT}"
+    out = BENCH_DIR / f"scale{kind}{name}-{n}.dsc"
+    stamp = BENCH_DIR / f"scale{kind}{name}-{n}.seconds"
     if not (out.exists() and stamp.exists()):
         print(f"  compiling {n:,} shards of one 2x2 sample{f' ({name})' if name else ''} (once)...", flush=True)
         BENCH_DIR.mkdir(parents=True, exist_ok=True)
@@ -142,8 +146,8 @@ def _entries(path: Path) -> int:
 
 def main() -> None:
     codes = [("", HERE)] + ([("-baseline", BASELINE)] if BASELINE else [])
-    print(f"many shards (one 2x2 sample a shard; each open in a fresh process; RSS against a process that imported "
-          f"dsc and torch only" + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run"
+    print(f"many shards (one 2x2 sample a shard, {LAYOUT} layout; each open in a fresh process; RSS against a "
+          f"process that imported dsc and torch only" + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run"
                                    if BASELINE else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
           f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14}")
