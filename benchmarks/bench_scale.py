@@ -16,7 +16,8 @@ under build/bench): 1M shards are 4M files and folders (a fixed shard is ``image
 bench's 2-core machine creates in about an hour, so it is run only when asked
 (``DSC_BENCH_SHARDS=1024,32768,1048576``).
 ``DSC_BENCH_LAYOUT=ragged`` compiles the same samples in the ragged layout (``max_side``: each shard a Zarr
-array of its own, whose ``zarr.json`` the manifest once listed). ``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
+array of its own, whose ``zarr.json`` the manifest once listed).
+``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
 and opens the same simulation with that code too, in the same run, each row beside its baseline.
 ``python benchmarks/bench_scale.py``.
 """
@@ -147,8 +148,8 @@ def _entries(path: Path) -> int:
 def main() -> None:
     codes = [("", HERE)] + ([("-baseline", BASELINE)] if BASELINE else [])
     print(f"many shards (one 2x2 sample a shard, {LAYOUT} layout; each open in a fresh process; RSS against a "
-          f"process that imported dsc and torch only" + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run"
-                                   if BASELINE else "") + ")")
+          f"process that imported dsc and torch only"
+          + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run" if BASELINE else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
           f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14}")
     bases = {name: _measure(None, code) for name, code in codes}
