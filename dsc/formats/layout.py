@@ -68,6 +68,18 @@ def implied_files(manifest: Manifest, listed: bool = False):
                 yield meta
 
 
+def implies(manifest: Manifest, rel: str) -> bool:
+    """Whether ``rel`` is a file ``manifest``'s shard table implies (``implied_files``, listed or not), looked up
+    by its slot: ``<node>/values/<s>/zarr.json`` of a ragged column whose slot ``s`` holds a shard."""
+    table = manifest.shard_table
+    parts = rel.split("/")
+    if table is None or len(parts) != 4 or parts[1] != "values" or parts[3] != ZARR_JSON or not parts[2].isdigit():
+        return False
+    geo, s = table.geometry.get(parts[0]), int(parts[2])
+    return (geo is not None and not geo.fixed and parts[0] in table.columns and s < table.slots
+            and table.column(parts[0])[s] is not None)
+
+
 def objects(manifest: Manifest) -> list[dict]:
     """Every object ({sha256, nbytes}) the version uses: its small files' and its shard table's."""
     return [*manifest.files.values(), *table_objects(manifest)]
