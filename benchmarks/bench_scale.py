@@ -127,17 +127,19 @@ def _measure(path: Path | None, code: str = HERE) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _metadata_bytes(path: Path) -> tuple[int, int]:
-    """(JSON bytes, table bytes) of a dataset's metadata: every *.json, and its shard table's objects (format 4:
-    the objects that start with the table's magic)."""
+def _metadata_bytes(path: Path) -> tuple[int, int, int]:
+    """(JSON bytes, table bytes, root bytes) of a dataset's metadata: every *.json (a ragged shard's own
+    zarr.json, beside it, included), its shard table's objects (format 4: the objects that start with the table's
+    magic), and the root zarr.json with the version records (the manifest: what dsc.open reads)."""
     js = sum(p.stat().st_size for p in path.rglob("*.json"))
+    root = (path / "zarr.json").stat().st_size + sum(p.stat().st_size for p in (path / "_dsc" / "log").glob("*.json"))
     table = 0
     for p in (path / "_dsc" / "objects").rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
                 if f.read(8) == b"DSCSHTAB":
                     table += p.stat().st_size
-    return js, table
+    return js, table, root
 
 
 def _entries(path: Path) -> int:
@@ -150,20 +152,21 @@ def main() -> None:
     print(f"many shards (one 2x2 sample a shard, {LAYOUT} layout; each open in a fresh process; RSS against a "
           f"process that imported dsc and torch only"
           + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run" if BASELINE else "") + ")")
-    print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
+    print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
           f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14}")
     bases = {name: _measure(None, code) for name, code in codes}
     first: dict = {}
     for n in SHARDS:  # (each count: the baseline's compile and open, then this code's, so both see the same load)
         for name, code in codes:
             path, seconds, cpu = _build(n, code, name)
-            m, (js, table), entries = _measure(path, code), _metadata_bytes(path), _entries(path)
+            m, (js, table, root), entries = _measure(path, code), _metadata_bytes(path), _entries(path)
             n0, s0, c0, e0 = first.setdefault(name, (n, seconds, cpu, entries))
             per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
             per_cpu = ("-" if cpu is None or c0 is None else f"{(cpu - c0) / (n - n0) * 1e3:.2f} ms" if n > n0
                        else f"({cpu / n * 1e3:.2f} ms)")
             per_files = f"{(entries - e0) / (n - n0):.2f}" if n > n0 else f"({entries / n:.2f})"
-            print(f"  {n:>10,} {name.strip('-') or 'this':>9} {js / 1e6:>10.1f} MB {table / 1e6:>6.1f} MB "
+            print(f"  {n:>10,} {name.strip('-') or 'this':>9} {js / 1e6:>10.1f} MB {root / 1e6:>6.2f} MB "
+                  f"{table / 1e6:>6.1f} MB "
                   f"{m['read'] / 1e6:>10.1f} MB {m['open']:>7.2f} s {m['first']:>10.2f} s "
                   f"{(m['rss'] - bases[name]['rss']) / 1e6:>5.0f} MB {per:>16} {per_cpu:>12} {per_files:>14}   "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
