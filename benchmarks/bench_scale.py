@@ -67,12 +67,15 @@ def _compile(n: int, out: str) -> str:
     t0, c0 = time.perf_counter(), time.process_time()
     dsc.compile(Tiny(), out, **(dict(size=2) if LAYOUT == "fixed" else dict(max_side=2)), shard_size=1,
                 progress=False, workers=1)
-    return f"{time.perf_counter() - t0} {time.process_time() - c0}"
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return f"{time.perf_counter() - t0} {time.process_time() - c0} {peak}"
 
 
-def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float, float | None]:
+def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float, float | None, int | None]:
     """The simulation of ``n`` shards compiled by the dsc at ``code`` (built once, kept under build/bench)
-    and its compile's seconds (wall, CPU: None in a stamp that predates it)."""
+    and its compile's seconds (wall, CPU) and peak RSS (None in a stamp that predates them)."""
     kind = "" if LAYOUT == "fixed" else f"-{LAYOUT}"
     out = BENCH_DIR / f"scale{kind}{name}-{n}.dsc"
     stamp = BENCH_DIR / f"scale{kind}{name}-{n}.seconds"
@@ -84,8 +87,8 @@ def _build(n: int, code: str = HERE, name: str = "") -> tuple[Path, float, float
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-3000:])
         stamp.write_text(r.stdout.strip().splitlines()[-1])
-    wall, *cpu = stamp.read_text().split()
-    return out, float(wall), float(cpu[0]) if cpu else None
+    wall, *more = stamp.read_text().split()
+    return out, float(wall), float(more[0]) if more else None, int(more[1]) if len(more) > 1 else None
 
 
 def _rchar() -> int:
@@ -153,12 +156,13 @@ def main() -> None:
           f"process that imported dsc and torch only"
           + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run" if BASELINE else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
-          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14}")
+          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14} "
+          f"{'compile RSS':>12}")
     bases = {name: _measure(None, code) for name, code in codes}
     first: dict = {}
     for n in SHARDS:  # (each count: the baseline's compile and open, then this code's, so both see the same load)
         for name, code in codes:
-            path, seconds, cpu = _build(n, code, name)
+            path, seconds, cpu, peak = _build(n, code, name)
             m, (js, table, root), entries = _measure(path, code), _metadata_bytes(path), _entries(path)
             n0, s0, c0, e0 = first.setdefault(name, (n, seconds, cpu, entries))
             per = f"{(seconds - s0) / (n - n0) * 1e3:.2f} ms" if n > n0 else f"({seconds / n * 1e3:.2f} ms)"
@@ -168,7 +172,8 @@ def main() -> None:
             print(f"  {n:>10,} {name.strip('-') or 'this':>9} {js / 1e6:>10.1f} MB {root / 1e6:>6.2f} MB "
                   f"{table / 1e6:>6.1f} MB "
                   f"{m['read'] / 1e6:>10.1f} MB {m['open']:>7.2f} s {m['first']:>10.2f} s "
-                  f"{(m['rss'] - bases[name]['rss']) / 1e6:>5.0f} MB {per:>16} {per_cpu:>12} {per_files:>14}   "
+                  f"{(m['rss'] - bases[name]['rss']) / 1e6:>5.0f} MB {per:>16} {per_cpu:>12} {per_files:>14} "
+                  f"{'-' if peak is None else f'{peak / 1e6:.0f} MB':>12}   "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print("  goals at 1M shards: dsc.open <= 1 s, RSS <= 200 MB a process, first batch <= 2 s, read at open "
           "independent of the shards, compile <= 0.5 ms a shard (fixed cost)")
