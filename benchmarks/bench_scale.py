@@ -18,7 +18,10 @@ bench's 2-core machine creates in about an hour, so it is run only when asked
 ``DSC_BENCH_LAYOUT=ragged`` compiles the same samples in the ragged layout (``max_side``: each shard a Zarr
 array of its own, whose ``zarr.json`` the manifest once listed).
 ``DSC_BENCH_BASELINE`` (a dsc source tree, e.g. the checkout of the commit before the shard table) compiles
-and opens the same simulation with that code too, in the same run, each row beside its baseline.
+and opens the same simulation with that code too, in the same run, each row beside its baseline; unset, the
+baseline is the ``dsc`` package of the git revision ``DSC_BENCH_BASELINE_REV`` (default ``b636065``, the
+commit before the compile's per-shard cost was cut and a ragged shard's zarr.json became implied), exported
+once under build/bench (none, with a note, outside a git checkout; ``DSC_BENCH_BASELINE_REV=`` for none).
 ``python benchmarks/bench_scale.py``.
 """
 from __future__ import annotations
@@ -40,7 +43,24 @@ SHARDS = [int(x) for x in os.environ.get("DSC_BENCH_SHARDS", "1024,32768,131072"
 
 LAYOUT = os.environ.get("DSC_BENCH_LAYOUT", "fixed")
 BASELINE = os.environ.get("DSC_BENCH_BASELINE")
+BASELINE_REV = os.environ.get("DSC_BENCH_BASELINE_REV", "b636065")
 HERE = str(Path(__file__).resolve().parents[1])
+
+
+def _baseline() -> str | None:
+    """The baseline's source tree: ``DSC_BENCH_BASELINE``, else the dsc package of ``BASELINE_REV`` exported from
+    git once under build/bench (None when there is no such revision)."""
+    if BASELINE or not BASELINE_REV:
+        return BASELINE
+    dst = (BENCH_DIR / f"src-{BASELINE_REV}").resolve()
+    if not (dst / "dsc" / "__init__.py").is_file():
+        dst.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", HERE, "archive", BASELINE_REV, "dsc"], capture_output=True)
+        if archive.returncode != 0 or subprocess.run(["tar", "-x", "-C", str(dst)], input=archive.stdout,
+                                                     capture_output=True).returncode != 0:
+            print(f"  (no baseline: git revision {BASELINE_REV} is not in {HERE})")
+            return None
+    return str(dst)
 
 
 def _env(code: str) -> dict:
@@ -151,10 +171,11 @@ def _entries(path: Path) -> int:
 
 
 def main() -> None:
-    codes = [("", HERE)] + ([("-baseline", BASELINE)] if BASELINE else [])
+    baseline = _baseline()
+    codes = [("", HERE)] + ([("-baseline", baseline)] if baseline else [])
     print(f"many shards (one 2x2 sample a shard, {LAYOUT} layout; each open in a fresh process; RSS against a "
           f"process that imported dsc and torch only"
-          + (f"; each row beside the same with the dsc at {BASELINE} (baseline), same run" if BASELINE else "") + ")")
+          + (f"; each row beside the same with the dsc at {baseline} (baseline), same run" if baseline else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
           f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14} "
           f"{'compile RSS':>12}")
