@@ -176,8 +176,8 @@ def main() -> None:
     print(f"many shards (one 2x2 sample a shard, {LAYOUT} layout; each open in a fresh process; RSS against a "
           f"process that imported dsc and torch only"
           + (f"; each row beside the same with the dsc at {baseline} (baseline), same run" if baseline else "") + ")")
-    print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} {'dsc.open':>9} "
-          f"{'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14} "
+    print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} "
+          f"{'dsc.open':>9} {'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14} "
           f"{'compile RSS':>12}")
     bases = {name: _measure(None, code) for name, code in codes}
     first: dict = {}
