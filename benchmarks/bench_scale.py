@@ -177,8 +177,8 @@ def main() -> None:
           f"process that imported dsc and torch only"
           + (f"; each row beside the same with the dsc at {baseline} (baseline), same run" if baseline else "") + ")")
     print(f"  {'shards':>10} {'code':>9} {'JSON on disk':>13} {'root+log':>9} {'table':>9} {'read at open':>13} "
-          f"{'dsc.open':>9} {'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} {'files / shard':>14} "
-          f"{'compile RSS':>12}")
+          f"{'dsc.open':>9} {'first batch':>12} {'RSS +':>8} {'compile / shard':>16} {'CPU / shard':>12} "
+          f"{'files / shard':>14} {'compile RSS':>12}")
     bases = {name: _measure(None, code) for name, code in codes}
     first: dict = {}
     for n in SHARDS:  # (each count: the baseline's compile and open, then this code's, so both see the same load)
