@@ -169,7 +169,7 @@ def test_wide_class_ids_are_stored_as_uint16_and_zarr_reads_them(tmp_path):
         if opts:
             np.testing.assert_array_equal(g["mask"][:], np.stack(masks))
         else:
-            np.testing.assert_array_equal(g["mask/values/0"][:], np.concatenate([m.reshape(-1) for m in masks]))
+            np.testing.assert_array_equal(g["mask/values"]["0"][:], np.concatenate([m.reshape(-1) for m in masks]))
         # uint16 masks go through the batched transforms too (nearest, ignore fill)
         b = T.Compose([T.Letterbox(40)])(ds.get_batch([0, 1]))
         assert b["mask"].dtype == torch.uint16 and b["mask"].shape == (2, 40, 40)

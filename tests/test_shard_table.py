@@ -425,3 +425,114 @@ def test_a_local_table_is_hashed_once_per_process(tmp_path, monkeypatch):
         ds = dsc.open(out)
         assert ds[4]["label"] == 4
     assert hashed.count(sha) == 1
+
+
+class RaggedTiny(Tiny):
+    """``n`` samples of 2-4 x 3 pixels (ragged layout): with shard_size=1, one shard each."""
+
+    def __getitem__(self, i):
+        return np.full((2 + i % 3, 3, 3), i % 251, np.uint8), i % 10
+
+
+def ragged(path: Path, n: int) -> Path:
+    dsc.compile(RaggedTiny(n), path, max_side=8, shard_size=1, progress=False, workers=1)
+    return path
+
+
+def test_a_ragged_shards_zarr_json_is_implied_not_listed(tmp_path):
+    """A ragged shard's own zarr.json sits beside it (plain Zarr reads it there) but neither the manifest's
+    files, nor the root zarr.json dsc.open reads, nor the objects grow with the shards; verify checks it."""
+    import zarr
+
+    a, b = ragged(tmp_path / "a", 10), ragged(tmp_path / "b", 40)
+    ma, mb = V.read_record(a, 0)["manifest"], V.read_record(b, 0)["manifest"]
+    assert set(ma.files) == set(mb.files) and "image/values/zarr.json" in mb.files
+    assert not [rel for rel in mb.files if rel.startswith("image/values/") and rel.count("/") > 2]
+    objects = lambda p: sorted(q.name for q in (p / "_dsc" / "objects").rglob("*") if q.is_file())  # noqa: E731
+    assert len(objects(a)) == len(objects(b))  # (no object per shard)
+    assert abs((b / "zarr.json").stat().st_size - (a / "zarr.json").stat().st_size) < 100  # (a few counts' digits)
+    ds, g = dsc.open(b), zarr.open_group(str(b), mode="r")
+    for s in range(40):  # each shard's array through its group (its metadata is beside it, not consolidated)
+        assert g["image/values"][str(s)][:].tobytes() == ds[s]["image"].numpy().tobytes()
+    assert not dsc.verify(b).problems
+    from dsc.formats import layout as L
+
+    # (a view refresh keeps such a file that an older format-4 manifest listed: the new version implies it)
+    assert L.implies(mb, "image/values/39/zarr.json") and not L.implies(mb, "image/values/40/zarr.json")
+    assert not L.implies(mb, "image/values/zarr.json") and not L.implies(mb, "image/offsets/c/0")
+    (b / "image/values/7/zarr.json").write_text("{}")
+    assert [p.file for p in dsc.verify(b).problems] == ["image/values/7/zarr.json"]
+
+
+def test_push_and_update_of_a_url_keep_each_ragged_shards_zarr_json(s3, tmp_path):
+    """push uploads each ragged shard's implied zarr.json beside it; an --update of the URL and its view refresh
+    keep the ones of the slots it still uses."""
+    from dsc.compiler.upload import push
+    from dsc.store import open_store
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_folder(src, 6)
+    opts = dict(max_side=8, shard_size=1, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)
+    url = "s3://dsc-test/ragged-implied"
+    push(out, url, progress=False)
+    store = open_store(url)
+    for s in range(6):
+        rel = f"image/values/{s}/zarr.json"
+        assert store.get(rel) == (out / rel).read_bytes()
+    assert not dsc.verify(url).problems
+    make_folder(src, 2, seed0=900)
+    r = dsc.compile_imagefolder(src, url, update=True, cache_dir=str(tmp_path / "stage"), **opts)
+    assert r.version == 1 and len(dsc.open(url, cache_dir=tmp_path / "c")) == 8
+    assert store.get("image/values/7/zarr.json") and not dsc.verify(url).problems
+
+
+def _file_calls(monkeypatch, fn) -> dict:
+    """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink
+    and os.replace."""
+    import os
+    from collections import Counter
+
+    from dsc.compiler import units
+
+    calls, inside = Counter(), [False]
+    for name in ("open", "mkdir", "unlink", "replace"):
+        real = getattr(os, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] += inside[0]
+            return _real(*a, **k)
+
+        monkeypatch.setattr(os, name, counted)
+    real_unit = units._compile_unit
+
+    def unit(*a, **k):
+        inside[0] = True
+        try:
+            return real_unit(*a, **k)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(units, "_compile_unit", unit)
+    try:
+        fn()
+    finally:
+        monkeypatch.undo()
+    return dict(calls)
+
+
+@pytest.mark.parametrize("layout", ["fixed", "ragged"])
+def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
+    """What one more shard costs a compile in file operations (one tiny sample a shard): its folders made
+    without first looking for them, its file published by one rename with nothing left to remove, and (ragged)
+    its zarr.json beside it (and no object of it: test_a_ragged_shards_zarr_json_is_implied_not_listed). Counted in
+    the units, as the difference between 5 and 25 shards."""
+    make = tiny if layout == "fixed" else ragged
+    make(tmp_path / "warm", 1)  # (what a process opens once: the decoders' capture file)
+    c5 = _file_calls(monkeypatch, lambda: make(tmp_path / "a", 5))
+    c25 = _file_calls(monkeypatch, lambda: make(tmp_path / "b", 25))
+    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace")}
+    if layout == "fixed":  # image/c/<s>/0/0/0: the staging, image, c, <s> (missing), 3 new folders, the file
+        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1}, per  # (was: 10 opens, 1 unlink)
+    else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
+        assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per

@@ -32,7 +32,7 @@ from ..formats import layout as L
 from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, MaskField, MaskSpec, ObjectMasksField,
                               ObjectsField, mask_dtype, value_field)
 from ..formats import shardtable, versions, view
-from ..formats.verify import file_checksums, file_checksums_one
+from ..formats.verify import file_checksums
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
@@ -329,8 +329,13 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                 raise
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
-                         seconds=time.perf_counter() - t0, bytes_written=sum(s.nbytes for s in L.shard_specs(manifest)),
+                         seconds=time.perf_counter() - t0, bytes_written=_shard_bytes(manifest),
                          resumed_units=len(done), decoded=sum(len(t.records) for t in tasks if t.s not in done))
+
+
+def _shard_bytes(m: Manifest) -> int:
+    """The bytes of every shard of ``m``: its table's sum (not a ShardSpec made per shard to add them up)."""
+    return m.shard_table.ref["nbytes"] if m.shard_table is not None else sum(s.nbytes for s in L.shard_specs(m))
 
 
 def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
@@ -419,12 +424,10 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
     opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
     shard_specs = [s for s in contributions["shards"] if s is not None] + [
         ShardSpec.from_dict(s) for f in contributions["fields"].values() for s in f.get("shards", ()) if s]
-    files = file_checksums(stage, {s.path for s in shard_specs})
-    if stage != out:  # an update: the ragged shards' own zarr.json sit beside their shards in OUT
-        for spec in shard_specs:
-            meta = spec.path.rsplit("/c/", 1)[0] + "/zarr.json" if "/values/" in spec.path else None
-            if meta and meta not in files:
-                files[meta] = file_checksums_one(out, meta)
+    # (a ragged shard's own zarr.json is implied by its size: not listed, so ``files`` does not grow with the
+    # shards; see layout.implied_files)
+    files = file_checksums(stage, {s.path for s in shard_specs},
+                           {s.path.rsplit("/c/", 1)[0] for s in shard_specs if "/values/" in s.path})
     manifest = Manifest(
         format_version=Manifest.version_for(contributions["fields"]), dsc_version=__version__, task=scanned.task,
         num_samples=int(rows.live.sum()), shard_size=K, classes=classes, category_ids=scanned.category_ids,

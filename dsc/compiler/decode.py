@@ -50,6 +50,14 @@ def _to_mode(im: Image.Image, mode: str, background: tuple[int, int, int]) -> Im
     return im
 
 
+def in_mode(im, mode: str) -> bool:
+    """Whether a Python dataset's image is already as stored: in memory (not a lazily opened file), in ``mode``,
+    nothing transparent. Then there is nothing to convert, and nothing that could print: :func:`to_mode` and
+    the capture of what decoders say are skipped (a visible share of a tiny sample's compile)."""
+    return (isinstance(im, Image.Image) and not isinstance(im, ImageFile.ImageFile) and im.mode == mode
+            and "transparency" not in im.info)
+
+
 def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where: str) -> Image.Image:
     """An image from a Python dataset in the stored mode; errors name ``where``. One not loaded yet (a
     lazily opened file) is loaded under dsc's rules (:func:`pil_rules`): all of it, or an error."""

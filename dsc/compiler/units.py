@@ -23,7 +23,7 @@ from ..formats.fields import Field, KeypointsField, MaskField, ObjectMasksField,
 from .boxes import boxes_in_display_frame, to_stored
 from .capture import captured
 from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
-                     to_mode)
+                     in_mode, to_mode)
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .instances import instance_masks, place_keypoints
 from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
@@ -188,8 +188,11 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         mask_obj, mask_fp = _input(item.mask, rec, "mask")
         item.mask = mask_obj
     if item.decoded:
-        with captured(notes):
-            im = to_mode(item.obj, o.mode, o.background, rec.key)
+        if in_mode(item.obj, o.mode):
+            im = item.obj
+        else:
+            with captured(notes):
+                im = to_mode(item.obj, o.mode, o.background, rec.key)
         dec = Decoded(im, 1, (im.height, im.width))
         fp = NO_INPUT
     else:

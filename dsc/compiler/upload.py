@@ -266,6 +266,8 @@ def _push(local: Path, root: Root, nums: list[int], store: Store, uploader: Uplo
         m = rec["manifest"]
         for spec in L.shard_specs(m):
             jobs[spec.path] = (spec.sha256, spec.nbytes)
+        for rel, data in L.implied_files(m):  # (a ragged shard's own zarr.json, beside it)
+            jobs[rel] = (hashlib.sha256(data).hexdigest(), len(data))
         for f in L.objects(m):  # (its small files' objects, and its shard table's)
             jobs[versions.object_path(f["sha256"])] = (f["sha256"], f["nbytes"])
     # (a published version's shards are there; its objects a new version reuses are checked like any other)
@@ -351,7 +353,8 @@ def _conflict(store: Store, n: int, what: str) -> VersionConflictError:
 
 def _paths(m) -> set[str]:
     """Every file a version's record references: its shards and its objects."""
-    return {s.path for s in L.shard_specs(m)} | {versions.object_path(f["sha256"]) for f in L.objects(m)}
+    return ({s.path for s in L.shard_specs(m)} | {rel for rel, _ in L.implied_files(m, listed=True)}
+            | {versions.object_path(f["sha256"]) for f in L.objects(m)})
 
 
 def pull_for_update(store: Store, dst: Path) -> int:

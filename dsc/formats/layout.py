@@ -49,6 +49,37 @@ def table_objects(manifest: Manifest) -> list[dict]:
     return manifest.shard_table.objects if manifest.shard_table is not None else []
 
 
+def implied_files(manifest: Manifest, listed: bool = False):
+    """(path, bytes) of each file beside a shard that its table entry implies and ``files`` does not list (with
+    ``listed``, also those it lists): a ragged shard's own ``zarr.json`` (format 4; one written before this rule
+    is in ``files`` instead). Like the shards, they sit at their slots, shared by the versions that share the
+    shard; dsc never reads them (the plain-Zarr view does), so neither the manifest nor the view's root grows
+    with them. (Reads the whole table.)"""
+    table = manifest.shard_table
+    if table is None:
+        return
+    for name in table.columns:
+        geo = table.geometry.get(name)
+        if geo is None or geo.fixed:
+            continue
+        for s, spec in enumerate(table.column(name)):
+            meta = geo.meta(s, spec.nbytes) if spec is not None else None
+            if meta is not None and (listed or meta[0] not in manifest.files):
+                yield meta
+
+
+def implies(manifest: Manifest, rel: str) -> bool:
+    """Whether ``rel`` is a file ``manifest``'s shard table implies (``implied_files``, listed or not), looked up
+    by its slot: ``<node>/values/<s>/zarr.json`` of a ragged column whose slot ``s`` holds a shard."""
+    table = manifest.shard_table
+    parts = rel.split("/")
+    if table is None or len(parts) != 4 or parts[1] != "values" or parts[3] != ZARR_JSON or not parts[2].isdigit():
+        return False
+    geo, s = table.geometry.get(parts[0]), int(parts[2])
+    return (geo is not None and not geo.fixed and parts[0] in table.columns and s < table.slots
+            and table.column(parts[0])[s] is not None)
+
+
 def objects(manifest: Manifest) -> list[dict]:
     """Every object ({sha256, nbytes}) the version uses: its small files' and its shard table's."""
     return [*manifest.files.values(), *table_objects(manifest)]

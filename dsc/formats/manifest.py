@@ -286,7 +286,7 @@ def geometry(image: ImageSpec, fields: dict) -> dict[str, Geometry]:
         if isinstance(d, dict) and d.get("kind") == "mask":
             fixed = d.get("layout") == "fixed"
             nb = int(d["height"]) * int(d["width"]) * (2 if d.get("dtype") == "uint16" else 1) if fixed else 0
-            out[name] = Geometry(name, fixed, 2, nb)
+            out[name] = Geometry(name, fixed, 2, nb, "uint16" if d.get("dtype") == "uint16" else "uint8")
     return out
 
 

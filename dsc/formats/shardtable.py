@@ -27,6 +27,7 @@ from ..errors import CorruptDatasetError
 from ..store import open_store
 from ..store.local import map_fd, write_atomic
 from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
+from .zarr_v3 import ragged_shard_meta
 
 MAGIC = b"DSCSHTAB"
 TABLE_VERSION = 1
@@ -46,9 +47,15 @@ class Geometry:
     fixed: bool
     ndim: int  # sample axes (image: 3, mask: 2)
     sample_nbytes: int = 0  # fixed layout
+    dtype: str = "uint8"
 
     def path(self, s: int) -> str:
         return f"{self.node}/c/{s}" + "/0" * self.ndim if self.fixed else f"{self.node}/values/{s}/c/0"
+
+    def meta(self, s: int, nbytes: int) -> tuple[str, bytes] | None:
+        """(path, bytes) of the ``zarr.json`` beside slot ``s``'s shard of ``nbytes`` bytes: a ragged shard is a
+        plain Zarr array of its own, whose metadata its size implies (None for the fixed layout)."""
+        return None if self.fixed else (f"{self.node}/values/{s}/zarr.json", ragged_shard_meta(nbytes, self.dtype))
 
     def nbytes(self, count: int, K: int) -> int | None:
         return count * self.sample_nbytes + 16 * K + 4 if self.fixed else None

@@ -36,13 +36,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_checksums(root: Path, exclude: set[str]) -> dict:
+def file_checksums(root: Path, exclude: set[str], implied: set[str] = frozenset()) -> dict:
     """{relative path: {"nbytes", "sha256"}} of every file under root except the root zarr.json, the
-    shards (``exclude``) and hidden entries (the journal). The chunk folders that hold only shards (``image/c``,
+    shards (``exclude``), the folders ``implied`` (a ragged shard's slot folder: its shard and the zarr.json its
+    size implies) and hidden entries (the journal). The chunk folders that hold only shards (``image/c``,
     ``image/values/<s>/c``) are not walked: a compile's fixed cost would otherwise grow by a directory walk a
     shard."""
     out = {}
-    prune = {rel.rsplit("/c/", 1)[0] + "/c" for rel in exclude if "/c/" in rel}
+    prune = {rel.rsplit("/c/", 1)[0] + "/c" for rel in exclude if "/c/" in rel} | set(implied)
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath).relative_to(root).as_posix()
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_"))
@@ -54,11 +55,6 @@ def file_checksums(root: Path, exclude: set[str]) -> dict:
                 continue
             out[rel] = {"nbytes": path.stat().st_size, "sha256": sha256_file(path)}
     return out
-
-
-def file_checksums_one(root: Path, rel: str) -> dict:
-    path = Path(root) / rel
-    return {"nbytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _verify_view(store, m: Manifest, P: list) -> None:
@@ -202,6 +198,19 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
     keys = try_read(P, L.KEYS, lambda: read_string_array(root, L.KEYS))
     if keys is not None and len(keys) != m.num_rows:
         P.append(Problem(L.KEYS, f"has {len(keys)} keys for {m.num_rows} rows"))
+    # ---- what a ragged shard's size implies beside it (its zarr.json: plain Zarr readers read it, dsc does not)
+    if table_ok:
+        files = store.files()
+        for rel, want in L.implied_files(m):
+            report.files_checked += 1
+            try:
+                ok = bytes(files.read(rel, len(want))) == want
+            except DscError as e:
+                P.append(Problem(rel, f"{e} (plain Zarr readers affected; dsc is not)"))
+                continue
+            if not ok:
+                P.append(Problem(rel, "is not the metadata its shard's size implies (plain Zarr readers affected; dsc "
+                                      "is not)"))
     shards = L.shard_specs(m) if table_ok else []
     report.shards_checked = len(shards)
     report.bytes_hashed += sum(s.nbytes for s in shards)

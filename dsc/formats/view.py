@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import CorruptDatasetError, DscError
 from ..store import Store
 from ..store.local import not_ours
-from .layout import read_manifest
+from .layout import implies, read_manifest
 from .manifest import Manifest
 from .versions import as_store, object_path, read_record, record_path, versions
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, json_bytes, parse_json
@@ -156,9 +156,11 @@ def refresh(where, m: Manifest, old: Manifest | None = None, src: Store | None =
     store.put(ZARR_JSON, json_bytes(root_json(m, metas)))
     if superseded(store, m):
         return settle(store)
-    if old is not None:  # files of nodes this version does not have (a ragged slot no longer used)
-        alt = alternating(old)
+    if old is not None:  # files of nodes this version does not have (a ragged slot no longer used; one whose
+        alt = alternating(old)  # zarr.json this version implies instead of listing stays: see layout.implied_files)
         for rel in set(old.files) - set(m.files):
+            if implies(m, rel):
+                continue
             store.delete(view_path(rel, cur, alt))
 
 

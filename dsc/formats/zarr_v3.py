@@ -16,6 +16,7 @@ What dsc uses:
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -41,7 +42,7 @@ _DTYPES = {
 
 
 def node_dir(root: Path, rel: str) -> Path:
-    return root.joinpath(*check_node_path(rel).split("/")) if rel else root
+    return Path(root, check_node_path(rel)) if rel else root
 
 
 def _bytes_codec(dtype: np.dtype) -> dict:
@@ -154,6 +155,13 @@ def plain_array_json(length: int, dtype: str = "uint8", dimension_name: str = "b
     return _array_json([length], _DTYPES[dtype], [length], [_bytes_codec(np.dtype(dtype))], 0, [dimension_name], None)
 
 
+def ragged_shard_meta(nbytes: int, dtype: str = "uint8") -> bytes:
+    """The ``zarr.json`` beside a ragged shard of ``nbytes`` bytes (``<node>/values/<s>/zarr.json``): implied by
+    the shard's size (format 4 lists it nowhere; the shard writer, verify and push make or check these bytes)."""
+    itemsize = np.dtype(dtype).itemsize
+    return json_bytes(plain_array_json(nbytes // itemsize, dtype, "byte" if itemsize == 1 else "element"))
+
+
 def read_array_meta(root, rel: str) -> dict:
     """An array node's metadata, checked to be the kind of Zarr v3 array dsc writes (1 chunk or sharded)."""
     meta = read_node_json(root, rel)
@@ -247,9 +255,11 @@ def sharded_array_json(shape: Sequence[int], shard_len: int,
     return _array_json(shape, _DTYPES[dtype], [shard_len] + sample, [sharding], 0, dimension_names, None)
 
 
+@functools.lru_cache(maxsize=64)
 def shard_index(count: int, capacity: int, inner_nbytes: int) -> bytes:
     """The index that ends a shard whose first ``count`` of ``capacity`` inner chunks are stored
-    back to back from offset 0: (offset, nbytes) uint64 pairs, empty slots all-ones, then crc32c."""
+    back to back from offset 0: (offset, nbytes) uint64 pairs, empty slots all-ones, then crc32c. (The same
+    bytes for every full shard of an array: remembered.)"""
     import google_crc32c
 
     idx = np.full((capacity, 2), EMPTY_ENTRY, dtype="<u8")

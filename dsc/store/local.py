@@ -19,7 +19,7 @@ import hashlib
 import mmap
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -271,22 +271,25 @@ def refuse_links(folder: Path, where: str) -> None:
 def open_folder(path: Path, base: Path | None = None, create: bool = True) -> int:
     """A descriptor of the folder ``path``: below ``base``, each component opened without following links (and
     made when missing, if ``create``); ``base`` itself, or ``path`` without a base, as the caller names it."""
-    path = Path(path)
-    rel = path.relative_to(base).parts if base is not None else ()
+    rel = _below(path, base) if base is not None else ()
     top = base if base is not None else path
     if create and not os.path.exists(top):
         Path(top).mkdir(parents=True, exist_ok=True)
     fd = os.open(top, _DIR)
+    made = False  # a folder made here: the ones below it are new too (made, not first looked for)
     try:
         for k, part in enumerate(rel):
             try:
                 try:
+                    if made:
+                        raise FileNotFoundError(part)
                     nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     try:
                         os.mkdir(part, 0o777, dir_fd=fd)
+                        made = True
                     except FileExistsError:
                         pass
                     nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
@@ -300,6 +303,18 @@ def open_folder(path: Path, base: Path | None = None, create: bool = True) -> in
         os.close(fd)
         raise
     return fd
+
+
+def _below(path, base) -> tuple[str, ...]:
+    """``path``'s components below ``base`` (Path.relative_to's, by string where both are Paths: once per shard
+    file a compile writes)."""
+    if isinstance(path, PurePath) and isinstance(base, PurePath):
+        p, b = os.fspath(path), os.fspath(base)
+        if p == b:
+            return ()
+        if p.startswith(b) and p[len(b):len(b) + 1] == os.sep and b != os.sep:
+            return tuple(p[len(b) + 1:].split(os.sep))
+    return Path(path).relative_to(base).parts
 
 
 class NewFile:
@@ -349,6 +364,7 @@ class NewFile:
                 os.link(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
             else:
                 os.replace(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+                self.tmp = None  # (renamed: nothing left to remove)
             if sync:
                 os.fsync(self.dfd)
         finally:
@@ -363,7 +379,8 @@ class NewFile:
         except OSError:  # a full disk can fail the flush of what is thrown away anyway
             pass
         try:
-            os.unlink(self.tmp, dir_fd=self.dfd)
+            if self.tmp is not None:
+                os.unlink(self.tmp, dir_fd=self.dfd)
         except FileNotFoundError:
             pass
         os.close(self.dfd)

@@ -11,6 +11,7 @@ Everything here is numpy: the runtime maps shards through a store and wraps resu
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptDatasetError, WriteError
-from ...store.local import NewFile
+from ...store.local import NewFile, write_atomic
 from ..problems import Problem, try_read
 from ..specs import ShardSpec
-from ..zarr_v3 import (ZARR_JSON, node_dir, plain_array_json, read_plain_array, shard_index, sharded_array_json,
+from ..zarr_v3 import (ZARR_JSON, node_dir, ragged_shard_meta, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)
 from ..zarr_v3 import read_array_meta, read_node_json
 
@@ -74,7 +75,7 @@ class Pixels:
 
     @property
     def sample_nbytes(self) -> int:
-        return int(np.prod(self.sample_shape)) * self.itemsize
+        return math.prod(self.sample_shape) * self.itemsize
 
     @property
     def dim_names(self) -> list[str]:
@@ -329,9 +330,7 @@ class RaggedShardWriter(ShardWriter):
         self._node = node_dir(root, pixels.shard_node(s))
 
     def _finish(self) -> None:
-        write_json(self._node / ZARR_JSON,
-                   plain_array_json(self.nbytes // self.pixels.itemsize, self.pixels.dtype,
-                                    "byte" if self.pixels.itemsize == 1 else "element"), self.root)
+        write_atomic(self._node / ZARR_JSON, ragged_shard_meta(self.nbytes, self.pixels.dtype), self.root)
 
 
 # ----------------------------------------------------------------------------- reading
