@@ -88,10 +88,16 @@ def test_a_dataset_that_fits_is_mapped_one_that_does_not_is_read_by_order(datase
 
 def test_the_memory_figure_is_the_machines_or_the_cgroups(monkeypatch):
     monkeypatch.delenv("DSC_MEMORY", raising=False)
+    def mem_available():
+        meminfo = {ln.split()[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()}
+        return meminfo["MemAvailable:"] * 1024
+
+    before = mem_available()
     avail, where = R.available_memory()
+    after = mem_available()
     assert avail > 0 and ("MemAvailable" in where or "cgroup" in where)
-    meminfo = {ln.split()[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()}
-    assert avail <= meminfo["MemAvailable:"] * 1024
+    # (other processes move MemAvailable between the reads: the figure is at most the larger of the two)
+    assert avail <= max(before, after)
     monkeypatch.setenv("DSC_MEMORY", "3GiB")
     assert R.available_memory() == (3 << 30, "$DSC_MEMORY")
 
