@@ -467,6 +467,9 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
     if name == "Invert":
         return x.bitwise_not_()
+    if name in ("AutoContrast", "Equalize") and x.shape[3] in _PIL_MODES and x.device.type == "cpu" \
+            and x.is_contiguous():
+        return _channel_luts_pil(name, x)
     if name == "AutoContrast":
         lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
         lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
@@ -476,6 +479,33 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
+
+
+_PIL_MODES = {1: "L", 3: "RGB"}
+
+
+def _channel_luts_pil(name: str, x: torch.Tensor) -> torch.Tensor:
+    """AutoContrast / Equalize on CPU uint8 (N, H, W, 1 or 3), in place, with PIL's C loops for the per-channel
+    histograms and the lookups (one pass each over the interleaved pixels; no channel planes made): the same
+    tables as the float formulas (``C.stretch`` from each channel's [min, max], ``C.equalize_lut``)."""
+    import numpy as np
+    from PIL import Image
+
+    N, H, W, Cn = x.shape
+    a = x.numpy()
+    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in range(N)]
+    hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(N, Cn, 256)
+    if name == "Equalize":
+        lut = C.equalize_lut(hist)
+    else:
+        seen = hist > 0  # each channel's [min, max]: its first and last non-empty bins
+        lo = seen.to(torch.uint8).argmax(-1).to(torch.float32).view(N, Cn, 1, 1)
+        hi = (255 - seen.flip(-1).to(torch.uint8).argmax(-1)).to(torch.float32).view(N, Cn, 1, 1)
+        lut = C.stretch(C.value_image(N, Cn, x.device), lo, hi, 255.0, True).view(N, Cn, 256)
+    tables = lut.to(torch.uint8).view(N, Cn * 256).tolist()
+    for b, im in enumerate(ims):
+        a[b] = np.asarray(im.point(tables[b])).reshape(H, W, Cn)
+    return x
 
 
 class _AutoBase(PixelOp):
@@ -669,12 +699,17 @@ class AugMix(_AutoBase):
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
         w = p["w"].to(x.device, torch.float32)
         step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
+        # (n, H, W, C) float buffers made once and reused chunk after chunk (no fresh pages per chunk); each
+        # product is its own rounding, as in ``apply``; the copy into uint8 truncates what the clamp left
+        acc = torch.empty((min(step, len(x)), *x.shape[1:]), dtype=torch.float32, device=x.device)
+        tmp = torch.empty_like(acc)
         for c0 in range(0, len(x), step):
             sl = slice(c0, c0 + step)
-            mix = _to_float(x[sl]) * m0[sl]
+            n = len(x[sl])
+            torch.mul(x[sl], m0[sl], out=acc[:n])
             for i, aug in enumerate(augs):
-                mix.add_(_to_float(aug[sl]) * w[sl, i].view(-1, 1, 1, 1))
-            x[sl] = _to_u8(mix.trunc_())
+                acc[:n].add_(torch.mul(aug[sl], w[sl, i].view(-1, 1, 1, 1), out=tmp[:n]))
+            x[sl].copy_(acc[:n].clamp_(0, 255))
         return x
 
 
