@@ -504,9 +504,8 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
     if name == "Invert":
         return x.bitwise_not_()
-    if name in ("AutoContrast", "Equalize") and x.shape[3] in _PIL_MODES and x.device.type == "cpu" \
-            and x.is_contiguous():
-        return _channel_luts_pil(name, x)
+    if name == "Equalize" and x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous():
+        return _equalize_pil(x)
     if name == "AutoContrast":
         lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
         lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
@@ -548,8 +547,7 @@ def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
         return x
     xf = x.to(torch.float32)
     r = C._f(factor, xf)
-    grey = (xf[..., 0] * C.GRAY[0] + xf[..., 1] * C.GRAY[1] + xf[..., 2] * C.GRAY[2]).floor_()
-    grey = grey.mul_((1.0 - r).view(-1, 1, 1))
+    grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
     xf.mul_(r)
     for c in range(x.shape[3]):
         xf[..., c] += grey
@@ -557,13 +555,18 @@ def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
     return x
 
 
+def _grey_u8(xf: torch.Tensor) -> torch.Tensor:
+    """(N, H, W) the floored grey of float (N, H, W, 3) whole values: :func:`color.grayscale`'s operations."""
+    return (xf[..., 0] * C.GRAY[0] + xf[..., 1] * C.GRAY[1] + xf[..., 2] * C.GRAY[2]).floor_()
+
+
 _PIL_MODES = {1: "L", 3: "RGB"}
 
 
-def _channel_luts_pil(name: str, x: torch.Tensor) -> torch.Tensor:
-    """AutoContrast / Equalize on CPU uint8 (N, H, W, 1 or 3), in place, with PIL's C loops for the per-channel
-    histograms and the lookups (one pass each over the interleaved pixels; no channel planes made): the same
-    tables as the float formulas (``C.stretch`` from each channel's [min, max], ``C.equalize_lut``)."""
+def _equalize_pil(x: torch.Tensor) -> torch.Tensor:
+    """Equalize on CPU uint8 (N, H, W, 1 or 3), in place, with PIL's C loops for the per-channel histograms and
+    the lookups (one pass each over the interleaved pixels; no channel planes made): the float formula's
+    tables (``C.equalize_lut``)."""
     import numpy as np
     from PIL import Image
 
@@ -571,14 +574,7 @@ def _channel_luts_pil(name: str, x: torch.Tensor) -> torch.Tensor:
     a = x.numpy()
     ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in range(N)]
     hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(N, Cn, 256)
-    if name == "Equalize":
-        lut = C.equalize_lut(hist)
-    else:
-        seen = hist > 0  # each channel's [min, max]: its first and last non-empty bins
-        lo = seen.to(torch.uint8).argmax(-1).to(torch.float32).view(N, Cn, 1, 1)
-        hi = (255 - seen.flip(-1).to(torch.uint8).argmax(-1)).to(torch.float32).view(N, Cn, 1, 1)
-        lut = C.stretch(C.value_image(N, Cn, x.device), lo, hi, 255.0, True).view(N, Cn, 256)
-    tables = lut.to(torch.uint8).view(N, Cn * 256).tolist()
+    tables = C.equalize_lut(hist).to(torch.uint8).view(N, Cn * 256).tolist()
     for b, im in enumerate(ims):
         a[b] = np.asarray(im.point(tables[b])).reshape(H, W, Cn)
     return x
