@@ -6,8 +6,8 @@ its train.py runs it: RandomResizedCrop, flip and AutoAugment / RandAugment / Tr
 image with PIL's kernels, AugMix on a uint8 tensor with torch ops, PILToTensor, ToDtype, Normalize and
 RandomErasing on the tensor, MixUp/CutMix in the collate; "dsc-per-image" (dsc.bench._PerImageRecipe) runs
 dsc's own batched kernels on a batch of one image. Each row gives wall-time ratios (same round) and CPU
-time per image (each side's work run in one process: the Loader's epoch; the DataLoader's items and
-collates), with the load average. Detection: dsc hands out
+time per image (each side's work run in one thread: the Loader's epoch with one filler thread; the
+DataLoader's items and collates in this process), with the load average. Detection: dsc hands out
 format="torchvision" (float CHW images) and the per-image side ends, as torchvision's DetectionPresetTrain,
 with ToDtype(float, scale=True); a second line gives dsc's uint8 packed batches (what goes to a GPU, which
 converts there) against the same per-image rate.
@@ -28,10 +28,10 @@ CLASSIFICATION = ("imagenet", "ta_wide", "ra", "augmix", "autoaugment")
 DETECTION = ("det-hflip", "det-multiscale", "det-ssdlite", "det-ssd", "det-lsj", "yolo")
 
 
-def dsc_rate(ds, ops, batch_size: int, fmt: str) -> float:
+def dsc_rate(ds, ops, batch_size: int, fmt: str, threads: int = 2) -> float:
     import dsc
 
-    loader = dsc.Loader(ds, batch_size=batch_size, order="random", num_threads=2, transforms=ops, format=fmt,
+    loader = dsc.Loader(ds, batch_size=batch_size, order="random", num_threads=threads, transforms=ops, format=fmt,
                         indices=range(min(SAMPLES, len(ds))))
     next(iter(loader))  # map the shards, warm the ring
     t0, c0, n = time.perf_counter(), time.process_time(), 0
@@ -89,7 +89,7 @@ def classification_row(ds, name: str) -> dict:
     cpu = {"reference": items_cpu(_ReferenceClassification(ds, paths, ops, rows), _reference_collate(ds, ops)),
            "per-image": items_cpu(_PerImageRecipe(ds, paths, ops, rows), _collate(ops))}
     torch.set_num_threads(os.cpu_count() or 1)
-    dsc_rate(ds, ops, 128, "dict")
+    dsc_rate(ds, ops, 128, "dict", threads=1)  # (one filler thread, as one worker process is one thread)
     cpu["dsc"] = LAST["cpu"]
     load = open("/proc/loadavg").read().split()[0]
     print(row(f"{name} (fixed 256 -> 224)", rates["dsc"], "img/s", rates["reference"],

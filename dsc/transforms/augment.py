@@ -10,8 +10,9 @@ ops is one stage. Each op's formula is written once, on float pixels (``apply``)
 does on uint8 tensors (so a single op is within a grey level of torchvision on the same parameters). On the
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
-posterize, solarize, invert, autocontrast, equalize), a whole-pixel shift (translate), an int16 box sum
-(sharpness) or a float copy of those samples (shear, rotate, colour, blur, hue...), each giving the float
+posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
+whole-pixel shift (translate), or a float copy of those samples (sharpness and colour in the batch's own
+(N, H, W, C) layout, shear and rotate through grid_sample on planes; blur, hue...), each giving the float
 formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
 and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
