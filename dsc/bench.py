@@ -18,6 +18,7 @@ timed).
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -34,6 +35,8 @@ from .formats.fields.base import Batch
 from .runtime import Loader
 from .runtime.batches import sample_pixels
 from .runtime import open as open_dataset
+from .transforms import color as _color
+from .transforms.augment import apply_named
 
 
 @dataclass
@@ -239,6 +242,167 @@ def preset_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024) -
     t0, n = time.perf_counter(), 0
     for b in it:
         n += len(b["image"]) if isinstance(b, dict) else len(b)
+        if limit and n >= limit:
+            break
+    return n / (time.perf_counter() - t0) if n else None
+
+
+class _ReferenceClassification(torch.utils.data.Dataset):
+    """torchvision's classification reference per image, as its train.py runs it (ClassificationPresetTrain,
+    backend "pil", transforms v2): the JPEG decoded by PIL (ImageFolder's loader); RandomResizedCrop (crop,
+    then PIL's bilinear resize), the flip and AutoAugment / RandAugment / TrivialAugmentWide on the PIL image
+    with PIL's own kernels (ImageEnhance, Image.transform / rotate, ImageOps: what v2's functionals dispatch a
+    PIL image to); AugMix on the image as a uint8 tensor, each op a torch tensor kernel back to uint8 (dsc's
+    float formulas, written from torchvision's), mixed in float, back to PIL; then PILToTensor, ToDtype(float,
+    scale=True), Normalize and RandomErasing (a clone, the window zeroed) on the (C, H, W) tensor; MixUp /
+    CutMix on the stacked batch in the collate (:func:`_reference_collate`). Each op's parameters are drawn
+    by dsc's op for this one image (torchvision's distributions). The baseline the classification goals are
+    measured against; :class:`_PerImageRecipe` (dsc's batched kernels on a batch of one) is a second one."""
+
+    def __init__(self, ds, paths, ops, rows=None):
+        self.paths = paths
+        self.rows = range(len(paths)) if rows is None else rows
+        self.ops = _split_batch_ops(ops)[0]
+        other = [op for op in self.ops if not isinstance(op, REFERENCE_OPS)]
+        if other:
+            raise ConfigError(f"the reference classification baseline runs {', '.join(c.__name__ for c in REFERENCE_OPS)}"
+                              f"; not {', '.join(type(op).__name__ for op in other)}")
+        classes = {c: k for k, c in enumerate(ds.classes)}  # ImageFolder's label: the class folder's index
+        self.labels = [classes[Path(p).parent.name] if Path(p).parent.name in classes else int(ds[r]["label"])
+                       for p, r in zip(paths, self.rows)]
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        import numpy as np
+        from PIL import Image
+
+        gen = torch.Generator().manual_seed(i)
+        with Image.open(self.paths[i]) as im:
+            im = im.convert("RGB")
+        x = None  # the (C, H, W) tensor once PILToTensor has run
+        for op in self.ops:
+            sizes = torch.tensor([[im.height, im.width]] if x is None else [list(x.shape[1:])])
+            if isinstance(op, T.RandomResizedCrop):
+                t, l, h, w = (int(v) for v in op.params(sizes, gen))
+                size = (op.size, op.size) if isinstance(op.size, int) else tuple(op.size)
+                im = im.crop((l, t, l + w, t + h)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            elif isinstance(op, T.RandomHorizontalFlip):
+                if bool(op.params(sizes, gen)[0]):
+                    im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            elif isinstance(op, T.AugMix):
+                im = _reference_augmix(op, im, op.params(sizes, gen), sizes)
+            elif isinstance(op, (T.AutoAugment, T.RandAugment, T.TrivialAugmentWide)):
+                p = op.params(sizes, gen)
+                for k in range(p["ops"].shape[1]):
+                    if bool(p["on"][0, k]):
+                        im = _pil_auto_op(im, op.names[int(p["ops"][0, k])], float(p["mag"][0, k]),
+                                          op.interpolation, op.fill)
+            elif isinstance(op, T.ToFloat):  # PILToTensor + ToDtype(float, scale=True)
+                x = torch.as_tensor(np.array(im, copy=True)).permute(2, 0, 1)
+                x = x.to(op.dtype).mul_(1.0 / 255) if op.scale else x.to(op.dtype)
+            elif isinstance(op, T.Normalize):
+                x = x.sub(torch.tensor(op.mean).view(-1, 1, 1)).div_(torch.tensor(op.std).view(-1, 1, 1))
+            elif isinstance(op, T.RandomErasing):
+                p = op.params(sizes, gen)
+                if bool(p["on"][0]):
+                    t, l, h, w = p["box"][0].tolist()
+                    x = x.clone()
+                    x[:, t:t + h, l:l + w] = torch.as_tensor(op.value, dtype=x.dtype).view(-1, 1, 1)
+        if x is None:
+            x = torch.as_tensor(np.array(im, copy=True)).permute(2, 0, 1)
+        return x, self.labels[i]
+
+
+def _pil_auto_op(im, name: str, mag: float, interpolation: str, fill):
+    """One auto-augment op on a PIL image with the PIL kernel torchvision v2 dispatches it to."""
+    from PIL import Image, ImageEnhance, ImageOps
+
+    resample = Image.Resampling.BILINEAR if interpolation == "bilinear" else Image.Resampling.NEAREST
+    fillcolor = tuple([int(fill)] * 3) if isinstance(fill, (int, float)) else tuple(fill) if fill else (0, 0, 0)
+    w, h = im.size
+    if name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+        # F.affine on PIL: torchvision's inverse affine matrix about `center` (shear: (0, 0), the corner; translate:
+        # the image centre), through Image.transform
+        deg = math.degrees(math.atan(mag))
+        shear = (deg, 0.0) if name == "ShearX" else (0.0, deg) if name == "ShearY" else (0.0, 0.0)
+        shift = (int(mag), 0) if name == "TranslateX" else (0, int(mag)) if name == "TranslateY" else (0, 0)
+        center = [[0.0, 0.0]] if name.startswith("Shear") else [[w * 0.5, h * 0.5]]
+        m = _color.inverse_affine(0.0, shift, 1.0, shear, torch.tensor(center))[0, :2].reshape(-1).tolist()
+        return im.transform((w, h), Image.Transform.AFFINE, m, resample, fillcolor=fillcolor)
+    if name == "Rotate":
+        return im.rotate(mag, resample, expand=False, fillcolor=fillcolor)
+    enhance = {"Brightness": ImageEnhance.Brightness, "Color": ImageEnhance.Color,
+               "Contrast": ImageEnhance.Contrast, "Sharpness": ImageEnhance.Sharpness}
+    if name in enhance:
+        return enhance[name](im).enhance(1.0 + mag)
+    if name == "Posterize":
+        return ImageOps.posterize(im, int(mag))
+    if name == "Solarize":
+        return ImageOps.solarize(im, 255.0 * mag)
+    ops = {"AutoContrast": ImageOps.autocontrast, "Equalize": ImageOps.equalize, "Invert": ImageOps.invert}
+    return ops[name](im) if name in ops else im  # (Identity)
+
+
+def _reference_augmix(op, im, p: dict, sizes):
+    """torchvision v2's AugMix on a PIL image: to a uint8 (C, H, W) tensor, ``mixture_width`` chains of tensor
+    kernels (each op back to uint8), mixed in float at the drawn weights, truncated to uint8, back to PIL."""
+    import numpy as np
+    from PIL import Image
+
+    x = torch.as_tensor(np.array(im, copy=True)).permute(2, 0, 1)
+    W = op.mixture_width
+    K = p["ops"].shape[1] // W
+    mix = x * p["m0"].to(torch.float32)
+    for i in range(W):
+        aug = x
+        for k in range(i * K, (i + 1) * K):
+            if bool(p["on"][0, k]):
+                y = apply_named(op.names[int(p["ops"][0, k])], aug.unsqueeze(0).to(torch.float32), p["mag"][:, k],
+                                255.0, True, op.interpolation, op.fill)
+                aug = y[0].clamp_(0, 255).to(torch.uint8)
+        mix.add_(p["w"][0, i].to(torch.float32) * aug)
+    return Image.fromarray(mix.to(torch.uint8).permute(1, 2, 0).contiguous().numpy())
+
+
+REFERENCE_OPS = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.AutoAugment, T.RandAugment, T.TrivialAugmentWide,
+                 T.AugMix, T.ToFloat, T.Normalize, T.RandomErasing)
+
+
+def _reference_collate(ds, ops):
+    """torchvision's train.py collate: ``default_collate`` (the images stacked), then MixUp / CutMix."""
+    tail = T.Compose(_split_batch_ops(ops)[1]).bind(ds)
+
+    def collate(items):
+        batch = Batch({"image": torch.stack([x for x, _ in items]),
+                       "label": torch.tensor([y for _, y in items])})
+        return tail(batch) if tail.ops else batch
+    return collate
+
+
+def reference_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024) -> float | None:
+    """Images/s of torch's DataLoader(2 workers) running torchvision's classification reference per image
+    (:class:`_ReferenceClassification`) on the source JPEGs; None when the recipe has other ops."""
+    if any(not isinstance(op, REFERENCE_OPS) for op in _split_batch_ops(ops)[0]):
+        return None
+    rows: list[int] = []
+    paths = source_files(ds, rows=rows)[0]
+    if not paths or len(paths) < (MIN_TIMED_BATCHES + 5) * batch_size:
+        return None
+    dl = torch.utils.data.DataLoader(_ReferenceClassification(ds, paths, ops, rows), batch_size=batch_size,
+                                     num_workers=2, shuffle=True, persistent_workers=True, prefetch_factor=2,
+                                     collate_fn=_reference_collate(ds, ops))
+    return _timed_batches(dl, limit)
+
+
+def _timed_batches(dl, limit):
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    t0, n = time.perf_counter(), 0
+    for b in it:
+        n += len(b["image"])
         if limit and n >= limit:
             break
     return n / (time.perf_counter() - t0) if n else None

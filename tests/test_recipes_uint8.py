@@ -116,3 +116,25 @@ def test_mixup_in_place_is_the_rolled_mix(B):
 @pytest.fixture(scope="module")
 def fixed_ds(scenes_compiled):
     return scenes_compiled(size=(48, 64), resize="stretch")
+
+
+@pytest.mark.parametrize("channels", [1, 3, 2])
+@pytest.mark.parametrize("name", ["AutoContrast", "Equalize"])
+def test_channel_lookups_equal_the_float_formula(name, channels):
+    """AutoContrast/Equalize's per-channel lookups (Equalize's histograms and lookups made by PIL's loops for 1
+    and 3 channels, by torch's for others) give the float formula's pixels."""
+    img = batch(5)[..., :channels].contiguous()
+    img[3, :, :, 0] = 250  # a flat channel
+    m = torch.zeros(5, dtype=torch.float64)
+    ref = A.apply_named(name, img.permute(0, 3, 1, 2).float(), m, 255.0, True)
+    got = A.apply_named_u8(name, img.clone(), m)
+    assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+
+
+def test_augmix_mixes_chunk_by_chunk_as_the_float_stage():
+    """A batch larger than a mixing chunk (the reused buffers' last chunk short) mixes as the float stage."""
+    op = T.AugMix(interpolation="bilinear")
+    img = batch(23, 128, 128)
+    assert len(img) > A.CHUNK_BYTES // (128 * 128 * 3 * 4) * 2  # (three chunks, the last one short)
+    got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(4))["image"]
+    assert torch.equal(got, float_stage([op], img, 4))

@@ -10,8 +10,9 @@ ops is one stage. Each op's formula is written once, on float pixels (``apply``)
 does on uint8 tensors (so a single op is within a grey level of torchvision on the same parameters). On the
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
-posterize, solarize, invert, autocontrast, equalize), a whole-pixel shift (translate), an int16 box sum
-(sharpness) or a float copy of those samples (shear, rotate, colour, blur, hue...), each giving the float
+posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
+whole-pixel shift (translate), or a float copy of those samples (sharpness and colour in the batch's own
+(N, H, W, C) layout, shear and rotate through grid_sample on planes; blur, hue...), each giving the float
 formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
 and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from . import color as C
 from ..errors import ConfigError
@@ -402,6 +404,51 @@ IMAGENET_POLICY = (
 )  # torchvision's AutoAugmentPolicy.IMAGENET: 25 sub-policies of (op, probability, magnitude bin)
 
 
+def _geometric_matrix(name: str, mag: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """(N, 3, 3) output -> input maps of the auto-augment family's geometric ops on (H, W) images, at float64
+    magnitudes ``mag`` (torchvision's ``affine`` arguments for each)."""
+    N = len(mag)
+    sizes = torch.tensor([[H, W]]).expand(N, 2)
+    zero = torch.zeros(N, dtype=torch.float64)
+    if name.startswith("Shear"):
+        deg = torch.rad2deg(torch.atan(mag))
+        shear = (deg, zero) if name == "ShearX" else (zero, deg)
+        return C.affine_matrix(sizes, zero, (zero, zero), 1.0, shear, center=(0.0, 0.0))
+    if name.startswith("Translate"):
+        t = torch.trunc(mag)  # int(magnitude)
+        return C.affine_matrix(sizes, zero, (t, zero) if name == "TranslateX" else (zero, t), 1.0, (zero, zero))
+    return C.affine_matrix(sizes, -mag, (zero, zero), 1.0, (zero, zero))  # rotate(angle) is affine(-angle)
+
+
+def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str) -> torch.Tensor:
+    """:func:`color.warp` on uint8 (N, H, W, C), in place, the same numbers: its grid (written into one buffer,
+    not stacked), ``grid_sample`` on a planar float copy (its fast layout; a fill through the mask channel),
+    rounded, clamped and written back into ``x``."""
+    N, H, W, Cn = x.shape
+    m = M.to(torch.float64)
+    ax = (m[:, 0] * (2.0 / W)).to(torch.float32)
+    ay = (m[:, 1] * (2.0 / H)).to(torch.float32)
+    xs = (torch.arange(W, dtype=torch.float32) + 0.5).view(1, 1, W)
+    ys = (torch.arange(H, dtype=torch.float32) + 0.5).view(1, H, 1)
+    grid = torch.empty((N, H, W, 2), dtype=torch.float32)
+    for k, a in enumerate((ax, ay)):
+        torch.add(a[:, 0].view(-1, 1, 1) * xs, a[:, 1].view(-1, 1, 1) * ys + (a[:, 2].view(-1, 1, 1) - 1.0),
+                  out=grid[..., k])
+    planes = torch.empty((N, Cn + (fill is not None), H, W), dtype=torch.float32)
+    planes[:, :Cn] = x.permute(0, 3, 1, 2)
+    if fill is None:  # torchvision: no mask channel, zeros outside
+        y = F.grid_sample(planes, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    else:
+        planes[:, Cn] = 1.0
+        y = F.grid_sample(planes, grid, mode=mode, padding_mode="zeros", align_corners=False)
+        fill_t = torch.as_tensor(fill, dtype=torch.float32).view(1, -1, 1, 1)
+        y, mask = y[:, :-1], y[:, -1:]
+        y = torch.where(mask < 0.5, fill_t.expand_as(y), y) if mode == "nearest" else \
+            (y - fill_t).mul_(mask).add_(fill_t)
+    x.copy_(y.round_().clamp_(0, 255).permute(0, 2, 3, 1))
+    return x
+
+
 def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, integer: bool,
                 interpolation: str = "nearest", fill=None) -> torch.Tensor:
     """torchvision's ``_apply_image_or_video_transform``: one auto-augment op at per-sample magnitudes ``mag``."""
@@ -410,18 +457,7 @@ def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, int
     if name == "Identity":
         return x
     if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
-        sizes = torch.tensor([[H, W]]).expand(N, 2)
-        zero = torch.zeros(N, dtype=torch.float64)
-        if name.startswith("Shear"):
-            deg = torch.rad2deg(torch.atan(mag))
-            shear = (deg, zero) if name == "ShearX" else (zero, deg)
-            M = C.affine_matrix(sizes, zero, (zero, zero), 1.0, shear, center=(0.0, 0.0))
-        elif name.startswith("Translate"):
-            t = torch.trunc(mag)  # int(magnitude)
-            M = C.affine_matrix(sizes, zero, (t, zero) if name == "TranslateX" else (zero, t), 1.0, (zero, zero))
-        else:  # rotate(angle) is affine(-angle): counter-clockwise
-            M = C.affine_matrix(sizes, -mag, (zero, zero), 1.0, (zero, zero))
-        return C.warp(x, M, fill, interpolation, integer)
+        return C.warp(x, _geometric_matrix(name, mag, H, W), fill, interpolation, integer)
     fns = {"Brightness": C.brightness, "Color": C.saturation, "Contrast": C.contrast, "Sharpness": C.sharpness}
     if name in fns:
         return fns[name](x, 1.0 + mag, bound, integer)
@@ -457,6 +493,8 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         f = 0.0 if fill is None else fill
         f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
         return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
+    if name in ("ShearX", "ShearY", "Rotate") and x.device.type == "cpu":
+        return _warp_u8(x, _geometric_matrix(name, mag, x.shape[1], x.shape[2]), fill, interpolation)
     if name in _LUT_OPS:
         return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag))
     if name == "Contrast":
@@ -467,15 +505,80 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
     if name == "Invert":
         return x.bitwise_not_()
+    if name == "Equalize" and x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous():
+        return _equalize_pil(x)
     if name == "AutoContrast":
         lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
         lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
         return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
     if name == "Sharpness":
-        return C.sharpness_u8(x, 1.0 + mag)
+        return _sharpness_u8(x, 1.0 + mag)
+    if name == "Color":
+        return _saturation_u8(x, 1.0 + mag)
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
+
+
+def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`color.sharpness` on uint8 (N, H, W, C), in place, its very float32 operations on a float copy in
+    the batch's own (N, H, W, C) layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend
+    of the interior; the border rows and columns kept. (Vectorised float division, where an int16 floor
+    division is a scalar loop.)"""
+    N, H, W, Cn = x.shape
+    if H <= 2 or W <= 2:
+        return x
+    xf = x.to(torch.float32)
+    p = xf[:, :, :-2] + xf[:, :, 1:-1]
+    p += xf[:, :, 2:]
+    box = p[:, :-2] + p[:, 1:-1]
+    box += p[:, 2:]
+    view = xf[:, 1:-1, 1:-1]
+    deg = box.add_(view, alpha=4.0).div_(13.0).round_()
+    view.add_(deg.sub_(view).mul_(1.0 - C._f(factor, view)))
+    x[:, 1:-1, 1:-1] = view.clamp_(0, 255)
+    return x
+
+
+def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`color.saturation` on uint8 (N, H, W, C), in place, its very float32 operations: the floored grey
+    from the channels, then the blend channel by channel (adding the grey (N, H, W) to one channel at a time,
+    where broadcasting it over the last axis of 3 is a slow inner loop)."""
+    if x.shape[3] == 1:
+        return x
+    xf = x.to(torch.float32)
+    r = C._f(factor, xf)
+    grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
+    xf.mul_(r)
+    for c in range(x.shape[3]):
+        xf[..., c] += grey
+    x.copy_(xf.clamp_(0, 255))
+    return x
+
+
+def _grey_u8(xf: torch.Tensor) -> torch.Tensor:
+    """(N, H, W) the floored grey of float (N, H, W, 3) whole values: :func:`color.grayscale`'s operations."""
+    return (xf[..., 0] * C.GRAY[0] + xf[..., 1] * C.GRAY[1] + xf[..., 2] * C.GRAY[2]).floor_()
+
+
+_PIL_MODES = {1: "L", 3: "RGB"}
+
+
+def _equalize_pil(x: torch.Tensor) -> torch.Tensor:
+    """Equalize on CPU uint8 (N, H, W, 1 or 3), in place, with PIL's C loops for the per-channel histograms and
+    the lookups (one pass each over the interleaved pixels; no channel planes made): the float formula's
+    tables (``C.equalize_lut``)."""
+    import numpy as np
+    from PIL import Image
+
+    N, H, W, Cn = x.shape
+    a = x.numpy()
+    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in range(N)]
+    hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(N, Cn, 256)
+    tables = C.equalize_lut(hist).to(torch.uint8).view(N, Cn * 256).tolist()
+    for b, im in enumerate(ims):
+        a[b] = np.asarray(im.point(tables[b])).reshape(H, W, Cn)
+    return x
 
 
 class _AutoBase(PixelOp):
@@ -669,12 +772,17 @@ class AugMix(_AutoBase):
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
         w = p["w"].to(x.device, torch.float32)
         step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
+        # (n, H, W, C) float buffers made once and reused chunk after chunk (no fresh pages per chunk); each
+        # product is its own rounding, as in ``apply``; the copy into uint8 truncates what the clamp left
+        acc = torch.empty((min(step, len(x)), *x.shape[1:]), dtype=torch.float32, device=x.device)
+        tmp = torch.empty_like(acc)
         for c0 in range(0, len(x), step):
             sl = slice(c0, c0 + step)
-            mix = _to_float(x[sl]) * m0[sl]
+            n = len(x[sl])
+            torch.mul(x[sl], m0[sl], out=acc[:n])
             for i, aug in enumerate(augs):
-                mix.add_(_to_float(aug[sl]) * w[sl, i].view(-1, 1, 1, 1))
-            x[sl] = _to_u8(mix.trunc_())
+                acc[:n].add_(torch.mul(aug[sl], w[sl, i].view(-1, 1, 1, 1), out=tmp[:n]))
+            x[sl].copy_(acc[:n].clamp_(0, 255))
         return x
 
 
