@@ -104,13 +104,65 @@ def hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
 
 
 def hue(x, factor, bound, integer):
-    """``adjust_hue``: to [0, 1], the HSV round trip with h + factor (mod 1), back (uint8: x 255.999, truncated)."""
+    """``adjust_hue``: to [0, 1], the HSV round trip with h + factor (mod 1), back (uint8: x 255.999, truncated;
+    an image stored as uint8 goes through :func:`hue_integer`, the same within a grey level)."""
     if x.shape[1] == 1:
         return x
+    if integer and bound == 255.0 and x.shape[1] == 3:
+        return hue_integer(x, factor)
     hsv = rgb_to_hsv(x / bound)
     hsv[:, 0] = torch.remainder(hsv[:, 0] + _f(factor, x)[:, 0], 1.0)
     rgb = hsv_to_rgb(hsv)
     return rgb.mul_(255.0 + 1.0 - 1e-3).trunc_() if integer else rgb.mul_(bound)
+
+
+def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`hue` on whole values 0..255 (float (N, 3, H, W)) in int16 arithmetic, within one grey level of
+    the float round trip (tests/test_recipes.py; about 1% of pixels are one level off) and several times faster:
+    no float HSV planes, no ``where`` (a select by a random mask is slower than ten additions), selections by
+    sign masks. The hue round trip keeps each pixel's max and min and moves it on the hue hexagon: with
+    c = max - min and X = 6 h c (in grey levels, exact: g - b, b - r + 2c or r - g + 4c by the channel holding
+    the max), X' = (X + 6 c (factor mod 1)) mod 6c, and channel k = min + clamp(.., 0, c) of X' (red:
+    |X' - 3c| - c, green: 2c - |X' - 2c|, blue: 2c - |X' - 4c|), x 255.999 / 255, truncated. X' is kept
+    in 1/16 grey levels (6c x 16 < 2^15); 6 c factor x 16 is an exact int16 product of c with the two
+    7-bit halves of the factor."""
+    N, _, H, W = x.shape
+    d = torch.as_tensor(factor, dtype=torch.float64).reshape(-1).remainder(1.0) * 96.0  # 6 sectors x 16
+    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(N)
+    dh = (D >> 7).to(torch.int16).view(-1, 1, 1).to(x.device)
+    dl = (D & 127).to(torch.int16).view(-1, 1, 1).to(x.device)
+    xi = torch.empty((N, 3, H, W), dtype=torch.int16, device=x.device)
+    xi.copy_(x)
+    r, g, b = xi[:, 0], xi[:, 1], xi[:, 2]
+    mx = torch.maximum(torch.maximum(r, g), b)
+    mn = torch.minimum(torch.minimum(r, g), b)
+    c = mx - mn
+    not_r = (r - mx).bitwise_right_shift_(15)  # -1 where red is not the max, else 0
+    not_g = (g - mx).bitwise_right_shift_(15)
+    hr = g - b
+    hg = (b - r).add_(c, alpha=2)
+    h = (r - g).add_(c, alpha=4)
+    h.sub_(hg).bitwise_and_(not_g).add_(hg)  # blue's, or green's where green is the max
+    h.sub_(hr).bitwise_and_(not_r).add_(hr)  # red's where red is the max: X in [-c, 6c)
+    h.add_((c * 6).bitwise_and_(h >> 15))  # X in [0, 6c)
+    c16 = c * 16
+    c96 = c16 * 6
+    t = (c * dh).add_((c * dl).add_(64).bitwise_right_shift_(7))  # round(16 * 6c * factor), in [0, c96]
+    c96.sub_(t)
+    h.mul_(16).sub_(c96)  # 16 X + t - c96, in (-c96, c96): no int16 overflow
+    h.add_(c96.add_(t).bitwise_and_(h >> 15))  # X' = that, or that + c96 where negative
+    mn.mul_(16)
+    out = torch.empty((N, 3, H, W), dtype=x.dtype, device=x.device)
+    for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
+        v = (h - c16 * centre).abs_()
+        v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
+        v.bitwise_and_((v >> 15).bitwise_not_())  # max(v, 0)
+        v.sub_(c16)
+        v.bitwise_and_(v >> 15).add_(c16)  # min(v, c)
+        v.add_(mn)
+        v.add_(v >> 8).bitwise_right_shift_(4)  # x 255.999 / 255 (1 + 1/256), truncated to whole levels
+        out[:, k].copy_(v)
+    return out
 
 
 def sharpness(x, factor, bound, integer):

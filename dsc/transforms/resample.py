@@ -126,10 +126,13 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     gx, gy = xi.expand(B, out_h, out_w), yi.expand(B, out_h, out_w)
     out = torch.empty((B, C, out_h, out_w), dtype=torch.float32, device=dev).permute(0, 2, 3, 1)
     hw = src_sizes.tolist()
+    # the source points are an affine map of the output grid: their extremes lie at its four corners
+    corners = (torch.tensor([0, 0, out_h - 1, out_h - 1]), torch.tensor([0, out_w - 1, 0, out_w - 1]))
+    ext = torch.stack([gx[:, corners[0], corners[1]], gy[:, corners[0], corners[1]]], 1).to(torch.float64)
+    ext = torch.stack([ext.amin(2), ext.amax(2)], 2).floor_().long().tolist()  # (B, x|y, min|max)
     for b in range(B):  # only the part of each image the output reads goes to float (a zoom reads little of it)
         Hb, Wb = (int(v) for v in hw[b])
-        xa, xb = (int(v) for v in torch.stack([gx[b].min(), gx[b].max()]).floor().tolist())
-        ya, yb = (int(v) for v in torch.stack([gy[b].min(), gy[b].max()]).floor().tolist())
+        (xa, xb), (ya, yb) = ext[b]
         x0c, x1c = min(max(xa - 2, 0), Wb), min(max(xb + 3, 0), Wb)
         y0c, y1c = min(max(ya - 2, 0), Hb), min(max(yb + 3, 0), Hb)
         if x1c <= x0c or y1c <= y0c:
