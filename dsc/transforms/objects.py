@@ -295,6 +295,18 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Ten
         batch["flipped"] = hflip.to(dev)
 
 
+def void_record(batch: dict, schema: Schema | None) -> None:
+    """The samples were moved in a way no per-sample map states (Mosaic: four samples on one canvas): the
+    record says so, ``affine`` NaN (it stays NaN through later ops) and no ``flipped`` (fields of the
+    dataset named so are left alone)."""
+    schema = schema or {}
+    if "affine" not in schema:
+        B = batch["image"].shape[0]  # (the canvas: (B, H, W, C))
+        batch["affine"] = torch.full((B, 2, 3), float("nan"), dtype=torch.float64, device=batch["image"].device)
+    if "flipped" not in schema:
+        batch.pop("flipped", None)
+
+
 # ----------------------------------------------------------------------------- all of them
 def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tensor | None = None,
                  record: bool = True) -> None:
