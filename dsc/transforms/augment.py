@@ -259,6 +259,8 @@ class RandomHSV(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         if x.shape[1] != 3:
             return x
+        if integer and bound == 255.0:  # uint8 pixels: OpenCV's 8-bit HSV without the float round trip
+            return C.hsv_jitter_integer(x, p["r"])
         hsv = C.rgb_to_hsv(x / bound)
         r = p["r"].to(x.device, x.dtype)
         h = torch.round(hsv[:, 0] * 180.0).remainder_(180.0)  # OpenCV: H in 0..179
@@ -269,6 +271,9 @@ class RandomHSV(PixelOp):
         v = (v * r[:, 2].view(-1, 1, 1)).clamp_(0, 255).trunc_()
         rgb = C.hsv_to_rgb(torch.stack([h / 180.0, s / 255.0, v / 255.0], 1))
         return C.quantise(rgb.mul_(bound), integer, "round")
+
+    def apply_u8(self, x, p, sizes):
+        return _to_u8(C.hsv_jitter_integer(x.permute(0, 3, 1, 2), p["r"])) if x.shape[3] == 3 else x
 
 
 class RandomErasing(PixelOp):

@@ -120,6 +120,60 @@ def hue(x, factor, bound, integer):
     return rgb.mul_(255.0 + 1.0 - 1e-3).floor_() if integer else rgb.mul_(bound)
 
 
+def hexagon(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Whole RGB values 0..255 (N, 3, H, W) -> int16 (N, H, W) planes (max, min, c = max - min, X): X = 6 h c,
+    the pixel's place on the hue hexagon in grey levels, exact (g - b, b - r + 2c or r - g + 4c by the
+    channel holding the max, red first, then green, as torchvision's ``_rgb_to_hsv``; in [0, 6c)), chosen
+    by sign masks (a select by a random mask is slower than ten additions)."""
+    N, _, H, W = x.shape
+    xi = torch.empty((N, 3, H, W), dtype=torch.int16, device=x.device)
+    xi.copy_(x)
+    r, g, b = xi[:, 0], xi[:, 1], xi[:, 2]
+    mx = torch.maximum(torch.maximum(r, g), b)
+    mn = torch.minimum(torch.minimum(r, g), b)
+    c = mx - mn
+    not_r = (r - mx).bitwise_right_shift_(15)  # -1 where red is not the max, else 0
+    not_g = (g - mx).bitwise_right_shift_(15)
+    hr = g - b
+    hg = (b - r).add_(c, alpha=2)
+    h = (r - g).add_(c, alpha=4)
+    h.sub_(hg).bitwise_and_(not_g).add_(hg)  # blue's, or green's where green is the max
+    h.sub_(hr).bitwise_and_(not_r).add_(hr)  # red's where red is the max: X in [-c, 6c)
+    h.add_((c * 6).bitwise_and_(h >> 15))  # X in [0, 6c)
+    return mx, mn, c, h
+
+
+def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """Ultralytics' HSV jitter (``RandomHSV``) on whole values 0..255 ((N, 3, H, W), float or uint8; float out),
+    ``gains`` (N, 3):
+    OpenCV's 8-bit HSV, H = round(30 X / c) mod 180 (X from :func:`hexagon`), S = round(255 c / max),
+    V = max; H' = (H r_h) mod 180, S' = clip(S r_s), V' = clip(V r_v), truncated (the lookup tables); back:
+    channel k = V' - c' + c' F_k(H' / 30), c' = V' S' / 255 (F: the hexagon's ramps, as in
+    :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
+    remainders and truncations: the float formula's numbers within a grey level."""
+    mx, mn, c, X = hexagon(x)
+    g = torch.as_tensor(gains, dtype=torch.float64).to(x.device, torch.float32)
+    rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
+    cf = c.to(torch.float32)
+    mxf = mx.to(torch.float32)
+    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_()  # 0..180
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).mul_(rh)  # (180 is 0: the circle's end)
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).clamp_(min=0.0).floor_()  # mod 180, truncated
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0))
+    sat = cf.mul(255.0).div_(mxf.clamp(min=1.0)).round_().mul_(rs).clamp_(0.0, 255.0).floor_()
+    val = mxf.mul(rv).clamp_(0.0, 255.0).floor_()
+    cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
+    y = hue.div_(30.0)  # sector units, [0, 6)
+    base = val.sub_(cp)  # V' - c'
+    N, _, H, W = x.shape
+    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
+        v = (y - centre).abs_()
+        v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
+        torch.addcmul(base, v.clamp_(0.0, 1.0), cp, out=out[:, k])
+    return out.round_().clamp_(0.0, 255.0)
+
+
 def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
     """:func:`hue` on whole values 0..255 (float (N, 3, H, W)) in int16 arithmetic, within one grey level of
     the float round trip (tests/test_recipes.py; about 1% of pixels are one level off) and several times faster:
@@ -135,20 +189,7 @@ def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
     D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(N)
     dh = (D >> 7).to(torch.int16).view(-1, 1, 1).to(x.device)
     dl = (D & 127).to(torch.int16).view(-1, 1, 1).to(x.device)
-    xi = torch.empty((N, 3, H, W), dtype=torch.int16, device=x.device)
-    xi.copy_(x)
-    r, g, b = xi[:, 0], xi[:, 1], xi[:, 2]
-    mx = torch.maximum(torch.maximum(r, g), b)
-    mn = torch.minimum(torch.minimum(r, g), b)
-    c = mx - mn
-    not_r = (r - mx).bitwise_right_shift_(15)  # -1 where red is not the max, else 0
-    not_g = (g - mx).bitwise_right_shift_(15)
-    hr = g - b
-    hg = (b - r).add_(c, alpha=2)
-    h = (r - g).add_(c, alpha=4)
-    h.sub_(hg).bitwise_and_(not_g).add_(hg)  # blue's, or green's where green is the max
-    h.sub_(hr).bitwise_and_(not_r).add_(hr)  # red's where red is the max: X in [-c, 6c)
-    h.add_((c * 6).bitwise_and_(h >> 15))  # X in [0, 6c)
+    mx, mn, c, h = hexagon(x)
     c16 = c * 16
     c96 = c16 * 6
     t = (c * dh).add_((c * dl).add_(64).bitwise_right_shift_(7))  # round(16 * 6c * factor), in [0, c96]
