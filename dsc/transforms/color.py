@@ -150,7 +150,12 @@ def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     V = max; H' = (H r_h) mod 180, S' = clip(S r_s), V' = clip(V r_v), truncated (the lookup tables); back:
     channel k = V' - c' + c' F_k(H' / 30), c' = V' S' / 255 (F: the hexagon's ramps, as in
     :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
-    remainders and truncations: the float formula's numbers within a grey level."""
+    remainders and truncations: within a grey level of OpenCV's formula in exact arithmetic (the float round
+    trip is several levels off where a rounding ties)."""
+    return _by_pieces(_hsv_jitter_piece, x, torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3))
+
+
+def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -> None:
     mx, mn, c, X = hexagon(x)
     g = torch.as_tensor(gains, dtype=torch.float64).to(x.device, torch.float32)
     rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
@@ -165,18 +170,16 @@ def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
     y = hue.div_(30.0)  # sector units, [0, 6)
     base = val.sub_(cp)  # V' - c'
-    N, _, H, W = x.shape
-    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
     for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
         v = (y - centre).abs_()
         v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
-        torch.addcmul(base, v.clamp_(0.0, 1.0), cp, out=out[:, k])
-    return out.round_().clamp_(0.0, 255.0)
+        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_().clamp_(0.0, 255.0)
 
 
 def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
     """:func:`hue` on whole values 0..255 (float (N, 3, H, W)) in int16 arithmetic, within one grey level of
-    the float round trip (tests/test_recipes.py; about 1% of pixels are one level off) and several times faster:
+    the float round trip (tests/test_recipes_detection.py; about 1% of pixels are one level off), several times
+    faster:
     no float HSV planes, no ``where`` (a select by a random mask is slower than ten additions), selections by
     sign masks. The hue round trip keeps each pixel's max and min and moves it on the hue hexagon: with
     c = max - min and X = 6 h c (in grey levels, exact: g - b, b - r + 2c or r - g + 4c by the channel holding
@@ -184,9 +187,12 @@ def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
     |X' - 3c| - c, green: 2c - |X' - 2c|, blue: 2c - |X' - 4c|), x 255.999 / 255, truncated. X' is kept
     in 1/16 grey levels (6c x 16 < 2^15); 6 c factor x 16 is an exact int16 product of c with the two
     7-bit halves of the factor."""
-    N, _, H, W = x.shape
+    return _by_pieces(_hue_piece, x, torch.as_tensor(factor, dtype=torch.float64).reshape(-1).expand(len(x)))
+
+
+def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
     d = torch.as_tensor(factor, dtype=torch.float64).reshape(-1).remainder(1.0) * 96.0  # 6 sectors x 16
-    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(N)
+    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(len(x))
     dh = (D >> 7).to(torch.int16).view(-1, 1, 1).to(x.device)
     dl = (D & 127).to(torch.int16).view(-1, 1, 1).to(x.device)
     mx, mn, c, h = hexagon(x)
@@ -197,7 +203,6 @@ def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
     h.mul_(16).sub_(c96)  # 16 X + t - c96, in (-c96, c96): no int16 overflow
     h.add_(c96.add_(t).bitwise_and_(h >> 15))  # X' = that, or that + c96 where negative
     mn.mul_(16)
-    out = torch.empty((N, 3, H, W), dtype=x.dtype, device=x.device)
     for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
         v = (h - c16 * centre).abs_()
         v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
@@ -206,7 +211,25 @@ def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
         v.bitwise_and_(v >> 15).add_(c16)  # min(v, c)
         v.add_(mn)
         v.add_(v >> 8).bitwise_right_shift_(4)  # x 255.999 / 255 (1 + 1/256), truncated to whole levels
-        out[:, k].copy_(v)
+        out[:, k] = v
+
+
+PIECE_PIXELS = 1 << 17  # a CPU kernel's pixels at once: its dozen int16 / float planes stay in cache
+
+
+def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor) -> torch.Tensor:
+    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into a float output: on
+    the CPU sample by sample, in pieces of rows of about :data:`PIECE_PIXELS` (a whole batch's planes would
+    not stay in cache between the kernel's passes: about twice slower); on a GPU in one call."""
+    N, _, H, W = x.shape
+    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    if x.device.type != "cpu":
+        kernel(x, per_sample, out)
+        return out
+    rows = max(1, PIECE_PIXELS // max(W, 1))
+    for n in range(N):
+        for r0 in range(0, H, rows):
+            kernel(x[n:n + 1, :, r0:r0 + rows], per_sample[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
     return out
 
 
