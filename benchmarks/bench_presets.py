@@ -4,11 +4,20 @@ JPEGs with PIL and runs the same recipe per image with torch ops (what torchvisi
 sample; MixUp/CutMix in its collate, as torchvision's train.py), same run. Detection: dsc hands out
 format="torchvision" (float CHW images) and the per-image side ends, as torchvision's DetectionPresetTrain,
 with ToDtype(float, scale=True); a second line gives dsc's uint8 packed batches (what goes to a GPU, which
-converts there) against the same per-image rate.
+converts there) against the same per-image rates.
+
+Detection, segmentation and YOLO have two per-image baselines, measured in the same run, interleaved
+(``--rounds N``: medians of N rounds), each with its CPU time per image (this process and its 2 workers):
+the goal's, a DataLoader running the preset AS ITS REFERENCE DOES (dsc.bench._ReferenceRecipe: torchvision's
+references/detection and references/segmentation transforms on PIL images, Ultralytics' pipeline with a
+mosaic of four decoded JPEGs; OpenCV's calls done with PIL where cv2 is not installed), and a stricter one
+running dsc's own batched kernels on a batch of one image (dsc.bench._PerImageRecipe: a faster dsc kernel
+speeds it too).
 
 Classification: the recipe benchmark's 4,000 JPEGs of 256-384 px, compiled at 256 (fixed). Detection: the
-detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged). Timed: one
-epoch of SAMPLES after a warm-up batch (dsc) / after the start-up batches (DataLoader)."""
+detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged); segmentation:
+the same scenes with a semantic mask. Timed: one epoch of SAMPLES (DET_SAMPLES) after a warm-up batch (dsc)
+/ BASELINE_SAMPLES after the start-up batches (DataLoader)."""
 from __future__ import annotations
 
 import time
