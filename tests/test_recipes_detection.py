@@ -360,3 +360,32 @@ def test_the_reference_baseline_runs_each_preset_as_its_reference(tmp_path):
             assert len(b) == len(out["labels"]), name
             assert bool((b[:, 0::2] >= 0).all() and (b[:, 2] <= img.shape[2] + 1e-3).all()
                         and (b[:, 3] <= img.shape[1] + 1e-3).all()), name
+
+
+def test_photometric_distort_on_uint8_equals_the_float_stage_fixed_and_ragged():
+    """RandomPhotometricDistort's uint8 path (each op on just the samples that drew it: lookup tables,
+    a float copy for saturation, the integer hue, a byte gather) gives the float stage's very numbers, on a
+    fixed-size batch and on a packed ragged one (images of several sizes: sample by sample, in place)."""
+    from dsc.transforms import augment as A
+
+    op = A.RandomPhotometricDistort(p=0.5)
+    g = torch.Generator().manual_seed(1)
+    img = torch.randint(0, 256, (9, 21, 27, 3), dtype=torch.uint8, generator=g)
+    sizes = torch.tensor([[21, 27]]).expand(9, 2)
+    for seed in range(4):
+        p = op.params(sizes, torch.Generator().manual_seed(seed))
+        assert 0 < int(p["on3"].sum()) < 9  # (some samples drew the hue, some not)
+        ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
+        got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
+        assert torch.equal(got, ref.permute(0, 2, 3, 1))
+    shapes = [(21, 27, 3), (15, 30, 3), (24, 11, 3), (9, 9, 3)]
+    flat = torch.randint(0, 256, (sum(h * w * c for h, w, c in shapes),), dtype=torch.uint8, generator=g)
+    offsets = torch.tensor([0] + [h * w * c for h, w, c in shapes]).cumsum(0)
+    for seed in range(4):
+        batch = {"image": flat.clone(), "image_offsets": offsets, "image_shapes": torch.tensor(shapes)}
+        out = A.apply_pixel_ops([op], batch, torch.Generator().manual_seed(seed))["image"]
+        p = op.params(torch.tensor([s[:2] for s in shapes]), torch.Generator().manual_seed(seed))
+        for b, (h, w, c) in enumerate(shapes):
+            x = flat[offsets[b]:offsets[b + 1]].view(1, h, w, c).permute(0, 3, 1, 2).float()
+            ref = op.apply(x, {k: v[[b]] for k, v in p.items()}, None, 255.0, True).clamp(0, 255).to(torch.uint8)
+            assert torch.equal(out[offsets[b]:offsets[b + 1]].view(h, w, c), ref[0].permute(1, 2, 0)), (seed, b)
