@@ -49,7 +49,10 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bo
 
 def _median(values):
     values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if values else None
+    if not values:
+        return None
+    k = len(values) // 2
+    return values[k] if len(values) % 2 else (values[k - 1] + values[k]) / 2
 
 
 def detection_rows(name, ds, ops, batch_size, rounds: int) -> None:
