@@ -112,8 +112,9 @@ def main(argv=None) -> None:
         rounds = int(args[k + 1])
         del args[k:k + 2]
     only = set(args)
+    load = open("/proc/loadavg").read().split()[0]
     print(f"reference recipes on CPU: {SAMPLES} samples per preset ({DET_SAMPLES} detection), 2 threads vs torch "
-          f"DataLoader(2 workers) per image ({BASELINE_SAMPLES} detection), load {open('/proc/loadavg').read().split()[0]}")
+          f"DataLoader(2 workers) per image ({BASELINE_SAMPLES} detection), load {load}")
     cls = None
     for name in CLASSIFICATION:
         if only and name not in only:
