@@ -12,9 +12,18 @@ format="torchvision" (float CHW images) and the per-image side ends, as torchvis
 with ToDtype(float, scale=True); a second line gives dsc's uint8 packed batches (what goes to a GPU, which
 converts there) against the same per-image rate.
 
+Detection, segmentation and YOLO have two per-image baselines, measured in the same run, interleaved
+(``--rounds N``: medians of N rounds), each with its CPU time per image (this process and its 2 workers):
+the goal's, a DataLoader running the preset AS ITS REFERENCE DOES (dsc.bench._ReferenceRecipe: torchvision's
+references/detection and references/segmentation transforms on PIL images, Ultralytics' pipeline with a
+mosaic of four decoded JPEGs; OpenCV's calls done with PIL where cv2 is not installed), and a stricter one
+running dsc's own batched kernels on a batch of one image (dsc.bench._PerImageRecipe: a faster dsc kernel
+speeds it too).
+
 Classification: the recipe benchmark's 4,000 JPEGs of 256-384 px, compiled at 256 (fixed). Detection: the
-detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged). Timed: one
-epoch of SAMPLES after a warm-up batch (dsc) / after the start-up batches (DataLoader)."""
+detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged); segmentation:
+the same scenes with a semantic mask. Timed: one epoch of SAMPLES (DET_SAMPLES) after a warm-up batch (dsc)
+/ BASELINE_SAMPLES after the start-up batches (DataLoader)."""
 from __future__ import annotations
 
 import time
@@ -24,25 +33,76 @@ from common import BENCH_DIR, cached, row
 ROUNDS = int(__import__("os").environ.get("PRESET_ROUNDS", 2))  # interleaved rounds of (dsc, reference, dsc-per-image) per classification preset; best of each kept
 
 SAMPLES = 1024
+DET_SAMPLES = 512  # dsc's detection epochs (the slow presets run at tens of images/s on 2 shared cores)
+BASELINE_SAMPLES = 256
 CLASSIFICATION = ("imagenet", "ta_wide", "ra", "augmix", "autoaugment")
-DETECTION = ("det-hflip", "det-multiscale", "det-ssdlite", "det-ssd", "det-lsj", "yolo")
+DETECTION = ("det-hflip", "det-multiscale", "det-ssdlite", "det-ssd", "det-lsj", "yolo", "segmentation")
 
 
-def dsc_rate(ds, ops, batch_size: int, fmt: str, threads: int = 2) -> float:
+def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bool = False, threads: int = 2):
+    """Images/s of one epoch of ``samples`` through dsc.Loader (2 threads); ``cpu``: (images/s, CPU ms per
+    image of this process, every thread)."""
     import dsc
 
     loader = dsc.Loader(ds, batch_size=batch_size, order="random", num_threads=threads, transforms=ops, format=fmt,
-                        indices=range(min(SAMPLES, len(ds))))
+                        indices=range(min(samples, len(ds))))
     next(iter(loader))  # map the shards, warm the ring
-    t0, c0, n = time.perf_counter(), time.process_time(), 0
+    c0, t0, n = time.process_time(), time.perf_counter(), 0
     for b in loader:
         n += len(b[0]) if isinstance(b, tuple) else len(b["image_offsets"]) - 1 if "image_offsets" in b else \
             len(b["image"])
+    rate = n / (time.perf_counter() - t0)
     LAST["cpu"] = (time.process_time() - c0) / n  # (the process's threads together, per image)
-    return n / (time.perf_counter() - t0)
+    return (rate, 1e3 * LAST["cpu"]) if cpu else rate
 
 
 LAST: dict = {}  # dsc_rate's last CPU seconds per image
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = len(values) // 2
+    return values[k] if len(values) % 2 else (values[k - 1] + values[k]) / 2
+
+
+def detection_rows(name, ds, ops, batch_size, rounds: int) -> None:
+    """dsc (torchvision form; uint8 packed) against the reference-faithful per-image DataLoader (the goal's
+    baseline) and the per-image DataLoader running dsc's own kernels on one image (stricter), interleaved
+    over ``rounds``; medians; wall-time and CPU-time ratios."""
+    from dsc.bench import baseline_rates
+
+    fmt = "dict" if name in ("segmentation",) else "torchvision"
+    got: dict = {"tv": [], "packed": [], "ref": [], "own": []}
+    for _ in range(rounds):
+        got["ref"].append(baseline_rates(ds, ops, batch_size, BASELINE_SAMPLES, reference=True))
+        got["tv"].append(dsc_rate(ds, ops, batch_size, fmt, DET_SAMPLES, cpu=True))
+        got["own"].append(baseline_rates(ds, ops, batch_size, BASELINE_SAMPLES, reference=False))
+        if fmt == "torchvision":
+            got["packed"].append(dsc_rate(ds, ops, batch_size, "dict", DET_SAMPLES, cpu=True))
+    med = {k: (_median([v[0] if isinstance(v, tuple) else v["rate"] for v in vs if v]),
+               _median([v[1] if isinstance(v, tuple) else v["cpu_ms"] for v in vs if v])) for k, vs in got.items()}
+    ref, own = med["ref"], med["own"]
+    load = open("/proc/loadavg").read().split()[0]
+
+    def line(label, key):
+        rate, cpu = med[key]
+        if rate is None:
+            return
+        vs = []
+        for base, bname in ((ref, "reference"), (own, "dsc-kernels per image")):
+            if base[0]:
+                vs.append(f"{rate / base[0]:5.2f}x wall, {base[1] / cpu:5.2f}x CPU vs {bname}")
+        print(row(label, rate, "img/s", ref[0], f"{cpu:7.1f} CPU ms/img; " + "; ".join(vs) + f" (load {load})"))
+
+    label = {"det-lsj": "det-lsj (640)", "yolo": "yolo (320)"}.get(name, name)
+    line(f"{label} ({'torchvision form' if fmt == 'torchvision' else 'dict'})", "tv")
+    line("  same, uint8 packed (the form sent to a GPU)", "packed")
+    for key, what in (("ref", "per-image DataLoader, as the reference runs it"),
+                      ("own", "per-image DataLoader, dsc's kernels on one image")):
+        if med[key][0]:
+            print(row(f"  baseline: {what}", med[key][0], "img/s", None, f"{med[key][1]:7.1f} CPU ms/img"))
 
 
 def classification_ops(name: str) -> list:
@@ -102,25 +162,34 @@ def classification_row(ds, name: str) -> dict:
 
 
 def main(argv=None) -> None:
-    """``python bench_presets.py [NAME ...]``: only the presets named (all of them without)."""
+    """``python bench_presets.py [--rounds N] [NAME ...]``: only the presets named (all of them without),
+    the detection ones measured in N interleaved rounds (medians)."""
     import sys
 
     import dsc
-    from dsc.bench import preset_dataloader_rate
     from dsc.synthetic import detection_scenes, write_coco
     from dsc.transforms.presets import detection, recipe, yolo
 
     import bench_recipe
 
-    only = set(sys.argv[1:] if argv is None else argv)
-    print(f"reference recipes on CPU: {SAMPLES} samples per preset, 2 threads vs torch DataLoader(2 workers) per "
-          f"image")
+    args = list(sys.argv[1:] if argv is None else argv)
+    rounds = 1
+    if "--rounds" in args:
+        k = args.index("--rounds")
+        rounds = int(args[k + 1])
+        del args[k:k + 2]
+    only = set(args)
+    load = open("/proc/loadavg").read().split()[0]
+    print(f"reference recipes on CPU: {SAMPLES} samples per preset ({DET_SAMPLES} detection), 2 threads vs torch "
+          f"DataLoader(2 workers) per image ({BASELINE_SAMPLES} detection), load {load}")
     cls = None
     for name in CLASSIFICATION + ("imagenet+mix",):
         if only and name not in only:
             continue
         cls = cls or bench_recipe.compiled(bench_recipe.sources(), "fixed", size=256)
         classification_row(cls, name)
+    if only and not only & set(DETECTION):
+        return
     root = cached("coco-400", lambda r: write_coco(r, detection_scenes(400, seed=0, size_range=(400, 640),
                                                                         ext=".jpg")))
     out = BENCH_DIR / "coco-400-ragged.dsc"
@@ -130,13 +199,17 @@ def main(argv=None) -> None:
     for name in DETECTION:
         if only and name not in only:
             continue
+        if name == "segmentation":  # the same scenes with a semantic mask (label + 1 per box)
+            seg_root = cached("coco-400-seg", lambda r: write_coco(r, detection_scenes(
+                400, seed=0, size_range=(400, 640), ext=".jpg"), segmentation=True))
+            seg_out = BENCH_DIR / "coco-400-semantic.dsc"
+            if not seg_out.exists():
+                dsc.compile_coco(seg_root / "annotations.json", seg_root / "images", seg_out, masks="semantic",
+                                 progress=False)
+            detection_rows(name, dsc.open(seg_out), recipe(name), 16, rounds)
+            continue
         ops = detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
-        rate = dsc_rate(det, ops, 16, "torchvision")
-        packed = dsc_rate(det, ops, 16, "dict")
-        base = preset_dataloader_rate(det, ops, 16, limit=SAMPLES // 4)
-        label = {"det-lsj": "det-lsj (640)", "yolo": "yolo (320)"}.get(name, name)
-        print(row(f"{label} (ragged 400-640)", rate, "img/s", base, f"vs per-image ({base or 0:,.0f} img/s)"))
-        print(row("  same, uint8 packed (the form sent to a GPU)", packed, "img/s", base, "vs the same per-image"))
+        detection_rows(name, det, ops, 16, rounds)
 
 
 if __name__ == "__main__":

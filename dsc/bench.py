@@ -700,3 +700,401 @@ def run_bench(path, batch_size: int = 256, order: str = "random", num_threads: i
         echo(f"  (baseline b skipped: {gap})")
     return {"loader": rate, "copy_limit": limit, "threaded_take": take, "pil_dataloader": pil, "gb_per_s": gb(rate),
             "baseline_rounds": rounds, "disturbed": disturbed}
+
+
+# ------------------------------------------------------------------------- the recipes as their references run
+# Per image, as the reference implementations run them (not dsc's kernels on a batch of one): torchvision's
+# references/detection transforms on the PIL image where they have a PIL path (PIL's C code), boxes as float
+# tensors; references/segmentation likewise; Ultralytics' YOLO pipeline on numpy (its OpenCV calls done with
+# PIL where cv2 is not installed). Parameters drawn from torch's global generator (as the references do; the
+# DataLoader seeds it per worker). Each function: (dsc op, PIL image, target dict) -> (image, target).
+def _ref_flip(op, im, t):
+    from PIL import Image  # lazy: the baseline alone decodes with PIL
+
+    if torch.rand(1) < op.p:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if "boxes" in t:
+            t["boxes"][:, [0, 2]] = im.width - t["boxes"][:, [2, 0]]
+        if "mask" in t:
+            t["mask"] = t["mask"].transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return im, t
+
+
+def _ref_photometric(op, im, t):
+    """references/detection RandomPhotometricDistort: ColorJitter's PIL ops (ImageEnhance, the hue through
+    PIL's HSV), the channel permutation through a float tensor and back."""
+    import numpy as np
+    from PIL import Image, ImageEnhance
+
+    def jitter(rng):
+        torch.randperm(4)  # (ColorJitter draws its order first)
+        return float(torch.empty(1).uniform_(*rng))
+
+    r = torch.rand(7)
+    if r[0] < op.p and op.brightness:
+        im = ImageEnhance.Brightness(im).enhance(jitter(op.brightness))
+    if r[1] < 0.5 and r[2] < op.p and op.contrast:
+        im = ImageEnhance.Contrast(im).enhance(jitter(op.contrast))
+    if r[3] < op.p and op.saturation:
+        im = ImageEnhance.Color(im).enhance(jitter(op.saturation))
+    if r[4] < op.p and op.hue:
+        h, s, v = im.convert("HSV").split()
+        np_h = np.array(h, dtype=np.uint8)
+        np_h += np.array(jitter(op.hue) * 255).astype(np.uint8)
+        im = Image.merge("HSV", (Image.fromarray(np_h, "L"), s, v)).convert("RGB")
+    if r[1] >= 0.5 and r[5] < op.p and op.contrast:
+        im = ImageEnhance.Contrast(im).enhance(jitter(op.contrast))
+    if r[6] < op.p:
+        x = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float().div_(255)[torch.randperm(3)]
+        im = Image.fromarray(x.mul(255).byte().permute(1, 2, 0).numpy())
+    return im, t
+
+
+def _ref_pad(im, t, left, top, right, bottom, fill):
+    from PIL import ImageOps
+
+    fill = tuple(int(v) for v in fill) if isinstance(fill, (tuple, list)) else int(fill)
+    im = ImageOps.expand(im, border=(left, top, right, bottom), fill=fill)
+    if "mask" in t:
+        t["mask"] = ImageOps.expand(t["mask"], border=(left, top, right, bottom), fill=t["ignore"])
+    return im, t
+
+
+def _ref_zoom_out(op, im, t):
+    if torch.rand(1) >= op.p:
+        return im, t
+    w, h = im.size
+    r = op.side_range[0] + torch.rand(1) * (op.side_range[1] - op.side_range[0])
+    cw, ch = int(w * r), int(h * r)
+    r = torch.rand(2)
+    left, top = int((cw - w) * r[0]), int((ch - h) * r[1])
+    im, t = _ref_pad(im, t, left, top, cw - (left + w), ch - (top + h), op.fill)
+    t["boxes"][:, 0::2] += left
+    t["boxes"][:, 1::2] += top
+    return im, t
+
+
+def _ref_crop(im, t, top, left, h, w):
+    im = im.crop((left, top, left + w, top + h))
+    if "mask" in t:
+        t["mask"] = t["mask"].crop((left, top, left + w, top + h))
+    return im, t
+
+
+def _ref_iou_crop(op, im, t):
+    """references/detection RandomIoUCrop: its Python loop over options and trials."""
+    w0, h0 = im.size
+    while True:
+        min_iou = op.sampler_options[int(torch.randint(0, len(op.sampler_options), (1,)))]
+        if min_iou >= 1.0:
+            return im, t
+        for _ in range(op.trials):
+            r = op.min_scale + (op.max_scale - op.min_scale) * torch.rand(2)
+            nw, nh = int(w0 * r[0]), int(h0 * r[1])
+            if nh == 0 or not op.min_aspect_ratio <= nw / nh <= op.max_aspect_ratio:
+                continue
+            r = torch.rand(2)
+            left, top = int((w0 - nw) * r[0]), int((h0 - nh) * r[1])
+            right, bottom = left + nw, top + nh
+            if left == right or top == bottom:
+                continue
+            b = t["boxes"]
+            cx, cy = 0.5 * (b[:, 0] + b[:, 2]), 0.5 * (b[:, 1] + b[:, 3])
+            within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+            if not within.any():
+                continue
+            b = b[within]
+            iw = (torch.minimum(b[:, 2], torch.tensor(float(right))) - torch.maximum(b[:, 0], torch.tensor(float(left)))
+                  ).clamp(min=0)
+            ih = (torch.minimum(b[:, 3], torch.tensor(float(bottom))) - torch.maximum(b[:, 1], torch.tensor(float(top)))
+                  ).clamp(min=0)
+            inter = iw * ih
+            iou = inter / ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) + nw * nh - inter)
+            if iou.max() < min_iou:
+                continue
+            t["boxes"], t["labels"] = b, t["labels"][within]
+            t["boxes"][:, 0::2] -= left
+            t["boxes"][:, 1::2] -= top
+            t["boxes"][:, 0::2].clamp_(min=0, max=nw)
+            t["boxes"][:, 1::2].clamp_(min=0, max=nh)
+            return _ref_crop(im, t, top, left, nh, nw)
+
+
+def _ref_resize(im, t, nh, nw):
+    from PIL import Image
+
+    w0, h0 = im.size
+    im = im.resize((nw, nh), Image.Resampling.BILINEAR)  # (PIL's bilinear is antialiased, as antialias=True)
+    if "boxes" in t:
+        t["boxes"][:, 0::2] *= nw / w0
+        t["boxes"][:, 1::2] *= nh / h0
+    if "mask" in t:
+        t["mask"] = t["mask"].resize((nw, nh), Image.Resampling.NEAREST)
+    return im, t
+
+
+def _ref_scale_jitter(op, im, t):
+    w0, h0 = im.size
+    th, tw = (op.target_size, op.target_size) if isinstance(op.target_size, int) else op.target_size
+    scale = op.scale_range[0] + torch.rand(1) * (op.scale_range[1] - op.scale_range[0])
+    r = min(th / h0, tw / w0) * scale
+    return _ref_resize(im, t, int(h0 * r), int(w0 * r))
+
+
+def _ref_shortest_size(op, im, t):
+    w0, h0 = im.size
+    short = op.min_size[torch.randint(len(op.min_size), (1,)).item()]
+    r = short / min(h0, w0)
+    if op.max_size is not None:
+        r = min(r, op.max_size / max(h0, w0))
+    return _ref_resize(im, t, int(h0 * r), int(w0 * r))
+
+
+def _ref_fixed_size_crop(op, im, t):
+    w, h = im.size
+    ch, cw = (op.size, op.size) if isinstance(op.size, int) else op.size
+    nh, nw = min(h, ch), min(w, cw)
+    if nh != h or nw != w:
+        r = torch.rand(1)
+        top, left = int(max(h - ch, 0) * r), int(max(w - cw, 0) * r)
+        im, t = _ref_crop(im, t, top, left, nh, nw)
+        b = t["boxes"]
+        b[:, 0::2] -= left
+        b[:, 1::2] -= top
+        b[:, 0::2].clamp_(min=0, max=nw)
+        b[:, 1::2].clamp_(min=0, max=nh)
+        ok = (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3])
+        t["boxes"], t["labels"] = b[ok], t["labels"][ok]
+    if ch > nh or cw > nw:
+        im, t = _ref_pad(im, t, 0, 0, cw - nw, ch - nh, op.fill)
+    return im, t
+
+
+def _ref_random_crop(op, im, t):
+    """references/segmentation RandomCrop: padded at the right and bottom when smaller (mask: 255), then a
+    uniform crop (v2's get_params)."""
+    ch, cw = (op.size, op.size) if isinstance(op.size, int) else op.size
+    w, h = im.size
+    if w < cw or h < ch:
+        im, t = _ref_pad(im, t, 0, 0, max(cw - w, 0), max(ch - h, 0), op.fill)
+        w, h = im.size
+    top, left = int(torch.randint(0, h - ch + 1, (1,))), int(torch.randint(0, w - cw + 1, (1,)))
+    return _ref_crop(im, t, top, left, ch, cw)
+
+
+def _ref_mosaic(op, im, t):
+    """Ultralytics' Mosaic: the image and 3 others (random, each decoded from its JPEG) resized to a longer
+    side of ``size``, placed around a random centre on a 2 size canvas of 114; boxes shifted, clipped."""
+    import numpy as np
+
+    s = op.size
+    canvas = np.full((2 * s, 2 * s, 3), op.fill if isinstance(op.fill, int) else op.fill[0], np.uint8)
+    xc, yc = (int(np.random.uniform(s / 2, 3 * s / 2)) for _ in range(2))
+    boxes, labels = [], []
+    for i, (img, tt) in enumerate([(im, t)] + [t["partner"]() for _ in range(3)]):
+        w0, h0 = img.size
+        r = s / max(h0, w0)
+        img, tt = _ref_resize(img, tt, min(math.ceil(h0 * r), s), min(math.ceil(w0 * r), s))
+        a = np.asarray(img)
+        h, w = a.shape[:2]
+        if i == 0:
+            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+            x1b, y1b, x2b, y2b = w - (x2a - x1a), h - (y2a - y1a), w, h
+        elif i == 1:
+            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s * 2), yc
+            x1b, y1b, x2b, y2b = 0, h - (y2a - y1a), min(w, x2a - x1a), h
+        elif i == 2:
+            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s * 2, yc + h)
+            x1b, y1b, x2b, y2b = w - (x2a - x1a), 0, w, min(y2a - y1a, h)
+        else:
+            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s * 2), min(s * 2, yc + h)
+            x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
+        canvas[y1a:y2a, x1a:x2a] = a[y1b:y2b, x1b:x2b]
+        b = tt["boxes"].numpy().copy()
+        b[:, 0::2] += x1a - x1b
+        b[:, 1::2] += y1a - y1b
+        boxes.append(b)
+        labels.append(tt["labels"].numpy())
+    t["boxes"] = torch.from_numpy(np.concatenate(boxes).clip(0, 2 * s))
+    t["labels"] = torch.from_numpy(np.concatenate(labels))
+    return canvas, t
+
+
+def _ref_perspective(op, im, t):
+    """Ultralytics' random_perspective (degrees, translate, scale, shear; no perspective) as one affine warp
+    of the mosaic canvas to size x size, bilinear, fill 114 (cv2.warpAffine; PIL's transform here), boxes by
+    their corners, clipped, Ultralytics' box_candidates filter."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(im)
+    H, W = a.shape[:2]
+    oh, ow = (op.size, op.size) if isinstance(op.size, int) else op.size
+    Cm = np.eye(3)
+    Cm[0, 2], Cm[1, 2] = -W / 2, -H / 2
+    R = np.eye(3)
+    ang = np.random.uniform(*op.degrees) if op.degrees else 0.0
+    sc = np.random.uniform(*op.scale) if op.scale else 1.0
+    c, s_ = math.cos(math.radians(ang)) * sc, math.sin(math.radians(ang)) * sc
+    R[:2, :2] = [[c, s_], [-s_, c]]
+    S = np.eye(3)
+    if op.shear:
+        S[0, 1] = math.tan(np.random.uniform(*op.shear[:2]) * math.pi / 180)
+        S[1, 0] = math.tan(np.random.uniform(*op.shear[:2]) * math.pi / 180)
+    T = np.eye(3)
+    tx, ty = op.translate or (0.0, 0.0)
+    T[0, 2], T[1, 2] = np.random.uniform(0.5 - tx, 0.5 + tx) * ow, np.random.uniform(0.5 - ty, 0.5 + ty) * oh
+    M = T @ S @ R @ Cm
+    inv = np.linalg.inv(M)
+    fill = op.fill if isinstance(op.fill, tuple) else (op.fill,) * 3
+    out = Image.fromarray(a).transform((ow, oh), Image.Transform.AFFINE, tuple(inv[:2].reshape(-1)),
+                                       Image.Resampling.BILINEAR, fillcolor=tuple(int(v) for v in fill))
+    b = t["boxes"].numpy()
+    n = len(b)
+    if n:
+        xy = np.ones((n * 4, 3))
+        xy[:, :2] = b[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)
+        xy = (xy @ M.T)[:, :2].reshape(n, 8)
+        new = np.concatenate((xy[:, [0, 2, 4, 6]].min(1), xy[:, [1, 3, 5, 7]].min(1),
+                              xy[:, [0, 2, 4, 6]].max(1), xy[:, [1, 3, 5, 7]].max(1))).reshape(4, n).T
+        new[:, [0, 2]] = new[:, [0, 2]].clip(0, ow)
+        new[:, [1, 3]] = new[:, [1, 3]].clip(0, oh)
+        w1, h1 = (b[:, 2] - b[:, 0]) * sc, (b[:, 3] - b[:, 1]) * sc
+        w2, h2 = new[:, 2] - new[:, 0], new[:, 3] - new[:, 1]
+        ar = np.maximum(w2 / (h2 + 1e-16), h2 / (w2 + 1e-16))
+        keep = (w2 > 2) & (h2 > 2) & (w2 * h2 / (w1 * h1 + 1e-16) > 0.1) & (ar < 100)
+        t["boxes"], t["labels"] = torch.from_numpy(new[keep]).float(), t["labels"][torch.from_numpy(keep)]
+    return out, t
+
+
+def _ref_hsv(op, im, t):
+    """Ultralytics' augment_hsv: per-channel gains, lookup tables on the 8-bit HSV image (PIL's HSV here,
+    hue on its 0-255 circle), back to RGB."""
+    import numpy as np
+    from PIL import Image
+
+    r = np.random.uniform(-1, 1, 3) * [op.hgain, op.sgain, op.vgain] + 1
+    h, s, v = im.convert("HSV").split()
+    x = np.arange(0, 256, dtype=r.dtype)
+    luts = (((x * r[0]) % 256).astype(np.uint8), np.clip(x * r[1], 0, 255).astype(np.uint8),
+            np.clip(x * r[2], 0, 255).astype(np.uint8))
+    planes = [Image.fromarray(lut[np.asarray(p)], "L") for lut, p in zip(luts, (h, s, v))]
+    return Image.merge("HSV", planes).convert("RGB"), t
+
+
+REFERENCE_OPS = {"RandomHorizontalFlip": _ref_flip, "RandomPhotometricDistort": _ref_photometric,
+                 "RandomZoomOut": _ref_zoom_out, "RandomIoUCrop": _ref_iou_crop, "ScaleJitter": _ref_scale_jitter,
+                 "FixedSizeCrop": _ref_fixed_size_crop, "RandomShortestSize": _ref_shortest_size,
+                 "RandomCrop": _ref_random_crop, "Mosaic": _ref_mosaic, "RandomAffine": _ref_perspective,
+                 "RandomHSV": _ref_hsv}
+
+
+def reference_supported(ops) -> bool:
+    """Whether :class:`_ReferenceRecipe` runs ``ops`` as their reference does (a detection, segmentation or
+    YOLO preset: every op but the final float conversion has a reference implementation above)."""
+    return any(type(op).__name__ in REFERENCE_OPS for op in ops) and all(
+        type(op).__name__ in REFERENCE_OPS or isinstance(op, (T.ToFloat, T.Normalize)) for op in ops)
+
+
+class _ReferenceRecipe(torch.utils.data.Dataset):
+    """A detection, segmentation or YOLO preset as its reference runs it per image (see REFERENCE_OPS): decode
+    the JPEG with PIL (resized to the stored frame when compiled at another size, as :class:`_PerImageRecipe`),
+    boxes, labels and mask from the dataset, each op on the PIL image, then PILToTensor + ToDtype(float,
+    scale=True) (segmentation: + Normalize; YOLO: a uint8 (C, H, W) tensor, as Ultralytics' collate stacks
+    it, the float conversion being on the GPU). YOLO's Mosaic decodes its three partners (random samples) as
+    Ultralytics does without its RAM cache."""
+
+    def __init__(self, ds, paths, ops, rows=None):
+        self.ds, self.paths, self.ops = ds, paths, list(ops)
+        self.rows = range(len(paths)) if rows is None else rows
+        masks = [k for k, r in ds.schema.pixels().items() if k != "image"]
+        self.mask = masks[0] if masks else None
+        self.ignore = int(ds.schema[self.mask].fill or 0) if self.mask else 0
+        self.yolo = any(type(op).__name__ == "Mosaic" for op in self.ops)
+        self.norm = next((op for op in self.ops if isinstance(op, T.Normalize)), None)
+        # (the segmentation reference has no boxes: a dataset that also has them keeps them out of its targets)
+        self.boxes = "boxes" in ds.schema and not any(type(op).__name__ == "RandomCrop" for op in self.ops)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def _load(self, i):
+        import numpy as np
+        from PIL import Image, ImageOps
+
+        sample = self.ds[self.rows[i]]
+        with Image.open(self.paths[i]) as im:
+            im = ImageOps.exif_transpose(im).convert("RGB")
+        h, w = sample["image"].shape[:2]
+        if im.size != (w, h):
+            im = im.resize((w, h), Image.Resampling.BILINEAR)
+        t = {"ignore": self.ignore}
+        if self.boxes and "boxes" in sample:
+            t["boxes"], t["labels"] = sample["boxes"].float().clone(), sample["labels"].clone()
+        if self.mask is not None and self.mask in sample:
+            m = sample[self.mask].numpy()
+            t["mask"] = Image.fromarray(m.reshape(m.shape[:2]).astype(np.uint8), "L")
+        return im, t
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        im, t = self._load(i)
+        if self.yolo:
+            t["partner"] = lambda: self._load(int(torch.randint(len(self.paths), (1,))))
+        for op in self.ops:
+            if type(op).__name__ in REFERENCE_OPS:
+                im, t = REFERENCE_OPS[type(op).__name__](op, im, t)
+                if isinstance(im, np.ndarray):
+                    from PIL import Image
+
+                    im = Image.fromarray(im)
+        x = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)  # PILToTensor
+        out = {k: v for k, v in t.items() if k in ("boxes", "labels")}
+        if self.mask is not None and "mask" in t:
+            out[self.mask] = torch.as_tensor(np.array(t["mask"]), dtype=torch.int64)
+        if not self.yolo:
+            x = x.to(torch.float32).div_(255)  # ToDtype(float, scale=True)
+            if self.norm is not None:
+                x = (x - torch.tensor(self.norm.mean).view(-1, 1, 1)) / torch.tensor(self.norm.std).view(-1, 1, 1)
+        out["image"] = x
+        return out
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def baseline_rates(ds, ops, batch_size: int, limit: int = 256, reference: bool = True) -> dict | None:
+    """{"rate": images/s, "cpu_ms": CPU ms per image (this process and its 2 workers)} of torch's
+    DataLoader(2 workers) over the source JPEGs doing ``ops`` per image: as the reference runs them
+    (:class:`_ReferenceRecipe`, ``reference=True``; None where it has no reference implementation) or with
+    dsc's kernels on a batch of one (:class:`_PerImageRecipe`). Start-up and the first 5 batches untimed."""
+    rows: list[int] = []
+    paths = source_files(ds, rows=rows)[0]
+    if not paths or len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size or (reference and not reference_supported(ops)):
+        return None
+    data = _ReferenceRecipe(ds, paths, ops, rows) if reference else _PerImageRecipe(ds, paths, ops, rows)
+    dl = torch.utils.data.DataLoader(data, batch_size=batch_size, num_workers=2, shuffle=True,
+                                     persistent_workers=True, prefetch_factor=2,
+                                     collate_fn=(lambda items: items) if reference else _collate(ops))
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    workers = [w.pid for w in getattr(it, "_workers", [])]
+    cpu0 = time.process_time() + sum(_proc_cpu(p) for p in workers)
+    t0, n = time.perf_counter(), 0
+    for b in it:
+        n += len(b["image"]) if isinstance(b, dict) else len(b)
+        if limit and n >= limit:
+            break
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() + sum(_proc_cpu(p) for p in workers) - cpu0
+    del it, dl
+    return {"rate": n / wall, "cpu_ms": 1e3 * cpu / n} if n else None

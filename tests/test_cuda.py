@@ -368,3 +368,17 @@ def test_yolo_mosaic_mixup_masks_and_keypoints_on_the_device(tmp_path):
             torch.testing.assert_close(a["keypoints"], b["keypoints"].cpu(), atol=1e-3, rtol=0)
             d = (a["image"].int() - b["image"].cpu().int()).abs()
             assert float((d > 2).double().mean()) < 0.01
+
+
+def test_uint8_hue_and_hsv_kernels_on_the_device_equal_the_cpu():
+    """color.hue_integer and hsv_jitter_integer run whole batches on a GPU (no CPU pieces): the hue (integer
+    arithmetic) gives the CPU's very numbers, the HSV jitter (float) the same within a grey level."""
+    from dsc.transforms import color as C
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (3, 3, 37, 45), generator=g).float()
+    f = torch.tensor([-0.3, 0.05, 0.49], dtype=torch.float64)
+    gains = torch.tensor([[1.01, 0.5, 1.3], [0.99, 1.6, 0.7], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    assert torch.equal(C.hue_integer(x.cuda(), f).cpu(), C.hue_integer(x, f))
+    d = (C.hsv_jitter_integer(x.cuda(), gains).cpu() - C.hsv_jitter_integer(x, gains)).abs()
+    assert float(d.max()) <= 1 and float((d > 0).float().mean()) < 1e-3  # (a GPU may fuse the final a + b c)

@@ -121,3 +121,22 @@ def test_mosaic_voids_the_record(tmp_path):
     for ops in ([T.RandomHorizontalFlip(1.0), T.Mosaic(24)], [T.Mosaic(24), T.RandomHorizontalFlip(1.0)]):
         batch = next(iter(dsc.Loader(ds, batch_size=4, num_threads=0, transforms=ops)))
         assert batch["affine"].shape == (4, 2, 3) and batch["affine"].isnan().all() and "flipped" not in batch
+
+
+def test_mosaic_voids_the_record_wherever_it_runs(tmp_path):
+    """Mosaic itself voids the record, so a Mosaic that Compose does not see directly (inside RandomChoice, or
+    called on its own) leaves no stale map either; the op beside it in RandomChoice keeps the record."""
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(6, seed=2))
+    dsc.compile_coco(ann, images, tmp_path / "det", size=48, resize="pad", progress=False)
+    ds = dsc.open(tmp_path / "det")
+    ops = [T.RandomHorizontalFlip(1.0), T.RandomChoice([T.Mosaic(24)])]
+    batch = next(iter(dsc.Loader(ds, batch_size=4, num_threads=0, transforms=ops)))
+    assert batch["affine"].shape == (4, 2, 3) and batch["affine"].isnan().all() and "flipped" not in batch
+    alone = T.Mosaic(24)(T.Compose([T.RandomHorizontalFlip(1.0)])(ds.get_batch(np.arange(4)), seed=0),
+                         T.batch_generator(0, 0, 0))
+    assert alone["affine"].isnan().all() and "flipped" not in alone
+    kept = next(iter(dsc.Loader(ds, batch_size=4, num_threads=0,
+                                transforms=[T.RandomHorizontalFlip(1.0), T.RandomChoice([lambda b, g: b])])))
+    assert kept["flipped"].all() and not kept["affine"].isnan().any()

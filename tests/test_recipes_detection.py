@@ -241,3 +241,151 @@ def test_a_crop_inside_the_crop_before_it_runs_as_one():
             got = torch.empty_like(want)
             run_program(img, first + [second], got, False, None)
             assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------- uint8 colour kernels
+def _rgb(n=4, h=40, w=52, seed=0):
+    """Float (n, 3, h, w) whole values: noise, greys, saturated and near-tie colours (every hexagon sector)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, h, w), generator=g).float()
+    x[:, :, :4] = x[:, :1, :4]  # grey rows (c = 0)
+    x[:, :, 4:8, :6] = torch.tensor([255.0, 0, 0]).view(3, 1, 1)  # pure red, then channels one apart
+    x[:, :, 8:12] = x[:, :1, 8:12] + torch.tensor([0.0, 1, 2]).view(3, 1, 1).clamp(max=255 - x[:, :1, 8:12].max())
+    return x
+
+
+def _hsv_round_trip_ref(x: np.ndarray, f: float) -> np.ndarray:
+    """adjust_hue written from its formula in float64 (rgb -> hsv, h + f mod 1, back, x 255.999 truncated)."""
+    r, g, b = x[:, 0] / 255, x[:, 1] / 255, x[:, 2] / 255
+    mx, mn = np.maximum(np.maximum(r, g), b), np.minimum(np.minimum(r, g), b)
+    c = mx - mn
+    cs = np.where(c == 0, 1, c)
+    h = np.where(mx == r, (g - b) / cs, np.where(mx == g, (b - r) / cs + 2, (r - g) / cs + 4))
+    h = ((h / 6 + 1) % 1 + f) % 1
+    s = np.where(mx == 0, 0, c / np.where(mx == 0, 1, mx))
+    out = []
+    for n in (5, 3, 1):
+        k = (n + 6 * h) % 6
+        out.append(mx - mx * s * np.clip(np.minimum(k, 4 - k), 0, 1))
+    return np.floor(np.stack(out, 1) * 255.999)
+
+
+@pytest.mark.parametrize("f", [-0.5, -0.37, -0.05, 0.0, 0.013, 0.05, 0.26, 0.4999])
+def test_uint8_hue_is_within_a_grey_level_of_the_hsv_round_trip(f):
+    """The uint8 hue (int16 on the hue hexagon, selects by sign masks) against adjust_hue's float formula:
+    every pixel within one grey level, almost all equal; the float path (float images) is untouched."""
+    from dsc.transforms import color as C
+
+    x = _rgb()
+    got = C.hue(x, torch.full((4,), f), 255.0, True)
+    ref = _hsv_round_trip_ref(x.double().numpy(), f)
+    d = np.abs(got.numpy() - ref)
+    assert d.max() <= 1 and (d > 0).mean() < 0.02, (d.max(), (d > 0).mean())
+    flt = C.hue(x / 255, torch.full((4,), f), 1.0, False)  # a float image: the float round trip
+    assert np.abs(flt.double().numpy() * 255.999 - ref).max() < 1.01
+
+
+def _opencv_hsv_ref(x: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """Ultralytics' augment_hsv written from OpenCV's documented 8-bit HSV (V = max, S = 255 (max - min) / max,
+    H = hue in degrees / 2, each rounded), the gains' lookup tables (truncated), and back, in float64."""
+    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    mx, mn = x.max(1), x.min(1)
+    c = mx - mn
+    X = np.where(mx == r, g - b, np.where(mx == g, b - r + 2 * c, r - g + 4 * c))
+    X = np.where(X < 0, X + 6 * c, X)
+    H = np.round(30 * X / np.where(c == 0, 1, c)) % 180
+    S = np.round(255 * c / np.where(mx == 0, 1, mx))
+    rh, rs, rv = (gains[:, k].reshape(-1, 1, 1) for k in range(3))
+    H2, S2, V2 = np.floor((H * rh) % 180), np.floor(np.clip(S * rs, 0, 255)), np.floor(np.clip(mx * rv, 0, 255))
+    cp, y = V2 * S2 / 255, H2 / 30
+    out = [V2 - cp + cp * np.clip(np.abs(y - 3) - 1, 0, 1), V2 - cp + cp * np.clip(2 - np.abs(y - 2), 0, 1),
+           V2 - cp + cp * np.clip(2 - np.abs(y - 4), 0, 1)]
+    return np.round(np.stack(out, 1))
+
+
+def test_random_hsv_on_uint8_is_within_a_grey_level_of_opencv_s_formula():
+    """RandomHSV on uint8 pixels (the float stage with integer=True and the CPU's uint8 stage: the same kernel)
+    against OpenCV's 8-bit HSV jitter written out here: every pixel within a grey level."""
+    from dsc.transforms import augment as A
+
+    x = _rgb(6, seed=3)
+    op = A.RandomHSV(0.2, 0.7, 0.4)  # (a wide hue gain: every hue moves)
+    for seed in range(3):
+        p = op.params(torch.tensor([[40, 52]]).expand(6, 2), torch.Generator().manual_seed(seed))
+        ref = _opencv_hsv_ref(x.double().numpy(), p["r"].numpy())
+        got = op.apply(x.clone(), p, None, 255.0, True)
+        assert np.abs(got.numpy() - ref).max() <= 1
+        u8 = op.apply_u8(x.permute(0, 2, 3, 1).to(torch.uint8).contiguous(), p, None)
+        assert torch.equal(u8.permute(0, 3, 1, 2), got.to(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------- the bench's baseline
+def test_the_reference_baseline_runs_each_preset_as_its_reference(tmp_path):
+    """bench's _ReferenceRecipe (the per-image DataLoader the detection goal is measured against): every
+    detection, segmentation and YOLO preset has a reference implementation; each item is the reference's
+    output (float CHW; YOLO uint8 at the output size; segmentation normalised, its mask int64 at the crop
+    size padded with 255), its boxes inside the image; classification recipes have none."""
+    from dsc import bench
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / "coco", detection_scenes(6, seed=4, size_range=(60, 120), ext=".jpg"),
+                             segmentation=True)
+    dsc.compile_coco(ann, images, tmp_path / "ds", masks="semantic", progress=False)
+    ds = dsc.open(tmp_path / "ds")
+    rows: list = []
+    paths = bench.source_files(ds, rows=rows)[0]
+    presets = {n: T.presets.recipe(n) for n in ("det-hflip", "det-ssd", "det-ssdlite", "det-multiscale")}
+    presets.update({"det-lsj": T.presets.detection("lsj", size=96), "yolo": T.presets.yolo(64),
+                    "segmentation": T.presets.segmentation(base_size=80, crop_size=72)})
+    assert not bench.reference_supported(T.presets.recipe("ta_wide"))
+    torch.manual_seed(0)
+    for name, ops in presets.items():
+        assert bench.reference_supported(ops), name
+        data = bench._ReferenceRecipe(ds, paths, ops, rows)
+        for i in range(len(data)):
+            out = data[i]
+            img = out["image"]
+            assert img.dim() == 3 and img.shape[0] == 3, name
+            if name == "yolo":
+                assert img.dtype == torch.uint8 and img.shape[1:] == (64, 64)
+            else:
+                assert img.dtype == torch.float32
+            if name == "det-lsj":
+                assert img.shape[1:] == (96, 96)
+            if name == "segmentation":
+                assert "boxes" not in out and out["mask"].shape == (72, 72) and out["mask"].dtype == torch.int64
+                assert float(img.min()) < 0  # normalised
+                continue
+            b = out["boxes"]
+            assert len(b) == len(out["labels"]), name
+            assert bool((b[:, 0::2] >= 0).all() and (b[:, 2] <= img.shape[2] + 1e-3).all()
+                        and (b[:, 3] <= img.shape[1] + 1e-3).all()), name
+
+
+def test_photometric_distort_on_uint8_equals_the_float_stage_fixed_and_ragged():
+    """RandomPhotometricDistort's uint8 path (each op on just the samples that drew it: lookup tables,
+    a float copy for saturation, the integer hue, a byte gather) gives the float stage's very numbers, on a
+    fixed-size batch and on a packed ragged one (images of several sizes: sample by sample, in place)."""
+    from dsc.transforms import augment as A
+
+    op = A.RandomPhotometricDistort(p=0.5)
+    g = torch.Generator().manual_seed(1)
+    img = torch.randint(0, 256, (9, 21, 27, 3), dtype=torch.uint8, generator=g)
+    sizes = torch.tensor([[21, 27]]).expand(9, 2)
+    for seed in range(4):
+        p = op.params(sizes, torch.Generator().manual_seed(seed))
+        assert 0 < int(p["on3"].sum()) < 9  # (some samples drew the hue, some not)
+        ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
+        got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
+        assert torch.equal(got, ref.permute(0, 2, 3, 1))
+    shapes = [(21, 27, 3), (15, 30, 3), (24, 11, 3), (9, 9, 3)]
+    flat = torch.randint(0, 256, (sum(h * w * c for h, w, c in shapes),), dtype=torch.uint8, generator=g)
+    offsets = torch.tensor([0] + [h * w * c for h, w, c in shapes]).cumsum(0)
+    for seed in range(4):
+        batch = {"image": flat.clone(), "image_offsets": offsets, "image_shapes": torch.tensor(shapes)}
+        out = A.apply_pixel_ops([op], batch, torch.Generator().manual_seed(seed))["image"]
+        p = op.params(torch.tensor([s[:2] for s in shapes]), torch.Generator().manual_seed(seed))
+        for b, (h, w, c) in enumerate(shapes):
+            x = flat[offsets[b]:offsets[b + 1]].view(1, h, w, c).permute(0, 3, 1, 2).float()
+            ref = op.apply(x, {k: v[[b]] for k, v in p.items()}, None, 255.0, True).clamp(0, 255).to(torch.uint8)
+            assert torch.equal(out[offsets[b]:offsets[b + 1]].view(h, w, c), ref[0].permute(1, 2, 0)), (seed, b)

@@ -72,21 +72,6 @@ def batch_generator(seed: int, epoch: int, batch_index: int, rank: int = 0) -> t
     return torch.Generator().manual_seed(int(state >> np.uint64(1)))
 
 
-def _without_record(run):
-    """``run`` (a batch op), then the batch's geometry record (``affine``, ``flipped``: transforms/objects.py)
-    voided: the op moved the samples in a way no per-sample map states, so ``affine`` becomes NaN (and stays
-    NaN through later ops) and ``flipped`` goes."""
-    def voiding(batch, gen):
-        batch = run(batch, gen)
-        if "affine" not in (getattr(batch, "schema", None) or {}):
-            B = batch["image"].shape[0]  # (the canvas: (B, H, W, C))
-            batch["affine"] = torch.full((B, 2, 3), float("nan"), dtype=torch.float64, device=batch["image"].device)
-        if "flipped" not in (getattr(batch, "schema", None) or {}):
-            batch.pop("flipped", None)
-        return batch
-    return voiding
-
-
 class Compose:
     """Run ops in order. A run of geometric ops is one stage (one draw of parameters, one resampling per
     sample); a run of photometric ops starting with ToFloat is one pass (:class:`PixelPost`). Call as
@@ -111,10 +96,7 @@ class Compose:
                 self.stages.append(("pixels", post))
                 i += n
             else:
-                run = _batch_op(self.ops[i])
-                if isinstance(self.ops[i], Mosaic):  # four samples placed on one canvas: no map of the stored
-                    run = _without_record(run)  # sample onto the output is the sample's, so no stale record
-                self.stages.append(("op", run))
+                self.stages.append(("op", _batch_op(self.ops[i])))  # (Mosaic voids the geometry record itself)
                 i += 1
 
     def gather_plan(self, photometric: bool = True, keep_sizes: bool = False):

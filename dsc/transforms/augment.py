@@ -242,6 +242,42 @@ class RandomPhotometricDistort(PixelOp):
                 1, p["perm"][r].to(v.device).view(-1, 3, 1, 1).expand_as(v)))
         return x
 
+    def apply_u8(self, x, p, sizes):
+        """On uint8 (N, H, W, C), each op on just the samples that drew it (in place when all did): brightness
+        and contrast as per-sample lookup tables (the float formula on the 256 values), saturation on a float
+        copy of those samples, hue by the integer kernel, the channel permutation as a gather of bytes: the
+        float stage's numbers (tests/test_recipes_uint8.py)."""
+        def op(k, only=None):
+            on = p[f"on{k}"] if only is None else p[f"on{k}"] & only
+            rows = on.nonzero().view(-1)
+            if not len(rows):
+                return
+            every = len(rows) == len(x)
+            sub, f = (x if every else _take_rows(x, rows)), p[f"f{k}"][rows]
+            if k == 0:
+                sub = C.apply_lut(sub, C.brightness(C.value_image(len(rows)), f, 255.0, True))
+            elif k == 1:
+                mean = C.contrast_mean(_to_float(sub), True)
+                sub = C.apply_lut(sub, C.blend(C.value_image(len(rows)), mean, f, 255.0, True))
+            else:
+                sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
+            if every:
+                if sub is not x:
+                    x.copy_(sub)
+            else:
+                _put_rows(x, rows, sub)
+        op(0)
+        op(1, p["contrast_before"])
+        op(2)
+        op(3)
+        op(1, ~p["contrast_before"])
+        if x.shape[3] == 3:
+            for r in p["permute"].nonzero().view(-1).tolist():  # channel by channel (an indexed gather of the
+                src = x[r].clone()  # last axis is ten times slower)
+                for c, k in enumerate(p["perm"][r].tolist()):
+                    x[r][..., c].copy_(src[..., k])
+        return x
+
 
 class RandomHSV(PixelOp):
     """Ultralytics' HSV jitter (``RandomHSV(hgain=0.015, sgain=0.7, vgain=0.4)``, the YOLO default): gains
@@ -261,6 +297,8 @@ class RandomHSV(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         if x.shape[1] != 3:
             return x
+        if integer and bound == 255.0:  # uint8 pixels: OpenCV's 8-bit HSV without the float round trip
+            return C.hsv_jitter_integer(x, p["r"])
         hsv = C.rgb_to_hsv(x / bound)
         r = p["r"].to(x.device, x.dtype)
         h = torch.round(hsv[:, 0] * 180.0).remainder_(180.0)  # OpenCV: H in 0..179
@@ -271,6 +309,9 @@ class RandomHSV(PixelOp):
         v = (v * r[:, 2].view(-1, 1, 1)).clamp_(0, 255).trunc_()
         rgb = C.hsv_to_rgb(torch.stack([h / 180.0, s / 255.0, v / 255.0], 1))
         return C.quantise(rgb.mul_(bound), integer, "round")
+
+    def apply_u8(self, x, p, sizes):
+        return _to_u8(C.hsv_jitter_integer(x.permute(0, 3, 1, 2), p["r"])) if x.shape[3] == 3 else x
 
 
 class RandomErasing(PixelOp):
@@ -841,6 +882,13 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
         for b, v in enumerate(views):
             if v.is_floating_point():
                 raise ConfigError("photometric ops on images of several sizes take them as stored (uint8)")
+            if v.device.type == "cpu" and v.is_contiguous():  # uint8 between ops, as the fixed-size CPU stage
+                x, row = v.unsqueeze(0), torch.tensor([b])
+                for op, p in zip(ops, params):
+                    x = op.apply_u8(x, _take(p, row), sizes[row])
+                if x.data_ptr() != v.data_ptr() or not x.is_contiguous():
+                    v.copy_(x[0])
+                continue
             x = v.permute(2, 0, 1).unsqueeze(0).to(torch.float32)
             y = run(x, torch.tensor([b]), True, 255.0)
             v.copy_(y[0].permute(1, 2, 0).clamp_(0, 255).to(v.dtype))

@@ -32,7 +32,8 @@ def quantise(x: torch.Tensor, integer: bool, rounding: str = "trunc") -> torch.T
     """What torchvision's cast back to uint8 does: ``.to(uint8)`` truncates; some ops round first."""
     if not integer:
         return x
-    return x.round_() if rounding == "round" else x.trunc_()
+    # (every caller's values are >= 0 by then, where floor is trunc: several times faster on the CPU)
+    return x.round_() if rounding == "round" else x.floor_()
 
 
 def blend(a: torch.Tensor, b: torch.Tensor, ratio, bound: float, integer: bool) -> torch.Tensor:
@@ -45,6 +46,9 @@ def grayscale(x: torch.Tensor) -> torch.Tensor:
     """(N, 1, H, W): 0.2989 R + 0.587 G + 0.114 B (``rgb_to_grayscale``, float, unrounded); 1 channel: itself."""
     if x.shape[1] == 1:
         return x.clone()
+    if x.shape[1] == 3 and x.stride(1) == 1 and x.is_floating_point():  # channels-last memory (the photometric
+        # stage's float copy of uint8 pixels): one pass over the interleaved pixels, a 3-vector product each
+        return torch.matmul(x.permute(0, 2, 3, 1), torch.tensor(GRAY, dtype=x.dtype, device=x.device)).unsqueeze(1)
     r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
     return r * GRAY[0] + g * GRAY[1] + b * GRAY[2]
 
@@ -104,13 +108,129 @@ def hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
 
 
 def hue(x, factor, bound, integer):
-    """``adjust_hue``: to [0, 1], the HSV round trip with h + factor (mod 1), back (uint8: x 255.999, truncated)."""
+    """``adjust_hue``: to [0, 1], the HSV round trip with h + factor (mod 1), back (uint8: x 255.999, truncated;
+    an image stored as uint8 goes through :func:`hue_integer`, the same within a grey level)."""
     if x.shape[1] == 1:
         return x
+    if integer and bound == 255.0 and x.shape[1] == 3:
+        return hue_integer(x, factor)
     hsv = rgb_to_hsv(x / bound)
     hsv[:, 0] = torch.remainder(hsv[:, 0] + _f(factor, x)[:, 0], 1.0)
     rgb = hsv_to_rgb(hsv)
-    return rgb.mul_(255.0 + 1.0 - 1e-3).trunc_() if integer else rgb.mul_(bound)
+    return rgb.mul_(255.0 + 1.0 - 1e-3).floor_() if integer else rgb.mul_(bound)
+
+
+def hexagon(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Whole RGB values 0..255 (N, 3, H, W) -> int16 (N, H, W) planes (max, min, c = max - min, X): X = 6 h c,
+    the pixel's place on the hue hexagon in grey levels, exact (g - b, b - r + 2c or r - g + 4c by the
+    channel holding the max, red first, then green, as torchvision's ``_rgb_to_hsv``; in [0, 6c)), chosen
+    by sign masks (a select by a random mask is slower than ten additions)."""
+    N, _, H, W = x.shape
+    xi = torch.empty((N, 3, H, W), dtype=torch.int16, device=x.device)
+    xi.copy_(x)
+    r, g, b = xi[:, 0], xi[:, 1], xi[:, 2]
+    mx = torch.maximum(torch.maximum(r, g), b)
+    mn = torch.minimum(torch.minimum(r, g), b)
+    c = mx - mn
+    not_r = (r - mx).bitwise_right_shift_(15)  # -1 where red is not the max, else 0
+    not_g = (g - mx).bitwise_right_shift_(15)
+    hr = g - b
+    hg = (b - r).add_(c, alpha=2)
+    h = (r - g).add_(c, alpha=4)
+    h.sub_(hg).bitwise_and_(not_g).add_(hg)  # blue's, or green's where green is the max
+    h.sub_(hr).bitwise_and_(not_r).add_(hr)  # red's where red is the max: X in [-c, 6c)
+    h.add_((c * 6).bitwise_and_(h >> 15))  # X in [0, 6c)
+    return mx, mn, c, h
+
+
+def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """Ultralytics' HSV jitter (``RandomHSV``) on whole values 0..255 ((N, 3, H, W), float or uint8; float out),
+    ``gains`` (N, 3):
+    OpenCV's 8-bit HSV, H = round(30 X / c) mod 180 (X from :func:`hexagon`), S = round(255 c / max),
+    V = max; H' = (H r_h) mod 180, S' = clip(S r_s), V' = clip(V r_v), truncated (the lookup tables); back:
+    channel k = V' - c' + c' F_k(H' / 30), c' = V' S' / 255 (F: the hexagon's ramps, as in
+    :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
+    remainders and truncations: within a grey level of OpenCV's formula in exact arithmetic (the float round
+    trip is several levels off where a rounding ties)."""
+    return _by_pieces(_hsv_jitter_piece, x, torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3))
+
+
+def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -> None:
+    mx, mn, c, X = hexagon(x)
+    g = torch.as_tensor(gains, dtype=torch.float64).to(x.device, torch.float32)
+    rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
+    cf = c.to(torch.float32)
+    mxf = mx.to(torch.float32)
+    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_()  # 0..180
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).mul_(rh)  # (180 is 0: the circle's end)
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).clamp_(min=0.0).floor_()  # mod 180, truncated
+    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0))
+    sat = cf.mul(255.0).div_(mxf.clamp(min=1.0)).round_().mul_(rs).clamp_(0.0, 255.0).floor_()
+    val = mxf.mul(rv).clamp_(0.0, 255.0).floor_()
+    cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
+    y = hue.div_(30.0)  # sector units, [0, 6)
+    base = val.sub_(cp)  # V' - c'
+    for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
+        v = (y - centre).abs_()
+        v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
+        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_().clamp_(0.0, 255.0)
+
+
+def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
+    """:func:`hue` on whole values 0..255 (float (N, 3, H, W)) in int16 arithmetic, within one grey level of
+    the float round trip (tests/test_recipes_detection.py; about 1% of pixels are one level off), several times
+    faster:
+    no float HSV planes, no ``where`` (a select by a random mask is slower than ten additions), selections by
+    sign masks. The hue round trip keeps each pixel's max and min and moves it on the hue hexagon: with
+    c = max - min and X = 6 h c (in grey levels, exact: g - b, b - r + 2c or r - g + 4c by the channel holding
+    the max), X' = (X + 6 c (factor mod 1)) mod 6c, and channel k = min + clamp(.., 0, c) of X' (red:
+    |X' - 3c| - c, green: 2c - |X' - 2c|, blue: 2c - |X' - 4c|), x 255.999 / 255, truncated. X' is kept
+    in 1/16 grey levels (6c x 16 < 2^15); 6 c factor x 16 is an exact int16 product of c with the two
+    7-bit halves of the factor."""
+    return _by_pieces(_hue_piece, x, torch.as_tensor(factor, dtype=torch.float64).reshape(-1).expand(len(x)))
+
+
+def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
+    d = torch.as_tensor(factor, dtype=torch.float64).reshape(-1).remainder(1.0) * 96.0  # 6 sectors x 16
+    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(len(x))
+    dh = (D >> 7).to(torch.int16).view(-1, 1, 1).to(x.device)
+    dl = (D & 127).to(torch.int16).view(-1, 1, 1).to(x.device)
+    mx, mn, c, h = hexagon(x)
+    c16 = c * 16
+    c96 = c16 * 6
+    t = (c * dh).add_((c * dl).add_(64).bitwise_right_shift_(7))  # round(16 * 6c * factor), in [0, c96]
+    c96.sub_(t)
+    h.mul_(16).sub_(c96)  # 16 X + t - c96, in (-c96, c96): no int16 overflow
+    h.add_(c96.add_(t).bitwise_and_(h >> 15))  # X' = that, or that + c96 where negative
+    mn.mul_(16)
+    for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
+        v = (h - c16 * centre).abs_()
+        v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
+        v.bitwise_and_((v >> 15).bitwise_not_())  # max(v, 0)
+        v.sub_(c16)
+        v.bitwise_and_(v >> 15).add_(c16)  # min(v, c)
+        v.add_(mn)
+        v.add_(v >> 8).bitwise_right_shift_(4)  # x 255.999 / 255 (1 + 1/256), truncated to whole levels
+        out[:, k] = v
+
+
+PIECE_PIXELS = 1 << 17  # a CPU kernel's pixels at once: its dozen int16 / float planes stay in cache
+
+
+def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor) -> torch.Tensor:
+    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into a float output: on
+    the CPU sample by sample, in pieces of rows of about :data:`PIECE_PIXELS` (a whole batch's planes would
+    not stay in cache between the kernel's passes: about twice slower); on a GPU in one call."""
+    N, _, H, W = x.shape
+    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    if x.device.type != "cpu":
+        kernel(x, per_sample, out)
+        return out
+    rows = max(1, PIECE_PIXELS // max(W, 1))
+    for n in range(N):
+        for r0 in range(0, H, rows):
+            kernel(x[n:n + 1, :, r0:r0 + rows], per_sample[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
+    return out
 
 
 def sharpness(x, factor, bound, integer):

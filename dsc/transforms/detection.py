@@ -20,7 +20,7 @@ from . import color as C
 from .augment import BatchOp
 from .fused import ChainPlan, full, run_program
 from .geometric import Geometric, _ints, _mat, _size
-from .objects import move_objects
+from .objects import move_objects, void_record
 from ..errors import ConfigError
 from ..formats.fields import Schema
 
@@ -434,6 +434,7 @@ class Mosaic(BatchOp):
             batch[key] = canvas
         if "boxes" in batch:
             self._objects(batch, schema, sizes, parts)
+        void_record(batch, getattr(batch, "schema", None))  # (wherever it runs: in Compose, RandomChoice...)
         return batch
 
     def _objects(self, batch, schema, sizes, parts):

@@ -296,6 +296,18 @@ def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Ten
         batch["flipped"] = hflip.to(dev)
 
 
+def void_record(batch: dict, schema: Schema | None) -> None:
+    """The samples were moved in a way no per-sample map states (Mosaic: four samples on one canvas): the
+    record says so, ``affine`` NaN (it stays NaN through later ops) and no ``flipped`` (fields of the
+    dataset named so are left alone)."""
+    schema = schema or {}
+    if "affine" not in schema:
+        B = batch["image"].shape[0]  # (the canvas: (B, H, W, C))
+        batch["affine"] = torch.full((B, 2, 3), float("nan"), dtype=torch.float64, device=batch["image"].device)
+    if "flipped" not in schema:
+        batch.pop("flipped", None)
+
+
 # ----------------------------------------------------------------------------- all of them
 def flip_only(plan: ChainPlan) -> np.ndarray | None:
     """(B, 4) int64 (flip rows, flip columns, height, width) of each sample when every program of ``plan`` only

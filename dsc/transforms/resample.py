@@ -120,31 +120,38 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
         return (out[..., 0] if squeeze else out).contiguous()
     # bilinear: grid_sample over the image (zeros outside, as torchvision's), and the weight that lay inside
     # the sample's own image, which factors into x and y parts (torchvision gets it from a ones channel)
-    # (per axis: 1 within [0, w - 1], falling linearly to 0 over the pixel beyond each edge)
-    inside = torch.minimum(u + 1, w - u).clamp_(0, 1).mul_(torch.minimum(v + 1, h - v).clamp_(0, 1))
+    # (per axis: 1 within [0, w - 1], falling linearly to 0 over the pixel beyond each edge). Sample by sample,
+    # straight into the output: a sample whose source points all lie within its image (the corners of the
+    # affine grid say so) has that weight 1 everywhere, and skips the blend with the fill (as torchvision's
+    # mask blend leaves it, within float rounding).
     img = canvas.unsqueeze(-1) if squeeze else canvas
     gx, gy = xi.expand(B, out_h, out_w), yi.expand(B, out_h, out_w)
-    out = torch.empty((B, C, out_h, out_w), dtype=torch.float32, device=dev).permute(0, 2, 3, 1)
+    out = torch.empty((B, out_h, out_w, C), dtype=canvas.dtype, device=dev)
+    f = _fill_like(fill, out).float().reshape(-1)  # (C,) or (1,)
     hw = src_sizes.tolist()
+    # the source points are an affine map of the output grid: their extremes lie at its four corners
+    corners = (torch.tensor([0, 0, out_h - 1, out_h - 1]), torch.tensor([0, out_w - 1, 0, out_w - 1]))
+    ext = torch.stack([gx[:, corners[0], corners[1]], gy[:, corners[0], corners[1]]], 1).to(torch.float64)
+    ext = torch.stack([ext.amin(2), ext.amax(2)], 2).tolist()  # (B, x|y, min|max), output pixel centres
     for b in range(B):  # only the part of each image the output reads goes to float (a zoom reads little of it)
         Hb, Wb = (int(v) for v in hw[b])
-        xa, xb = (int(v) for v in torch.stack([gx[b].min(), gx[b].max()]).floor().tolist())
-        ya, yb = (int(v) for v in torch.stack([gy[b].min(), gy[b].max()]).floor().tolist())
+        (xa, xb), (ya, yb) = ((math.floor(lo), math.floor(hi)) for lo, hi in ext[b])
         x0c, x1c = min(max(xa - 2, 0), Wb), min(max(xb + 3, 0), Wb)
         y0c, y1c = min(max(ya - 2, 0), Hb), min(max(yb + 3, 0), Hb)
         if x1c <= x0c or y1c <= y0c:
-            out[b] = 0
+            out[b] = f.round().clamp(0, 255) if canvas.dtype == torch.uint8 else f.round()
             continue
         src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
         grid = torch.stack([(gx[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0, (gy[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0], -1)
-        out[b] = F.grid_sample(src, grid.unsqueeze(0), mode="bilinear", padding_mode="zeros",
-                               align_corners=False)[0].permute(1, 2, 0)
-    f = _fill_like(fill, out).float()
-    out = out.sub_(f).mul_(inside.unsqueeze(-1)).add_(f).round_()
-    if canvas.dtype == torch.uint8:
-        out = out.clamp_(0, 255)
-    out = out.to(canvas.dtype)
-    return (out[..., 0] if squeeze else out).contiguous()
+        y = F.grid_sample(src, grid.unsqueeze(0), mode="bilinear", padding_mode="zeros",
+                          align_corners=False)[0].permute(1, 2, 0)
+        (ua, ub), (va, vb) = ((lo - 0.5, hi - 0.5) for lo, hi in ext[b])
+        if not (ua >= 0 and ub <= Wb - 1 and va >= 0 and vb <= Hb - 1):  # some points outside: blend with fill
+            ins = torch.minimum(u[b] + 1, Wb - u[b]).clamp_(0, 1).mul_(torch.minimum(v[b] + 1, Hb - v[b]).clamp_(0, 1))
+            y = y.sub_(f).mul_(ins.unsqueeze(-1)).add_(f)
+        y = y.round_()
+        out[b] = y.clamp_(0, 255) if canvas.dtype == torch.uint8 else y
+    return out[..., 0] if squeeze else out
 
 
 def _resampler(plan, nearest: bool):
