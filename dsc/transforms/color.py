@@ -362,22 +362,6 @@ def histograms_u8(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.bincount(p, minlength=256) for p in planes]).view(N, Cn, 256)
 
 
-def sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
-    """:func:`sharpness` on uint8 (N, H, W, C), in place, the same numbers: the 3x3 sum in int16 and its rounding
-    by 13 as floor((s + 6) / 13) (s / 13 is never a half), the blend in float32 as there."""
-    N, H, W, Cn = x.shape
-    if H <= 2 or W <= 2:
-        return x
-    xi = x.to(torch.int16)
-    p = xi[:, :, :-2] + xi[:, :, 1:-1] + xi[:, :, 2:]
-    box = p[:, :-2] + p[:, 1:-1] + p[:, 2:]
-    deg = box.add_(xi[:, 1:-1, 1:-1], alpha=4).add_(6).div_(13, rounding_mode="floor")
-    view = x[:, 1:-1, 1:-1].to(torch.float32)
-    view.add_((deg.to(torch.float32) - view) * (1.0 - _f(factor, view)))
-    x[:, 1:-1, 1:-1] = view.clamp_(0, 255).to(torch.uint8)
-    return x
-
-
 def shift_u8(x: torch.Tensor, dx: list[int], dy: list[int], fill) -> torch.Tensor:
     """uint8 (N, H, W, C) moved by whole pixels (sample b: ``dx[b]`` right, ``dy[b]`` down), ``fill`` (a uint8
     value or one per channel) where nothing lands: an affine translation by whole pixels, without resampling."""
