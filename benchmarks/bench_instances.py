@@ -13,6 +13,8 @@ import numpy as np
 
 from common import BENCH_DIR, best_of, cached, row
 
+from dsc.bench import proc_cpu
+
 N, MAX_SIDE = 160, 640
 FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]
 
@@ -53,25 +55,15 @@ class Reference:
         return img.float().div_(255), target
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used, from /proc (0 where it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def cpu_per_image(epoch, n: int, workers=lambda: []) -> float:
     """The least CPU time (ms per image) of 3 epochs: this process's (every thread) and its ``workers()``
     processes'. On a shared machine the wall-clock rate follows the CPU share a run gets, which changes
     from second to second; the CPU an epoch costs does not, so this ratio is the steadier one."""
     best = float("inf")
     for _ in range(3):
-        t0 = time.process_time() + sum(_proc_cpu(p) for p in workers())
+        t0 = time.process_time() + sum(proc_cpu(p) for p in workers())
         epoch()
-        best = min(best, time.process_time() + sum(_proc_cpu(p) for p in workers()) - t0)
+        best = min(best, time.process_time() + sum(proc_cpu(p) for p in workers()) - t0)
     return 1e3 * best / n
 
 

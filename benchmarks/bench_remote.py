@@ -120,10 +120,9 @@ def _epoch(ds, epochs: int = 1) -> float:
 
 def _cpu(server_pid: int) -> np.ndarray:
     """(this process's CPU seconds, the server's): where a cold epoch's time goes on a 2-core machine."""
-    with open(f"/proc/{server_pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return np.array([time.process_time(), server])
+    from dsc.bench import proc_cpu
+
+    return np.array([time.process_time(), proc_cpu(server_pid)])
 
 
 def _raw_download(store, rels: list[str], dst: Path) -> float:

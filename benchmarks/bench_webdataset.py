@@ -32,6 +32,8 @@ import numpy as np
 from bench_remote import _cpu, _server
 from common import BENCH_DIR, cached, row, scenes
 
+from dsc.bench import proc_cpu
+
 SIZE = 224
 WORKERS = 2
 
@@ -119,13 +121,6 @@ def _parquet(tars: list[Path]) -> Path:
     return cached("parquet-8x125", build) / "images.parquet"
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` and of its children it has reaped (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 def _dsc_cpu(server: int) -> tuple[float, float]:
     """(this process's CPU seconds: the scan, the uploads, the client's bookkeeping; its workers'): the workers are
     children it has reaped (forked from it), or children the fork server reaped (a compile from a bucket forks its
@@ -139,7 +134,7 @@ def _dsc_cpu(server: int) -> tuple[float, float]:
             try:
                 with open(f"/proc/{entry.name}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[1] == me:  # (field 4: the parent)
-                        workers += _proc_cpu(int(entry.name))
+                        workers += proc_cpu(int(entry.name), children=True)
             except (OSError, IndexError):  # (gone meanwhile)
                 pass
     return t.user + t.system, workers

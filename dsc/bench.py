@@ -166,6 +166,19 @@ def _split_batch_ops(ops: list) -> tuple[list, list]:
     return ops[:k], ops[k:]
 
 
+def _framed_source(path, size, framed: bool = True):
+    """The source JPEG at ``path`` decoded with PIL (EXIF orientation applied, RGB), resized to the stored frame
+    ``size`` (h, w) when ``framed`` and it differs (boxes and masks are in the stored frame)."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        im = ImageOps.exif_transpose(im).convert("RGB")
+    h, w = size
+    if framed and im.size != (w, h):  # compiled at another size
+        im = im.resize((w, h), Image.Resampling.BILINEAR)
+    return im
+
+
 class _PerImageRecipe(torch.utils.data.Dataset):
     """A preset the classic way: each item decodes its source JPEG with PIL and runs the recipe's per-image
     ops on that one image with torch ops (what torchvision.transforms.v2 does per sample), boxes and masks
@@ -185,15 +198,10 @@ class _PerImageRecipe(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         import numpy as np
-        from PIL import Image, ImageOps
 
         sample = self.ds[self.rows[i]]
-        with Image.open(self.paths[i]) as im:
-            im = ImageOps.exif_transpose(im).convert("RGB")
-            h, w = sample["image"].shape[:2]
-            if im.size != (w, h) and self.framed:  # compiled at another size: boxes and masks are in the stored frame
-                im = im.resize((w, h), Image.Resampling.BILINEAR)
-            img = torch.from_numpy(np.asarray(im).copy())
+        im = _framed_source(self.paths[i], sample["image"].shape[:2], self.framed)
+        img = torch.from_numpy(np.asarray(im).copy())
         batch = {"image": img.unsqueeze(0)}
         for k, r in self.schema.pixels().items():
             if k != "image" and k in sample:
@@ -263,9 +271,9 @@ class _ReferenceClassification(torch.utils.data.Dataset):
         self.paths = paths
         self.rows = range(len(paths)) if rows is None else rows
         self.ops = _split_batch_ops(ops)[0]
-        other = [op for op in self.ops if not isinstance(op, REFERENCE_OPS)]
+        other = [op for op in self.ops if not isinstance(op, CLASSIFICATION_REFERENCE_OPS)]
         if other:
-            raise ConfigError(f"the reference classification baseline runs {', '.join(c.__name__ for c in REFERENCE_OPS)}"
+            raise ConfigError(f"the reference classification baseline runs {', '.join(c.__name__ for c in CLASSIFICATION_REFERENCE_OPS)}"
                               f"; not {', '.join(type(op).__name__ for op in other)}")
         classes = {c: k for k, c in enumerate(ds.classes)}  # ImageFolder's label: the class folder's index
         self.labels = [classes[Path(p).parent.name] if Path(p).parent.name in classes else int(ds[r]["label"])
@@ -366,7 +374,7 @@ def _reference_augmix(op, im, p: dict, sizes):
     return Image.fromarray(mix.to(torch.uint8).permute(1, 2, 0).contiguous().numpy())
 
 
-REFERENCE_OPS = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.AutoAugment, T.RandAugment, T.TrivialAugmentWide,
+CLASSIFICATION_REFERENCE_OPS = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.AutoAugment, T.RandAugment, T.TrivialAugmentWide,
                  T.AugMix, T.ToFloat, T.Normalize, T.RandomErasing)
 
 
@@ -384,7 +392,7 @@ def _reference_collate(ds, ops):
 def reference_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024) -> float | None:
     """Images/s of torch's DataLoader(2 workers) running torchvision's classification reference per image
     (:class:`_ReferenceClassification`) on the source JPEGs; None when the recipe has other ops."""
-    if any(not isinstance(op, REFERENCE_OPS) for op in _split_batch_ops(ops)[0]):
+    if any(not isinstance(op, CLASSIFICATION_REFERENCE_OPS) for op in _split_batch_ops(ops)[0]):
         return None
     rows: list[int] = []
     paths = source_files(ds, rows=rows)[0]
@@ -982,7 +990,7 @@ def _ref_hsv(op, im, t):
     return Image.merge("HSV", planes).convert("RGB"), t
 
 
-REFERENCE_OPS = {"RandomHorizontalFlip": _ref_flip, "RandomPhotometricDistort": _ref_photometric,
+DETECTION_REFERENCE_OPS = {"RandomHorizontalFlip": _ref_flip, "RandomPhotometricDistort": _ref_photometric,
                  "RandomZoomOut": _ref_zoom_out, "RandomIoUCrop": _ref_iou_crop, "ScaleJitter": _ref_scale_jitter,
                  "FixedSizeCrop": _ref_fixed_size_crop, "RandomShortestSize": _ref_shortest_size,
                  "RandomCrop": _ref_random_crop, "Mosaic": _ref_mosaic, "RandomAffine": _ref_perspective,
@@ -992,12 +1000,12 @@ REFERENCE_OPS = {"RandomHorizontalFlip": _ref_flip, "RandomPhotometricDistort": 
 def reference_supported(ops) -> bool:
     """Whether :class:`_ReferenceRecipe` runs ``ops`` as their reference does (a detection, segmentation or
     YOLO preset: every op but the final float conversion has a reference implementation above)."""
-    return any(type(op).__name__ in REFERENCE_OPS for op in ops) and all(
-        type(op).__name__ in REFERENCE_OPS or isinstance(op, (T.ToFloat, T.Normalize)) for op in ops)
+    return any(type(op).__name__ in DETECTION_REFERENCE_OPS for op in ops) and all(
+        type(op).__name__ in DETECTION_REFERENCE_OPS or isinstance(op, (T.ToFloat, T.Normalize)) for op in ops)
 
 
 class _ReferenceRecipe(torch.utils.data.Dataset):
-    """A detection, segmentation or YOLO preset as its reference runs it per image (see REFERENCE_OPS): decode
+    """A detection, segmentation or YOLO preset as its reference runs it per image (see DETECTION_REFERENCE_OPS): decode
     the JPEG with PIL (resized to the stored frame when compiled at another size, as :class:`_PerImageRecipe`),
     boxes, labels and mask from the dataset, each op on the PIL image, then PILToTensor + ToDtype(float,
     scale=True) (segmentation: + Normalize; YOLO: a uint8 (C, H, W) tensor, as Ultralytics' collate stacks
@@ -1020,14 +1028,10 @@ class _ReferenceRecipe(torch.utils.data.Dataset):
 
     def _load(self, i):
         import numpy as np
-        from PIL import Image, ImageOps
+        from PIL import Image
 
         sample = self.ds[self.rows[i]]
-        with Image.open(self.paths[i]) as im:
-            im = ImageOps.exif_transpose(im).convert("RGB")
-        h, w = sample["image"].shape[:2]
-        if im.size != (w, h):
-            im = im.resize((w, h), Image.Resampling.BILINEAR)
+        im = _framed_source(self.paths[i], sample["image"].shape[:2])
         t = {"ignore": self.ignore}
         if self.boxes and "boxes" in sample:
             t["boxes"], t["labels"] = sample["boxes"].float().clone(), sample["labels"].clone()
@@ -1043,8 +1047,8 @@ class _ReferenceRecipe(torch.utils.data.Dataset):
         if self.yolo:
             t["partner"] = lambda: self._load(int(torch.randint(len(self.paths), (1,))))
         for op in self.ops:
-            if type(op).__name__ in REFERENCE_OPS:
-                im, t = REFERENCE_OPS[type(op).__name__](op, im, t)
+            if type(op).__name__ in DETECTION_REFERENCE_OPS:
+                im, t = DETECTION_REFERENCE_OPS[type(op).__name__](op, im, t)
                 if isinstance(im, np.ndarray):
                     from PIL import Image
 
@@ -1061,12 +1065,13 @@ class _ReferenceRecipe(torch.utils.data.Dataset):
         return out
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used (0 where /proc cannot tell)."""
+def proc_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc (0 where it cannot be read);
+    ``children``: with those of the children it has reaped."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -1088,13 +1093,13 @@ def baseline_rates(ds, ops, batch_size: int, limit: int = 256, reference: bool =
     for _ in range(5):
         next(it)
     workers = [w.pid for w in getattr(it, "_workers", [])]
-    cpu0 = time.process_time() + sum(_proc_cpu(p) for p in workers)
+    cpu0 = time.process_time() + sum(proc_cpu(p) for p in workers)
     t0, n = time.perf_counter(), 0
     for b in it:
         n += len(b["image"]) if isinstance(b, dict) else len(b)
         if limit and n >= limit:
             break
     wall = time.perf_counter() - t0
-    cpu = time.process_time() + sum(_proc_cpu(p) for p in workers) - cpu0
+    cpu = time.process_time() + sum(proc_cpu(p) for p in workers) - cpu0
     del it, dl
     return {"rate": n / wall, "cpu_ms": 1e3 * cpu / n} if n else None
