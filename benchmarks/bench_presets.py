@@ -30,7 +30,8 @@ import time
 
 from common import BENCH_DIR, cached, row
 
-ROUNDS = int(__import__("os").environ.get("PRESET_ROUNDS", 2))  # interleaved rounds of (dsc, reference, dsc-per-image) per classification preset; best of each kept
+# interleaved rounds of (dsc, reference, dsc-per-image) per classification preset; best of each kept
+ROUNDS = int(__import__("os").environ.get("PRESET_ROUNDS", 2))
 
 SAMPLES = 1024
 DET_SAMPLES = 512  # dsc's detection epochs (the slow presets run at tens of images/s on 2 shared cores)

@@ -273,7 +273,8 @@ class _ReferenceClassification(torch.utils.data.Dataset):
         self.ops = _split_batch_ops(ops)[0]
         other = [op for op in self.ops if not isinstance(op, CLASSIFICATION_REFERENCE_OPS)]
         if other:
-            raise ConfigError(f"the reference classification baseline runs {', '.join(c.__name__ for c in CLASSIFICATION_REFERENCE_OPS)}"
+            runs = ", ".join(c.__name__ for c in CLASSIFICATION_REFERENCE_OPS)
+            raise ConfigError(f"the reference classification baseline runs {runs}"
                               f"; not {', '.join(type(op).__name__ for op in other)}")
         classes = {c: k for k, c in enumerate(ds.classes)}  # ImageFolder's label: the class folder's index
         self.labels = [classes[Path(p).parent.name] if Path(p).parent.name in classes else int(ds[r]["label"])
@@ -374,8 +375,8 @@ def _reference_augmix(op, im, p: dict, sizes):
     return Image.fromarray(mix.to(torch.uint8).permute(1, 2, 0).contiguous().numpy())
 
 
-CLASSIFICATION_REFERENCE_OPS = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.AutoAugment, T.RandAugment, T.TrivialAugmentWide,
-                 T.AugMix, T.ToFloat, T.Normalize, T.RandomErasing)
+CLASSIFICATION_REFERENCE_OPS = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.AutoAugment, T.RandAugment,
+                                T.TrivialAugmentWide, T.AugMix, T.ToFloat, T.Normalize, T.RandomErasing)
 
 
 def _reference_collate(ds, ops):
