@@ -150,7 +150,8 @@ def fixes_size(ops: list[Geometric]) -> bool:
 def keeps_sizes(ops: list[Geometric]) -> bool:
     """Whether the chain leaves every sample at its own size with integer programs (flips): a gather can then
     run it into the packed ragged batch, each sample straight into its place (a draw that turns out otherwise,
-    e.g. a RandomChoice's other branch, is run after the gather: the gather checks each batch's plan)."""
+    e.g. a RandomZoomOut(p=0.2) that the probe drew as a no-op, is run after the gather: the gather checks each
+    batch's plan)."""
     sizes = torch.tensor([[37, 91], [120, 55], [64, 64]])
     try:
         probe = plan_chain(ops, sizes, torch.Generator().manual_seed(0))

@@ -260,7 +260,8 @@ def _keypoints_spec(ann_path: Path, data: dict, keypoint_flip=None) -> Keypoints
     try:
         flip = resolve_flip(K, keypoint_flip or None, names)
     except ValueError:
-        raise SourceError(f"--keypoint-flip {','.join(map(str, keypoint_flip))}: give each of the {K} keypoints of "
+        given = ",".join(map(str, keypoint_flip)) if isinstance(keypoint_flip, (list, tuple)) else repr(keypoint_flip)
+        raise SourceError(f"--keypoint-flip {given}: give each of the {K} keypoints of "
                           f"{name_of(str(ann_path))} once (0-based, the joint each becomes under a horizontal flip)"
                           ) from None
     try:

@@ -11,6 +11,8 @@ place, which swaps a left joint onto the right side: compile and the Loader warn
 """
 from __future__ import annotations
 
+import numbers
+
 import re
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
@@ -73,9 +75,10 @@ def resolve_flip(K: int, given=None, names=()) -> tuple[int, ...] | None:
     the joints' ``names`` tell (:func:`flip_index_from_names`); one joint flips to itself; else None (unknown:
     the source warns)."""
     if given is not None:
-        try:
-            flip = tuple(int(v) for v in given)
-        except (TypeError, ValueError):
+        try:  # (whole numbers only: 2.5 or "2" is not a joint, and is not rounded into one)
+            flip = tuple(int(v) for v in given if isinstance(v, numbers.Real) and not isinstance(v, bool) and int(v) == v)
+            flip = flip if len(flip) == len(given) else None
+        except (TypeError, ValueError, OverflowError):
             flip = None
         if flip is None or sorted(flip) != list(range(K)):
             raise ValueError(f"the flip permutation must list each of the {K} keypoints once, 0-based (the joint each "
