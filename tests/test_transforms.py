@@ -323,3 +323,11 @@ def test_ops_with_matrices_only_go_through_the_batched_path(fixed, det, which):
     if which == "ragged":
         assert not calls
         assert torch.allclose(got["boxes"], ref["boxes"]) and torch.equal(got["box_offsets"], ref["box_offsets"])
+
+
+def test_to_float_after_a_size_keeping_chain_on_mixed_sizes_is_refused_in_words(det):
+    """Flips keep each sample's own size, so ToFloat/Normalize cannot make one (B, C, H, W) tensor of them: a
+    ConfigError saying what to add (it was an IndexError from inside ToFloat)."""
+    loader = dsc.Loader(det[0], batch_size=4, transforms=[T.RandomHorizontalFlip(), T.ToFloat()])
+    with pytest.raises(dsc.ConfigError, match="ragged images need a fixed-size geometric op"):
+        next(iter(loader))

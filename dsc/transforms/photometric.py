@@ -184,6 +184,10 @@ class PixelPost:
         img = batch["image"]
         if img.dtype != torch.uint8:
             raise ConfigError("ToFloat takes the uint8 (B, H, W, C) image a dsc batch holds")
+        if img.dim() != 4 or "image_offsets" in batch or "image_sizes" in batch:
+            raise ConfigError("ToFloat/Normalize make one (B, C, H, W) float tensor: ragged images need a fixed-size "
+                              "geometric op (RandomResizedCrop, Resize((h, w)), CenterCrop, Letterbox) before them, or "
+                              "leave them out (format='torchvision' hands out float images of each sample's own size)")
         batch["image"] = self.apply_batch(img)
         return batch
 
