@@ -790,10 +790,10 @@ def test_one_rule_resolves_the_flip_permutation_for_every_source(monkeypatch):
     assert resolve_flip(3, [0, 2, 1], ["a", "b", "c"]) == (0, 2, 1)
     assert resolve_flip(3, None, ["nose", "left_eye", "right_eye"]) == (0, 2, 1)
     assert resolve_flip(3) is None and resolve_flip(3, None, ["a", "b", "c"]) is None and resolve_flip(1) == (0,)
-    for bad in ([0, 1], [0, 0, 1], "0,2,1", "021", 5, [0, 2.7, 1], [0, 1.5, 2], ["0", "2", "1"], [0, True, 2]):
+    for bad in ([0, 1], [0, 0, 1], "0,2,1", "021", 5, [0, 2.7, 1], [0, 1.5, 2], ["0", "2.5", "1"], [0, True, 2]):
         with pytest.raises(ValueError, match="each of the 3 keypoints once"):  # (never rounded into joints)
             resolve_flip(3, bad)
-    assert resolve_flip(3, [0, 2.0, np.int64(1)]) == (0, 2, 1)
+    assert resolve_flip(3, [0, 2.0, np.int64(1)]) == resolve_flip(3, ["0", " 2", "1"]) == (0, 2, 1)  # (CLI: digits)
     with pytest.raises(dsc.errors.SourceError, match="--keypoint-flip 5: give each of the 3 keypoints"):
         coco_src._keypoints_spec(Path("a.json"), {"categories": [{"id": 1, "name": "person", "keypoints": ["a", "b", "c"]}],
                                                   "annotations": []}, keypoint_flip=5)

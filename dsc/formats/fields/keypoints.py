@@ -68,6 +68,15 @@ def flip_index_from_names(names) -> list[int] | None:
     return out
 
 
+def _joint(v) -> int:
+    """A joint number of a flip permutation: an int, a whole float, or a string of digits; else ValueError."""
+    if isinstance(v, str) and re.fullmatch(r"\s*\d+\s*", v):
+        return int(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and int(v) == v:
+        return int(v)
+    raise ValueError(v)
+
+
 def resolve_flip(K: int, given=None, names=()) -> tuple[int, ...] | None:
     """THE rule every source follows for its keypoints' flip permutation: ``given`` (the source's own: COCO's
     ``--keypoint-flip``, YOLO's ``flip_idx``, a dataset's ``keypoint_flip_index``) when there is one, which must
@@ -75,9 +84,8 @@ def resolve_flip(K: int, given=None, names=()) -> tuple[int, ...] | None:
     the joints' ``names`` tell (:func:`flip_index_from_names`); one joint flips to itself; else None (unknown:
     the source warns)."""
     if given is not None:
-        try:  # (whole numbers only: 2.5 or "2" is not a joint, and is not rounded into one)
-            flip = tuple(int(v) for v in given if isinstance(v, numbers.Real) and not isinstance(v, bool) and int(v) == v)
-            flip = flip if len(flip) == len(given) else None
+        try:  # (whole numbers only, or their digits as the CLI's comma-separated list gives them: 2.5 is not a
+            flip = None if isinstance(given, str) else tuple(_joint(v) for v in given)  # joint, nor rounded into one)
         except (TypeError, ValueError, OverflowError):
             flip = None
         if flip is None or sorted(flip) != list(range(K)):
