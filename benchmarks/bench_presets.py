@@ -26,12 +26,14 @@ the same scenes with a semantic mask. Timed: one epoch of SAMPLES (DET_SAMPLES) 
 / BASELINE_SAMPLES after the start-up batches (DataLoader)."""
 from __future__ import annotations
 
+import os
+import statistics
 import time
 
 from common import BENCH_DIR, cached, row
 
 # interleaved rounds of (dsc, reference, dsc-per-image) per classification preset; best of each kept
-ROUNDS = int(__import__("os").environ.get("PRESET_ROUNDS", 2))
+ROUNDS = int(os.environ.get("PRESET_ROUNDS", 2))
 
 SAMPLES = 1024
 DET_SAMPLES = 512  # dsc's detection epochs (the slow presets run at tens of images/s on 2 shared cores)
@@ -61,11 +63,8 @@ LAST: dict = {}  # dsc_rate's last CPU seconds per image
 
 
 def _median(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    k = len(values) // 2
-    return values[k] if len(values) % 2 else (values[k - 1] + values[k]) / 2
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def detection_rows(name, ds, ops, batch_size, rounds: int) -> None:
@@ -85,7 +84,7 @@ def detection_rows(name, ds, ops, batch_size, rounds: int) -> None:
     med = {k: (_median([v[0] if isinstance(v, tuple) else v["rate"] for v in vs if v]),
                _median([v[1] if isinstance(v, tuple) else v["cpu_ms"] for v in vs if v])) for k, vs in got.items()}
     ref, own = med["ref"], med["own"]
-    load = open("/proc/loadavg").read().split()[0]
+    load = f"{os.getloadavg()[0]:.2f}"
 
     def line(label, key):
         rate, cpu = med[key]
@@ -131,7 +130,6 @@ def items_cpu(dataset, collate, n: int = 256, batch: int = 32) -> float:
 def classification_row(ds, name: str) -> dict:
     """``name`` through the Loader beside both per-image DataLoaders, :data:`ROUNDS` interleaved rounds (best rate
     of each kept), then each side's CPU time per image; printed with the load average."""
-    import os
 
     import torch
 
@@ -152,7 +150,7 @@ def classification_row(ds, name: str) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     dsc_rate(ds, ops, 128, "dict", threads=1)  # (one filler thread, as one worker process is one thread)
     cpu["dsc"] = LAST["cpu"]
-    load = open("/proc/loadavg").read().split()[0]
+    load = f"{os.getloadavg()[0]:.2f}"
     print(row(f"{name} (fixed 256 -> 224)", rates["dsc"], "img/s", rates["reference"],
               f"vs the reference ({rates['reference']:,.0f} img/s); CPU {cpu['dsc'] * 1e3:.2f} vs "
               f"{cpu['reference'] * 1e3:.2f} ms/img: {cpu['reference'] / cpu['dsc']:.1f}x; load {load}"))
@@ -180,7 +178,7 @@ def main(argv=None) -> None:
         rounds = int(args[k + 1])
         del args[k:k + 2]
     only = set(args)
-    load = open("/proc/loadavg").read().split()[0]
+    load = f"{os.getloadavg()[0]:.2f}"
     print(f"reference recipes on CPU: {SAMPLES} samples per preset ({DET_SAMPLES} detection), 2 threads vs torch "
           f"DataLoader(2 workers) per image ({BASELINE_SAMPLES} detection), load {load}")
     cls = None

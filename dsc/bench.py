@@ -301,7 +301,7 @@ class _ReferenceClassification(torch.utils.data.Dataset):
                 if bool(op.params(sizes, gen)[0]):
                     im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             elif isinstance(op, T.AugMix):
-                im = _reference_augmix(op, im, op.params(sizes, gen), sizes)
+                im = _reference_augmix(op, im, op.params(sizes, gen))
             elif isinstance(op, (T.AutoAugment, T.RandAugment, T.TrivialAugmentWide)):
                 p = op.params(sizes, gen)
                 for k in range(p["ops"].shape[1]):
@@ -354,7 +354,7 @@ def _pil_auto_op(im, name: str, mag: float, interpolation: str, fill):
     return ops[name](im) if name in ops else im  # (Identity)
 
 
-def _reference_augmix(op, im, p: dict, sizes):
+def _reference_augmix(op, im, p: dict):
     """torchvision v2's AugMix on a PIL image: to a uint8 (C, H, W) tensor, ``mixture_width`` chains of tensor
     kernels (each op back to uint8), mixed in float at the drawn weights, truncated to uint8, back to PIL."""
     import numpy as np

@@ -104,7 +104,7 @@ def test_the_reference_augmix_is_dsc_s_float_formula_per_image():
         op = T.AugMix(severity=3 + seed % 5, interpolation="bilinear" if seed % 2 else "nearest")
         sizes = torch.tensor([[30, 44]])
         p = op.params(sizes, torch.Generator().manual_seed(seed))
-        got = torch.as_tensor(np.array(_reference_augmix(op, Image.fromarray(img[0].numpy()), p, sizes)))
+        got = torch.as_tensor(np.array(_reference_augmix(op, Image.fromarray(img[0].numpy()), p)))
         ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True)[0].permute(1, 2, 0)
         assert torch.equal(got, ref.to(torch.uint8)), seed
 

@@ -12,12 +12,17 @@ from .names import IMAGE
 from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json, read_plain_array
 from ..store import Store
 
+def table_specs(table) -> list[ShardSpec]:
+    """Every shard a format 4 shard table lists, column by column (the whole table read)."""
+    return [s for name in table.columns for s in table.column(name) if s is not None]
+
+
 def shard_specs(manifest: Manifest) -> list[ShardSpec]:
     """Every shard file of the dataset: the image's, then those of each later field (masks). (Reads the whole
     shard table of a format 4 version: for writers, verify and vacuum, never at open.)"""
     table = manifest.shard_table
     if table is not None:
-        return [s for name in table.columns for s in table.column(name) if s is not None]
+        return table_specs(table)
     extra = [ShardSpec.from_dict(s) for spec in manifest.fields.values() for s in spec.get("shards", ()) if s]
     return [s for s in manifest.shards if s is not None] + extra
 

@@ -290,8 +290,7 @@ class ShardColumn(Sequence):
         return self.table.spec(self.c, s)
 
     def __iter__(self):
-        rows = self.table.rows()  # (one resolved read, then every entry checked)
-        del rows
+        self.table.rows()  # (one resolved read, then every entry checked)
         return (self.table.spec(self.c, s) for s in range(len(self)))
 
     def nbytes(self) -> np.ndarray:
@@ -365,10 +364,6 @@ def write_object(out: Path):
 
 
 # ----------------------------------------------------------------------------- reading
-def store_loader(store, mirror: Path | None = None) -> "StoreLoader":
-    return StoreLoader(store, mirror)
-
-
 _FIX = ("Run `dsc verify` to list every problem; restore the file from an intact copy of the dataset (e.g. one "
         "you pushed) or recompile")
 _CHECKED: set[tuple] = set()  # local table objects whose SHA-256 this process has checked (by inode, size, times)

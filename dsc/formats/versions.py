@@ -32,7 +32,7 @@ from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, Ver
 from ..store import LocalStore, Store, open_store
 from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
 from .manifest import Manifest
-from .shardtable import store_loader
+from .shardtable import StoreLoader
 from .names import slot_folders
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 from ..errors import CredentialsError
@@ -126,9 +126,9 @@ def read_record_bytes(where, n: int) -> tuple[dict, bytes]:
 
 def bind_table(m: Manifest, store: Store, mirror: Path | None = None) -> Manifest:
     """Point version ``m``'s shard table (format 4) at the objects of the dataset in ``store`` (see
-    ``shardtable.store_loader``; nothing is read until a shard's entry is needed)."""
+    ``shardtable.StoreLoader``; nothing is read until a shard's entry is needed)."""
     if m.shard_table is not None:
-        m.shard_table.bind(store_loader(store, mirror))
+        m.shard_table.bind(StoreLoader(store, mirror))
     return m
 
 

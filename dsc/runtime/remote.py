@@ -120,7 +120,7 @@ class _SpecsByPath:
 
     def values(self) -> list:
         """Every shard of the version (the whole table read)."""
-        return [s for name in self.table.columns for s in self.table.column(name) if s is not None]
+        return L.table_specs(self.table)
 
 
 class RemoteStorage(Storage):

@@ -262,7 +262,6 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
 
 
 # ----------------------------------------------------------------------------- the record
-GEOMETRY_KEYS = ("affine", "flipped")
 
 
 def record_geometry(batch: dict, plan: ChainPlan, schema: Schema, fwd: torch.Tensor | None = None) -> None:
