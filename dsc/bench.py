@@ -239,20 +239,9 @@ def preset_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024) -
     """Images/s of torch's DataLoader(2 workers) doing ``ops`` per image from the source JPEGs."""
     rows: list[int] = []
     paths = source_files(ds, rows=rows)[0]
-    if not paths or len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size:
+    if not paths:
         return None
-    dl = torch.utils.data.DataLoader(_PerImageRecipe(ds, paths, ops, rows), batch_size=batch_size, num_workers=2,
-                                     shuffle=True, persistent_workers=True, prefetch_factor=2,
-                                     collate_fn=_collate(ops))
-    it = iter(dl)
-    for _ in range(5):
-        next(it)
-    t0, n = time.perf_counter(), 0
-    for b in it:
-        n += len(b["image"]) if isinstance(b, dict) else len(b)
-        if limit and n >= limit:
-            break
-    return n / (time.perf_counter() - t0) if n else None
+    return dataloader_rate(_PerImageRecipe(ds, paths, ops, rows), batch_size, limit, _collate(ops))
 
 
 class _ReferenceClassification(torch.utils.data.Dataset):
@@ -397,24 +386,10 @@ def reference_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024
         return None
     rows: list[int] = []
     paths = source_files(ds, rows=rows)[0]
-    if not paths or len(paths) < (MIN_TIMED_BATCHES + 5) * batch_size:
+    if not paths:
         return None
-    dl = torch.utils.data.DataLoader(_ReferenceClassification(ds, paths, ops, rows), batch_size=batch_size,
-                                     num_workers=2, shuffle=True, persistent_workers=True, prefetch_factor=2,
-                                     collate_fn=_reference_collate(ds, ops))
-    return _timed_batches(dl, limit)
-
-
-def _timed_batches(dl, limit):
-    it = iter(dl)
-    for _ in range(5):
-        next(it)
-    t0, n = time.perf_counter(), 0
-    for b in it:
-        n += len(b["image"])
-        if limit and n >= limit:
-            break
-    return n / (time.perf_counter() - t0) if n else None
+    return dataloader_rate(_ReferenceClassification(ds, paths, ops, rows), batch_size, limit,
+                           _reference_collate(ds, ops))
 
 
 class _PILRecipe(torch.utils.data.Dataset):
@@ -484,23 +459,34 @@ def moved_note(missing: list[str], found: int) -> str:
 MIN_TIMED_BATCHES = 4  # a baseline needs this many batches after the untimed first (and any prefetched) ones
 
 
-def dataloader_rate(dataset, batch_size: int, limit: int | None = None) -> float | None:
-    """Images/s of torch's DataLoader(num_workers=2, persistent) over ``dataset``, after its first batches
-    (worker start-up, and the batches the workers had prefetched meanwhile, are not timed). None when the
-    dataset is too small for that."""
+def dataloader_rates(dataset, batch_size: int, limit: int | None = None, collate=None) -> dict | None:
+    """{"rate": images/s, "cpu_ms": CPU ms per image (this process and its 2 workers)} of torch's
+    DataLoader(num_workers=2, persistent) over ``dataset`` (``collate``: its collate_fn), after its first
+    batches (worker start-up, and the batches the workers had prefetched meanwhile, are not timed); at most
+    ``limit`` images timed. None when the dataset is too small for that."""
     if len(dataset) < (MIN_TIMED_BATCHES + 5) * batch_size:
         return None
     dl = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=2, shuffle=True,
-                                     persistent_workers=True, prefetch_factor=2)
+                                     persistent_workers=True, prefetch_factor=2, collate_fn=collate)
     it = iter(dl)
     for _ in range(5):  # start-up, and the 2 x 2 batches prefetched while it ran
         next(it)
+    workers = [w.pid for w in getattr(it, "_workers", [])]
+    cpu0 = time.process_time() + sum(proc_cpu(p) for p in workers)
     t0, n = time.perf_counter(), 0
     for b in it:
-        n += len(b)
+        n += len(b["image"]) if isinstance(b, dict) else len(b)
         if limit and n >= limit:
             break
-    return n / (time.perf_counter() - t0) if n else None
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() + sum(proc_cpu(p) for p in workers) - cpu0
+    del it, dl
+    return {"rate": n / wall, "cpu_ms": 1e3 * cpu / n} if n else None
+
+
+def dataloader_rate(dataset, batch_size: int, limit: int | None = None, collate=None) -> float | None:
+    """Images/s of :func:`dataloader_rates`."""
+    return (dataloader_rates(dataset, batch_size, limit, collate) or {}).get("rate")
 
 
 def baseline_gap(ds, batch_size: int) -> str | None:
@@ -1089,23 +1075,7 @@ def baseline_rates(ds, ops, batch_size: int, limit: int = 256, reference: bool =
     dsc's kernels on a batch of one (:class:`_PerImageRecipe`). Start-up and the first 5 batches untimed."""
     rows: list[int] = []
     paths = source_files(ds, rows=rows)[0]
-    if not paths or len(ds) < (MIN_TIMED_BATCHES + 5) * batch_size or (reference and not reference_supported(ops)):
+    if not paths or (reference and not reference_supported(ops)):
         return None
     data = _ReferenceRecipe(ds, paths, ops, rows) if reference else _PerImageRecipe(ds, paths, ops, rows)
-    dl = torch.utils.data.DataLoader(data, batch_size=batch_size, num_workers=2, shuffle=True,
-                                     persistent_workers=True, prefetch_factor=2,
-                                     collate_fn=(lambda items: items) if reference else _collate(ops))
-    it = iter(dl)
-    for _ in range(5):
-        next(it)
-    workers = [w.pid for w in getattr(it, "_workers", [])]
-    cpu0 = time.process_time() + sum(proc_cpu(p) for p in workers)
-    t0, n = time.perf_counter(), 0
-    for b in it:
-        n += len(b["image"]) if isinstance(b, dict) else len(b)
-        if limit and n >= limit:
-            break
-    wall = time.perf_counter() - t0
-    cpu = time.process_time() + sum(proc_cpu(p) for p in workers) - cpu0
-    del it, dl
-    return {"rate": n / wall, "cpu_ms": 1e3 * cpu / n} if n else None
+    return dataloader_rates(data, batch_size, limit, (lambda items: items) if reference else _collate(ops))
