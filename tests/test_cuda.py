@@ -372,7 +372,11 @@ def test_yolo_mosaic_mixup_masks_and_keypoints_on_the_device(tmp_path):
 
 def test_uint8_hue_and_hsv_kernels_on_the_device_equal_the_cpu():
     """color.hue_integer and hsv_jitter_integer run whole batches on a GPU (no CPU pieces): the hue (integer
-    arithmetic) gives the CPU's very numbers, the HSV jitter (float) the same within a grey level."""
+    arithmetic) gives the CPU's very numbers, the HSV jitter (float) the same within a grey level, and within a
+    grey level of OpenCV's formula."""
+    import numpy as np
+    from test_recipes_detection import _opencv_hsv_ref
+
     from dsc.transforms import color as C
 
     g = torch.Generator().manual_seed(0)
@@ -380,5 +384,9 @@ def test_uint8_hue_and_hsv_kernels_on_the_device_equal_the_cpu():
     f = torch.tensor([-0.3, 0.05, 0.49], dtype=torch.float64)
     gains = torch.tensor([[1.01, 0.5, 1.3], [0.99, 1.6, 0.7], [1.0, 1.0, 1.0]], dtype=torch.float64)
     assert torch.equal(C.hue_integer(x.cuda(), f).cpu(), C.hue_integer(x, f))
-    d = (C.hsv_jitter_integer(x.cuda(), gains).cpu() - C.hsv_jitter_integer(x, gains)).abs()
-    assert float(d.max()) <= 1 and float((d > 0).float().mean()) < 1e-3  # (a GPU may fuse the final a + b c)
+    on_gpu = C.hsv_jitter_integer(x.cuda(), gains).cpu()
+    assert float((on_gpu - C.hsv_jitter_integer(x, gains)).abs().max()) <= 1
+    # Float ties round either way on a GPU (an H100 put 0.27% of pixels a level from the CPU's: fused a + b c),
+    # so the device's promise is the CPU's: every pixel within a grey level of OpenCV's formula.
+    ref = _opencv_hsv_ref(x.double().numpy(), gains.numpy())
+    assert float(np.abs(on_gpu.double().numpy() - ref).max()) <= 1
