@@ -101,6 +101,25 @@ def _verify_tags(store, have: list[int], P: list) -> None:
                                               f"--delete`", tag=True))
 
 
+
+def _check_file(report, root, rel: str, info: dict, what: str) -> bool:
+    """One file the manifest lists with its ``nbytes`` and ``sha256`` (a version's file, or an object of the
+    shard table: ``what`` says which in the problem): its size, then its content. True when both hold."""
+    report.files_checked += 1
+    report.bytes_hashed += info["nbytes"]
+    try:
+        size = root.size(rel)
+        if size != info["nbytes"]:
+            problem = f"{what}has {size} bytes, the manifest says {info['nbytes']}"
+        elif root.sha256(rel) != info["sha256"]:
+            problem = f"{what}content does not match its SHA-256 in the manifest"
+        else:
+            return True
+    except DscError as e:
+        problem = f"{what}{e}"
+    report.problems.append(Problem(rel, problem))
+    return False
+
 def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) -> VerifyReport:
     """Check ``version`` (default: the latest) of the dataset at ``path``; for the latest, also that the
     top-level plain-Zarr view shows it. ``path`` may be a URL: the same checks, every file streamed from
@@ -129,36 +148,13 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
 
     # ---- every non-shard file against manifest.files
     for rel, info in m.files.items():
-        report.files_checked += 1
-        try:
-            size = root.size(rel)
-        except DscError as e:
-            P.append(Problem(rel, str(e)))
-            continue
-        if size != info["nbytes"]:
-            P.append(Problem(rel, f"has {size} bytes, the manifest says {info['nbytes']}"))
-        elif root.sha256(rel) != info["sha256"]:
-            P.append(Problem(rel, "content does not match its SHA-256 in the manifest"))
-        report.bytes_hashed += info["nbytes"]
+        _check_file(report, root, rel, info, "")
 
     # ---- the shard table (format 4): its objects against their names, then every entry against the layout
     table_ok = True
     if m.shard_table is not None:
         for t in m.shard_table.objects:
-            rel = versions.object_path(t["sha256"])
-            report.files_checked += 1
-            report.bytes_hashed += t["nbytes"]
-            try:
-                size = store.files().size(rel)
-                if size != t["nbytes"]:
-                    P.append(Problem(rel, f"(a shard table) has {size} bytes, the manifest says {t['nbytes']}"))
-                elif store.files().sha256(rel) != t["sha256"]:
-                    P.append(Problem(rel, "(a shard table) content does not match its SHA-256"))
-                else:
-                    continue
-            except DscError as e:
-                P.append(Problem(rel, f"(a shard table) {e}"))
-            table_ok = False
+            table_ok &= _check_file(report, store.files(), versions.object_path(t["sha256"]), t, "(a shard table) ")
         if table_ok:
             try:
                 present = sum(s is not None for s in m.shards)
