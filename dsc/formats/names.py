@@ -25,6 +25,12 @@ SLOT_DIRS = ("c", "values")         # below a sharded node: its shard slots, <no
                                      # chunks) and <node>/values/<slot> (a ragged field's bytes)
 BOX_FRAME = "transform/box_frame"    # detection: (N,) uint8, 0: boxes annotated on the displayed image,
                                      # 1: on the raw pixels (rotated with the image)
+CONTENT_OBJECTS = "_dsc/objects"    # versioned: a small file's content, named by its SHA-256 (two-level fan-out)
+
+
+def object_path(sha256: str) -> str:
+    """Where a small file of this content lives (two-level fan-out keeps directories small)."""
+    return f"{CONTENT_OBJECTS}/{sha256[:2]}/{sha256}"
 
 
 def slot_folders(nodes) -> list[str]:

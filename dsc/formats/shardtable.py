@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptDatasetError
+from ..errors import CorruptDatasetError, DscError
 from ..store import open_store
-from ..store.local import map_fd, write_atomic
+from ..store.local import Root, map_fd, write_atomic
+from .names import object_path
 from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
 from .zarr_v3 import ragged_shard_meta
 
@@ -59,10 +60,6 @@ class Geometry:
 
     def nbytes(self, count: int, K: int) -> int | None:
         return count * self.sample_nbytes + 16 * K + 4 if self.fixed else None
-
-
-def object_rel(sha256: str) -> str:
-    return f"_dsc/objects/{sha256[:2]}/{sha256}"
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -195,7 +192,7 @@ class ShardTable:
                         raise CorruptDatasetError("a shard table was read before the dataset it belongs to was opened")
                     C, parts, prev = len(self.columns), [], None
                     for t in self.ref["chain"]:
-                        where = object_rel(t["sha256"])
+                        where = object_path(t["sha256"])
                         part = _Part(self._load(t["sha256"], t["nbytes"]), t["sha256"], C, where)
                         if part.base != prev:
                             raise CorruptDatasetError(f"{where}: its base table is not the one before it in the "
@@ -203,7 +200,7 @@ class ShardTable:
                         parts.append(part)
                         prev = t["sha256"]
                     if parts[-1].slots != self.slots:
-                        raise CorruptDatasetError(f"{object_rel(parts[-1].sha)}: covers {parts[-1].slots} slots, the "
+                        raise CorruptDatasetError(f"{object_path(parts[-1].sha)}: covers {parts[-1].slots} slots, the "
                                                   f"manifest says {self.slots}; the dataset is damaged")
                     self._parts = parts
         return self._parts
@@ -353,14 +350,18 @@ def total_bytes(rows: np.ndarray) -> int:
 def write_object(out: Path):
     """A ``write`` for ``build``: the table object under the dataset folder ``out`` (kept when there already)."""
     def write(sha: str, data: bytes) -> None:
-        p = Path(out) / object_rel(sha)
-        try:
-            if p.stat().st_size == len(data) and hashlib.sha256(p.read_bytes()).hexdigest() == sha:
-                return
-        except OSError:
-            pass
-        write_atomic(p, data, Path(out))
+        if not object_intact(Root(out), sha):
+            write_atomic(Path(out) / object_path(sha), data, Path(out))
     return write
+
+
+def object_intact(root: Root, sha: str) -> bool:
+    """Whether the content object ``sha`` is under ``root`` with bytes that hash to its name (one damaged on
+    disk, a link or not a file there is not: the caller writes it again, never through a link)."""
+    try:
+        return root.exists(object_path(sha)) and root.sha256(object_path(sha)) == sha
+    except (OSError, DscError):
+        return False
 
 
 # ----------------------------------------------------------------------------- reading
@@ -390,7 +391,7 @@ class StoreLoader:
 
     def __call__(self, sha: str, nbytes: int):
         store, mirror = self.store, self.mirror
-        rel = object_rel(sha)
+        rel = object_path(sha)
         if store.local:  # (through the dataset's folder as it was opened: never another compile swapped in since)
             files = store.root
             fd = files.open_file(rel)

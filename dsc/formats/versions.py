@@ -32,15 +32,15 @@ from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, Ver
 from ..store import LocalStore, Store, open_store
 from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
 from .manifest import Manifest
-from .shardtable import StoreLoader
-from .names import slot_folders
+from .shardtable import StoreLoader, object_intact
+from .names import CONTENT_OBJECTS, object_path, slot_folders
 from .zarr_v3 import MAX_JSON_BYTES, parse_json
 from ..errors import CredentialsError
 from ..errors import UnsafePathError
 
 DSC_DIR = "_dsc"
 LOG = "_dsc/log"
-OBJECTS = "_dsc/objects"
+OBJECTS = CONTENT_OBJECTS
 TAGS = "_dsc/tags"
 PINS = "_dsc/pins"
 LEASES = "_dsc/leases"
@@ -49,11 +49,6 @@ LEASE_SECONDS = 7 * 86400.0  # a reader's lease on a version in object storage (
 _RECORD = re.compile(r"^(0|[1-9][0-9]{0,8})\.json$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RECORD_KEYS = {"version", "parent", "created", "operation", "summary", "next_slot", "manifest"}
-
-
-def object_path(sha256: str) -> str:
-    """Where a small file of this content lives (two-level fan-out keeps directories small)."""
-    return f"{OBJECTS}/{sha256[:2]}/{sha256}"
 
 
 def record_path(n: int) -> str:
@@ -474,16 +469,11 @@ def store_objects(src: Path, out: Path, files: dict) -> None:
     never shares an inode with an object, so writing into the view (a plain Zarr user) cannot change a
     version's bytes. An object there already is reused only when its bytes hash to its name (one damaged on
     disk is replaced by these bytes, which were just hashed: a new version is never damaged from birth)."""
-    root = None
+    root = Root(out)
     for rel, f in files.items():
         obj = out / object_path(f["sha256"])
-        if obj.exists():
-            root = root or Root(out)
-            try:
-                if root.sha256(object_path(f["sha256"])) == f["sha256"]:
-                    continue
-            except CorruptDatasetError:  # (a link or not a file there: replaced below, never followed)
-                pass
+        if object_intact(root, f["sha256"]):
+            continue
         private = src != out and (src / rel).exists()
         if private:  # the staged file itself: no copy
             NewFile(obj, out, link=src / rel).commit()
