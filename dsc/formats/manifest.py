@@ -177,13 +177,11 @@ class Manifest:
                     raise CorruptDatasetError(f"manifest: the box attribute {name!r} {problem}; the dataset is damaged")
         # every image shard where the layout puts it, with exactly the bytes its samples need (fixed): so
         # counts and sizes agree before anything is mapped (a table's: as each entry is read)
+        g = geometry(self.image, {})["image"]
         for s, sh in enumerate(self.shards if table is None else ()):
             if sh is None:
                 continue
-            if self.image.layout == "fixed":
-                want_path, want_bytes = f"image/c/{s}/0/0/0", sh.count * self.image.sample_nbytes + 16 * self.shard_size + 4
-            else:
-                want_path, want_bytes = f"image/values/{s}/c/0", None
+            want_path, want_bytes = g.path(s), g.nbytes(sh.count, self.shard_size)
             if sh.path != want_path or (want_bytes is not None and sh.nbytes != want_bytes):
                 raise CorruptDatasetError(f"manifest: image shard {s} is {sh.path} of {sh.nbytes} bytes; the layout "
                                           f"says {want_path}" + (f" of {want_bytes} bytes" if want_bytes else ""))

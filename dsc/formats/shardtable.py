@@ -28,7 +28,7 @@ from ..store import open_store
 from ..store.local import Root, map_fd, write_atomic
 from .names import object_path
 from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
-from .zarr_v3 import ragged_shard_meta
+from .zarr_v3 import fixed_shard_nbytes, ragged_shard_meta
 
 MAGIC = b"DSCSHTAB"
 TABLE_VERSION = 1
@@ -59,7 +59,7 @@ class Geometry:
         return None if self.fixed else (f"{self.node}/values/{s}/zarr.json", ragged_shard_meta(nbytes, self.dtype))
 
     def nbytes(self, count: int, K: int) -> int | None:
-        return count * self.sample_nbytes + 16 * K + 4 if self.fixed else None
+        return fixed_shard_nbytes(count, K, self.sample_nbytes) if self.fixed else None
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -255,6 +255,11 @@ def sharded_array_json(shape: Sequence[int], shard_len: int,
     return _array_json(shape, _DTYPES[dtype], [shard_len] + sample, [sharding], 0, dimension_names, None)
 
 
+def fixed_shard_nbytes(count: int, capacity: int, inner_nbytes: int) -> int:
+    """The bytes of a shard of :func:`shard_index`'s layout: ``count`` inner chunks, then the index."""
+    return count * inner_nbytes + 16 * capacity + 4
+
+
 @functools.lru_cache(maxsize=64)
 def shard_index(count: int, capacity: int, inner_nbytes: int) -> bytes:
     """The index that ends a shard whose first ``count`` of ``capacity`` inner chunks are stored

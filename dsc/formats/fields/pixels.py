@@ -24,7 +24,7 @@ from ..problems import Problem, try_read
 from ..specs import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, ragged_shard_meta, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)
-from ..zarr_v3 import read_array_meta, read_node_json
+from ..zarr_v3 import fixed_shard_nbytes, read_array_meta, read_node_json
 
 
 def bad_shapes(shapes: np.ndarray, sizes: np.ndarray, channels: int | None) -> np.ndarray:
@@ -98,7 +98,7 @@ class Pixels:
 
     def fixed_shard_nbytes(self, count: int, capacity: int) -> int:
         """Size of a fixed shard file: the samples, K index entries of 16 bytes, a 4-byte checksum."""
-        return count * self.sample_nbytes + 16 * capacity + 4
+        return fixed_shard_nbytes(count, capacity, self.sample_nbytes)
 
     # ------------------------------------------------------------------ writing
     def writer(self, root: Path, s: int, capacity: int) -> "ShardWriter":
