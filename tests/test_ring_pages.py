@@ -1,0 +1,69 @@
+"""The prefetch ring's batch buffers ask Linux for transparent huge pages (prefetch._ask_huge_pages): a
+batch-sized buffer costs a few dozen page faults when first written, not one per 4 KiB page. Counts the
+faults of a first write; the contents are untouched (the same bytes as a plain tensor)."""
+from __future__ import annotations
+
+import re
+import resource
+import sys
+
+import pytest
+import torch
+
+from dsc.runtime.prefetch import HUGE_PAGE, Ring
+
+
+def _thp_mode() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return re.search(r"\[(\w+)\]", f.read()).group(1)
+    except (OSError, AttributeError):
+        return None
+
+
+def _huge_kb(buf: torch.Tensor) -> int:
+    """AnonHugePages (kB) of the mapping that holds ``buf``'s first whole huge page (the hint splits the
+    buffer's mapping: its unaligned ends stay small pages)."""
+    p, found = (buf.data_ptr() + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                a, b = (int(v, 16) for v in head.split("-"))
+                found = a <= p < b
+            elif found and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() not in ("always", "madvise"),
+                    reason="transparent huge pages are Linux's, and off here")
+def test_a_batch_buffer_is_backed_by_huge_pages_so_its_first_write_faults_a_few_times():
+    ring = Ring(2, pin=False)
+    n = 16 * HUGE_PAGE  # 32 MiB: 8192 small pages
+    buf = ring.allocator(0)("torchvision_image", (n // 4,), torch.float32)
+    assert ring.allocations == 1 and ring.huge == 1
+    f0 = _faults()
+    buf.fill_(0.5)  # the first write: where the pages are made
+    faults = _faults() - f0
+    if _huge_kb(buf) == 0:
+        pytest.skip("the kernel had no huge page free just now (fragmented memory)")
+    assert faults <= n // 4096 // 8, f"{faults} page faults for {n // 4096} small pages' worth"
+    assert bool((buf == 0.5).all())
+    # the slot's buffer is reused as it is (once nothing holds the batch): no new buffer, hint nor faults
+    del buf
+    f0 = _faults()
+    again = ring.allocator(0)("torchvision_image", (n // 8,), torch.float32)
+    again.fill_(1.0)
+    assert ring.allocations == 1 and ring.huge == 1 and _faults() - f0 <= 2
+
+
+def test_small_and_pinned_buffers_are_left_as_they_are():
+    ring = Ring(1, pin=False)
+    ring.allocator(0)("box_offsets", (17,), torch.int64)
+    ring.allocator(0)("image", (HUGE_PAGE // 2,), torch.uint8)  # under two huge pages: not worth a hint
+    assert ring.allocations == 2 and ring.huge == 0
