@@ -112,3 +112,29 @@ def test_augmix_runs_its_chains_group_by_group_as_the_float_stage(monkeypatch):
     for seed in range(3):
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
         assert torch.equal(got, float_stage([op], img, seed))
+
+
+@pytest.mark.parametrize("form", ["uint8", "float"])
+def test_cutmix_pastes_the_rolled_box_in_place(form, monkeypatch):
+    """Sample b takes sample b - 1's box (sample 0 the last one's), written in place from the end: the rolled
+    batch's pixels, with no rolled copy of the images made."""
+    img = images(7, 21, 26)
+    x = img if form == "uint8" else img.permute(0, 3, 1, 2).float().contiguous()
+    y = torch.arange(7) % 3
+    ref_roll = x.roll(1, 0)
+    real = torch.Tensor.roll
+    monkeypatch.setattr(torch.Tensor, "roll", lambda t, *a, **k: (_ for _ in ()).throw(AssertionError("rolled"))
+                        if t.dim() == 4 else real(t, *a, **k))
+    for seed in range(6):
+        out = T.CutMix(1.0, num_classes=3)({"image": x.clone(), "label": y.clone()},
+                                          torch.Generator().manual_seed(seed))
+        took = (out["image"] != x) & (out["image"] == ref_roll)
+        changed = out["image"] != x
+        assert torch.equal(changed, changed & took)  # every changed value is the rolled batch's
+        box = changed.flatten(0, 1 if form == "float" else 0).any(0) if form == "float" else \
+            changed.any(0).any(-1)
+        rows, cols = box.any(1).nonzero().view(-1), box.any(0).nonzero().view(-1)
+        if len(rows):
+            sl = (slice(None), slice(None)) if form == "float" else (slice(None),)
+            region = (*sl, slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+            assert torch.equal(out["image"][region], ref_roll[region])  # the whole box, pasted
