@@ -11,9 +11,11 @@ does on uint8 tensors (so a single op is within a grey level of torchvision on t
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
 posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
-whole-pixel shift (translate), or a float copy of those samples (sharpness and colour in the batch's own
-(N, H, W, C) layout, shear and rotate through grid_sample on planes; blur, hue...), each giving the float
-formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
+whole-pixel shift (translate), a shear as each line's 2-tap blend and any nearest warp as a gather
+(warp_gather.py: no grid_sample), or a float copy of those samples (sharpness and colour sample by sample in
+the batch's own (N, H, W, C) layout, rotate through grid_sample on planes; blur, hue...), each giving the
+float formula's very numbers (tests/test_recipes_uint8.py); an op at a magnitude that leaves the image as it
+is is skipped; the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
 and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
 there writes its windows in place). Ragged batches (images of several sizes) are run one sample at a time,
