@@ -11,11 +11,12 @@ general kernel that costs 1-2 ms for a 224 x 224 RGB image on the CPU. Two cases
   output row y is input row y moved by t_y = m01 (y + 1/2) + m02 pixels (in float64 from the map), and the
   bilinear value is the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1], k = floor(t_y), w = t_y - k (float32)
   -- grid_sample's formula where the other axis' weight is exactly 0. Each row's window is a slice of a
-  zero-bordered copy (``unfold`` then one indexed copy of whole rows), so there is no per-pixel index at all;
+  zero-bordered copy (numpy's fancy index over a strided view of all the windows copies each chosen window
+  as a block), so there is no per-pixel index at all;
   ``fill``: torchvision's mask plane through the same blend, (y - fill) mask + fill. grid_sample computes the
   coordinates in float32 (its row weight is then ~1e-6, not 0), so a pixel exactly at a rounding tie may move
-  one grey level against it (about 1 in 10,000; tests/test_recipes_uint8.py). The float path
-  (``shear_float``) and the uint8 path (``shear_u8``) run the same operations: the same numbers.
+  one grey level against it (a shear by 0.3 puts about 3% of the pixels on a tie; tests/test_recipes_warps.py).
+  The float path (``shear_float``) and the uint8 path (``shear_u8``) run the same operations: the same numbers.
 """
 from __future__ import annotations
 
