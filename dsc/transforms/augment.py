@@ -11,9 +11,11 @@ does on uint8 tensors (so a single op is within a grey level of torchvision on t
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
 posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
-whole-pixel shift (translate), or a float copy of those samples (sharpness and colour in the batch's own
-(N, H, W, C) layout, shear and rotate through grid_sample on planes; blur, hue...), each giving the float
-formula's very numbers (tests/test_recipes_uint8.py); the ToFloat/Normalize pass after it writes the float
+whole-pixel shift (translate), a shear as each line's 2-tap blend and any nearest warp as a gather
+(warp_gather.py: no grid_sample), or a float copy of those samples (sharpness and colour sample by sample in
+the batch's own (N, H, W, C) layout, rotate through grid_sample on planes; blur, hue...), each giving the
+float formula's very numbers (tests/test_recipes_uint8.py); an op at a magnitude that leaves the image as it
+is is skipped; the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
 and the ops run on it. A float image (after ToFloat, before Normalize) is taken as [0, 1] (RandomErasing
 there writes its windows in place). Ragged batches (images of several sizes) are run one sample at a time,
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import color as C
+from . import warp_gather as G
 from ..errors import ConfigError
 
 
@@ -498,7 +501,15 @@ def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, int
     if name == "Identity":
         return x
     if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
-        return C.warp(x, _geometric_matrix(name, mag, H, W), fill, interpolation, integer)
+        M = _geometric_matrix(name, mag, H, W)
+        if x.device.type == "cpu":  # without grid_sample where warp_gather can (the uint8 path's very numbers)
+            if interpolation == "nearest":
+                y = G.nearest_float(x, M, fill)
+                return y.round_() if integer else y
+            axis = G.shear_axis(M)
+            if axis is not None:
+                return G.shear_float(x, M, fill, axis, integer)
+        return C.warp(x, M, fill, interpolation, integer)
     fns = {"Brightness": C.brightness, "Color": C.saturation, "Contrast": C.contrast, "Sharpness": C.sharpness}
     if name in fns:
         return fns[name](x, 1.0 + mag, bound, integer)
@@ -535,7 +546,11 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
         return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
     if name in ("ShearX", "ShearY", "Rotate") and x.device.type == "cpu":
-        return _warp_u8(x, _geometric_matrix(name, mag, x.shape[1], x.shape[2]), fill, interpolation)
+        M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
+        if interpolation == "nearest":
+            return G.nearest_u8(x, M, fill)
+        axis = G.shear_axis(M)
+        return G.shear_u8(x, M, fill, axis) if axis is not None else _warp_u8(x, M, fill, interpolation)
     if name in _LUT_OPS:
         return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag))
     if name == "Contrast":
@@ -552,10 +567,11 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
         lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
         return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
-    if name == "Sharpness":
-        return _sharpness_u8(x, 1.0 + mag)
-    if name == "Color":
-        return _saturation_u8(x, 1.0 + mag)
+    if name in ("Sharpness", "Color"):  # sample by sample: each one's float copy stays in cache (3x faster)
+        fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8
+        for b in range(N):
+            fn(x[b:b + 1], 1.0 + mag[b:b + 1])
+        return x
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
@@ -622,6 +638,10 @@ def _equalize_pil(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_STILL_BELOW = {"TranslateX": 1.0, "TranslateY": 1.0,  # |magnitude| under which an op leaves the image as it is
+                **{n: 1e-300 for n in ("ShearX", "ShearY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness")}}
+
+
 class _AutoBase(PixelOp):
     """Per sample, slots of (op, on, magnitude); ``apply`` runs slot by slot, each op on the samples that
     drew it, together."""
@@ -669,10 +689,14 @@ class _AutoBase(PixelOp):
         return x
 
     def apply_u8(self, x, p, sizes):
-        """Slot by slot, each drawn op once on the uint8 samples that drew it (gathered, run, written back)."""
+        """Slot by slot, each drawn op once on the uint8 samples that drew it (gathered, run, written back).
+        An op whose magnitude leaves the image as it is (a shear, rotation or translation by 0, an enhance by
+        a factor of 1: the float formula gives back the very pixels) is skipped."""
         if "ops" not in p:
             return x
         ops = torch.where(p["on"], p["ops"], -1)
+        limit = torch.tensor([_STILL_BELOW.get(n, 0.0) for n in self.names] + [0.0], dtype=torch.float64)
+        ops = torch.where(p["mag"].abs() < limit[ops], -1, ops)  # (ops -1 read the last limit: 0, never)
         for k in range(ops.shape[1]):
             col = ops[:, k]
             for i in sorted(set(col.tolist()) - {-1}):
@@ -802,14 +826,11 @@ class AugMix(_AutoBase):
         return C.quantise(mix, integer)
 
     def apply_u8(self, x, p, sizes):
-        """Each chain on a uint8 copy of the batch; then the mix (the same float arithmetic as ``apply``), a
-        few samples at a time (in cache), truncated to uint8 into ``x``."""
+        """:data:`AUGMIX_SAMPLES` samples at a time (no batch-sized copies): each chain on a uint8 copy of those
+        samples; then their mix (the same float arithmetic as ``apply``), a few samples at a time (in cache),
+        truncated to uint8 into ``x``."""
         W = self.mixture_width
         K = p["ops"].shape[1] // W
-        augs = [super(AugMix, self).apply_u8(x.clone(), {"ops": p["ops"][:, i * K:(i + 1) * K],
-                                                         "on": p["on"][:, i * K:(i + 1) * K],
-                                                         "mag": p["mag"][:, i * K:(i + 1) * K]}, sizes)
-                for i in range(W)]
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
         w = p["w"].to(x.device, torch.float32)
         step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
@@ -817,14 +838,23 @@ class AugMix(_AutoBase):
         # product is its own rounding, as in ``apply``; the copy into uint8 truncates what the clamp left
         acc = torch.empty((min(step, len(x)), *x.shape[1:]), dtype=torch.float32, device=x.device)
         tmp = torch.empty_like(acc)
-        for c0 in range(0, len(x), step):
-            sl = slice(c0, c0 + step)
-            n = len(x[sl])
-            torch.mul(x[sl], m0[sl], out=acc[:n])
-            for i, aug in enumerate(augs):
-                acc[:n].add_(torch.mul(aug[sl], w[sl, i].view(-1, 1, 1, 1), out=tmp[:n]))
-            x[sl].copy_(acc[:n].clamp_(0, 255))
+        for g0 in range(0, len(x), AUGMIX_SAMPLES):
+            rows = slice(g0, g0 + AUGMIX_SAMPLES)
+            xg = x[rows]
+            augs = [super(AugMix, self).apply_u8(xg.clone(), {k: p[k][rows, i * K:(i + 1) * K]
+                                                              for k in ("ops", "on", "mag")}, sizes[rows])
+                    for i in range(W)]
+            for c0 in range(0, len(xg), step):
+                sl = slice(c0, c0 + step)
+                n = len(xg[sl])
+                torch.mul(xg[sl], m0[rows][sl], out=acc[:n])
+                for i, aug in enumerate(augs):
+                    acc[:n].add_(torch.mul(aug[sl], w[rows][sl, i].view(-1, 1, 1, 1), out=tmp[:n]))
+                xg[sl].copy_(acc[:n].clamp_(0, 255))
         return x
+
+
+AUGMIX_SAMPLES = 32  # AugMix's chains run on copies of this many samples at a time
 
 
 # ------------------------------------------------------------------------------------------------ the stage

@@ -131,10 +131,12 @@ class CutMix(_Mix):
         x2, y2 = min(r_x + rw, W), min(r_y + rh, H)
         lam_adj = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
         self._mix_labels(batch, lam_adj)
-        box = (slice(None), slice(None), slice(y1, y2), slice(x1, x2)) if chw else \
-            (slice(None), slice(y1, y2), slice(x1, x2))
-        part = img[box]  # only the box is copied: sample b takes sample b - 1's (the batch rolled by one)
-        img[box] = part.roll(1, 0)
+        box = (slice(None), slice(y1, y2), slice(x1, x2)) if chw else (slice(y1, y2), slice(x1, x2))
+        if len(img) and y2 > y1 and x2 > x1:  # sample b takes sample b - 1's box (the batch rolled by one), in
+            last = img[-1][box].clone()  # place from the end (b - 1 still unmixed when b reads it): one copy of
+            for b in range(len(img) - 1, 0, -1):  # each box, no batch-sized ones
+                img[b][box] = img[b - 1][box]
+            img[0][box] = last
         batch["image"] = img
         return batch
 

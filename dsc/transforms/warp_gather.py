@@ -1,0 +1,183 @@
+"""The auto-augment family's shears and nearest warps on the CPU without ``grid_sample``.
+
+``color.warp`` (torchvision's tensor ``affine``) samples each output pixel through ``F.grid_sample``, a
+general kernel that costs 1-2 ms for a 224 x 224 RGB image on the CPU. Two cases need much less:
+
+* Nearest (the auto-augment ops' default interpolation): per output pixel one source pixel, found as
+  grid_sample finds it (the same float32 grid, x = (g + 1) W / 2 - 1/2, rounded half to even), read from a
+  copy of the image with a border (0, or the ``fill``) where the pixel falls outside: a gather
+  (``torch.index_select``) per channel, the very pixels of grid_sample.
+* A shear (ShearX / ShearY at any interpolation): the map keeps every row (ShearX; columns for ShearY), so
+  output row y is input row y moved by t_y = m01 (y + 1/2) + m02 pixels (in float64 from the map), and the
+  bilinear value is the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1], k = floor(t_y), w = t_y - k (float32)
+  -- grid_sample's formula where the other axis' weight is exactly 0. Each row's window is a slice of a
+  zero-bordered copy (numpy's fancy index over a strided view of all the windows copies each chosen window
+  as a block), so there is no per-pixel index at all;
+  ``fill``: torchvision's mask plane through the same blend, (y - fill) mask + fill. grid_sample computes the
+  coordinates in float32 (its row weight is then ~1e-6, not 0), so a pixel exactly at a rounding tie may move
+  one grey level against it (a shear by 0.3 puts about 3% of the pixels on a tie; tests/test_recipes_warps.py).
+  The float path (``shear_float``) and the uint8 path (``shear_u8``) run the same operations: the same numbers.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import as_strided
+
+
+# ----------------------------------------------------------------------------------------------- nearest
+def _grid(m: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """grid_sample's source coordinates (H * W,) float32 of one output -> input map ``m`` (3, 3) float64:
+    the normalised grid as ``color.warp`` makes it, then unnormalised as grid_sample does (align_corners
+    False): (g + 1) * size / 2 - 0.5."""
+    ax = (m[0] * (2.0 / W)).to(torch.float32)
+    ay = (m[1] * (2.0 / H)).to(torch.float32)
+    xs = (torch.arange(W, dtype=torch.float32) + 0.5).view(1, W)
+    ys = (torch.arange(H, dtype=torch.float32) + 0.5).view(H, 1)
+    gx = torch.add(ax[0] * xs, ax[1] * ys + (ax[2] - 1.0))
+    gy = torch.add(ay[0] * xs, ay[1] * ys + (ay[2] - 1.0))
+    return gx.add_(1.0).mul_(W / 2).sub_(0.5).view(-1), gy.add_(1.0).mul_(H / 2).sub_(0.5).view(-1)
+
+
+def padded_length(H: int, W: int) -> int:
+    """Elements of a bordered plane: rows -1..H of columns -1..W, one more element before (a source pixel
+    clamped to row or column -1 / H or W reads only border)."""
+    return (H + 2) * (W + 2) + 1
+
+
+def interior(plane: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """The (H, W) view of the image inside bordered planes (..., padded_length)."""
+    Wp = W + 2
+    return plane[..., 1 + Wp:1 + (H + 1) * Wp].unflatten(-1, (H, Wp))[..., 1:W + 1]
+
+
+def nearest_index(M: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """(H * W,) int64: each output pixel's source in a bordered plane, as grid_sample's nearest picks it
+    (round half to even; outside the image: the border)."""
+    ix, iy = _grid(M.to(torch.float64).reshape(3, 3), H, W)
+    ix, iy = ix.round_().clamp_(-1, W), iy.round_().clamp_(-1, H)
+    if padded_length(H, W) < 1 << 24:  # (whole numbers exact in float32)
+        return iy.add_(1).mul_(W + 2).add_(ix).add_(2).to(torch.int64)
+    return iy.to(torch.int64).add_(1).mul_(W + 2).add_(ix.to(torch.int64)).add_(2)
+
+
+def _bordered(C: int, H: int, W: int, fill, dtype) -> torch.Tensor:
+    planes = torch.zeros((C, padded_length(H, W)), dtype=dtype)
+    if fill is not None:
+        planes[:] = torch.as_tensor(fill, dtype=torch.float32).round().clamp(0, 255).to(dtype).reshape(-1, 1) \
+            if dtype == torch.uint8 else torch.as_tensor(fill, dtype=dtype).reshape(-1, 1)
+    return planes
+
+
+def nearest_u8(x: torch.Tensor, M: torch.Tensor, fill) -> torch.Tensor:
+    """CPU uint8 (N, H, W, C) through output -> input maps ``M`` (N, 3, 3) with nearest sampling, in place:
+    ``color.warp``'s pixels (``fill`` outside, rounded to uint8; None: 0)."""
+    N, H, W, C = x.shape
+    planes = _bordered(C, H, W, fill, torch.uint8)
+    inner = interior(planes, H, W)
+    out = torch.empty((C, H * W), dtype=torch.uint8)
+    for b in range(N):
+        idx = nearest_index(M[b], H, W)
+        inner.copy_(x[b].permute(2, 0, 1))
+        for c in range(C):
+            torch.index_select(planes[c], 0, idx, out=out[c])
+        x[b].copy_(out.view(C, H, W).permute(1, 2, 0))
+    return x
+
+
+def nearest_float(x: torch.Tensor, M: torch.Tensor, fill) -> torch.Tensor:
+    """:func:`nearest_u8` on CPU float (N, C, H, W) (the fill as given)."""
+    N, C, H, W = x.shape
+    planes = _bordered(C, H, W, fill, x.dtype)
+    inner = interior(planes, H, W)
+    y = torch.empty((N, C, H * W), dtype=x.dtype)
+    for b in range(N):
+        idx = nearest_index(M[b], H, W)
+        inner.copy_(x[b])
+        for c in range(C):
+            torch.index_select(planes[c], 0, idx, out=y[b, c])
+    return y.view(N, C, H, W)
+
+
+# ------------------------------------------------------------------------------------------------ shears
+def shear_axis(M: torch.Tensor) -> int | None:
+    """1: every map of ``M`` (N, 3, 3) keeps rows (input y = output y: ShearX), 0: keeps columns (ShearY), else
+    None."""
+    m = M.to(torch.float64)
+    if bool((m[:, 1, 0] == 0).all() and (m[:, 1, 1] == 1).all() and (m[:, 1, 2] == 0).all()
+            and (m[:, 0, 0] == 1).all()):
+        return 1
+    if bool((m[:, 0, 1] == 0).all() and (m[:, 0, 0] == 1).all() and (m[:, 0, 2] == 0).all()
+            and (m[:, 1, 1] == 1).all()):
+        return 0
+    return None
+
+
+def _shifts(m: torch.Tensor, axis: int, n: int) -> torch.Tensor:
+    """(n,) float64: how far line i (row for axis 1, column for axis 0) reads from, in pixels."""
+    centres = torch.arange(n, dtype=torch.float64) + 0.5
+    return m[0, 1] * centres + m[0, 2] if axis == 1 else m[1, 0] * centres + m[1, 2]
+
+
+def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill) -> torch.Tensor:
+    """float32 (R, L * C): lines (R, L * C) (uint8 or float, C values per pixel) each moved by t (R,) pixels
+    with the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1] (0 outside; ``fill``: (y - fill) mask + fill)."""
+    R, LC = lines.shape
+    L = LC // C
+    k = torch.floor(t)
+    w = (t - k).to(torch.float32).view(-1, 1)
+    e = 1.0 - w
+    start = k.to(torch.int64).clamp_(-L - 1, L).add_(L + 1)  # window start in a line bordered by L + 1 zeros
+
+    start = start.numpy()
+    ar = np.arange(R)
+
+    def taps(src, c):
+        n = (3 * L + 2) * c
+        pad = torch.zeros((R, n), dtype=src.dtype)
+        pad[:, (L + 1) * c:(2 * L + 1) * c] = src
+        a = pad.numpy()
+        s = a.itemsize
+        windows = as_strided(a, shape=(R, 2 * L + 2, (L + 1) * c), strides=(n * s, c * s, s))
+        rows = torch.from_numpy(windows[ar, start])  # each line's window, copied whole (numpy copies a
+        return rows[:, :L * c], rows[:, c:]  # fancy index's trailing axis as a block); overlapping views
+
+    v0, v1 = taps(lines, C)
+    y = torch.mul(v0, e).add_(torch.mul(v1, w))
+    if fill is None:
+        return y
+    m0, m1 = taps(torch.ones((R, L), dtype=torch.float32), 1)
+    mask = torch.mul(m0, e).add_(torch.mul(m1, w)).repeat_interleave(C, 1)
+    f = torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).repeat(L)
+    return y.sub_(f).mul_(mask).add_(f)
+
+
+def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int) -> torch.Tensor:
+    """CPU uint8 (N, H, W, C) through shear maps ``M`` (N, 3, 3) (``axis`` from :func:`shear_axis`), bilinear,
+    rounded, in place."""
+    N, H, W, C = x.shape
+    for b in range(N):
+        m = M[b].to(torch.float64)
+        if axis == 1:
+            y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill)
+            x[b].view(H, W * C).copy_(y.round_().clamp_(0, 255))
+        else:
+            y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill)
+            x[b].copy_(y.round_().clamp_(0, 255).view(W, H, C).transpose(0, 1))
+    return x
+
+
+def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool) -> torch.Tensor:
+    """:func:`shear_u8`'s operations on CPU float (N, C, H, W), plane by plane (``integer``: rounded)."""
+    N, C, H, W = x.shape
+    y = torch.empty_like(x, dtype=torch.float32)
+    fills = [None] * C if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).tolist()
+    for b in range(N):
+        m = M[b].to(torch.float64)
+        for c in range(C):
+            if axis == 1:
+                y[b, c] = _blend_lines(x[b, c], _shifts(m, 1, H), 1, fills[c])
+            else:
+                y[b, c] = _blend_lines(x[b, c].t().contiguous(), _shifts(m, 0, W), 1, fills[c]).t()
+    y = y.to(x.dtype)
+    return y.round_() if integer else y
