@@ -290,8 +290,9 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             j = k + 1
             while j < len(program) and program[j][0] == "flip":
                 j += 1
-            if j < len(program) and program[j][0] == "crop" and dwarfs((h, w), tuple(program[j][3:5])) \
-                    and _region_ok(x, nearest):
+            if j < len(program) and program[j][0] == "crop" and _region_ok(x, nearest) and \
+                    (nearest or dwarfs((h, w), tuple(program[j][3:5]))):
+                # (nearest: always, the same source pixels as the whole resize, only the crop's made)
                 for step in program[k + 1:j]:  # the flips between: pending, like the ones before
                     if step[2]:
                         fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
