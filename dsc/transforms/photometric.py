@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -156,13 +155,7 @@ class PixelPost:
             out, src, sc, sh = chw_out.permute(1, 2, 0), hwc, scale, shift
         else:
             out, src, sc, sh = chw_out, hwc.permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
-        if self.dtype == torch.float32 and not self.channels_last and hwc.device.type == "cpu" and \
-                hwc.dtype == torch.uint8 and out.is_contiguous():
-            # HWC -> CHW: numpy's transposing copy of the bytes into the float slot is several times faster
-            # than torch's mixed-dtype addcmul over the permuted view; then the same addcmul, float in place
-            np.copyto(out.numpy(), hwc.numpy().transpose(2, 0, 1), casting="unsafe")
-            torch.addcmul(sh, out, sc, out=out)
-        elif self.dtype == torch.float32:
+        if self.dtype == torch.float32:
             torch.addcmul(sh, src, sc, out=out)
         else:
             out.copy_(torch.addcmul(sh, src, sc))
