@@ -243,23 +243,21 @@ def _resized_region(x: torch.Tensor, size: tuple[int, int], top: int, left: int,
 
 def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> None:
     """``fill`` (a number, or one per channel) written into ``out`` (h, w[, C]) everywhere but the rows
-    part[0]:part[1] x columns part[2]:part[3] (an empty part: everywhere)."""
+    part[0]:part[1] x columns part[2]:part[3] (an empty part: everywhere); per channel as one line of the
+    fill copied to every row of a band (a broadcast of the C values themselves is copied value by value,
+    many times slower)."""
     h, w = out.shape[:2]
     a0, a1, b0, b1 = part
     if a1 <= a0 or b1 <= b0:
         a0 = a1 = b0 = b1 = 0
-    bands = [(0, a0, 0, w), (a1, h, 0, w), (a0, a1, 0, b0), (a0, a1, b1, w)]
-    value = _fill_like_out(fill, out)
-    for r0, r1, c0, c1 in bands:
+    line = full((1, w, *out.shape[2:]), fill, out.dtype, out.device)[0] if isinstance(fill, (tuple, list)) else None
+    for r0, r1, c0, c1 in ((0, a0, 0, w), (a1, h, 0, w), (a0, a1, 0, b0), (a0, a1, b1, w)):
         if r1 > r0 and c1 > c0:
-            out[r0:r1, c0:c1] = value
-
-
-def _fill_like_out(fill, out: torch.Tensor) -> torch.Tensor:
-    if isinstance(fill, (tuple, list)):
-        if out.dim() < 3 or out.shape[-1] != len(fill):
-            full((1, 1, *out.shape[2:]), fill, out.dtype, out.device)  # (its one-line error)
-    return torch.tensor(fill, dtype=torch.float64).round().to(out.dtype).to(out.device)
+            band = out[r0:r1, c0:c1]
+            if line is None:
+                band.fill_(fill)
+            else:
+                band.copy_(line[c0:c1].unsqueeze(0).expand_as(band))
 
 
 def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
