@@ -437,3 +437,22 @@ def test_random_affine_bilinear_builds_each_grid_without_stacking_planes(monkeyp
         monkeypatch.setattr(resample.torch, "stack", lambda *a, **k: stacks.append(1) or real(*a, **k))
         assert int((out.int() - ref.int()).abs().max()) <= 1, degrees
         assert n <= 2, (degrees, n)  # (the corners' extremes: one batched stack, none per sample)
+
+
+def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
+    """RandomPhotometricDistort's brightness and contrast tables (one per sample) map a sample's bytes with
+    PIL's point over them as a greyscale image, not numpy's take (which converts every byte to an index
+    first); small samples keep the take. The bytes are the table's, exactly."""
+    from dsc.transforms import color as C
+
+    g = torch.Generator().manual_seed(4)
+    lut = torch.randint(0, 256, (2, 1, 256), generator=g).float()
+    for shape, takes in (((2, 160, 200, 3), 0), ((2, 9, 7, 3), 2)):
+        x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+        want = torch.stack([lut[b, 0].long()[x[b].long()] for b in range(2)]).to(torch.uint8)
+        calls = []
+        real = np.take
+        monkeypatch.setattr(C.np, "take", lambda *a, **k: calls.append(1) or real(*a, **k))
+        got = C.apply_lut(x.clone(), lut)
+        monkeypatch.setattr(C.np, "take", real)
+        assert torch.equal(got, want) and len(calls) == takes, shape
