@@ -266,6 +266,7 @@ class RandomPhotometricDistort(PixelOp):
                     x.copy_(sub)
             else:
                 _put_rows(x, rows, sub)
+
         def saturation_then_hue(on):  # the two in one float copy (saturation's whole values go on to the hue)
             rows = on.nonzero().view(-1)
             if not len(rows):
