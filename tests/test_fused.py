@@ -176,7 +176,7 @@ def test_each_crop_keeps_its_own_fill(fixed):
 def test_a_resize_that_dwarfs_its_crop_resamples_only_the_window(monkeypatch, nearest):
     """Resize then crop (with flips between, a window partly outside) through the window-only path equals the
     whole resize then the crop: exactly for nearest, within a level for bilinear (PIL's box filter). (Nearest
-    now takes the window whatever the sizes: its reference is the test after the next.)"""
+    now takes the window whatever the sizes: the next test checks it against the whole resize.)"""
     import dsc.transforms.fused as fused
 
     rng = np.random.default_rng(3)
