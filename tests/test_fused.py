@@ -175,7 +175,8 @@ def test_each_crop_keeps_its_own_fill(fixed):
 @pytest.mark.parametrize("nearest", [False, True])
 def test_a_resize_that_dwarfs_its_crop_resamples_only_the_window(monkeypatch, nearest):
     """Resize then crop (with flips between, a window partly outside) through the window-only path equals the
-    whole resize then the crop: exactly for nearest, within a level for bilinear (PIL's box filter)."""
+    whole resize then the crop: exactly for nearest, within a level for bilinear (PIL's box filter). (Nearest
+    now takes the window whatever the sizes: the next test checks it against the whole resize.)"""
     import dsc.transforms.fused as fused
 
     rng = np.random.default_rng(3)
@@ -195,3 +196,59 @@ def test_a_resize_that_dwarfs_its_crop_resamples_only_the_window(monkeypatch, ne
         diff = (outs[0] - outs[1]).abs()
         assert int(diff.max()) <= (0 if nearest else 1), program
         assert float((diff > 0).float().mean()) < 0.2
+
+
+def test_a_nearest_resize_then_crop_never_makes_the_whole_resize(monkeypatch):
+    """A mask's resize followed by a crop (segmentation's random resize then RandomCrop, flips between) picks
+    only the crop's pixels, whatever the sizes: the whole nearest resize is never made, and the result is
+    exactly the whole resize cropped (flipped), fill outside."""
+    import dsc.transforms.fused as fused
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.integers(0, 20, (48, 64), dtype=np.uint8))
+    whole = []
+    monkeypatch.setattr(fused, "_resize_nearest", lambda *a: whole.append(1) or (_ for _ in ()).throw(AssertionError))
+    for (nh, nw), flip, (top, left, ch, cw) in [((96, 128), False, (10, 20, 40, 50)), ((40, 50), True, (-5, -3, 48, 48)),
+                                                ((120, 70), True, (100, 60, 30, 30))]:
+        program = [("resize", nh, nw), ("flip", 0, flip), ("crop", top, left, ch, cw, 0.0)]
+        out = torch.empty((ch, cw), dtype=torch.uint8)
+        run_program(x, program, out, True, 255.0)
+        ys = torch.clamp(((torch.arange(nh) + 0.5) * (48 / nh)).floor().long(), max=47)
+        xs = torch.clamp(((torch.arange(nw) + 0.5) * (64 / nw)).floor().long(), max=63)
+        ref = x[ys][:, xs]
+        ref = ref.flip(1) if flip else ref
+        want = torch.full((ch, cw), 255, dtype=torch.uint8)
+        t0, t1, l0, l1 = max(top, 0), min(top + ch, nh), max(left, 0), min(left + cw, nw)
+        if t1 > t0 and l1 > l0:
+            want[t0 - top:t1 - top, l0 - left:l1 - left] = ref[t0:t1, l0:l1]
+        assert torch.equal(out, want), program
+    assert not whole
+
+
+def test_a_zoom_out_and_crop_last_but_flips_writes_the_output_without_a_canvas(monkeypatch):
+    """Zoom-out, IoU crop, flip (ssd's chain): the crop partly outside the image is written straight into the
+    output, the fill only around the pasted part, the flips placing and mirroring it; no canvas is made, and
+    the pixels equal the canvas-then-flip steps, for per-channel and single fills, masks too."""
+    import dsc.transforms.fused as fused
+
+    rng = np.random.default_rng(7)
+    made = []
+    real_full = fused.full
+    for shape, fill in (((20, 30, 3), (123.0, 117.0, 104.0)), ((20, 30), 255.0)):
+        x = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
+        for fh, fw in ((False, False), (True, False), (False, True), (True, True)):
+            for crop in (("crop", -15, -7, 60, 70, fill), ("crop", 5, -4, 10, 50, fill), ("crop", -40, 0, 10, 10, fill)):
+                program = [crop, ("flip", 0, fw), ("flip", 1, fh)]
+                h, w = crop[3], crop[4]
+                canvas = real_full((h, w, *shape[2:]), fill, torch.uint8, "cpu")  # the steps, one by one
+                t0, t1, l0, l1 = max(crop[1], 0), min(crop[1] + h, 20), max(crop[2], 0), min(crop[2] + w, 30)
+                if t1 > t0 and l1 > l0:
+                    canvas[t0 - crop[1]:t1 - crop[1], l0 - crop[2]:l1 - crop[2]] = x[t0:t1, l0:l1]
+                dims = [d for d, f in ((0, fh), (1, fw)) if f]
+                want = canvas.flip(dims) if dims else canvas
+                monkeypatch.setattr(fused, "full", lambda *a: made.append(a) or real_full(*a))
+                out = torch.empty((h, w, *shape[2:]), dtype=torch.uint8)
+                run_program(x, program, out, False, None)
+                monkeypatch.setattr(fused, "full", real_full)
+                assert torch.equal(out, want), (shape, fh, fw, crop)
+    assert made and all(a[0][0] == 1 for a in made)  # (one line of the per-channel fill, never a canvas)

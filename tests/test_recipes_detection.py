@@ -389,3 +389,70 @@ def test_photometric_distort_on_uint8_equals_the_float_stage_fixed_and_ragged():
             x = flat[offsets[b]:offsets[b + 1]].view(1, h, w, c).permute(0, 3, 1, 2).float()
             ref = op.apply(x, {k: v[[b]] for k, v in p.items()}, None, 255.0, True).clamp(0, 255).to(torch.uint8)
             assert torch.equal(out[offsets[b]:offsets[b + 1]].view(h, w, c), ref[0].permute(1, 2, 0)), (seed, b)
+
+
+def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypatch):
+    """A sample that draws both saturation and hue goes to float once for the two (saturation's whole values
+    straight into the hue), with the float stage's very numbers: one copy for the contrast's mean, one for
+    saturation + hue."""
+    from dsc.transforms import augment as A
+
+    op = A.RandomPhotometricDistort(p=1.0)
+    img = torch.randint(0, 256, (1, 21, 27, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    sizes = torch.tensor([[21, 27]])
+    copies = []
+    real = A._to_float
+    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))
+    for seed in range(3):
+        copies.clear()
+        got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
+        assert copies == [1, 1], seed
+        p = op.params(sizes, torch.Generator().manual_seed(seed))
+        ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
+        assert torch.equal(got, ref.permute(0, 2, 3, 1)), seed
+
+
+def test_random_affine_bilinear_builds_each_grid_without_stacking_planes(monkeypatch):
+    """The bilinear warp writes each sample's sampling grid plane by plane from its map (a row and a column
+    when the map is axis-aligned, YOLO's translate + scale) instead of stacking two full planes, and
+    computes the inside weight only for samples whose source points leave the image; the pixels stay within
+    a level of torchvision's affine (the reference above), with and without rotation."""
+    from dsc.transforms import resample
+    from dsc.transforms.fused import plan_chain
+
+    stacks = []
+    real = torch.stack
+    monkeypatch.setattr(resample.torch, "stack", lambda *a, **k: stacks.append(1) or real(*a, **k))
+    rng = np.random.default_rng(1)
+    img = torch.from_numpy(rng.integers(0, 256, (5, 40, 60, 3), dtype=np.uint8))
+    for degrees in (0, 20):
+        op = T.RandomAffine(degrees, translate=(0.1, 0.1), scale=(0.5, 1.5), interpolation="bilinear", fill=114,
+                            size=(32, 48))
+        stacks.clear()
+        out = T.Compose([op])({"image": img.clone()}, seed=3)["image"]
+        n = len(stacks)
+        monkeypatch.setattr(resample.torch, "stack", real)
+        plan = plan_chain([op], torch.tensor([[40, 60]]).repeat(5, 1), T.batch_generator(3, 0, 0))
+        ref = _tv_affine(img, plan.matrices, (114, 114, 114), "bilinear", (32, 48))
+        monkeypatch.setattr(resample.torch, "stack", lambda *a, **k: stacks.append(1) or real(*a, **k))
+        assert int((out.int() - ref.int()).abs().max()) <= 1, degrees
+        assert n <= 2, (degrees, n)  # (the corners' extremes: one batched stack, none per sample)
+
+
+def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
+    """RandomPhotometricDistort's brightness and contrast tables (one per sample) map a sample's bytes with
+    PIL's point over them as a greyscale image, not numpy's take (which converts every byte to an index
+    first); small samples keep the take. The bytes are the table's, exactly."""
+    from dsc.transforms import color as C
+
+    g = torch.Generator().manual_seed(4)
+    lut = torch.randint(0, 256, (2, 1, 256), generator=g).float()
+    for shape, takes in (((2, 160, 200, 3), 0), ((2, 9, 7, 3), 2)):
+        x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+        want = torch.stack([lut[b, 0].long()[x[b].long()] for b in range(2)]).to(torch.uint8)
+        calls = []
+        real = np.take
+        monkeypatch.setattr(C.np, "take", lambda *a, **k: calls.append(1) or real(*a, **k))
+        got = C.apply_lut(x.clone(), lut)
+        monkeypatch.setattr(C.np, "take", real)
+        assert torch.equal(got, want) and len(calls) == takes, shape

@@ -269,10 +269,26 @@ class RandomPhotometricDistort(PixelOp):
                     x.copy_(sub)
             else:
                 _put_rows(x, rows, sub)
+
+        def saturation_then_hue(on):  # the two in one float copy (saturation's whole values go on to the hue)
+            rows = on.nonzero().view(-1)
+            if not len(rows):
+                return
+            every = len(rows) == len(x)
+            sub = _to_float(x if every else _take_rows(x, rows))
+            sub = C.hue(C.saturation(sub, p["f2"][rows], 255.0, True), p["f3"][rows], 255.0, True)
+            sub = _to_u8(sub)
+            if every:
+                x.copy_(sub)
+            else:
+                _put_rows(x, rows, sub)
+
+        both = p["on2"] & p["on3"]
         op(0)
         op(1, p["contrast_before"])
-        op(2)
-        op(3)
+        saturation_then_hue(both)
+        op(2, ~both)
+        op(3, ~both)
         op(1, ~p["contrast_before"])
         if x.shape[3] == 3:
             for r in p["permute"].nonzero().view(-1).tolist():  # channel by channel (an indexed gather of the

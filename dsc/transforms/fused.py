@@ -241,6 +241,25 @@ def _resized_region(x: torch.Tensor, size: tuple[int, int], top: int, left: int,
     return canvas
 
 
+def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> None:
+    """``fill`` (a number, or one per channel) written into ``out`` (h, w[, C]) everywhere but the rows
+    part[0]:part[1] x columns part[2]:part[3] (an empty part: everywhere); per channel as one line of the
+    fill copied to every row of a band (a broadcast of the C values themselves is copied value by value,
+    many times slower)."""
+    h, w = out.shape[:2]
+    a0, a1, b0, b1 = part
+    if a1 <= a0 or b1 <= b0:
+        a0 = a1 = b0 = b1 = 0
+    line = full((1, w, *out.shape[2:]), fill, out.dtype, out.device)[0] if isinstance(fill, (tuple, list)) else None
+    for r0, r1, c0, c1 in ((0, a0, 0, w), (a1, h, 0, w), (a0, a1, 0, b0), (a0, a1, b1, w)):
+        if r1 > r0 and c1 > c0:
+            band = out[r0:r1, c0:c1]
+            if line is None:
+                band.fill_(fill)
+            else:
+                band.copy_(line[c0:c1].unsqueeze(0).expand_as(band))
+
+
 def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
                 post=None) -> None:
     """One sample: ``src`` (H, W[, C]) through ``program`` into ``out`` (h, w[, C]); with ``post`` (a
@@ -278,8 +297,27 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             if 0 <= top and top + h <= H and 0 <= left and left + w <= W:
                 x = x[top:top + h, left:left + w]
             else:  # partly outside: a canvas of the fill with the inside part pasted
-                canvas = full((h, w, *x.shape[2:]), cfill, x.dtype, x.device)
                 t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
+                rest = program[k + 1:]
+                if all(step[0] == "flip" for step in rest) and tuple(target.shape[:2]) == (h, w):
+                    # the last step but flips (zoom-out, IoU crop, flip): the target is the canvas, the flips
+                    # placing the pasted part (mirrored) and mirroring it; the fill written only around it
+                    for step in rest:
+                        if step[2]:
+                            fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+                    a0, a1, b0, b1 = t0 - top, t1 - top, l0 - left, l1 - left  # the part, in the canvas
+                    if fh:
+                        a0, a1 = h - a1, h - a0
+                    if fw:
+                        b0, b1 = w - b1, w - b0
+                    if t1 > t0 and l1 > l0:
+                        _fill_around(target, (a0, a1, b0, b1), cfill)
+                        target[a0:a1, b0:b1] = _flip(x[t0:t1, l0:l1], fh, fw)
+                    else:
+                        _fill_around(target, (0, 0, 0, 0), cfill)
+                    done = True
+                    break
+                canvas = full((h, w, *x.shape[2:]), cfill, x.dtype, x.device)
                 if t1 > t0 and l1 > l0:
                     canvas[t0 - top:t1 - top, l0 - left:l1 - left] = x[t0:t1, l0:l1]
                 x = canvas
@@ -290,8 +328,9 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             j = k + 1
             while j < len(program) and program[j][0] == "flip":
                 j += 1
-            if j < len(program) and program[j][0] == "crop" and dwarfs((h, w), tuple(program[j][3:5])) \
-                    and _region_ok(x, nearest):
+            if j < len(program) and program[j][0] == "crop" and _region_ok(x, nearest) and \
+                    (nearest or dwarfs((h, w), tuple(program[j][3:5]))):
+                # (nearest: always, the same source pixels as the whole resize, only the crop's made)
                 for step in program[k + 1:j]:  # the flips between: pending, like the ones before
                     if step[2]:
                         fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)

@@ -108,8 +108,8 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     squeeze = canvas.dim() == 3
     C = 1 if squeeze else canvas.shape[3]
     xi, yi, w, h = _source_coords(M, src_sizes, out_h, out_w, dev, torch.float32)
-    u, v = torch.broadcast_tensors(xi - 0.5, yi - 0.5)  # pixel-index coordinates of the source points
     if mode == "nearest":
+        u, v = torch.broadcast_tensors(xi - 0.5, yi - 0.5)  # pixel-index coordinates of the source points
         rows = canvas.reshape(B * Hm * Wm, C)  # one row of C values per pixel: gathered by a 1-D index
         base = (torch.arange(B, device=dev) * (Hm * Wm)).view(B, 1, 1)
         xs, ys = torch.round(u), torch.round(v)  # grid_sample's nearest: half to even
@@ -142,12 +142,14 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
             out[b] = f.round().clamp(0, 255) if canvas.dtype == torch.uint8 else f.round()
             continue
         src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
-        grid = torch.stack([(gx[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0, (gy[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0], -1)
-        y = F.grid_sample(src, grid.unsqueeze(0), mode="bilinear", padding_mode="zeros",
-                          align_corners=False)[0].permute(1, 2, 0)
+        grid = torch.empty((1, out_h, out_w, 2), dtype=torch.float32, device=dev)  # (each plane written once from
+        grid[0, ..., 0] = (xi[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0  # its row or column when the map is
+        grid[0, ..., 1] = (yi[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0  # axis-aligned: no stack of two planes)
+        y = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0].permute(1, 2, 0)
         (ua, ub), (va, vb) = ((lo - 0.5, hi - 0.5) for lo, hi in ext[b])
         if not (ua >= 0 and ub <= Wb - 1 and va >= 0 and vb <= Hb - 1):  # some points outside: blend with fill
-            ins = torch.minimum(u[b] + 1, Wb - u[b]).clamp_(0, 1).mul_(torch.minimum(v[b] + 1, Hb - v[b]).clamp_(0, 1))
+            u, v = xi[b] - 0.5, yi[b] - 0.5  # (a row and a column when axis-aligned: their product the plane)
+            ins = torch.minimum(u + 1, Wb - u).clamp_(0, 1).mul(torch.minimum(v + 1, Hb - v).clamp_(0, 1))
             y = y.sub_(f).mul_(ins.unsqueeze(-1)).add_(f)
         y = y.round_()
         out[b] = y.clamp_(0, 255) if canvas.dtype == torch.uint8 else y
