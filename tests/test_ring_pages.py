@@ -59,7 +59,9 @@ def test_a_batch_buffer_is_backed_by_huge_pages_so_its_first_write_faults_a_few_
     f0 = _faults()
     again = ring.allocator(0)("torchvision_image", (n // 8,), torch.float32)
     again.fill_(1.0)
-    assert ring.allocations == 1 and ring.huge == 1 and _faults() - f0 <= 2
+    # (a few faults are the interpreter's own small allocations: 6 seen under a full suite; a fresh buffer's
+    # first write would fault hundreds of times at its unaligned ends alone)
+    assert ring.allocations == 1 and ring.huge == 1 and _faults() - f0 < 64
 
 
 def test_small_and_pinned_buffers_are_left_as_they_are():
