@@ -83,7 +83,8 @@ class Manifest:
         the table's object(s) written by ``write(sha256, data)``, a delta of ``parent``'s table when it has one."""
         if self.shard_table is not None:
             return self
-        cols = {"image": tuple(self.shards)}
+        cols = {"image": self.shards if hasattr(self.shards, "entries") else tuple(self.shards)}  # (a compile's: as
+        # its entries, not a spec a shard)
         for name in sorted(self.fields):
             d = self.fields[name]
             if isinstance(d, dict) and d.get("shards") is not None:

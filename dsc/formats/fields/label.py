@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..zarr_v3 import read_plain_array, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import Field, Part, Parts, Reader, Role
 
 from ..names import LABEL as NODE
 from ..problems import Problem, try_read
@@ -24,6 +24,34 @@ class LabelPart(Part):
 
     def pad(self, n: int) -> None:
         self.labels.extend([-1] * n)  # a hole has no class
+
+
+class LabelParts(Parts):
+    """The labels of a compile's units in one flat array by input position (no part object a unit)."""
+
+    def __init__(self, S: int, N: int, K: int):
+        self.S, self.K = S, K
+        self.labels = np.zeros(N, np.int64)
+        self.kept: np.ndarray | None = None
+
+    def add(self, u: int, part: LabelPart, rows: np.ndarray) -> None:
+        self.labels[rows] = np.asarray(part.labels, np.int64)
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def values(self) -> np.ndarray:
+        """Every kept sample's label, in order (once settled)."""
+        return self.labels[self.kept]
+
+    def __len__(self) -> int:
+        return self.S
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        lo = u * self.K
+        return LabelPart(self.labels[lo:lo + self.K][self.kept[lo:lo + self.K]].tolist())
 
 
 class LabelReader(Reader):
@@ -56,6 +84,9 @@ class LabelField(Field):
     def load_part(self, d: dict) -> LabelPart:
         return LabelPart([int(v) for v in d["labels"]])
 
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> LabelParts:
+        return LabelParts(S, N, K)
+
     def rows_part(self, reader: LabelReader, start: int, count: int, shard) -> LabelPart:
         return LabelPart(reader.labels[start:start + count].tolist())
 
@@ -63,7 +94,9 @@ class LabelField(Field):
         return LabelPart()
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        write_plain_array(root, NODE, np.asarray([v for p in parts for v in p.labels], np.int64), ["sample"])
+        labels = parts.values() if isinstance(parts, LabelParts) else np.asarray([v for p in parts for v in p.labels],
+                                                                                 np.int64)
+        write_plain_array(root, NODE, labels, ["sample"])
         return {}
 
     def reader(self, store, m) -> LabelReader:
