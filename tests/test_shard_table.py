@@ -580,3 +580,16 @@ def test_the_compile_holds_no_object_per_unit(tmp_path, monkeypatch):
     assert few == many <= 2, (few, many)
     per_unit = (many_bytes - few_bytes) / 160
     assert per_unit < 1000, per_unit
+
+
+def test_open_reads_no_array_that_grows_with_the_samples(tmp_path, monkeypatch):
+    """Every byte ``dsc.open`` reads (any file, not only the JSON): the same for 20 and 2000 one-sample shards.
+    The labels (8 bytes a sample) are read when first used, and ``live`` (a byte a row) not at all while every row
+    is live (the manifest says so); each slot's shard is still checked to hold its rows when first read."""
+    read = {}
+    for n in (20, 2000):
+        ds, log = reads_at_open(tiny(tmp_path / str(n), n), monkeypatch)
+        read[n] = sum(b for _, b in log)
+        assert ds.labels.tolist() == [i % 10 for i in range(n)]  # (read now)
+        assert ds[n - 1]["label"] == (n - 1) % 10
+    assert abs(read[2000] - read[20]) < 200, read

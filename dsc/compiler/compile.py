@@ -64,6 +64,8 @@ class UnitTasks(Sequence):
     def __init__(self, records, K: int, root: str, options: CompileOptions, fields: tuple, direct=None, s0: int = 0):
         self.records, self.K, self.root, self.options, self.fields = records, K, root, options, fields
         self.direct, self.s0 = direct, s0
+        # the identities the scan found of each unit's objects in a bucket, as they are now (none for local files)
+        self._known = {u: k for u in range(len(self)) if (k := known(r.path for r in records[u * K:(u + 1) * K]))}
 
     def __len__(self) -> int:
         return -(-len(self.records) // self.K)
@@ -78,14 +80,19 @@ class UnitTasks(Sequence):
         start = u * self.K
         recs = self.records[start:start + self.K]
         return UnitTask(self.s0 + u, start, recs, self.root, self.options, self.K, self.fields, self.direct,
-                        known(r.path for r in recs))
+                        self._known.get(u, ()))
 
 
 class UnitInputs(Mapping):
-    """{slot: ``inputs_of`` its unit's records}, each computed when asked (not held for every unit)."""
+    """{slot: ``inputs_of`` its unit's records}, every unit's taken now, before any unit decodes (an input edited
+    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings)."""
 
     def __init__(self, tasks: UnitTasks):
         self.tasks = tasks
+        K, recs = tasks.K, tasks.records
+        self._sha = np.zeros((len(tasks), 32), np.uint8)
+        for u in range(len(tasks)):
+            self._sha[u] = np.frombuffer(bytes.fromhex(inputs_of(recs[u * K:(u + 1) * K])), np.uint8)
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -97,16 +104,14 @@ class UnitInputs(Mapping):
         u = s - self.tasks.s0
         if not 0 <= u < len(self.tasks):
             raise KeyError(s)
-        K = self.tasks.K
-        return inputs_of(self.tasks.records[u * K:(u + 1) * K])
+        return bytes(self._sha[u]).hex()
 
 
 class _Todo(Sequence):
-    """The units still to run (positions in ``tasks``), each made when taken; its input files' fingerprint is
-    taken then too, before the unit decodes (``taken``: what the journal records once it finishes)."""
+    """The units still to run (positions in ``tasks``), each made when taken."""
 
-    def __init__(self, tasks, us: np.ndarray, inputs, taken: dict):
-        self.tasks, self.us, self.inputs, self.taken = tasks, us, inputs, taken
+    def __init__(self, tasks, us: np.ndarray):
+        self.tasks, self.us = tasks, us
 
     def __len__(self) -> int:
         return len(self.us)
@@ -114,10 +119,7 @@ class _Todo(Sequence):
     def __getitem__(self, k):
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
-        t = self.tasks[int(self.us[k])]
-        if t.s not in self.taken:
-            self.taken[t.s] = self.inputs[t.s]
-        return t
+        return self.tasks[int(self.us[k])]
 
 
 def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
@@ -134,7 +136,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     results = UnitResults(S, len(records), K, s0, first.fields if first is not None else ())
     for res in done.values():
         results.add(res)
-    todo = _Todo(tasks, np.asarray([u for u in range(S) if s0 + u not in done], np.int64), inputs, {})
+    todo = _Todo(tasks, np.asarray([u for u in range(S) if s0 + u not in done], np.int64))
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
@@ -151,7 +153,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             for rel, data in (res.files or {}).items():  # (written before the unit is journaled)
                 write_atomic(tmp / check_node_path(rel), data, tmp)
             res.files = None
-            journal.record(res, todo.taken.pop(res.s))
+            journal.record(res, inputs[res.s])
             results.add(res)
             if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
                 on_unit(res)

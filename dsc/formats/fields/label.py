@@ -55,8 +55,16 @@ class LabelParts(Parts):
 
 
 class LabelReader(Reader):
+    """The labels, read whole when first used (not at open: 8 bytes a sample)."""
+
     def __init__(self, store, n: int):
-        self.labels = store.array(NODE, (n,))
+        self._store, self._n, self._labels = store, n, None
+
+    @property
+    def labels(self) -> np.ndarray:
+        if self._labels is None:
+            self._labels = self._store.array(NODE, (self._n,))
+        return self._labels
 
     def sample(self, i: int) -> dict:
         return {"label": int(self.labels[i])}
