@@ -510,7 +510,8 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
     write_plain_array(stage, L.FINGERPRINT, rows.fingerprint, ["sample", "column"])
     opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
     def shard_paths():  # (made one at a time: a list of them held ~400 bytes a shard)
-        yield from (s.path for s in contributions["shards"] if s is not None)
+        shards = contributions["shards"]
+        yield from (shards.paths() if hasattr(shards, "paths") else (s.path for s in shards if s is not None))
         yield from (s["path"] for f in contributions["fields"].values() for s in f.get("shards", ()) if s)
     # (a ragged shard's own zarr.json is implied by its size: not listed, so ``files`` does not grow with the
     # shards; see layout.implied_files)

@@ -76,6 +76,8 @@ class Manifest:
         """Shard files of the image (slots a version does not use are not counted)."""
         if self.shard_table is not None:
             return self.shard_table.ref["shards"]
+        if hasattr(self.shards, "present"):  # (a compile's shards, counted as they were written)
+            return self.shards.present
         return sum(s is not None for s in self.shards)
 
     def with_table(self, parent: "Manifest | None", write) -> "Manifest":

@@ -61,47 +61,63 @@ class PixelsPart(Part):
 
 class PixelsParts(Parts):
     """An image-like field's parts of a compile's units, as flat arrays: each slot's shard-table entry (count,
-    size, SHA-256: ``shardtable.ENTRY`` bytes) and each input's shape and crc32c by position, so that the driver
-    holds ~48 bytes a unit and ~16 a sample, not a part object a unit. Unit ``u`` is slot ``s0 + u``."""
+    size, SHA-256: ``shardtable.ENTRY`` bytes) and each input's crc32c (and, ragged, shape) by position, so that the
+    driver holds ~48 bytes a unit and ~4-16 a sample, not a part object a unit. Unit ``u`` is slot ``s0 + u``."""
 
     def __init__(self, pixels: Pixels, S: int, N: int, K: int, s0: int = 0):
         self.pixels, self.K, self.s0 = pixels, K, s0
-        self.entries = np.zeros((S, ENTRY), np.uint8)
-        self._head = self.entries[:, :16].view("<u8")  # (S, 2): count, nbytes
-        self.shapes = np.zeros((N, pixels.ndim), np.int32)
+        self._buf = bytearray(S * ENTRY)  # (filled by slice: a numpy item assignment a field costs more)
+        self.entries = np.frombuffer(self._buf, np.uint8).reshape(S, ENTRY)
+        self.shapes = None if pixels.fixed else np.zeros((N, pixels.ndim), np.int32)  # (fixed: the layout's)
         self.crc = np.zeros(N, np.uint32)
         self.kept: np.ndarray | None = None
         self._moved: dict[int, str] = {}  # a shard whose path is not its slot's (none that dsc writes)
 
     def add(self, u: int, part: PixelsPart, rows: np.ndarray) -> None:
-        if len(rows):
-            self.shapes[rows] = part.shapes_array()
-            self.crc[rows] = np.asarray(part.crc, np.uint32)
+        n = len(rows)
+        if n:
+            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            self.crc[at] = part.crc
+            if self.shapes is not None:
+                self.shapes[at] = part.shapes_array()
         self.set_shard(u, part.shard)
 
     def settle(self, kept: np.ndarray) -> None:
         self.kept = kept
 
     def set_shard(self, u: int, shard: ShardSpec | None) -> None:
+        at = u * ENTRY
         if shard is None:
-            self.entries[u] = 0
+            self._buf[at:at + ENTRY] = bytes(ENTRY)
             return
-        self._head[u] = shard.count, shard.nbytes
-        self.entries[u, 16:] = np.frombuffer(bytes.fromhex(shard.sha256), np.uint8)
+        self._buf[at:at + ENTRY] = (shard.count.to_bytes(8, "little") + shard.nbytes.to_bytes(8, "little")
+                                    + bytes.fromhex(shard.sha256))
         if shard.path != self.pixels.shard_path(self.s0 + u):
             self._moved[u] = shard.path
 
+    def _head(self, u: int) -> tuple[int, int]:
+        at = u * ENTRY
+        return int.from_bytes(self._buf[at:at + 8], "little"), int.from_bytes(self._buf[at + 8:at + 16], "little")
+
+    def path(self, u: int) -> str:
+        return self._moved.get(u) or self.pixels.shard_path(self.s0 + u)
+
     def shard(self, u: int) -> ShardSpec | None:
-        count, nbytes = (int(v) for v in self._head[u])
+        count, nbytes = self._head(u)
         if count == 0:
             return None
-        return ShardSpec(path=self._moved.get(u) or self.pixels.shard_path(self.s0 + u), count=count, nbytes=nbytes,
-                         sha256=bytes(self.entries[u, 16:]).hex())
+        at = u * ENTRY
+        return ShardSpec.made(self.path(u), count, nbytes, self._buf[at + 16:at + ENTRY].hex())
 
     def rows(self, u: int) -> np.ndarray:
         """The inputs unit ``u``'s samples are (once settled)."""
         lo = u * self.K
         return lo + np.flatnonzero(self.kept[lo:lo + self.K])
+
+    def _shapes(self, rows: np.ndarray) -> np.ndarray:
+        if self.shapes is None:
+            return np.broadcast_to(np.asarray(self.pixels.sample_shape, np.int32), (len(rows), self.pixels.ndim))
+        return self.shapes[rows]
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -110,22 +126,24 @@ class PixelsParts(Parts):
         if isinstance(u, slice):
             return [self[i] for i in range(*u.indices(len(self)))]
         rows = self.rows(u)
-        return PixelsPart(self.pixels, shard=self.shard(u), shapes=[tuple(x) for x in self.shapes[rows].tolist()],
+        return PixelsPart(self.pixels, shard=self.shard(u), shapes=[tuple(x) for x in self._shapes(rows).tolist()],
                           crc=self.crc[rows].tolist())
 
     def finish(self, root: Path, n: int, K: int) -> "ShardList":
         """``finish_pixels`` from the arrays (no part made a unit)."""
-        self.pixels.write_meta(root, n, K, self.shapes[self.kept], self.crc[self.kept])
-        present = np.flatnonzero(self._head[:, 0])
-        return ShardList(self, int(present[-1]) + 1 if len(present) else 0)
+        kept = np.flatnonzero(self.kept)
+        self.pixels.write_meta(root, n, K, self._shapes(kept), self.crc[kept])
+        counts = np.ascontiguousarray(self.entries[:, :8]).view("<u8").reshape(-1)
+        present = np.flatnonzero(counts)
+        return ShardList(self, int(present[-1]) + 1 if len(present) else 0, len(present))
 
 
 class ShardList(Sequence):
     """The shards of a compile's slots as a sequence of ShardSpec / None made on access (``PixelsParts``), which
     ``shardtable.build`` reads as its entries at once (``entries``) rather than a spec a shard."""
 
-    def __init__(self, parts: PixelsParts, S: int):
-        self.parts, self.S = parts, S
+    def __init__(self, parts: PixelsParts, S: int, present: int):
+        self.parts, self.S, self.present = parts, S, present
 
     def __len__(self) -> int:
         return self.S
@@ -138,6 +156,10 @@ class ShardList(Sequence):
         if not 0 <= s < self.S:
             raise IndexError(s)
         return self.parts.shard(s)
+
+    def paths(self):
+        """The path of every shard, in slot order (no spec made)."""
+        return (self.parts.path(s) for s in range(self.S) if self.parts._head(s)[0])
 
     def entries(self) -> np.ndarray | None:
         """(S, ENTRY) uint8: each slot's table entry (None: a shard is not at its slot's path; read it by spec)."""

@@ -35,7 +35,10 @@ class LabelParts(Parts):
         self.kept: np.ndarray | None = None
 
     def add(self, u: int, part: LabelPart, rows: np.ndarray) -> None:
-        self.labels[rows] = np.asarray(part.labels, np.int64)
+        n = len(rows)
+        if n:  # (one run of inputs unless some were skipped: a slice then)
+            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            self.labels[at] = part.labels
 
     def settle(self, kept: np.ndarray) -> None:
         self.kept = kept
@@ -55,10 +58,13 @@ class LabelParts(Parts):
 
 
 class LabelReader(Reader):
-    """The labels, read whole when first used (not at open: 8 bytes a sample)."""
+    """The labels, read whole when first used (not at open: 8 bytes a sample; their metadata is checked then)."""
 
     def __init__(self, store, n: int):
         self._store, self._n, self._labels = store, n, None
+        check = getattr(store, "check_array", None)
+        if check is not None:
+            check(NODE, (n,))
 
     @property
     def labels(self) -> np.ndarray:
