@@ -136,7 +136,8 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     results = UnitResults(S, len(records), K, s0, first.fields if first is not None else ())
     for res in done.values():
         results.add(res)
-    todo = _Todo(tasks, np.asarray([u for u in range(S) if s0 + u not in done], np.int64))
+    us = np.arange(S, dtype=np.int64)
+    todo = _Todo(tasks, us[~np.isin(us, np.asarray(sorted(done), np.int64) - s0)] if done else us)
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
