@@ -410,7 +410,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0, bytes_written=_shard_bytes(manifest),
-                         resumed_units=len(done), decoded=len(records) - sum(min(K, len(records) - s * K) for s in done))
+                         resumed_units=len(done),
+                         decoded=len(records) - sum(min(K, len(records) - s * K) for s in done))
 
 
 def _shard_bytes(m: Manifest) -> int:
