@@ -536,3 +536,60 @@ def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
         assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1}, per  # (was: 10 opens, 1 unlink)
     else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
         assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per
+
+
+def _held_after_units(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
+    """(unit results and field parts alive, bytes traced) when a compile of ``n`` one-sample shards has run its
+    units (before the index arrays and the manifest are written)."""
+    import gc
+    import sys
+    import tracemalloc
+
+    from dsc.compiler.units import UnitResult
+    from dsc.formats.fields import Part
+
+    C = sys.modules["dsc.compiler.compile"]
+    real, seen = C.decode_units, {}
+
+    def decode_units(*a, **k):
+        out = real(*a, **k)
+        gc.collect()
+        seen["objects"] = sum(isinstance(o, (UnitResult, Part)) for o in gc.get_objects())
+        seen["bytes"] = tracemalloc.get_traced_memory()[0] - seen["start"]
+        return out
+
+    tiny(tmp_path / f"warm{n}", 2)  # (what a process makes once: the decoders' capture file, caches)
+    monkeypatch.setattr(C, "decode_units", decode_units)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        seen["start"] = tracemalloc.get_traced_memory()[0]
+        tiny(tmp_path / f"n{n}", n)
+    finally:
+        tracemalloc.stop()
+    return seen["objects"], seen["bytes"]
+
+
+def test_the_compile_holds_no_object_per_unit(tmp_path, monkeypatch):
+    """DESIGN: compile RSS does not grow with the dataset. A unit's result is journaled and folded into flat
+    arrays as it finishes (collect.py): once the units have run, no UnitResult or field part is alive whatever the
+    number of units (it held one of each a unit, ~3 KB), and what the driver holds grows by its per-sample
+    columns only (the scan's records, ~400 bytes a one-sample unit in all; it was ~3.4 KB)."""
+    few, few_bytes = _held_after_units(tmp_path, monkeypatch, 40)
+    many, many_bytes = _held_after_units(tmp_path, monkeypatch, 200)
+    assert few == many <= 2, (few, many)
+    per_unit = (many_bytes - few_bytes) / 160
+    assert per_unit < 1000, per_unit
+
+
+def test_open_reads_no_array_that_grows_with_the_samples(tmp_path, monkeypatch):
+    """Every byte ``dsc.open`` reads (any file, not only the JSON): the same for 20 and 2000 one-sample shards.
+    The labels (8 bytes a sample) are read when first used, and ``live`` (a byte a row) not at all while every row
+    is live (the manifest says so); each slot's shard is still checked to hold its rows when first read."""
+    read = {}
+    for n in (20, 2000):
+        ds, log = reads_at_open(tiny(tmp_path / str(n), n), monkeypatch)
+        read[n] = sum(b for _, b in log)
+        assert ds.labels.tolist() == [i % 10 for i in range(n)]  # (read now)
+        assert ds[n - 1]["label"] == (n - 1) % 10
+    assert abs(read[2000] - read[20]) < 200, read

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from functools import partial
@@ -27,7 +28,7 @@ import numpy as np
 from .._version import __version__
 from ..errors import ConfigError, DscError, SampleError, SourceError, WriteError
 from ..progress import progress_bar
-from ..formats import ImageSpec, Manifest, ResizeSpec, ShardSpec
+from ..formats import ImageSpec, Manifest, ResizeSpec
 from ..formats import layout as L
 from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, MaskField, MaskSpec, ObjectMasksField,
                               ObjectsField, mask_dtype, value_field)
@@ -44,6 +45,7 @@ from .upload import is_ours
 from ..store import open_store
 from ..store.local import write_atomic
 from ..store.paths import check_node_path
+from .collect import UnitResults
 from .staging import Staging, check_output
 from .units import CONTENT, FINGERPRINT_COLUMNS, STAT, UnitResult, UnitTask, compile_unit, worker_init
 from ..formats.manifest import batch_name_problem
@@ -55,19 +57,93 @@ def _stop(key: str, path: str, reason: str) -> SampleError:
                        hint=" (--on-error skip, or on_error='skip', leaves bad inputs out and records them)")
 
 
-def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, fail_fast: bool,
+class UnitTasks(Sequence):
+    """A compile's units as a sequence of ``UnitTask``, each made when asked (a list of them held ~300 bytes a
+    unit for the whole compile): unit u is slot ``s0 + u`` and holds ``records[u*K:(u+1)*K]``."""
+
+    def __init__(self, records, K: int, root: str, options: CompileOptions, fields: tuple, direct=None, s0: int = 0):
+        self.records, self.K, self.root, self.options, self.fields = records, K, root, options, fields
+        self.direct, self.s0 = direct, s0
+        # the identities the scan found of each unit's objects in a bucket, as they are now (none for local files)
+        self._known = {u: k for u in range(len(self)) if (k := known(r.path for r in records[u * K:(u + 1) * K]))}
+
+    def __len__(self) -> int:
+        return -(-len(self.records) // self.K)
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        if u < 0:
+            u += len(self)
+        if not 0 <= u < len(self):
+            raise IndexError(u)
+        start = u * self.K
+        recs = self.records[start:start + self.K]
+        return UnitTask(self.s0 + u, start, recs, self.root, self.options, self.K, self.fields, self.direct,
+                        self._known.get(u, ()))
+
+
+class UnitInputs(Mapping):
+    """{slot: ``inputs_of`` its unit's records}, every unit's taken now, before any unit decodes (an input edited
+    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings)."""
+
+    def __init__(self, tasks: UnitTasks):
+        self.tasks = tasks
+        K, recs = tasks.K, tasks.records
+        self._sha = np.zeros((len(tasks), 32), np.uint8)
+        for u in range(len(tasks)):
+            self._sha[u] = np.frombuffer(bytes.fromhex(inputs_of(recs[u * K:(u + 1) * K])), np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self):
+        return iter(range(self.tasks.s0, self.tasks.s0 + len(self.tasks)))
+
+    def __getitem__(self, s: int) -> str:
+        u = s - self.tasks.s0
+        if not 0 <= u < len(self.tasks):
+            raise KeyError(s)
+        return bytes(self._sha[u]).hex()
+
+
+class _Todo(Sequence):
+    """The units still to run (positions in ``tasks``), each made when taken."""
+
+    def __init__(self, tasks, us: np.ndarray):
+        self.tasks, self.us = tasks, us
+
+    def __len__(self) -> int:
+        return len(self.us)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        return self.tasks[int(self.us[k])]
+
+
+def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
                records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
-               inputs: dict[int, str], executor=None, on_unit=None, tmp: Path | None = None) -> list[UnitResult]:
-    """Run the units not ``done`` (a unit's ``s`` is its shard slot); their results in task order. A unit that
-    uploaded its shards hands back the small files it wrote besides them: they go into ``tmp`` (the staging)."""
-    results: dict[int, UnitResult] = dict(done)
-    by_slot = {t.s: t for t in tasks}
-    todo = [t for t in tasks if t.s not in done]
+               inputs, executor=None, on_unit=None, tmp: Path | None = None) -> UnitResults:
+    """Run the units not ``done`` (a unit's ``s`` is its shard slot, ``tasks[u]`` slot ``tasks[0].s + u`` and
+    inputs ``[u*K, u*K + K)`` of ``records``); every unit's result, folded into a :class:`UnitResults` as it
+    finishes (see collect.py). A unit that uploaded its shards hands back the small files it wrote besides them:
+    they go into ``tmp`` (the staging)."""
+    S = len(tasks)
+    first = tasks[0] if S else None
+    K = first.shard_size if first is not None else 1
+    s0 = first.s if first is not None else 0
+    results = UnitResults(S, len(records), K, s0, first.fields if first is not None else ())
+    for res in done.values():
+        results.add(res)
+    us = np.arange(S, dtype=np.int64)
+    todo = _Todo(tasks, us[~np.isin(us, np.asarray(sorted(done), np.int64) - s0)] if done else us)
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
     # dataset is never pickled), a Dask cluster gets it pickled once per task batch.
     run = partial(compile_unit, source=source)
+    unit_size = lambda s: min(K, len(records) - (s - s0) * K)  # noqa: E731 - inputs of slot s's unit
 
     def consume(it, bar):
         nonlocal written
@@ -79,11 +155,11 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
                 write_atomic(tmp / check_node_path(rel), data, tmp)
             res.files = None
             journal.record(res, inputs[res.s])
-            results[res.s] = res
+            results.add(res)
             if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
                 on_unit(res)
             written += res.nbytes
-            bar.update(len(by_slot[res.s].records))
+            bar.update(unit_size(res.s))
             bar.set_postfix_str(f"{written / 1e6 / max(1e-9, time.perf_counter() - t0):.0f} MB/s", refresh=False)
 
     # The pool forks before the progress bar exists: tqdm starts a monitor thread, and forking a process
@@ -97,11 +173,12 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     try:
         with progress_bar(total=total, unit="img", desc="compile", disable=not progress,
                           dynamic_ncols=True, smoothing=0.1) as bar:
-            bar.update(sum(len(by_slot[s].records) for s in done))
-            if executor is not None and todo:
+            bar.update(sum(unit_size(s) for s in done))
+            if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root)) as it:
+                with closing(cluster.results(executor, list(todo), run, local,
+                                             None if direct else todo[0].root)) as it:
                     consume(it, bar)
             elif pool is not None:
                 consume(pool.imap_unordered(todo, runs=source.shares_reads, then=_then if source.shares_reads else None),
@@ -111,7 +188,7 @@ def _run_units(tasks: list[UnitTask], workers: int, progress: bool, total: int, 
     finally:
         if pool is not None:
             pool.close()
-    return [results[t.s] for t in tasks]
+    return results.settle()
 
 
 def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
@@ -126,28 +203,31 @@ def uploaded_shard_check(url: str, writer: str):
     return lambda spec: is_ours(spec.path, store.stat(spec.path), spec.sha256, spec.nbytes, writer)
 
 
-def fetch_compacted(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int, url: str) -> None:
+def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, url: str) -> None:
     """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit)."""
     u0 = _first_short(results, K)
     if u0 is None:
         return
     store = open_store(url)
-    for r in results[u0:]:
+    for u in range(u0, len(results)):
         for f in fields:
-            spec = getattr(r.parts[f.name], "shard", None) if getattr(f, "pixels", None) is not None else None
+            spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
             if spec is not None and not (tmp / spec.path).is_file():
                 (tmp / spec.path).parent.mkdir(parents=True, exist_ok=True)
                 with open(tmp / spec.path, "wb") as fh:
                     store.download(spec.path, fh, limit=spec.nbytes)
 
 
-def _first_short(results: list[UnitResult], K: int) -> int | None:
+def _first_short(results: UnitResults, K: int) -> int | None:
     """The first unit that skipped inputs left short (the last may be short by itself, unless empty)."""
-    counts = [len(r.kept) for r in results]
-    return next((u for u, c in enumerate(counts) if c < K and (u < len(counts) - 1 or c == 0)), None)
+    counts = results.counts
+    short = np.flatnonzero(counts < K)
+    if len(short) and short[-1] == len(counts) - 1 and counts[-1] > 0:
+        short = short[:-1]
+    return int(short[0]) if len(short) else None
 
 
-def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K: int) -> None:
+def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int) -> None:
     """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
     copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
     u0 = _first_short(results, K)
@@ -159,11 +239,13 @@ def _compact(tmp: Path, results: list[UnitResult], fields: tuple[Field, ...], K:
         if pixels is None:
             continue
         shutil.rmtree(scratch, ignore_errors=True)  # an interrupted compaction (then resumed) starts over
-        parts = [r.parts[f.name] for r in results]
-        specs = pixels.compact(tmp, scratch, [p.shard for p in parts], [p.shapes_array() for p in parts], K, u0)
-        shards = [p.shard for p in parts[:u0]] + specs
-        for u, p in enumerate(parts):  # the shard grid is the same for every field; records move, not change
-            p.shard = shards[u] if u < len(shards) else None
+        parts = results.parts[f.name]  # (from u0 on, a part object a unit: only after skipped inputs)
+        later = parts[u0:]
+        specs = pixels.compact(tmp, scratch, [None] * u0 + [p.shard for p in later],
+                               [None] * u0 + [p.shapes_array() for p in later], K, u0)
+        del later
+        for u in range(u0, len(parts)):  # the shard grid is the same for every field; records move, not change
+            parts.set_shard(u, specs[u - u0] if u - u0 < len(specs) else None)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -181,7 +263,7 @@ def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, o
             _write_error_report(options.error_report, [(e.key, e.path, e.reason)])
         raise
     bad = [(k, k, r) for k, r in scanned.invalid] + [
-        (records[i].key, where(records[i]), reason) for r in results for i, reason in r.errors]
+        (records[i].key, where(records[i]), reason) for i, reason in results.errors]
     if options.error_report:
         _write_error_report(options.error_report, bad)
     return results, bad
@@ -190,10 +272,10 @@ def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, o
 SHOWN_WARNINGS = 20  # lines of decode_warnings handed to ``warn``; the rest are counted
 
 
-def decode_warnings(results: list[UnitResult], records: list, warn=None) -> tuple[str, ...]:
+def decode_warnings(results: UnitResults, records: list, warn=None) -> tuple[str, ...]:
     """What decoding the compiled inputs said (Pillow's warnings, the C libraries' stderr), one line per
     message naming its file, in input order; the first lines also go to ``warn``, then a count."""
-    lines = tuple(f"{where(records[i])}: {message}" for r in results for i, message in r.warnings)
+    lines = tuple(f"{where(records[i])}: {message}" for i, message in results.warnings)
     if warn is not None:
         for line in lines[:SHOWN_WARNINGS]:
             warn(line)
@@ -294,10 +376,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                           shard_ok=uploaded_shard_check(*direct) if direct else None)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
-        tasks = [UnitTask(s, start, records[start:start + K], "" if direct else str(tmp), unit_options, K, fields,
-                          direct, known(r.path for r in records[start:start + K]))
-                 for s, start in enumerate(range(0, len(records), K))]
-        inputs = {t.s: inputs_of(t.records) for t in tasks}
+        tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
+        inputs = UnitInputs(tasks)
         done = {}
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
             if warn is not None:
@@ -314,7 +394,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                                     None if direct else on_unit, tmp)
         said = decode_warnings(results, records, warn)
         skipped = tuple({"key": k, "reason": r} for k, _, r in bad)
-        kept = np.concatenate([r.kept for r in results])
+        kept = results.kept_rows()
         if len(kept) == 0:
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
@@ -330,7 +410,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise WriteError.writing(e.filename or tmp, e) from None
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0, bytes_written=_shard_bytes(manifest),
-                         resumed_units=len(done), decoded=sum(len(t.records) for t in tasks if t.s not in done))
+                         resumed_units=len(done),
+                         decoded=len(records) - sum(min(K, len(records) - s * K) for s in done))
 
 
 def _shard_bytes(m: Manifest) -> int:
@@ -343,7 +424,11 @@ def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> 
     if scanned.classes or scanned.task not in ("classification", "detection"):
         return scanned.classes
     if scanned.task == "classification":
-        top = max((max(p.labels, default=-1) for p in label_parts), default=-1)
+        if hasattr(label_parts, "values"):  # (a compile's labels in one array)
+            values = label_parts.values()
+            top = int(values.max()) if len(values) else -1
+        else:
+            top = max((max(p.labels, default=-1) for p in label_parts), default=-1)
     else:
         top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
@@ -373,9 +458,13 @@ class Rows:
                                                                    "stat", "live")))
 
     @classmethod
-    def compiled(cls, records, kept: np.ndarray, results: list[UnitResult]) -> "Rows":
-        """The rows of freshly compiled samples (``kept``: their records' indices)."""
-        cat = lambda name: np.concatenate([getattr(r, name) for r in results]) if results else None  # noqa: E731
+    def compiled(cls, records, kept: np.ndarray, results) -> "Rows":
+        """The rows of freshly compiled samples (``kept``: their records' indices; ``results`` a
+        :class:`UnitResults` of them all, or their units' results in order)."""
+        if isinstance(results, UnitResults):
+            cat = lambda name: getattr(results, name)[kept]  # noqa: E731
+        else:
+            cat = lambda name: np.concatenate([getattr(r, name) for r in results]) if results else None  # noqa: E731
         inputs = cat("inputs")
         digests = np.asarray([record_digest(records[i]) for i in kept],
                              np.int64).reshape(-1, 1)
@@ -383,14 +472,14 @@ class Rows:
                    np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))
 
 
-def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: list[UnitResult],
+def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: UnitResults,
               kept: np.ndarray, fields: tuple[Field, ...], K: int, skipped: tuple[dict, ...]) -> Manifest:
     """A fresh compile's version 0: every row a sample, in input order."""
     rows = Rows.compiled(scanned.records, kept, results)
-    parts = {f.name: [r.parts[f.name] for r in results] for f in fields}
+    parts = results.parts  # (each field's parts as the units left them: flat arrays where the kind keeps them so)
     version = {"number": 0, "parent": None, "operation": "compile"}
     m = write_version(tmp, tmp, scanned, options, fields, parts, rows, K, skipped, version,
-                      _classes(scanned, [p for p in parts.get("label", [])], [p for p in parts.get("objects", [])]))
+                      _classes(scanned, parts.get("label", []), parts.get("objects", [])))
     summary = {"samples": m.num_samples, "added": m.num_samples, "removed": 0, "changed": 0, "relabelled": 0,
                "decoded": m.num_samples, "skipped": len(skipped)}
     versions.write_stat(tmp, 0, rows.stat)
@@ -422,12 +511,13 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
     write_group(stage, L.INPUTS, {"fingerprint_columns": list(FINGERPRINT_COLUMNS)})
     write_plain_array(stage, L.FINGERPRINT, rows.fingerprint, ["sample", "column"])
     opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
-    shard_specs = [s for s in contributions["shards"] if s is not None] + [
-        ShardSpec.from_dict(s) for f in contributions["fields"].values() for s in f.get("shards", ()) if s]
+    def shard_paths():  # (made one at a time: a list of them held ~400 bytes a shard)
+        shards = contributions["shards"]
+        yield from (shards.paths() if hasattr(shards, "paths") else (s.path for s in shards if s is not None))
+        yield from (s["path"] for f in contributions["fields"].values() for s in f.get("shards", ()) if s)
     # (a ragged shard's own zarr.json is implied by its size: not listed, so ``files`` does not grow with the
     # shards; see layout.implied_files)
-    files = file_checksums(stage, {s.path for s in shard_specs},
-                           {s.path.rsplit("/c/", 1)[0] for s in shard_specs if "/values/" in s.path})
+    files = file_checksums(stage, shard_paths(), {p.rsplit("/c/", 1)[0] for p in shard_paths() if "/values/" in p})
     manifest = Manifest(
         format_version=Manifest.version_for(contributions["fields"]), dsc_version=__version__, task=scanned.task,
         num_samples=int(rows.live.sum()), shard_size=K, classes=classes, category_ids=scanned.category_ids,

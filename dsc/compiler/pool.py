@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import pickle
-from collections import deque
 from multiprocessing.connection import wait
 
 from ..errors import DscError
@@ -99,13 +98,14 @@ class _Queue:
     """Tasks in order, to whichever worker asks."""
 
     def __init__(self, tasks):
-        self.todo = deque(tasks)
+        self._it = iter(tasks)  # (taken as sent: a compile's tasks are made one at a time)
+        self._next = next(self._it, None)
 
     def peek(self, w: int):
-        return self.todo[0] if self.todo else None
+        return self._next
 
     def take(self, w: int) -> None:
-        self.todo.popleft()
+        self._next = next(self._it, None)
 
     def after(self, w: int):
         return None

@@ -9,7 +9,7 @@ from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
 from .names import *  # noqa: F401,F403 - every node's name: layout.IMAGE, layout.LABEL... (their home is names.py)
 from .names import IMAGE
-from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, read_node_json, read_plain_array
+from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, plain_array_meta, read_node_json, read_plain_array
 from ..store import Store
 
 def table_specs(table) -> list[ShardSpec]:
@@ -144,6 +144,13 @@ class Arrays:
         if arr.shape != tuple(shape):
             raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
         return arr
+
+    def check_array(self, rel: str, shape: tuple) -> None:
+        """What ``array`` checks of ``rel`` before its data: its metadata, and that it has ``shape`` (at open, for
+        an array read when first used)."""
+        got, _ = plain_array_meta(self.dir, rel)
+        if got != tuple(shape):
+            raise CorruptDatasetError(f"{self.root}/{rel} has shape {got}, expected {tuple(shape)}")
 
     def map(self, rel: str, nbytes: int):
         return self.dir.map(rel, nbytes)

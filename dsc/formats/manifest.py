@@ -76,6 +76,8 @@ class Manifest:
         """Shard files of the image (slots a version does not use are not counted)."""
         if self.shard_table is not None:
             return self.shard_table.ref["shards"]
+        if hasattr(self.shards, "present"):  # (a compile's shards, counted as they were written)
+            return self.shards.present
         return sum(s is not None for s in self.shards)
 
     def with_table(self, parent: "Manifest | None", write) -> "Manifest":
@@ -83,7 +85,8 @@ class Manifest:
         the table's object(s) written by ``write(sha256, data)``, a delta of ``parent``'s table when it has one."""
         if self.shard_table is not None:
             return self
-        cols = {"image": tuple(self.shards)}
+        cols = {"image": self.shards if hasattr(self.shards, "entries") else tuple(self.shards)}  # (a compile's: as
+        # its entries, not a spec a shard)
         for name in sorted(self.fields):
             d = self.fields[name]
             if isinstance(d, dict) and d.get("shards") is not None:

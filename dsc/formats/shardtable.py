@@ -79,6 +79,10 @@ def entry_rows(columns: list[tuple[ShardSpec | None, ...]], S: int) -> np.ndarra
     out = np.zeros((S, len(columns), ENTRY), np.uint8)
     head = out[:, :, :16].view("<u8")  # (S, C, 2): count, nbytes
     for c, col in enumerate(columns):
+        entries = col.entries() if hasattr(col, "entries") else None  # (a compile's column: its entries at once)
+        if entries is not None:
+            out[:len(entries), c] = entries
+            continue
         for s, spec in enumerate(col):
             if spec is not None:
                 head[s, c, 0], head[s, c, 1] = spec.count, spec.nbytes

@@ -36,14 +36,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_checksums(root: Path, exclude: set[str], implied: set[str] = frozenset()) -> dict:
+def file_checksums(root: Path, exclude, implied: set[str] = frozenset()) -> dict:
     """{relative path: {"nbytes", "sha256"}} of every file under root except the root zarr.json, the
-    shards (``exclude``), the folders ``implied`` (a ragged shard's slot folder: its shard and the zarr.json its
-    size implies) and hidden entries (the journal). The chunk folders that hold only shards (``image/c``,
-    ``image/values/<s>/c``) are not walked: a compile's fixed cost would otherwise grow by a directory walk a
-    shard."""
+    shards (``exclude``: their paths, read once), the folders ``implied`` (a ragged shard's slot folder: its shard
+    and the zarr.json its size implies) and hidden entries (the journal). The chunk folders that hold only shards
+    (``image/c``, ``image/values/<s>/c``) are not walked: a compile's fixed cost would otherwise grow by a
+    directory walk a shard."""
     out = {}
-    prune = {rel.rsplit("/c/", 1)[0] + "/c" for rel in exclude if "/c/" in rel} | set(implied)
+    prune, kept_out = set(implied), set()
+    for rel in exclude:
+        if "/c/" in rel:
+            prune.add(rel.rsplit("/c/", 1)[0] + "/c")
+        else:
+            kept_out.add(rel)
+    exclude = kept_out
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath).relative_to(root).as_posix()
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_"))

@@ -179,9 +179,8 @@ def read_array_meta(root, rel: str) -> dict:
     return meta
 
 
-def read_plain_array(root, rel: str) -> np.ndarray:
-    """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
-
+def plain_array_meta(root, rel: str) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of an array written by :func:`write_plain_array`, its metadata checked (its data not read)."""
     root = as_root(root)
     meta = read_array_meta(root, rel)
     shape = tuple(meta["shape"])
@@ -192,6 +191,14 @@ def read_plain_array(root, rel: str) -> np.ndarray:
     if (meta["chunk_grid"]["configuration"]["chunk_shape"] != [max(1, s) for s in shape]
             or len(codecs) != 1 or codecs[0].get("name") != "bytes"):
         raise CorruptDatasetError(f"{root / rel}: expected one uncompressed chunk")
+    return shape, dtype
+
+
+def read_plain_array(root, rel: str) -> np.ndarray:
+    """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
+
+    root = as_root(root)
+    shape, dtype = plain_array_meta(root, rel)
     if 0 in shape:
         return np.zeros(shape, dtype)
     return root.fromfile(f"{rel}/{chunk_key(len(shape))}", dtype, int(np.prod(shape)) * dtype.itemsize).reshape(shape)

@@ -66,6 +66,20 @@ def _rows_needed(live: np.ndarray, K: int, slots: int) -> np.ndarray:
     return np.where(grid.any(axis=1), K - np.argmax(grid[:, ::-1], axis=1), 0).astype(np.int64)
 
 
+class _FullSlots:
+    """``_rows_needed`` of a version whose rows are all live, without its ``live`` array: slot s's shard holds
+    its K rows (the last slot, the rest)."""
+
+    def __init__(self, K: int, rows: int):
+        self.K, self.rows = K, rows
+
+    def __len__(self) -> int:
+        return -(-self.rows // self.K)
+
+    def __getitem__(self, s: int) -> int:
+        return max(0, min(self.K, self.rows - int(s) * self.K))
+
+
 class Dataset(torch.utils.data.Dataset):
     """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification),
     ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
@@ -111,7 +125,12 @@ class Dataset(torch.utils.data.Dataset):
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self._rows = None  # logical sample -> row (None: the same)
-        if m.versioned:
+        if m.versioned and m.num_samples == m.num_rows and m.shard_table is not None:  # every row live: ``live``
+            # says nothing the manifest does not (not read at open: a byte a row; `dsc verify` checks it); each slot's
+            # shard is checked to hold its rows when first read
+            for px in self._pixel_readers():
+                px.need = _FullSlots(m.shard_size, m.num_rows)
+        elif m.versioned:
             live = self.storage.array(L.LIVE, (m.num_rows,))
             if int(live.sum()) != m.num_samples:
                 raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
@@ -130,12 +149,17 @@ class Dataset(torch.utils.data.Dataset):
         for name in self.schema.pixels():  # every image-like field has the image's geometry, sample by sample
             if name != "image" and name in self.readers:
                 ImageField.same_geometry(self._image, self.readers[name], str(self.path))
-        self.labels: torch.Tensor | None = None
-        if "label" in self.readers:
-            labels = self.readers["label"].labels
-            self.labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
+        self._labels: torch.Tensor | None = None
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        """(N,) int64 class index of every sample (classification; None otherwise), read when first asked for."""
+        if self._labels is None and "label" in self.readers:
+            labels = self.readers["label"].labels
+            self._labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
+        return self._labels
 
     def _open_local(self, version, tag) -> Storage:
         root = Root(self.path)  # every later read is relative to this directory: one dataset, never a mix

@@ -14,6 +14,7 @@ Everything here is numpy and JSON: the compiler and the runtime both build on it
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -110,6 +111,35 @@ class Part:
         raise NotImplementedError
 
 
+class Parts(Sequence):
+    """Every compile unit's part of one field, gathered as the units finish (in any order: ``add``) and read back
+    in unit order (what ``Field.finish`` takes). This one keeps each unit's part; a field whose parts are a few
+    numbers a sample keeps those in flat arrays instead (``Field.collect``), so that a compile of many small
+    units holds no object per unit. ``S`` units; unit u holds inputs ``[u*K, u*K + K)`` of ``N``."""
+
+    def __init__(self, S: int, N: int = 0, K: int = 1):
+        self._parts: list = [None] * S
+
+    def add(self, u: int, part: Part, rows: np.ndarray) -> None:
+        """Unit ``u``'s part; ``rows``: the inputs (0..N-1) its samples are, in order."""
+        self._parts[u] = part
+
+    def settle(self, kept: np.ndarray) -> None:
+        """Every unit is in; ``kept`` (N,) bool says which inputs became samples."""
+
+    def set_shard(self, u: int, shard) -> None:
+        """A compaction moved unit ``u``'s shard (image-like fields)."""
+        self._parts[u].shard = shard
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        return self._parts[u]
+
+
 class Field:
     """Base of every field kind. ``name`` is its key in samples and batches."""
 
@@ -132,6 +162,11 @@ class Field:
 
     def load_part(self, d: dict) -> Part:
         raise NotImplementedError
+
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> Parts:
+        """Where a compile gathers this field's parts of its ``S`` units (the first is slot ``s0``) as they finish
+        (see :class:`Parts`)."""
+        return Parts(S, N, K)
 
     def finish(self, root: Path, parts: list[Part], n: int, K: int) -> dict:
         """Write the field's arrays from every unit's part (in unit order, shards already compacted);

@@ -5,12 +5,14 @@ shards, which define the dataset's shard grid). Per-sample crc32c at ``checksums
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from ..shardtable import ENTRY
 from ..specs import ImageSpec, ResizeSpec, ShardSpec
-from .base import Field, Part, Reader, Role
+from .base import Field, Part, Parts, Reader, Role
 from .pixels import Pixels
 from ...errors import CorruptDatasetError
 
@@ -57,8 +59,117 @@ class PixelsPart(Part):
                    shapes=[tuple(s) for s in d["shapes"]], crc=[int(c) for c in d["crc"]])
 
 
+class PixelsParts(Parts):
+    """An image-like field's parts of a compile's units, as flat arrays: each slot's shard-table entry (count,
+    size, SHA-256: ``shardtable.ENTRY`` bytes) and each input's crc32c (and, ragged, shape) by position, so that the
+    driver holds ~48 bytes a unit and ~4-16 a sample, not a part object a unit. Unit ``u`` is slot ``s0 + u``."""
+
+    def __init__(self, pixels: Pixels, S: int, N: int, K: int, s0: int = 0):
+        self.pixels, self.K, self.s0 = pixels, K, s0
+        self._buf = bytearray(S * ENTRY)  # (filled by slice: a numpy item assignment a field costs more)
+        self.entries = np.frombuffer(self._buf, np.uint8).reshape(S, ENTRY)
+        self.shapes = None if pixels.fixed else np.zeros((N, pixels.ndim), np.int32)  # (fixed: the layout's)
+        self.crc = np.zeros(N, np.uint32)
+        self.kept: np.ndarray | None = None
+        self._moved: dict[int, str] = {}  # a shard whose path is not its slot's (none that dsc writes)
+
+    def add(self, u: int, part: PixelsPart, rows: np.ndarray) -> None:
+        n = len(rows)
+        if n:
+            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            self.crc[at] = part.crc
+            if self.shapes is not None:
+                self.shapes[at] = part.shapes_array()
+        self.set_shard(u, part.shard)
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def set_shard(self, u: int, shard: ShardSpec | None) -> None:
+        at = u * ENTRY
+        if shard is None:
+            self._buf[at:at + ENTRY] = bytes(ENTRY)
+            return
+        self._buf[at:at + ENTRY] = (shard.count.to_bytes(8, "little") + shard.nbytes.to_bytes(8, "little")
+                                    + bytes.fromhex(shard.sha256))
+        if shard.path != self.pixels.shard_path(self.s0 + u):
+            self._moved[u] = shard.path
+
+    def _head(self, u: int) -> tuple[int, int]:
+        at = u * ENTRY
+        return int.from_bytes(self._buf[at:at + 8], "little"), int.from_bytes(self._buf[at + 8:at + 16], "little")
+
+    def path(self, u: int) -> str:
+        return self._moved.get(u) or self.pixels.shard_path(self.s0 + u)
+
+    def shard(self, u: int) -> ShardSpec | None:
+        count, nbytes = self._head(u)
+        if count == 0:
+            return None
+        at = u * ENTRY
+        return ShardSpec.made(self.path(u), count, nbytes, self._buf[at + 16:at + ENTRY].hex())
+
+    def rows(self, u: int) -> np.ndarray:
+        """The inputs unit ``u``'s samples are (once settled)."""
+        lo = u * self.K
+        return lo + np.flatnonzero(self.kept[lo:lo + self.K])
+
+    def _shapes(self, rows: np.ndarray) -> np.ndarray:
+        if self.shapes is None:
+            return np.broadcast_to(np.asarray(self.pixels.sample_shape, np.int32), (len(rows), self.pixels.ndim))
+        return self.shapes[rows]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        rows = self.rows(u)
+        return PixelsPart(self.pixels, shard=self.shard(u), shapes=[tuple(x) for x in self._shapes(rows).tolist()],
+                          crc=self.crc[rows].tolist())
+
+    def finish(self, root: Path, n: int, K: int) -> "ShardList":
+        """``finish_pixels`` from the arrays (no part made a unit)."""
+        kept = np.flatnonzero(self.kept)
+        self.pixels.write_meta(root, n, K, self._shapes(kept), self.crc[kept])
+        counts = np.ascontiguousarray(self.entries[:, :8]).view("<u8").reshape(-1)
+        present = np.flatnonzero(counts)
+        return ShardList(self, int(present[-1]) + 1 if len(present) else 0, len(present))
+
+
+class ShardList(Sequence):
+    """The shards of a compile's slots as a sequence of ShardSpec / None made on access (``PixelsParts``), which
+    ``shardtable.build`` reads as its entries at once (``entries``) rather than a spec a shard."""
+
+    def __init__(self, parts: PixelsParts, S: int, present: int):
+        self.parts, self.S, self.present = parts, S, present
+
+    def __len__(self) -> int:
+        return self.S
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(self)))]
+        if s < 0:
+            s += self.S
+        if not 0 <= s < self.S:
+            raise IndexError(s)
+        return self.parts.shard(s)
+
+    def paths(self):
+        """The path of every shard, in slot order (no spec made)."""
+        return (self.parts.path(s) for s in range(self.S) if self.parts._head(s)[0])
+
+    def entries(self) -> np.ndarray | None:
+        """(S, ENTRY) uint8: each slot's table entry (None: a shard is not at its slot's path; read it by spec)."""
+        return None if self.parts._moved else self.parts.entries[:self.S]
+
+
 def finish_pixels(pixels: Pixels, root: Path, parts: list[PixelsPart], n: int, K: int) -> tuple[ShardSpec, ...]:
     """The metadata of an image-like field once its shards are written (and compacted)."""
+    if isinstance(parts, PixelsParts):
+        return parts.finish(root, n, K)
     shapes = np.concatenate([p.shapes_array() for p in parts])
     crc = np.concatenate([np.asarray(p.crc, np.uint32) for p in parts])
     pixels.write_meta(root, n, K, shapes, crc)
@@ -137,6 +248,9 @@ class ImageField(Field):
 
     def load_part(self, d: dict) -> PixelsPart:
         return PixelsPart.from_json(self.pixels, d)
+
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> PixelsParts:
+        return PixelsParts(self.pixels, S, N, K, s0)
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         return {"image": self.spec, "resize": self.resize, "shards": finish_pixels(self.pixels, root, parts, n, K)}

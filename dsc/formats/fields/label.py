@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..zarr_v3 import read_plain_array, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import Field, Part, Parts, Reader, Role
 
 from ..names import LABEL as NODE
 from ..problems import Problem, try_read
@@ -26,9 +26,51 @@ class LabelPart(Part):
         self.labels.extend([-1] * n)  # a hole has no class
 
 
+class LabelParts(Parts):
+    """The labels of a compile's units in one flat array by input position (no part object a unit)."""
+
+    def __init__(self, S: int, N: int, K: int):
+        self.S, self.K = S, K
+        self.labels = np.zeros(N, np.int64)
+        self.kept: np.ndarray | None = None
+
+    def add(self, u: int, part: LabelPart, rows: np.ndarray) -> None:
+        n = len(rows)
+        if n:  # (one run of inputs unless some were skipped: a slice then)
+            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            self.labels[at] = part.labels
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def values(self) -> np.ndarray:
+        """Every kept sample's label, in order (once settled)."""
+        return self.labels[self.kept]
+
+    def __len__(self) -> int:
+        return self.S
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        lo = u * self.K
+        return LabelPart(self.labels[lo:lo + self.K][self.kept[lo:lo + self.K]].tolist())
+
+
 class LabelReader(Reader):
+    """The labels, read whole when first used (not at open: 8 bytes a sample; their metadata is checked then)."""
+
     def __init__(self, store, n: int):
-        self.labels = store.array(NODE, (n,))
+        self._store, self._n, self._labels = store, n, None
+        check = getattr(store, "check_array", None)
+        if check is not None:
+            check(NODE, (n,))
+
+    @property
+    def labels(self) -> np.ndarray:
+        if self._labels is None:
+            self._labels = self._store.array(NODE, (self._n,))
+        return self._labels
 
     def sample(self, i: int) -> dict:
         return {"label": int(self.labels[i])}
@@ -56,6 +98,9 @@ class LabelField(Field):
     def load_part(self, d: dict) -> LabelPart:
         return LabelPart([int(v) for v in d["labels"]])
 
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> LabelParts:
+        return LabelParts(S, N, K)
+
     def rows_part(self, reader: LabelReader, start: int, count: int, shard) -> LabelPart:
         return LabelPart(reader.labels[start:start + count].tolist())
 
@@ -63,7 +108,9 @@ class LabelField(Field):
         return LabelPart()
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        write_plain_array(root, NODE, np.asarray([v for p in parts for v in p.labels], np.int64), ["sample"])
+        labels = parts.values() if isinstance(parts, LabelParts) else np.asarray([v for p in parts for v in p.labels],
+                                                                                 np.int64)
+        write_plain_array(root, NODE, labels, ["sample"])
         return {}
 
     def reader(self, store, m) -> LabelReader:

@@ -17,7 +17,7 @@ from ...errors import CorruptDatasetError
 from ..specs import LAYOUTS, ShardSpec, check_spec_keys
 from ..zarr_v3 import check_node_path
 from .base import Field, Role
-from .image import PixelsPart, PixelsReaderField, finish_pixels, pixels_rows_part
+from .image import PixelsPart, PixelsParts, PixelsReaderField, finish_pixels, pixels_rows_part
 from .pixels import Pixels
 from ..problems import Problem
 
@@ -125,6 +125,9 @@ class MaskField(Field):
 
     def load_part(self, d: dict) -> PixelsPart:
         return PixelsPart.from_json(self.pixels, d)
+
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> PixelsParts:
+        return PixelsParts(self.pixels, S, N, K, s0)
 
     def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
         return pixels_rows_part(self.pixels, reader, start, count, shard)
