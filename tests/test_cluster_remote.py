@@ -751,3 +751,101 @@ def test_webdataset_and_table_on_every_object_store(object_store_url, data, tmp_
     with open_input(url + "/wds/00001.tar") as f:  # by ranges
         f.seek(len(whole) - 700)
         assert f.read() == whole[-700:]
+
+
+_LOG_UNITS = """
+def arm(folder):
+    import os
+    from dsc.compiler import units
+    real = getattr(units, "_unlogged", units.compile_unit)
+    units._unlogged = real
+    def compile_unit(task, source):
+        with open(os.path.join(folder, "units-%d" % os.getpid()), "a") as f:
+            f.write("%d %d\\n" % (task.records[0].row, task.then[0].row if task.then else -1))
+        return real(task, source)
+    units.compile_unit = compile_unit
+
+def disarm():
+    from dsc.compiler import units
+    units.compile_unit = getattr(units, "_unlogged", units.compile_unit)
+"""
+
+
+def test_a_cluster_reads_each_parquet_row_group_about_once_and_ahead(s3, cluster, tmp_path, monkeypatch):
+    """On a Dask cluster, units of one Parquet row group go to one worker as in the local pool: each worker runs
+    a contiguous run of units, told the unit it runs next (read ahead), so the server is asked for each row
+    group's image chunk about once, not once per worker as when Dask handed the units out in order."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+    import threading
+
+    import numpy as np
+    from moto.s3.responses import S3Response
+    from PIL import Image
+
+    client, workers = cluster
+    rng = np.random.default_rng(6)
+    images = []
+    for _ in range(96):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(b, "PNG")
+        images.append(b.getvalue())
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(96)]}), path, row_group_size=16)
+    open_store("s3://dsc-src/daskruns").put("t.parquet", path.read_bytes())
+    meta = pq.ParquetFile(path).metadata
+    image_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
+                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(0)]}
+    asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests)
+    real = S3Response._handle_range_header
+
+    def counted(self, request, headers, content):
+        if request.path.endswith("/daskruns/t.parquet"):
+            with lock:
+                asked.append(int(request.headers["range"].split("=")[1].split("-")[0]))
+        return real(self, request, headers, content)
+    monkeypatch.setattr(S3Response, "_handle_range_header", counted)
+    scope: dict = {}
+    exec(_LOG_UNITS, scope)
+    logs = workers / "unit-logs"
+    logs.mkdir()
+    client.run(scope["arm"], str(logs))
+    try:
+        r = dsc.compile_table("s3://dsc-src/daskruns/t.parquet", "s3://dsc-out/daskruns", executor=client,
+                              cache_dir=str(tmp_path / "cache"), **{**OPTS, "shard_size": 4})  # 24 units, 4 a group
+    finally:
+        client.run(scope["disarm"])
+    ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
+    assert samples(dsc.open(r.path, cache_dir=tmp_path / "c")) == samples(dsc.open(ref.path))
+    group_reads = [a for a in asked if a in image_chunks]
+    assert set(group_reads) == image_chunks
+    assert len(group_reads) <= len(image_chunks) + 2, sorted(group_reads)  # (in order: about 2 x 6)
+    runs = [[tuple(map(int, line.split())) for line in p.read_text().splitlines()] for p in logs.iterdir()]
+    assert sorted(first for run in runs for first, _ in run) == list(range(0, 96, 4))  # every unit once
+    told = [nxt for run in runs for _, nxt in run if nxt >= 0]
+    assert len(told) >= 24 - 2 * len(runs)  # every unit told its worker's next, but a run's last
+    for run in runs:  # (a worker's units in a row, each told the next it ran, unless a unit was taken over)
+        for (first, nxt), (first2, _) in zip(run, run[1:]):
+            assert nxt == first2 or nxt == -1 or first2 > nxt, run
+
+
+def test_a_unit_is_told_only_where_its_next_unit_reads():
+    """``then`` carries the next unit's paths and rows (all a prefetch reads), not its keys, labels, targets or
+    value fields: a task does not pickle a second unit's annotations."""
+    import pickle
+
+    from dsc.compiler.compile import _then
+    from dsc.compiler.sources.base import Record
+    from dsc.compiler.units import UnitTask
+
+    def unit(s):
+        return UnitTask(s, 8 * s, [Record(f"t.parquet#{i}", "s3://b/t.parquet", label=i % 3, row=i,
+                                          fields=(("caption", f"the caption of row {i} " * 4),))
+                                   for i in range(8 * s, 8 * s + 8)], "", None, 8, ())
+    a, b = unit(0), unit(1)
+    told = _then(a, b)
+    assert [(r.path, r.row) for r in told.then] == [(r.path, r.row) for r in b.records]
+    assert {(r.key, r.label, r.target, r.fields) for r in told.then} == {("", -1, None, ())}
+    assert len(pickle.dumps(told)) - len(pickle.dumps(a)) < len(pickle.dumps(b.records)) / 3
+    assert _then(a, None) is a
