@@ -849,3 +849,26 @@ def test_a_unit_is_told_only_where_its_next_unit_reads():
     assert {(r.key, r.label, r.target, r.fields) for r in told.then} == {("", -1, None, ())}
     assert len(pickle.dumps(told)) - len(pickle.dumps(a)) < len(pickle.dumps(b.records)) / 3
     assert _then(a, None) is a
+
+
+def _endpoint(_):
+    return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("DSC_TEST_GONE")
+
+
+def test_fresh_workers_see_the_environment_as_it_is_now(monkeypatch):
+    """Workers that read a bucket are forked from a fork server started once per process: they get the parent's
+    environment as it is when the pool starts (an endpoint or credentials set since the server started, a
+    variable removed since), not the server's, which a second compile in the same process would have used."""
+    from dsc.compiler.pool import WorkerPool
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://first.invalid")
+    monkeypatch.setenv("DSC_TEST_GONE", "here")
+    for want, gone in (("http://first.invalid", "here"), ("http://second.invalid", None)):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", want)
+        if gone is None:
+            monkeypatch.delenv("DSC_TEST_GONE")
+        pool = WorkerPool(2, _endpoint, fresh=True)
+        try:
+            assert set(pool.imap_unordered([0, 1])) == {(want, gone)}
+        finally:
+            pool.close()
