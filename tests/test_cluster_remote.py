@@ -820,14 +820,15 @@ def test_a_cluster_reads_each_parquet_row_group_about_once_and_ahead(s3, cluster
     assert samples(dsc.open(r.path, cache_dir=tmp_path / "c")) == samples(dsc.open(ref.path))
     group_reads = [a for a in asked if a in image_chunks]
     assert set(group_reads) == image_chunks
-    assert len(group_reads) <= len(image_chunks) + 2, sorted(group_reads)  # (in order: about 2 x 6)
+    # (in order: about 2 x 6; a run's edge, a unit taken over at the end, or one Dask's work stealing moved to the
+    # other worker can read a group twice)
+    assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)
     runs = [[tuple(map(int, line.split())) for line in p.read_text().splitlines()] for p in logs.iterdir()]
     assert sorted(first for run in runs for first, _ in run) == list(range(0, 96, 4))  # every unit once
     told = [nxt for run in runs for _, nxt in run if nxt >= 0]
     assert len(told) >= 24 - 2 * len(runs)  # every unit told its worker's next, but a run's last
-    for run in runs:  # (a worker's units in a row, each told the next it ran, unless a unit was taken over)
-        for (first, nxt), (first2, _) in zip(run, run[1:]):
-            assert nxt == first2 or nxt == -1 or first2 > nxt, run
+    pairs = [(nxt, first2) for run in runs for (_, nxt), (first2, _) in zip(run, run[1:])]
+    assert sum(nxt == first2 for nxt, first2 in pairs) >= len(pairs) - 4, runs  # and ran it next
 
 
 def test_a_unit_is_told_only_where_its_next_unit_reads():
@@ -872,3 +873,48 @@ def test_fresh_workers_see_the_environment_as_it_is_now(monkeypatch):
             assert set(pool.imap_unordered([0, 1])) == {(want, gone)}
         finally:
             pool.close()
+
+
+_KILL_AT = """
+def arm(marker, key):
+    import os, signal
+    from dsc.compiler import units
+    real = getattr(units, "_unkilled", units.compile_sample)
+    units._unkilled = real
+    def compile_sample(rec, *a, **k):
+        if rec.key == key and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(rec, *a, **k)
+    units.compile_sample = compile_sample
+"""
+
+
+def test_a_worker_killed_in_its_run_of_parquet_units_is_retried_elsewhere(s3, cluster, tmp_path):
+    """Units placed in runs go to their worker by a loose restriction: the unit of a worker killed mid-unit (and
+    the units queued behind it) run on another, and the dataset is the local compile's."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+
+    from PIL import Image
+
+    client, workers = cluster
+    images = []
+    for i in range(48):
+        b = io.BytesIO()
+        Image.new("RGB", (20 + i % 5, 24), (i * 5, 255 - i * 5, 7)).save(b, "PNG")
+        images.append(b.getvalue())
+    path = tmp_path / "k.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(48)]}), path, row_group_size=8)
+    open_store("s3://dsc-src/killruns").put("k.parquet", path.read_bytes())
+    scope: dict = {}
+    exec(_KILL_AT, scope)
+    marker = str(workers / "killed-in-run")
+    client.run(scope["arm"], marker, "k.parquet#13")
+    url = "s3://dsc-out/killruns"
+    r = dsc.compile_table("s3://dsc-src/killruns/k.parquet", url, executor=client, cache_dir=str(tmp_path / "cache"),
+                          **{**OPTS, "shard_size": 4})
+    ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
+    assert os.path.exists(marker) and r.manifest.num_samples == 48
+    assert bucket_shards(url) == shard_files(ref.path)
