@@ -15,7 +15,8 @@ Dask to place, which hands them out in order to whichever worker is free (each r
 worker). The client places them as the local pool does (``pool._Runs``): each worker runs a contiguous run of
 units, a few at once (its threads, and one more to start while a unit uploads), each told the unit its worker
 runs next (``then``: read ahead). A unit goes to its worker by a loose restriction, so a lost worker's unit is
-still retried elsewhere.
+still retried elsewhere (and Dask's work stealing may still move one). The runs are cut for the workers there
+when the compile starts; with none yet (an adaptive cluster scaled to zero), Dask places the units.
 """
 from __future__ import annotations
 
@@ -96,11 +97,12 @@ def results(executor, todo: list, run, inputs: list[str], output: str | None, ru
     ``imap_unordered`` (units sharing reads go to one worker in contiguous runs; see the module docstring)."""
     with connected(executor) as client:
         check_workers_see(client, inputs, output)
+        workers = sorted(client.nthreads().items()) if runs else []  # (address, threads) of each worker there now
+        if workers:  # (none yet, as an adaptive cluster starts: Dask places the units)
+            yield from _in_runs(client, workers, todo, run, then)
+            return
         from dask.distributed import as_completed
 
-        if runs:
-            yield from _in_runs(client, todo, run, then)
-            return
         futures = client.map(run, todo, pure=False)
         try:
             for fut in as_completed(futures):
@@ -116,14 +118,12 @@ def _cancel(client, futures) -> None:
         pass
 
 
-def _in_runs(client, tasks: list, run, then):
-    """``run`` of each task, each worker taking a contiguous run of them (``pool._Runs``), its threads + 1 at
-    once; a task is submitted with ``then(task, the task its worker takes after it)`` when ``then`` is given."""
+def _in_runs(client, workers: list, tasks: list, run, then):
+    """``run`` of each task, each of ``workers`` (address, threads) taking a contiguous run of them
+    (``pool._Runs``), its threads + 1 at once; a task is submitted with ``then(task, the task its worker takes
+    after it)`` when ``then`` is given."""
     from dask.distributed import as_completed
 
-    workers = sorted(client.scheduler_info()["workers"].items())
-    if not workers:
-        raise SourceError("the Dask cluster has no workers: start some (dask worker tcp://scheduler:8786)")
     todo = _Runs(tasks, len(workers))
     owner: dict = {}  # each future in flight: the worker (its index) whose run it came from
     done = as_completed()
@@ -139,8 +139,8 @@ def _in_runs(client, tasks: list, run, then):
         done.add(fut)
 
     try:
-        for w, (_, info) in enumerate(workers):
-            for _ in range(max(1, int(info.get("nthreads", 1))) + 1):
+        for w, (_, threads) in enumerate(workers):
+            for _ in range(max(1, int(threads)) + 1):
                 submit(w)
         for fut in done:
             w = owner.pop(fut)
