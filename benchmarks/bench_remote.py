@@ -68,21 +68,27 @@ def _random_epochs(ds, epochs: int = 20) -> float:
     return (time.perf_counter() - t0) / epochs
 
 
-def _server(log=None) -> tuple[subprocess.Popen, str]:
-    """moto's S3 server in its own process; ``log``: a file its request log (one line a request) goes to."""
+def _server(log=None, tls: bool = False) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in its own process; ``log``: a file its request log (one line a request) goes to. ``tls``:
+    served over https with a certificate made up on the spot (a client must be told to accept it:
+    ``AWS_ALLOW_INVALID_CERTIFICATES=true``), as a real bucket is reached."""
+    import ssl
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+                            + (["--ssl"] if tls else []),
                             stdout=subprocess.DEVNULL, stderr=log if log is not None else subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    context = ssl._create_unverified_context() if tls else None
     for _ in range(200):
         try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1, context=context)
             break
         except OSError:
             time.sleep(0.05)
-    urllib.request.urlopen(urllib.request.Request(endpoint + "/bench", method="PUT"))
+    urllib.request.urlopen(urllib.request.Request(endpoint + "/bench", method="PUT"), context=context)
     return proc, endpoint
 
 

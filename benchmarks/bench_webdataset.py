@@ -1,7 +1,9 @@
 """Compiles where the data lives (issue 35), against an S3 API server (moto) in its own process:
 
 * ``dsc compile webdataset`` of tars in the bucket against the same tars on local disk (the goal: at least 90%
-  of the local compile's images per second), and of the bucket straight to a bucket;
+  of the local compile's images per second), and of the bucket straight to a bucket, over http and again over
+  https (a second server, with a certificate made up on the spot): a real bucket is reached over TLS, where dsc
+  signs its puts UNSIGNED-PAYLOAD and TLS encrypts the bodies, while over http SigV4 hashes each body it signs;
 * ``dsc compile table`` of a Parquet file in the bucket (row groups read by range) against the same file on
   local disk;
 * against ``webdataset``'s own reader decoding the same tars with the same resize (the per-epoch cost a
@@ -121,7 +123,7 @@ def _parquet(tars: list[Path]) -> Path:
     return cached("parquet-8x125", build) / "images.parquet"
 
 
-def _dsc_cpu(server: int) -> tuple[float, float]:
+def _dsc_cpu(servers) -> tuple[float, float]:
     """(this process's CPU seconds: the scan, the uploads, the client's bookkeeping; its workers'): the workers are
     children it has reaped (forked from it), or children the fork server reaped (a compile from a bucket forks its
     workers from it: a child of this process, as the server is, which is left out). Read, not sampled: a compile's
@@ -130,7 +132,7 @@ def _dsc_cpu(server: int) -> tuple[float, float]:
     workers = t.children_user + t.children_system
     me = str(os.getpid())
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != server:
+        if entry.name.isdigit() and int(entry.name) not in servers:
             try:
                 with open(f"/proc/{entry.name}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[1] == me:  # (field 4: the parent)
@@ -161,23 +163,42 @@ def main() -> None:
     tars = _tars()
     parquet = _parquet(tars)
     work = Path(tempfile.mkdtemp(prefix="bench-wds-", dir=BENCH_DIR))
-    log = work / "server.log"
-    with open(log, "w") as logf:
-        proc, endpoint = _server(logf)
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                                          "AWS_DEFAULT_REGION")}
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_ENDPOINT_URL": endpoint,
-                       "AWS_DEFAULT_REGION": "us-east-1"})
+    # two servers: plain http (where S3's SigV4 hashes each body it signs), and https, as a real bucket is reached
+    # (where dsc signs UNSIGNED-PAYLOAD and TLS encrypts the bodies instead); the https one only for S3 -> S3
+    servers = {}
+    for name in ("http", "https"):
+        with open(work / f"{name}.log", "w") as logf:
+            proc, endpoint = _server(logf, tls=name == "https")
+        servers[name] = (proc, work / f"{name}.log", {
+            "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_INVALID_CERTIFICATES": "true" if name == "https" else None})
+    pids = {proc.pid for proc, _, _ in servers.values()}
+    old = {k: os.environ.get(k) for k in servers["https"][2]}
+
+    def use(name: str) -> None:
+        for k, v in servers[name][2].items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
+        use("https")
+        store = open_store("s3://bench")
+        for t in tars:
+            store.put(f"wdss/{t.name}", t)
+        use("http")
         store = open_store("s3://bench")
         for t in tars:
             store.put(f"wds/{t.name}", t)
         store.put("table/images.parquet", parquet)
         tar_src, s3_tars = str(tars[0].parent), "s3://bench/wds/{00000..00009}.tar"
-        runs = [("tars, local disk", "webdataset", tar_src, None), ("tars in S3", "webdataset", s3_tars, None),
-                ("tars in S3 -> dataset in S3", "webdataset", s3_tars, "s3"),
-                ("Parquet, local disk", "table", str(parquet), None),
-                ("Parquet in S3", "table", "s3://bench/table/images.parquet", None)]
+        runs = [("tars, local disk", "webdataset", tar_src, None, "http"),
+                ("tars in S3", "webdataset", s3_tars, None, "http"),
+                ("tars in S3 -> dataset in S3", "webdataset", s3_tars, "s3", "http"),
+                ("the same over https", "webdataset", "s3://bench/wdss/{00000..00009}.tar", "s3", "https"),
+                ("Parquet, local disk", "table", str(parquet), None, "http"),
+                ("Parquet in S3", "table", "s3://bench/table/images.parquet", None, "http")]
+        local = {"webdataset": "tars, local disk", "table": "Parquet, local disk"}  # each run's baseline
         seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, client CPU s, workers' CPU s, server CPU s,
         #                                                          requests, load average)
         # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
@@ -185,19 +206,21 @@ def main() -> None:
                                workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
         for k in range(3):  # interleaved rounds: every run of a round sees about the same machine
             print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
-            for name, kind, src, to in runs:
-                out = f"s3://bench/out-{kind}-{k}" if to else str(work / f"{kind}-{k}")
-                (c0, w0), s0, (_, n0) = _dsc_cpu(proc.pid), _cpu(proc.pid)[1], _requests(log, 0)
+            for name, kind, src, to, via in runs:
+                use(via)
+                proc, log, _ = servers[via]
+                out = f"s3://bench/out-{kind}-{via}-{k}" if to else str(work / f"{kind}-{k}")
+                (c0, w0), s0, (_, n0) = _dsc_cpu(pids), _cpu(proc.pid)[1], _requests(log, 0)
                 t0 = time.perf_counter()
                 fn = dsc.compile_webdataset if kind == "webdataset" else dsc.compile_table
                 r = fn(src, out, size=SIZE, resize="stretch", workers=WORKERS, progress=False,
                        cache_dir=str(work / "cache"))
                 dt = time.perf_counter() - t0
                 assert r.manifest.num_samples == 1000, r.manifest.num_samples
-                c1, w1 = _dsc_cpu(proc.pid)
+                c1, w1 = _dsc_cpu(pids)
                 seen[name].append((1000 / dt, c1 - c0, w1 - w0, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0],
                                    os.getloadavg()[0]))
-                a, base = seen[name][k], seen[runs[3 if kind == "table" else 0][0]][k]
+                a, base = seen[name][k], seen[local[kind]][k]
                 print(f"    {name:<30} {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; dsc {_ms(a):5.2f} ms CPU/img "
                       f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s; {_ms(base) / _ms(a):4.2f}x local's), server "
                       f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
@@ -206,8 +229,8 @@ def main() -> None:
         reader, what = _reader_rate(tars)
         print("  best of 3 (each ratio: the median of the three rounds' ratios to the local compile of their round; CPU: "
               "dsc's own, this process and its workers, per image, local's over this one's)")
-        for name, kind, _, to in runs:
-            base = seen[runs[3 if kind == "table" else 0][0]]
+        for name, kind, *_ in runs:
+            base = seen[local[kind]]
             ratios = sorted(a[0] / b[0] for a, b in zip(seen[name], base))
             if seen[name] is base:
                 extra = f"(baseline) dsc {np.median([_ms(a) for a in base]):.2f} ms CPU/img"
@@ -232,8 +255,9 @@ def main() -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        proc.terminate()
-        proc.wait()
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -751,3 +751,170 @@ def test_webdataset_and_table_on_every_object_store(object_store_url, data, tmp_
     with open_input(url + "/wds/00001.tar") as f:  # by ranges
         f.seek(len(whole) - 700)
         assert f.read() == whole[-700:]
+
+
+_LOG_UNITS = """
+def arm(folder):
+    import os
+    from dsc.compiler import units
+    real = getattr(units, "_unlogged", units.compile_unit)
+    units._unlogged = real
+    def compile_unit(task, source):
+        with open(os.path.join(folder, "units-%d" % os.getpid()), "a") as f:
+            f.write("%d %d\\n" % (task.records[0].row, task.then[0].row if task.then else -1))
+        return real(task, source)
+    units.compile_unit = compile_unit
+
+def disarm():
+    from dsc.compiler import units
+    units.compile_unit = getattr(units, "_unlogged", units.compile_unit)
+"""
+
+
+def test_a_cluster_reads_each_parquet_row_group_about_once_and_ahead(s3, cluster, tmp_path, monkeypatch):
+    """On a Dask cluster, units of one Parquet row group go to one worker as in the local pool: each worker runs
+    a contiguous run of units, told the unit it runs next (read ahead), so the server is asked for each row
+    group's image chunk about once, not once per worker as when Dask handed the units out in order."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+    import threading
+
+    import numpy as np
+    from moto.s3.responses import S3Response
+    from PIL import Image
+
+    client, workers = cluster
+    rng = np.random.default_rng(6)
+    images = []
+    for _ in range(96):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(b, "PNG")
+        images.append(b.getvalue())
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(96)]}), path, row_group_size=16)
+    open_store("s3://dsc-src/daskruns").put("t.parquet", path.read_bytes())
+    meta = pq.ParquetFile(path).metadata
+    image_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
+                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(0)]}
+    asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests)
+    real = S3Response._handle_range_header
+
+    def counted(self, request, headers, content):
+        if request.path.endswith("/daskruns/t.parquet"):
+            with lock:
+                asked.append(int(request.headers["range"].split("=")[1].split("-")[0]))
+        return real(self, request, headers, content)
+    monkeypatch.setattr(S3Response, "_handle_range_header", counted)
+    scope: dict = {}
+    exec(_LOG_UNITS, scope)
+    logs = workers / "unit-logs"
+    logs.mkdir()
+    client.run(scope["arm"], str(logs))
+    try:
+        r = dsc.compile_table("s3://dsc-src/daskruns/t.parquet", "s3://dsc-out/daskruns", executor=client,
+                              cache_dir=str(tmp_path / "cache"), **{**OPTS, "shard_size": 4})  # 24 units, 4 a group
+    finally:
+        client.run(scope["disarm"])
+    ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
+    assert samples(dsc.open(r.path, cache_dir=tmp_path / "c")) == samples(dsc.open(ref.path))
+    group_reads = [a for a in asked if a in image_chunks]
+    assert set(group_reads) == image_chunks
+    # (in order: about 2 x 6; a run's edge, a unit taken over at the end, or one Dask's work stealing moved to the
+    # other worker can read a group twice)
+    assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)
+    runs = [[tuple(map(int, line.split())) for line in p.read_text().splitlines()] for p in logs.iterdir()]
+    assert sorted(first for run in runs for first, _ in run) == list(range(0, 96, 4))  # every unit once
+    told = [nxt for run in runs for _, nxt in run if nxt >= 0]
+    assert len(told) >= 24 - 2 * len(runs)  # every unit told its worker's next, but a run's last
+    pairs = [(nxt, first2) for run in runs for (_, nxt), (first2, _) in zip(run, run[1:])]
+    assert sum(nxt == first2 for nxt, first2 in pairs) >= len(pairs) - 4, runs  # and ran it next
+
+
+def test_a_unit_is_told_only_where_its_next_unit_reads():
+    """``then`` carries the next unit's paths and rows (all a prefetch reads), not its keys, labels, targets or
+    value fields: a task does not pickle a second unit's annotations."""
+    import pickle
+
+    from dsc.compiler.compile import _then
+    from dsc.compiler.sources.base import Record
+    from dsc.compiler.units import UnitTask
+
+    def unit(s):
+        return UnitTask(s, 8 * s, [Record(f"t.parquet#{i}", "s3://b/t.parquet", label=i % 3, row=i,
+                                          fields=(("caption", f"the caption of row {i} " * 4),))
+                                   for i in range(8 * s, 8 * s + 8)], "", None, 8, ())
+    a, b = unit(0), unit(1)
+    told = _then(a, b)
+    assert [(r.path, r.row) for r in told.then] == [(r.path, r.row) for r in b.records]
+    assert {(r.key, r.label, r.target, r.fields) for r in told.then} == {("", -1, None, ())}
+    assert len(pickle.dumps(told)) - len(pickle.dumps(a)) < len(pickle.dumps(b.records)) / 3
+    assert _then(a, None) is a
+
+
+def _endpoint(_):
+    return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("DSC_TEST_GONE")
+
+
+def test_fresh_workers_see_the_environment_as_it_is_now(monkeypatch):
+    """Workers that read a bucket are forked from a fork server started once per process: they get the parent's
+    environment as it is when the pool starts (an endpoint or credentials set since the server started, a
+    variable removed since), not the server's, which a second compile in the same process would have used."""
+    from dsc.compiler.pool import WorkerPool
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://first.invalid")
+    monkeypatch.setenv("DSC_TEST_GONE", "here")
+    for want, gone in (("http://first.invalid", "here"), ("http://second.invalid", None)):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", want)
+        if gone is None:
+            monkeypatch.delenv("DSC_TEST_GONE")
+        pool = WorkerPool(2, _endpoint, fresh=True)
+        try:
+            assert set(pool.imap_unordered([0, 1])) == {(want, gone)}
+        finally:
+            pool.close()
+
+
+_KILL_AT = """
+def arm(marker, key):
+    import os, signal
+    from dsc.compiler import units
+    real = getattr(units, "_unkilled", units.compile_sample)
+    units._unkilled = real
+    def compile_sample(rec, *a, **k):
+        if rec.key == key and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(rec, *a, **k)
+    units.compile_sample = compile_sample
+"""
+
+
+def test_a_worker_killed_in_its_run_of_parquet_units_is_retried_elsewhere(s3, cluster, tmp_path):
+    """Units placed in runs go to their worker by a loose restriction: the unit of a worker killed mid-unit (and
+    the units queued behind it) run on another, and the dataset is the local compile's."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+
+    from PIL import Image
+
+    client, workers = cluster
+    images = []
+    for i in range(48):
+        b = io.BytesIO()
+        Image.new("RGB", (20 + i % 5, 24), (i * 5, 255 - i * 5, 7)).save(b, "PNG")
+        images.append(b.getvalue())
+    path = tmp_path / "k.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(48)]}), path, row_group_size=8)
+    open_store("s3://dsc-src/killruns").put("k.parquet", path.read_bytes())
+    scope: dict = {}
+    exec(_KILL_AT, scope)
+    marker = str(workers / "killed-in-run")
+    client.run(scope["arm"], marker, "k.parquet#13")
+    url = "s3://dsc-out/killruns"
+    r = dsc.compile_table("s3://dsc-src/killruns/k.parquet", url, executor=client, cache_dir=str(tmp_path / "cache"),
+                          **{**OPTS, "shard_size": 4})
+    ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
+    assert os.path.exists(marker) and r.manifest.num_samples == 48
+    assert bucket_shards(url) == shard_files(ref.path)

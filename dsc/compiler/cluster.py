@@ -9,6 +9,14 @@ lost worker finished is recognised as this writer's and kept.
 
 Local inputs or a local output still work when every worker sees them at the same path; that is checked on
 the workers before any unit runs, so a cluster that cannot see them gets one line saying so.
+
+Units that share reads (a Parquet row group holds several units' rows: ``Source.shares_reads``) are not left to
+Dask to place, which hands them out in order to whichever worker is free (each row group then read by every
+worker). The client places them as the local pool does (``pool._Runs``): each worker runs a contiguous run of
+units, a few at once (its threads, and one more to start while a unit uploads), each told the unit its worker
+runs next (``then``: read ahead). A unit goes to its worker by a loose restriction, so a lost worker's unit is
+still retried elsewhere (and Dask's work stealing may still move one). The runs are cut for the workers there
+when the compile starts; with none yet (an adaptive cluster scaled to zero), Dask places the units.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import os
 from contextlib import contextmanager
 
 from ..errors import SourceError
+from .pool import _Runs
 
 SEE_ALSO = ("put them on a filesystem every worker mounts at the same path, or in object storage "
             "(s3://, gs://, az://), which the workers read themselves")
@@ -82,19 +91,61 @@ def check_workers_see(client, inputs: list[str], output: str | None) -> None:
                           f"cluster compile reads its inputs on the workers; {SEE_ALSO}")
 
 
-def results(executor, todo: list, run, inputs: list[str], output: str | None):
+def results(executor, todo: list, run, inputs: list[str], output: str | None, runs: bool = False, then=None):
     """Run units on the cluster; yield their results as they finish. Closing the generator cancels what is
-    left, while the client is still open (``with closing(...)``)."""
+    left, while the client is still open (``with closing(...)``). ``runs`` and ``then``: as the pool's
+    ``imap_unordered`` (units sharing reads go to one worker in contiguous runs; see the module docstring)."""
     with connected(executor) as client:
         check_workers_see(client, inputs, output)
+        workers = sorted(client.nthreads().items()) if runs else []  # (address, threads) of each worker there now
+        if workers:  # (none yet, as an adaptive cluster starts: Dask places the units)
+            yield from _in_runs(client, workers, todo, run, then)
+            return
+        from dask.distributed import as_completed
+
         futures = client.map(run, todo, pure=False)
         try:
-            from dask.distributed import as_completed
-
             for fut in as_completed(futures):
                 yield fut.result()
         finally:
-            try:
-                client.cancel(futures)
-            except Exception:  # noqa: BLE001 - a client already closing: nothing is left to cancel
-                pass
+            _cancel(client, futures)
+
+
+def _cancel(client, futures) -> None:
+    try:
+        client.cancel(list(futures))
+    except Exception:  # noqa: BLE001 - a client already closing: nothing is left to cancel
+        pass
+
+
+def _in_runs(client, workers: list, tasks: list, run, then):
+    """``run`` of each task, each of ``workers`` (address, threads) taking a contiguous run of them
+    (``pool._Runs``), its threads + 1 at once; a task is submitted with ``then(task, the task its worker takes
+    after it)`` when ``then`` is given."""
+    from dask.distributed import as_completed
+
+    todo = _Runs(tasks, len(workers))
+    owner: dict = {}  # each future in flight: the worker (its index) whose run it came from
+    done = as_completed()
+
+    def submit(w: int) -> None:
+        task = todo.peek(w)
+        if task is None:
+            return
+        sent = task if then is None else then(task, todo.after(w))
+        fut = client.submit(run, sent, workers=[workers[w][0]], allow_other_workers=True, pure=False)
+        todo.take(w)
+        owner[fut] = w
+        done.add(fut)
+
+    try:
+        for w, (_, threads) in enumerate(workers):
+            for _ in range(max(1, int(threads)) + 1):
+                submit(w)
+        for fut in done:
+            w = owner.pop(fut)
+            value = fut.result()
+            submit(w)  # before the caller handles the result, as the pool does
+            yield value
+    finally:
+        _cancel(client, owner)

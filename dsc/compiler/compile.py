@@ -38,7 +38,7 @@ from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
 from .journal import Journal, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource, Source, record_digest, where
+from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
 from .upload import is_ours
@@ -144,6 +144,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     # dataset is never pickled), a Dask cluster gets it pickled once per task batch.
     run = partial(compile_unit, source=source)
     unit_size = lambda s: min(K, len(records) - (s - s0) * K)  # noqa: E731 - inputs of slot s's unit
+    then = _then if source.shares_reads else None  # (units that share reads: each told its worker's next)
 
     def consume(it, bar):
         nonlocal written
@@ -177,12 +178,11 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, list(todo), run, local,
-                                             None if direct else todo[0].root)) as it:
+                with closing(cluster.results(executor, list(todo), run, local, None if direct else todo[0].root,
+                                             runs=source.shares_reads, then=then)) as it:
                     consume(it, bar)
             elif pool is not None:
-                consume(pool.imap_unordered(todo, runs=source.shares_reads, then=_then if source.shares_reads else None),
-                        bar)
+                consume(pool.imap_unordered(todo, runs=source.shares_reads, then=then), bar)
             else:
                 consume(map(run, todo), bar)
     finally:
@@ -193,7 +193,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
 
 def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
     """``task`` told the records of the unit its worker will probably run next (their reads can start now)."""
-    return replace(task, then=tuple(following.records)) if following is not None else task
+    return replace(task, then=tuple(map(where_to_read, following.records))) if following is not None else task
 
 
 def uploaded_shard_check(url: str, writer: str):

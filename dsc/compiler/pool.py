@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import pickle
 from multiprocessing.connection import wait
 
@@ -45,11 +46,14 @@ def _context(fresh: bool = False):
     return mp.get_context("spawn")
 
 
-def _serve(conn, fn, initializer, inherited=()) -> None:
+def _serve(conn, fn, initializer, inherited=(), environ=None) -> None:
     # Objects inherited through fork are the parent's: never collect them here. Garbage the parent had not
     # collected yet would otherwise run its finalizers in the worker, where its threads do not exist (a
     # dropped dask Client's __del__ waited 40 s here for its event loop).
     gc.freeze()
+    if environ is not None:  # forked from the fork server: its environment is the parent's as it was when the
+        os.environ.clear()   # server started; the parent's now (credentials, an endpoint set since) is this one's
+        os.environ.update(environ)
     for c in inherited:  # the parent's ends of the pipes (forked copies): with them closed here, a parent that
         c.close()        # dies closes every pipe, and recv() below ends the worker even without PR_SET_PDEATHSIG
     if initializer is not None:
@@ -153,7 +157,8 @@ class WorkerPool:
             for _ in range(processes):
                 parent_end, child_end = ctx.Pipe()
                 inherited = [c for _, c in self._workers] + [parent_end] if ctx.get_start_method() == "fork" else []
-                p = ctx.Process(target=_serve, args=(child_end, fn, initializer, inherited), daemon=True,
+                environ = dict(os.environ) if ctx.get_start_method() == "forkserver" else None
+                p = ctx.Process(target=_serve, args=(child_end, fn, initializer, inherited, environ), daemon=True,
                                 name=f"dsc-compile-{len(self._workers)}")
                 if ctx.get_start_method() == "fork" or b"__main__" in pickle.dumps((fn, initializer)):
                     p.start()

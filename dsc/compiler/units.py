@@ -46,7 +46,7 @@ class UnitTask:
     fields: tuple[Field, ...]
     upload: tuple[str, str] | None = None  # (output URL, writer token): the worker uploads its shards itself
     known: tuple = ()  # identities of its inputs in object storage the scan found (inputs.known): no HEAD again
-    then: tuple = ()  # the records of the unit this worker will probably run next (Source.prefetch)
+    then: tuple = ()  # where the unit this worker will probably run next reads (where_to_read; Source.prefetch)
 
 
 INPUT_COLUMNS = ("size", "mtime_ns", "ctime_ns", "inode", "crc32c",

@@ -166,6 +166,12 @@ class Record:
     member: tuple = ()  # an archive's sample (webdataset): (member name, its data's offset in ``path``, size)
 
 
+def where_to_read(r: Record) -> Record:
+    """What ``Source.prefetch`` is told of a record: where its bytes are (path, row, mask, member), not its key,
+    label, target or value fields, which a task would pickle a second time beside its own records."""
+    return Record("", r.path, row=r.row, mask=r.mask, member=r.member)
+
+
 def record_digest(r: Record) -> int:
     """The annotation of a record as one int64 (``--update`` compares it): its target's digest, and with value
     fields, their values too (a changed caption or score is a changed sample). 0: nothing but pixels."""
@@ -479,7 +485,8 @@ class Source:
 
     def prefetch(self, records: list[Record]) -> None:
         """Runs in a worker as a unit starts: ``records`` are those of the unit it will probably run next (see
-        ``shares_reads``); a source may start reading them in the background. Default: nothing."""
+        ``shares_reads``), told only where their bytes are (:func:`where_to_read`: path, row, mask, member); a
+        source may start reading them in the background. Default: nothing."""
 
     def unchanged_since(self, summary: dict) -> set[str] | None:
         """For ``--update``: the input files (``Record.path``) this source knows to be unchanged since the
