@@ -888,3 +888,15 @@ def test_a_versions_record_is_fetched_once_per_node(published, tmp_path, monkeyp
     (mirror / record).write_bytes(b"{}")  # a damaged local copy is not used...
     (mirror / (record + ".etag")).write_bytes(b"another")  # ...nor one of another write of the object
     assert samples(dsc.open(url, cache_dir=tmp_path / "c")) == samples(first) and gets.count(record) == 1
+
+
+def test_a_remote_handle_keeps_its_labels_when_the_cache_is_cleared(published, tmp_path):
+    """A remote version's small arrays come at open, the labels too (read lazily elsewhere): `dsc cache clear`
+    while a handle is open removes the mirror they were read from, and the handle still answers."""
+    from dsc.runtime.remote import cache_clear
+
+    url, local = published
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    cache_clear(tmp_path / "c")
+    assert ds.labels.tolist() == dsc.open(local).labels.tolist()
+    assert ds[5]["label"] == int(dsc.open(local).labels[5])

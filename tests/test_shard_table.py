@@ -593,3 +593,26 @@ def test_open_reads_no_array_that_grows_with_the_samples(tmp_path, monkeypatch):
         assert ds.labels.tolist() == [i % 10 for i in range(n)]  # (read now)
         assert ds[n - 1]["label"] == (n - 1) % 10
     assert abs(read[2000] - read[20]) < 200, read
+
+
+def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
+    """Labels are read on first use, not at open; ``close()`` reads them if they were not, since a vacuum may
+    remove the version once the handle has let go of it (samples already taken stay valid, the labels too)."""
+    from dsc.versions import vacuum
+
+    from PIL import Image
+
+    src, path = tmp_path / "src", tmp_path / "d"
+    for i in range(6):
+        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 3}" / f"{i}.png")
+    opts = dict(size=2, shard_size=2, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    ds = dsc.open(path)
+    want = [int(k.split("/")[0][1:]) for k in ds.keys]
+    Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
+    dsc.compile_imagefolder(src, path, update=True, **opts)  # version 1
+    assert ds._labels is None
+    ds.close()
+    assert 0 in vacuum(path, keep=1, older_than=0).removed
+    assert ds.labels.tolist() == want

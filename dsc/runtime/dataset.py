@@ -108,6 +108,7 @@ class Dataset(torch.utils.data.Dataset):
             self.manifest: Manifest = self._record["manifest"]
             try:
                 self._init_readers()
+                self.labels  # (read now, as every small file of a remote version: `dsc cache clear` may remove the mirror)
             except BaseException:  # (its lease and cache hold go at once, not at garbage collection)
                 self.storage.close()
                 raise
@@ -314,7 +315,13 @@ class Dataset(torch.utils.data.Dataset):
         """Let go of what this handle holds: a remote dataset's cached shards (other processes sharing the cache
         may evict them) and its lease, a local one's pin and mappings: ``dsc vacuum`` may then remove the
         version. Samples already taken stay valid (they keep their mappings). Also on ``with dsc.open(...)``
-        exit; a dropped handle does the same when it is deleted."""
+        exit; a dropped handle does the same when it is deleted. The labels, read when first asked for, are read
+        now if they were not (once the version is let go, a vacuum may remove them)."""
+        if getattr(self, "_labels", 0) is None and "label" in getattr(self, "readers", {}):
+            try:
+                self.labels
+            except DscError:  # (already unreadable: the next ask says why)
+                pass
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()
