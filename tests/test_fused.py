@@ -252,3 +252,18 @@ def test_a_zoom_out_and_crop_last_but_flips_writes_the_output_without_a_canvas(m
                 monkeypatch.setattr(fused, "full", real_full)
                 assert torch.equal(out, want), (shape, fh, fw, crop)
     assert made and all(a[0][0] == 1 for a in made)  # (one line of the per-channel fill, never a canvas)
+
+
+def test_nearest_resizes_and_flips_run_in_their_order_at_tie_ratios():
+    """A nearest resize does not commute with a flip where (i + 1/2) H / h is whole (every 2:1 downscale): a
+    flip before the resize (then a crop), and flips after the last resize, give the literal steps' pixels."""
+    x = torch.arange(4, dtype=torch.uint8).view(1, 4).expand(4, 4).contiguous()  # value: the column
+    cols = torch.tensor([1, 3])  # floor((i + 1/2) 4 / 2)
+    literal = {"flip first": x.flip(1)[:, cols][cols], "flip last": x[:, cols][cols].flip(1)}
+    for name, program in [("flip first", [("flip", 0, True), ("resize", 2, 2), ("crop", 0, 0, 2, 2)]),
+                          ("flip first", [("flip", 0, True), ("resize", 2, 2)]),
+                          ("flip last", [("resize", 2, 2), ("flip", 0, True)]),
+                          ("flip last", [("resize", 2, 2), ("flip", 0, True), ("crop", 0, 0, 2, 2)])]:
+        out = torch.zeros(2, 2, dtype=torch.uint8)
+        run_program(x, program, out, True, 255.0)
+        assert torch.equal(out, literal[name]), (program, out.tolist())

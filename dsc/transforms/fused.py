@@ -329,8 +329,10 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             while j < len(program) and program[j][0] == "flip":
                 j += 1
             if j < len(program) and program[j][0] == "crop" and _region_ok(x, nearest) and \
-                    (nearest or dwarfs((h, w), tuple(program[j][3:5]))):
-                # (nearest: always, the same source pixels as the whole resize, only the crop's made)
+                    (not (fh or fw) if nearest else dwarfs((h, w), tuple(program[j][3:5]))):
+                # (nearest: the same source pixels as the whole resize, only the crop's made; flips between the
+                # resize and the crop mirror the window. A nearest resize does not commute with a flip where
+                # (i + 1/2) H / h is whole: not with flips pending from before it)
                 for step in program[k + 1:j]:  # the flips between: pending, like the ones before
                     if step[2]:
                         fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
@@ -342,8 +344,9 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
                 skip = j
                 continue
             rest = program[k + 1:]
-            last = all(step[0] == "flip" for step in rest)
-            if last:  # flips after the last resize commute with it: fold them into the copy below
+            # flips after the last resize commute with it (not a nearest one: see above): fold them into the copy
+            last = all(step[0] == "flip" for step in rest) and not (nearest and any(step[2] for step in rest))
+            if last:
                 for step in rest:
                     if step[2]:
                         fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
