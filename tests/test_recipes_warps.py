@@ -138,3 +138,20 @@ def test_cutmix_pastes_the_rolled_box_in_place(form, monkeypatch):
             sl = (slice(None), slice(None)) if form == "float" else (slice(None),)
             region = (*sl, slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
             assert torch.equal(out["image"][region], ref_roll[region])  # the whole box, pasted
+
+
+def test_a_uint8_batch_of_any_strides_goes_through_the_new_kernels():
+    """The uint8 stage on a batch that is a permuted view (N, H, W, C of a CHW tensor), as a user's own call
+    may hand it: the shear lines and PIL's point over one table write through any strides, the same bytes as
+    the contiguous batch."""
+    from dsc.transforms import augment as A
+
+    chw = torch.randint(0, 256, (1, 3, 260, 260), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for op in (T.RandAugment(interpolation="bilinear"), T.TrivialAugmentWide(interpolation="bilinear"),
+               T.RandomPhotometricDistort(p=1.0)):
+        for s in range(12):
+            strided = A.apply_pixel_ops([op], {"image": chw.clone().permute(0, 2, 3, 1)},
+                                        torch.Generator().manual_seed(s))["image"]
+            plain = A.apply_pixel_ops([op], {"image": chw.permute(0, 2, 3, 1).contiguous()},
+                                      torch.Generator().manual_seed(s))["image"]
+            assert torch.equal(strided, plain), (type(op).__name__, s)

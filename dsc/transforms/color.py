@@ -348,8 +348,9 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     t = lut.reshape(N, -1, 256).to(torch.uint8).numpy()
     a = x.numpy()
     for b in range(N):
-        if t.shape[1] == 1 and H * W * Cn >= 1 << 16:  # one table: PIL's point over the sample's bytes as a
-            # greyscale image (a byte loop, no index conversion: about 1.5x numpy's take), copied back
+        if t.shape[1] == 1 and H * W * Cn >= 1 << 16 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
+            # one table: PIL's point over the sample's bytes as a greyscale image (a byte loop, no index
+            # conversion: about 1.5x numpy's take), copied back
             im = Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1).point(t[b, 0].tolist())
             np.copyto(a[b], np.asarray(im).reshape(H, W, Cn))
         elif t.shape[1] == 1:

@@ -160,7 +160,7 @@ def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int) -> torch.Tensor:
         m = M[b].to(torch.float64)
         if axis == 1:
             y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill)
-            x[b].view(H, W * C).copy_(y.round_().clamp_(0, 255))
+            x[b].copy_(y.round_().clamp_(0, 255).view(H, W, C))  # (x[b] may be any strides)
         else:
             y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill)
             x[b].copy_(y.round_().clamp_(0, 255).view(W, H, C).transpose(0, 1))
