@@ -31,7 +31,7 @@ from .compiler.decode import decode_image
 from .compiler.geometry import apply_plan, plan_fixed
 from .errors import ConfigError
 from .formats.fields import Schema
-from .formats.fields.base import Batch
+from .formats.fields.base import Batch, drop_companions
 from .runtime import Loader
 from .runtime.batches import sample_pixels
 from .runtime import open as open_dataset
@@ -217,8 +217,7 @@ class _PerImageRecipe(torch.utils.data.Dataset):
             # torchvision's DetectionPresetTrain ends every recipe with ToDtype(torch.float, scale=True) on the
             # (C, H, W) image (dsc's side: format="torchvision")
             out["image"] = sample_pixels(out, "image")[0].permute(2, 0, 1).to(torch.float32).div_(255)
-            for suffix in ("_offsets", "_shapes", "_sizes"):
-                out.pop("image" + suffix, None)
+            drop_companions(out, "image")
         return out
 
 

@@ -421,7 +421,7 @@ def _shard_bytes(m: Manifest) -> int:
 
 def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
     """The source's class names; for a dataset without them, the label values as text."""
-    if scanned.classes or scanned.task not in ("classification", "detection"):
+    if scanned.names_classes:
         return scanned.classes
     if scanned.task == "classification":
         if hasattr(label_parts, "values"):  # (a compile's labels in one array)

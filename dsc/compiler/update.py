@@ -373,9 +373,7 @@ def _scanned_classes(scanned: ScannedSource, m) -> tuple[str, ...]:
     """The source's class names as far as the scan knows them. A source whose classes are its label values
     (a WebDataset's ``.cls`` members without --classes: compile.py's ``_classes``) names none before decoding:
     its classes are the base's until the new version's labels say otherwise (``_classes`` at the commit)."""
-    if scanned.classes or scanned.task not in ("classification", "detection"):
-        return scanned.classes
-    return m.classes
+    return scanned.classes if scanned.names_classes else m.classes
 
 
 def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) -> None:

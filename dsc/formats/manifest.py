@@ -16,6 +16,7 @@ from .specs import (_SHA256, ATTRIBUTE_DTYPES, LAYOUTS, RESIZE_POLICIES, RESIZER
                     ResizeSpec, ShardSpec, _check_fields, _positive_int, check_spec_keys)
 from .zarr_v3 import check_node_path
 from .fields import EXTRA_KINDS, FIELD_KINDS
+from .fields.base import BATCH_SUFFIXES
 from .shardtable import Geometry, ShardTable, build as build_table
 
 FORMAT_NAME = "dsc"
@@ -26,7 +27,6 @@ RESERVED_NODES = ("image", "label", "keys", "objects", "image_id", "transform", 
 # attribute with such a name would overwrite one of them in every batch
 BATCH_KEYS = ("image", "label", "index", "keys", "boxes", "labels", "box_offsets", "box_counts", "box_mask",
               "targets", "orig_size", "image_id")
-BATCH_SUFFIXES = ("_offsets", "_shapes", "_sizes")
 
 
 def batch_name_problem(name: str, taken=()) -> str | None:

@@ -23,6 +23,7 @@ from .geometric import Geometric, _ints, _mat, _size
 from .objects import move_objects, void_record
 from ..errors import ConfigError
 from ..formats.fields import Schema
+from ..formats.fields.base import drop_companions
 
 
 def _fill(fill, name, p: bool = False):
@@ -429,8 +430,7 @@ class Mosaic(BatchOp):
                         resized[j] = torch.empty((h, w, *tail), dtype=canvas.dtype, device=canvas.device)
                         run_program(views[j], [("resize", h, w)], resized[j], nearest, fill)
                     canvas[b, a[1]:a[3], a[0]:a[2]] = resized[j][bb[1]:bb[3], bb[0]:bb[2]]
-            for suffix in ("_offsets", "_shapes", "_sizes"):
-                batch.pop(key + suffix, None)
+            drop_companions(batch, key)
             batch[key] = canvas
         if "boxes" in batch:
             self._objects(batch, schema, sizes, parts)

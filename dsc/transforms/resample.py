@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
+from ..formats.fields.base import drop_companions
 from .fused import full, plan_chain, run_batch, run_program
 from .geometric import Geometric
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
@@ -249,8 +250,7 @@ def apply_plan(plan, batch: dict, schema: Schema) -> dict:
             else:
                 canvas, key_sizes = _canvas(batch, key)
                 out = resample(canvas, key_sizes, plan.matrices, out_h, out_w, fill)
-        for suffix in ("_offsets", "_shapes", "_sizes"):
-            batch.pop(key + suffix, None)
+        drop_companions(batch, key)
         batch[key] = out
     move_objects(batch, plan, schema)  # boxes, per-box rows, object masks, keypoints
     return batch
@@ -273,8 +273,7 @@ def move_sample(view: torch.Tensor, role, plan, b: int, out_hw: tuple[int, int])
 
 def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
     """Per-sample tensors as the packed ragged form: flat ``key``, ``key_offsets`` (B+1,), ``key_shapes``."""
-    for suffix in ("_offsets", "_shapes", "_sizes"):
-        batch.pop(key + suffix, None)
+    drop_companions(batch, key)
     dev = batch[key].device
     dtype = batch[key].dtype
     sizes = [s.numel() for s in samples]
@@ -305,8 +304,7 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
         o = offsets.tolist()
         for b, v in enumerate(views):
             run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill)
-        for suffix in ("_offsets", "_shapes", "_sizes"):
-            batch.pop(key + suffix, None)
+        drop_companions(batch, key)
         batch[key] = flat
         batch[f"{key}_offsets"] = offsets.to(flat.device)
         batch[f"{key}_shapes"] = torch.tensor(shapes, dtype=torch.int64, device=flat.device).view(-1, 2 + len(tail))

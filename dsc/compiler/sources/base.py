@@ -226,6 +226,13 @@ class ScannedSource:
     instance_masks: bool = False  # every target's ``shapes`` gives one mask per box: stored per object
     keypoints: Any = None  # a formats.fields.KeypointsSpec when the targets carry keypoints
 
+    @property
+    def names_classes(self) -> bool:
+        """Whether the scan gives the dataset's class names. A classification or detection source whose
+        classes are its label values (a WebDataset's ``.cls`` members without --classes, a Python dataset)
+        names none before decoding: its names come from the labels (compile's ``_classes``)."""
+        return bool(self.classes) or self.task not in ("classification", "detection")
+
 
 @dataclass
 class Item:

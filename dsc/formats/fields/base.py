@@ -68,6 +68,16 @@ class Schema(dict):
         return cls(image=Role("pixels"))
 
 
+BATCH_SUFFIXES = ("_offsets", "_shapes", "_sizes")  # a ragged or padded key's companions in a batch
+
+
+def drop_companions(batch: dict, key: str) -> None:
+    """Remove ``key``'s ragged or padded companions (``key_offsets``, ``key_shapes``, ``key_sizes``) from
+    ``batch``: for an op that makes ``key`` one dense tensor again."""
+    for suffix in BATCH_SUFFIXES:
+        batch.pop(key + suffix, None)
+
+
 class Batch(dict):
     """A batch: {key: tensor}. ``schema`` says what each key is to geometric transforms."""
 
