@@ -84,10 +84,10 @@ class Ring:
         self.taken = 0  # of which because the slot's buffer was still referenced (a batch kept, or a leak)
         self.huge = 0  # of which backed by huge pages (the kernel took the hint)
 
-    def _new(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _new(self, numel: int, dtype: torch.dtype, hint: bool = True) -> torch.Tensor:
         buf = torch.empty(numel, dtype=dtype, pin_memory=self.pin)
         self.allocations += 1
-        if not self.pin and numel * buf.element_size() >= 2 * HUGE_PAGE and _ask_huge_pages(buf):
+        if hint and not self.pin and numel * buf.element_size() >= 2 * HUGE_PAGE and _ask_huge_pages(buf):
             self.huge += 1  # (pinned memory is the CUDA driver's: left as it is)
         return buf
 
@@ -97,15 +97,17 @@ class Ring:
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             numel = math.prod(shape)  # (np.prod of a tuple costs microseconds, with the GIL held)
             buf = slot.get(name)
-            if buf is not None and buf.dtype == dtype and _storage_users(buf) > 1:
+            kept = buf is not None and buf.dtype == dtype and _storage_users(buf) > 1
+            if kept:
                 self.taken += 1
                 buf = None  # the user still holds the last batch of this slot: leave it to them
             if buf is None or buf.dtype != dtype:
                 buf = None  # first use
             elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom
                 buf = slot[name] = self._new(max(numel, int(buf.numel() * 1.25)), dtype)
-            if buf is None:
-                buf = slot[name] = self._new(max(numel, 1), dtype)
+            if buf is None:  # (one made because a batch is kept, as a loop's last batch is at each epoch's
+                # end, asks for no huge pages: their first write may stall on compaction, every epoch)
+                buf = slot[name] = self._new(max(numel, 1), dtype, hint=not kept)
             return buf[:numel].view(shape)
 
         return alloc
