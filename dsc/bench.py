@@ -275,9 +275,7 @@ class _ReferenceClassification(torch.utils.data.Dataset):
         import numpy as np
         from PIL import Image
 
-        gen = torch.Generator().manual_seed(i)
-        with Image.open(self.paths[i]) as im:
-            im = im.convert("RGB")
+        im, gen = _item_source(self.paths[i], i)
         x = None  # the (C, H, W) tensor once PILToTensor has run
         for op in self.ops:
             sizes = torch.tensor([[im.height, im.width]] if x is None else [list(x.shape[1:])])
@@ -391,6 +389,15 @@ def reference_dataloader_rate(ds, ops, batch_size: int, limit: int | None = 1024
                            _reference_collate(ds, ops))
 
 
+def _item_source(path, i: int):
+    """A per-image baseline's item ``i``: its JPEG decoded to RGB, and the generator its random draws come from
+    (seeded by the index: the same draws in every run)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.convert("RGB"), torch.Generator().manual_seed(i)
+
+
 class _PILRecipe(torch.utils.data.Dataset):
     """The recipe per image, the classic way: decode the JPEG, torchvision's crop sampling, crop + bilinear
     resize, flip, to float, normalise (the lean baseline dsc is compared with)."""
@@ -405,9 +412,7 @@ class _PILRecipe(torch.utils.data.Dataset):
         import numpy as np
         from PIL import Image
 
-        gen = torch.Generator().manual_seed(i)
-        with Image.open(self.paths[i]) as im:
-            im = im.convert("RGB")
+        im, gen = _item_source(self.paths[i], i)
         t, l, h, w = (float(v) for v in T.RandomResizedCrop(self.size).params(torch.tensor([[im.height, im.width]]),
                                                                                 gen))
         im = im.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(l, t, l + w, t + h))
