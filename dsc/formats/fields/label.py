@@ -62,9 +62,7 @@ class LabelReader(Reader):
 
     def __init__(self, store, n: int):
         self._store, self._n, self._labels = store, n, None
-        check = getattr(store, "check_array", None)
-        if check is not None:
-            check(NODE, (n,))
+        store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
 
     @property
     def labels(self) -> np.ndarray:
