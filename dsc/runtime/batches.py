@@ -347,8 +347,10 @@ def _packed_chw_floats(batch: dict, alloc=None):
     step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
     for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
         buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
-    o = batch["image_offsets"].tolist()
-    return [buf[o[k]:o[k + 1]].view(shapes[k]).movedim(-1, -3) for k in range(len(shapes))]
+    o, at = batch["image_offsets"].tolist(), buf.storage_offset()
+    # each image's (C, H, W) view made by one call (a slice, view and movedim were three, two of them
+    # releasing the GIL: the Loader's other thread was handed it twice an image)
+    return [buf.as_strided((c, h, w), (1, w * c, c), at + o[k]) for k, (h, w, c) in enumerate(shapes)]
 
 
 def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
@@ -368,20 +370,22 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
     cpu = buf.device.type == "cpu" and flat.device.type == "cpu"
-    if cpu:  # each mask zeroed just before its crop goes in: the crop's lines are still in cache
-        dest, src = buf.numpy(), flat.numpy()
-    else:
-        dest, src = buf.zero_(), flat
-    out, off = [], 0
+    # each call here that releases the GIL hands it to the Loader's other thread (a context switch each), so
+    # the calls are per sample, not per object: a sample's masks zeroed by one call just before its crops
+    # go in (a few MB, still in cache for them; on a device the whole buffer by one kernel), its (k, H, W)
+    # view made by one call; per object only the crop's copy
+    dest, src = (buf.numpy(), flat.numpy()) if cpu else (buf.zero_(), flat)
+    out, off, at = [], 0, buf.storage_offset()
     for r, (h, w) in zip(rows, sizes):
         n = len(r) * h * w
-        out.append(buf[off:off + n].view(len(r), h, w))
-        m = dest[off:off + n].reshape(len(r), h, w)
+        out.append(buf.as_strided((len(r), h, w), (h * w, w, 1), at + off))
+        m = dest[off:off + n]
+        if cpu:
+            m[:] = 0
+        m = m.reshape(len(r), h, w)
         off += n
         for j, i in enumerate(r):
             t, l, mh, mw = rects[i]
-            if cpu:
-                m[j] = 0
             if mh and mw:
                 m[j, t:t + mh, l:l + mw] = src[mo[i]:mo[i + 1]].reshape(mh, mw)
     return out

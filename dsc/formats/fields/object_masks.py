@@ -65,10 +65,16 @@ def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.nd
     starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
     o, sizes = out_off.tolist(), hw.tolist()
     moved = flips.any(1).tolist() if flips is not None else [False] * len(rows)
+    run, at = None, 0  # the bits of consecutive rows (a sample's objects) unpacked by one call, not one a mask
     for j in range(len(rows)):
         if not sizes[j]:
             continue
-        crop = np.unpackbits(bits[starts[j]:ends[j]], count=sizes[j])
+        if run is None or not at <= starts[j] < at + len(run) // 8:
+            end = j
+            while end + 1 < len(rows) and starts[end + 1] == ends[end]:
+                end += 1
+            at, run = starts[j], np.unpackbits(bits[starts[j]:ends[end]])
+        crop = run[8 * (starts[j] - at):8 * (starts[j] - at) + sizes[j]]
         if moved[j]:
             h, w = int(rects[rows[j], 2]), int(rects[rows[j], 3])
             crop = crop.reshape(h, w)[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
