@@ -72,3 +72,46 @@ def test_the_batch_wide_cast_in_pieces_equals_the_per_image_one(ds, monkeypatch)
             assert torch.equal(img, ref)
             n += 1
     assert n == len(ds)
+
+
+class _TorchCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions and tensor methods called (each releases the GIL, handing it to the Loader's
+    other thread when that one waits for it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_torchvision_form_makes_its_views_per_sample_and_unpacks_masks_per_sample(ds, monkeypatch):
+    """Calls a batch, not an object's or three an image: each image's (C, H, W) view and each sample's
+    (k, H, W) masks view are one torch call each (were a slice, view and movedim, and a slice and view), the
+    gather unpacks a sample's mask bits with one ``unpackbits`` (was one per object); counted on batches of
+    1 and 6 samples, so what grows with the samples is per sample."""
+    import numpy as np
+
+    import dsc.formats.fields.object_masks as OM
+    from dsc.runtime.batches import torchvision_form
+
+    unpacks = []
+    real = np.unpackbits
+    monkeypatch.setattr(OM, "np", type("np", (), {"__getattr__": lambda self, k: getattr(np, k),
+                                                  "unpackbits": staticmethod(lambda *a, **k: unpacks.append(1)
+                                                                             or real(*a, **k))})())
+    calls, objects = {}, {}
+    for b in (1, 6):
+        loader = dsc.Loader(ds, batch_size=b, num_threads=0, transforms=[T.RandomHorizontalFlip(1.0)])
+        unpacks.clear()
+        batch = next(iter(loader))
+        assert len(unpacks) <= b < int(batch["box_offsets"][-1])  # (more objects than samples)
+        objects[b] = int((batch["iscrowd"] == 0).sum())
+        with _TorchCalls() as mode:
+            images, targets = torchvision_form(dict(batch), ds.schema)
+        calls[b] = mode.calls
+        assert len(images) == len(targets) == b and sum(len(t["masks"]) for t in targets) == objects[b]
+    # per sample: the image's view and the masks' view
+    assert objects[6] > objects[1] and calls[6] - calls[1] <= 2 * 5
