@@ -351,7 +351,7 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
         if t.shape[1] == 1 and H * W * Cn >= 1 << 16 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
             # one table: PIL's point over the sample's bytes as a greyscale image (a byte loop, no index
             # conversion: about 1.5x numpy's take), copied back
-            im = Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1).point(t[b, 0].tolist())
+            im = pil_point(Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1), t[b, 0].tolist())
             np.copyto(a[b], np.asarray(im).reshape(H, W, Cn))
         elif t.shape[1] == 1:
             np.take(t[b, 0], a[b], out=a[b], mode="clip")
@@ -359,6 +359,18 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
             for c in range(Cn):
                 np.take(t[b, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
     return x
+
+
+def pil_point(im: "Image.Image", table: list[int]) -> "Image.Image":
+    """``im.point(table)`` for a table of whole numbers 0..255 (a list of ints), without ``Image.point``'s
+    ``[round(i) for i in table]``: a Python loop of 256 (RGB: 768) calls per image that holds the GIL while
+    the Loader's other thread waits for it (it was about half the time of a lookup); the C lookup itself
+    lets the GIL go."""
+    core = getattr(im, "im", None)
+    if core is None or not hasattr(core, "point"):  # (a Pillow without the core object: the public call)
+        return im.point(table)
+    im.load()
+    return im._new(core.point(table, None))
 
 
 def histograms_u8(x: torch.Tensor) -> torch.Tensor:
