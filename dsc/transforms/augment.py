@@ -286,15 +286,12 @@ class RandomPhotometricDistort(PixelOp):
         return x
 
 
-U8_PIECE_PIXELS = 1 << 16  # per-pixel uint8 kernels (saturation + hue, HSV jitter) run on pieces of about this many pixels
-
-
 def _u8_pieces(x: torch.Tensor, rows=None):
     """(sample, piece) over CPU uint8 (N, H, W, C): each sample of ``rows`` (default all) as (1, h, W, C) views of
-    consecutive rows, about :data:`U8_PIECE_PIXELS` pixels each (a per-pixel kernel's float and int16 planes
-    of a piece stay in cache; a whole sample's would not)."""
+    consecutive rows, about :data:`color.PIECE_PIXELS` pixels each (a per-pixel kernel's float and int16
+    planes of a piece stay in cache; a whole sample's would not)."""
     N, H, W = x.shape[:3]
-    step = max(1, U8_PIECE_PIXELS // max(W, 1))
+    step = max(1, C.PIECE_PIXELS // max(W, 1))
     for b in (range(N) if rows is None else rows):
         for r0 in range(0, H, step):
             yield b, x[b:b + 1, r0:r0 + step]
@@ -302,7 +299,7 @@ def _u8_pieces(x: torch.Tensor, rows=None):
 
 def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> None:
     """RandomPhotometricDistort's saturation then hue (each where ``*_on``, at the per-sample factors) on CPU
-    uint8 RGB (N, H, W, 3), in place, piece by piece (rows of about :data:`U8_PIECE_PIXELS` pixels of one
+    uint8 RGB (N, H, W, 3), in place, piece by piece (rows of about :data:`color.PIECE_PIXELS` pixels of one
     sample): a piece's float copy, the grey, the blend and the hue's int16 planes all stay in cache, and the
     hue writes its bytes straight back into the piece (a hue alone never goes through float). Both ops are
     per pixel, so the pieces give the whole sample's numbers: the float stage's."""
