@@ -260,7 +260,7 @@ class RandomPhotometricDistort(PixelOp):
             if k == 0:
                 sub = C.apply_lut(sub, C.brightness(C.value_image(len(rows)), f, 255.0, True))
             elif k == 1:
-                mean = C.contrast_mean(_to_float(sub), True)
+                mean = _grey_mean_u8(sub)
                 sub = C.apply_lut(sub, C.blend(C.value_image(len(rows)), mean, f, 255.0, True))
             else:
                 sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
@@ -287,14 +287,26 @@ class RandomPhotometricDistort(PixelOp):
 
 
 def _u8_pieces(x: torch.Tensor, rows=None):
-    """(sample, piece) over CPU uint8 (N, H, W, C): each sample of ``rows`` (default all) as (1, h, W, C) views of
+    """(sample, first row, piece) over CPU uint8 (N, H, W, C): each sample of ``rows`` (default all) as (1, h, W, C) views of
     consecutive rows, about :data:`color.PIECE_PIXELS` pixels each (a per-pixel kernel's float and int16
     planes of a piece stay in cache; a whole sample's would not)."""
     N, H, W = x.shape[:3]
     step = max(1, C.PIECE_PIXELS // max(W, 1))
     for b in (range(N) if rows is None else rows):
         for r0 in range(0, H, step):
-            yield b, x[b:b + 1, r0:r0 + step]
+            yield b, r0, x[b:b + 1, r0:r0 + step]
+
+
+def _grey_mean_u8(x: torch.Tensor) -> torch.Tensor:
+    """:func:`color.contrast_mean` of CPU uint8 (N, H, W, C), the same numbers: the floored grey plane made
+    piece by piece (no float copy of a whole sample), then its mean."""
+    N, H, W, Cn = x.shape
+    if Cn != 3 or x.device.type != "cpu":
+        return C.contrast_mean(_to_float(x), True)
+    grey = torch.empty((N, 1, H, W), dtype=torch.float32)
+    for b, r0, piece in _u8_pieces(x):
+        grey[b:b + 1, :, r0:r0 + piece.shape[1]] = C.grayscale(_to_float(piece)).floor_()
+    return grey.mean(dim=(1, 2, 3), keepdim=True)
 
 
 def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> None:
@@ -304,7 +316,7 @@ def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> None:
     hue writes its bytes straight back into the piece (a hue alone never goes through float). Both ops are
     per pixel, so the pieces give the whole sample's numbers: the float stage's."""
     sat_on, hue_on = sat_on.tolist(), hue_on.tolist()
-    for b, piece in _u8_pieces(x, [b for b in range(len(x)) if sat_on[b] or hue_on[b]]):
+    for b, _, piece in _u8_pieces(x, [b for b in range(len(x)) if sat_on[b] or hue_on[b]]):
         planes = piece.permute(0, 3, 1, 2)  # (1, 3, h, W) view of the piece's bytes
         if sat_on[b]:
             y = C.saturation(_to_float(piece), sat[b:b + 1], 255.0, True)
@@ -353,7 +365,7 @@ class RandomHSV(PixelOp):
         if x.device.type != "cpu":
             return _to_u8(C.hsv_jitter_integer(x.permute(0, 3, 1, 2), p["r"]))
         gains = p["r"].reshape(-1, 3)
-        for b, piece in _u8_pieces(x):  # in place: each piece's bytes read into int16 planes, then written
+        for b, _, piece in _u8_pieces(x):  # in place: each piece's bytes read into int16 planes, then written
             planes = piece.permute(0, 3, 1, 2)
             C._hsv_jitter_piece(planes, gains[b:b + 1], planes)
         return x
