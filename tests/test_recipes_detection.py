@@ -491,3 +491,23 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     got = hsv.apply_u8(x, p, sizes)
     ref = hsv.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).to(torch.uint8)
     assert got.data_ptr() == x.data_ptr() and torch.equal(got, ref.permute(0, 2, 3, 1))
+
+
+def test_random_iou_crop_tests_eight_of_torchvision_s_rounds_at_once(monkeypatch):
+    """RandomIoUCrop draws and tests ROUNDS_AT_ONCE (8) of torchvision's rounds per set of tensor ops (each
+    sample takes its first round that ends it): a sample that can never pass (minimum IoU 0.99 of a small
+    box) runs torchvision's 1,000 rounds in 125 draws, and keeps its image; crops stay in range."""
+    from dsc.transforms import detection as D
+
+    draws = []
+    real = torch.randint
+    monkeypatch.setattr(D.torch, "randint", lambda *a, **k: draws.append(1) or real(*a, **k))
+    sizes = torch.tensor([[60, 80], [50, 50]])
+    boxes = [torch.tensor([[10.0, 10.0, 14.0, 13.0]], dtype=torch.float64)] * 2
+    p = T.RandomIoUCrop(sampler_options=[0.99]).params(sizes, torch.Generator().manual_seed(0), boxes=boxes)
+    assert len(draws) == 1000 // D.ROUNDS_AT_ONCE
+    assert p["h"].tolist() == [60, 50] and p["w"].tolist() == [80, 50] and bool(p["keep"].all())
+    draws.clear()
+    p = T.RandomIoUCrop().params(sizes.repeat(8, 1), torch.Generator().manual_seed(1), boxes=boxes * 8)
+    assert len(draws) <= 3
+    assert bool(((p["top"] >= 0) & (p["top"] + p["h"] <= sizes.repeat(8, 1)[:, 0])).all())
