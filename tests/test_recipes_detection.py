@@ -456,3 +456,58 @@ def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
         got = C.apply_lut(x.clone(), lut)
         monkeypatch.setattr(C.np, "take", real)
         assert torch.equal(got, want) and len(calls) == takes, shape
+
+
+def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch):
+    """RandomPhotometricDistort's saturation + hue and RandomHSV on a CPU uint8 sample larger than a piece
+    (color.PIECE_PIXELS, shrunk here) run on pieces of rows, in place: no float copy bigger than a piece
+    (saturation), none at all for a hue alone, RandomHSV hands back its input's own memory; the numbers
+    are the whole-sample float stage's."""
+    from dsc.transforms import augment as A
+    from dsc.transforms import color as C
+
+    monkeypatch.setattr(C, "PIECE_PIXELS", 1 << 10)
+    g = torch.Generator().manual_seed(5)
+    img = torch.randint(0, 256, (2, 45, 61, 3), dtype=torch.uint8, generator=g)  # 2745 pixels: 3 pieces
+    sizes = torch.tensor([[45, 61]]).expand(2, 2)
+    op = A.RandomPhotometricDistort(p=1.0)
+    copies = []
+    real = A._to_float
+    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(x[0].numel() // 3) or real(x))
+    for sat, hue in ((True, False), (False, True), (True, True)):
+        p = op.params(sizes, torch.Generator().manual_seed(7))
+        p.update(on0=torch.zeros(2, dtype=torch.bool), on1=torch.zeros(2, dtype=torch.bool), on2=torch.full((2,), sat),
+                 on3=torch.full((2,), hue), permute=torch.zeros(2, dtype=torch.bool))
+        copies.clear()
+        x = img.clone()
+        got = op.apply_u8(x, p, sizes)
+        assert got.data_ptr() == x.data_ptr()
+        ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
+        assert torch.equal(got, ref.permute(0, 2, 3, 1)), (sat, hue)
+        assert (len(copies) == 6 and max(copies) <= 1 << 10) if sat else copies == [], (sat, hue, copies)
+    hsv = A.RandomHSV(0.2, 0.7, 0.4)
+    p = hsv.params(sizes, torch.Generator().manual_seed(8))
+    x = img.clone()
+    got = hsv.apply_u8(x, p, sizes)
+    ref = hsv.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).to(torch.uint8)
+    assert got.data_ptr() == x.data_ptr() and torch.equal(got, ref.permute(0, 2, 3, 1))
+
+
+def test_random_iou_crop_tests_eight_of_torchvision_s_rounds_at_once(monkeypatch):
+    """RandomIoUCrop draws and tests ROUNDS_AT_ONCE (8) of torchvision's rounds per set of tensor ops (each
+    sample takes its first round that ends it): a sample that can never pass (minimum IoU 0.99 of a small
+    box) runs torchvision's 1,000 rounds in 125 draws, and keeps its image; crops stay in range."""
+    from dsc.transforms import detection as D
+
+    draws = []
+    real = torch.randint
+    monkeypatch.setattr(D.torch, "randint", lambda *a, **k: draws.append(1) or real(*a, **k))
+    sizes = torch.tensor([[60, 80], [50, 50]])
+    boxes = [torch.tensor([[10.0, 10.0, 14.0, 13.0]], dtype=torch.float64)] * 2
+    p = T.RandomIoUCrop(sampler_options=[0.99]).params(sizes, torch.Generator().manual_seed(0), boxes=boxes)
+    assert len(draws) == 1000 // D.ROUNDS_AT_ONCE
+    assert p["h"].tolist() == [60, 50] and p["w"].tolist() == [80, 50] and bool(p["keep"].all())
+    draws.clear()
+    p = T.RandomIoUCrop().params(sizes.repeat(8, 1), torch.Generator().manual_seed(1), boxes=boxes * 8)
+    assert len(draws) <= 3
+    assert bool(((p["top"] >= 0) & (p["top"] + p["h"] <= sizes.repeat(8, 1)[:, 0])).all())

@@ -170,6 +170,9 @@ class RandomZoomOut(Geometric):
         return [("crop", _ints(-top), _ints(-left), _ints(ch), _ints(cw))]
 
 
+ROUNDS_AT_ONCE = 8  # RandomIoUCrop: torchvision's rounds drawn and tested together (one set of tensor ops)
+
+
 class RandomIoUCrop(Geometric):
     """torchvision ``RandomIoUCrop(min_scale=0.3, max_scale=1.0, min_aspect_ratio=0.5, max_aspect_ratio=2.0,
     sampler_options=[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0], trials=40)`` (the SSD recipe), per sample: draw a
@@ -211,37 +214,46 @@ class RandomIoUCrop(Geometric):
         cx = (0.5 * (bx[..., 0] + bx[..., 2])).unsqueeze(1)  # (B, 1, N)
         cy = (0.5 * (bx[..., 1] + bx[..., 3])).unsqueeze(1)
         area = ((bx[..., 2] - bx[..., 0]) * (bx[..., 3] - bx[..., 1])).unsqueeze(1)
-        T_ = self.trials
-        for _ in range(1000):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
+        T_, K = self.trials, ROUNDS_AT_ONCE
+        cx, cy, area = cx.unsqueeze(0), cy.unsqueeze(0), area.unsqueeze(0)  # (1, B, 1, N)
+        bxk, hask = bx.unsqueeze(1).unsqueeze(0), has.unsqueeze(1).unsqueeze(0)  # (1, B, 1, N, 4), (1, B, 1, N)
+        Wk, Hk = W.view(1, B, 1), H.view(1, B, 1)
+        for _ in range(1000 // K):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
             if not bool(todo.any()):
                 break
-            m = options[torch.randint(len(options), (B,), generator=gen)]
-            todo &= m < 1.0
-            r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand((B, T_, 2), generator=gen,
+            # K of torchvision's rounds drawn at once for every sample: (minimum IoU, trials) per round; each
+            # sample ends at its first round that draws 1.0 or has a passing trial (the draws of the rounds
+            # after it go unused: each round's draws are independent, so the crop's distribution is the loop's)
+            m = options[torch.randint(len(options), (K, B), generator=gen)]
+            r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand((K, B, T_, 2), generator=gen,
                                                                                 dtype=torch.float64)
-            u = torch.rand((B, T_, 2), generator=gen, dtype=torch.float64)
-            nw, nh = torch.floor(W.view(B, 1) * r[..., 0]), torch.floor(H.view(B, 1) * r[..., 1])
+            u = torch.rand((K, B, T_, 2), generator=gen, dtype=torch.float64)
+            nw, nh = torch.floor(Wk * r[..., 0]), torch.floor(Hk * r[..., 1])  # (K, B, T)
             ok = (nh > 0) & (nw > 0)
             aspect = nw / nh.clamp(min=1)
             ok &= (self.min_aspect_ratio <= aspect) & (aspect <= self.max_aspect_ratio)
-            lf, tp = torch.floor((W.view(B, 1) - nw) * u[..., 0]), torch.floor((H.view(B, 1) - nh) * u[..., 1])
-            rt, bt = lf + nw, tp + nh
-            l3, t3, r3, b3 = lf.unsqueeze(-1), tp.unsqueeze(-1), rt.unsqueeze(-1), bt.unsqueeze(-1)
-            inside = has.unsqueeze(1) & (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)  # (B, T, N)
-            iw = (torch.minimum(bx[..., 2].unsqueeze(1), r3) - torch.maximum(bx[..., 0].unsqueeze(1), l3)).clamp(min=0)
-            ih = (torch.minimum(bx[..., 3].unsqueeze(1), b3) - torch.maximum(bx[..., 1].unsqueeze(1), t3)).clamp(min=0)
+            lf, tp = torch.floor((Wk - nw) * u[..., 0]), torch.floor((Hk - nh) * u[..., 1])
+            l4, t4, r4, b4 = (v.unsqueeze(-1) for v in (lf, tp, lf + nw, tp + nh))  # (K, B, T, 1)
+            inside = hask & (l4 < cx) & (cx < r4) & (t4 < cy) & (cy < b4)  # (K, B, T, N)
+            iw = (torch.minimum(bxk[..., 2], r4) - torch.maximum(bxk[..., 0], l4)).clamp(min=0)
+            ih = (torch.minimum(bxk[..., 3], b4) - torch.maximum(bxk[..., 1], t4)).clamp(min=0)
             inter = iw * ih
             iou = inter / (area + (nw * nh).unsqueeze(-1) - inter)
             best = torch.where(inside, iou, torch.full_like(iou, -1.0)).amax(-1)
-            ok &= inside.any(-1) & (best >= m.view(B, 1)) & todo.view(B, 1)
-            hit = ok.any(1)
-            if bool(hit.any()):
-                k = ok.double().argmax(1)
-                rows = torch.arange(B)
-                top, left = torch.where(hit, tp[rows, k], top), torch.where(hit, lf[rows, k], left)
-                ch, cw = torch.where(hit, nh[rows, k], ch), torch.where(hit, nw[rows, k], cw)
-                found |= hit
-                todo &= ~hit
+            ok &= inside.any(-1) & (best >= m.unsqueeze(-1)) & (m < 1.0).unsqueeze(-1)
+            ends = (ok.any(-1) | (m >= 1.0)) & todo.view(1, B)  # (K, B)
+            hit_any = ends.any(0)
+            if not bool(hit_any.any()):
+                continue
+            k = ends.to(torch.uint8).argmax(0)  # each sample's first round that ends it
+            rows = torch.arange(B)
+            crop = hit_any & (m[k, rows] < 1.0)
+            t = ok[k, rows].to(torch.uint8).argmax(-1)  # that round's first passing trial
+            top, left = torch.where(crop, tp[k, rows, t], top), torch.where(crop, lf[k, rows, t], left)
+            ch, cw = torch.where(crop, nh[k, rows, t], ch), torch.where(crop, nw[k, rows, t], cw)
+            found |= crop
+            todo &= ~hit_any
+        cx, cy = cx[0], cy[0]
         # the boxes whose centre lies inside the crop (a sample that kept its image keeps them all)
         l3, t3, r3, b3 = (v.view(B, 1, 1) for v in (left, top, left + cw, top + ch))
         inside = (l3 < cx) & (cx < r3) & (t3 < cy) & (cy < b3)
