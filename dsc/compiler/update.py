@@ -39,7 +39,7 @@ from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .sources.inputs import identity, known
-from .journal import Journal, hash_record, inputs_of
+from .journal import Journal, Resumed, hash_record, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
@@ -439,7 +439,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
                       shard_ok=uploaded_shard_check(*direct) if direct else None)
     inputs = {t.s: inputs_of(t.records) for t in tasks}
-    done = {}
+    done = Resumed.none()
     if os.path.lexists(txn):
         if txn.is_symlink() or not txn.is_dir():
             raise not_ours(txn, f"the folder of an interrupted update (dsc's, under {versions.TXN})")
@@ -453,7 +453,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             say(f"discarding the unfinished shards of an earlier update that did not commit (other inputs, or another "
                 f"base version; {txn})")
             shutil.rmtree(txn, ignore_errors=True)
-    _discard_slots(out, L.shard_nodes(m), next_slot, keep=set(done))
+    _discard_slots(out, L.shard_nodes(m), next_slot, keep=done)
     results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
                                 options.workers or os.cpu_count() or 1, tmp=out)  # (units that upload their
     # shards hand back the small files they wrote besides them: those go into ``out``)
@@ -531,7 +531,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         view.refresh(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
-                         bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),
+                         bytes_written=int(results.nbytes[~np.isin(np.arange(len(tasks)) + next_slot, done.slots)].sum()),
+                         resumed_units=len(done),
                          plan=plan.summary(), version=n_new, committed=True,
                          reused_shards=sum(s is not None for s in new_m.shards[:next_slot]),
                          decoded=sum(len(t.records) for t in tasks if t.s not in done))

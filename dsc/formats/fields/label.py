@@ -62,12 +62,12 @@ class LabelReader(Reader):
 
     def __init__(self, store, n: int):
         self._store, self._n, self._labels = store, n, None
-        store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
+        self._meta = store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
 
     @property
     def labels(self) -> np.ndarray:
-        if self._labels is None:
-            self._labels = self._store.array(NODE, (self._n,))
+        if self._labels is None:  # (its zarr.json read once, at open)
+            self._labels = self._store.checked_array(NODE, self._meta)
         return self._labels
 
     def sample(self, i: int) -> dict:
