@@ -419,16 +419,13 @@ def _shard_bytes(m: Manifest) -> int:
     return m.shard_table.ref["nbytes"] if m.shard_table is not None else sum(s.nbytes for s in L.shard_specs(m))
 
 
-def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
+def _classes(scanned: ScannedSource, label_parts, objects_parts) -> tuple[str, ...]:
     """The source's class names; for a dataset without them, the label values as text."""
     if scanned.names_classes:
         return scanned.classes
     if scanned.task == "classification":
-        if hasattr(label_parts, "values"):  # (a compile's labels in one array)
-            values = label_parts.values()
-            top = int(values.max()) if len(values) else -1
-        else:
-            top = max((max(p.labels, default=-1) for p in label_parts), default=-1)
+        values = label_parts.values()  # (every version's labels in one array: Field.collect)
+        top = int(values.max()) if len(values) else -1
     else:
         top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
@@ -470,6 +467,60 @@ class Rows:
                              np.int64).reshape(-1, 1)
         return cls([records[i].key for i in kept], cat("orig"), cat("affine"), cat("orientation"),
                    np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))
+
+
+def fold_slots(fields: tuple[Field, ...], K: int, S: int, slots) -> tuple[dict, Rows]:
+    """The parts and rows of a version made slot by slot from a base (an update's, a compaction's), in the shape a
+    fresh compile hands ``write_version``: ``slots`` yields, for slots 0..S-1 in order, ({field name: part}, Rows);
+    each is folded into its field's ``Field.collect`` (flat arrays for the labels and image-like fields: no object
+    kept a slot) as the next one comes, every slot but the last padded with holes to K rows, and the slots after
+    the last one with an image shard left out (a version's last slot holds samples)."""
+    coll = {f.name: f.collect(S, S * K, K) for f in fields}
+    out = Rows.holes(S * K)
+    end = used = 0  # rows and slots up to the last slot with an image shard
+    held, empty_from = None, 0  # that slot (folded, padded, once a later one has a shard); the empty ones after it
+
+    def fold(u: int, parts: dict, rows: Rows, pad: bool) -> int:
+        if pad:
+            _pad(parts, rows, K - len(rows.keys))
+        n = len(rows.keys)
+        at, idx = slice(u * K, u * K + n), np.arange(u * K, u * K + n, dtype=np.int64)
+        for name, c in coll.items():
+            c.add(u, parts[name], idx)
+        out.keys[at] = rows.keys
+        for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
+            getattr(out, a)[at] = getattr(rows, a)
+        return u * K + n
+
+    for u, (parts, rows) in enumerate(slots):
+        if parts["image"].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing)
+            continue
+        if held is not None:
+            fold(*held, True)
+        for e in range(empty_from, u):  # the empty slots between: holes
+            fold(e, {f.name: f.empty_part() for f in fields}, Rows.holes(0), True)
+        held, empty_from = (u, parts, rows), u + 1
+    if held is not None:
+        end, used = fold(*held, False), held[0] + 1
+    kept = np.zeros(S * K, bool)
+    kept[:end] = True
+    for c in coll.values():
+        c.keep_slots(used)
+        c.settle(kept)
+    return coll, Rows(out.keys[:end], *(getattr(out, a)[:end] for a in ("orig", "affine", "orientation",
+                                                                            "fingerprint", "stat", "live")))
+
+
+def _pad(parts: dict, rows: Rows, n: int) -> None:
+    """Append ``n`` holes to a slot's parts and rows."""
+    if n <= 0:
+        return
+    for p in parts.values():
+        p.pad(n)
+    holes = Rows.holes(n)
+    rows.keys += holes.keys
+    for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
+        setattr(rows, a, np.concatenate([getattr(rows, a), getattr(holes, a)]))
 
 
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: UnitResults,
