@@ -488,15 +488,15 @@ def test_push_and_update_of_a_url_keep_each_ragged_shards_zarr_json(s3, tmp_path
 
 
 def _file_calls(monkeypatch, fn) -> dict:
-    """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink
-    and os.replace."""
+    """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink,
+    os.replace and os.stat."""
     import os
     from collections import Counter
 
     from dsc.compiler import units
 
     calls, inside = Counter(), [False]
-    for name in ("open", "mkdir", "unlink", "replace"):
+    for name in ("open", "mkdir", "unlink", "replace", "stat"):
         real = getattr(os, name)
 
         def counted(*a, _real=real, _name=name, **k):
@@ -531,9 +531,10 @@ def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
     make(tmp_path / "warm", 1)  # (what a process opens once: the decoders' capture file)
     c5 = _file_calls(monkeypatch, lambda: make(tmp_path / "a", 5))
     c25 = _file_calls(monkeypatch, lambda: make(tmp_path / "b", 25))
-    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace")}
+    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace", "stat")}
     if layout == "fixed":  # image/c/<s>/0/0/0: the staging, image, c, <s> (missing), 3 new folders, the file
-        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1}, per  # (was: 10 opens, 1 unlink)
+        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1, "stat": 0}, per  # (was: 10 opens, 1 unlink;
+        # then a stat of the staging before its open)
     else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
         assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per
 
@@ -732,4 +733,46 @@ def test_a_resume_holds_no_object_per_resumed_unit(tmp_path, monkeypatch):
     (journal.Resumed): none is held as a UnitResult (it held one a unit, with its parts, until the commit)."""
     few = _held_after_resumed_units(tmp_path, monkeypatch, 10)
     many = _held_after_resumed_units(tmp_path, monkeypatch, 60)
+    assert few == many <= 2, (few, many)
+
+
+def _parts_held_by_an_update(tmp_path, monkeypatch, n: int) -> int:
+    """Field parts and unit results alive when an ``--update`` of a dataset of ``n`` one-sample slots (one input
+    added) writes its version: the base's slots carried over, the new one compiled."""
+    import gc
+    import sys
+
+    from PIL import Image
+
+    from dsc.compiler.units import UnitResult
+    from dsc.formats.fields import Part
+
+    src, path = tmp_path / f"src{n}", tmp_path / f"d{n}"
+    for i in range(n):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    opts = dict(size=2, shard_size=1, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
+    U = sys.modules["dsc.compiler.update"]
+    real, seen = U.write_version, {}
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["objects"] = sum(isinstance(o, (UnitResult, Part)) for o in gc.get_objects())
+        return real(*a, **k)
+
+    monkeypatch.setattr(U, "write_version", write_version)
+    dsc.compile_imagefolder(src, path, update=True, **opts)
+    ds = dsc.open(path)
+    assert len(ds) == n + 1 and ds.manifest.shard_table.ref["shards"] == n + 1
+    return seen["objects"]
+
+
+def test_an_update_holds_no_object_per_slot(tmp_path, monkeypatch):
+    """An update carries the base's slots over and folds each, as it is made, into flat arrays (compile.fold_slots:
+    the shape a fresh compile's parts have), so what it holds when it writes the version does not grow with the
+    slots (it held a label and an image part a slot, with their lists)."""
+    few = _parts_held_by_an_update(tmp_path, monkeypatch, 6)
+    many = _parts_held_by_an_update(tmp_path, monkeypatch, 40)
     assert few == many <= 2, (few, many)

@@ -529,7 +529,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         view.refresh(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
-                         bytes_written=int(results.nbytes[~np.isin(np.arange(len(tasks)) + next_slot, done.slots)].sum()),
+                         bytes_written=int(results.nbytes[~np.isin(np.arange(len(tasks)) + next_slot,
+                                                                   done.slots)].sum()),
                          resumed_units=len(done),
                          plan=plan.summary(), version=n_new, committed=True,
                          reused_shards=sum(s is not None for s in new_m.shards[:next_slot]),

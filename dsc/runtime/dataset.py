@@ -160,7 +160,7 @@ class Dataset(torch.utils.data.Dataset):
         m = self.manifest
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
-        self._rows_at = self._live = None  # logical sample -> row (None: the same), or read from ``live`` when first used
+        self._rows_at = self._live = None  # sample -> row (None: the same), or ``live`` read when first used
         if m.versioned and m.num_samples == m.num_rows and m.shard_table is not None:  # every row live: ``live``
             # says nothing the manifest does not (not read at open: a byte a row; `dsc verify` checks it); each slot's
             # shard is checked to hold its rows when first read
