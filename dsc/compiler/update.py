@@ -470,7 +470,8 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                              version=m.version["number"], committed=False)
     # ---- the new version's rows: the base's slots as they are (some rows now removed), then the new slots, each
     # folded into flat arrays as it is made (compile.fold_slots: the shape a fresh compile's parts have)
-    removed = set(plan.removed)
+    dead = np.zeros(max([next_slot * K, *(r + 1 for r in plan.removed)]), bool)  # (by row: a slot's own rows
+    dead[np.asarray(plan.removed, np.int64)] = True  # looked up, not every removed row or stat probe a slot)
     reannotate = {**dict(plan.relabel), **dict(plan.moved)}
     errors = []
 
@@ -480,7 +481,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             count = spec.count if spec is not None else 0
             start = s * K
             live = base.live[start:start + count].copy()
-            live[[r - start for r in removed if start <= r < start + count]] = False
+            live[dead[start:start + count]] = False
             if not live.any():  # a slot this version does not need: its rows become holes
                 count, live = 0, live[:0]
             slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(base, f.name, s))
@@ -497,9 +498,10 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                 except SampleError as e:
                     errors.append((rec.key, where(rec), e.reason))
                     rows.live[j] = False
-            for r, probes in plan.stat.items():
-                if start <= r < start + count:
-                    rows.stat[r - start] = _stat_row(probes)
+            for j in range(count):
+                probes = plan.stat.get(start + j)
+                if probes is not None:
+                    rows.stat[j] = _stat_row(probes)
             yield slot_parts, rows
         for task, res in zip(tasks, results):
             yield ({f.name: res.parts[f.name] for f in fields},
