@@ -488,15 +488,15 @@ def test_push_and_update_of_a_url_keep_each_ragged_shards_zarr_json(s3, tmp_path
 
 
 def _file_calls(monkeypatch, fn) -> dict:
-    """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink
-    and os.replace."""
+    """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink,
+    os.replace and os.stat."""
     import os
     from collections import Counter
 
     from dsc.compiler import units
 
     calls, inside = Counter(), [False]
-    for name in ("open", "mkdir", "unlink", "replace"):
+    for name in ("open", "mkdir", "unlink", "replace", "stat"):
         real = getattr(os, name)
 
         def counted(*a, _real=real, _name=name, **k):
@@ -531,9 +531,10 @@ def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
     make(tmp_path / "warm", 1)  # (what a process opens once: the decoders' capture file)
     c5 = _file_calls(monkeypatch, lambda: make(tmp_path / "a", 5))
     c25 = _file_calls(monkeypatch, lambda: make(tmp_path / "b", 25))
-    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace")}
+    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace", "stat")}
     if layout == "fixed":  # image/c/<s>/0/0/0: the staging, image, c, <s> (missing), 3 new folders, the file
-        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1}, per  # (was: 10 opens, 1 unlink)
+        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1, "stat": 0}, per  # (was: 10 opens, 1 unlink;
+        # then a stat of the staging before its open)
     else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
         assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per
 
@@ -616,3 +617,162 @@ def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
     ds.close()
     assert 0 in vacuum(path, keep=1, older_than=0).removed
     assert ds.labels.tolist() == want
+
+
+def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkeypatch):
+    """``live`` (a byte a row) is not read at open of a version whose rows were removed either: it is read, and
+    checked against the manifest, when a sample's row is first needed; ``close()`` reads it if it was not (a vacuum
+    may remove the version after). A damaged ``live`` is still refused, at first use."""
+    import os
+
+    from PIL import Image
+
+    from dsc.errors import CorruptDatasetError
+    from dsc.formats import layout as L
+    from dsc.versions import vacuum
+
+    src, path = tmp_path / "src", tmp_path / "d"
+    for i in range(8):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i * 20, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    opts = dict(size=2, shard_size=2, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    (src / "c0" / "2.png").unlink()
+    dsc.compile_imagefolder(src, path, update=True, **opts)  # version 1: a row removed
+    ds, log = reads_at_open(path, monkeypatch)
+    m = ds.manifest
+    assert (m.num_samples, m.num_rows) == (7, 8)
+    live = next(rel for rel in m.files if rel.startswith(L.LIVE + "/c"))
+    live_obj = V.object_path(m.files[live]["sha256"])
+    read = [rel for rel, _ in log]
+    assert live_obj not in read and live not in read, read
+    assert ds._live._rows is None
+    keys = ds.keys  # (live read now: the keys of the version's samples)
+    assert len(keys) == 7 and "c0/2.png" not in keys and ds._live._rows is not None
+    ds.close()
+
+    ds = dsc.open(path)
+    assert ds._live._rows is None
+    ds.close()  # reads live: a vacuum may remove the version now
+    Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
+    dsc.compile_imagefolder(src, path, update=True, **opts)  # version 2
+    vacuum(path, keep=1, older_than=0)
+    assert 1 not in V.versions(path)
+    assert len(ds) == 7 and ds._to_rows(np.arange(7)).tolist() == ds._live.rows.tolist()
+
+    (src / "c1" / "3.png").unlink()
+    dsc.compile_imagefolder(src, path, update=True, **opts)  # version 3: rows removed again
+    m = V.read_record(path, V.versions(path)[-1])["manifest"]
+    live_obj = path / V.object_path(m.files[next(r for r in m.files if r.startswith(L.LIVE + "/c"))]["sha256"])
+    data = bytearray(live_obj.read_bytes())
+    data[data.index(1)] = 0  # one live row fewer than the manifest's samples: damage, refused when first used
+    os.chmod(live_obj, 0o644)
+    live_obj.write_bytes(bytes(data))
+    ds = dsc.open(path)
+    with pytest.raises(CorruptDatasetError, match="marks"):
+        ds.keys
+    ds.close()
+
+
+def test_the_labels_metadata_is_read_once(tmp_path, monkeypatch):
+    """``label/zarr.json`` is read and checked at open; the labels' first use reads their chunk only."""
+    path = tiny(tmp_path / "d", 6)
+    log = []
+    real_read = Root.read
+
+    def read(self, rel, limit=None):
+        out = real_read(self, rel, limit)
+        log.append(self.redirect.get(rel, rel) if self.redirect else rel)
+        return out
+
+    monkeypatch.setattr(Root, "read", read)
+    ds = dsc.open(path)
+    meta = V.object_path(ds.manifest.files["label/zarr.json"]["sha256"])
+    assert log.count(meta) == 1
+    assert ds.labels.tolist() == [i % 10 for i in range(6)]
+    assert log.count(meta) == 1, log
+    ds.close()
+
+
+def _held_after_resumed_units(tmp_path, monkeypatch, n: int) -> int:
+    """Unit results and field parts alive once a resumed compile of ``n`` one-sample shards, all of them journaled
+    by a first run stopped before its commit, has folded them in."""
+    import gc
+    import sys
+
+    from dsc.compiler.units import UnitResult
+    from dsc.formats.fields import Part
+
+    C = sys.modules["dsc.compiler.compile"]
+    out = tmp_path / f"r{n}"
+    with monkeypatch.context() as mp:
+        def stop(*a, **k):
+            raise KeyboardInterrupt
+
+        mp.setattr(C, "_finalize", stop)
+        with pytest.raises(KeyboardInterrupt):
+            tiny(out, n)
+    real, seen = C.decode_units, {}
+
+    def decode_units(*a, **k):
+        res = real(*a, **k)
+        gc.collect()
+        seen["objects"] = sum(isinstance(o, (UnitResult, Part)) for o in gc.get_objects())
+        return res
+
+    with monkeypatch.context() as mp:
+        mp.setattr(C, "decode_units", decode_units)
+        report = dsc.compile(Tiny(n), out, size=2, shard_size=1, progress=False, workers=1, resume=True)
+    assert report.resumed_units == n and report.decoded == 0
+    assert dsc.open(out).labels.tolist() == [i % 10 for i in range(n)]
+    return seen["objects"]
+
+
+def test_a_resume_holds_no_object_per_resumed_unit(tmp_path, monkeypatch):
+    """The units a resume keeps are read from the journal one at a time and folded into the compile's flat arrays
+    (journal.Resumed): none is held as a UnitResult (it held one a unit, with its parts, until the commit)."""
+    few = _held_after_resumed_units(tmp_path, monkeypatch, 10)
+    many = _held_after_resumed_units(tmp_path, monkeypatch, 60)
+    assert few == many <= 2, (few, many)
+
+
+def _parts_held_by_an_update(tmp_path, monkeypatch, n: int) -> int:
+    """Field parts and unit results alive when an ``--update`` of a dataset of ``n`` one-sample slots (one input
+    added) writes its version: the base's slots carried over, the new one compiled."""
+    import gc
+    import sys
+
+    from PIL import Image
+
+    from dsc.compiler.units import UnitResult
+    from dsc.formats.fields import Part
+
+    src, path = tmp_path / f"src{n}", tmp_path / f"d{n}"
+    for i in range(n):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    opts = dict(size=2, shard_size=1, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
+    U = sys.modules["dsc.compiler.update"]
+    real, seen = U.write_version, {}
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["objects"] = sum(isinstance(o, (UnitResult, Part)) for o in gc.get_objects())
+        return real(*a, **k)
+
+    monkeypatch.setattr(U, "write_version", write_version)
+    dsc.compile_imagefolder(src, path, update=True, **opts)
+    ds = dsc.open(path)
+    assert len(ds) == n + 1 and ds.manifest.shard_table.ref["shards"] == n + 1
+    return seen["objects"]
+
+
+def test_an_update_holds_no_object_per_slot(tmp_path, monkeypatch):
+    """An update carries the base's slots over and folds each, as it is made, into flat arrays (compile.fold_slots:
+    the shape a fresh compile's parts have), so what it holds when it writes the version does not grow with the
+    slots (it held a label and an image part a slot, with their lists)."""
+    few = _parts_held_by_an_update(tmp_path, monkeypatch, 6)
+    many = _parts_held_by_an_update(tmp_path, monkeypatch, 40)
+    assert few == many <= 2, (few, many)

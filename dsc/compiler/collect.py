@@ -40,9 +40,11 @@ class UnitResults(Sequence):
     def add(self, res: UnitResult) -> None:
         u = res.s - self.s0
         rows = np.asarray(res.kept, np.int64)
-        if len(rows) and (rows.min() < u * self.K or rows.max() >= (u + 1) * self.K):
-            raise ValueError(f"unit {res.s} kept inputs outside its own")  # (an internal invariant)
         n = len(rows)
+        if n:  # (one input: no reduction, the commonest unit of a many-shards compile)
+            lo, hi = (int(rows[0]),) * 2 if n == 1 else (int(rows.min()), int(rows.max()))
+            if lo < u * self.K or hi >= (u + 1) * self.K:
+                raise ValueError(f"unit {res.s} kept inputs outside its own")  # (an internal invariant)
         # (a unit's kept inputs are one run unless some were skipped: a slice then, cheaper than an index array)
         at = slice(int(rows[0]), int(rows[0]) + n) if n and int(rows[-1]) - int(rows[0]) == n - 1 else rows
         self.kept[at] = True

@@ -28,11 +28,11 @@ from ..formats import layout as L
 from ..formats import versions, view
 from ..store import is_url
 from ..store.local import Root, open_folder
-from .compile import Rows, write_version
+from .compile import Rows, fold_slots, write_version
 from .options import CompileOptions, CompileReport
 from .sources.base import MaskInfo, ScannedSource
 from .staging import OutLock, sync_filesystem
-from .update import Base, _discard_slots, _pad, _recover, check_options
+from .update import Base, _discard_slots, _recover, check_options
 
 
 def in_storage_order(live: np.ndarray, K: int) -> bool:
@@ -125,21 +125,20 @@ def compact_dataset(out, info=None, warn=None) -> CompileReport:
         txn = out / versions.TXN / str(n_new)
         shutil.rmtree(txn, ignore_errors=True)
         try:
-            parts = {f.name: [f.empty_part() for _ in range(next_slot)] for f in base.fields}
-            rows = [Rows.holes(0) for _ in range(next_slot)]
-            for u, unit in enumerate(units):
-                for f in base.fields:
-                    reader = base.readers[f.name]
-                    parts[f.name].append(_copied_part(f, reader, out, next_slot + u, K, unit)
-                                         if getattr(f, "pixels", None) is not None else _carried_part(f, reader, unit))
-                stat = base.stat[unit] if base.stat is not None else np.zeros((len(unit), 6), np.int64)
-                rows.append(Rows([base.keys[r] for r in unit.tolist()], base.orig[unit], base.affine[unit],
-                                 base.orientation[unit], base.fingerprint[unit], stat, np.ones(len(unit), bool)))
-            for s in range(len(rows) - 1):  # every slot but the last spans K rows
-                _pad({name: p[s] for name, p in parts.items()}, rows[s], K - len(rows[s].keys))
-            if "objects" in parts and m.objects is not None:  # (the resize dropped them at compile time)
-                parts["objects"][next_slot].dropped = int(m.objects.get("dropped_boxes", 0))
-            rows = Rows.concat(rows)
+            def slots():  # (the old slots are holes; each new one folded in as it is made: compile.fold_slots)
+                for _ in range(next_slot):
+                    yield {f.name: f.empty_part() for f in base.fields}, Rows.holes(0)
+                for u, unit in enumerate(units):
+                    parts = {f.name: _copied_part(f, base.readers[f.name], out, next_slot + u, K, unit)
+                             if getattr(f, "pixels", None) is not None else _carried_part(f, base.readers[f.name], unit)
+                             for f in base.fields}
+                    if u == 0 and "objects" in parts and m.objects is not None:  # (the resize dropped them at
+                        parts["objects"].dropped = int(m.objects.get("dropped_boxes", 0))  # compile time)
+                    stat = base.stat[unit] if base.stat is not None else np.zeros((len(unit), 6), np.int64)
+                    yield parts, Rows([base.keys[r] for r in unit.tolist()], base.orig[unit], base.affine[unit],
+                                      base.orientation[unit], base.fingerprint[unit], stat, np.ones(len(unit), bool))
+
+            parts, rows = fold_slots(tuple(base.fields), K, next_slot + len(units), slots())
             stage = txn / "stage"
             os.close(open_folder(stage, out))
             version = {"number": n_new, "parent": m.version["number"], "operation": "compact"}

@@ -35,7 +35,7 @@ from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, Mas
 from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, fingerprint, inputs_of, settings
+from .journal import Journal, Resumed, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
@@ -123,21 +123,25 @@ class _Todo(Sequence):
 
 
 def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
-               records: list, journal: Journal, done: dict[int, UnitResult], source: Source,
+               records: list, journal: Journal, done: Resumed, source: Source,
                inputs, executor=None, on_unit=None, tmp: Path | None = None) -> UnitResults:
     """Run the units not ``done`` (a unit's ``s`` is its shard slot, ``tasks[u]`` slot ``tasks[0].s + u`` and
     inputs ``[u*K, u*K + K)`` of ``records``); every unit's result, folded into a :class:`UnitResults` as it
-    finishes (see collect.py). A unit that uploaded its shards hands back the small files it wrote besides them:
-    they go into ``tmp`` (the staging)."""
+    finishes (see collect.py), the ``done`` ones first, as their journal entries are read. A resumed unit that
+    left inputs out stops the run under ``fail_fast``. A unit that uploaded its shards hands back the small files
+    it wrote besides them: they go into ``tmp`` (the staging)."""
     S = len(tasks)
     first = tasks[0] if S else None
     K = first.shard_size if first is not None else 1
     s0 = first.s if first is not None else 0
     results = UnitResults(S, len(records), K, s0, first.fields if first is not None else ())
-    for res in done.values():
+    for res in done:  # (each parsed from the journal as it is folded in: no object kept a resumed unit)
         results.add(res)
+    if fail_fast and results.errors:  # (a skip run's shards leave inputs out: not under fail)
+        i, reason = results.errors[0]
+        raise _stop(records[i].key, where(records[i]), reason)
     us = np.arange(S, dtype=np.int64)
-    todo = _Todo(tasks, us[~np.isin(us, np.asarray(sorted(done), np.int64) - s0)] if done else us)
+    todo = _Todo(tasks, us[~np.isin(us, done.slots - s0)] if done else us)
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
@@ -174,7 +178,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     try:
         with progress_bar(total=total, unit="img", desc="compile", disable=not progress,
                           dynamic_ncols=True, smoothing=0.1) as bar:
-            bar.update(sum(unit_size(s) for s in done))
+            bar.update(sum(unit_size(s) for s in done.slots.tolist()))
             if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
@@ -250,7 +254,7 @@ def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int)
 
 
 def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, options: CompileOptions, journal,
-                 done: dict, source: Source, inputs: dict, workers: int, on_unit=None, tmp: Path | None = None):
+                 done: Resumed, source: Source, inputs: dict, workers: int, on_unit=None, tmp: Path | None = None):
     """Run the units not ``done`` (journaling each), then ``(results, bad)``: every unit's result, and
     (key, where, reason) of each input left out (the scan's invalid ones first), written to
     ``--error-report`` when asked, also when a bad input stops the run."""
@@ -378,7 +382,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
         inputs = UnitInputs(tasks)
-        done = {}
+        done = Resumed.none()
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
             if warn is not None:
                 warn(f"{tmp} holds no resumable compile (no journal plan): discarding it and starting over")
@@ -386,10 +390,6 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         if options.resume:
             journal.check_plan()
             done = journal.finished_units(inputs)
-            failed = [r for r in done.values() if r.errors]
-            if failed and options.on_error == "fail":  # a skip run's shards leave inputs out: not under fail
-                i, reason = min(e for r in failed for e in r.errors)
-                raise _stop(records[i].key, where(records[i]), reason)
         results, bad = decode_units(tasks, records, scanned, options, journal, done, source, inputs, workers,
                                     None if direct else on_unit, tmp)
         said = decode_warnings(results, records, warn)
@@ -411,7 +411,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     return CompileReport(path=out, manifest=manifest, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0, bytes_written=_shard_bytes(manifest),
                          resumed_units=len(done),
-                         decoded=len(records) - sum(min(K, len(records) - s * K) for s in done))
+                         decoded=len(records) - sum(min(K, len(records) - s * K) for s in done.slots.tolist()))
 
 
 def _shard_bytes(m: Manifest) -> int:
@@ -419,16 +419,13 @@ def _shard_bytes(m: Manifest) -> int:
     return m.shard_table.ref["nbytes"] if m.shard_table is not None else sum(s.nbytes for s in L.shard_specs(m))
 
 
-def _classes(scanned: ScannedSource, label_parts: list, objects_parts: list) -> tuple[str, ...]:
+def _classes(scanned: ScannedSource, label_parts, objects_parts) -> tuple[str, ...]:
     """The source's class names; for a dataset without them, the label values as text."""
     if scanned.names_classes:
         return scanned.classes
     if scanned.task == "classification":
-        if hasattr(label_parts, "values"):  # (a compile's labels in one array)
-            values = label_parts.values()
-            top = int(values.max()) if len(values) else -1
-        else:
-            top = max((max(p.labels, default=-1) for p in label_parts), default=-1)
+        values = label_parts.values()  # (every version's labels in one array: Field.collect)
+        top = int(values.max()) if len(values) else -1
     else:
         top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
     return tuple(str(i) for i in range(top + 1))
@@ -470,6 +467,60 @@ class Rows:
                              np.int64).reshape(-1, 1)
         return cls([records[i].key for i in kept], cat("orig"), cat("affine"), cat("orientation"),
                    np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))
+
+
+def fold_slots(fields: tuple[Field, ...], K: int, S: int, slots) -> tuple[dict, Rows]:
+    """The parts and rows of a version made slot by slot from a base (an update's, a compaction's), in the shape a
+    fresh compile hands ``write_version``: ``slots`` yields, for slots 0..S-1 in order, ({field name: part}, Rows);
+    each is folded into its field's ``Field.collect`` (flat arrays for the labels and image-like fields: no object
+    kept a slot) as the next one comes, every slot but the last padded with holes to K rows, and the slots after
+    the last one with an image shard left out (a version's last slot holds samples)."""
+    coll = {f.name: f.collect(S, S * K, K) for f in fields}
+    out = Rows.holes(S * K)
+    end = used = 0  # rows and slots up to the last slot with an image shard
+    held, empty_from = None, 0  # that slot (folded, padded, once a later one has a shard); the empty ones after it
+
+    def fold(u: int, parts: dict, rows: Rows, pad: bool) -> int:
+        if pad:
+            _pad(parts, rows, K - len(rows.keys))
+        n = len(rows.keys)
+        at, idx = slice(u * K, u * K + n), np.arange(u * K, u * K + n, dtype=np.int64)
+        for name, c in coll.items():
+            c.add(u, parts[name], idx)
+        out.keys[at] = rows.keys
+        for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
+            getattr(out, a)[at] = getattr(rows, a)
+        return u * K + n
+
+    for u, (parts, rows) in enumerate(slots):
+        if parts["image"].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing)
+            continue
+        if held is not None:
+            fold(*held, True)
+        for e in range(empty_from, u):  # the empty slots between: holes
+            fold(e, {f.name: f.empty_part() for f in fields}, Rows.holes(0), True)
+        held, empty_from = (u, parts, rows), u + 1
+    if held is not None:
+        end, used = fold(*held, False), held[0] + 1
+    kept = np.zeros(S * K, bool)
+    kept[:end] = True
+    for c in coll.values():
+        c.keep_slots(used)
+        c.settle(kept)
+    return coll, Rows(out.keys[:end], *(getattr(out, a)[:end] for a in ("orig", "affine", "orientation",
+                                                                            "fingerprint", "stat", "live")))
+
+
+def _pad(parts: dict, rows: Rows, n: int) -> None:
+    """Append ``n`` holes to a slot's parts and rows."""
+    if n <= 0:
+        return
+    for p in parts.values():
+        p.pad(n)
+    holes = Rows.holes(n)
+    rows.keys += holes.keys
+    for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
+        setattr(rows, a, np.concatenate([getattr(rows, a), getattr(holes, a)]))
 
 
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: UnitResults,

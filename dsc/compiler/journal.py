@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 
 from ..errors import DscError, ResumeError, WriteError
 from ..formats.verify import sha256_file
@@ -173,48 +175,63 @@ class Journal:
     def _entries(self) -> dict[int, dict]:
         """{unit: its last journal entry}: units.jsonl's lines (a torn or damaged line is left out) and the
         ``unit-<s>.json`` files of an older dsc."""
+        out = self._legacy()
+        for _, d in _lines(self.dir / UNITS):
+            out[d["s"]] = d
+        return out
+
+    def finished_units(self, inputs) -> "Resumed":
+        """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
+        shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now (iterating it gives
+        the units' slots). Each entry is parsed and checked here, then dropped: what is kept is where each finished
+        unit's entry is (16 bytes a unit), and iterating the :class:`Resumed` parses them again one at a time."""
+        if not (self.dir / "plan.json").exists():
+            return Resumed.none(self.fields)
+        slots = np.fromiter(iter(inputs), np.int64)
+        if not len(slots):
+            return Resumed.none(self.fields)
+        lo, hi = int(slots.min()), int(slots.max())
+        last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
+        legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
+        path = self.dir / UNITS
+        for off, d in _lines(path):
+            s = d["s"]
+            if lo <= s <= hi:
+                last[s - lo] = off
+                legacy.pop(s, None)
+        done = np.zeros(len(last), bool)
+        with _open_or_none(path) as f:
+            for s in slots.tolist():
+                res = self._checked(_entry_at(f, int(last[s - lo]), legacy.get(s)), s, inputs[s])
+                done[s - lo] = res is not None
+        for s in [s for s in legacy if not done[s - lo]]:
+            del legacy[s]
+        return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields)
+
+    def _checked(self, d: dict | None, s: int, files: str) -> UnitResult | None:
+        """Unit ``s``'s journal entry ``d`` as its result, if its inputs are ``files`` still and its shards hash
+        to what it recorded; else None."""
+        if d is None:
+            return None
+        try:
+            if d.get("files") != files:  # an input was edited, replaced or removed since
+                return None
+            res = UnitResult.from_json(d["result"], self.fields)
+            if res.s != s:
+                return None
+        except (DscError, KeyError, TypeError, ValueError, AttributeError):
+            return None
+        shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
+        return res if all(self.shard_ok(sh) for sh in shards) else None
+
+    def _legacy(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
         for p in self.dir.glob("unit-*.json"):
             try:
                 out[int(p.name[5:-5])] = read_json(p)
             except (DscError, ValueError):
                 continue
-        try:
-            text = (self.dir / UNITS).read_bytes()
-        except OSError:
-            return out
-        for line in text.splitlines():
-            try:
-                d = json.loads(line)
-                if isinstance(d, dict) and isinstance(d.get("s"), int):
-                    out[d["s"]] = d
-            except ValueError:
-                continue
         return out
-
-    def finished_units(self, inputs: dict[int, str]) -> dict[int, UnitResult]:
-        """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
-        shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now."""
-        done = {}
-        if not (self.dir / "plan.json").exists():
-            return done
-        entries = self._entries()
-        for s in inputs:
-            d = entries.get(s)
-            if d is None:
-                continue
-            try:
-                if d.get("files") != inputs[s]:  # an input was edited, replaced or removed since
-                    continue
-                res = UnitResult.from_json(d["result"], self.fields)
-                if res.s != s:
-                    continue
-            except (DscError, KeyError, TypeError, ValueError, AttributeError):
-                continue
-            shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-            if all(self.shard_ok(sh) for sh in shards):
-                done[s] = res
-        return done
 
     def has_units(self) -> bool:
         return self.dir.is_dir() and any(p.name.startswith("unit-") or (p.name == UNITS and p.stat().st_size > 0)
@@ -237,3 +254,80 @@ class Journal:
             for p in self.dir.iterdir():
                 p.unlink()
             os.rmdir(self.dir)
+
+
+def _lines(path: Path):
+    """(byte offset, entry) of each whole, parsable line of ``units.jsonl`` (none when it is missing), read
+    a line at a time."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        off = 0
+        for line in f:
+            at, off = off, off + len(line)
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(d, dict) and isinstance(d.get("s"), int):
+                yield at, d
+
+
+@contextmanager
+def _open_or_none(path: Path):
+    try:
+        f = open(path, "rb")
+    except OSError:
+        yield None
+        return
+    with f:
+        yield f
+
+
+def _entry_at(f, off: int, legacy: dict | None) -> dict | None:
+    """The entry whose line starts at byte ``off`` of the open ``units.jsonl`` (``legacy``, an older dsc's
+    file, when there is none)."""
+    if off < 0 or f is None:
+        return legacy
+    f.seek(off)
+    try:
+        return json.loads(f.readline())
+    except ValueError:
+        return None
+
+
+class Resumed:
+    """The units a resumed compile or update keeps (``Journal.finished_units``): their slots, in order, and where
+    each one's journal entry is; iterating parses each entry into its ``UnitResult`` as it is taken (the caller
+    folds it into its flat arrays: no object is kept a unit)."""
+
+    def __init__(self, path: Path | None, lo: int, slots: np.ndarray, offsets: np.ndarray, legacy: dict, fields):
+        self._path, self._lo, self.slots, self._offsets, self._legacy, self._fields = (path, lo, slots, offsets,
+                                                                                        legacy, fields)
+
+    @classmethod
+    def none(cls, fields=()) -> "Resumed":
+        return cls(None, 0, np.zeros(0, np.int64), np.zeros(0, np.int64), {}, fields)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __bool__(self) -> bool:
+        return len(self.slots) > 0
+
+    def __contains__(self, s) -> bool:
+        k = int(np.searchsorted(self.slots, s))
+        return k < len(self.slots) and int(self.slots[k]) == s
+
+    def __iter__(self):
+        if not len(self.slots):
+            return
+        with _open_or_none(self._path) as f:
+            for s, off in zip(self.slots.tolist(), self._offsets.tolist()):
+                d = _entry_at(f, off, self._legacy.get(s))
+                if d is None:  # (the journal changed under the resume: only its own writer appends to it)
+                    raise ResumeError(f"cannot resume: the journal of {self._path.parent.parent} changed while it "
+                                      f"was read; rerun with --resume")
+                yield UnitResult.from_json(d["result"], self._fields)

@@ -39,13 +39,13 @@ from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .sources.inputs import identity, known
-from .journal import Journal, hash_record, inputs_of
+from .journal import Journal, Resumed, hash_record, inputs_of
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
 from .units import UnitTask, place_objects
 from .compile import Rows
-from .compile import _classes, _stop, decode_units, decode_warnings, uploaded_shard_check, write_version
+from .compile import _classes, _stop, decode_units, decode_warnings, fold_slots, uploaded_shard_check, write_version
 from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
@@ -439,7 +439,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
                       shard_ok=uploaded_shard_check(*direct) if direct else None)
     inputs = {t.s: inputs_of(t.records) for t in tasks}
-    done = {}
+    done = Resumed.none()
     if os.path.lexists(txn):
         if txn.is_symlink() or not txn.is_dir():
             raise not_ours(txn, f"the folder of an interrupted update (dsc's, under {versions.TXN})")
@@ -453,7 +453,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             say(f"discarding the unfinished shards of an earlier update that did not commit (other inputs, or another "
                 f"base version; {txn})")
             shutil.rmtree(txn, ignore_errors=True)
-    _discard_slots(out, L.shard_nodes(m), next_slot, keep=set(done))
+    _discard_slots(out, L.shard_nodes(m), next_slot, keep=done)
     results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
                                 options.workers or os.cpu_count() or 1, tmp=out)  # (units that upload their
     # shards hand back the small files they wrote besides them: those go into ``out``)
@@ -468,49 +468,49 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=scanned.warnings,
                              seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
                              version=m.version["number"], committed=False)
-    # ---- the new version's rows: the base's slots as they are (some rows now removed), then the new slots
-    removed = set(plan.removed)
+    # ---- the new version's rows: the base's slots as they are (some rows now removed), then the new slots, each
+    # folded into flat arrays as it is made (compile.fold_slots: the shape a fresh compile's parts have)
+    dead = np.zeros(max([next_slot * K, *(r + 1 for r in plan.removed)]), bool)  # (by row: a slot's own rows
+    dead[np.asarray(plan.removed, np.int64)] = True  # looked up, not every removed row or stat probe a slot)
     reannotate = {**dict(plan.relabel), **dict(plan.moved)}
-    slots: list[tuple[dict, Rows]] = []
     errors = []
-    for s in range(next_slot):
-        spec = m.shards[s] if s < len(m.shards) else None
-        count = spec.count if spec is not None else 0
-        start = s * K
-        live = base.live[start:start + count].copy()
-        live[[r - start for r in removed if start <= r < start + count]] = False
-        if not live.any():  # a slot this version does not need: its rows become holes
-            count, live = 0, live[:0]
-        slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(base, f.name, s)) if count
-                               else f.empty_part()) for f in fields}
-        rows = _base_rows(base, start, count, live)
-        for j in range(count):
-            i = reannotate.get(start + j)
-            if i is None:
-                continue
-            rec = records[i]
-            rows.keys[j] = rec.key
-            try:
-                _reannotate(base, slot_parts, rows, j, start + j, rec, m)
-            except SampleError as e:
-                errors.append((rec.key, where(rec), e.reason))
-                rows.live[j] = False
-        for r, probes in plan.stat.items():
-            if start <= r < start + count:
-                rows.stat[r - start] = _stat_row(probes)
-        slots.append((slot_parts, rows))
-    for task, res in zip(tasks, results):
-        slots.append(({f.name: res.parts[f.name] for f in fields}, Rows.compiled(task.records, res.kept - task.start,
-                                                                                  [res])))
+
+    def slots():
+        for s in range(next_slot):
+            spec = m.shards[s] if s < len(m.shards) else None
+            count = spec.count if spec is not None else 0
+            start = s * K
+            live = base.live[start:start + count].copy()
+            live[dead[start:start + count]] = False
+            if not live.any():  # a slot this version does not need: its rows become holes
+                count, live = 0, live[:0]
+            slot_parts = {f.name: (f.rows_part(base.readers[f.name], start, count, _field_shard(base, f.name, s))
+                                   if count else f.empty_part()) for f in fields}
+            rows = _base_rows(base, start, count, live)
+            for j in range(count):
+                i = reannotate.get(start + j)
+                if i is None:
+                    continue
+                rec = records[i]
+                rows.keys[j] = rec.key
+                try:
+                    _reannotate(base, slot_parts, rows, j, start + j, rec, m)
+                except SampleError as e:
+                    errors.append((rec.key, where(rec), e.reason))
+                    rows.live[j] = False
+            for j in range(count):
+                probes = plan.stat.get(start + j)
+                if probes is not None:
+                    rows.stat[j] = _stat_row(probes)
+            yield slot_parts, rows
+        for task, res in zip(tasks, results):
+            yield ({f.name: res.parts[f.name] for f in fields},
+                   Rows.compiled(task.records, res.kept - task.start, [res]))
+
+    parts, rows = fold_slots(tuple(fields), K, next_slot + len(tasks), slots())
     bad += errors
     if errors and options.on_error == "fail":
         raise _stop(*errors[0])
-    while slots and slots[-1][0]["image"].shard is None:  # a version's last slot holds samples
-        slots.pop()
-    for k, (slot_parts, rows) in enumerate(slots[:-1]):  # every slot but the last spans K rows: holes after
-        _pad(slot_parts, rows, K - len(rows.keys))
-    parts = {f.name: [p[f.name] for p, _ in slots] for f in fields}
-    rows = Rows.concat([r for _, r in slots])
     if not rows.live.any():
         raise SourceError(f"{scanned.root}: no sample would be left in the new version of {out}"
                           + (f"; first error: {bad[0][0]}: {bad[0][2]}" if bad else ""))
@@ -531,7 +531,9 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
         view.refresh(out, new_m, m)
     return CompileReport(path=out, manifest=new_m, skipped=skipped, warnings=scanned.warnings + said,
                          seconds=time.perf_counter() - t0,
-                         bytes_written=sum(r.nbytes for r in results if r.s not in done), resumed_units=len(done),
+                         bytes_written=int(results.nbytes[~np.isin(np.arange(len(tasks)) + next_slot,
+                                                                   done.slots)].sum()),
+                         resumed_units=len(done),
                          plan=plan.summary(), version=n_new, committed=True,
                          reused_shards=sum(s is not None for s in new_m.shards[:next_slot]),
                          decoded=sum(len(t.records) for t in tasks if t.s not in done))
@@ -576,18 +578,6 @@ def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest)
         if name in parts:
             parts[name].set_row(j, base.readers[name].field.encode(value, where(rec)))
     rows.fingerprint[j, 4] = record_digest(rec)
-
-
-def _pad(parts: dict, rows, n: int) -> None:
-
-    if n <= 0:
-        return
-    for p in parts.values():
-        p.pad(n)
-    holes = Rows.holes(n)
-    rows.keys += holes.keys
-    for a in ("orig", "affine", "orientation", "fingerprint", "stat", "live"):
-        setattr(rows, a, np.concatenate([getattr(rows, a), getattr(holes, a)]))
 
 
 def _discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:

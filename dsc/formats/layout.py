@@ -9,7 +9,8 @@ from ..store.local import as_root
 from .manifest import Manifest, ShardSpec
 from .names import *  # noqa: F401,F403 - every node's name: layout.IMAGE, layout.LABEL... (their home is names.py)
 from .names import IMAGE
-from .zarr_v3 import MAX_JSON_BYTES, ZARR_JSON, parse_json, plain_array_meta, read_node_json, read_plain_array
+from .zarr_v3 import (MAX_JSON_BYTES, ZARR_JSON, parse_json, plain_array_meta, read_node_json, read_plain_array,
+                      read_plain_chunk)
 from ..store import Store
 
 def table_specs(table) -> list[ShardSpec]:
@@ -145,12 +146,17 @@ class Arrays:
             raise CorruptDatasetError(f"{self.root}/{rel} has shape {arr.shape}, expected {tuple(shape)}")
         return arr
 
-    def check_array(self, rel: str, shape: tuple) -> None:
+    def check_array(self, rel: str, shape: tuple) -> tuple[tuple, np.dtype]:
         """What ``array`` checks of ``rel`` before its data: its metadata, and that it has ``shape`` (at open, for
-        an array read when first used)."""
-        got, _ = plain_array_meta(self.dir, rel)
+        an array read when first used); its (shape, dtype), for :meth:`checked_array`."""
+        got, dtype = plain_array_meta(self.dir, rel)
         if got != tuple(shape):
             raise CorruptDatasetError(f"{self.root}/{rel} has shape {got}, expected {tuple(shape)}")
+        return got, dtype
+
+    def checked_array(self, rel: str, meta: tuple[tuple, np.dtype]):
+        """``array(rel, shape)`` of an array whose metadata :meth:`check_array` read (``meta``): its data only."""
+        return read_plain_chunk(self.dir, rel, *meta)
 
     def map(self, rel: str, nbytes: int):
         return self.dir.map(rel, nbytes)

@@ -198,10 +198,16 @@ def read_plain_array(root, rel: str) -> np.ndarray:
     """Read an array written by :func:`write_plain_array` (checks shape, dtype and file size)."""
 
     root = as_root(root)
-    shape, dtype = plain_array_meta(root, rel)
+    return read_plain_chunk(root, rel, *plain_array_meta(root, rel))
+
+
+def read_plain_chunk(root, rel: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The data of a plain array whose metadata :func:`plain_array_meta` read and checked as (``shape``,
+    ``dtype``)."""
     if 0 in shape:
         return np.zeros(shape, dtype)
-    return root.fromfile(f"{rel}/{chunk_key(len(shape))}", dtype, int(np.prod(shape)) * dtype.itemsize).reshape(shape)
+    return as_root(root).fromfile(f"{rel}/{chunk_key(len(shape))}", dtype,
+                                  int(np.prod(shape)) * dtype.itemsize).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- string arrays

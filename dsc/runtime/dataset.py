@@ -80,6 +80,40 @@ class _FullSlots:
         return max(0, min(self.K, self.rows - int(s) * self.K))
 
 
+class _Live:
+    """A shard-table version with removed rows: its ``live`` array (a byte a row) read when first needed, not at
+    open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
+    shard against when it first reads it). Checked when read: it marks as many rows as the manifest has samples."""
+
+    def __init__(self, storage, m: Manifest, where):
+        self._storage, self._m, self._where = storage, m, where
+        self._rows = self._need = None
+
+    def read(self) -> None:
+        if self._rows is not None:
+            return
+        m = self._m
+        live = self._storage.array(L.LIVE, (m.num_rows,))
+        if int(live.sum()) != m.num_samples:
+            raise CorruptDatasetError(f"{self._where}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
+                                      f"{m.num_samples}; the dataset is damaged")
+        self._need = _rows_needed(live, m.shard_size, len(m.shards))
+        self._rows = np.flatnonzero(live).astype(np.int64)
+
+    @property
+    def rows(self) -> np.ndarray:
+        self.read()
+        return self._rows
+
+    def __len__(self) -> int:
+        self.read()
+        return len(self._need)
+
+    def __getitem__(self, s: int) -> int:
+        self.read()
+        return self._need[s]
+
+
 class Dataset(torch.utils.data.Dataset):
     """A compiled dsc dataset. ``ds[i]`` -> ``{"image": uint8 (H, W, C), "label": int}`` (classification),
     ``{"image", "boxes": (k, 4) float32 xyxy, "labels": (k,) int64, "image_id", "orig_size", ...}``
@@ -109,6 +143,7 @@ class Dataset(torch.utils.data.Dataset):
             try:
                 self._init_readers()
                 self.labels  # (read now, as every small file of a remote version: `dsc cache clear` may remove the mirror)
+                self._rows  # (``live`` too)
             except BaseException:  # (its lease and cache hold go at once, not at garbage collection)
                 self.storage.close()
                 raise
@@ -125,25 +160,24 @@ class Dataset(torch.utils.data.Dataset):
         m = self.manifest
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
-        self._rows = None  # logical sample -> row (None: the same)
+        self._rows_at = self._live = None  # sample -> row (None: the same), or ``live`` read when first used
         if m.versioned and m.num_samples == m.num_rows and m.shard_table is not None:  # every row live: ``live``
             # says nothing the manifest does not (not read at open: a byte a row; `dsc verify` checks it); each slot's
             # shard is checked to hold its rows when first read
             for px in self._pixel_readers():
                 px.need = _FullSlots(m.shard_size, m.num_rows)
-        elif m.versioned:
+        elif m.versioned and m.shard_table is not None:  # rows removed: ``live`` read when first needed, not at open
+            self._live = _Live(self.storage, m, self.path)
+            for px in self._pixel_readers():
+                px.need = self._live
+        elif m.versioned:  # (format 3: its listed shards are checked against ``live`` at open)
             live = self.storage.array(L.LIVE, (m.num_rows,))
             if int(live.sum()) != m.num_samples:
                 raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
                                           f"{m.num_samples}; the dataset is damaged")
             if m.num_samples != m.num_rows:
-                self._rows = np.flatnonzero(live).astype(np.int64)
-            if m.shard_table is None:
-                self._check_rows(np.flatnonzero(live))
-            else:  # (a shard table is not read at open: each slot's rows are checked when it is first read)
-                need = _rows_needed(live, m.shard_size, len(m.shards))
-                for px in self._pixel_readers():
-                    px.need = need
+                self._rows_at = np.flatnonzero(live).astype(np.int64)
+            self._check_rows(np.flatnonzero(live))
         self._n = m.num_samples
         self.schema = schema_of(self.fields)
         self._image = self.readers["image"]
@@ -153,6 +187,11 @@ class Dataset(torch.utils.data.Dataset):
         self._labels: torch.Tensor | None = None
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
+
+    @property
+    def _rows(self) -> np.ndarray | None:
+        """Sample -> row (None: the same numbers), ``live`` read on first use where rows were removed."""
+        return self._live.rows if self._live is not None else self._rows_at
 
     @property
     def labels(self) -> torch.Tensor | None:
@@ -315,13 +354,15 @@ class Dataset(torch.utils.data.Dataset):
         """Let go of what this handle holds: a remote dataset's cached shards (other processes sharing the cache
         may evict them) and its lease, a local one's pin and mappings: ``dsc vacuum`` may then remove the
         version. Samples already taken stay valid (they keep their mappings). Also on ``with dsc.open(...)``
-        exit; a dropped handle does the same when it is deleted. The labels, read when first asked for, are read
-        now if they were not (once the version is let go, a vacuum may remove them)."""
-        if getattr(self, "_labels", 0) is None and "label" in getattr(self, "readers", {}):
-            try:
+        exit; a dropped handle does the same when it is deleted. The labels and ``live``, read when first asked for,
+        are read now if they were not (once the version is let go, a vacuum may remove them)."""
+        try:
+            if getattr(self, "_labels", 0) is None and "label" in getattr(self, "readers", {}):
                 self.labels
-            except DscError:  # (already unreadable: the next ask says why)
-                pass
+            if getattr(self, "_live", None) is not None:
+                self._live.read()
+        except DscError:  # (already unreadable: the next ask says why)
+            pass
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()

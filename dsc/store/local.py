@@ -273,9 +273,13 @@ def open_folder(path: Path, base: Path | None = None, create: bool = True) -> in
     made when missing, if ``create``); ``base`` itself, or ``path`` without a base, as the caller names it."""
     rel = _below(path, base) if base is not None else ()
     top = base if base is not None else path
-    if create and not os.path.exists(top):
+    try:  # (opened first, made only when missing: a stat before each open cost a syscall per shard file)
+        fd = os.open(top, _DIR)
+    except FileNotFoundError:
+        if not create:
+            raise
         Path(top).mkdir(parents=True, exist_ok=True)
-    fd = os.open(top, _DIR)
+        fd = os.open(top, _DIR)
     made = False  # a folder made here: the ones below it are new too (made, not first looked for)
     try:
         for k, part in enumerate(rel):
@@ -330,7 +334,7 @@ class NewFile:
                  link: Path | None = None, unique: bool = False):
         import threading
 
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
         self.file = None
         self.dfd = open_folder(self.path.parent, base)
         self.tmp = f".{self.path.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp"

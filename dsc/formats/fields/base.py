@@ -141,6 +141,10 @@ class Parts(Sequence):
         """A compaction moved unit ``u``'s shard (image-like fields)."""
         self._parts[u].shard = shard
 
+    def keep_slots(self, S: int) -> None:
+        """The version has the first ``S`` of these slots (an update drops the empty ones after its last shard)."""
+        del self._parts[S:]
+
     def __len__(self) -> int:
         return len(self._parts)
 

@@ -85,6 +85,9 @@ class PixelsParts(Parts):
     def settle(self, kept: np.ndarray) -> None:
         self.kept = kept
 
+    def keep_slots(self, S: int) -> None:
+        """(The slots after the last shard hold none: ``finish`` ends at the last.)"""
+
     def set_shard(self, u: int, shard: ShardSpec | None) -> None:
         at = u * ENTRY
         if shard is None:
@@ -166,17 +169,10 @@ class ShardList(Sequence):
         return None if self.parts._moved else self.parts.entries[:self.S]
 
 
-def finish_pixels(pixels: Pixels, root: Path, parts: list[PixelsPart], n: int, K: int) -> tuple[ShardSpec, ...]:
-    """The metadata of an image-like field once its shards are written (and compacted)."""
-    if isinstance(parts, PixelsParts):
-        return parts.finish(root, n, K)
-    shapes = np.concatenate([p.shapes_array() for p in parts])
-    crc = np.concatenate([np.asarray(p.crc, np.uint32) for p in parts])
-    pixels.write_meta(root, n, K, shapes, crc)
-    shards = [p.shard for p in parts]
-    while shards and shards[-1] is None:  # units a compaction emptied
-        shards.pop()
-    return tuple(shards)
+def finish_pixels(pixels: Pixels, root: Path, parts: PixelsParts, n: int, K: int) -> "ShardList":
+    """The metadata of an image-like field once its shards are written (and compacted): ``parts`` as
+    ``Field.collect`` gathers them (a compile's units, an update's or a compaction's slots: compile.fold_slots)."""
+    return parts.finish(root, n, K)
 
 
 def pixels_rows_part(pixels: Pixels, reader: "PixelsReaderField", start: int, count: int, shard) -> PixelsPart:

@@ -27,7 +27,8 @@ class LabelPart(Part):
 
 
 class LabelParts(Parts):
-    """The labels of a compile's units in one flat array by input position (no part object a unit)."""
+    """The labels of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``) in one flat
+    array by input position (no part object a unit)."""
 
     def __init__(self, S: int, N: int, K: int):
         self.S, self.K = S, K
@@ -42,6 +43,9 @@ class LabelParts(Parts):
 
     def settle(self, kept: np.ndarray) -> None:
         self.kept = kept
+
+    def keep_slots(self, S: int) -> None:
+        self.S = S
 
     def values(self) -> np.ndarray:
         """Every kept sample's label, in order (once settled)."""
@@ -62,12 +66,12 @@ class LabelReader(Reader):
 
     def __init__(self, store, n: int):
         self._store, self._n, self._labels = store, n, None
-        store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
+        self._meta = store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
 
     @property
     def labels(self) -> np.ndarray:
-        if self._labels is None:
-            self._labels = self._store.array(NODE, (self._n,))
+        if self._labels is None:  # (its zarr.json read once, at open)
+            self._labels = self._store.checked_array(NODE, self._meta)
         return self._labels
 
     def sample(self, i: int) -> dict:
@@ -106,9 +110,7 @@ class LabelField(Field):
         return LabelPart()
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        labels = parts.values() if isinstance(parts, LabelParts) else np.asarray([v for p in parts for v in p.labels],
-                                                                                 np.int64)
-        write_plain_array(root, NODE, labels, ["sample"])
+        write_plain_array(root, NODE, parts.values(), ["sample"])  # (a LabelParts: every version's, Field.collect)
         return {}
 
     def reader(self, store, m) -> LabelReader:

@@ -260,8 +260,8 @@ class ShardWriter:
     def __init__(self, root: Path, pixels: Pixels, rel_path: str):
         self.pixels = pixels
         self.rel_path = rel_path
-        self.root = Path(root)
-        self.path = node_dir(root, rel_path)
+        self.root = root if isinstance(root, Path) else Path(root)
+        self.path = node_dir(self.root, rel_path)
         try:
             self._f = NewFile(self.path, self.root)  # private until close() renames it: never through a link
         except OSError as e:
