@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
-from .base import MissingFile, SeekableFile, Store, short_range
+from .base import MissingFile, SeekableFile, Store
 from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
@@ -261,29 +261,6 @@ class ObjectStore(Store):
 
         return self._call("downloading", rel, attempt)
 
-    def etag(self, rel: str) -> str | None:
-        import obstore
-
-        def attempt():
-            return obstore.get(self._store, rel, options={"head": True}).meta.get("e_tag")
-
-        try:
-            return self._call("checking", rel, attempt)
-        except FileNotFoundError:
-            return None
-
-    def get_range(self, rel: str, start: int, end: int):
-        """Bytes ``[start, end)`` of the object: one ranged GET (retried like every request)."""
-        import obstore
-
-        def attempt():
-            data = obstore.get_range(self._store, rel, start=start, end=end)
-            if len(data) != end - start:
-                raise short_range(self.where(rel), end)
-            return data
-
-        return self._call("reading a range of", rel, attempt)
-
     def put(self, rel: str, data, create_only: bool = False, attributes: dict | None = None) -> None:
         import obstore
         import obstore.exceptions as E
@@ -309,13 +286,14 @@ class ObjectStore(Store):
                 obstore.put(self._store, rel, src, **kwargs)
         self._call("writing", rel, attempt)
 
-    def read_range(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the object in one request (fewer at its end)."""
+    def read_range(self, rel: str, start: int, end: int):
+        """Bytes ``[start, end)`` of the object in one request (fewer at its end), as obstore's buffer (not copied
+        into a bytes object: a Parquet row group, a shard's samples)."""
         import obstore
 
         if end <= start:
             return b""
-        return bytes(self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end)))
+        return self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end))
 
     def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False, start: int | None = None,
                ahead: int = 0):

@@ -1,4 +1,4 @@
-"""What an upload to object storage costs the compiling machine (issue 35, S3 -> S3 at the local compile's CPU): each
+"""What a compile to object storage costs the compiling machine (issue 35, S3 -> S3 at the local compile's CPU): each
 PUT of a shard carries a CRC64-NVME checksum the server checks and is signed without hashing its body
 (UNSIGNED-PAYLOAD), over plain http as over https; its body is the file's pages (a map), not a copy; the
 local staging of a compile to a URL is not flushed to disk. Counted on the loopback S3 server (moto, in this
@@ -144,3 +144,21 @@ def test_the_staging_of_a_compile_to_a_url_is_not_flushed(s3, src, tmp_path, mon
     assert synced == []
     dsc.compile_imagefolder(src, tmp_path / "local", **OPTS)
     assert len(synced) == 1
+
+
+def test_a_cluster_task_carries_the_source_not_its_scan(src, tmp_path):
+    """On a Dask cluster each unit's task pickles ``partial(compile_unit, source=...)`` again (Dask serializes a
+    task's function with the task: counted, one pickle per submitted task). That costs nothing while a source
+    keeps only its parameters (about 300 bytes, 0.1 ms per unit); one that kept its scan would send it with
+    every unit."""
+    import pickle
+    from functools import partial
+
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+    from dsc.compiler.units import compile_unit
+    from dsc.synthetic import pack_webdataset
+
+    tars = pack_webdataset(src, tmp_path / "wds", per_tar=6)
+    source = WebDatasetSource(src=str(tmp_path / "wds"))
+    assert len(source.prepare().records) == 24 and tars
+    assert len(pickle.dumps(partial(compile_unit, source=source))) < 1000
