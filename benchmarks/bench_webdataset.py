@@ -12,11 +12,11 @@
   and the line says so.
 
 Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. The runs
-are interleaved, 3 rounds; each ratio is taken against the local compile of its own round. moto is a Python
-server in its own process: on a 2-core machine it competes with the compile for the cores (and it serves a range
-of an object by reading the whole object: a Parquet row group costs it the file), so each run also says what
-dsc's CPU per image was (this process: scan, uploads, commit; its workers: decoding), against the local compile's
-in the same round, and the server's CPU seconds and requests. dsc's own cost against the local compile's is the
+are interleaved, 3 rounds (``BENCH_ROUNDS=5``: more), each printing its wall seconds; each ratio is taken against
+the local compile of its own round. moto is a Python server in its own process: on a 2-core machine it competes
+with the compile for the cores (and it serves a range of an object by reading the whole object: a Parquet row
+group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
+commit; its workers: decoding), against the local compile's in the same round, and the server's CPU seconds and requests. dsc's own cost against the local compile's is the
 CPU ratio; the wall ratio stays the measured one, and the summary adds beside it an estimate of the wall ratio
 were the server's CPU seconds on other cores (the wall time less the server's CPU shared by the cores).
 """
@@ -222,13 +222,15 @@ def main() -> None:
                 seen[name].append((1000 / dt, c1 - c0, w1 - w0, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0],
                                    os.getloadavg()[0]))
                 a, base = seen[name][k], seen[local[kind]][k]
-                print(f"    {name:<30} {dt:5.2f} s {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; dsc {_ms(a):5.2f} ms CPU/img "
+                print(f"    {name:<30} {dt:5.2f} s {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; "
+                      f"dsc {_ms(a):5.2f} ms CPU/img "
                       f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s; {_ms(base) / _ms(a):4.2f}x local's), server "
                       f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
         reader, what = _reader_rate(tars)
-        print(f"  best of {ROUNDS} (each ratio: the median of the rounds' ratios to the local compile of their round; CPU: "
+        print(f"  best of {ROUNDS} (each ratio: the median of the rounds' ratios to the local compile of their "
+              f"round; CPU: "
               "dsc's own, this process and its workers, per image, local's over this one's)")
         for name, kind, *_ in runs:
             base = seen[local[kind]]
