@@ -16,9 +16,10 @@ are interleaved, 3 rounds (``BENCH_ROUNDS=5``: more), each printing its wall sec
 the local compile of its own round. moto is a Python server in its own process: on a 2-core machine it competes
 with the compile for the cores (and it serves a range of an object by reading the whole object: a Parquet row
 group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
-commit; its workers: decoding), against the local compile's in the same round, and the server's CPU seconds and requests. dsc's own cost against the local compile's is the
-CPU ratio; the wall ratio stays the measured one, and the summary adds beside it an estimate of the wall ratio
-were the server's CPU seconds on other cores (the wall time less the server's CPU shared by the cores).
+commit; its workers: decoding), against the local compile's in the same round, and the server's CPU seconds and
+requests. dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
+the summary adds beside it an estimate of the wall ratio were the server's CPU seconds on other cores (the wall
+time less the server's CPU shared by the cores).
 """
 from __future__ import annotations
 
