@@ -2,7 +2,8 @@
 PUT of a shard carries a CRC64-NVME checksum the server checks and is signed without hashing its body
 (UNSIGNED-PAYLOAD), over plain http as over https; its body is the file's pages (a map), not a copy; the
 local staging of a compile to a URL is not flushed to disk. Counted on the loopback S3 server (moto, in this
-process: it sees every request's headers and body)."""
+process: it sees every request's headers and body). Also: a cluster task's pickled function stays small, the
+stores' one range read and one identity, the cache's one flock probe."""
 import base64
 import hashlib
 import threading
@@ -192,3 +193,50 @@ def test_a_resumed_upload_hashes_what_it_still_has_to_send(s3, src, tmp_path, mo
     staged[0].write_bytes(bytes(data))
     r = dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path / "cache"), resume=True, **OPTS)
     assert r.manifest.num_samples == 24 and open_store(url).get(failed[0]) == bytes(data)
+
+
+def test_one_range_read_and_one_identity_per_store(s3, tmp_path):
+    """``read_range`` (fewer bytes at the end; in object storage obstore's buffer, not copied into a bytes object:
+    a Parquet row group, a shard's samples) under ``get_range``'s exact check, and ``etag`` from ``identity`` (one
+    HEAD), for the object store and a folder alike."""
+    from dsc.errors import CorruptDatasetError
+    from dsc.store import LocalStore
+
+    data = bytes(range(100))
+    (tmp_path / "f").write_bytes(data)
+    remote = open_store("s3://dsc-up/ranges")
+    remote.put("f", data)
+    for store in (remote, LocalStore(tmp_path)):
+        assert bytes(store.read_range("f", 10, 20)) == data[10:20] and bytes(store.read_range("f", 90, 200)) == data[90:]
+        assert bytes(store.read_range("f", 5, 5)) == b"" and bytes(store.get_range("f", 0, 100)) == data
+        with pytest.raises(CorruptDatasetError, match="ends before byte 200"):
+            store.get_range("f", 90, 200)
+    assert not isinstance(remote.read_range("f", 10, 20), bytes)  # (the response's own buffer)
+    size, _, tag = remote.identity("f")
+    assert size == 100 and tag and remote.etag("f") == tag and remote.etag("missing") is None
+    assert LocalStore(tmp_path).etag("f") is None and LocalStore(tmp_path).identity("f") is None
+
+
+def test_the_caches_one_flock_probe(tmp_path):
+    """cache.py's probes of a file another holder may have flock'ed (a reader's mark, a partial download, a cached
+    shard) are one ``try_exclusive``: False while it is held, True once it is not (this descriptor then holds it)."""
+    import fcntl
+    import os
+
+    from dsc.runtime.cache import _downloading, live_holder, try_exclusive
+
+    path = tmp_path / "mark"
+    path.write_bytes(b"0")
+    held = os.open(path, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)  # (another open file description: conflicts as another process's would)
+    probe = os.open(path, os.O_RDONLY)
+    try:
+        assert try_exclusive(probe) is False and _downloading(str(path))
+        fd = live_holder(str(path))
+        assert fd is not None
+        os.close(fd)
+        os.close(held)
+        assert try_exclusive(probe) is True
+    finally:
+        os.close(probe)
+    assert not _downloading(str(path)) and live_holder(str(path)) is None and not path.exists()  # (a dead mark goes)
