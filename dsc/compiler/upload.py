@@ -136,11 +136,16 @@ def file_body(f):
     """The bytes of the open binary file ``f`` as the buffer its PUT sends: a read-only map of its pages, so the
     upload reads them where they are (a ``read()`` copied every shard into a new buffer first). A staging file
     is written once and replaced only by a rename, never cut short in place (what would make a read of the map
-    fault), and a PUT's request has taken its body when ``put`` returns. An empty file: ``b""``."""
+    fault), and a PUT's request has taken its body when ``put`` returns. An empty file: ``b""``; a file that cannot
+    be mapped (a filesystem without mmap): its bytes read."""
     if os.fstat(f.fileno()).st_size == 0:
         yield b""
         return
-    body = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        body = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        yield f.read()
+        return
     try:
         yield body
     finally:
