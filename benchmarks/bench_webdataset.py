@@ -12,13 +12,14 @@
   and the line says so.
 
 Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. The runs
-are interleaved, 3 rounds; each ratio is taken against the local compile of its own round. moto is a Python
-server in its own process: on a 2-core machine it competes with the compile for the cores (and it serves a range
-of an object by reading the whole object: a Parquet row group costs it the file), so each run also says what
-dsc's CPU per image was (this process: scan, uploads, commit; its workers: decoding), against the local compile's
-in the same round, and the server's CPU seconds and requests. dsc's own cost against the local compile's is the
-CPU ratio; the wall ratio stays the measured one, and the summary adds beside it an estimate of the wall ratio
-were the server's CPU seconds on other cores (the wall time less the server's CPU shared by the cores).
+are interleaved, 3 rounds (``BENCH_ROUNDS=5``: more), each printing its wall seconds; each ratio is taken against
+the local compile of its own round. moto is a Python server in its own process: on a 2-core machine it competes
+with the compile for the cores (and it serves a range of an object by reading the whole object: a Parquet row
+group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
+commit; its workers: decoding), against the local compile's in the same round, and the server's CPU seconds and
+requests. dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
+the summary adds beside it an estimate of the wall ratio were the server's CPU seconds on other cores (the wall
+time less the server's CPU shared by the cores).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from dsc.bench import proc_cpu
 
 SIZE = 224
 WORKERS = 2
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))  # (more on a quieter machine: BENCH_ROUNDS=5)
 
 
 def _tars() -> list[Path]:
@@ -204,7 +206,7 @@ def main() -> None:
         # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
         dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
                                workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
-        for k in range(3):  # interleaved rounds: every run of a round sees about the same machine
+        for k in range(ROUNDS):  # interleaved rounds: every run of a round sees about the same machine
             print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
             for name, kind, src, to, via in runs:
                 use(via)
@@ -221,29 +223,36 @@ def main() -> None:
                 seen[name].append((1000 / dt, c1 - c0, w1 - w0, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0],
                                    os.getloadavg()[0]))
                 a, base = seen[name][k], seen[local[kind]][k]
-                print(f"    {name:<30} {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; dsc {_ms(a):5.2f} ms CPU/img "
+                print(f"    {name:<30} {dt:5.2f} s {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; "
+                      f"dsc {_ms(a):5.2f} ms CPU/img "
                       f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s; {_ms(base) / _ms(a):4.2f}x local's), server "
                       f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
         reader, what = _reader_rate(tars)
-        print("  best of 3 (each ratio: the median of the three rounds' ratios to the local compile of their round; CPU: "
+        print(f"  best of {ROUNDS} (each ratio: the median of the rounds' ratios to the local compile of their "
+              f"round; CPU: "
               "dsc's own, this process and its workers, per image, local's over this one's)")
         for name, kind, *_ in runs:
             base = seen[local[kind]]
             ratios = sorted(a[0] / b[0] for a, b in zip(seen[name], base))
+            mid = len(ratios) // 2
             if seen[name] is base:
-                extra = f"(baseline) dsc {np.median([_ms(a) for a in base]):.2f} ms CPU/img"
+                extra = (f"(baseline) dsc {np.median([_ms(a) for a in base]):.2f} ms CPU/img, "
+                         f"{np.median([1000 / a[0] for a in base]):.2f} s wall")
             else:
                 # what the server's CPU would free were it on other cores: its seconds off this compile's wall time
                 # shared by the cores (an estimate, beside the measured ratio, not instead of it)
                 freed = sorted(1000 / (1000 / a[0] - a[3] / os.cpu_count()) / b[0] for a, b in zip(seen[name], base))
+                cpu = sorted(_ms(b) / _ms(a) for a, b in zip(seen[name], base))
                 extra = (f"rounds {', '.join(f'{a[0] / b[0]:.2f}' for a, b in zip(seen[name], base))}; dsc CPU "
-                         f"{np.median([_ms(b) / _ms(a) for a, b in zip(seen[name], base)]):.2f}x of local's "
-                         f"({np.median([_ms(a) for a in seen[name]]):.2f} ms/img); server "
+                         f"{np.median(cpu):.2f}x of local's (rounds {cpu[0]:.2f}-{cpu[-1]:.2f}; "
+                         f"{np.median([_ms(a) for a in seen[name]]):.2f} ms/img; client "
+                         f"{np.median([a[1] - b[1] for a, b in zip(seen[name], base)]):+.2f} s over local's); server "
                          f"{np.median([a[3] for a in seen[name]]):.2f} CPU s, {seen[name][-1][4]} requests; without "
-                         f"the server's CPU on these cores ~{freed[1]:.2f}x (estimate)")
-            print(f"  {'compile, ' + name:<44} {max(a[0] for a in seen[name]):>12,.0f} img/s  {ratios[1]:8.2f}x  "
+                         f"the server's CPU on these cores ~{freed[mid]:.2f}x (estimate); wall "
+                         f"{np.median([1000 / a[0] for a in seen[name]]):.2f} s")
+            print(f"  {'compile, ' + name:<44} {max(a[0] for a in seen[name]):>12,.0f} img/s  {ratios[mid]:8.2f}x  "
                   f"{extra}")
         best = max(a[0] for a in seen[runs[0][0]])
         print(row(what, reader, "img/s", best))

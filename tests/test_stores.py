@@ -453,19 +453,21 @@ def test_a_duration_says_its_unit():
             parse_duration(bad)
 
 
-def test_s3_puts_over_tls_are_not_hashed_again_to_sign_them(monkeypatch):
-    """Over https (AWS's default) the S3 client signs UNSIGNED-PAYLOAD: a shard's bytes are not hashed a second time
-    (dsc hashed them as it wrote them; TLS guards them in transit). Over plain http, or with AWS_UNSIGNED_PAYLOAD
-    set by the user, obstore's own setting stands."""
+def test_s3_puts_are_not_hashed_again_to_sign_them(monkeypatch):
+    """Over https and plain http the S3 client signs UNSIGNED-PAYLOAD and sends a CRC64-NVME checksum the server
+    verifies (a shard's bytes are not hashed a second time: dsc hashed them as it wrote them). With
+    AWS_UNSIGNED_PAYLOAD or AWS_CHECKSUM_ALGORITHM set by the user, obstore's own reading of them stands
+    (tests/test_upload_cost.py checks the requests themselves)."""
     pytest.importorskip("obstore")
-    for k in ("AWS_UNSIGNED_PAYLOAD", "AWS_ENDPOINT_URL_S3"):
+    for k in ("AWS_UNSIGNED_PAYLOAD", "AWS_CHECKSUM_ALGORITHM", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.invalid")
-    assert open_store("s3://b/ds")._store.config.get("unsigned_payload") == "true"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    assert "unsigned_payload" not in open_store("s3://b/ds")._store.config
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.invalid")
+    for endpoint in ("https://s3.example.invalid", "http://127.0.0.1:9"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        config = open_store("s3://b/ds")._store.config
+        assert config.get("unsigned_payload") == "true" and config.get("checksum_algorithm") == "crc64nvme"
     monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", "false")
-    assert open_store("s3://b/ds")._store.config.get("unsigned_payload") != "true"
+    monkeypatch.setenv("AWS_CHECKSUM_ALGORITHM", "sha256")
+    config = open_store("s3://b/ds")._store.config
+    assert "unsigned_payload" not in config and "checksum_algorithm" not in config

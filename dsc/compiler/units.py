@@ -31,7 +31,7 @@ from .options import CompileOptions
 from .resample import single_threaded
 from .sources.base import Item, Record, Source, where
 from .sources.inputs import remember_all
-from .upload import put_shard
+from .upload import file_body, put_shard
 from ..store import open_store
 
 
@@ -287,8 +287,9 @@ def upload_unit(root: Path, result: UnitResult, url: str, writer: str) -> dict:
     store = open_store(url)
     shards = {p.shard.path: p.shard for p in result.parts.values() if getattr(p, "shard", None) is not None}
     for rel, spec in shards.items():
-        put_shard(store, rel, (root / rel).read_bytes(), spec.sha256, spec.nbytes, writer,
-                  ask=False)  # (one PUT, its body in memory as a single PUT's is anyway; a retried unit's: judged then)
+        with open(root / rel, "rb") as f, file_body(f) as body:  # (its pages, not a copy)
+            put_shard(store, rel, body, spec.sha256, spec.nbytes, writer, ask=False)  # (one PUT; a retried unit's:
+            #                                                                            judged then)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.relative_to(root).as_posix() not in shards}
 

@@ -11,6 +11,7 @@ already has with the same size and SHA-256 (each upload records the SHA-256 in t
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -101,17 +102,9 @@ class Uploader:
             return
         if fd is None:
             raise FileNotFoundError(f"{path}: not in the local staging, and not in the bucket")
-        with os.fdopen(fd, "rb") as f:
-            body = f
-            if new:  # (hashed as it was written, moments ago: its size says it is whole; read here, in one go: a
-                body = f.read()  # single PUT holds its body in memory anyway)
-                wrong = len(body) != nbytes
-            else:
-                h = hashlib.sha256()
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-                wrong = f.tell() != nbytes or h.hexdigest() != sha256
-                f.seek(0)
+        with os.fdopen(fd, "rb") as f, file_body(f) as body:
+            # (new: hashed as it was written, moments ago, so its size says it is whole; else hashed here)
+            wrong = len(body) != nbytes or (not new and hashlib.sha256(body).hexdigest() != sha256)
             if wrong:
                 if rel.startswith(versions.OBJECTS + "/"):  # (a version's object: its shard table or a small file)
                     raise RemoteError(f"{path} ({rel}: an object of the version, e.g. its shard table) does not have "
@@ -136,6 +129,30 @@ class Uploader:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def file_body(f):
+    """The bytes of the open binary file ``f`` as the buffer its PUT sends: a read-only map of its pages, so the
+    upload reads them where they are (a ``read()`` copied every shard into a new buffer first). A staging file
+    is written once and replaced only by a rename, never cut short in place (what would make a read of the map
+    fault), and a PUT's request has taken its body when ``put`` returns. An empty file: ``b""``; a file that cannot
+    be mapped (a filesystem without mmap): its bytes read."""
+    if os.fstat(f.fileno()).st_size == 0:
+        yield b""
+        return
+    try:
+        body = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        yield f.read()
+        return
+    try:
+        yield body
+    finally:
+        try:
+            body.close()
+        except BufferError:  # (a view of it still held somewhere: unmapped when that goes)
+            pass
 
 
 def is_ours(rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int, writer: str) -> bool:

@@ -104,6 +104,19 @@ def held_file(d: Path, name: str, lock: int, data: bytes = b"") -> tuple[int, Pa
     return fd, d / name
 
 
+def try_exclusive(fd: int) -> bool | None:
+    """The probe of a file some process may hold (a mark, a partial download, a cached shard): an exclusive
+    flock on ``fd`` taken without waiting. True: taken (no process holds it, this one now does until ``fd`` is
+    closed); False: another process holds it; None: flock cannot tell (a filesystem without it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+
+
 def live_holder(path: str) -> int | None:
     """An open descriptor of the mark ``path`` (see :func:`held_file`) while its process holds it; None when
     it is gone or its process is (whatever its process id became since): a dead one's mark is removed."""
@@ -111,11 +124,10 @@ def live_holder(path: str) -> int | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    taken = try_exclusive(fd)
+    if taken is False:
         return fd
-    except OSError:  # cannot tell: not counted as a live one
+    if taken is None:  # cannot tell: not counted as a live one
         os.close(fd)
         return None
     try:
@@ -500,9 +512,8 @@ class ShardCache:
             except OSError:
                 return False
             return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        taken = try_exclusive(fd)
+        if not taken:  # (held; or flock cannot tell: kept, as if held)
             os.close(fd)
             return False
         try:
@@ -532,14 +543,9 @@ def _downloading(path: str) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
+        return try_exclusive(fd) is False
     finally:
         os.close(fd)
-    return False
 
 
 class _Unlisted:

@@ -62,10 +62,19 @@ class Store:
         """Remove the object; one that is not there is no error. ``best_effort``: one attempt, no error."""
         raise NotImplementedError
 
-    def read_range(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the object (fewer at its end): how a source reads part of an input (a
-        Parquet file's row groups, a tar's members) without the rest."""
-        raise NotImplementedError
+    def read_range(self, rel: str, start: int, end: int):
+        """Bytes ``[start, end)`` of the object (a buffer; fewer at its end): how a source reads part of an input
+        (a Parquet file's row groups, a tar's members) without the rest. A store that can read a range without
+        the whole object overrides this."""
+        if end <= start:
+            return b""
+        return memoryview(self.get(rel, limit=end))[start:end]
+
+    def identity(self, rel: str) -> tuple[int, float, str] | None:
+        """(size, last modified as a Unix time, tag) of the object in one request that returns no content, or None
+        (absent, or a store without one): what says it changed. The tag (object storage's ETag) changes whenever
+        the object is written again; "" where the store gives none."""
+        return None
 
     # ------------------------------------------------------------------ built on it
     def put_if_absent(self, rel: str, data, attributes: dict | None = None) -> None:
@@ -78,14 +87,15 @@ class Store:
         return buf.getvalue()
 
     def etag(self, rel: str) -> str | None:
-        """A tag that changes whenever the object is written again (object storage's ETag), in one request
-        that returns no content; None where the store has none (a reader then reads the object itself)."""
-        return None
+        """The object's tag (see :meth:`identity`); None where there is none (a reader then reads the object
+        itself)."""
+        found = self.identity(rel)
+        return (found[2] or None) if found is not None else None
 
     def get_range(self, rel: str, start: int, end: int):
-        """Bytes ``[start, end)`` of the object (a buffer); one that ends before ``end`` is damaged
-        (``CorruptDatasetError``). A store that can read a range without the whole object overrides this."""
-        data = memoryview(self.get(rel, limit=end))[start:end]
+        """Bytes ``[start, end)`` of a dataset's file (a buffer, :meth:`read_range`); one that ends before ``end``
+        is damaged (``CorruptDatasetError``)."""
+        data = self.read_range(rel, start, end)
         if len(data) != end - start:
             raise short_range(self.where(rel), end)
         return data

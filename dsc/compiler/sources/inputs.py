@@ -134,7 +134,7 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
     if known is None:
         store, rel = split(path)
         try:
-            known = store.identity(rel) if hasattr(store, "identity") else None
+            known = store.identity(rel)
         except OSError:
             known = None
         if known is None:
