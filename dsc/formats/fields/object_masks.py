@@ -56,7 +56,8 @@ def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
 def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray,
            out: np.ndarray | None = None, flips: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
-    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per mask, straight into its place. ``flips``
+    ``offsets[-1]`` bytes) when given: one ``unpackbits`` per run of rows whose bits lie back to back (a
+    sample's objects), each crop copied from it into its place. ``flips``
     (len(rows), 2) bool: each crop's rows / columns reversed on the way in (a flip run in the gather)."""
     hw = rects[rows, 2].astype(np.int64) * rects[rows, 3]
     out_off = np.zeros(len(rows) + 1, np.int64)
