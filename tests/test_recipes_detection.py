@@ -485,6 +485,8 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
         ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
         assert torch.equal(got, ref.permute(0, 2, 3, 1)), (sat, hue)
         assert (len(copies) == 6 and max(copies) <= 1 << 10) if sat else copies == [], (sat, hue, copies)
+    for _, _, piece in A._u8_pieces(img):  # each piece dense with its own stride (a whole sample's in front
+        assert piece.stride(0) == piece[0].numel()  # sends the grey's torch.matmul down a ~4x slower path)
     hsv = A.RandomHSV(0.2, 0.7, 0.4)
     p = hsv.params(sizes, torch.Generator().manual_seed(8))
     x = img.clone()
