@@ -57,3 +57,18 @@ def test_bilinear_rotate_runs_sample_by_sample(monkeypatch):
     assert seen == [1] * 5
     ref = A.apply_named("Rotate", img.permute(0, 3, 1, 2).float(), mag, 255.0, True, "bilinear")
     assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+
+
+def test_autocontrast_tables_run_as_one_pil_lookup_per_sample(monkeypatch):
+    """A table per channel: one RGB point per sample (not a numpy take per channel), the float formula's pixels."""
+    import numpy as np
+
+    def refuse(*a, **k):
+        raise AssertionError("np.take called")
+    monkeypatch.setattr(np, "take", refuse)
+    img = batch(3, 160, 150)
+    img[0, ..., 0] = img[0, ..., 0] // 2 + 20  # (a channel that autocontrast stretches)
+    m = torch.zeros(3, dtype=torch.float64)
+    got = A.apply_named_u8("AutoContrast", img.clone(), m)
+    ref = A.apply_named("AutoContrast", img.permute(0, 3, 1, 2).float(), m, 255.0, True)
+    assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
