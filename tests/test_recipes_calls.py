@@ -24,7 +24,8 @@ def test_augmix_runs_each_drawn_op_once_per_slot_for_all_its_chains(monkeypatch)
     assert per_chain > per_slot  # (the draws have an op that several chains drew in the same slot)
     calls = []
     real = A.apply_named_u8
-    monkeypatch.setattr(A, "apply_named_u8", lambda name, x, *a, **k: calls.append((name, len(x))) or real(name, x, *a, **k))
+    monkeypatch.setattr(A, "apply_named_u8",
+                        lambda name, x, *a, **k: calls.append((name, len(x))) or real(name, x, *a, **k))
     monkeypatch.setattr(A, "_STILL_BELOW", {})  # (count every drawn op, none skipped)
     out = op.apply_u8(img.clone(), p, sizes)
     assert len(calls) == per_slot
@@ -41,7 +42,8 @@ def test_lookup_tables_skip_image_points_python_loop(monkeypatch):
     img = batch(3, 160, 150)  # (large enough for the PIL path)
     for name, m in (("Solarize", 0.4), ("Brightness", 0.3), ("Equalize", 0.0), ("Contrast", -0.5)):
         got = A.apply_named_u8(name, img.clone(), torch.full((3,), m, dtype=torch.float64))
-        ref = A.apply_named(name, img.permute(0, 3, 1, 2).float(), torch.full((3,), m, dtype=torch.float64), 255.0, True)
+        mag = torch.full((3,), m, dtype=torch.float64)
+        ref = A.apply_named(name, img.permute(0, 3, 1, 2).float(), mag, 255.0, True)
         assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)), name
 
 
