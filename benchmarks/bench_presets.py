@@ -55,11 +55,8 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bo
         n += len(b[0]) if isinstance(b, tuple) else len(b["image_offsets"]) - 1 if "image_offsets" in b else \
             len(b["image"])
     rate = n / (time.perf_counter() - t0)
-    LAST["cpu"] = (time.process_time() - c0) / n  # (the process's threads together, per image)
-    return (rate, 1e3 * LAST["cpu"]) if cpu else rate
-
-
-LAST: dict = {}  # dsc_rate's last CPU seconds per image
+    cpu_s = (time.process_time() - c0) / n  # (the process's threads together, per image)
+    return (rate, 1e3 * cpu_s) if cpu else rate
 
 
 def _median(values):
@@ -148,12 +145,14 @@ def classification_row(ds, name: str) -> dict:
     cpu = {"reference": items_cpu(_ReferenceClassification(ds, paths, ops, rows), _reference_collate(ds, ops)),
            "per-image": items_cpu(_PerImageRecipe(ds, paths, ops, rows), _collate(ops))}
     torch.set_num_threads(os.cpu_count() or 1)
-    dsc_rate(ds, ops, 128, "dict", threads=1)  # (one filler thread, as one worker process is one thread)
-    cpu["dsc"] = LAST["cpu"]
+    # (one filler thread, as one worker process is one thread: its rate shows how far two threads scale)
+    rates["dsc-1"], ms = dsc_rate(ds, ops, 128, "dict", cpu=True, threads=1)
+    cpu["dsc"] = ms / 1e3
     load = f"{os.getloadavg()[0]:.2f}"
     print(row(f"{name} (fixed 256 -> 224)", rates["dsc"], "img/s", rates["reference"],
               f"vs the reference ({rates['reference']:,.0f} img/s); CPU {cpu['dsc'] * 1e3:.2f} vs "
-              f"{cpu['reference'] * 1e3:.2f} ms/img: {cpu['reference'] / cpu['dsc']:.1f}x; load {load}"))
+              f"{cpu['reference'] * 1e3:.2f} ms/img: {cpu['reference'] / cpu['dsc']:.1f}x; 1 thread "
+              f"{rates['dsc-1']:,.0f} img/s (2 threads x{rates['dsc'] / rates['dsc-1']:.2f}); load {load}"))
     print(row("  same, against dsc's kernels per image", rates["dsc"], "img/s", rates["per-image"],
               f"vs dsc-per-image ({rates['per-image']:,.0f} img/s); CPU {cpu['per-image'] * 1e3:.2f} ms/img: "
               f"{cpu['per-image'] / cpu['dsc']:.1f}x"))

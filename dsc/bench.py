@@ -264,6 +264,8 @@ class _ReferenceClassification(torch.utils.data.Dataset):
             runs = ", ".join(c.__name__ for c in CLASSIFICATION_REFERENCE_OPS)
             raise ConfigError(f"the reference classification baseline runs {runs}"
                               f"; not {', '.join(type(op).__name__ for op in other)}")
+        self.norms = {id(op): (torch.tensor(op.mean).view(-1, 1, 1), torch.tensor(op.std).view(-1, 1, 1))
+                      for op in self.ops if isinstance(op, T.Normalize)}  # (made once, as transforms.Normalize does)
         classes = {c: k for k, c in enumerate(ds.classes)}  # ImageFolder's label: the class folder's index
         self.labels = [classes[Path(p).parent.name] if Path(p).parent.name in classes else int(ds[r]["label"])
                        for p, r in zip(paths, self.rows)]
@@ -298,7 +300,8 @@ class _ReferenceClassification(torch.utils.data.Dataset):
                 x = torch.as_tensor(np.array(im, copy=True)).permute(2, 0, 1)
                 x = x.to(op.dtype).mul_(1.0 / 255) if op.scale else x.to(op.dtype)
             elif isinstance(op, T.Normalize):
-                x = x.sub(torch.tensor(op.mean).view(-1, 1, 1)).div_(torch.tensor(op.std).view(-1, 1, 1))
+                mean, std = self.norms[id(op)]
+                x = x.sub(mean).div_(std)
             elif isinstance(op, T.RandomErasing):
                 p = op.params(sizes, gen)
                 if bool(p["on"][0]):
@@ -404,6 +407,7 @@ class _PILRecipe(torch.utils.data.Dataset):
 
     def __init__(self, paths, size: int = 224):
         self.paths, self.size = paths, size
+        self.mean, self.std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)  # (made once)
 
     def __len__(self):
         return len(self.paths)
@@ -419,7 +423,7 @@ class _PILRecipe(torch.utils.data.Dataset):
         if torch.rand(1, generator=gen).item() < 0.5:
             im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         x = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float().div_(255)
-        return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+        return (x - self.mean) / self.std
 
 
 SOURCE_KINDS = ("imagefolder", "coco", "yolo", "voc", "segfolder")  # sources whose samples are image files

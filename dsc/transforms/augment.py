@@ -873,9 +873,11 @@ class AugMix(_AutoBase):
         return C.quantise(mix, integer)
 
     def apply_u8(self, x, p, sizes):
-        """:data:`AUGMIX_SAMPLES` samples at a time (no batch-sized copies): each chain on a uint8 copy of those
-        samples; then their mix (the same float arithmetic as ``apply``), a few samples at a time (in cache),
-        truncated to uint8 into ``x``."""
+        """:data:`AUGMIX_SAMPLES` samples at a time (no batch-sized copies): the ``mixture_width`` chains of
+        those samples as one uint8 batch of chain copies (chain i of sample j at row i n + j), run slot by
+        slot, each drawn op once on every chain copy that drew it (one call per op and slot for all the
+        chains, not one per chain); then their mix (the same float arithmetic as ``apply``), a few samples
+        at a time (in cache), truncated to uint8 into ``x``."""
         W = self.mixture_width
         K = p["ops"].shape[1] // W
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
@@ -888,16 +890,17 @@ class AugMix(_AutoBase):
         for g0 in range(0, len(x), AUGMIX_SAMPLES):
             rows = slice(g0, g0 + AUGMIX_SAMPLES)
             xg = x[rows]
-            augs = [super(AugMix, self).apply_u8(xg.clone(), {k: p[k][rows, i * K:(i + 1) * K]
-                                                              for k in ("ops", "on", "mag")}, sizes[rows])
-                    for i in range(W)]
-            for c0 in range(0, len(xg), step):
+            n = len(xg)
+            chains = {k: torch.cat([p[k][rows, i * K:(i + 1) * K] for i in range(W)]) for k in ("ops", "on", "mag")}
+            augs = super(AugMix, self).apply_u8(xg.repeat(W, 1, 1, 1), chains, sizes[rows].repeat(W, 1))
+            for c0 in range(0, n, step):
                 sl = slice(c0, c0 + step)
-                n = len(xg[sl])
-                torch.mul(xg[sl], m0[rows][sl], out=acc[:n])
-                for i, aug in enumerate(augs):
-                    acc[:n].add_(torch.mul(aug[sl], w[rows][sl, i].view(-1, 1, 1, 1), out=tmp[:n]))
-                xg[sl].copy_(acc[:n].clamp_(0, 255))
+                k = len(xg[sl])
+                torch.mul(xg[sl], m0[rows][sl], out=acc[:k])
+                for i in range(W):
+                    acc[:k].add_(torch.mul(augs[i * n + c0:i * n + c0 + k], w[rows][sl, i].view(-1, 1, 1, 1),
+                                           out=tmp[:k]))
+                xg[sl].copy_(acc[:k].clamp_(0, 255))
         return x
 
 

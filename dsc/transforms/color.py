@@ -353,6 +353,11 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
             # conversion: about 1.5x numpy's take), copied back
             im = pil_point(Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1), t[b, 0].tolist())
             np.copyto(a[b], np.asarray(im).reshape(H, W, Cn))
+        elif t.shape[1] == 3 == Cn and H * W >= 1 << 14 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
+            # a table per channel: PIL's RGB point (the three lookups in one pass over the interleaved pixels;
+            # numpy's take on each strided channel is about twice slower)
+            im = pil_point(Image.fromarray(a[b], "RGB"), t[b].reshape(-1).tolist())
+            np.copyto(a[b], np.asarray(im))
         elif t.shape[1] == 1:
             np.take(t[b, 0], a[b], out=a[b], mode="clip")
         else:

@@ -1,0 +1,76 @@
+"""How many kernel calls the auto-augment family's uint8 CPU stage makes (each call lets the GIL go, and the
+Python between them holds it while the Loader's other fill thread waits): AugMix runs each op once per
+slot on all its chains' copies together; lookup tables go through PIL's C point without Image.point's
+Python loop over the table; the bilinear warp (Rotate) runs sample by sample (in cache)."""
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from dsc import transforms as T
+from dsc.transforms import augment as A
+
+from test_recipes_uint8 import batch, float_stage
+
+
+def test_augmix_runs_each_drawn_op_once_per_slot_for_all_its_chains(monkeypatch):
+    op = T.AugMix(interpolation="bilinear")
+    img = batch(6, 20, 22)
+    sizes = torch.tensor([[20, 22]]).expand(6, 2)
+    p = op.params(sizes, torch.Generator().manual_seed(3))
+    W, K = op.mixture_width, p["ops"].shape[1] // op.mixture_width
+    ops = torch.where(p["on"], p["ops"], -1).view(6, W, K)
+    per_slot = sum(len(set(ops[:, :, k].reshape(-1).tolist()) - {-1}) for k in range(K))
+    per_chain = sum(len(set(ops[:, i, k].tolist()) - {-1}) for i in range(W) for k in range(K))
+    assert per_chain > per_slot  # (the draws have an op that several chains drew in the same slot)
+    calls = []
+    real = A.apply_named_u8
+    monkeypatch.setattr(A, "apply_named_u8",
+                        lambda name, x, *a, **k: calls.append((name, len(x))) or real(name, x, *a, **k))
+    monkeypatch.setattr(A, "_STILL_BELOW", {})  # (count every drawn op, none skipped)
+    out = op.apply_u8(img.clone(), p, sizes)
+    assert len(calls) == per_slot
+    assert sum(n for _, n in calls) == int((ops >= 0).sum())
+    monkeypatch.setattr(A, "apply_named_u8", real)
+    assert torch.equal(out, float_stage([op], img, 3))
+
+
+def test_lookup_tables_skip_image_points_python_loop(monkeypatch):
+    """Image.point rounds the table in Python (256 calls an image, GIL held); the stage calls the C point."""
+    def refuse(*a, **k):
+        raise AssertionError("Image.point called")
+    monkeypatch.setattr(Image.Image, "point", refuse)
+    img = batch(3, 160, 150)  # (large enough for the PIL path)
+    for name, m in (("Solarize", 0.4), ("Brightness", 0.3), ("Equalize", 0.0), ("Contrast", -0.5)):
+        got = A.apply_named_u8(name, img.clone(), torch.full((3,), m, dtype=torch.float64))
+        mag = torch.full((3,), m, dtype=torch.float64)
+        ref = A.apply_named(name, img.permute(0, 3, 1, 2).float(), mag, 255.0, True)
+        assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)), name
+
+
+def test_bilinear_rotate_runs_sample_by_sample(monkeypatch):
+    """One grid_sample call per sample, each on one sample (its planes and grid stay in cache), the same
+    pixels as the float formula."""
+    seen = []
+    real = F.grid_sample
+    monkeypatch.setattr(A.F, "grid_sample", lambda x, g, **k: seen.append(len(x)) or real(x, g, **k))
+    img = batch(5, 33, 41)
+    mag = torch.tensor([20.0, -45.0, 135.0, 3.0, -90.0], dtype=torch.float64)
+    got = A.apply_named_u8("Rotate", img.clone(), mag, "bilinear")
+    assert seen == [1] * 5
+    ref = A.apply_named("Rotate", img.permute(0, 3, 1, 2).float(), mag, 255.0, True, "bilinear")
+    assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+
+
+def test_autocontrast_tables_run_as_one_pil_lookup_per_sample(monkeypatch):
+    """A table per channel: one RGB point per sample (not a numpy take per channel), the float formula's pixels."""
+    import numpy as np
+
+    def refuse(*a, **k):
+        raise AssertionError("np.take called")
+    monkeypatch.setattr(np, "take", refuse)
+    img = batch(3, 160, 150)
+    img[0, ..., 0] = img[0, ..., 0] // 2 + 20  # (a channel that autocontrast stretches)
+    m = torch.zeros(3, dtype=torch.float64)
+    got = A.apply_named_u8("AutoContrast", img.clone(), m)
+    ref = A.apply_named("AutoContrast", img.permute(0, 3, 1, 2).float(), m, 255.0, True)
+    assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
