@@ -776,3 +776,40 @@ def test_an_update_holds_no_object_per_slot(tmp_path, monkeypatch):
     few = _parts_held_by_an_update(tmp_path, monkeypatch, 6)
     many = _parts_held_by_an_update(tmp_path, monkeypatch, 40)
     assert few == many <= 2, (few, many)
+
+
+def test_an_updates_work_per_slot_does_not_walk_every_row(tmp_path, monkeypatch):
+    """An update carries each base slot over by looking up that slot's own rows (removed or not, their input files'
+    stat): it walked every input's stat probe once per slot, O(slots x rows), which a million one-sample slots
+    cannot afford. Counted: the probes read per row carried over."""
+    import sys
+
+    from PIL import Image
+
+    src, path = tmp_path / "src", tmp_path / "d"
+    for i in range(30):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    opts = dict(size=2, shard_size=1, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    (src / "c0" / "0.png").unlink()
+    U = sys.modules["dsc.compiler.update"]
+    real, reads = U._apply, {"n": 0}
+
+    class Counted(dict):
+        def get(self, *a):
+            reads["n"] += 1
+            return super().get(*a)
+
+        def items(self):
+            reads["n"] += len(self)
+            return super().items()
+
+    def apply(base, plan, *a, **k):
+        plan.stat = Counted(plan.stat)
+        return real(base, plan, *a, **k)
+
+    monkeypatch.setattr(U, "_apply", apply)
+    dsc.compile_imagefolder(src, path, update=True, **opts)
+    assert len(dsc.open(path)) == 29
+    assert reads["n"] <= 30, reads  # (one a carried row; it was 29 a slot: 841)
