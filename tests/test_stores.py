@@ -457,7 +457,7 @@ def test_s3_puts_are_not_hashed_again_to_sign_them(monkeypatch):
     """Over https and plain http the S3 client signs UNSIGNED-PAYLOAD and sends a CRC64-NVME checksum the server
     verifies (a shard's bytes are not hashed a second time: dsc hashed them as it wrote them). With
     AWS_UNSIGNED_PAYLOAD or AWS_CHECKSUM_ALGORITHM set by the user, obstore's own reading of them stands
-    (tests/test_upload_cost.py checks the requests themselves)."""
+    (tests/test_remote_cost.py checks the requests themselves)."""
     pytest.importorskip("obstore")
     for k in ("AWS_UNSIGNED_PAYLOAD", "AWS_CHECKSUM_ALGORITHM", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)

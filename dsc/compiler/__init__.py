@@ -51,7 +51,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         def compile_local(stage, opts, on_unit, direct=None):
             return compile_dataset(_scan(source, warn, executor=options.executor), stage,
                                    replace(opts, update=False, dry_run=False), warn=warn, source=source,
-                                   on_unit=on_unit, direct=direct, durable=False)
+                                   on_unit=on_unit, direct=direct)
 
         return compile_to_url(compile_local, out, options)
     out = store.path

@@ -342,14 +342,13 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
                     warn=None, source: Source | None = None, on_unit=None, direct: tuple[str, str] | None = None,
-                    durable: bool = True, **kwargs) -> CompileReport:
+                    **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
     ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
     ``source``: the source that scanned the records (its ``fetcher`` runs in the workers); records of
     files need none. ``on_unit(result)`` is called as each unit finishes (its shards are written).
     ``direct``: (URL, writer token) of a compile to object storage whose units upload their own shards (on a
-    cluster: see cluster.py); ``out`` then gets everything but the shards. ``durable=False``: ``out`` is the
-    local staging of a compile to object storage, not flushed to disk (see ``Staging.publish``)."""
+    cluster: see cluster.py); ``out`` then gets everything but the shards."""
     options = options or CompileOptions(**kwargs)
     source = source or Source()
     if source.local_only:
@@ -373,7 +372,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     K = min(options.shard_size, len(records)) if options.shard_size else default_shard_size(len(records), options)
     workers = options.workers or os.cpu_count() or 1
     fields = dataset_fields(scanned, options)
-    staging = Staging(out, options.overwrite, resume=options.resume, warn=warn, durable=durable)
+    staging = Staging(out, options.overwrite, resume=options.resume, warn=warn)
     with staging:
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)

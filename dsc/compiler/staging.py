@@ -24,9 +24,8 @@ def staging_dir(out: Path) -> Path:
 class Staging:
     """Exclusive lock on OUT, a private temporary directory beside it, and the final rename."""
 
-    def __init__(self, out: Path, overwrite: bool, resume: bool = False, warn=None, durable: bool = True):
+    def __init__(self, out: Path, overwrite: bool, resume: bool = False, warn=None):
         self.out = out
-        self.durable = durable  # False: a staging a compile to a URL uploads from (no flush: see publish)
         self.overwrite = overwrite
         self.resume = resume
         self.warn = warn or (lambda msg: None)
@@ -62,15 +61,11 @@ class Staging:
     def publish(self, before_rename=None) -> None:
         """Flush everything to disk, then make the staging directory OUT in one rename (an atomic swap
         with an existing OUT when overwriting, so OUT is never absent). ``before_rename`` runs after the
-        last check that can fail (it removes the resume journal). Not ``durable`` (OUT is the local staging of
-        a compile to object storage, whose commit is the bucket's version record, put after every upload):
-        no flush; after a power loss, a resumed upload hashes each staged file it still has to send and
-        refuses a damaged one, as it does any other."""
+        last check that can fail (it removes the resume journal)."""
         check_output(self.out, self.overwrite)
         if before_rename is not None:
             before_rename()
-        if self.durable:
-            sync_filesystem(self.tmp)
+        sync_filesystem(self.tmp)
         if self.out.exists():
             if not _exchange(self.tmp, self.out):  # no renameat2: two renames, OUT briefly absent
                 old = self.out.parent / f".{self.out.name}.dsc-old"
@@ -84,8 +79,7 @@ class Staging:
             return
         os.rename(self.tmp, self.out)
         self.published = True
-        if self.durable:
-            fsync_dir(self.out.parent)
+        fsync_dir(self.out.parent)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.published:

@@ -93,8 +93,14 @@ class Uploader:
             except FileNotFoundError:
                 continue
         ask = not (new or self.fresh) or fd is None  # (not here: a worker uploaded it, or an earlier run did)
-        there = store.stat(rel) if ask else _UNKNOWN
-        if ask and self._ours(rel, there, sha256, nbytes) and intact(store, rel, sha256, nbytes):
+        try:
+            there = store.stat(rel) if ask else _UNKNOWN
+            keep = ask and self._ours(rel, there, sha256, nbytes) and intact(store, rel, sha256, nbytes)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        if keep:
             if fd is not None:
                 os.close(fd)
             with self.lock:
@@ -111,7 +117,8 @@ class Uploader:
                                       f"the bytes its name (SHA-256) says: the local dataset is damaged; run `dsc "
                                       f"verify` on it, and restore the file from an intact copy or recompile")
                 raise RemoteError(f"{path} is not the file the dataset records ({nbytes:,} bytes, sha256 "
-                                  f"{sha256[:16]}...): the local staging changed or is damaged; run the compile again")
+                                  f"{sha256[:16]}...): the local staging changed or is damaged (a crash, a power loss); run the compile again without "
+                                  f"--resume")
             sent = put_shard(store, rel, body, sha256, nbytes, self.writer, there, ask=ask)
         with self.lock:
             if sent:
@@ -352,7 +359,10 @@ def _token(stage: Path) -> str:
         pass
     token = secrets.token_hex(12)
     where.parent.mkdir(parents=True, exist_ok=True)
-    where.write_text(token + "\n")
+    with open(where, "w") as f:  # (durable: a lost token makes the next --resume another writer of its own shards)
+        f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     return token
 
 

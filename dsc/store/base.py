@@ -68,7 +68,7 @@ class Store:
         the whole object overrides this."""
         if end <= start:
             return b""
-        return memoryview(self.get(rel, limit=end))[start:end]
+        return memoryview(self.get(rel))[start:end]
 
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, tag) of the object in one request that returns no content, or None

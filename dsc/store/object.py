@@ -128,6 +128,7 @@ def upload_checks(env=os.environ) -> dict:
     return out
 
 
+_MISMATCH = re.compile(r"(?i)(BadDigest|XAmzContentChecksumMismatch|did not match)")  # a body damaged in transit
 _TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|broken pipe|temporar|throttl|slow ?down|"
                         r"too many requests|service unavailable|internal ?error|bad gateway|gateway|\b5\d\d\b|"
                         r"retry|dns|eof|incomplete|body|sending request|http error)")
@@ -212,14 +213,20 @@ class ObjectStore(Store):
                     raise self._refused(what, rel, f"{code}: {_first_line(e)}") from None
                 if code == 404:
                     raise MissingFile(f"{self.where(rel)} is missing") from None
-                if code is not None:
-                    transient = code >= 500 or code in (408, 429)
+                mismatch = bool(_MISMATCH.search(str(e)))
+                if code is not None:  # (a body damaged on its way in, refused by its checksum: sent again)
+                    transient = (code >= 500 and code != 501) or code in (408, 429) or (code == 400 and mismatch)
                 else:
                     transient = isinstance(e, (OSError, TimeoutError)) or bool(_TRANSIENT.search(str(e)))
                 left = deadline - time.monotonic()
                 if not transient or left <= 0:
                     hint = ("; for an S3-compatible server set AWS_ENDPOINT_URL" if self.scheme == "s3" and
                             not self.endpoint else "")
+                    text = str(e).lower()
+                    if self.scheme == "s3" and (code == 501 or (code == 400 and ("checksum" in text or
+                                                                                 "notimplemented" in text))):
+                        hint += ("; a server that does not take CRC64-NVME checksums needs "
+                                 "AWS_CHECKSUM_ALGORITHM=sha256 (and AWS_UNSIGNED_PAYLOAD=false)")
                     raise RemoteError(f"{self.where(rel)}: {what} failed"
                                       + (f" after {attempt} attempts over {self.retry:.0f} s" if transient else "")
                                       + f": {_first_line(e)}. Check the URL, the network and the server{hint}"
