@@ -264,8 +264,9 @@ class _ReferenceClassification(torch.utils.data.Dataset):
             runs = ", ".join(c.__name__ for c in CLASSIFICATION_REFERENCE_OPS)
             raise ConfigError(f"the reference classification baseline runs {runs}"
                               f"; not {', '.join(type(op).__name__ for op in other)}")
-        self.norms = {id(op): (torch.tensor(op.mean).view(-1, 1, 1), torch.tensor(op.std).view(-1, 1, 1))
-                      for op in self.ops if isinstance(op, T.Normalize)}  # (made once, as transforms.Normalize does)
+        self.norms = [(torch.tensor(op.mean).view(-1, 1, 1), torch.tensor(op.std).view(-1, 1, 1))
+                      if isinstance(op, T.Normalize) else None for op in self.ops]  # (made once, as transforms'
+        # Normalize does; aligned with the ops, which a DataLoader worker gets pickled: new objects)
         classes = {c: k for k, c in enumerate(ds.classes)}  # ImageFolder's label: the class folder's index
         self.labels = [classes[Path(p).parent.name] if Path(p).parent.name in classes else int(ds[r]["label"])
                        for p, r in zip(paths, self.rows)]
@@ -279,7 +280,7 @@ class _ReferenceClassification(torch.utils.data.Dataset):
 
         im, gen = _item_source(self.paths[i], i)
         x = None  # the (C, H, W) tensor once PILToTensor has run
-        for op in self.ops:
+        for op, norm in zip(self.ops, self.norms):
             sizes = torch.tensor([[im.height, im.width]] if x is None else [list(x.shape[1:])])
             if isinstance(op, T.RandomResizedCrop):
                 t, l, h, w = (int(v) for v in op.params(sizes, gen))
@@ -300,7 +301,7 @@ class _ReferenceClassification(torch.utils.data.Dataset):
                 x = torch.as_tensor(np.array(im, copy=True)).permute(2, 0, 1)
                 x = x.to(op.dtype).mul_(1.0 / 255) if op.scale else x.to(op.dtype)
             elif isinstance(op, T.Normalize):
-                mean, std = self.norms[id(op)]
+                mean, std = norm
                 x = x.sub(mean).div_(std)
             elif isinstance(op, T.RandomErasing):
                 p = op.params(sizes, gen)

@@ -119,3 +119,16 @@ def test_the_reference_collate_mixes_and_the_rate_is_measured(fixed):
     assert torch.allclose(batch["label"].sum(1), torch.ones(6))
     assert reference_dataloader_rate(fixed, ops, 2, limit=8) > 0
     assert reference_dataloader_rate(fixed, [T.RandomResizedCrop(32), T.ColorJitter(0.4), T.ToFloat()], 2) is None
+
+
+def test_the_reference_dataset_works_after_pickling(fixed):
+    """A DataLoader worker started by spawn or forkserver (macOS, Windows; Linux's default from Python 3.14) gets
+    the reference dataset pickled: its ops are new objects, and the item is still made (with its Normalize)."""
+    import pickle
+
+    ops = T.presets.classification("ta_wide", crop_size=32)
+    rows: list[int] = []
+    paths = source_files(fixed, rows=rows)[0]
+    ref = _ReferenceClassification(fixed, paths, ops, rows)
+    again = pickle.loads(pickle.dumps(ref))
+    assert torch.equal(again[0][0], ref[0][0])

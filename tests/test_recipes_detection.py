@@ -513,3 +513,40 @@ def test_random_iou_crop_tests_eight_of_torchvision_s_rounds_at_once(monkeypatch
     p = T.RandomIoUCrop().params(sizes.repeat(8, 1), torch.Generator().manual_seed(1), boxes=boxes * 8)
     assert len(draws) <= 3
     assert bool(((p["top"] >= 0) & (p["top"] + p["h"] <= sizes.repeat(8, 1)[:, 0])).all())
+
+
+def test_random_iou_crop_bounds_its_work_on_box_dense_batches_and_refuses_no_trials(monkeypatch):
+    """A batch of many boxes draws fewer rounds at once, so no temporary holds more than ROUND_ELEMENTS (round,
+    sample, trial, box) entries (8 rounds of 64 samples x 40 trials x 150 boxes in float64 took 200 MB), still
+    up to torchvision's 1,000 rounds; trials=0 (torchvision's loop would never end) is refused."""
+    from dsc.errors import ConfigError
+    from dsc.transforms import detection as D
+
+    shapes = []
+    real = torch.rand
+    monkeypatch.setattr(D.torch, "rand", lambda *a, **k: shapes.append(tuple(a[0])) or real(*a, **k))
+    B, N = 64, 150
+    sizes = torch.tensor([[400, 400]]).repeat(B, 1)
+    boxes = [torch.tensor([[20.0 * (i % 19), 20.0 * (i // 19), 20.0 * (i % 19) + 8, 20.0 * (i // 19) + 8]
+                           for i in range(N)], dtype=torch.float64)] * B
+    T.RandomIoUCrop(sampler_options=[0.99]).params(sizes, torch.Generator().manual_seed(0), boxes=boxes)
+    rounds = [s[0] for s in shapes if len(s) == 4]
+    assert rounds and max(rounds) * B * 40 * N <= max(D.ROUND_ELEMENTS, B * 40 * N) and sum(rounds) // 2 >= 1000
+    with pytest.raises(ConfigError, match="trials must be at least 1"):
+        T.RandomIoUCrop(trials=0)
+
+
+def test_photometric_ops_never_write_into_the_callers_ragged_image():
+    """Compose's promise (the caller's pixels are never written into) holds for packed ragged batches too: the
+    photometric ops write sample by sample, so they work on a copy (a fixed-size batch already did)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8, generator=g)
+    b = torch.randint(0, 256, (4, 9, 3), dtype=torch.uint8, generator=g)
+    flat = torch.cat([a.reshape(-1), b.reshape(-1)])
+    batch = {"image": flat, "image_offsets": torch.tensor([0, a.numel(), a.numel() + b.numel()]),
+             "image_shapes": torch.tensor([[5, 7, 3], [4, 9, 3]])}
+    keep = flat.clone()
+    for op in (T.RandomHSV(), T.RandomPhotometricDistort(p=1.0)):
+        out = T.Compose([op])(dict(batch), seed=1)
+        assert torch.equal(flat, keep) and out["image"].data_ptr() != flat.data_ptr()
+        assert not torch.equal(out["image"], keep)

@@ -359,9 +359,12 @@ class Dataset(torch.utils.data.Dataset):
         try:
             if getattr(self, "_labels", 0) is None and "label" in getattr(self, "readers", {}):
                 self.labels
+        except DscError:  # (already unreadable: the next ask says why)
+            pass
+        try:  # (apart: a damaged label chunk must not leave ``live`` unread)
             if getattr(self, "_live", None) is not None:
                 self._live.read()
-        except DscError:  # (already unreadable: the next ask says why)
+        except DscError:
             pass
         close = getattr(self.storage, "close", None)
         if close is not None:

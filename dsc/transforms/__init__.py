@@ -144,7 +144,8 @@ class Compose:
                 fixed = batch["image"].dtype == torch.uint8 and "image_offsets" not in batch \
                     and "image_sizes" not in batch
                 batch = apply_pixel_ops(op, batch, gen, post=post if fixed else None,
-                                        inplace=start > 0 or batch["image"] is not given, alloc=alloc)
+                                        inplace=start > 0 or alloc is not None or batch["image"] is not given,
+                                        alloc=alloc)  # (alloc: the batch is the Loader's own ring slot)
                 skip = post is not None and fixed
             else:
                 batch = op(batch, gen)

@@ -931,6 +931,9 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
     is this pipeline's own (a ring slot, an earlier stage's output) and may be written into; ``alloc``: the
     Loader's ring-slot allocator, for the float output (memory reused batch after batch)."""
     views, img = _pixel_views(batch)
+    if views is not None and not inplace:  # ragged / padded: written sample by sample, so on a copy of the caller's
+        batch["image"] = batch["image"].clone()
+        views, img = _pixel_views(batch)
     if any(op.moves_pixels for op in ops):
         moved = [k for k in batch if k in ("boxes", "mask") or k.endswith("_mask")]
         schema = getattr(batch, "schema", None)

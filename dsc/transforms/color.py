@@ -371,10 +371,10 @@ def pil_point(im: "Image.Image", table: list[int]) -> "Image.Image":
     ``[round(i) for i in table]``: a Python loop of 256 (RGB: 768) calls per image that holds the GIL while
     the Loader's other thread waits for it (it was about half the time of a lookup); the C lookup itself
     lets the GIL go."""
+    im.load()  # (an image not loaded yet has no core object: Pillow 11+'s ``im`` property asserts)
     core = getattr(im, "im", None)
-    if core is None or not hasattr(core, "point"):  # (a Pillow without the core object: the public call)
+    if core is None or not hasattr(core, "point") or not hasattr(im, "_new"):  # (the public call)
         return im.point(table)
-    im.load()
     return im._new(core.point(table, None))
 
 

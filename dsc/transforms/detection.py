@@ -171,6 +171,7 @@ class RandomZoomOut(Geometric):
 
 
 ROUNDS_AT_ONCE = 8  # RandomIoUCrop: torchvision's rounds drawn and tested together (one set of tensor ops)
+ROUND_ELEMENTS = 1 << 18  # ... at most this many (round, sample, trial, box) entries at once (box-dense batches)
 
 
 class RandomIoUCrop(Geometric):
@@ -193,6 +194,8 @@ class RandomIoUCrop(Geometric):
         self.sampler_options = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0] if sampler_options is None else \
             [float(v) for v in sampler_options]
         self.trials = int(trials)
+        if self.trials < 1:  # (torchvision's loop would never end unless it drew 1.0)
+            raise ConfigError(f"RandomIoUCrop: trials must be at least 1, got {trials}")
 
     def params(self, sizes, gen, boxes=None):
         """torchvision's loop, run for the whole batch at once: each round draws every unfinished sample's
@@ -214,11 +217,12 @@ class RandomIoUCrop(Geometric):
         cx = (0.5 * (bx[..., 0] + bx[..., 2])).unsqueeze(1)  # (B, 1, N)
         cy = (0.5 * (bx[..., 1] + bx[..., 3])).unsqueeze(1)
         area = ((bx[..., 2] - bx[..., 0]) * (bx[..., 3] - bx[..., 1])).unsqueeze(1)
-        T_, K = self.trials, ROUNDS_AT_ONCE
+        T_ = self.trials  # K rounds at once, fewer where the batch's boxes are many (each temporary is (K, B, T, N))
+        K = max(1, min(ROUNDS_AT_ONCE, ROUND_ELEMENTS // max(1, B * T_ * max(N, 1))))
         cx, cy, area = cx.unsqueeze(0), cy.unsqueeze(0), area.unsqueeze(0)  # (1, B, 1, N)
         bxk, hask = bx.unsqueeze(1).unsqueeze(0), has.unsqueeze(1).unsqueeze(0)  # (1, B, 1, N, 4), (1, B, 1, N)
         Wk, Hk = W.view(1, B, 1), H.view(1, B, 1)
-        for _ in range(1000 // K):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
+        for _ in range(-(-1000 // K)):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
             if not bool(todo.any()):
                 break
             # K of torchvision's rounds drawn at once for every sample: (minimum IoU, trials) per round; each

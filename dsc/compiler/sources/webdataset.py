@@ -28,6 +28,7 @@ import json
 import os
 import re
 import tarfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -167,6 +168,9 @@ def _label_of(data: bytes, ext: str, key_name: str | None) -> int:
         raise ValueError(f"the .{ext} member holds {data[:40]!r}, not an integer class index") from None
 
 
+_NPY_HEADER = threading.Lock()
+
+
 def decode_member(data: bytes, ext: str, how: str):
     """A member's value for its field: ``how`` "text" (UTF-8), "json", "array" (a .npy, numpy's format, never a
     pickle) or "bytes". Raises ValueError naming the member."""
@@ -178,7 +182,8 @@ def decode_member(data: bytes, ext: str, how: str):
         if how == "array":
             import numpy as np
 
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            with _NPY_HEADER:  # numpy parses a .npy header with ast.literal_eval, which CPython 3.11 cannot run in
+                return np.load(io.BytesIO(data), allow_pickle=False)  # two threads at once (gh-106905)
     except (ValueError, UnicodeDecodeError, OSError, EOFError) as e:
         what = {"text": "UTF-8 text", "json": "JSON", "array": "a .npy array (numpy's format, no pickles)"}[how]
         raise ValueError(f"its .{ext} member is not {what} ({e})") from None
