@@ -22,7 +22,8 @@ speeds it too).
 
 Classification: the recipe benchmark's 4,000 JPEGs of 256-384 px, compiled at 256 (fixed). Detection: the
 detection benchmark's 400 JPEG scenes of 400-640 px with boxes, stored as decoded (ragged); segmentation:
-the same scenes with a semantic mask. Timed: one epoch of SAMPLES (DET_SAMPLES) after a warm-up batch (dsc)
+the same scenes with a semantic mask. Timed: one epoch of SAMPLES (DET_SAMPLES) after a warm-up epoch (dsc: the ring's buffers grown, as in every
+epoch of a training run but its first; `dsc bench` and bench_instances time the same way)
 / BASELINE_SAMPLES after the start-up batches (DataLoader)."""
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bo
 
     loader = dsc.Loader(ds, batch_size=batch_size, order="random", num_threads=threads, transforms=ops, format=fmt,
                         indices=range(min(samples, len(ds))))
-    next(iter(loader))  # map the shards, warm the ring
+    for _ in loader:  # a first epoch maps the shards and grows the ring's buffers to their size (page faults a
+        pass  # training run pays once, not every epoch): timed is the next one, as the DataLoaders' warm workers
     c0, t0, n = time.process_time(), time.perf_counter(), 0
     for b in loader:
         n += len(b[0]) if isinstance(b, tuple) else len(b["image_offsets"]) - 1 if "image_offsets" in b else \
