@@ -31,6 +31,15 @@ class Tiny(torch.utils.data.Dataset):
         return np.full((2, 2, 3), i % 251, np.uint8), i % 10
 
 
+
+def _tiny_folder(src, n: int, classes: int, step: int = 1) -> None:
+    """``n`` 4x4 PNGs in ``classes`` class folders (sample i in class i % classes, red i * step)."""
+    from PIL import Image
+
+    for i in range(n):
+        (src / f"c{i % classes}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (i * step, 0, 0)).save(src / f"c{i % classes}" / f"{i}.png")
+
 def tiny(path: Path, n: int) -> Path:
     dsc.compile(Tiny(n), path, size=2, shard_size=1, progress=False, workers=1)
     return path
@@ -604,9 +613,7 @@ def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
     from PIL import Image
 
     src, path = tmp_path / "src", tmp_path / "d"
-    for i in range(6):
-        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 3}" / f"{i}.png")
+    _tiny_folder(src, 6, classes=3)
     opts = dict(size=2, shard_size=2, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
     ds = dsc.open(path)
@@ -632,9 +639,7 @@ def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkey
     from dsc.versions import vacuum
 
     src, path = tmp_path / "src", tmp_path / "d"
-    for i in range(8):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (4, 4), (i * 20, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    _tiny_folder(src, 8, classes=2, step=20)
     opts = dict(size=2, shard_size=2, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
     (src / "c0" / "2.png").unlink()
@@ -748,9 +753,7 @@ def _parts_held_by_an_update(tmp_path, monkeypatch, n: int) -> int:
     from dsc.formats.fields import Part
 
     src, path = tmp_path / f"src{n}", tmp_path / f"d{n}"
-    for i in range(n):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    _tiny_folder(src, n, classes=2)
     opts = dict(size=2, shard_size=1, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
     Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
@@ -784,12 +787,8 @@ def test_an_updates_work_per_slot_does_not_walk_every_row(tmp_path, monkeypatch)
     cannot afford. Counted: the probes read per row carried over."""
     import sys
 
-    from PIL import Image
-
     src, path = tmp_path / "src", tmp_path / "d"
-    for i in range(30):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (4, 4), (i, 0, 0)).save(src / f"c{i % 2}" / f"{i}.png")
+    _tiny_folder(src, 30, classes=2)
     opts = dict(size=2, shard_size=1, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
     (src / "c0" / "0.png").unlink()
