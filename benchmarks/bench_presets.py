@@ -178,6 +178,10 @@ def main(argv=None) -> None:
         k = args.index("--rounds")
         rounds = int(args[k + 1])
         del args[k:k + 2]
+    names = CLASSIFICATION + ("imagenet+mix",) + DETECTION
+    if any(a.startswith("-") for a in args) or not set(args) <= set(names):
+        print(f"usage: python bench_presets.py [--rounds N] [NAME ...]; NAME in {', '.join(names)}")
+        raise SystemExit(0 if {"-h", "--help"} & set(args) else 2)
     only = set(args)
     load = f"{os.getloadavg()[0]:.2f}"
     print(f"reference recipes on CPU: {SAMPLES} samples per preset ({DET_SAMPLES} detection), 2 threads vs torch "

@@ -1020,7 +1020,9 @@ class _ReferenceRecipe(torch.utils.data.Dataset):
         self.mask = masks[0] if masks else None
         self.ignore = int(ds.schema[self.mask].fill or 0) if self.mask else 0
         self.yolo = any(type(op).__name__ == "Mosaic" for op in self.ops)
-        self.norm = next((op for op in self.ops if isinstance(op, T.Normalize)), None)
+        norm = next((op for op in self.ops if isinstance(op, T.Normalize)), None)
+        self.norm = None if norm is None else (torch.tensor(norm.mean).view(-1, 1, 1),
+                                               torch.tensor(norm.std).view(-1, 1, 1))  # (made once, as transforms.Normalize)
         # (the segmentation reference has no boxes: a dataset that also has them keeps them out of its targets)
         self.boxes = "boxes" in ds.schema and not any(type(op).__name__ == "RandomCrop" for op in self.ops)
 
@@ -1061,7 +1063,7 @@ class _ReferenceRecipe(torch.utils.data.Dataset):
         if not self.yolo:
             x = x.to(torch.float32).div_(255)  # ToDtype(float, scale=True)
             if self.norm is not None:
-                x = (x - torch.tensor(self.norm.mean).view(-1, 1, 1)) / torch.tensor(self.norm.std).view(-1, 1, 1)
+                x = (x - self.norm[0]) / self.norm[1]
         out["image"] = x
         return out
 
