@@ -413,21 +413,17 @@ def test_the_next_units_row_groups_are_read_ahead_once(s3, tmp_path, monkeypatch
     assert sorted(a for a in ranges if a in starts) == starts[:3]  # each group one request
 
 
-def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkeypatch):
-    """With 2 workers, units of one row group go to one worker (each runs a contiguous run of units, reading the
-    group its next unit needs ahead of time): the server is asked for each row group's image chunk about once (a
-    run's edge, or a unit taken over at the end, can read one twice), not once per worker as when units went out
-    in order, alternating between the workers. The scan reads the label chunks 8 at once, each exactly once."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+def _parquet_in_s3(tmp_path, url: str, seed: int) -> tuple[set, set]:
+    """96 small PNGs and labels in a Parquet file of 6 row groups, put at ``url``/t.parquet: the byte offsets where
+    each row group's image chunk and label chunk start (what a range GET of that chunk asks for first)."""
     import io
-    import threading
 
     import numpy as np
-    from moto.s3.responses import S3Response
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from PIL import Image
 
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     images = []
     for _ in range(96):
         b = io.BytesIO()
@@ -435,12 +431,27 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
         images.append(b.getvalue())
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(96)]}), path, row_group_size=16)
-    open_store("s3://dsc-src/runs").put("t.parquet", path.read_bytes())
+    open_store(url).put("t.parquet", path.read_bytes())
     meta = pq.ParquetFile(path).metadata
-    image_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
-                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(0)]}
-    label_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
-                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(1)]}
+
+    def starts(column):
+        return {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
+                for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(column)]}
+    return starts(0), starts(1)
+
+
+def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkeypatch):
+    """With 2 workers, units of one row group go to one worker (each runs a contiguous run of units, reading the
+    group its next unit needs ahead of time): the server is asked for each row group's image chunk about once (a
+    run's edge, or a unit taken over at the end, can read one twice), not once per worker as when units went out
+    in order, alternating between the workers. The scan reads the label chunks 8 at once, each exactly once."""
+    pytest.importorskip("pyarrow.parquet")
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    image_chunks, label_chunks = _parquet_in_s3(tmp_path, "s3://dsc-src/runs", seed=5)
+    path = tmp_path / "t.parquet"
     asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests too)
     real = S3Response._handle_range_header
 
@@ -775,28 +786,14 @@ def test_a_cluster_reads_each_parquet_row_group_about_once_and_ahead(s3, cluster
     """On a Dask cluster, units of one Parquet row group go to one worker as in the local pool: each worker runs
     a contiguous run of units, told the unit it runs next (read ahead), so the server is asked for each row
     group's image chunk about once, not once per worker as when Dask handed the units out in order."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    import io
+    pytest.importorskip("pyarrow.parquet")
     import threading
 
-    import numpy as np
     from moto.s3.responses import S3Response
-    from PIL import Image
 
     client, workers = cluster
-    rng = np.random.default_rng(6)
-    images = []
-    for _ in range(96):
-        b = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(b, "PNG")
-        images.append(b.getvalue())
+    image_chunks, _ = _parquet_in_s3(tmp_path, "s3://dsc-src/daskruns", seed=6)
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(96)]}), path, row_group_size=16)
-    open_store("s3://dsc-src/daskruns").put("t.parquet", path.read_bytes())
-    meta = pq.ParquetFile(path).metadata
-    image_chunks = {(c.data_page_offset if not c.has_dictionary_page else c.dictionary_page_offset)
-                    for g in range(meta.num_row_groups) for c in [meta.row_group(g).column(0)]}
     asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests)
     real = S3Response._handle_range_header
 
