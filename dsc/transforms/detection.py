@@ -222,6 +222,7 @@ class RandomIoUCrop(Geometric):
         cx, cy, area = cx.unsqueeze(0), cy.unsqueeze(0), area.unsqueeze(0)  # (1, B, 1, N)
         bxk, hask = bx.unsqueeze(1).unsqueeze(0), has.unsqueeze(1).unsqueeze(0)  # (1, B, 1, N, 4), (1, B, 1, N)
         Wk, Hk = W.view(1, B, 1), H.view(1, B, 1)
+        rows = torch.arange(B)
         for _ in range(-(-1000 // K)):  # torchvision loops until it finds one; 1.0 (1 in 7) ends it
             if not bool(todo.any()):
                 break
@@ -250,7 +251,6 @@ class RandomIoUCrop(Geometric):
             if not bool(hit_any.any()):
                 continue
             k = ends.to(torch.uint8).argmax(0)  # each sample's first round that ends it
-            rows = torch.arange(B)
             crop = hit_any & (m[k, rows] < 1.0)
             t = ok[k, rows].to(torch.uint8).argmax(-1)  # that round's first passing trial
             top, left = torch.where(crop, tp[k, rows, t], top), torch.where(crop, lf[k, rows, t], left)

@@ -241,6 +241,15 @@ def _resized_region(x: torch.Tensor, size: tuple[int, int], top: int, left: int,
     return canvas
 
 
+def _pending_flips(steps, fh: bool, fw: bool) -> tuple[bool, bool]:
+    """The pending (vertical, horizontal) flips after the program's ``("flip", axis, on)`` ``steps``: each one
+    drawn on toggles its axis (0: horizontal)."""
+    for step in steps:
+        if step[2]:
+            fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+    return fh, fw
+
+
 def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> None:
     """``fill`` (a number, or one per channel) written into ``out`` (h, w[, C]) everywhere but the rows
     part[0]:part[1] x columns part[2]:part[3] (an empty part: everywhere); per channel as one line of the
@@ -279,8 +288,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         if k <= skip:
             continue
         if kind == "flip":
-            if a[1]:
-                fw, fh = (not fw, fh) if a[0] == 0 else (fw, not fh)
+            fh, fw = _pending_flips([program[k]], fh, fw)
         elif kind == "crop":
             top, left, h, w = a[:4]
             cfill = fill if fill is not None else (a[4] if len(a) > 4 else 0.0)
@@ -302,19 +310,15 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
                 if all(step[0] == "flip" for step in rest) and tuple(target.shape[:2]) == (h, w):
                     # the last step but flips (zoom-out, IoU crop, flip): the target is the canvas, the flips
                     # placing the pasted part (mirrored) and mirroring it; the fill written only around it
-                    for step in rest:
-                        if step[2]:
-                            fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+                    fh, fw = _pending_flips(rest, fh, fw)
                     a0, a1, b0, b1 = t0 - top, t1 - top, l0 - left, l1 - left  # the part, in the canvas
                     if fh:
                         a0, a1 = h - a1, h - a0
                     if fw:
                         b0, b1 = w - b1, w - b0
+                    _fill_around(target, (a0, a1, b0, b1), cfill)  # (no part inside: the fill everywhere)
                     if t1 > t0 and l1 > l0:
-                        _fill_around(target, (a0, a1, b0, b1), cfill)
                         target[a0:a1, b0:b1] = _flip(x[t0:t1, l0:l1], fh, fw)
-                    else:
-                        _fill_around(target, (0, 0, 0, 0), cfill)
                     done = True
                     break
                 canvas = full((h, w, *x.shape[2:]), cfill, x.dtype, x.device)
@@ -333,9 +337,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
                 # (nearest: the same source pixels as the whole resize, only the crop's made; flips between the
                 # resize and the crop mirror the window. A nearest resize does not commute with a flip where
                 # (i + 1/2) H / h is whole: not with flips pending from before it)
-                for step in program[k + 1:j]:  # the flips between: pending, like the ones before
-                    if step[2]:
-                        fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+                fh, fw = _pending_flips(program[k + 1:j], fh, fw)  # the flips between: pending, like the ones before
                 top, left, ch, cw = program[j][1:5]
                 cfill = fill if fill is not None else (program[j][5] if len(program[j]) > 5 else 0.0)
                 top = h - top - ch if fh else top  # the window in the unflipped resize; the flips stay pending
@@ -347,9 +349,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             # flips after the last resize commute with it (not a nearest one: see above): fold them into the copy
             last = all(step[0] == "flip" for step in rest) and not (nearest and any(step[2] for step in rest))
             if last:
-                for step in rest:
-                    if step[2]:
-                        fw, fh = (not fw, fh) if step[1] == 0 else (fw, not fh)
+                fh, fw = _pending_flips(rest, fh, fw)
             x = _flip(x, fh, fw).contiguous()
             fh = fw = False
             x = (_resize_nearest if nearest else _resize_image)(x, h, w, target if last else None)
