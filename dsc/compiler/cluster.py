@@ -91,7 +91,7 @@ def check_workers_see(client, inputs: list[str], output: str | None) -> None:
                           f"cluster compile reads its inputs on the workers; {SEE_ALSO}")
 
 
-def results(executor, todo: list, run, inputs: list[str], output: str | None, runs: bool = False, then=None):
+def results(executor, todo, run, inputs: list[str], output: str | None, runs: bool = False, then=None):
     """Run units on the cluster; yield their results as they finish. Closing the generator cancels what is
     left, while the client is still open (``with closing(...)``). ``runs`` and ``then``: as the pool's
     ``imap_unordered`` (units sharing reads go to one worker in contiguous runs; see the module docstring)."""
@@ -103,7 +103,7 @@ def results(executor, todo: list, run, inputs: list[str], output: str | None, ru
             return
         from dask.distributed import as_completed
 
-        futures = client.map(run, todo, pure=False)
+        futures = client.map(run, list(todo), pure=False)
         try:
             for fut in as_completed(futures):
                 yield fut.result()
@@ -118,7 +118,7 @@ def _cancel(client, futures) -> None:
         pass
 
 
-def _in_runs(client, workers: list, tasks: list, run, then):
+def _in_runs(client, workers: list, tasks, run, then):
     """``run`` of each task, each of ``workers`` (address, threads) taking a contiguous run of them
     (``pool._Runs``), its threads + 1 at once; a task is submitted with ``then(task, the task its worker takes
     after it)`` when ``then`` is given."""

@@ -182,7 +182,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, list(todo), run, local, None if direct else todo[0].root,
+                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root,
                                              runs=source.shares_reads, then=then)) as it:
                     consume(it, bar)
             elif pool is not None:
@@ -563,8 +563,7 @@ def write_version(stage: Path, out: Path, scanned: ScannedSource, options: Compi
     write_plain_array(stage, L.FINGERPRINT, rows.fingerprint, ["sample", "column"])
     opts = {**options.recorded(masks=scanned.masks is not None), "on_error": options.on_error}
     def shard_paths():  # (made one at a time: a list of them held ~400 bytes a shard)
-        shards = contributions["shards"]
-        yield from (shards.paths() if hasattr(shards, "paths") else (s.path for s in shards if s is not None))
+        yield from contributions["shards"].paths()  # (a ShardList: every version's parts come from Field.collect)
         yield from (s["path"] for f in contributions["fields"].values() for s in f.get("shards", ()) if s)
     # (a ragged shard's own zarr.json is implied by its size: not listed, so ``files`` does not grow with the
     # shards; see layout.implied_files)

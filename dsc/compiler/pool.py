@@ -15,6 +15,8 @@ the buffer, which the parent, stuck in its send, never reads.)
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import gc
 import multiprocessing as mp
 import os
@@ -122,7 +124,7 @@ class _Runs:
     longest run left (the last task of it, when one is left). Every task is taken once."""
 
     def __init__(self, tasks, n: int):
-        self.tasks = list(tasks)
+        self.tasks = tasks if isinstance(tasks, Sequence) else list(tasks)  # (indexed only: a lazy sequence stays one)
         k = len(self.tasks)
         self.runs = [[w * k // n, (w + 1) * k // n] for w in range(max(1, n))]  # [next, end) of each worker
 
