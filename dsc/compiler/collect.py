@@ -11,14 +11,13 @@ the update's carry-over of its new slots), or whole columns in input order (the 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
+from ..formats.fields.base import LazySequence, run_index
 from .units import UnitResult
 
 
-class UnitResults(Sequence):
+class UnitResults(LazySequence):
     """``S`` units of shard size ``K`` over ``N`` inputs, unit u holding inputs ``[u*K, u*K + K)`` and being
     slot ``s0 + u``; ``fields`` the dataset's fields."""
 
@@ -45,8 +44,7 @@ class UnitResults(Sequence):
             lo, hi = (int(rows[0]),) * 2 if n == 1 else (int(rows.min()), int(rows.max()))
             if lo < u * self.K or hi >= (u + 1) * self.K:
                 raise ValueError(f"unit {res.s} kept inputs outside its own")  # (an internal invariant)
-        # (a unit's kept inputs are one run unless some were skipped: a slice then, cheaper than an index array)
-        at = slice(int(rows[0]), int(rows[0]) + n) if n and int(rows[-1]) - int(rows[0]) == n - 1 else rows
+        at = run_index(rows)
         self.kept[at] = True
         self.orig[at], self.affine[at] = res.orig, res.affine
         self.orientation[at], self.inputs[at] = res.orientation, res.inputs
@@ -82,13 +80,7 @@ class UnitResults(Sequence):
     def __len__(self) -> int:
         return self.S
 
-    def __getitem__(self, u):
-        if isinstance(u, slice):
-            return [self[i] for i in range(*u.indices(len(self)))]
-        if u < 0:
-            u += self.S
-        if not 0 <= u < self.S:
-            raise IndexError(u)
+    def _item(self, u: int) -> UnitResult:
         lo = u * self.K
         rows = lo + np.flatnonzero(self.kept[lo:lo + self.K])
         return UnitResult(self.s0 + u, rows, self.orig[rows], self.affine[rows], self.orientation[rows],

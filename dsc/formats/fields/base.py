@@ -121,6 +121,31 @@ class Part:
         raise NotImplementedError
 
 
+def run_index(rows: np.ndarray):
+    """An index of the input ``rows`` (ascending) for writing their values into a column: a slice when they are
+    one run (a unit none of whose inputs was skipped), cheaper than the index array."""
+    n = len(rows)
+    return slice(int(rows[0]), int(rows[0]) + n) if n and int(rows[-1]) - int(rows[0]) == n - 1 else rows
+
+
+class LazySequence(Sequence):
+    """A sequence whose items are made on access (``_item(i)``, ``0 <= i < len(self)``) from flat arrays it holds:
+    indexing from the end and slices (a list of items) as a list's."""
+
+    def _item(self, i: int):
+        raise NotImplementedError
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._item(k) for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._item(i)
+
+
 class Parts(Sequence):
     """Every compile unit's part of one field, gathered as the units finish (in any order: ``add``) and read back
     in unit order (what ``Field.finish`` takes). This one keeps each unit's part; a field whose parts are a few

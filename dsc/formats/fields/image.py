@@ -5,14 +5,13 @@ shards, which define the dataset's shard grid). Per-sample crc32c at ``checksums
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..shardtable import ENTRY
 from ..specs import ImageSpec, ResizeSpec, ShardSpec
-from .base import Field, Part, Parts, Reader, Role
+from .base import Field, LazySequence, Part, Parts, Reader, Role, run_index
 from .pixels import Pixels
 from ...errors import CorruptDatasetError
 
@@ -76,7 +75,7 @@ class PixelsParts(Parts):
     def add(self, u: int, part: PixelsPart, rows: np.ndarray) -> None:
         n = len(rows)
         if n:
-            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            at = run_index(rows)
             self.crc[at] = part.crc
             if self.shapes is not None:
                 self.shapes[at] = part.shapes_array()
@@ -141,7 +140,7 @@ class PixelsParts(Parts):
         return ShardList(self, int(present[-1]) + 1 if len(present) else 0, len(present))
 
 
-class ShardList(Sequence):
+class ShardList(LazySequence):
     """The shards of a compile's slots as a sequence of ShardSpec / None made on access (``PixelsParts``), which
     ``shardtable.build`` reads as its entries at once (``entries``) rather than a spec a shard."""
 
@@ -151,13 +150,7 @@ class ShardList(Sequence):
     def __len__(self) -> int:
         return self.S
 
-    def __getitem__(self, s):
-        if isinstance(s, slice):
-            return [self[i] for i in range(*s.indices(len(self)))]
-        if s < 0:
-            s += self.S
-        if not 0 <= s < self.S:
-            raise IndexError(s)
+    def _item(self, s: int):
         return self.parts.shard(s)
 
     def paths(self):

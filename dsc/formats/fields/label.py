@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..zarr_v3 import read_plain_array, write_plain_array
-from .base import Field, Part, Parts, Reader, Role
+from .base import Field, Part, Parts, Reader, Role, run_index
 
 from ..names import LABEL as NODE
 from ..problems import Problem, try_read
@@ -38,7 +38,7 @@ class LabelParts(Parts):
     def add(self, u: int, part: LabelPart, rows: np.ndarray) -> None:
         n = len(rows)
         if n:  # (one run of inputs unless some were skipped: a slice then)
-            at = slice(int(rows[0]), int(rows[0]) + n) if int(rows[-1]) - int(rows[0]) == n - 1 else rows
+            at = run_index(rows)
             self.labels[at] = part.labels
 
     def settle(self, kept: np.ndarray) -> None:
@@ -65,7 +65,7 @@ class LabelReader(Reader):
     """The labels, read whole when first used (not at open: 8 bytes a sample; their metadata is checked then)."""
 
     def __init__(self, store, n: int):
-        self._store, self._n, self._labels = store, n, None
+        self._store, self._labels = store, None
         self._meta = store.check_array(NODE, (n,))  # (every store a reader gets is a layout.Arrays)
 
     @property
