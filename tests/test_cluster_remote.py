@@ -483,6 +483,8 @@ def test_a_pool_in_runs_gives_each_worker_contiguous_tasks_and_says_the_next():
     the one its worker takes next."""
     from dsc.compiler.pool import WorkerPool, _Runs
 
+    lazy = range(10)  # (a compile's UnitTasks: made on access, never listed whole)
+    assert _Runs(lazy, 2).tasks is lazy
     runs = _Runs(list(range(10)), 2)
     order = {0: [], 1: []}
     for w in (0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1):  # worker 1 fast at first, then worker 0
