@@ -57,31 +57,36 @@ def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.nd
            out: np.ndarray | None = None, flips: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
     ``offsets[-1]`` bytes) when given: one ``unpackbits`` per run of rows whose bits lie back to back (a
-    sample's objects), each crop copied from it into its place. ``flips``
-    (len(rows), 2) bool: each crop's rows / columns reversed on the way in (a flip run in the gather)."""
-    hw = rects[rows, 2].astype(np.int64) * rects[rows, 3]
+    sample's objects; the runs' bounds found by one numpy comparison, not in the per-object loop), each crop
+    copied from it into its place. ``flips`` (len(rows), 2) bool: each crop's rows / columns reversed on the
+    way in (a flip run in the gather)."""
+    rows = np.asarray(rows, np.int64)
+    r = rects[rows].astype(np.int64)
+    hw = r[:, 2] * r[:, 3]
     out_off = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(hw, out=out_off[1:])
     flat = np.empty(int(out_off[-1]), np.uint8) if out is None else out
-    starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
-    o, sizes = out_off.tolist(), hw.tolist()
-    moved = flips.any(1).tolist() if flips is not None else [False] * len(rows)
-    run, at = None, 0  # the bits of consecutive rows (a sample's objects) unpacked by one call, not one a mask
-    for j in range(len(rows)):
-        if not sizes[j]:
+    if not len(rows):
+        return flat, out_off
+    starts, ends = offsets[rows], offsets[rows + 1]
+    cuts = [0, *(np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist(), len(rows)]  # runs of back-to-back bits
+    at = (8 * (starts - np.repeat(starts[cuts[:-1]], np.diff(cuts)))).tolist()  # each crop's bit in its run
+    o, sizes, shapes = out_off.tolist(), hw.tolist(), r[:, 2:].tolist()
+    moved = flips.any(1).tolist() if flips is not None else None
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if not any(sizes[a:b]):
             continue
-        if run is None or not at <= starts[j] < at + len(run) // 8:
-            end = j
-            while end + 1 < len(rows) and starts[end + 1] == ends[end]:
-                end += 1
-            at, run = starts[j], np.unpackbits(bits[starts[j]:ends[end]])
-        crop = run[8 * (starts[j] - at):8 * (starts[j] - at) + sizes[j]]
-        if moved[j]:
-            h, w = int(rects[rows[j], 2]), int(rects[rows[j], 3])
-            crop = crop.reshape(h, w)[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
-            flat[o[j]:o[j + 1]].reshape(h, w)[...] = crop
-        else:
-            flat[o[j]:o[j + 1]] = crop
+        run = np.unpackbits(bits[int(starts[a]):int(ends[b - 1])])
+        for j in range(a, b):
+            if not sizes[j]:
+                continue
+            crop = run[at[j]:at[j] + sizes[j]]
+            if moved is not None and moved[j]:
+                h, w = shapes[j]
+                flat[o[j]:o[j + 1]].reshape(h, w)[...] = \
+                    crop.reshape(h, w)[::-1 if flips[j, 0] else 1, ::-1 if flips[j, 1] else 1]
+            else:
+                flat[o[j]:o[j + 1]] = crop
     return flat, out_off
 
 
