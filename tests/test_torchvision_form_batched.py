@@ -150,3 +150,59 @@ def test_unpack_finds_its_runs_once_not_per_object():
         t, l, h, w = rects[j].tolist()
         assert np.array_equal(flat[off[k]:off[k + 1]].reshape(h, w), np.pad(masks[j], 1)[t:t + h, l:l + w])
     assert len(lines) <= 5 * len(rows) + 4 * 3 + 25, len(lines)
+
+
+def _bits_and_crops(ds, idx, flips=None):
+    """The masks reader's gather of samples ``idx`` both ways: packed bits (``object_mask_bits``) and crops."""
+    import numpy as np
+
+    reader = ds.readers["masks"]
+    rows = np.asarray(idx, np.int64)
+    alloc = lambda name, shape, dtype: np.empty(shape, dtype)  # noqa: E731
+    forms = {} if flips is None else {"object_flips": flips}
+    return (reader.gather(rows, alloc, {**forms, "object_mask_bits": True}), reader.gather(rows, alloc, forms))
+
+
+def test_the_torchvision_form_unpacks_the_gathered_bits_straight_into_its_masks(ds, monkeypatch):
+    """With format="torchvision" and nothing but flips after the gather, the gather leaves each mask as its
+    packed bits and the form unpacks them straight into the (k, H, W) masks: the crops are not written into
+    the batch first (main wrote every crop twice: unpacked into the batch, then pasted). Counted: the ring's
+    ``masks`` buffer holds the bits (about an eighth of the crops' bytes), the gather calls no ``unpack``, and
+    the masks equal the per-target construction (crowds left out) with flips of every kind."""
+    import dsc.formats.fields.object_masks as OM
+
+    unpacks = []
+    real = OM.unpack
+    monkeypatch.setattr(OM, "unpack", lambda *a, **k: unpacks.append(1) or real(*a, **k))
+    crop_bytes = int((ds.readers["masks"].rects[:, 2].astype("int64") * ds.readers["masks"].rects[:, 3]).sum())
+    bits_bytes = int(ds.readers["masks"].offsets[-1])
+    assert 0 < bits_bytes < crop_bytes / 4
+    loader = dsc.Loader(ds, batch_size=len(ds), num_threads=0, format="torchvision",
+                        transforms=[T.RandomHorizontalFlip(1.0)])
+    next(iter(loader))
+    assert not unpacks
+    held = [slot["masks"].numel() for slot in loader._ring.slots if "masks" in slot]
+    assert held and max(held) <= bits_bytes  # (main: the crops, crop_bytes)
+    monkeypatch.setattr(OM, "unpack", real)
+    rects = ds.readers["masks"].rects
+    for fh, fw in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        idx = list(range(len(ds)))
+        sizes = ds.sample_sizes(idx).numpy()
+        flips = [(fh, fw, h, w) for h, w in sizes.tolist()]
+        bits, crops = _bits_and_crops(ds, idx, flips)
+        assert bits["masks"].nbytes == bits_bytes and crops["masks"].nbytes == crop_bytes and len(rects)
+        for k in ("masks_rects",):
+            assert (bits[k] == crops[k]).all()
+        o = ds.readers["masks"].box_offsets[:len(ds) + 1]
+        for form in (bits, crops):
+            form.update(box_offsets=torch.from_numpy(o.astype("int64")), image_sizes=torch.from_numpy(sizes))
+        tb = {k: torch.from_numpy(v) if not torch.is_tensor(v) else v for k, v in bits.items()}
+        tc = {k: torch.from_numpy(v) if not torch.is_tensor(v) else v for k, v in crops.items()}
+        from dsc.runtime.batches import _target_masks
+        keep = torch.from_numpy(ds.readers["masks"].rects[:, 2] >= 0)
+        keep[::3] = False  # rows left out between kept ones (as crowds are)
+        for got, ref in zip(_target_masks(tb, "masks", keep), _target_masks(tc, "masks", keep)):
+            assert torch.equal(got, ref)
+        OM.crops_of_bits(tb, "masks")  # a step that needs the crops after all gets exactly them
+        assert "masks_bits" not in tb and torch.equal(tb["masks"], tc["masks"])
+        assert torch.equal(tb["masks_offsets"], tc["masks_offsets"])

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import image_size, paste
+from ..formats.fields.object_masks import crops_of_bits, image_size, paste, paste_bits
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -361,6 +361,7 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     for its copy, so the Loader's two threads are not serialised by the per-object loop)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
+    how = batch[f"{key}_bits"].tolist() if f"{key}_bits" in batch else None
     kept = keep.tolist() if keep is not None else None
     rows = []
     for b in range(len(o) - 1):
@@ -370,6 +371,9 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
     cpu = buf.device.type == "cpu" and flat.device.type == "cpu"
+    if how is not None and not cpu:  # (the gather's packed bits are a CPU form: crops first, on a device)
+        crops_of_bits(batch, key)
+        return _target_masks(batch, key, keep, alloc)
     # each call here that releases the GIL hands it to the Loader's other thread (a context switch each), so
     # the calls are per sample, not per object: a sample's masks zeroed by one call just before its crops
     # go in (a few MB, still in cache for them; on a device the whole buffer by one kernel), its (k, H, W)
@@ -380,6 +384,10 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
         n = len(r) * h * w
         out.append(buf.as_strided((len(r), h, w), (h * w, w, 1), at + off))
         m = dest[off:off + n]
+        if how is not None:  # the gather's packed bits: unpacked straight into the masks (each crop written once)
+            paste_bits(src, mo, rects, how, list(r), m.reshape(len(r), h, w))
+            off += n
+            continue
         if cpu:
             m[:] = 0
         m = m.reshape(len(r), h, w)

@@ -459,8 +459,11 @@ class Dataset(torch.utils.data.Dataset):
             self._image.px.gather(self._to_rows(np.asarray(idx, np.int64)), out.numpy())
         return out
 
+    gathers_mask_bits = True  # get_batch takes mask_bits= (the Loader's format="torchvision" asks for it)
+
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
-                  alloc: Allocator = new_tensor, geometry=None, post=None, reads=None) -> Batch:
+                  alloc: Allocator = new_tensor, geometry=None, post=None, reads=None,
+                  mask_bits: bool = False) -> Batch:
         """Batched fields for ``indices``, in that order (a :class:`Batch`: a dict that carries the
         dataset's ``schema``).
 
@@ -474,15 +477,18 @@ class Dataset(torch.utils.data.Dataset):
         dtype)`` provides the output tensors (the Loader passes its ring of reusable, pinned buffers); by
         default they are new tensors. ``geometry`` / ``post``: transforms run per sample during the gather
         (the Loader passes them; see ``_get_batch``). ``reads``: the Loader's read strategy (``reads.py``);
-        None reads through this handle's own mappings."""
+        None reads through this handle's own mappings. ``mask_bits``: per-object masks that nothing moves after
+        the gather (no geometry, or flips only) are left as their packed bits (``<name>_bits`` says so), for
+        ``format="torchvision"`` to unpack straight into its (k, H, W) masks."""
         check_forms(boxes, images, allow_none=True)
-        return self._get_batch(indices, boxes, images, alloc, geometry, post, reads)[0]
+        return self._get_batch(indices, boxes, images, alloc, geometry, post, reads, mask_bits)[0]
 
     def sample_sizes(self, indices) -> torch.Tensor:
         """(B, 2) int64 (height, width) of the stored images ``indices``."""
         return torch.from_numpy(self._image.px.sizes(self._to_rows(self._check_indices(indices))))
 
-    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None, reads=None):
+    def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None, reads=None,
+                   mask_bits: bool = False):
         """``get_batch``, plus the packed batch it was built from (before the box form).
 
         ``geometry`` (a :class:`~dsc.transforms.fused.ChainPlan` for these samples) runs the transforms'
@@ -513,6 +519,8 @@ class Dataset(torch.utils.data.Dataset):
             if flips is not None:
                 forms["object_flips"] = flips
                 placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
+        if mask_bits and (geometry is None or placed) and (boxes or self.box_form) == "packed":
+            forms["object_mask_bits"] = True  # (nothing moves the masks after the gather)
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)

@@ -145,6 +145,11 @@ class _EpochState:
         self.after_boxes = getattr(loader, "_after_boxes", None)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)
         self.output_alloc = loader.format == "torchvision"  # it takes the ring's allocator (images, masks)
+        # torchvision's (k, H, W) masks unpacked straight from the gathered bits, when nothing between the
+        # gather and that form touches the masks (on the CPU: the gather's flips at most)
+        self.mask_bits = self.output_alloc and loader.device.type == "cpu" and self.after_boxes is None and \
+            getattr(loader.dataset, "gathers_mask_bits", False) and \
+            (loader.transforms is None if self.compose is None else self.start >= len(self.compose.stages))
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
         self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
         self.rank_kw = loader._transforms_take_rank  # a plain callable that takes rank= gets it
@@ -240,7 +245,8 @@ def _make_batch(state: _EpochState, j: int, stream):
             state.feed.wait(j, lambda: state.stop)  # its shards are read in (downloaded) and held
         try:
             batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
-                                            geometry=plan, post=state.post, reads=state.reads)
+                                            geometry=plan, post=state.post, reads=state.reads,
+                                            **({"mask_bits": True} if state.mask_bits else {}))
         finally:
             if state.feed is not None:
                 state.feed.done(j)  # gathered: the shards no later batch reads may go

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import DscError
 from ..formats.fields import Schema
+from ..formats.fields.object_masks import crops_of_bits
 from .fused import ChainPlan, run_program
 from .geometric import RandomHorizontalFlip
 
@@ -346,6 +347,7 @@ def move_objects(batch: dict, plan: ChainPlan, schema: Schema, sizes: torch.Tens
     if dropped:  # (no move left: each sample's map the identity, the kept crops' runs copied)
         still = [Flips(False, False, int(h), int(w)) for h, w in _out_sizes(plan, len(counts)).tolist()]
         for k in dropped:
+            crops_of_bits(batch, k)  # (the gather's packed bits, if it left them so: crops to drop rows from)
             _flip_object_masks(batch, k, still, sample.numpy(), keep.numpy())
     points = {k: r for k, r in schema.keypoints().items() if k in batch}
     if points:

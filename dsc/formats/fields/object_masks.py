@@ -109,6 +109,41 @@ def paste(flat, offsets, rects, h: int, w: int, out=None):
     return out
 
 
+def paste_bits(bits: np.ndarray, offsets: list, rects: list, flips: list, rows: list, dest: np.ndarray) -> None:
+    """Masks ``rows`` (ascending) from their packed ``bits`` (byte ``offsets``, back to back as the gather
+    copies them; ``rects`` (top, left, height, width) in the output and ``flips`` (rows, columns) per row, as
+    lists) into ``dest`` (len(rows), H, W), zero elsewhere: one ``unpackbits`` for all of them (rows left
+    out between them, crowds, are unpacked and not used), each crop copied (mirrored by a reversed view)
+    straight into its place: written once, where unpacking to crops and pasting those wrote it twice."""
+    dest[...] = 0
+    if not rows or offsets[rows[-1] + 1] == offsets[rows[0]]:
+        return
+    a = offsets[rows[0]]
+    run = np.unpackbits(bits[a:offsets[rows[-1] + 1]])
+    for k, i in enumerate(rows):
+        t, l, h, w = rects[i]
+        if h and w:
+            at = 8 * (offsets[i] - a)
+            fh, fw = flips[i]
+            dest[k, t:t + h, l:l + w] = run[at:at + h * w].reshape(h, w)[::-1 if fh else 1, ::-1 if fw else 1]
+
+
+def crops_of_bits(batch: dict, key: str) -> None:
+    """A batch whose ``key`` holds packed bits (the gather's ``object_mask_bits`` form) into the crops' form
+    every other step takes, in place (a step that moves or drops its rows after all)."""
+    import torch  # lazy: formats/ is numpy-first; the runtime hands torch tensors
+
+    how = batch.pop(f"{key}_bits", None)
+    if how is None:
+        return
+    device = batch[key].device
+    rects = batch[f"{key}_rects"].cpu().numpy()
+    rows = np.arange(len(rects), dtype=np.int64)
+    flat, off = unpack(batch[key].cpu().numpy(), batch[f"{key}_offsets"].cpu().numpy(), rects, rows,
+                       flips=how.cpu().numpy().astype(bool))
+    batch[key], batch[f"{key}_offsets"] = torch.from_numpy(flat).to(device), torch.from_numpy(off).to(device)
+
+
 # ----------------------------------------------------------------------------- compile
 @dataclass
 class ObjectMasksPart(Part):
@@ -170,6 +205,8 @@ class ObjectMasksReader(Reader):
         height, width) per sample: each crop mirrored while it is unpacked, its rectangle with it (a flip-only
         chain run in the gather: no second pass over the crops)."""
         rows, box_offsets = gather_rows(self.box_offsets, idx)
+        if forms.get("object_mask_bits"):
+            return self._gather_bits(rows, box_offsets, alloc, forms.get("object_flips"))
         out = {self.name: alloc(self.name, (mask_bytes(self.rects, rows),), np.dtype(np.uint8)),
                f"{self.name}_rects": alloc(f"{self.name}_rects", (len(rows), 4), np.dtype(np.int64)),
                f"{self.name}_offsets": alloc(f"{self.name}_offsets", (len(rows) + 1,), np.dtype(np.int64))}
@@ -187,6 +224,35 @@ class ObjectMasksReader(Reader):
             rects[fw, 1] = per_row[fw, 3] - rects[fw, 1] - rects[fw, 3]
         out[f"{self.name}_offsets"][:] = off
         return out
+
+    def _gather_bits(self, rows: np.ndarray, box_offsets: np.ndarray, alloc, flips) -> dict:
+        """``forms["object_mask_bits"]`` (the Loader's ``format="torchvision"`` when nothing after the gather
+        moves the masks): the rows' packed bits as stored, not unpacked here; their unpacking goes straight
+        into the (k, H, W) masks (:func:`paste_bits`), so each crop is written once, not twice. ``<name>``:
+        the bits, ``<name>_offsets``: byte offsets into them, ``<name>_rects`` as in the crops' form (mirrored
+        by ``flips``), ``<name>_bits`` (M, 2) uint8: each row's flips (rows, columns), still to be made, and
+        the sign that ``<name>`` holds bits (:func:`crops_of_bits` turns such a batch into the crops' form)."""
+        n = self.name
+        starts, ends = self.offsets[rows], self.offsets[rows + 1]
+        off = alloc(f"{n}_offsets", (len(rows) + 1,), np.dtype(np.int64))
+        off[0] = 0
+        np.cumsum(ends - starts, out=off[1:])
+        bits = alloc(n, (int(off[-1]),), np.dtype(np.uint8))
+        cuts = [0, *(np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist(), len(rows)] if len(rows) else [0]
+        o, s, e = off.tolist(), starts.tolist(), ends.tolist()
+        for a, b in zip(cuts[:-1], cuts[1:]):  # each run of back-to-back rows (a sample's, or more) by one copy
+            bits[o[a]:o[b]] = self.bits[s[a]:e[b - 1]]
+        rects = alloc(f"{n}_rects", (len(rows), 4), np.dtype(np.int64))
+        rects[:] = self.rects[rows]
+        how = alloc(f"{n}_bits", (len(rows), 2), np.dtype(np.uint8))
+        how[:] = 0
+        if flips is not None:
+            per_row = np.repeat(np.asarray(flips, np.int64).reshape(-1, 4), np.diff(box_offsets), axis=0)
+            how[:] = per_row[:, :2] != 0
+            fh, fw = how[:, 0].astype(bool) & (rects[:, 2] > 0), how[:, 1].astype(bool) & (rects[:, 3] > 0)
+            rects[fh, 0] = per_row[fh, 2] - rects[fh, 0] - rects[fh, 2]
+            rects[fw, 1] = per_row[fw, 3] - rects[fw, 1] - rects[fw, 3]
+        return {n: bits, f"{n}_offsets": off, f"{n}_rects": rects, f"{n}_bits": how}
 
     def split(self, batch: dict, k: int) -> dict:
         if f"{self.name}_rects" not in batch or "box_offsets" not in batch:
