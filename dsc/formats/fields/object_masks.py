@@ -13,6 +13,11 @@ into ``<name>/bits`` (B,) uint8. Manifest: ``fields.<name> = {"kind": "object_ma
 Batches (packed, what transforms move): ``masks`` flat uint8 0/1 (each mask's crop, row-major, back to
 back), ``masks_rects`` (M, 4) int64 and ``masks_offsets`` (M+1,) int64 into ``masks``; :func:`paste`
 makes the (k, H, W) uint8 masks torchvision takes (the ``list`` / ``padded`` box forms, ``ds[i]``).
+The Loader's ``format="torchvision"`` on the CPU, when nothing after the gather moves the masks (no
+transforms, or flips only, which the gather makes), asks the gather for the bits instead (``masks`` the rows'
+packed bits, ``masks_offsets`` byte offsets, ``masks_bits`` (M, 2) each row's flips still to make): the form
+unpacks them straight into its (k, H, W) masks (:func:`paste_bits`), so each crop is written once;
+:func:`crops_of_bits` turns such a batch into the crops' form for any step that needs crops after all.
 """
 from __future__ import annotations
 
