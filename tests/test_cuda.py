@@ -291,6 +291,33 @@ def test_instance_masks_and_keypoints_on_the_device(tmp_path):
         assert all(t["keypoints"].shape[1:] == (17, 3) and not t["iscrowd"].any() for t in targets)
 
 
+def test_packed_mask_bits_on_the_device_become_crops_first(tmp_path):
+    """A batch whose masks are the gather's packed bits (format="torchvision" on the CPU leaves them so) handed
+    to the torchvision form on the device: turned into crops there first (crops_of_bits), the (k, H, W) masks
+    equal the CPU form's, flips and all."""
+    import numpy as np
+
+    from dsc.runtime.batches import _target_masks
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / "src", n=4, seed=3)
+    dsc.compile_coco(ann, images, tmp_path / "out", masks="instance", progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    idx = np.arange(len(ds))
+    sizes = ds.sample_sizes(idx).numpy()
+    flips = [(1, k % 2, h, w) for k, (h, w) in enumerate(sizes.tolist())]
+    got = ds.readers["masks"].gather(idx, lambda n, shape, dt: np.empty(shape, dt),
+                                     {"object_flips": flips, "object_mask_bits": True})
+    batch = {k: torch.from_numpy(v) for k, v in got.items()}
+    batch.update(box_offsets=torch.from_numpy(ds.readers["masks"].box_offsets[:len(ds) + 1].astype("int64")),
+                 image_sizes=torch.from_numpy(sizes))
+    cpu = _target_masks(dict(batch), "masks", None)
+    dev = _target_masks({k: v.cuda() for k, v in batch.items()}, "masks", None)
+    assert len(cpu) == len(dev) == len(ds) and sum(len(m) for m in cpu) > 0
+    for a, b in zip(cpu, dev):
+        assert b.device.type == "cuda" and torch.equal(b.cpu(), a)
+
+
 @pytest.mark.parametrize("preset", ["ta_wide", "ra", "augmix", "autoaugment"])
 def test_classification_presets_on_the_device_equal_the_cpu_ones(fixed, preset):
     """The photometric / auto-augment ops, erasing and MixUp/CutMix run on the device after the uint8 copy,
