@@ -119,18 +119,27 @@ def paste_bits(bits: np.ndarray, offsets: list, rects: list, flips: list, rows: 
     copies them; ``rects`` (top, left, height, width) in the output and ``flips`` (rows, columns) per row, as
     lists) into ``dest`` (len(rows), H, W), zero elsewhere: one ``unpackbits`` for all of them (rows left
     out between them, crowds, are unpacked and not used), each crop copied (mirrored by a reversed view)
-    straight into its place: written once, where unpacking to crops and pasting those wrote it twice."""
+    straight into its place: written once, where unpacking to crops and pasting those wrote it twice.
+    Mirrored columns (a sample's horizontal flip): the bytes are unpacked in reverse (``bitorder="little"``
+    over the reversed bytes), which turns every crop by 180 degrees, so the copy reverses rows, not columns
+    (a copy with columns reversed runs byte by byte: about 5x slower)."""
     dest[...] = 0
     if not rows or offsets[rows[-1] + 1] == offsets[rows[0]]:
         return
-    a = offsets[rows[0]]
-    run = np.unpackbits(bits[a:offsets[rows[-1] + 1]])
+    a, e = offsets[rows[0]], offsets[rows[-1] + 1]
+    turned = all(flips[i][1] for i in rows)
+    run = np.unpackbits(bits[a:e][::-1], bitorder="little") if turned else np.unpackbits(bits[a:e])
     for k, i in enumerate(rows):
         t, l, h, w = rects[i]
         if h and w:
-            at = 8 * (offsets[i] - a)
             fh, fw = flips[i]
-            dest[k, t:t + h, l:l + w] = run[at:at + h * w].reshape(h, w)[::-1 if fh else 1, ::-1 if fw else 1]
+            if turned:  # (the crop's bits end its bytes: the padding, 8 * bytes - h * w bits, comes first here)
+                at = 8 * (e - offsets[i]) - h * w
+                crop = run[at:at + h * w].reshape(h, w)  # the crop turned: rows and columns reversed
+                dest[k, t:t + h, l:l + w] = crop if fh else crop[::-1]
+            else:
+                at = 8 * (offsets[i] - a)
+                dest[k, t:t + h, l:l + w] = run[at:at + h * w].reshape(h, w)[::-1 if fh else 1, ::-1 if fw else 1]
 
 
 def crops_of_bits(batch: dict, key: str) -> None:
