@@ -170,6 +170,7 @@ def test_the_torchvision_form_unpacks_the_gathered_bits_straight_into_its_masks(
     ``masks`` buffer holds the bits (about an eighth of the crops' bytes), the gather calls no ``unpack``, and
     the masks equal the per-target construction (crowds left out) with flips of every kind."""
     import dsc.formats.fields.object_masks as OM
+    from dsc.runtime.batches import _target_masks
 
     unpacks = []
     real = OM.unpack
@@ -191,14 +192,12 @@ def test_the_torchvision_form_unpacks_the_gathered_bits_straight_into_its_masks(
         flips = [(fh, fw, h, w) for h, w in sizes.tolist()]
         bits, crops = _bits_and_crops(ds, idx, flips)
         assert bits["masks"].nbytes == bits_bytes and crops["masks"].nbytes == crop_bytes and len(rects)
-        for k in ("masks_rects",):
-            assert (bits[k] == crops[k]).all()
+        assert (bits["masks_rects"] == crops["masks_rects"]).all()
         o = ds.readers["masks"].box_offsets[:len(ds) + 1]
         for form in (bits, crops):
             form.update(box_offsets=torch.from_numpy(o.astype("int64")), image_sizes=torch.from_numpy(sizes))
         tb = {k: torch.from_numpy(v) if not torch.is_tensor(v) else v for k, v in bits.items()}
         tc = {k: torch.from_numpy(v) if not torch.is_tensor(v) else v for k, v in crops.items()}
-        from dsc.runtime.batches import _target_masks
         keep = torch.from_numpy(ds.readers["masks"].rects[:, 2] >= 0)
         keep[::3] = False  # rows left out between kept ones (as crowds are)
         for got, ref in zip(_target_masks(tb, "masks", keep), _target_masks(tc, "masks", keep)):
