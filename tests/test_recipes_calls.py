@@ -25,7 +25,8 @@ def test_augmix_runs_each_drawn_op_once_per_slot_for_all_its_chains(monkeypatch)
     calls = []
     real = A.apply_named_u8
     monkeypatch.setattr(A, "apply_named_u8",
-                        lambda name, x, *a, **k: calls.append((name, len(x))) or real(name, x, *a, **k))
+                        lambda name, x, *a, **k: calls.append((name, len(x) if k.get("rows") is None else
+                                                               len(k["rows"]))) or real(name, x, *a, **k))
     monkeypatch.setattr(A, "_STILL_BELOW", {})  # (count every drawn op, none skipped)
     out = op.apply_u8(img.clone(), p, sizes)
     assert len(calls) == per_slot

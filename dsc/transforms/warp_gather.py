@@ -152,12 +152,12 @@ def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill) -> torch.Te
     return y.sub_(f).mul_(mask).add_(f)
 
 
-def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int) -> torch.Tensor:
+def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int, rows=None) -> torch.Tensor:
     """CPU uint8 (N, H, W, C) through shear maps ``M`` (N, 3, 3) (``axis`` from :func:`shear_axis`), bilinear,
-    rounded, in place."""
+    rounded, in place; ``rows``: only these samples of ``x`` (``M`` one per row)."""
     N, H, W, C = x.shape
-    for b in range(N):
-        m = M[b].to(torch.float64)
+    for i, b in enumerate(range(N) if rows is None else rows):
+        m = M[i].to(torch.float64)
         if axis == 1:
             y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill)
             x[b].copy_(y.round_().clamp_(0, 255).view(H, W, C))  # (x[b] may be any strides)
