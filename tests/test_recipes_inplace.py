@@ -12,9 +12,9 @@ from dsc.transforms import color as C
 from test_recipes_uint8 import batch, float_stage
 
 
-def _float_formula(name, img, m):
+def _float_formula(name, img, m, interpolation="nearest"):
     mag = torch.full((len(img),), m, dtype=torch.float64)
-    return A.apply_named(name, img.permute(0, 3, 1, 2).float(), mag, 255.0, True).clamp(0, 255) \
+    return A.apply_named(name, img.permute(0, 3, 1, 2).float(), mag, 255.0, True, interpolation).clamp(0, 255) \
         .to(torch.uint8).permute(0, 2, 3, 1)
 
 
@@ -125,3 +125,30 @@ def test_sample_by_sample_ops_work_on_the_rows_that_drew_them_in_place(monkeypat
     assert in_rows >= 20 and others >= 5  # (the draws have both kinds)
     assert sum(taken) <= others
     assert torch.equal(got, float_stage([op], img, 7))
+
+
+def test_per_sample_kernels_reuse_their_buffers_no_fresh_temporaries(monkeypatch):
+    """A shear's zero-bordered lines are zeroed once a call (main: a fresh zeroed buffer a sample), sharpness and
+    colour take their float copy in the thread's scratch (main: a fresh ``x.to(float32)`` a sample), the
+    bilinear rotate writes grid_sample's output into one buffer; the same pixels."""
+    from dsc.transforms import warp_gather as G
+
+    zeros, converts = [], []
+    real_zeros, real_to = torch.zeros, torch.Tensor.to
+    img = batch(5, 30, 34)
+    refs = {name: _float_formula(name, img, 0.3, "bilinear") for name in ("ShearX", "ShearY", "Rotate", "Sharpness",
+                                                                          "Color")}
+    monkeypatch.setattr(G.torch, "zeros", lambda *a, **k: zeros.append(a) or real_zeros(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: converts.append(
+        (self.dtype, a)) or real_to(self, *a, **k))
+    got = {}
+    for name in refs:
+        zeros.clear()
+        converts.clear()
+        got[name] = A.apply_named_u8(name, img.clone(), torch.full((5,), 0.3, dtype=torch.float64), "bilinear")
+        if name.startswith("Shear"):
+            assert len([a for a in zeros if isinstance(a[0], tuple) and len(a[0]) == 2]) == 1, name  # (lines)
+        assert not [c for c in converts if c[0] == torch.uint8 and torch.float32 in c[1]], name
+    monkeypatch.undo()
+    for name in refs:
+        assert torch.equal(got[name], refs[name]), name

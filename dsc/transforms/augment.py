@@ -523,6 +523,7 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
     ys = (torch.arange(H, dtype=torch.float32) + 0.5).view(H, 1)
     grid = torch.empty((1, H, W, 2), dtype=torch.float32)
     planes = torch.empty((1, Cn + (fill is not None), H, W), dtype=torch.float32)
+    out = torch.empty_like(planes)  # (grid_sample's output, reused sample after sample)
     fill_t = None
     if fill is not None:
         planes[0, Cn] = 1.0
@@ -531,7 +532,7 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
         for k, a in enumerate((ax, ay)):
             torch.add(a[i, 0] * xs, a[i, 1] * ys + (a[i, 2] - 1.0), out=grid[0, ..., k])
         planes[0, :Cn].copy_(x[b].permute(2, 0, 1))
-        y = F.grid_sample(planes, grid, mode=mode, padding_mode="zeros", align_corners=False)[0]
+        y = _grid_sample(planes, grid, mode, out)[0]
         if fill is None:  # torchvision: no mask channel, zeros outside (a blend of 0..255 and 0: no clamp)
             y.round_()
         else:
@@ -541,6 +542,15 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
             y.round_().clamp_(0, 255)
         x[b].copy_(y.permute(1, 2, 0))
     return x
+
+
+def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
+    """``F.grid_sample(x, grid, mode, padding_mode="zeros", align_corners=False)`` written into ``out`` (aten's
+    out= variant: no fresh output a sample), or F.grid_sample's where that variant is not there."""
+    try:
+        return torch.ops.aten.grid_sampler_2d.out(x, grid, 0 if mode == "bilinear" else 1, 0, False, out=out)
+    except (AttributeError, RuntimeError):
+        return F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
 def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, integer: bool,
@@ -655,10 +665,13 @@ def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
     N, H, W, Cn = x.shape
     if H <= 2 or W <= 2:
         return x
-    xf = x.to(torch.float32)
-    p = xf[:, :, :-2] + xf[:, :, 1:-1]
+    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+    xf.copy_(x)
+    p = torch.add(xf[:, :, :-2], xf[:, :, 1:-1], out=scratch("sharpness:rows", (N, H, W - 2, Cn), torch.float32,
+                                                             x.device))
     p += xf[:, :, 2:]
-    box = p[:, :-2] + p[:, 1:-1]
+    box = torch.add(p[:, :-2], p[:, 1:-1], out=scratch("sharpness:box", (N, H - 2, W - 2, Cn), torch.float32,
+                                                      x.device))
     box += p[:, 2:]
     view = xf[:, 1:-1, 1:-1]
     deg = box.add_(view, alpha=4.0).div_(13.0).round_()
@@ -673,7 +686,8 @@ def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
     where broadcasting it over the last axis of 3 is a slow inner loop)."""
     if x.shape[3] == 1:
         return x
-    xf = x.to(torch.float32)
+    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+    xf.copy_(x)
     r = C._f(factor, xf)
     grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
     xf.mul_(r)
