@@ -3,7 +3,6 @@ Python between them holds it while the Loader's other fill thread waits): AugMix
 slot on all its chains' copies together; lookup tables go through PIL's C point without Image.point's
 Python loop over the table; the bilinear warp (Rotate) runs sample by sample (in cache)."""
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from dsc import transforms as T
@@ -25,7 +24,8 @@ def test_augmix_runs_each_drawn_op_once_per_slot_for_all_its_chains(monkeypatch)
     calls = []
     real = A.apply_named_u8
     monkeypatch.setattr(A, "apply_named_u8",
-                        lambda name, x, *a, **k: calls.append((name, len(x))) or real(name, x, *a, **k))
+                        lambda name, x, *a, **k: calls.append((name, len(x) if k.get("rows") is None else
+                                                               len(k["rows"]))) or real(name, x, *a, **k))
     monkeypatch.setattr(A, "_STILL_BELOW", {})  # (count every drawn op, none skipped)
     out = op.apply_u8(img.clone(), p, sizes)
     assert len(calls) == per_slot
@@ -48,11 +48,11 @@ def test_lookup_tables_skip_image_points_python_loop(monkeypatch):
 
 
 def test_bilinear_rotate_runs_sample_by_sample(monkeypatch):
-    """One grid_sample call per sample, each on one sample (its planes and grid stay in cache), the same
-    pixels as the float formula."""
+    """One grid_sample call per sample, each on one sample (its planes and grid stay in cache) and into one
+    output buffer, the same pixels as the float formula."""
     seen = []
-    real = F.grid_sample
-    monkeypatch.setattr(A.F, "grid_sample", lambda x, g, **k: seen.append(len(x)) or real(x, g, **k))
+    real = A._grid_sample
+    monkeypatch.setattr(A, "_grid_sample", lambda x, g, *a: seen.append(len(x)) or real(x, g, *a))
     img = batch(5, 33, 41)
     mag = torch.tensor([20.0, -45.0, 135.0, 3.0, -90.0], dtype=torch.float64)
     got = A.apply_named_u8("Rotate", img.clone(), mag, "bilinear")

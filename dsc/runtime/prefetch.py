@@ -193,13 +193,14 @@ def _fill(state: _EpochState, k: int) -> None:
 def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
     """The transforms not run in the gather (the rest of a Compose, same generator, or a plain callable),
     then the loader's output form (``keys`` tuples, ``format="torchvision"``; its float images and masks into
-    the batch's ring slot ``alloc`` when given)."""
+    the batch's ring slot ``alloc`` when given). The batch is the Loader's own (its ring slot, or on CUDA its
+    device copy): the transforms may write into it."""
     if state.compose is None and state.transforms is not None:
         extra = {"rank": state.rank} if state.rank_kw else {}
         batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
                                  **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
-        batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc)
+        batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc, owned=True)  # (its ring slot / copy)
     if state.after_boxes is not None:  # the box form asked for, from the packed boxes the transforms moved
         batch = box_form(batch, state.dataset.schema, state.after_boxes)
     if state.output is None:

@@ -115,19 +115,23 @@ class Compose:
         return geometry, post, k
 
     def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None,
-                 gen: torch.Generator | None = None, start: int = 0, rank: int = 0, alloc=None) -> dict:
+                 gen: torch.Generator | None = None, start: int = 0, rank: int = 0, alloc=None,
+                 owned: bool = False) -> dict:
         """The random draws come from (seed, epoch, rank, batch_index) alone: the same four give the same
         crops and flips (that is what makes a resumed Loader replay its batches), so a loop of your own passes
         its epoch and batch number (and, distributed, its rank: ranks then draw different augmentations).
         ``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries its
         own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``: continue a batch whose first
-        stages ran in the gather; ``alloc``: the Loader's ring-slot allocator (memory for a float image)."""
+        stages ran in the gather; ``alloc``: the Loader's ring-slot allocator (memory for a float image);
+        ``owned``: the caller hands the batch over as the pipeline's own (the Loader's ring slot), so its
+        pixels may be written into; else the caller's pixels are never written into (a later stage's output
+        may be)."""
         if not isinstance(batch, dict):
             raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
                               f"list of samples; got a {type(batch).__name__}")
         gen = gen if gen is not None else batch_generator(seed, epoch, batch_index, rank)
         schema = schema if schema is not None else getattr(batch, "schema", None)
-        given = batch.get("image")  # the caller's pixels are never written into (a later stage's output may be)
+        given = None if owned else batch.get("image")  # (the pixels that must not be written into)
         batch = Batch(batch, schema=schema)
         stages = self.stages[start:]
         skip = False
@@ -144,8 +148,7 @@ class Compose:
                 fixed = batch["image"].dtype == torch.uint8 and "image_offsets" not in batch \
                     and "image_sizes" not in batch
                 batch = apply_pixel_ops(op, batch, gen, post=post if fixed else None,
-                                        inplace=start > 0 or alloc is not None or batch["image"] is not given,
-                                        alloc=alloc)  # (alloc: the batch is the Loader's own ring slot)
+                                        inplace=batch["image"] is not given, alloc=alloc)
                 skip = post is not None and fixed
             else:
                 batch = op(batch, gen)

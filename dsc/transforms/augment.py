@@ -28,9 +28,11 @@ training; a batch with boxes or masks is refused by them (use RandomAffine for d
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from . import color as C
 from . import warp_gather as G
@@ -507,12 +509,13 @@ def _geometric_matrix(name: str, mag: torch.Tensor, H: int, W: int) -> torch.Ten
     return C.affine_matrix(sizes, -mag, (zero, zero), 1.0, (zero, zero))  # rotate(angle) is affine(-angle)
 
 
-def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str) -> torch.Tensor:
+def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> torch.Tensor:
     """:func:`color.warp` on uint8 (N, H, W, C), in place, the same numbers, sample by sample (one sample's
     grid, float planes and output stay in cache: about 3x faster than the batch's at once): its grid
     (written into one buffer, not stacked), ``grid_sample`` on a planar float copy (its fast layout; a fill
-    through the mask channel), rounded, clamped and written back into ``x``."""
-    N, H, W, Cn = x.shape
+    through the mask channel), rounded, clamped and written back into ``x``. ``rows``: the samples of ``x``
+    (``M`` one per row; None: all)."""
+    _, H, W, Cn = x.shape
     m = M.to(torch.float64)
     ax = (m[:, 0] * (2.0 / W)).to(torch.float32)
     ay = (m[:, 1] * (2.0 / H)).to(torch.float32)
@@ -520,15 +523,16 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str) -> torch.Tensor:
     ys = (torch.arange(H, dtype=torch.float32) + 0.5).view(H, 1)
     grid = torch.empty((1, H, W, 2), dtype=torch.float32)
     planes = torch.empty((1, Cn + (fill is not None), H, W), dtype=torch.float32)
+    out = torch.empty_like(planes)  # (grid_sample's output, reused sample after sample)
     fill_t = None
     if fill is not None:
         planes[0, Cn] = 1.0
         fill_t = torch.as_tensor(fill, dtype=torch.float32).view(-1, 1, 1)
-    for b in range(N):
+    for i, b in enumerate(range(len(x)) if rows is None else rows):
         for k, a in enumerate((ax, ay)):
-            torch.add(a[b, 0] * xs, a[b, 1] * ys + (a[b, 2] - 1.0), out=grid[0, ..., k])
+            torch.add(a[i, 0] * xs, a[i, 1] * ys + (a[i, 2] - 1.0), out=grid[0, ..., k])
         planes[0, :Cn].copy_(x[b].permute(2, 0, 1))
-        y = F.grid_sample(planes, grid, mode=mode, padding_mode="zeros", align_corners=False)[0]
+        y = _grid_sample(planes, grid, mode, out)[0]
         if fill is None:  # torchvision: no mask channel, zeros outside (a blend of 0..255 and 0: no clamp)
             y.round_()
         else:
@@ -538,6 +542,15 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str) -> torch.Tensor:
             y.round_().clamp_(0, 255)
         x[b].copy_(y.permute(1, 2, 0))
     return x
+
+
+def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
+    """``F.grid_sample(x, grid, mode, padding_mode="zeros", align_corners=False)`` written into ``out`` (aten's
+    out= variant: no fresh output a sample), or F.grid_sample's where that variant is not there."""
+    try:
+        return torch.ops.aten.grid_sampler_2d.out(x, grid, 0 if mode == "bilinear" else 1, 0, False, out=out)
+    except (AttributeError, RuntimeError):
+        return F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
 def apply_named(name: str, x: torch.Tensor, mag: torch.Tensor, bound: float, integer: bool,
@@ -577,29 +590,45 @@ _LUT_OPS = {"Brightness": lambda v, m: C.brightness(v, 1.0 + m, 255.0, True),
             "Solarize": lambda v, m: C.solarize(v, 255.0 * m, 255.0, True)}
 
 
+_IN_ROWS = {"ShearX", "ShearY", "Rotate", "Brightness", "Solarize", "Sharpness", "Color", "Equalize", "AutoContrast"}
+
+
 def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation: str = "nearest",
-                   fill=None) -> torch.Tensor:
+                   fill=None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`apply_named` on uint8 (N, H, W, C) pixels, the same numbers: whole-pixel translations as shifts,
     the ops that map each value alone as lookup tables (made by the float formulas), the rest on a float copy.
-    May write into ``x``."""
-    N = x.shape[0]
+    May write into ``x``. ``rows``: only these samples of ``x`` (``mag`` one per row), written back into
+    ``x``: the ops that run sample by sample anyway (:data:`_IN_ROWS`: shears, bilinear rotate, one-table
+    lookups, sharpness, colour, the histogram ops) work on the rows in place, the others on a copy of them."""
     mag = mag.double()
     if name == "Identity":
         return x
+    if rows is not None:
+        if x.device.type != "cpu" or name not in _IN_ROWS or (interpolation == "nearest" and name in _GEOMETRIC) \
+                or (name in _HISTOGRAM and not (x.shape[3] in _PIL_MODES and x.is_contiguous())):
+            _put_rows(x, rows, _named_u8(name, _take_rows(x, rows), mag, interpolation, fill, None))
+            return x
+        rows = rows.tolist()
+    return _named_u8(name, x, mag, interpolation, fill, rows)
+
+
+def _named_u8(name, x, mag, interpolation, fill, rows):
+    """:func:`apply_named_u8`'s ops, on ``rows`` of ``x`` (a list) or all of it (None)."""
+    N = x.shape[0] if rows is None else len(rows)
     if name in ("TranslateX", "TranslateY"):
         t = torch.trunc(mag).long().tolist()  # int(magnitude): whole pixels, so the bilinear/nearest warp is a shift
         zero = [0] * N
         f = 0.0 if fill is None else fill
         f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
         return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
-    if name in ("ShearX", "ShearY", "Rotate") and x.device.type == "cpu":
+    if name in _GEOMETRIC and x.device.type == "cpu":
         M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
         if interpolation == "nearest":
             return G.nearest_u8(x, M, fill)
         axis = G.shear_axis(M)
-        return G.shear_u8(x, M, fill, axis) if axis is not None else _warp_u8(x, M, fill, interpolation)
+        return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
     if name in _LUT_OPS:
-        return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag))
+        return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag), rows)
     if name == "Contrast":
         mean = C.contrast_mean(_to_float(x), True)
         return C.apply_lut(x, C.blend(C.value_image(N, device=x.device), mean, 1.0 + mag, 255.0, True))
@@ -608,20 +637,24 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
         return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
     if name == "Invert":
         return x.bitwise_not_()
-    if name == "Equalize" and x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous():
-        return _equalize_pil(x)
+    if name in _HISTOGRAM and x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous():
+        return _by_histograms(x, C.equalize_lut if name == "Equalize" else _autocontrast_tables, rows)
     if name == "AutoContrast":
         lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
         lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
         return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
     if name in ("Sharpness", "Color"):  # sample by sample: each one's float copy stays in cache (3x faster)
         fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8
-        for b in range(N):
-            fn(x[b:b + 1], 1.0 + mag[b:b + 1])
+        for i, b in enumerate(range(N) if rows is None else rows):
+            fn(x[b:b + 1], 1.0 + mag[i:i + 1])
         return x
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
+
+
+_GEOMETRIC = ("ShearX", "ShearY", "Rotate")
+_HISTOGRAM = ("Equalize", "AutoContrast")
 
 
 def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
@@ -632,10 +665,13 @@ def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
     N, H, W, Cn = x.shape
     if H <= 2 or W <= 2:
         return x
-    xf = x.to(torch.float32)
-    p = xf[:, :, :-2] + xf[:, :, 1:-1]
+    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+    xf.copy_(x)
+    p = torch.add(xf[:, :, :-2], xf[:, :, 1:-1], out=scratch("sharpness:rows", (N, H, W - 2, Cn), torch.float32,
+                                                             x.device))
     p += xf[:, :, 2:]
-    box = p[:, :-2] + p[:, 1:-1]
+    box = torch.add(p[:, :-2], p[:, 1:-1], out=scratch("sharpness:box", (N, H - 2, W - 2, Cn), torch.float32,
+                                                      x.device))
     box += p[:, 2:]
     view = xf[:, 1:-1, 1:-1]
     deg = box.add_(view, alpha=4.0).div_(13.0).round_()
@@ -650,7 +686,8 @@ def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
     where broadcasting it over the last axis of 3 is a slow inner loop)."""
     if x.shape[3] == 1:
         return x
-    xf = x.to(torch.float32)
+    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+    xf.copy_(x)
     r = C._f(factor, xf)
     grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
     xf.mul_(r)
@@ -668,21 +705,29 @@ def _grey_u8(xf: torch.Tensor) -> torch.Tensor:
 _PIL_MODES = {1: "L", 3: "RGB"}
 
 
-def _equalize_pil(x: torch.Tensor) -> torch.Tensor:
-    """Equalize on CPU uint8 (N, H, W, 1 or 3), in place, with PIL's C loops for the per-channel histograms and
-    the lookups (one pass each over the interleaved pixels; no channel planes made): the float formula's
-    tables (``C.equalize_lut``)."""
-    import numpy as np
-    from PIL import Image
-
-    N, H, W, Cn = x.shape
+def _by_histograms(x: torch.Tensor, tables_of, rows=None) -> torch.Tensor:
+    """CPU uint8 (N, H, W, 1 or 3), in place, through the tables ``tables_of(hist)`` makes from the (N, C, 256)
+    value counts: each sample's PIL image made once, its histogram (one pass over the interleaved pixels,
+    no channel planes copied out) and its lookups by PIL's C loops (``color.pil_lut``). Equalize and
+    AutoContrast (its [min, max] are the first and last counted values). ``rows``: only those samples."""
+    Cn = x.shape[3]
+    rows = range(len(x)) if rows is None else rows
     a = x.numpy()
-    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in range(N)]
-    hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(N, Cn, 256)
-    tables = C.equalize_lut(hist).to(torch.uint8).view(N, Cn * 256).tolist()
-    for b, im in enumerate(ims):
-        a[b] = np.asarray(C.pil_point(im, tables[b])).reshape(H, W, Cn)
+    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
+    hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(len(ims), Cn, 256)
+    tables = tables_of(hist).to(torch.uint8).view(len(ims), Cn, 256).numpy()
+    for i, (b, im) in enumerate(zip(rows, ims)):
+        C.pil_lut(a[b], tables[i], im)
     return x
+
+
+def _autocontrast_tables(hist: torch.Tensor) -> torch.Tensor:
+    """(N, C, 256) autocontrast tables (the float formula on the 256 values) from (N, C, 256) value counts."""
+    N, Cn, _ = hist.shape
+    seen = hist > 0
+    lo = seen.to(torch.uint8).argmax(-1).to(torch.float32).view(N, Cn, 1, 1)
+    hi = (255 - seen.flip(-1).to(torch.uint8).argmax(-1)).to(torch.float32).view(N, Cn, 1, 1)
+    return C.stretch(C.value_image(N, Cn), lo, hi, 255.0, True)
 
 
 _STILL_BELOW = {"TranslateX": 1.0, "TranslateY": 1.0,  # |magnitude| under which an op leaves the image as it is
@@ -756,9 +801,7 @@ class _AutoBase(PixelOp):
                     if y.data_ptr() != x.data_ptr() or y.stride() != x.stride():
                         x.copy_(y)  # (x stays the contiguous batch the next op gathers from)
                     continue
-                rows = on.nonzero().view(-1)
-                _put_rows(x, rows, apply_named_u8(name, _take_rows(x, rows), p["mag"][on, k], self.interpolation,
-                                                  self.fill))
+                apply_named_u8(name, x, p["mag"][on, k], self.interpolation, self.fill, rows=on.nonzero().view(-1))
         return x
 
 
@@ -883,16 +926,23 @@ class AugMix(_AutoBase):
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
         w = p["w"].to(x.device, torch.float32)
         step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
-        # (n, H, W, C) float buffers made once and reused chunk after chunk (no fresh pages per chunk); each
-        # product is its own rounding, as in ``apply``; the copy into uint8 truncates what the clamp left
-        acc = torch.empty((min(step, len(x)), *x.shape[1:]), dtype=torch.float32, device=x.device)
-        tmp = torch.empty_like(acc)
+        # the chain copies and the (n, H, W, C) float buffers are this thread's scratch, reused group after
+        # group and batch after batch (no fresh pages: a fresh 14 MB of chain copies a group was about 100 page
+        # faults an image, each freed one a TLB shootdown on the other filler thread's core); each product is
+        # its own rounding, as in ``apply``; the copy into uint8 truncates what the clamp left
+        n_max = min(AUGMIX_SAMPLES, len(x))
+        acc = scratch("augmix:acc", (min(step, len(x)), *x.shape[1:]), torch.float32, x.device)
+        tmp = scratch("augmix:tmp", acc.shape, torch.float32, x.device)
+        copies = scratch("augmix:chains", (W * n_max, *x.shape[1:]), x.dtype, x.device)
         for g0 in range(0, len(x), AUGMIX_SAMPLES):
             rows = slice(g0, g0 + AUGMIX_SAMPLES)
             xg = x[rows]
             n = len(xg)
             chains = {k: torch.cat([p[k][rows, i * K:(i + 1) * K] for i in range(W)]) for k in ("ops", "on", "mag")}
-            augs = super(AugMix, self).apply_u8(xg.repeat(W, 1, 1, 1), chains, sizes[rows].repeat(W, 1))
+            augs = copies[:W * n]
+            for i in range(W):
+                augs[i * n:(i + 1) * n].copy_(xg)
+            augs = super(AugMix, self).apply_u8(augs, chains, sizes[rows].repeat(W, 1))
             for c0 in range(0, n, step):
                 sl = slice(c0, c0 + step)
                 k = len(xg[sl])
@@ -905,6 +955,23 @@ class AugMix(_AutoBase):
 
 
 AUGMIX_SAMPLES = 32  # AugMix's chains run on copies of this many samples at a time
+
+_SCRATCH = threading.local()
+
+
+def scratch(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A CPU work buffer of ``shape`` that is this thread's own, kept and reused call after call (grown when a
+    larger one is asked for): its pages are faulted in once, not every batch. Only for temporaries whose
+    contents the caller overwrites and does not hand out. (Not CPU: a fresh tensor; the caching allocator
+    reuses device memory.)"""
+    if torch.device(device).type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    pool = _SCRATCH.__dict__.setdefault("pool", {})
+    n = math.prod(shape)
+    buf = pool.get((name, dtype))
+    if buf is None or buf.numel() < n:
+        buf = pool[(name, dtype)] = torch.empty(n, dtype=dtype)
+    return buf[:n].view(shape)
 
 
 # ------------------------------------------------------------------------------------------------ the stage

@@ -341,29 +341,63 @@ def value_image(n: int, channels: int = 1, device=None) -> torch.Tensor:
     return torch.arange(256, dtype=torch.float32, device=device).view(1, 1, 1, 256).expand(n, channels, 1, 256)
 
 
-def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+def apply_lut(x: torch.Tensor, lut: torch.Tensor, rows=None) -> torch.Tensor:
     """CPU uint8 (N, H, W, C) through per-sample lookup tables ``lut`` (N, 1 or C, 256) (any dtype holding
-    0..255), in place: numpy's take per sample (per channel), several times torch's gathers on uint8."""
-    N, H, W, Cn = x.shape
-    t = lut.reshape(N, -1, 256).to(torch.uint8).numpy()
+    0..255), in place: PIL's point per sample (:func:`pil_lut`) where the sample is a C-contiguous uint8 image
+    large enough, else numpy's take per sample (per channel), several times torch's gathers on uint8.
+    ``rows``: only these samples of ``x`` (``lut`` one per row)."""
+    _, H, W, Cn = x.shape
+    rows = range(len(x)) if rows is None else rows
+    t = lut.reshape(len(rows), -1, 256).to(torch.uint8).numpy()
     a = x.numpy()
-    for b in range(N):
-        if t.shape[1] == 1 and H * W * Cn >= 1 << 16 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
-            # one table: PIL's point over the sample's bytes as a greyscale image (a byte loop, no index
-            # conversion: about 1.5x numpy's take), copied back
-            im = pil_point(Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1), t[b, 0].tolist())
-            np.copyto(a[b], np.asarray(im).reshape(H, W, Cn))
-        elif t.shape[1] == 3 == Cn and H * W >= 1 << 14 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
-            # a table per channel: PIL's RGB point (the three lookups in one pass over the interleaved pixels;
-            # numpy's take on each strided channel is about twice slower)
-            im = pil_point(Image.fromarray(a[b], "RGB"), t[b].reshape(-1).tolist())
-            np.copyto(a[b], np.asarray(im))
-        elif t.shape[1] == 1:
-            np.take(t[b, 0], a[b], out=a[b], mode="clip")
+    per_channel = t.shape[1] != 1
+    big = H * W * Cn >= 1 << 16 if not per_channel else Cn == 3 and H * W >= 1 << 14
+    for i, b in enumerate(rows):
+        if big and a.dtype == np.uint8 and a[b].flags.c_contiguous:
+            pil_lut(a[b], t[i])
+        elif not per_channel:
+            np.take(t[i, 0], a[b], out=a[b], mode="clip")
         else:
             for c in range(Cn):
-                np.take(t[b, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
+                np.take(t[i, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
     return x
+
+
+def pil_lut(a: np.ndarray, tables: np.ndarray, im: "Image.Image | None" = None) -> None:
+    """One C-contiguous uint8 (H, W, C) sample through ``tables`` (1 or C, 256) uint8, in place, with PIL's C
+    loops. One table: the sample's bytes as a greyscale image over its own memory (no copy in), its point
+    pasted straight back into that memory (no copy out through ``tobytes``: about 1.5x numpy's take, and
+    the bytes never pass through a Python ``bytes``). A table per channel (RGB): PIL's RGB point (the three
+    lookups in one pass over the interleaved pixels; numpy's take on each strided channel is about twice
+    slower), copied back. ``im``: the sample's PIL image already made (per-channel tables)."""
+    H, W, Cn = a.shape
+    if tables.shape[0] == 1:
+        im = Image.frombuffer("L", (W * Cn, H), a, "raw", "L", 0, 1)
+        out = pil_point(im, tables[0].tolist())
+        if not _paste_back(im, out):
+            np.copyto(a, np.asarray(out).reshape(H, W, Cn))
+        return
+    out = pil_point(im if im is not None else Image.fromarray(a, "RGB"), tables.reshape(-1).tolist())
+    np.copyto(a, np.asarray(out))
+
+
+def _paste_back(im: "Image.Image", out: "Image.Image") -> bool:
+    """``out``'s pixels written into the memory ``im`` maps (``Image.frombuffer``'s image of an array), with
+    the core's paste (``Image.paste`` would first copy a mapped, read-only image); False where this Pillow's
+    core has no paste (the caller copies)."""
+    core, src = _core(im, "paste"), _core(out, "paste")
+    if core is None or src is None:
+        return False
+    core.paste(src, (0, 0) + im.size)
+    return True
+
+
+def _core(im: "Image.Image", method: str):
+    """``im``'s core image object (loaded) where it has ``method`` and the image has ``_new`` (Pillow internals
+    :func:`pil_point` and :func:`_paste_back` use), else None: they then take Pillow's public calls."""
+    im.load()  # (an image not loaded yet has no core object: Pillow 11+'s ``im`` property asserts)
+    core = getattr(im, "im", None)
+    return core if core is not None and hasattr(core, method) and hasattr(im, "_new") else None
 
 
 def pil_point(im: "Image.Image", table: list[int]) -> "Image.Image":
@@ -371,9 +405,8 @@ def pil_point(im: "Image.Image", table: list[int]) -> "Image.Image":
     ``[round(i) for i in table]``: a Python loop of 256 (RGB: 768) calls per image that holds the GIL while
     the Loader's other thread waits for it (it was about half the time of a lookup); the C lookup itself
     lets the GIL go."""
-    im.load()  # (an image not loaded yet has no core object: Pillow 11+'s ``im`` property asserts)
-    core = getattr(im, "im", None)
-    if core is None or not hasattr(core, "point") or not hasattr(im, "_new"):  # (the public call)
+    core = _core(im, "point")
+    if core is None:  # (the public call)
         return im.point(table)
     return im._new(core.point(table, None))
 

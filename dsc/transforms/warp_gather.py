@@ -119,9 +119,10 @@ def _shifts(m: torch.Tensor, axis: int, n: int) -> torch.Tensor:
     return m[0, 1] * centres + m[0, 2] if axis == 1 else m[1, 0] * centres + m[1, 2]
 
 
-def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill) -> torch.Tensor:
+def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill, pads: dict | None = None) -> torch.Tensor:
     """float32 (R, L * C): lines (R, L * C) (uint8 or float, C values per pixel) each moved by t (R,) pixels
-    with the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1] (0 outside; ``fill``: (y - fill) mask + fill)."""
+    with the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1] (0 outside; ``fill``: (y - fill) mask + fill).
+    ``pads``: the zero-bordered line buffers of earlier calls (kept in it), reused."""
     R, LC = lines.shape
     L = LC // C
     k = torch.floor(t)
@@ -134,7 +135,11 @@ def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill) -> torch.Te
 
     def taps(src, c):
         n = (3 * L + 2) * c
-        pad = torch.zeros((R, n), dtype=src.dtype)
+        pad = pads.get((R, n, src.dtype)) if pads is not None else None
+        if pad is None:  # (zero borders made once a call: a line's middle is all that changes)
+            pad = torch.zeros((R, n), dtype=src.dtype)
+            if pads is not None:
+                pads[(R, n, src.dtype)] = pad
         pad[:, (L + 1) * c:(2 * L + 1) * c] = src
         a = pad.numpy()
         s = a.itemsize
@@ -152,17 +157,18 @@ def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill) -> torch.Te
     return y.sub_(f).mul_(mask).add_(f)
 
 
-def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int) -> torch.Tensor:
+def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int, rows=None) -> torch.Tensor:
     """CPU uint8 (N, H, W, C) through shear maps ``M`` (N, 3, 3) (``axis`` from :func:`shear_axis`), bilinear,
-    rounded, in place."""
+    rounded, in place; ``rows``: only these samples of ``x`` (``M`` one per row)."""
     N, H, W, C = x.shape
-    for b in range(N):
-        m = M[b].to(torch.float64)
+    pads: dict = {}  # (each sample's zero-bordered lines in one buffer, zeroed once)
+    for i, b in enumerate(range(N) if rows is None else rows):
+        m = M[i].to(torch.float64)
         if axis == 1:
-            y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill)
+            y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill, pads)
             x[b].copy_(y.round_().clamp_(0, 255).view(H, W, C))  # (x[b] may be any strides)
         else:
-            y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill)
+            y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill, pads)
             x[b].copy_(y.round_().clamp_(0, 255).view(W, H, C).transpose(0, 1))
     return x
 
