@@ -498,14 +498,14 @@ def test_push_and_update_of_a_url_keep_each_ragged_shards_zarr_json(s3, tmp_path
 
 def _file_calls(monkeypatch, fn) -> dict:
     """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink,
-    os.replace and os.stat."""
+    os.replace, os.stat, os.lstat, os.close and os.fdopen."""
     import os
     from collections import Counter
 
     from dsc.compiler import units
 
     calls, inside = Counter(), [False]
-    for name in ("open", "mkdir", "unlink", "replace", "stat"):
+    for name in ("open", "mkdir", "unlink", "replace", "stat", "lstat", "close", "fdopen"):
         real = getattr(os, name)
 
         def counted(*a, _real=real, _name=name, **k):
@@ -533,19 +533,23 @@ def _file_calls(monkeypatch, fn) -> dict:
 @pytest.mark.parametrize("layout", ["fixed", "ragged"])
 def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
     """What one more shard costs a compile in file operations (one tiny sample a shard): its folders made
-    without first looking for them, its file published by one rename with nothing left to remove, and (ragged)
-    its zarr.json beside it (and no object of it: test_a_ragged_shards_zarr_json_is_implied_not_listed). Counted in
-    the units, as the difference between 5 and 25 shards."""
+    without first looking for them, below a folder kept open (image/c: one lstat checks it is still the one
+    its path names), its file written at its name with nothing renamed or removed and no Python file object
+    (fdopen's fstat and lseek), and (ragged) its zarr.json beside it (and no object of it:
+    test_a_ragged_shards_zarr_json_is_implied_not_listed). Counted in the units, as the difference between 5
+    and 25 shards."""
     make = tiny if layout == "fixed" else ragged
     make(tmp_path / "warm", 1)  # (what a process opens once: the decoders' capture file)
     c5 = _file_calls(monkeypatch, lambda: make(tmp_path / "a", 5))
     c25 = _file_calls(monkeypatch, lambda: make(tmp_path / "b", 25))
-    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace", "stat")}
-    if layout == "fixed":  # image/c/<s>/0/0/0: the staging, image, c, <s> (missing), 3 new folders, the file
-        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1, "stat": 0}, per  # (was: 10 opens, 1 unlink;
-        # then a stat of the staging before its open)
+    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20
+           for k in ("open", "mkdir", "unlink", "replace", "stat", "lstat", "close", "fdopen")}
+    if layout == "fixed":  # image/c/<s>/0/0/0: 3 new folders below the kept image/c, the file
+        assert per == {"open": 4, "mkdir": 3, "unlink": 0, "replace": 0, "stat": 0, "lstat": 1, "close": 4,
+                       "fdopen": 0}, per  # (was: 8 opens (the staging, image, c, <s> missing first), 7 closes, a
+        # rename and an fdopen; before: 10 opens, 1 unlink; then a stat of the staging before its open)
     else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
-        assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per
+        assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 1 and per["fdopen"] == 0, per
 
 
 def _held_after_units(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
