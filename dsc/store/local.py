@@ -276,9 +276,14 @@ def open_folder(path: Path, base: Path | None = None, create: bool = True, keep:
     first one this walk makes stays open (:class:`_Kept`), and the next walk below it starts there, making its
     folders without first looking for them (3 opens, 3 closes and a failed open less a shard file)."""
     rel = _below(path, base) if base is not None else ()
+    return _open_below(base if base is not None else path, rel, create, keep)
+
+
+def _open_below(base, rel: tuple[str, ...], create: bool = True, keep: bool = False) -> int:
+    """:func:`open_folder` of the components ``rel`` below ``base`` (``base`` itself when there are none)."""
     fd, k0, made = _KEPT.start(base, rel) if keep and rel else (None, 0, False)
     if fd is None:
-        top = base if base is not None else path
+        top = base
         try:  # (opened first, made only when missing: a stat before each open cost a syscall per shard file)
             fd = os.open(top, _DIR)
         except FileNotFoundError:
@@ -419,16 +424,24 @@ class NewFile:
     there (a crashed writer's torn file, a planted link) is removed, never written through. Its folders are
     walked with :func:`open_folder`'s ``keep``."""
 
-    def __init__(self, path: str | os.PathLike, base: Path | None = None, mode: int = 0o644,
-                 link: Path | None = None, unique: bool = False, in_place: bool = False):
+    def __init__(self, path: str | os.PathLike | None, base: Path | None = None, mode: int = 0o644,
+                 link: Path | None = None, unique: bool = False, in_place: bool = False, rel: str | None = None):
+        """``rel`` (for ``path`` None): the file's path below ``base``, plain names joined by '/' (checked by the
+        caller: a shard's), so that no path is built (the writer's hot loop)."""
         import threading
 
-        self.path = path if isinstance(path, Path) else Path(path)
+        if rel is not None:
+            *folders, self.name = rel.split("/")
+            self.path = None
+            self.dfd = _open_below(base, tuple(folders), keep=in_place)
+        else:
+            self.path = path if isinstance(path, Path) else Path(path)
+            self.name = self.path.name
+            self.dfd = open_folder(self.path.parent, base, keep=in_place)
         self.file = None
-        self.dfd = open_folder(self.path.parent, base, keep=in_place)
         self.in_place = in_place
-        self.tmp = self.path.name if in_place else (
-            f".{self.path.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp")
+        self.tmp = self.name if in_place else (
+            f".{self.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp")
         try:
             for attempt in (0, 1):
                 try:
@@ -458,9 +471,9 @@ class NewFile:
             if self.in_place:
                 self.tmp = None  # (at its name already)
             elif create_only:
-                os.link(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
+                os.link(self.tmp, self.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
             else:
-                os.replace(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+                os.replace(self.tmp, self.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
                 self.tmp = None  # (renamed: nothing left to remove)
             if sync:
                 os.fsync(self.dfd)
