@@ -816,3 +816,53 @@ def test_an_updates_work_per_slot_does_not_walk_every_row(tmp_path, monkeypatch)
     dsc.compile_imagefolder(src, path, update=True, **opts)
     assert len(dsc.open(path)) == 29
     assert reads["n"] <= 30, reads  # (one a carried row; it was 29 a slot: 841)
+
+
+def _one_shard(root, s: int, value: int):
+    """Shard ``s`` of a fixed 2x2x3 uint8 image field written under ``root`` (one sample of ``value``)."""
+    from dsc.formats.fields.pixels import Pixels
+
+    px = Pixels("image", "uint8", "fixed", 3, 2, 2)
+    w = px.writer(root, s, 1)
+    w.write(np.full((2, 2, 3), value, np.uint8))
+    return w.close()
+
+
+def test_a_shard_written_at_its_name_never_writes_through_what_is_there(tmp_path):
+    """A shard file is created at its final name (no private name, no rename): a crashed writer's torn file there
+    is replaced, and a hard or symbolic link planted there is removed, its target untouched (O_EXCL | O_NOFOLLOW,
+    then unlink)."""
+    import os
+
+    root = tmp_path / "stage"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep me")
+    for s, plant in enumerate(["torn", "hard", "soft"]):
+        folder = root / "image" / "c" / str(s) / "0" / "0"
+        folder.mkdir(parents=True)
+        if plant == "torn":
+            (folder / "0").write_bytes(b"\x01" * 5)
+        elif plant == "hard":
+            os.link(outside, folder / "0")
+        else:
+            os.symlink(outside, folder / "0")
+        spec = _one_shard(root, s, 7 + s)
+        data = (folder / "0").read_bytes()
+        assert not (folder / "0").is_symlink() and data[:12] == bytes([7 + s]) * 12 and len(data) == spec.nbytes
+        assert outside.read_bytes() == b"keep me", plant
+        assert os.listdir(folder) == ["0"]  # (nothing left beside it)
+
+
+def test_a_kept_folder_is_used_only_while_its_path_names_it(tmp_path):
+    """The folder a shard writer keeps open (image/c, so that each shard makes only its own folders) is checked
+    against its path before each use: a staging folder removed and made again under the same name (a compile run
+    again in the same process) gets its shards, not the removed folder (where nothing can be made)."""
+    root = tmp_path / "stage"
+    _one_shard(root, 0, 1)
+    _one_shard(root, 1, 2)  # (below the kept image/c)
+    shutil.rmtree(root)
+    (root / "image" / "c").mkdir(parents=True)  # (the same path, another folder)
+    _one_shard(root, 2, 3)
+    assert (root / "image/c/2/0/0/0").read_bytes()[:12] == bytes([3]) * 12
+    _one_shard(root, 3, 4)
+    assert sorted(p.name for p in (root / "image/c").iterdir()) == ["2", "3"]
