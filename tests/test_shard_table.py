@@ -498,14 +498,14 @@ def test_push_and_update_of_a_url_keep_each_ragged_shards_zarr_json(s3, tmp_path
 
 def _file_calls(monkeypatch, fn) -> dict:
     """How many times the compile units that ``fn()`` runs (in this process) call os.open, os.mkdir, os.unlink,
-    os.replace and os.stat."""
+    os.replace, os.stat, os.lstat, os.close and os.fdopen."""
     import os
     from collections import Counter
 
     from dsc.compiler import units
 
     calls, inside = Counter(), [False]
-    for name in ("open", "mkdir", "unlink", "replace", "stat"):
+    for name in ("open", "mkdir", "unlink", "replace", "stat", "lstat", "close", "fdopen"):
         real = getattr(os, name)
 
         def counted(*a, _real=real, _name=name, **k):
@@ -533,19 +533,23 @@ def _file_calls(monkeypatch, fn) -> dict:
 @pytest.mark.parametrize("layout", ["fixed", "ragged"])
 def test_a_shards_fixed_cost_in_file_operations(tmp_path, monkeypatch, layout):
     """What one more shard costs a compile in file operations (one tiny sample a shard): its folders made
-    without first looking for them, its file published by one rename with nothing left to remove, and (ragged)
-    its zarr.json beside it (and no object of it: test_a_ragged_shards_zarr_json_is_implied_not_listed). Counted in
-    the units, as the difference between 5 and 25 shards."""
+    without first looking for them, below a folder kept open (image/c: one lstat checks it is still the one
+    its path names), its file written at its name with nothing renamed or removed and no Python file object
+    (fdopen's fstat and lseek), and (ragged) its zarr.json beside it (and no object of it:
+    test_a_ragged_shards_zarr_json_is_implied_not_listed). Counted in the units, as the difference between 5
+    and 25 shards."""
     make = tiny if layout == "fixed" else ragged
     make(tmp_path / "warm", 1)  # (what a process opens once: the decoders' capture file)
     c5 = _file_calls(monkeypatch, lambda: make(tmp_path / "a", 5))
     c25 = _file_calls(monkeypatch, lambda: make(tmp_path / "b", 25))
-    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20 for k in ("open", "mkdir", "unlink", "replace", "stat")}
-    if layout == "fixed":  # image/c/<s>/0/0/0: the staging, image, c, <s> (missing), 3 new folders, the file
-        assert per == {"open": 8, "mkdir": 3, "unlink": 0, "replace": 1, "stat": 0}, per  # (was: 10 opens, 1 unlink;
-        # then a stat of the staging before its open)
+    per = {k: (c25.get(k, 0) - c5.get(k, 0)) / 20
+           for k in ("open", "mkdir", "unlink", "replace", "stat", "lstat", "close", "fdopen")}
+    if layout == "fixed":  # image/c/<s>/0/0/0: 3 new folders below the kept image/c, the file
+        assert per == {"open": 4, "mkdir": 3, "unlink": 0, "replace": 0, "stat": 0, "lstat": 1, "close": 4,
+                       "fdopen": 0}, per  # (was: 8 opens (the staging, image, c, <s> missing first), 7 closes, a
+        # rename and an fdopen; before: 10 opens, 1 unlink; then a stat of the staging before its open)
     else:  # image/values/<s>/c/0 and image/values/<s>/zarr.json (was: a hash, a link and an entry in files too)
-        assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 2, per
+        assert per["unlink"] == 0 and per["mkdir"] == 2 and per["replace"] == 1 and per["fdopen"] == 0, per
 
 
 def _held_after_units(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
@@ -812,3 +816,53 @@ def test_an_updates_work_per_slot_does_not_walk_every_row(tmp_path, monkeypatch)
     dsc.compile_imagefolder(src, path, update=True, **opts)
     assert len(dsc.open(path)) == 29
     assert reads["n"] <= 30, reads  # (one a carried row; it was 29 a slot: 841)
+
+
+def _one_shard(root, s: int, value: int):
+    """Shard ``s`` of a fixed 2x2x3 uint8 image field written under ``root`` (one sample of ``value``)."""
+    from dsc.formats.fields.pixels import Pixels
+
+    px = Pixels("image", "uint8", "fixed", 3, 2, 2)
+    w = px.writer(root, s, 1)
+    w.write(np.full((2, 2, 3), value, np.uint8))
+    return w.close()
+
+
+def test_a_shard_written_at_its_name_never_writes_through_what_is_there(tmp_path):
+    """A shard file is created at its final name (no private name, no rename): a crashed writer's torn file there
+    is replaced, and a hard or symbolic link planted there is removed, its target untouched (O_EXCL | O_NOFOLLOW,
+    then unlink)."""
+    import os
+
+    root = tmp_path / "stage"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep me")
+    for s, plant in enumerate(["torn", "hard", "soft"]):
+        folder = root / "image" / "c" / str(s) / "0" / "0"
+        folder.mkdir(parents=True)
+        if plant == "torn":
+            (folder / "0").write_bytes(b"\x01" * 5)
+        elif plant == "hard":
+            os.link(outside, folder / "0")
+        else:
+            os.symlink(outside, folder / "0")
+        spec = _one_shard(root, s, 7 + s)
+        data = (folder / "0").read_bytes()
+        assert not (folder / "0").is_symlink() and data[:12] == bytes([7 + s]) * 12 and len(data) == spec.nbytes
+        assert outside.read_bytes() == b"keep me", plant
+        assert os.listdir(folder) == ["0"]  # (nothing left beside it)
+
+
+def test_a_kept_folder_is_used_only_while_its_path_names_it(tmp_path):
+    """The folder a shard writer keeps open (image/c, so that each shard makes only its own folders) is checked
+    against its path before each use: a staging folder removed and made again under the same name (a compile run
+    again in the same process) gets its shards, not the removed folder (where nothing can be made)."""
+    root = tmp_path / "stage"
+    _one_shard(root, 0, 1)
+    _one_shard(root, 1, 2)  # (below the kept image/c)
+    shutil.rmtree(root)
+    (root / "image" / "c").mkdir(parents=True)  # (the same path, another folder)
+    _one_shard(root, 2, 3)
+    assert (root / "image/c/2/0/0/0").read_bytes()[:12] == bytes([3]) * 12
+    _one_shard(root, 3, 4)
+    assert sorted(p.name for p in (root / "image/c").iterdir()) == ["2", "3"]

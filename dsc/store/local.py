@@ -268,21 +268,33 @@ def refuse_links(folder: Path, where: str) -> None:
                 raise UnsafePathError(f"{p} is a symbolic link {where}")
 
 
-def open_folder(path: Path, base: Path | None = None, create: bool = True) -> int:
+def open_folder(path: Path, base: Path | None = None, create: bool = True, keep: bool = False) -> int:
     """A descriptor of the folder ``path``: below ``base``, each component opened without following links (and
-    made when missing, if ``create``); ``base`` itself, or ``path`` without a base, as the caller names it."""
+    made when missing, if ``create``); ``base`` itself, or ``path`` without a base, as the caller names it.
+
+    ``keep`` (a compile's shard files, each in folders of its own: ``image/c/<s>/0/0``): the folder above the
+    first one this walk makes stays open (:class:`_Kept`), and the next walk below it starts there, making its
+    folders without first looking for them (3 opens, 3 closes and a failed open less a shard file)."""
     rel = _below(path, base) if base is not None else ()
-    top = base if base is not None else path
-    try:  # (opened first, made only when missing: a stat before each open cost a syscall per shard file)
-        fd = os.open(top, _DIR)
-    except FileNotFoundError:
-        if not create:
-            raise
-        Path(top).mkdir(parents=True, exist_ok=True)
-        fd = os.open(top, _DIR)
-    made = False  # a folder made here: the ones below it are new too (made, not first looked for)
+    return _open_below(base if base is not None else path, rel, create, keep)
+
+
+def _open_below(base, rel: tuple[str, ...], create: bool = True, keep: bool = False) -> int:
+    """:func:`open_folder` of the components ``rel`` below ``base`` (``base`` itself when there are none)."""
+    fd, k0, made = _KEPT.start(base, rel) if keep and rel else (None, 0, False)
+    if fd is None:
+        top = base
+        try:  # (opened first, made only when missing: a stat before each open cost a syscall per shard file)
+            fd = os.open(top, _DIR)
+        except FileNotFoundError:
+            if not create:
+                raise
+            Path(top).mkdir(parents=True, exist_ok=True)
+            fd = os.open(top, _DIR)
+    # made: a folder made here, so the ones below it are new too (made, not first looked for)
     try:
-        for k, part in enumerate(rel):
+        for k in range(k0, len(rel)):
+            part = rel[k]
             try:
                 try:
                     if made:
@@ -293,6 +305,12 @@ def open_folder(path: Path, base: Path | None = None, create: bool = True) -> in
                         raise
                     try:
                         os.mkdir(part, 0o777, dir_fd=fd)
+                        if keep and not made and k > 0:  # (the folder above the first one made: kept open)
+                            made = True
+                            nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
+                            _KEPT.keep(base, rel[:k], fd)
+                            fd = nfd
+                            continue
                         made = True
                     except FileExistsError:
                         pass
@@ -307,6 +325,75 @@ def open_folder(path: Path, base: Path | None = None, create: bool = True) -> in
         os.close(fd)
         raise
     return fd
+
+
+class _Kept:
+    """Folders kept open between walks of :func:`open_folder` with ``keep`` (at most ``AT_MOST``, the oldest
+    closed first): {(base, components below it): (descriptor, st_dev, st_ino)}. A kept folder is used only while
+    its path still names it (one lstat: a staging folder removed and made again under the same name is not the
+    folder kept), and the first step below it is taken under a lock, so no thread walks from a descriptor another
+    closes."""
+
+    AT_MOST = 8
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.folders: dict[tuple[str, tuple[str, ...]], tuple[int, int, int]] = {}
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=lambda: setattr(self, "lock", threading.Lock()))
+
+    def start(self, base, rel: tuple[str, ...]) -> tuple[int | None, int, bool]:
+        """(a descriptor of its own of the folder one below a kept folder that ``rel`` passes through, made there
+        if missing; how many components of ``rel`` that is; whether it was made), or (None, 0, False)."""
+        b = os.fspath(base)
+        with self.lock:
+            for (kb, kr), (fd, dev, ino) in self.folders.items():
+                n = len(kr)
+                if kb != b or n >= len(rel) or rel[:n] != kr:
+                    continue
+                try:
+                    st = os.lstat(os.path.join(b, *kr))
+                    ok = (st.st_dev, st.st_ino) == (dev, ino) and stat.S_ISDIR(st.st_mode)
+                except OSError:
+                    ok = False
+                if not ok:
+                    del self.folders[(kb, kr)]
+                    os.close(fd)
+                    return None, 0, False
+                try:
+                    os.mkdir(rel[n], 0o777, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    made = False
+                try:
+                    nfd = os.open(rel[n], _DIR | _NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise not_ours(Path(base).joinpath(*rel[:n + 1]), "a folder dsc made") from None
+                    raise
+                return nfd, n + 1, made
+        return None, 0, False
+
+    def keep(self, base, rel: tuple[str, ...], fd: int) -> None:
+        """Keep ``fd`` (the folder ``rel`` below ``base``; the caller's no longer) open; closed if not kept."""
+        key = (os.fspath(base), rel)
+        with self.lock:
+            if key in self.folders:
+                os.close(fd)
+                return
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                os.close(fd)
+                return
+            while len(self.folders) >= self.AT_MOST:
+                os.close(self.folders.pop(next(iter(self.folders)))[0])
+            self.folders[key] = (fd, st.st_dev, st.st_ino)
+
+
+_KEPT = _Kept()
 
 
 def _below(path, base) -> tuple[str, ...]:
@@ -328,23 +415,40 @@ class NewFile:
 
     The private name is ``.NAME.tmp``: writers of one dataset hold its lock, and a dead writer's leftover is
     replaced by the next writer of that file. ``unique`` names it after the process and thread instead, for a
-    put-if-absent that writers without a working lock may race (each must publish its own bytes)."""
+    put-if-absent that writers without a working lock may race (each must publish its own bytes).
 
-    def __init__(self, path: str | os.PathLike, base: Path | None = None, mode: int = 0o644,
-                 link: Path | None = None, unique: bool = False):
+    ``in_place``: written at its final name, for a file no reader looks for until a later commit names it (a
+    shard file in a compile's private staging, or in an update's or a compaction's new slot): no private name
+    and no rename (a rename and a file's folder entry a shard; what proves such a file whole is the SHA-256 its
+    journal entry or version records, checked on resume). Still created with ``O_EXCL | O_NOFOLLOW``: what is
+    there (a crashed writer's torn file, a planted link) is removed, never written through. Its folders are
+    walked with :func:`open_folder`'s ``keep``."""
+
+    def __init__(self, path: str | os.PathLike | None, base: Path | None = None, mode: int = 0o644,
+                 link: Path | None = None, unique: bool = False, in_place: bool = False, rel: str | None = None):
+        """``rel`` (for ``path`` None): the file's path below ``base``, plain names joined by '/' (checked by the
+        caller: a shard's), so that no path is built (the writer's hot loop)."""
         import threading
 
-        self.path = path if isinstance(path, Path) else Path(path)
+        if rel is not None:
+            *folders, self.name = rel.split("/")
+            self.path = None
+            self.dfd = _open_below(base, tuple(folders), keep=in_place)
+        else:
+            self.path = path if isinstance(path, Path) else Path(path)
+            self.name = self.path.name
+            self.dfd = open_folder(self.path.parent, base, keep=in_place)
         self.file = None
-        self.dfd = open_folder(self.path.parent, base)
-        self.tmp = f".{self.path.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp"
+        self.in_place = in_place
+        self.tmp = self.name if in_place else (
+            f".{self.name}" + (f".{os.getpid()}.{threading.get_ident()}" if unique else "") + ".tmp")
         try:
             for attempt in (0, 1):
                 try:
                     if link is not None:
                         os.link(link, self.tmp, dst_dir_fd=self.dfd, follow_symlinks=False)
                     else:
-                        self.file = os.fdopen(os.open(self.tmp, _FILE, mode, dir_fd=self.dfd), "wb")
+                        self.file = RawFile(os.open(self.tmp, _FILE, mode, dir_fd=self.dfd))
                     break
                 except FileExistsError:  # a dead writer's leftover (or a link planted there): removed, not followed
                     if attempt:
@@ -364,10 +468,12 @@ class NewFile:
                 if sync:
                     os.fsync(self.file.fileno())
                 self.file.close()
-            if create_only:
-                os.link(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
+            if self.in_place:
+                self.tmp = None  # (at its name already)
+            elif create_only:
+                os.link(self.tmp, self.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd, follow_symlinks=False)
             else:
-                os.replace(self.tmp, self.path.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+                os.replace(self.tmp, self.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
                 self.tmp = None  # (renamed: nothing left to remove)
             if sync:
                 os.fsync(self.dfd)
@@ -379,7 +485,7 @@ class NewFile:
             return
         try:
             if self.file is not None:
-                self.file.close()
+                self.file.close(flush=False)
         except OSError:  # a full disk can fail the flush of what is thrown away anyway
             pass
         try:
@@ -389,6 +495,54 @@ class NewFile:
             pass
         os.close(self.dfd)
         self.dfd = None
+
+
+class RawFile:
+    """A descriptor written through a buffer of its own (what ``os.fdopen(fd, "wb")`` does, without the fstat and
+    the lseek that opening one costs: two syscalls a shard file). Writes of ``FLUSH_AT`` bytes or more go
+    straight to the file."""
+
+    FLUSH_AT = 1 << 20
+    __slots__ = ("fd", "buf")
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, bytearray()
+
+    def write(self, data) -> int:
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        if n >= self.FLUSH_AT:
+            self.flush()
+            _write_all(self.fd, data)
+        else:
+            self.buf += data
+            if len(self.buf) >= self.FLUSH_AT:
+                self.flush()
+        return n
+
+    def flush(self) -> None:
+        if self.buf:
+            _write_all(self.fd, self.buf)
+            self.buf = bytearray()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self, flush: bool = True) -> None:
+        if self.fd < 0:
+            return
+        fd, self.fd = self.fd, -1
+        try:
+            if flush:
+                _write_all(fd, self.buf)
+        finally:
+            self.buf = bytearray()
+            os.close(fd)
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def remove_file(path: Path, base: Path) -> None:

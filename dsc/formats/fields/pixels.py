@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError, WriteError
 from ...store.local import NewFile, write_atomic
+from ...store.paths import check_node_path
 from ..problems import Problem, try_read
 from ..specs import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, ragged_shard_meta, read_plain_array, shard_index, sharded_array_json,
@@ -251,24 +252,29 @@ def _rmtree(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- shard writers
 class ShardWriter:
-    """Appends samples in order, hashes while writing, publishes the file by rename on close.
+    """Appends samples in order, hashes while writing, closes the file when done.
 
-    A shard file only ever appears under its final name complete, so a crash leaves at most a hidden ``.*.tmp``
-    file behind (and resume re-hashes every shard it keeps). Every OSError becomes :class:`WriteError`
-    naming the shard (disk full, limits)."""
+    Written at its final name (``NewFile``'s ``in_place``: no private name, no rename): a shard file is only ever
+    written where no reader looks until a commit names it (a compile's private staging, an update's or a
+    compaction's new slot), and what a crash leaves there is torn but never trusted: resume re-hashes every shard
+    it keeps against its journal entry, written only once the shard is closed. Every OSError becomes
+    :class:`WriteError` naming the shard (disk full, limits)."""
 
     def __init__(self, root: Path, pixels: Pixels, rel_path: str):
         self.pixels = pixels
-        self.rel_path = rel_path
-        self.root = root if isinstance(root, Path) else Path(root)
-        self.path = node_dir(self.root, rel_path)
+        self.rel_path = check_node_path(rel_path)
+        self.root = root
         try:
-            self._f = NewFile(self.path, self.root)  # private until close() renames it: never through a link
+            self._f = NewFile(None, root, rel=rel_path, in_place=True)  # (never through a link; no path built)
         except OSError as e:
             raise WriteError.writing(self.path, e) from None
         self._hash = hashlib.sha256()
         self.count = 0
         self.nbytes = 0
+
+    @property
+    def path(self) -> Path:
+        return node_dir(Path(self.root), self.rel_path)
 
     def _put(self, data: bytes | memoryview) -> None:
         try:
