@@ -607,9 +607,10 @@ def test_open_reads_no_array_that_grows_with_the_samples(tmp_path, monkeypatch):
     assert abs(read[2000] - read[20]) < 200, read
 
 
-def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
-    """Labels are read on first use, not at open; ``close()`` reads them if they were not, since a vacuum may
-    remove the version once the handle has let go of it (samples already taken stay valid, the labels too)."""
+def test_labels_not_read_before_close_are_refused_after_it_with_the_fix(tmp_path):
+    """Labels are read on first use, not at open, nor at ``close()`` (a pass over every row for a handle that may
+    never need them): a closed handle's first ask for them names the fix; labels read before ``close()`` stay
+    readable after it, also once a vacuum removed the version."""
     from dsc.versions import vacuum
 
     from PIL import Image
@@ -618,20 +619,26 @@ def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
     _tiny_folder(src, 6, classes=3)
     opts = dict(size=2, shard_size=2, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
-    ds = dsc.open(path)
+    ds, read_first = dsc.open(path), dsc.open(path)
     want = [int(k.split("/")[0][1:]) for k in ds.keys]
+    assert read_first.labels.tolist() == want
     Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 1
     assert ds._labels is None
     ds.close()
+    read_first.close()
+    assert ds._labels is None  # (not read by close)
     assert 0 in vacuum(path, keep=1, older_than=0).removed
-    assert ds.labels.tolist() == want
+    with pytest.raises(dsc.DscError, match=r"closed before it first read its labels.*Read them before close\(\) "
+                                           r"\(e\.g\. ds\.labels\), or open the dataset again"):
+        ds.labels
+    assert read_first.labels.tolist() == want
 
 
 def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkeypatch):
     """``live`` (a byte a row) is not read at open of a version whose rows were removed either: it is read, and
-    checked against the manifest, when a sample's row is first needed; ``close()`` reads it if it was not (a vacuum
-    may remove the version after). A damaged ``live`` is still refused, at first use."""
+    checked against the manifest, when a sample's row is first needed; ``close()`` does not read it (a closed
+    handle's first need of it names the fix). A damaged ``live`` is still refused, at first use."""
     import os
 
     from PIL import Image
@@ -658,14 +665,21 @@ def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkey
     assert len(keys) == 7 and "c0/2.png" not in keys and ds._live._rows is not None
     ds.close()
 
-    ds = dsc.open(path)
+    ds, read_first = dsc.open(path), dsc.open(path)
+    rows = read_first._to_rows(np.arange(7)).tolist()
     assert ds._live._rows is None
-    ds.close()  # reads live: a vacuum may remove the version now
+    ds.close()  # does not read live (a byte a row): a closed handle's first need of it names the fix
+    read_first.close()
     Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 2
     vacuum(path, keep=1, older_than=0)
     assert 1 not in V.versions(path)
-    assert len(ds) == 7 and ds._to_rows(np.arange(7)).tolist() == ds._live.rows.tolist()
+    assert len(ds) == 7 and ds._live._rows is None
+    with pytest.raises(dsc.DscError, match="closed before it first read its live array.*open the dataset again"):
+        ds[0]
+    with pytest.raises(dsc.DscError, match="closed before it first read its keys.*open the dataset again"):
+        ds.keys
+    assert read_first._to_rows(np.arange(7)).tolist() == rows == read_first._live.rows.tolist()
 
     (src / "c1" / "3.png").unlink()
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 3: rows removed again
