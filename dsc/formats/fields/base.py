@@ -128,6 +128,31 @@ def run_index(rows: np.ndarray):
     return slice(int(rows[0]), int(rows[0]) + n) if n and int(rows[-1]) - int(rows[0]) == n - 1 else rows
 
 
+class RowBuffer:
+    """Rows of varying size by position (``N`` of them), put in any order into one buffer: each position's length
+    (bytes) and where its bytes start there in flat arrays, no object a row or a part; ``gather`` joins the rows of
+    some positions in their order (what a ``Parts`` of ragged rows keeps: ``ValueParts``, ``ObjectsParts``)."""
+
+    def __init__(self, N: int):
+        self.lengths, self.start = np.zeros(N, np.int64), np.zeros(N, np.int64)
+        self.buf = bytearray()
+
+    def put(self, rows: np.ndarray, data: np.ndarray, lengths: np.ndarray) -> None:
+        """Positions ``rows`` (ascending) hold ``lengths`` bytes each of ``data`` (any dtype), back to back."""
+        if len(rows):
+            at = run_index(rows)
+            self.lengths[at] = lengths
+            self.start[at] = len(self.buf) + np.cumsum(lengths) - lengths
+            self.buf += memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+
+    def gather(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows' bytes back to back as uint8, each one's length) of ``positions`` (a mask or indices)."""
+        lengths, start = self.lengths[positions], self.start[positions]
+        offs = np.cumsum(lengths) - lengths
+        idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(start - offs, lengths)
+        return np.frombuffer(self.buf, np.uint8)[idx], lengths
+
+
 class LazySequence(Sequence):
     """A sequence whose items are made on access (``_item(i)``, ``0 <= i < len(self)``) from flat arrays it holds:
     indexing from the end and slices (a list of items) as a list's."""

@@ -26,7 +26,7 @@ from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Parts, Reader, Role, run_index
+from .base import Field, Part, Parts, Reader, Role, RowBuffer
 from .objects import gather_rows
 from .pixels import valid_offsets
 
@@ -183,23 +183,16 @@ class ValuePart(Part):
 
 class ValueParts(Parts):
     """The rows of one value field of a compile's units (or an update's, a compaction's slots:
-    ``compile.fold_slots``), by input position, with no object kept a unit: every part's bytes appended to one
-    buffer as it comes, each row's length and where its bytes start there in flat arrays, gathered in row order
-    (the kept rows) by ``joined``."""
+    ``compile.fold_slots``), by input position, with no object kept a unit: every part's bytes put into one
+    ``RowBuffer`` as it comes, gathered in row order (the kept rows) by ``joined``."""
 
     def __init__(self, S: int, N: int, K: int, hole: bytes):
         self.S, self.K, self.hole = S, K, hole
-        self.lengths, self.start = np.zeros(N, np.int64), np.zeros(N, np.int64)
-        self.buf = bytearray()
+        self.rows = RowBuffer(N)
         self.kept: np.ndarray | None = None
 
     def add(self, u: int, part: ValuePart, rows: np.ndarray) -> None:
-        data, lengths = part.joined()
-        if len(rows):
-            at = run_index(rows)
-            self.lengths[at] = lengths
-            self.start[at] = len(self.buf) + np.cumsum(lengths) - lengths
-            self.buf += memoryview(np.ascontiguousarray(data, np.uint8))
+        self.rows.put(rows, *part.joined())
 
     def settle(self, kept: np.ndarray) -> None:
         self.kept = kept
@@ -207,15 +200,9 @@ class ValueParts(Parts):
     def keep_slots(self, S: int) -> None:
         self.S = S
 
-    def _gather(self, positions) -> tuple[np.ndarray, np.ndarray]:
-        lengths, start = self.lengths[positions], self.start[positions]
-        offs = np.cumsum(lengths) - lengths
-        idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(start - offs, lengths)
-        return np.frombuffer(self.buf, np.uint8)[idx], lengths
-
     def joined(self) -> tuple[np.ndarray, np.ndarray]:
         """(every kept row's bytes back to back, in row order, as uint8; each kept row's length), once settled."""
-        return self._gather(self.kept)
+        return self.rows.gather(self.kept)
 
     def __len__(self) -> int:
         return self.S
@@ -224,7 +211,7 @@ class ValueParts(Parts):
         if isinstance(u, slice):
             return [self[i] for i in range(*u.indices(len(self)))]
         lo = u * self.K
-        data, lengths = self._gather(np.flatnonzero(self.kept[lo:lo + self.K]) + lo)
+        data, lengths = self.rows.gather(np.flatnonzero(self.kept[lo:lo + self.K]) + lo)
         return ValuePart(hole=self.hole, data=data, lengths=lengths)
 
 

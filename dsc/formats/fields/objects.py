@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError
 from ..zarr_v3 import read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import Field, Part, Parts, Reader, Role, RowBuffer, run_index
 from .pixels import valid_offsets
 
 from ..names import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
@@ -73,12 +73,108 @@ class ObjectsPart(Part):
                 "attrs": {k: [x.tolist() for x in v] for k, v in self.attrs.items()},
                 "image_ids": self.image_ids, "frames": self.frames, "dropped": self.dropped}
 
+    def columns(self, attributes: dict) -> dict:
+        """This part as arrays (what ``ObjectsParts`` keeps): per sample ``counts``, ``image_ids``, ``frames``;
+        ``dropped``; ``box``: {column: every sample's rows back to back} (boxes, labels, each attribute)."""
+        def cat(xs, dtype, shape):
+            return (np.concatenate([np.asarray(x, dtype).reshape(shape) for x in xs]) if xs
+                    else np.zeros((0, *shape[1:]), dtype))
+
+        box = {"boxes": cat(self.boxes, np.float32, (-1, 4)), "labels": cat(self.labels, np.int64, (-1,))}
+        for name, dtype in attributes.items():
+            box[name] = cat(self.attrs.get(name, []), dtype, (-1,))
+        return {"counts": np.asarray(self.counts, np.int64), "image_ids": np.asarray(self.image_ids, np.int64),
+                "frames": np.asarray(self.frames, np.uint8), "dropped": self.dropped, "box": box}
+
     @classmethod
     def from_json(cls, d: dict, attr_dtypes: dict) -> "ObjectsPart":
         return cls(counts=list(d["counts"]), boxes=[np.asarray(b, np.float32).reshape(-1, 4) for b in d["boxes"]],
                    labels=[np.asarray(x, np.int64) for x in d["labels"]],
                    attrs={k: [np.asarray(x, attr_dtypes.get(k, "float64")) for x in v] for k, v in d["attrs"].items()},
                    image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
+
+
+class ObjectRows(Part):
+    """Rows of a base version's objects as its arrays (``ObjectsPart.columns``' shape): the part an update or a
+    compaction carries a slot over with, no object a row; made an :class:`ObjectsPart` only when a row is set
+    (a re-annotated sample) or it is journaled."""
+
+    def __init__(self, cols: dict, attributes: dict):
+        self.cols, self.attributes, self._part = cols, attributes, None
+
+    def columns(self, attributes: dict) -> dict:
+        return self.cols if self._part is None else self._part.columns(attributes)
+
+    def _as_part(self) -> ObjectsPart:
+        if self._part is None:
+            c = self.cols
+            cuts = np.cumsum(c["counts"])[:-1]
+            split = {k: np.split(v, cuts) if len(c["counts"]) else [] for k, v in c["box"].items()}
+            self._part = ObjectsPart(counts=c["counts"].tolist(), boxes=split["boxes"], labels=split["labels"],
+                                     attrs={k: split[k] for k in self.attributes}, image_ids=c["image_ids"].tolist(),
+                                     frames=c["frames"].tolist(), dropped=int(c["dropped"]))
+        return self._part
+
+    def pad(self, n: int) -> None:
+        if self._part is not None:
+            return self._part.pad(n)
+        c = self.cols
+        c["counts"] = np.concatenate([c["counts"], np.zeros(n, np.int64)])
+        c["image_ids"] = np.concatenate([c["image_ids"], np.full(n, -1, np.int64)])
+        c["frames"] = np.concatenate([c["frames"], np.zeros(n, np.uint8)])
+
+    def set_row(self, j: int, value) -> None:
+        self._as_part().set_row(j, value)
+
+    def to_json(self) -> dict:
+        return self._as_part().to_json()
+
+
+class ObjectsParts(Parts):
+    """The objects of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``), by input
+    position, with no object kept a unit: per sample counts, image ids and frames in flat arrays, each box column's
+    rows in a ``RowBuffer``."""
+
+    def __init__(self, S: int, N: int, K: int, attributes: dict):
+        self.S, self.K, self.attributes = S, K, attributes
+        self.counts, self.image_ids, self.frames = np.zeros(N, np.int64), np.full(N, -1, np.int64), np.zeros(N, np.uint8)
+        self.dropped = 0
+        self.box = {name: RowBuffer(N) for name in ("boxes", "labels", *attributes)}
+        self.kept: np.ndarray | None = None
+
+    def add(self, u: int, part, rows: np.ndarray) -> None:
+        c = part.columns(self.attributes)
+        if len(rows):
+            at = run_index(rows)
+            self.counts[at], self.image_ids[at], self.frames[at] = c["counts"], c["image_ids"], c["frames"]
+            for name, buf in self.box.items():
+                col = c["box"][name]
+                buf.put(rows, col, c["counts"] * (col.itemsize * (col.shape[1] if col.ndim > 1 else 1)))
+        self.dropped += int(c["dropped"])
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def keep_slots(self, S: int) -> None:
+        self.S = S
+
+    def column(self, name: str, dtype, positions) -> np.ndarray:
+        """Box column ``name`` of the samples at ``positions``, back to back."""
+        data = self.box[name].gather(positions)[0].view(dtype)
+        return data.reshape(-1, 4) if name == "boxes" else data
+
+    def __len__(self) -> int:
+        return self.S
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        lo = u * self.K
+        at = np.flatnonzero(self.kept[lo:lo + self.K]) + lo
+        box = {name: self.column(name, dtype, at) for name, dtype in
+               (("boxes", np.float32), ("labels", np.int64), *self.attributes.items())}
+        return ObjectRows({"counts": self.counts[at], "image_ids": self.image_ids[at], "frames": self.frames[at],
+                           "dropped": 0, "box": box}, self.attributes)
 
 
 def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,42 +253,40 @@ class ObjectsField(Field):
     def load_part(self, d: dict) -> ObjectsPart:
         return ObjectsPart.from_json(d, self.attributes)
 
-    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> ObjectsPart:
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ObjectsParts:
+        return ObjectsParts(S, N, K, self.attributes)
+
+    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> ObjectRows:
+        """Rows ``[start, start + count)`` of the base as its arrays, in one slice a column (no object a row)."""
         off = reader.offsets
-        part = ObjectsPart(attrs={name: [] for name in self.attributes})
-        for i in range(start, start + count):
-            a, b = int(off[i]), int(off[i + 1])
-            part.counts.append(b - a)
-            part.boxes.append(np.asarray(reader.columns["boxes"][a:b]))
-            part.labels.append(np.asarray(reader.columns["labels"][a:b]))
-            for name in self.attributes:
-                part.attrs[name].append(np.asarray(reader.columns[name][a:b]))
-            part.image_ids.append(int(reader.image_ids[i]))
-            part.frames.append(int(reader.frames[i]))
-        return part
+        a, b = int(off[start]), int(off[start + count])
+        box = {"boxes": np.asarray(reader.columns["boxes"][a:b], np.float32),
+               "labels": np.asarray(reader.columns["labels"][a:b], np.int64)}
+        for name, dtype in self.attributes.items():
+            box[name] = np.asarray(reader.columns[name][a:b], dtype)
+        return ObjectRows({"counts": np.diff(off[start:start + count + 1]).astype(np.int64),
+                           "image_ids": np.asarray(reader.image_ids[start:start + count], np.int64),
+                           "frames": np.asarray(reader.frames[start:start + count], np.uint8), "dropped": 0,
+                           "box": box}, self.attributes)
 
     def empty_part(self) -> ObjectsPart:
         return ObjectsPart(attrs={name: [] for name in self.attributes})
 
-    def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        cat = lambda name, shape, dtype: (np.concatenate([np.asarray(x, dtype).reshape(shape) for p in parts  # noqa
-                                                          for x in getattr(p, name)]) if any(p.counts for p in parts)
-                                          else np.zeros((0, *shape[1:]), dtype))
-        counts = np.asarray([c for p in parts for c in p.counts], np.int64)
+    def finish(self, root: Path, parts: ObjectsParts, n: int, K: int) -> dict:
+        kept = parts.kept  # (an ObjectsParts: every version's, Field.collect)
+        counts = parts.counts[kept]
         offsets = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
         write_group(root, OBJECTS)
         write_plain_array(root, OFFSETS, offsets, ["sample_edge"])
-        write_plain_array(root, BOXES, cat("boxes", (-1, 4), np.float32), ["box", "xyxy"])
-        write_plain_array(root, LABELS, cat("labels", (-1,), np.int64), ["box"])
+        write_plain_array(root, BOXES, parts.column("boxes", np.float32, kept), ["box", "xyxy"])
+        write_plain_array(root, LABELS, parts.column("labels", np.int64, kept), ["box"])
         for name, dtype in self.attributes.items():
-            col = [x for p in parts for x in p.attrs.get(name, [])]
-            write_plain_array(root, f"{OBJECTS}/{name}",
-                              np.concatenate([np.asarray(x, dtype) for x in col]) if col else np.zeros(0, dtype), ["box"])
-        write_plain_array(root, IMAGE_ID, np.asarray([i for p in parts for i in p.image_ids], np.int64), ["sample"])
-        write_plain_array(root, BOX_FRAME, np.asarray([f for p in parts for f in p.frames], np.uint8), ["sample"])
+            write_plain_array(root, f"{OBJECTS}/{name}", parts.column(name, np.dtype(dtype), kept), ["box"])
+        write_plain_array(root, IMAGE_ID, parts.image_ids[kept], ["sample"])
+        write_plain_array(root, BOX_FRAME, parts.frames[kept], ["sample"])
         return {"objects": {"num_boxes": int(offsets[-1]), "box_format": "xyxy", "attributes": dict(self.attributes),
-                            "dropped_boxes": int(sum(p.dropped for p in parts)),
+                            "dropped_boxes": int(parts.dropped),
                             "images_without_boxes": int((counts == 0).sum())}}
 
     def reader(self, store, m) -> ObjectsReader:
