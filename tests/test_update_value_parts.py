@@ -1,5 +1,5 @@
 """An --update (and a compaction) carries the base's value fields (number, text, ragged, array, json, bytes)
-over slot by slot as the base's stored bytes, in one slice a slot, folded into flat arrays (``ValueParts``):
+over slot by slot as the base's stored bytes, in one slice a slot, folded into flat arrays (``ColumnsParts``):
 no row read one by one, no part kept a slot (issue 34: an update's cost per changed slot)."""
 import gc
 import sys
@@ -110,7 +110,8 @@ def _coco_relabel_one(tmp_path, monkeypatch, n: int) -> int:
     writes its version; the result equals a fresh compile's."""
     import json
 
-    from dsc.formats.fields.objects import ObjectRows, ObjectsPart
+    from dsc.formats.fields.base import CarriedPart as ObjectRows
+    from dsc.formats.fields.objects import ObjectsPart
     from dsc.synthetic import detection_scenes, write_coco
 
     ann, images = write_coco(tmp_path / f"coco{n}", detection_scenes(n, seed=3))
@@ -148,3 +149,53 @@ def test_an_update_of_one_slots_objects_keeps_no_part_a_slot(tmp_path, monkeypat
     few = _coco_relabel_one(tmp_path, monkeypatch, 5)
     many = _coco_relabel_one(tmp_path, monkeypatch, 20)
     assert few == many <= 1, (few, many)  # (before: an ObjectsPart a slot, each with its per-sample lists)
+
+
+def _instances_update(tmp_path, monkeypatch, n: int) -> int:
+    """Per-object mask and keypoint parts alive when an --update of a COCO instances set of ``n`` one-sample
+    slots, one object's joints moved, writes its version; its masks and joints equal a fresh compile's."""
+    import json
+    import shutil
+
+    from dsc.formats.fields.base import CarriedPart
+    from dsc.formats.fields.keypoints import KeypointsPart
+    from dsc.formats.fields.object_masks import ObjectMasksPart
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / f"src{n}", n=n, seed=3)
+    out, opts = tmp_path / f"out{n}", dict(masks="instance", shard_size=1, progress=False, workers=1)
+    dsc.compile_coco(ann, images, out, **opts)
+    src = tmp_path / f"edit{n}"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = next(a for a in data["annotations"] if a.get("keypoints"))
+    first["keypoints"][:3] = [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    U, seen = sys.modules["dsc.compiler.update"], {}
+    real_write = U.write_version
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["parts"] = sum(isinstance(o, (ObjectMasksPart, KeypointsPart, CarriedPart)) for o in gc.get_objects())
+        return real_write(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(U, "write_version", write_version)
+        dsc.compile_coco(src / ann.name, src / "images", out, update=True, **opts)
+    fresh = tmp_path / f"fresh{n}"
+    dsc.compile_coco(src / ann.name, src / "images", fresh, **opts)
+    a, b = dsc.open(out), dsc.open(fresh)
+    assert a.version == 1 and dsc.verify(out).ok
+    ia = {k: i for i, k in enumerate(a.keys)}
+    for j, k in enumerate(b.keys):
+        x, y = a[ia[k]], b[j]
+        assert np.array_equal(x["masks"].numpy(), y["masks"].numpy()), k
+        assert np.array_equal(x["keypoints"].numpy(), y["keypoints"].numpy()), k
+    assert [a.manifest.fields[f] for f in ("masks", "keypoints")] == [b.manifest.fields[f] for f in ("masks", "keypoints")]
+    return seen["parts"]
+
+
+def test_an_update_of_one_slots_masks_and_keypoints_keeps_no_part_a_slot(tmp_path, monkeypatch):
+    few = _instances_update(tmp_path, monkeypatch, 4)
+    many = _instances_update(tmp_path, monkeypatch, 12)
+    assert few == many <= 2, (few, many)  # (before: a masks part and a keypoints part a slot)

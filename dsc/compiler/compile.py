@@ -432,7 +432,9 @@ def _classes(scanned: ScannedSource, label_parts, objects_parts) -> tuple[str, .
         values = label_parts.values()  # (every version's labels in one array: Field.collect)
         top = int(values.max()) if len(values) else -1
     else:
-        top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
+        labels = (objects_parts.ragged("labels", np.int64) if len(objects_parts)  # (every box's label in one
+                  else np.zeros(0, np.int64))  # array: Field.collect; none without an objects field)
+        top = int(labels.max()) if len(labels) else -1
     return tuple(str(i) for i in range(top + 1))
 
 

@@ -26,7 +26,7 @@ from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Parts, Reader, Role, RowBuffer
+from .base import ColumnsParts, Field, Part, Reader, Role
 from .objects import gather_rows
 from .pixels import valid_offsets
 
@@ -180,39 +180,9 @@ class ValuePart(Part):
     def to_json(self) -> dict:
         return {"rows": [base64.b64encode(r).decode("ascii") for r in self.rows]}
 
-
-class ValueParts(Parts):
-    """The rows of one value field of a compile's units (or an update's, a compaction's slots:
-    ``compile.fold_slots``), by input position, with no object kept a unit: every part's bytes put into one
-    ``RowBuffer`` as it comes, gathered in row order (the kept rows) by ``joined``."""
-
-    def __init__(self, S: int, N: int, K: int, hole: bytes):
-        self.S, self.K, self.hole = S, K, hole
-        self.rows = RowBuffer(N)
-        self.kept: np.ndarray | None = None
-
-    def add(self, u: int, part: ValuePart, rows: np.ndarray) -> None:
-        self.rows.put(rows, *part.joined())
-
-    def settle(self, kept: np.ndarray) -> None:
-        self.kept = kept
-
-    def keep_slots(self, S: int) -> None:
-        self.S = S
-
-    def joined(self) -> tuple[np.ndarray, np.ndarray]:
-        """(every kept row's bytes back to back, in row order, as uint8; each kept row's length), once settled."""
-        return self.rows.gather(self.kept)
-
-    def __len__(self) -> int:
-        return self.S
-
-    def __getitem__(self, u):
-        if isinstance(u, slice):
-            return [self[i] for i in range(*u.indices(len(self)))]
-        lo = u * self.K
-        data, lengths = self.rows.gather(np.flatnonzero(self.kept[lo:lo + self.K]) + lo)
-        return ValuePart(hole=self.hole, data=data, lengths=lengths)
+    def columns(self) -> dict:
+        """This part as columns (``ColumnsParts``' shape): its rows' bytes."""
+        return {"flat": {}, "ragged": {"rows": self.joined()}}
 
 
 class ValueField(Field):
@@ -284,15 +254,16 @@ class ValueField(Field):
     def empty_part(self) -> ValuePart:
         return ValuePart(hole=self.hole)
 
-    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ValueParts:
-        return ValueParts(S, N, K, self.hole)
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, lambda c: ValuePart(hole=self.hole, data=c["ragged"]["rows"][0],
+                                                         lengths=c["ragged"]["rows"][1]))
 
     def rows_part(self, reader: "ValueReader", start: int, count: int, shard) -> ValuePart:
         """Rows ``[start, start + count)`` of the base as its stored bytes, in one slice (no object a row)."""
         return ValuePart(hole=self.hole, data=reader.rows_bytes(start, count), lengths=reader.row_lengths(start, count))
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        self.column.write(root, *parts.joined())  # (a ValueParts: every version's, Field.collect)
+        self.column.write(root, *parts.rows("rows"))  # (a ColumnsParts: every version's, Field.collect)
         return {"fields": {self.name: self.to_spec()}}
 
     # ------------------------------------------------------------------ read

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError
 from ..zarr_v3 import read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Parts, Reader, Role, RowBuffer, run_index
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
 from .pixels import valid_offsets
 
 from ..names import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
@@ -74,17 +74,20 @@ class ObjectsPart(Part):
                 "image_ids": self.image_ids, "frames": self.frames, "dropped": self.dropped}
 
     def columns(self, attributes: dict) -> dict:
-        """This part as arrays (what ``ObjectsParts`` keeps): per sample ``counts``, ``image_ids``, ``frames``;
-        ``dropped``; ``box``: {column: every sample's rows back to back} (boxes, labels, each attribute)."""
-        def cat(xs, dtype, shape):
-            return (np.concatenate([np.asarray(x, dtype).reshape(shape) for x in xs]) if xs
-                    else np.zeros((0, *shape[1:]), dtype))
+        """This part as columns (``ColumnsParts``' shape): per sample ``counts``, ``image_ids``, ``frames``; each box
+        column's rows (boxes, labels, each attribute of ``attributes`` {name: dtype}); ``dropped``."""
+        counts = np.asarray(self.counts, np.int64)
 
-        box = {"boxes": cat(self.boxes, np.float32, (-1, 4)), "labels": cat(self.labels, np.int64, (-1,))}
+        def cat(xs, dtype, width=1):
+            data = (np.concatenate([np.asarray(x, dtype).reshape(-1, width) for x in xs]) if xs
+                    else np.zeros((0, width), dtype))
+            return data, counts * (data.itemsize * width)
+
+        ragged = {"boxes": cat(self.boxes, np.float32, 4), "labels": cat(self.labels, np.int64)}
         for name, dtype in attributes.items():
-            box[name] = cat(self.attrs.get(name, []), dtype, (-1,))
-        return {"counts": np.asarray(self.counts, np.int64), "image_ids": np.asarray(self.image_ids, np.int64),
-                "frames": np.asarray(self.frames, np.uint8), "dropped": self.dropped, "box": box}
+            ragged[name] = cat(self.attrs.get(name, []), dtype)
+        return {"flat": {"counts": counts, "image_ids": np.asarray(self.image_ids, np.int64),
+                         "frames": np.asarray(self.frames, np.uint8)}, "ragged": ragged, "dropped": self.dropped}
 
     @classmethod
     def from_json(cls, d: dict, attr_dtypes: dict) -> "ObjectsPart":
@@ -94,87 +97,18 @@ class ObjectsPart(Part):
                    image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
 
 
-class ObjectRows(Part):
-    """Rows of a base version's objects as its arrays (``ObjectsPart.columns``' shape): the part an update or a
-    compaction carries a slot over with, no object a row; made an :class:`ObjectsPart` only when a row is set
-    (a re-annotated sample) or it is journaled."""
-
-    def __init__(self, cols: dict, attributes: dict):
-        self.cols, self.attributes, self._part = cols, attributes, None
-
-    def columns(self, attributes: dict) -> dict:
-        return self.cols if self._part is None else self._part.columns(attributes)
-
-    def _as_part(self) -> ObjectsPart:
-        if self._part is None:
-            c = self.cols
-            cuts = np.cumsum(c["counts"])[:-1]
-            split = {k: np.split(v, cuts) if len(c["counts"]) else [] for k, v in c["box"].items()}
-            self._part = ObjectsPart(counts=c["counts"].tolist(), boxes=split["boxes"], labels=split["labels"],
-                                     attrs={k: split[k] for k in self.attributes}, image_ids=c["image_ids"].tolist(),
-                                     frames=c["frames"].tolist(), dropped=int(c["dropped"]))
-        return self._part
-
-    def pad(self, n: int) -> None:
-        if self._part is not None:
-            return self._part.pad(n)
-        c = self.cols
-        c["counts"] = np.concatenate([c["counts"], np.zeros(n, np.int64)])
-        c["image_ids"] = np.concatenate([c["image_ids"], np.full(n, -1, np.int64)])
-        c["frames"] = np.concatenate([c["frames"], np.zeros(n, np.uint8)])
-
-    def set_row(self, j: int, value) -> None:
-        self._as_part().set_row(j, value)
-
-    def to_json(self) -> dict:
-        return self._as_part().to_json()
-
-
-class ObjectsParts(Parts):
-    """The objects of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``), by input
-    position, with no object kept a unit: per sample counts, image ids and frames in flat arrays, each box column's
-    rows in a ``RowBuffer``."""
-
-    def __init__(self, S: int, N: int, K: int, attributes: dict):
-        self.S, self.K, self.attributes = S, K, attributes
-        self.counts, self.image_ids, self.frames = np.zeros(N, np.int64), np.full(N, -1, np.int64), np.zeros(N, np.uint8)
-        self.dropped = 0
-        self.box = {name: RowBuffer(N) for name in ("boxes", "labels", *attributes)}
-        self.kept: np.ndarray | None = None
-
-    def add(self, u: int, part, rows: np.ndarray) -> None:
-        c = part.columns(self.attributes)
-        if len(rows):
-            at = run_index(rows)
-            self.counts[at], self.image_ids[at], self.frames[at] = c["counts"], c["image_ids"], c["frames"]
-            for name, buf in self.box.items():
-                col = c["box"][name]
-                buf.put(rows, col, c["counts"] * (col.itemsize * (col.shape[1] if col.ndim > 1 else 1)))
-        self.dropped += int(c["dropped"])
-
-    def settle(self, kept: np.ndarray) -> None:
-        self.kept = kept
-
-    def keep_slots(self, S: int) -> None:
-        self.S = S
-
-    def column(self, name: str, dtype, positions) -> np.ndarray:
-        """Box column ``name`` of the samples at ``positions``, back to back."""
-        data = self.box[name].gather(positions)[0].view(dtype)
-        return data.reshape(-1, 4) if name == "boxes" else data
-
-    def __len__(self) -> int:
-        return self.S
-
-    def __getitem__(self, u):
-        if isinstance(u, slice):
-            return [self[i] for i in range(*u.indices(len(self)))]
-        lo = u * self.K
-        at = np.flatnonzero(self.kept[lo:lo + self.K]) + lo
-        box = {name: self.column(name, dtype, at) for name, dtype in
-               (("boxes", np.float32), ("labels", np.int64), *self.attributes.items())}
-        return ObjectRows({"counts": self.counts[at], "image_ids": self.image_ids[at], "frames": self.frames[at],
-                           "dropped": 0, "box": box}, self.attributes)
+def object_rows(cols: dict, attributes: dict) -> CarriedPart:
+    """Rows of a base version's objects as columns (what an update or a compaction carries a slot over with)."""
+    def to_part(c):
+        counts, ragged = c["flat"]["counts"], c["ragged"]
+        box = {name: split_rows(data.view(np.dtype(dtype)).reshape(-1, 4) if name == "boxes" else
+                                data.view(np.dtype(dtype)).reshape(-1), counts)
+               for name, dtype in (("boxes", np.float32), ("labels", np.int64), *attributes.items())
+               for data in [np.ascontiguousarray(ragged[name][0]).reshape(-1).view(np.uint8)]}
+        return ObjectsPart(counts=counts.tolist(), boxes=box["boxes"], labels=box["labels"],
+                           attrs={k: box[k] for k in attributes}, image_ids=c["flat"]["image_ids"].tolist(),
+                           frames=c["flat"]["frames"].tolist(), dropped=int(c.get("dropped", 0)))
+    return CarriedPart(cols, to_part, fill={"image_ids": -1})
 
 
 def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -253,38 +187,39 @@ class ObjectsField(Field):
     def load_part(self, d: dict) -> ObjectsPart:
         return ObjectsPart.from_json(d, self.attributes)
 
-    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ObjectsParts:
-        return ObjectsParts(S, N, K, self.attributes)
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, lambda cols: object_rows(cols, self.attributes),
+                            lambda part: part.columns(self.attributes))
 
-    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> ObjectRows:
+    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> CarriedPart:
         """Rows ``[start, start + count)`` of the base as its arrays, in one slice a column (no object a row)."""
         off = reader.offsets
         a, b = int(off[start]), int(off[start + count])
-        box = {"boxes": np.asarray(reader.columns["boxes"][a:b], np.float32),
-               "labels": np.asarray(reader.columns["labels"][a:b], np.int64)}
-        for name, dtype in self.attributes.items():
-            box[name] = np.asarray(reader.columns[name][a:b], dtype)
-        return ObjectRows({"counts": np.diff(off[start:start + count + 1]).astype(np.int64),
-                           "image_ids": np.asarray(reader.image_ids[start:start + count], np.int64),
-                           "frames": np.asarray(reader.frames[start:start + count], np.uint8), "dropped": 0,
-                           "box": box}, self.attributes)
+        counts = np.diff(off[start:start + count + 1]).astype(np.int64)
+        ragged = {}
+        for name, dtype in (("boxes", np.float32), ("labels", np.int64), *self.attributes.items()):
+            data = np.ascontiguousarray(reader.columns[name][a:b], np.dtype(dtype))
+            ragged[name] = (data, counts * (data.itemsize * (4 if name == "boxes" else 1)))
+        return object_rows({"flat": {"counts": counts,
+                                     "image_ids": np.asarray(reader.image_ids[start:start + count], np.int64),
+                                     "frames": np.asarray(reader.frames[start:start + count], np.uint8)},
+                            "ragged": ragged, "dropped": 0}, self.attributes)
 
     def empty_part(self) -> ObjectsPart:
         return ObjectsPart(attrs={name: [] for name in self.attributes})
 
-    def finish(self, root: Path, parts: ObjectsParts, n: int, K: int) -> dict:
-        kept = parts.kept  # (an ObjectsParts: every version's, Field.collect)
-        counts = parts.counts[kept]
+    def finish(self, root: Path, parts: ColumnsParts, n: int, K: int) -> dict:
+        counts = parts.flat("counts", np.int64)  # (a ColumnsParts: every version's, Field.collect; the kept rows)
         offsets = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
         write_group(root, OBJECTS)
         write_plain_array(root, OFFSETS, offsets, ["sample_edge"])
-        write_plain_array(root, BOXES, parts.column("boxes", np.float32, kept), ["box", "xyxy"])
-        write_plain_array(root, LABELS, parts.column("labels", np.int64, kept), ["box"])
+        write_plain_array(root, BOXES, parts.ragged("boxes", np.float32, (4,)), ["box", "xyxy"])
+        write_plain_array(root, LABELS, parts.ragged("labels", np.int64), ["box"])
         for name, dtype in self.attributes.items():
-            write_plain_array(root, f"{OBJECTS}/{name}", parts.column(name, np.dtype(dtype), kept), ["box"])
-        write_plain_array(root, IMAGE_ID, parts.image_ids[kept], ["sample"])
-        write_plain_array(root, BOX_FRAME, parts.frames[kept], ["sample"])
+            write_plain_array(root, f"{OBJECTS}/{name}", parts.ragged(name, np.dtype(dtype)), ["box"])
+        write_plain_array(root, IMAGE_ID, parts.flat("image_ids", np.int64), ["sample"])
+        write_plain_array(root, BOX_FRAME, parts.flat("frames", np.uint8), ["sample"])
         return {"objects": {"num_boxes": int(offsets[-1]), "box_format": "xyxy", "attributes": dict(self.attributes),
                             "dropped_boxes": int(parts.dropped),
                             "images_without_boxes": int((counts == 0).sum())}}
