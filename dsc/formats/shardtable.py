@@ -571,7 +571,10 @@ class _Ranged:
         except FileNotFoundError:
             raise _missing(store, rel) from None
         if kept is not None and check(data):  # (processes sharing the mirror may write it at once: their own names)
-            write_atomic(kept, data, unique=True)
+            try:
+                write_atomic(kept, data, unique=True)
+            except OSError:  # (a read-only cache, one warmed elsewhere: it serves what it holds, the rest is fetched)
+                pass
         return data
 
     def whole(self):
