@@ -88,9 +88,10 @@ def test_open_reads_the_same_metadata_bytes_for_20_and_2000_shards(tmp_path, mon
     assert abs(metadata[big] - metadata[small]) < 200, metadata
     assert (big / "zarr.json").stat().st_size < 2 * (small / "zarr.json").stat().st_size
     assert (big / V.record_path(0)).stat().st_size - (small / V.record_path(0)).stat().st_size < 200
-    # the table itself: 64 header bytes + 48 a slot
+    # the table itself: a 128-byte head + 48 a slot, in pages each with its 32-byte SHA-256
     (rel,) = table_objects(big)
-    assert (big / rel).stat().st_size == shardtable.HEADER + 2000 * shardtable.ENTRY
+    pages = -(-2000 // (shardtable.PAGE_BYTES // shardtable.ENTRY))
+    assert (big / rel).stat().st_size == shardtable.HEADER2 + 32 + 2000 * shardtable.ENTRY + 32 * pages
     loader = dsc.Loader(dsc.open(big), batch_size=64, order="random", seed=0)
     assert sum(len(b["image"]) for b in loader) == 2000
 
@@ -122,10 +123,10 @@ def test_an_update_writes_a_delta_of_its_parents_table(updated):
     assert m1.shard_table.objects[0] == full and len(m1.shard_table.objects) == 2  # shared, not copied
     delta = _header(out / V.object_path(m1.shard_table.objects[1]["sha256"]))
     head = _header(out / V.object_path(full["sha256"]))
-    assert head == {"slots": 16, "entries": 16, "base": None, "nbytes": 64 + 16 * 48}
+    assert head == {"slots": 16, "entries": 16, "base": None, "nbytes": 96 + 32 + 16 * 48 + 32}  # (one page)
     # the new slot only (the removed sample's slot keeps its shard: the sample is not live)
     assert delta["entries"] == 1 and delta["base"] == full["sha256"] and delta["slots"] == 17
-    assert delta["nbytes"] == 64 + 8 + 48 < head["nbytes"]
+    assert delta["nbytes"] == 96 + 8 + 32 + 8 + 48 + 32 < head["nbytes"]  # (head, its page's first slot, a page)
     ds = dsc.open(out)
     fresh = out.parent / "fresh"
     dsc.compile_imagefolder(src, fresh, **opts)
@@ -266,8 +267,8 @@ def s3(s3_server):
 
 
 def test_object_storage_fetches_the_table_when_a_shard_is_first_read(s3, tmp_path):
-    """push uploads every table of the chain; a remote open fetches none of it; the first read fetches it once
-    into the node's mirror (a second handle on the node reads that copy); an --update of the URL writes a
+    """push uploads every table of the chain; a remote open fetches none of it; the first read fetches the ranges
+    it needs once into the node's mirror (a second handle on the node reads that copy); an --update of the URL writes a
     delta; vacuum and verify of the URL count the tables."""
     from dsc.compiler.upload import push
 
@@ -286,7 +287,8 @@ def test_object_storage_fetches_the_table_when_a_shard_is_first_read(s3, tmp_pat
     mirror = next((cache / "datasets").iterdir())
     assert not any((mirror / rel).exists() for rel in tables)  # not at open
     assert ds[len(ds) - 1]["image"].numpy().tobytes() == dsc.open(out)[len(ds) - 1]["image"].numpy().tobytes()
-    assert all((mirror / rel).is_file() for rel in tables)  # at the first read, into the node's mirror
+    ranges = {p.name.split(".")[0] for p in (mirror / shardtable.RANGES).iterdir()}
+    assert ranges == {rel.split("/")[-1] for rel in tables}  # at the first read, by range, into the node's mirror
     assert set(map(tuple, ((k, v) for k, v in zip(ds.keys, ds.get_batch(range(len(ds)))["label"].tolist())))) == \
         set(zip(dsc.open(out).keys, dsc.open(out).get_batch(range(len(ds)))["label"].tolist()))
     assert not dsc.verify(url).problems
@@ -314,7 +316,7 @@ def _zero_entries(path: Path, slots) -> bytes:
     good = (path / rel).read_bytes()
     bad = bytearray(good)
     for s in slots:
-        at = shardtable.HEADER + s * shardtable.ENTRY
+        at = shardtable.full_entry_at(good, s)
         bad[at:at + shardtable.ENTRY] = bytes(shardtable.ENTRY)
     (path / rel).write_bytes(bytes(bad))
     return good
@@ -366,7 +368,7 @@ def test_verify_reports_live_rows_that_no_shard_holds(tmp_path):
     rec = json.loads(rp.read_bytes())
     ref = rec["manifest"]["shard_table"]
     b = bytearray((out / V.object_path(ref["chain"][0]["sha256"])).read_bytes())
-    at = shardtable.HEADER + 2 * shardtable.ENTRY
+    at = shardtable.full_entry_at(b, 2)
     nbytes = int.from_bytes(b[at + 8:at + 16], "little")
     b[at:at + shardtable.ENTRY] = bytes(shardtable.ENTRY)  # slot 2: no shard
     sha = hashlib.sha256(bytes(b)).hexdigest()
@@ -609,9 +611,10 @@ def test_open_reads_no_array_that_grows_with_the_samples(tmp_path, monkeypatch):
     assert abs(read[2000] - read[20]) < 200, read
 
 
-def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
-    """Labels are read on first use, not at open; ``close()`` reads them if they were not, since a vacuum may
-    remove the version once the handle has let go of it (samples already taken stay valid, the labels too)."""
+def test_labels_not_read_before_close_are_refused_after_it_with_the_fix(tmp_path):
+    """Labels are read on first use, not at open, nor at ``close()`` (a pass over every row for a handle that may
+    never need them): a closed handle's first ask for them names the fix; labels read before ``close()`` stay
+    readable after it, also once a vacuum removed the version."""
     from dsc.versions import vacuum
 
     from PIL import Image
@@ -620,20 +623,26 @@ def test_labels_not_yet_read_are_read_before_the_handle_lets_go(tmp_path):
     _tiny_folder(src, 6, classes=3)
     opts = dict(size=2, shard_size=2, progress=False, workers=1)
     dsc.compile_imagefolder(src, path, **opts)
-    ds = dsc.open(path)
+    ds, read_first = dsc.open(path), dsc.open(path)
     want = [int(k.split("/")[0][1:]) for k in ds.keys]
+    assert read_first.labels.tolist() == want
     Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 1
     assert ds._labels is None
     ds.close()
+    read_first.close()
+    assert ds._labels is None  # (not read by close)
     assert 0 in vacuum(path, keep=1, older_than=0).removed
-    assert ds.labels.tolist() == want
+    with pytest.raises(dsc.DscError, match=r"closed before it first read its labels.*Read them before close\(\) "
+                                           r"\(e\.g\. ds\.labels\), or open the dataset again"):
+        ds.labels
+    assert read_first.labels.tolist() == want
 
 
 def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkeypatch):
     """``live`` (a byte a row) is not read at open of a version whose rows were removed either: it is read, and
-    checked against the manifest, when a sample's row is first needed; ``close()`` reads it if it was not (a vacuum
-    may remove the version after). A damaged ``live`` is still refused, at first use."""
+    checked against the manifest, when a sample's row is first needed; ``close()`` does not read it (a closed
+    handle's first need of it names the fix). A damaged ``live`` is still refused, at first use."""
     import os
 
     from PIL import Image
@@ -660,14 +669,21 @@ def test_a_version_with_removed_rows_reads_live_when_first_used(tmp_path, monkey
     assert len(keys) == 7 and "c0/2.png" not in keys and ds._live._rows is not None
     ds.close()
 
-    ds = dsc.open(path)
+    ds, read_first = dsc.open(path), dsc.open(path)
+    rows = read_first._to_rows(np.arange(7)).tolist()
     assert ds._live._rows is None
-    ds.close()  # reads live: a vacuum may remove the version now
+    ds.close()  # does not read live (a byte a row): a closed handle's first need of it names the fix
+    read_first.close()
     Image.new("RGB", (4, 4)).save(src / "c0" / "new.png")
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 2
     vacuum(path, keep=1, older_than=0)
     assert 1 not in V.versions(path)
-    assert len(ds) == 7 and ds._to_rows(np.arange(7)).tolist() == ds._live.rows.tolist()
+    assert len(ds) == 7 and ds._live._rows is None
+    with pytest.raises(dsc.DscError, match="closed before it first read its live array.*open the dataset again"):
+        ds[0]
+    with pytest.raises(dsc.DscError, match="closed before it first read its keys.*open the dataset again"):
+        ds.keys
+    assert read_first._to_rows(np.arange(7)).tolist() == rows == read_first._live.rows.tolist()
 
     (src / "c1" / "3.png").unlink()
     dsc.compile_imagefolder(src, path, update=True, **opts)  # version 3: rows removed again

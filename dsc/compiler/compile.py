@@ -97,8 +97,13 @@ class UnitInputs(Mapping):
     def __len__(self) -> int:
         return len(self.tasks)
 
+    @property
+    def slots(self) -> range:
+        """The units' slots (one run)."""
+        return range(self.tasks.s0, self.tasks.s0 + len(self.tasks))
+
     def __iter__(self):
-        return iter(range(self.tasks.s0, self.tasks.s0 + len(self.tasks)))
+        return iter(self.slots)
 
     def __getitem__(self, s: int) -> str:
         u = s - self.tasks.s0
@@ -254,7 +259,7 @@ def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int)
 
 
 def decode_units(tasks: list[UnitTask], records: list, scanned: ScannedSource, options: CompileOptions, journal,
-                 done: Resumed, source: Source, inputs: dict, workers: int, on_unit=None, tmp: Path | None = None):
+                 done: Resumed, source: Source, inputs: UnitInputs, workers: int, on_unit=None, tmp: Path | None = None):
     """Run the units not ``done`` (journaling each), then ``(results, bad)``: every unit's result, and
     (key, where, reason) of each input left out (the scan's invalid ones first), written to
     ``--error-report`` when asked, also when a bad input stops the run."""
@@ -427,7 +432,9 @@ def _classes(scanned: ScannedSource, label_parts, objects_parts) -> tuple[str, .
         values = label_parts.values()  # (every version's labels in one array: Field.collect)
         top = int(values.max()) if len(values) else -1
     else:
-        top = max((int(x.max()) for p in objects_parts for x in p.labels if len(x)), default=-1)
+        labels = (objects_parts.ragged("labels", np.int64) if len(objects_parts)  # (every box's label in one
+                  else np.zeros(0, np.int64))  # array: Field.collect; none without an objects field)
+        top = int(labels.max()) if len(labels) else -1
     return tuple(str(i) for i in range(top + 1))
 
 

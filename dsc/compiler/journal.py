@@ -182,15 +182,15 @@ class Journal:
 
     def finished_units(self, inputs) -> "Resumed":
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
-        shards still hash to what was recorded; ``inputs[s]``: unit s's input fingerprint now (iterating it gives
-        the units' slots). Each entry is parsed and checked here, then dropped: what is kept is where each finished
+        shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
+        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each entry is parsed and checked here, then dropped: what is kept is where each finished
         unit's entry is (16 bytes a unit), and iterating the :class:`Resumed` parses them again one at a time."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
-        slots = np.fromiter(iter(inputs), np.int64)
+        slots = inputs.slots
         if not len(slots):
             return Resumed.none(self.fields)
-        lo, hi = int(slots.min()), int(slots.max())
+        lo, hi = slots[0], slots[-1]
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
@@ -201,7 +201,7 @@ class Journal:
                 legacy.pop(s, None)
         done = np.zeros(len(last), bool)
         with _open_or_none(path) as f:
-            for s in slots.tolist():
+            for s in slots:
                 res = self._checked(_entry_at(f, int(last[s - lo]), legacy.get(s)), s, inputs[s])
                 done[s - lo] = res is not None
         for s in [s for s in legacy if not done[s - lo]]:

@@ -38,14 +38,14 @@ from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
-from .sources.inputs import identity, known
-from .journal import Journal, Resumed, hash_record, inputs_of
+from .sources.inputs import identity
+from .journal import Journal, Resumed, hash_record
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
-from .units import UnitTask, place_objects
+from .units import place_objects
 from .compile import Rows
-from .compile import _classes, _stop, decode_units, decode_warnings, fold_slots, uploaded_shard_check, write_version
+from .compile import UnitInputs, UnitTasks, _classes, _stop, decode_units, decode_warnings, fold_slots, uploaded_shard_check, write_version
 from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
@@ -434,11 +434,10 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     decode = [records[i] for i in plan.decode]
     txn = out / versions.TXN / str(n_new)
     unit_options = replace(options, executor=None)
-    tasks = [UnitTask(next_slot + u, start, decode[start:start + K], str(out), unit_options, K, tuple(fields), direct,
-                      known(r.path for r in decode[start:start + K])) for u, start in enumerate(range(0, len(decode), K))]
+    tasks = UnitTasks(decode, K, str(out), unit_options, tuple(fields), direct, s0=next_slot)  # (made when taken)
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
                       shard_ok=uploaded_shard_check(*direct) if direct else None)
-    inputs = {t.s: inputs_of(t.records) for t in tasks}
+    inputs = UnitInputs(tasks)  # (a compile's shape: 32 bytes a unit)
     done = Resumed.none()
     if os.path.lexists(txn):
         if txn.is_symlink() or not txn.is_dir():

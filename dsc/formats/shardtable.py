@@ -31,8 +31,11 @@ from .specs import _SHA256, ShardSpec, _positive_int, check_spec_keys
 from .zarr_v3 import fixed_shard_nbytes, ragged_shard_meta
 
 MAGIC = b"DSCSHTAB"
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # written: paged (each page of entries carries its SHA-256, read by range); 1 is still read
 HEADER = 64  # magic (8), table version uint32, columns uint32, slots uint64, entries uint64, base sha256 (32)
+HEADER2 = 96  # version 2: HEADER, then entries a page uint32, pages uint32, 24 zero bytes
+RANGES = "ranges"  # in a node's mirror of a dataset in object storage: the table ranges fetched (<sha>.<start>-<end>)
+PAGE_BYTES = 64 << 10  # what a writer aims a page at: a reader of object storage fetches a page a slot it needs
 ENTRY = 48  # count uint64, nbytes uint64, sha256 (32 raw bytes); all zero: no shard at that slot
 MAX_CHAIN = 8  # tables a version's chain may hold (one full, then deltas)
 REF_KEYS = {"slots", "shards", "nbytes", "columns", "chain"}
@@ -64,14 +67,54 @@ class Geometry:
 
 # ----------------------------------------------------------------------------- encoding
 def encode(entries: np.ndarray, slots: int, index: np.ndarray | None = None, base: str | None = None) -> bytes:
-    """A table object: ``entries`` (E, C*ENTRY) uint8 rows; ``index`` the E slots they are (a delta of ``base``,
-    strictly increasing) or None (a full table: row k is slot k, E == slots)."""
+    """A table object (version 2, docs/FORMAT.md "The shard table"): ``entries`` (E, C*ENTRY) uint8 rows;
+    ``index`` the E slots they are (a delta of ``base``, strictly increasing) or None (a full table: row k is slot
+    k, E == slots). The rows go in pages of R entries, each followed by its SHA-256, after a head that ends with
+    its own: a reader of object storage fetches the head and the pages it needs by range and checks each."""
     E = len(entries)
     C = entries.shape[1] // ENTRY if E else 0
+    rows = np.ascontiguousarray(entries, np.uint8).reshape(E, C * ENTRY)
+    idx = None if index is None else np.ascontiguousarray(index, "<u8")
+    R = _page_entries(C, idx is not None)
+    G = -(-E // R)
     head = (MAGIC + TABLE_VERSION.to_bytes(4, "little") + C.to_bytes(4, "little") + int(slots).to_bytes(8, "little")
-            + E.to_bytes(8, "little") + (bytes.fromhex(base) if base else _ZERO))
-    body = b"" if index is None else np.ascontiguousarray(index, "<u8").tobytes()
-    return head + body + np.ascontiguousarray(entries, np.uint8).tobytes()
+            + E.to_bytes(8, "little") + (bytes.fromhex(base) if base else _ZERO) + R.to_bytes(4, "little")
+            + G.to_bytes(4, "little") + bytes(24) + (b"" if idx is None else idx[::R].tobytes()))
+    out = [head, hashlib.sha256(head).digest()]
+    for j in range(G):
+        a, b = j * R, min(E, j * R + R)
+        body = (b"" if idx is None else idx[a:b].tobytes()) + rows[a:b].tobytes()
+        out += [body, _page_sha(j, body)]
+    return b"".join(out)
+
+
+def _page_entries(C: int, delta: bool) -> int:
+    return max(1, PAGE_BYTES // max(1, C * ENTRY + (8 if delta else 0)))
+
+
+def _page_sha(j: int, body) -> bytes:
+    """A page's check: the SHA-256 of its number and bytes (a page served for another is refused too)."""
+    h = hashlib.sha256(j.to_bytes(8, "little"))
+    h.update(body)
+    return h.digest()
+
+
+def full_entry_at(data: bytes, s: int) -> int:
+    """Where slot ``s``'s row starts in the bytes of a full table object (either version; for tests and tools)."""
+    if int.from_bytes(data[8:12], "little") == 1:
+        return HEADER + s * int.from_bytes(data[12:16], "little") * ENTRY
+    C, R = int.from_bytes(data[12:16], "little"), int.from_bytes(data[64:68], "little")
+    j = s // R
+    return HEADER2 + 32 + j * (R * C * ENTRY + 32) + (s - j * R) * C * ENTRY
+
+
+def decode(data) -> tuple[np.ndarray, np.ndarray | None, int, str | None]:
+    """(entries (E, C*ENTRY), slot index or None, slots, base) of a table object's bytes (either version,
+    unchecked against a manifest): what a tool that rewrites a table starts from."""
+    C = int.from_bytes(bytes(data[12:16]), "little")
+    part = _Part(_Whole(data), "", len(data), C, "table")
+    index, rows = part.all()
+    return rows, index, part.slots, part.base
 
 
 def entry_rows(columns: list[tuple[ShardSpec | None, ...]], S: int) -> np.ndarray:
@@ -90,41 +133,156 @@ def entry_rows(columns: list[tuple[ShardSpec | None, ...]], S: int) -> np.ndarra
     return out.reshape(S, -1)
 
 
-class _Part:
-    """One table object of a chain, parsed from its bytes (a mapping, or bytes fetched)."""
+class _Whole:
+    """A table object's bytes, all at hand (mapped from a folder, or fetched whole), already checked against its name
+    (SHA-256): its pages need no check of their own."""
 
-    def __init__(self, data, sha: str, C: int, where: str):
-        buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
-        if len(buf) < HEADER or bytes(buf[:8]) != MAGIC:
+    checked = True
+
+    def __init__(self, data):
+        self.data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+
+    def read(self, start: int, end: int, check=None):
+        return self.data[start:end]
+
+    def whole(self):
+        return self.data
+
+
+class _Part:
+    """One table object of a chain, parsed from its source (``_Whole``, or ``_Ranged``: object storage, read by
+    range). Version 1 (one block of rows) is read whole; version 2's pages are read when first needed."""
+
+    def __init__(self, src, sha: str, nbytes: int, C: int, where: str):
+        self.src, self.sha, self.nbytes, self.C, self.where = src, sha, nbytes, C, where
+        first = bytes(src.read(0, min(nbytes, HEADER2 + 32), _head_ok))  # (a full table's whole head; kept so)
+        if len(first) < HEADER or first[:8] != MAGIC:
             raise CorruptDatasetError(f"{where}: not a dsc shard table")
-        head = bytes(buf[8:HEADER])
-        version, cols = int.from_bytes(head[0:4], "little"), int.from_bytes(head[4:8], "little")
-        self.slots, E = int.from_bytes(head[8:16], "little"), int.from_bytes(head[16:24], "little")
-        self.base = head[24:56].hex() if head[24:56] != _ZERO else None
-        if version != TABLE_VERSION:
-            raise CorruptDatasetError(f"{where}: shard table version {version}; this dsc reads {TABLE_VERSION} "
+        version, cols = int.from_bytes(first[8:12], "little"), int.from_bytes(first[12:16], "little")
+        self.slots, self.E = int.from_bytes(first[16:24], "little"), int.from_bytes(first[24:32], "little")
+        self.base = first[32:64].hex() if first[32:64] != _ZERO else None
+        if version not in (1, 2):
+            raise CorruptDatasetError(f"{where}: shard table version {version}; this dsc reads 1 and 2 "
                                       f"(upgrade dsc: pip install -U dsc)")
-        full = self.base is None
+        self.version, E, full = version, self.E, self.base is None
+        if (E and cols != C) or (full and E != self.slots) or E > self.slots:
+            raise CorruptDatasetError(f"{where}: a shard table of {E} entries of {cols} columns for {self.slots} "
+                                      f"slots does not fit the manifest's {C} columns; the dataset is damaged")
+        self.index = self.rows = None  # version 1 (or ``all``): every entry
+        self._pages: dict[int, tuple] = {}
+        if version == 1:
+            self._whole_v1(src.whole())
+            return
+        self.R, self.G = int.from_bytes(first[64:68], "little"), int.from_bytes(first[68:72], "little")
+        self.rowb = C * ENTRY + (0 if full else 8)
+        ok = self.R >= 1 and self.G == -(-E // self.R) if E else self.G == 0
+        self.head_end = HEADER2 + (0 if full else 8 * self.G) + 32
+        self.page_bytes = self.R * self.rowb + 32 if ok else 0
+        want = self.head_end + self.G * 32 + E * self.rowb
+        if not ok or want != nbytes or len(first) < HEADER2:
+            raise CorruptDatasetError(f"{where}: a shard table of {nbytes} bytes does not hold {E} entries of {C} "
+                                      f"columns for {self.slots} slots; the dataset is damaged")
+        head = bytes(src.read(0, self.head_end, lambda b: _head_ok(b))) if self.head_end > len(first) else first
+        if not _head_ok(head[:self.head_end]):
+            raise CorruptDatasetError(f"{where}: its head does not match its own SHA-256; the dataset is damaged. {_FIX}")
+        self.fences = None
+        if not full:
+            self.fences = np.frombuffer(head[HEADER2:HEADER2 + 8 * self.G], "<u8").astype(np.int64)
+            if self.G and (np.any(np.diff(self.fences) <= 0) or int(self.fences[-1]) >= self.slots):
+                raise CorruptDatasetError(f"{where}: its slot index is not increasing within {self.slots} slots")
+
+    def _whole_v1(self, buf) -> None:
+        buf = _Whole(buf).data
+        E, C, full = self.E, self.C, self.base is None
         want = HEADER + (0 if full else 8 * E) + E * C * ENTRY
-        if (E and cols != C) or len(buf) != want or (full and E != self.slots) or E > self.slots:
-            raise CorruptDatasetError(f"{where}: a shard table of {len(buf)} bytes does not hold {E} entries of "
+        if len(buf) != want:
+            raise CorruptDatasetError(f"{self.where}: a shard table of {len(buf)} bytes does not hold {E} entries of "
                                       f"{C} columns for {self.slots} slots; the dataset is damaged")
         at = HEADER
-        self.index = None
         if not full:
-            self.index = buf[at:at + 8 * E].view("<u8")
+            self.index = _increasing(buf[at:at + 8 * E].view("<u8"), self.slots, self.where)
             at += 8 * E
-            if E and (np.any(np.diff(self.index.astype(np.int64)) <= 0) or int(self.index[-1]) >= self.slots):
-                raise CorruptDatasetError(f"{where}: its slot index is not increasing within {self.slots} slots")
         self.rows = buf[at:].reshape(E, C * ENTRY) if C else np.zeros((E, 0), np.uint8)
-        self.sha = sha
+
+    def page(self, j: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """(slot index or None, rows) of page ``j`` (version 2), read and checked when first needed."""
+        got = self._pages.get(j)
+        if got is None:
+            n = min(self.R, self.E - j * self.R)
+            at = self.head_end + j * self.page_bytes
+            body_n = n * self.rowb
+            check = (lambda b: len(b) == body_n + 32 and _page_sha(j, b[:body_n]) == bytes(b[body_n:]))
+            buf = self.src.read(at, at + body_n + 32, None if self.src.checked else check)
+            buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
+            if not self.src.checked and not check(buf):
+                raise CorruptDatasetError(f"{self.where}: page {j} does not match its SHA-256; the dataset is "
+                                          f"damaged. {_FIX}")
+            index = None
+            if self.base is not None:
+                index = _increasing(buf[:8 * n].view("<u8"), self.slots, self.where)
+                if int(index[0]) != int(self.fences[j]) or (j + 1 < self.G and int(index[-1]) >= int(self.fences[j + 1])):
+                    raise CorruptDatasetError(f"{self.where}: page {j}'s slots are not those its head says")
+            rows = buf[8 * n if index is not None else 0:body_n].reshape(n, self.C * ENTRY)
+            got = self._pages[j] = (index, rows)
+        return got
+
+    def all(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """(slot index or None, rows) of every entry here (version 2 from object storage: one GET of the object,
+        checked against its name, then its pages)."""
+        if self.rows is None:
+            if not self.src.checked:
+                self.src = _Whole(self.src.whole())
+                self._pages.clear()
+            pages = [self.page(j) for j in range(self.G)]
+            rows = np.concatenate([r for _, r in pages]) if pages else np.zeros((0, self.C * ENTRY), np.uint8)
+            self.index = None if self.base is None else (
+                np.concatenate([i for i, _ in pages]) if pages else np.zeros(0, "<u8"))
+            self.rows = rows
+        return self.index, self.rows
+
+    def bad_pages(self) -> list[int]:
+        """The pages (version 2) whose SHA-256 does not match their bytes, -1 for the head: what a reader of
+        object storage would refuse, though the object matches its name (``dsc verify``)."""
+        if self.version == 1:
+            return []
+        data = self.src.whole()
+        bad = [] if _head_ok(data[:self.head_end]) else [-1]
+        for j in range(self.G):
+            at = self.head_end + j * self.page_bytes
+            n = min(self.R, self.E - j * self.R) * self.rowb
+            if _page_sha(j, data[at:at + n]) != bytes(data[at + n:at + n + 32]):
+                bad.append(j)
+        return bad
 
     def find(self, s: int) -> np.ndarray | None:
         """Slot ``s``'s row here, or None (a delta that does not change it)."""
-        if self.index is None:
-            return self.rows[s] if s < len(self.rows) else None
-        k = int(np.searchsorted(self.index, s))
-        return self.rows[k] if k < len(self.index) and int(self.index[k]) == s else None
+        if self.rows is not None:
+            if self.index is None:
+                return self.rows[s] if s < len(self.rows) else None
+            k = int(np.searchsorted(self.index, s))
+            return self.rows[k] if k < len(self.index) and int(self.index[k]) == s else None
+        if self.base is None:
+            if s >= self.E:
+                return None
+            j = s // self.R
+            return self.page(j)[1][s - j * self.R]
+        j = int(np.searchsorted(self.fences, s, "right")) - 1
+        if j < 0:
+            return None
+        index, rows = self.page(j)
+        k = int(np.searchsorted(index, s))
+        return rows[k] if k < len(index) and int(index[k]) == s else None
+
+
+def _head_ok(head) -> bool:
+    head = bytes(head)
+    return len(head) >= 32 and hashlib.sha256(head[:-32]).digest() == head[-32:]
+
+
+def _increasing(index: np.ndarray, slots: int, where: str) -> np.ndarray:
+    if len(index) and (np.any(np.diff(index.astype(np.int64)) <= 0) or int(index[-1]) >= slots):
+        raise CorruptDatasetError(f"{where}: its slot index is not increasing within {slots} slots")
+    return index
 
 
 class ShardTable:
@@ -197,7 +355,8 @@ class ShardTable:
                     C, parts, prev = len(self.columns), [], None
                     for t in self.ref["chain"]:
                         where = object_path(t["sha256"])
-                        part = _Part(self._load(t["sha256"], t["nbytes"]), t["sha256"], C, where)
+                        part = _Part(_source(self._load, t["sha256"], t["nbytes"]), t["sha256"], t["nbytes"], C,
+                                     where)
                         if part.base != prev:
                             raise CorruptDatasetError(f"{where}: its base table is not the one before it in the "
                                                       f"manifest's chain; the dataset is damaged")
@@ -208,6 +367,11 @@ class ShardTable:
                                                   f"manifest says {self.slots}; the dataset is damaged")
                     self._parts = parts
         return self._parts
+
+    def bad_pages(self) -> list[str]:
+        """Each table object's pages (and head) whose own SHA-256 does not match (see ``_Part.bad_pages``)."""
+        return [f"{object_path(p.sha)}: {'its head' if j < 0 else f'page {j}'} does not match its own SHA-256 "
+                f"(readers of object storage refuse it)" for p in self._chain() for j in p.bad_pages()]
 
     def row(self, s: int) -> np.ndarray | None:
         """Slot ``s``'s entries, (C*ENTRY,) uint8 (None: no shard in any column)."""
@@ -226,12 +390,13 @@ class ShardTable:
             parts = self._chain()
             full = np.zeros((self.slots, len(self.columns) * ENTRY), np.uint8)
             for part in parts:
-                if part.index is None:
+                index, rows = part.all()
+                if index is None:
                     m = min(part.slots, self.slots)
-                    full[:m] = part.rows[:m]
+                    full[:m] = rows[:m]
                 else:
-                    keep = part.index < self.slots
-                    full[part.index[keep].astype(np.int64)] = part.rows[keep]
+                    keep = index < self.slots
+                    full[index[keep].astype(np.int64)] = rows[keep]
             self._full = full
         return self._full
 
@@ -375,6 +540,52 @@ _CHECKED: set[tuple] = set()  # local table objects whose SHA-256 this process h
 _CHECKED_LOCK = threading.Lock()
 
 
+def _source(load, sha: str, nbytes: int):
+    """Where a chain's object ``sha`` is read from: a ``StoreLoader``'s (by range from object storage), else the
+    bytes ``load(sha, nbytes)`` gives (a writer's stand-in)."""
+    return load.source(sha, nbytes) if isinstance(load, StoreLoader) else _Whole(load(sha, nbytes))
+
+
+class _Ranged:
+    """A table object in object storage, read by range: each range asked for (the head, a page) from the node's
+    mirror when a copy there passes ``check``, else by one ranged GET, kept in the mirror when it passes (every
+    process of the node then finds it). ``whole``: the object in one GET, checked against its name."""
+
+    checked = False
+
+    def __init__(self, loader: "StoreLoader", sha: str, nbytes: int):
+        self.loader, self.sha, self.nbytes = loader, sha, nbytes
+
+    def read(self, start: int, end: int, check=None) -> bytes:
+        store, mirror, rel = self.loader.store, self.loader.mirror, object_path(self.sha)
+        kept = None if mirror is None or check is None else Path(mirror) / RANGES / f"{self.sha}.{start}-{end}"
+        if kept is not None:
+            try:
+                data = kept.read_bytes()
+                if check(data):
+                    return data
+            except OSError:
+                pass
+        try:
+            data = bytes(memoryview(store.read_range(rel, start, min(end, self.nbytes))))
+        except FileNotFoundError:
+            raise _missing(store, rel) from None
+        if kept is not None and check(data):  # (processes sharing the mirror may write it at once: their own names)
+            try:
+                write_atomic(kept, data, unique=True)
+            except OSError:  # (a read-only cache, one warmed elsewhere: it serves what it holds, the rest is fetched)
+                pass
+        return data
+
+    def whole(self):
+        return self.loader(self.sha, self.nbytes)
+
+
+def _missing(store, rel: str) -> CorruptDatasetError:
+    return CorruptDatasetError(f"{store.where(rel)} is missing (the shard table of the version); the dataset in "
+                               f"object storage is damaged. Push an intact copy")
+
+
 class StoreLoader:
     """``load(sha256, nbytes)`` of a dataset's table objects: mapped from a folder; from object storage, the
     node's mirror copy (``mirror``) when intact, else one GET checked against its hash and kept in the mirror.
@@ -392,6 +603,11 @@ class StoreLoader:
         if self._store is None:
             self._store = open_store(self.url)
         return self._store
+
+    def source(self, sha: str, nbytes: int):
+        """Where table object ``sha`` is read from: mapped whole from a folder (checked against its name), by range
+        from object storage (each range checked against its own SHA-256)."""
+        return _Whole(self(sha, nbytes)) if self.store.local else _Ranged(self, sha, nbytes)
 
     def __call__(self, sha: str, nbytes: int):
         store, mirror = self.store, self.mirror
@@ -425,8 +641,7 @@ class StoreLoader:
         try:
             data = store.get(rel, nbytes)
         except FileNotFoundError:
-            raise CorruptDatasetError(f"{store.where(rel)} is missing (the shard table of the version); the "
-                                      f"dataset in object storage is damaged. Push an intact copy") from None
+            raise _missing(store, rel) from None
         if len(data) != nbytes or hashlib.sha256(data).hexdigest() != sha:
             raise CorruptDatasetError(f"{store.where(rel)} does not have the bytes its name (SHA-256) says; the "
                                       f"dataset in object storage is damaged")

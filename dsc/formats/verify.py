@@ -163,6 +163,7 @@ def verify(path: str | os.PathLike, version: int | None = None, cache_dir=None) 
             table_ok &= _check_file(report, store.files(), versions.object_path(t["sha256"]), t, "(a shard table) ")
         if table_ok:
             try:
+                P.extend(Problem("shard table", why) for why in m.shard_table.bad_pages())
                 present = sum(s is not None for s in m.shards)
                 total = sum(s.nbytes for s in L.shard_specs(m))  # (every entry of every column, checked as read)
                 if (present, total) != (m.shard_count, m.shard_table.ref["nbytes"]):

@@ -80,6 +80,12 @@ class _FullSlots:
         return max(0, min(self.K, self.rows - int(s) * self.K))
 
 
+def _closed(where, what: str, ask: str) -> DscError:
+    return DscError(f"{where}: this handle was closed before it first read its {what}, and once closed it no longer "
+                    f"holds its version (dsc vacuum may have removed it). Read them before close() (e.g. {ask}), or "
+                    f"open the dataset again (dsc.open)")
+
+
 class _Live:
     """A shard-table version with removed rows: its ``live`` array (a byte a row) read when first needed, not at
     open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
@@ -88,10 +94,13 @@ class _Live:
     def __init__(self, storage, m: Manifest, where):
         self._storage, self._m, self._where = storage, m, where
         self._rows = self._need = None
+        self.closed = False  # (its dataset let go of the version: see ``Dataset.close``)
 
     def read(self) -> None:
         if self._rows is not None:
             return
+        if self.closed:
+            raise _closed(self._where, "live array (which rows are samples)", "len(ds.keys), or any sample")
         m = self._m
         live = self._storage.array(L.LIVE, (m.num_rows,))
         if int(live.sum()) != m.num_samples:
@@ -185,6 +194,7 @@ class Dataset(torch.utils.data.Dataset):
             if name != "image" and name in self.readers:
                 ImageField.same_geometry(self._image, self.readers[name], str(self.path))
         self._labels: torch.Tensor | None = None
+        self._closed = False
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
 
@@ -197,6 +207,7 @@ class Dataset(torch.utils.data.Dataset):
     def labels(self) -> torch.Tensor | None:
         """(N,) int64 class index of every sample (classification; None otherwise), read when first asked for."""
         if self._labels is None and "label" in self.readers:
+            self._open_still("labels", "ds.labels")
             labels = self.readers["label"].labels
             self._labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
         return self._labels
@@ -326,10 +337,16 @@ class Dataset(torch.utils.data.Dataset):
         spec = self.manifest.fields.get("mask")
         return int(spec["ignore_index"]) if spec else None
 
+    def _open_still(self, what: str, ask: str) -> None:
+        """Before a first read of ``what`` (read on first use): refused once the handle is closed (see ``close``)."""
+        if self._closed:
+            raise _closed(self.path, what, ask)
+
     @property
     def keys(self) -> list[str]:
         """Source path (relative to the source root) or id of every sample; loaded on first use."""
         if self._keys is None:
+            self._open_still("keys", "ds.keys")
             keys = read_string_array(self.storage.dir, L.KEYS)
             if len(keys) != self.manifest.num_rows:
                 raise CorruptDatasetError(f"{self.path}/keys has {len(keys)} entries, expected {self.manifest.num_rows}")
@@ -340,6 +357,7 @@ class Dataset(torch.utils.data.Dataset):
     def orig_sizes(self) -> np.ndarray:
         """(N, 2) int32 (height, width) of each decoded source image, EXIF orientation applied."""
         if self._orig_sizes is None:
+            self._open_still("original sizes", "ds.orig_sizes")
             self._orig_sizes = self.row(self.storage.array(L.ORIG_SIZE, (self.manifest.num_rows, 2)))
         return self._orig_sizes
 
@@ -347,6 +365,7 @@ class Dataset(torch.utils.data.Dataset):
     def affine(self) -> np.ndarray:
         """(N, 4) float64 (sx, sy, tx, ty): stored pixel coordinate = s * original + t."""
         if self._affine is None:
+            self._open_still("affine transforms", "ds.affine")
             self._affine = self.row(self.storage.array(L.AFFINE, (self.manifest.num_rows, 4)))
         return self._affine
 
@@ -354,18 +373,13 @@ class Dataset(torch.utils.data.Dataset):
         """Let go of what this handle holds: a remote dataset's cached shards (other processes sharing the cache
         may evict them) and its lease, a local one's pin and mappings: ``dsc vacuum`` may then remove the
         version. Samples already taken stay valid (they keep their mappings). Also on ``with dsc.open(...)``
-        exit; a dropped handle does the same when it is deleted. The labels and ``live``, read when first asked for,
-        are read now if they were not (once the version is let go, a vacuum may remove them)."""
-        try:
-            if getattr(self, "_labels", 0) is None and "label" in getattr(self, "readers", {}):
-                self.labels
-        except DscError:  # (already unreadable: the next ask says why)
-            pass
-        try:  # (apart: a damaged label chunk must not leave ``live`` unread)
-            if getattr(self, "_live", None) is not None:
-                self._live.read()
-        except DscError:
-            pass
+        exit; a dropped handle does the same when it is deleted. The labels and ``live`` (read when first asked
+        for) are not read here: a closed handle's first ask for them raises an error naming the fix (ask before
+        ``close()``, or open the dataset again), since the version may be gone by then; close stays O(1), where
+        reading them would cost a pass over every row (``live``: a byte a row) for a handle that never needed them."""
+        self._closed = True
+        if getattr(self, "_live", None) is not None:
+            self._live.closed = True
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()

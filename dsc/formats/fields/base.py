@@ -128,6 +128,31 @@ def run_index(rows: np.ndarray):
     return slice(int(rows[0]), int(rows[0]) + n) if n and int(rows[-1]) - int(rows[0]) == n - 1 else rows
 
 
+class RowBuffer:
+    """Rows of varying size by position (``N`` of them), put in any order into one buffer: each position's length
+    (bytes) and where its bytes start there in flat arrays, no object a row or a part; ``gather`` joins the rows of
+    some positions in their order (what ``ColumnsParts`` keeps a ragged column in)."""
+
+    def __init__(self, N: int):
+        self.lengths, self.start = np.zeros(N, np.int64), np.zeros(N, np.int64)
+        self.buf = bytearray()
+
+    def put(self, rows: np.ndarray, data: np.ndarray, lengths: np.ndarray) -> None:
+        """Positions ``rows`` (ascending) hold ``lengths`` bytes each of ``data`` (any dtype), back to back."""
+        if len(rows):
+            at = run_index(rows)
+            self.lengths[at] = lengths
+            self.start[at] = len(self.buf) + np.cumsum(lengths) - lengths
+            self.buf += memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+
+    def gather(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows' bytes back to back as uint8, each one's length) of ``positions`` (a mask or indices)."""
+        lengths, start = self.lengths[positions], self.start[positions]
+        offs = np.cumsum(lengths) - lengths
+        idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(start - offs, lengths)
+        return np.frombuffer(self.buf, np.uint8)[idx], lengths
+
+
 class LazySequence(Sequence):
     """A sequence whose items are made on access (``_item(i)``, ``0 <= i < len(self)``) from flat arrays it holds:
     indexing from the end and slices (a list of items) as a list's."""
@@ -177,6 +202,111 @@ class Parts(Sequence):
         if isinstance(u, slice):
             return [self[i] for i in range(*u.indices(len(self)))]
         return self._parts[u]
+
+
+class CarriedPart(Part):
+    """A base version's rows as arrays, in the ``columns`` shape of ``ColumnsParts`` (``flat``: {name: a value a
+    sample}; ``ragged``: {name: (bytes back to back, each sample's length in bytes)}): what an update or a
+    compaction carries a slot over with, no object a row. ``to_part(cols)`` makes the kind's own part from them,
+    only when a row is set (a re-annotated sample) or the part is journaled; ``fill``: a padded hole's flat values
+    (0 where not named)."""
+
+    def __init__(self, cols: dict, to_part, fill: dict | None = None):
+        self.cols, self._to_part, self._fill, self._part = cols, to_part, fill or {}, None
+
+    def columns(self, *spec) -> dict:
+        return self.cols if self._part is None else self._part.columns(*spec)
+
+    def _as_part(self) -> Part:
+        if self._part is None:
+            self._part = self._to_part(self.cols)
+        return self._part
+
+    def pad(self, n: int) -> None:
+        if self._part is not None:
+            return self._part.pad(n)
+        flat = self.cols["flat"]
+        for name, col in flat.items():
+            flat[name] = np.concatenate([col, np.full(n, self._fill.get(name, 0), col.dtype)])
+        for name, (data, lengths) in self.cols["ragged"].items():
+            self.cols["ragged"][name] = (data, np.concatenate([lengths, np.zeros(n, np.int64)]))
+
+    def set_row(self, j: int, value) -> None:
+        self._as_part().set_row(j, value)
+
+    def to_json(self) -> dict:
+        return self._as_part().to_json()
+
+
+def split_rows(data: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """``data``'s rows cut into consecutive pieces of ``counts`` rows (a list a sample: a kind's own part)."""
+    return np.split(data, np.cumsum(counts)[:-1]) if len(counts) else []
+
+
+class ColumnsParts(Parts):
+    """A kind's parts of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``) by input
+    position, with no object kept a unit: each part's ``columns()`` (see ``CarriedPart``) put into flat arrays (a
+    value a sample) and ``RowBuffer``s (rows of varying size), read back for the kept rows (``flat``, ``ragged``)
+    or as unit u's ``CarriedPart`` (``carried(cols)``). ``dropped``: the parts' ``dropped`` counts, summed."""
+
+    def __init__(self, S: int, N: int, K: int, carried, columns_of=None):
+        self.S, self.N, self.K, self.carried = S, N, K, carried
+        self.columns_of = columns_of or (lambda part: part.columns())  # (a kind whose parts need its spec to say)
+        self._flat: dict[str, np.ndarray] = {}
+        self._ragged: dict[str, RowBuffer] = {}
+        self.dropped = 0
+        self.kept: np.ndarray | None = None
+
+    def add(self, u: int, part, rows: np.ndarray) -> None:
+        c = self.columns_of(part)
+        if len(rows):
+            at = run_index(rows)
+            for name, col in c["flat"].items():
+                if name not in self._flat:
+                    self._flat[name] = np.zeros(self.N, col.dtype)
+                self._flat[name][at] = col
+            for name, (data, lengths) in c["ragged"].items():
+                self._ragged.setdefault(name, RowBuffer(self.N)).put(rows, data, lengths)
+        self.dropped += int(c.get("dropped", 0))
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def keep_slots(self, S: int) -> None:
+        self.S = S
+
+    def flat(self, name: str, dtype, positions=None) -> np.ndarray:
+        """Flat column ``name`` at ``positions`` (default: the kept rows)."""
+        positions = self.kept if positions is None else positions
+        col = self._flat.get(name)
+        return col[positions] if col is not None else np.zeros(int(np.count_nonzero(positions)) if
+                                                                np.asarray(positions).dtype == bool else
+                                                                len(positions), dtype)
+
+    def rows(self, name: str, positions=None) -> tuple[np.ndarray, np.ndarray]:
+        """(ragged column ``name``'s bytes of ``positions`` (default: the kept rows) back to back, as uint8; each
+        one's length)."""
+        positions = self.kept if positions is None else positions
+        buf = self._ragged.get(name)
+        if buf is None:
+            n = int(np.count_nonzero(positions)) if np.asarray(positions).dtype == bool else len(positions)
+            return np.zeros(0, np.uint8), np.zeros(n, np.int64)
+        return buf.gather(positions)
+
+    def ragged(self, name: str, dtype, shape: tuple = (), positions=None) -> np.ndarray:
+        """Ragged column ``name``'s rows of ``positions`` (default: the kept rows), back to back, (-1, *shape)."""
+        return self.rows(name, positions)[0].view(dtype).reshape(-1, *shape)
+
+    def __len__(self) -> int:
+        return self.S
+
+    def __getitem__(self, u):
+        if isinstance(u, slice):
+            return [self[i] for i in range(*u.indices(len(self)))]
+        lo = u * self.K
+        at = np.flatnonzero(self.kept[lo:lo + self.K]) + lo
+        return self.carried({"flat": {n: c[at] for n, c in self._flat.items()},
+                             "ragged": {n: b.gather(at) for n, b in self._ragged.items()}, "dropped": 0})
 
 
 class Field:

@@ -26,7 +26,7 @@ from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import ColumnsParts, Field, Part, Reader, Role
 from .objects import gather_rows
 from .pixels import valid_offsets
 
@@ -66,9 +66,10 @@ class FixedColumn:
     def row_nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    def write(self, root: Path, rows: list[bytes]) -> None:
-        flat = np.frombuffer(b"".join(rows), self.dtype.newbyteorder("<"))
-        write_plain_array(root, self.node, flat.reshape(len(rows), *self.shape),
+    def write(self, root: Path, data: np.ndarray, lengths: np.ndarray) -> None:
+        """The column from its rows' bytes back to back (``data``, uint8) and each row's length in bytes."""
+        flat = data.view(self.dtype.newbyteorder("<"))
+        write_plain_array(root, self.node, flat.reshape(len(lengths), *self.shape),
                           ["sample"] + [f"axis{k}" for k in range(len(self.shape))])
 
     def read(self, store, n: int) -> np.ndarray:
@@ -97,11 +98,11 @@ class RaggedColumn:
     def row_nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    def write(self, root: Path, rows: list[bytes]) -> None:
-        counts = np.asarray([len(r) // self.row_nbytes for r in rows], np.int64)
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        values = np.frombuffer(b"".join(rows), self.dtype.newbyteorder("<")).reshape(-1, *self.shape)
+    def write(self, root: Path, data: np.ndarray, lengths: np.ndarray) -> None:
+        """The column from its rows' bytes back to back (``data``, uint8) and each row's length in bytes."""
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths // self.row_nbytes, out=offsets[1:])
+        values = data.view(self.dtype.newbyteorder("<")).reshape(-1, *self.shape)
         write_group(root, self.node)
         write_plain_array(root, self.values_node, values, ["row"] + [f"axis{k}" for k in range(len(self.shape))])
         write_plain_array(root, self.offsets_node, offsets, ["sample_edge"])
@@ -139,11 +140,29 @@ class RaggedColumn:
 
 
 class ValuePart(Part):
-    """A unit's rows of one value field: each sample's stored bytes (journaled as base64)."""
+    """A unit's rows of one value field: each sample's stored bytes (journaled as base64). A part an update or a
+    compaction carries over holds the base's bytes as they are (``data``: back to back, ``lengths``: each row's),
+    made into a bytes object a row only when one is set."""
 
-    def __init__(self, rows=None, hole: bytes = b""):
-        self.rows: list[bytes] = [] if rows is None else rows
+    def __init__(self, rows=None, hole: bytes = b"", data: np.ndarray | None = None, lengths: np.ndarray | None = None):
+        self._rows: list[bytes] | None = ([] if rows is None else rows) if data is None else None
+        self._data, self._lengths = data, lengths
         self.hole = hole
+
+    @property
+    def rows(self) -> list[bytes]:
+        if self._rows is None:
+            ends = np.cumsum(self._lengths)
+            self._rows = [bytes(self._data[a:b]) for a, b in zip((ends - self._lengths).tolist(), ends.tolist())]
+            self._data = self._lengths = None
+        return self._rows
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows' bytes back to back as uint8, each row's length)."""
+        if self._rows is None:
+            return self._data, self._lengths
+        return (np.frombuffer(b"".join(self._rows), np.uint8),
+                np.fromiter(map(len, self._rows), np.int64, len(self._rows)))
 
     def add(self, value: bytes) -> None:
         self.rows.append(value)
@@ -152,10 +171,18 @@ class ValuePart(Part):
         self.rows[j] = value
 
     def pad(self, n: int) -> None:
-        self.rows.extend([self.hole] * n)
+        if self._rows is None:
+            self._data = np.concatenate([self._data, np.frombuffer(self.hole * n, np.uint8)])
+            self._lengths = np.concatenate([self._lengths, np.full(n, len(self.hole), np.int64)])
+        else:
+            self.rows.extend([self.hole] * n)
 
     def to_json(self) -> dict:
         return {"rows": [base64.b64encode(r).decode("ascii") for r in self.rows]}
+
+    def columns(self) -> dict:
+        """This part as columns (``ColumnsParts``' shape): its rows' bytes."""
+        return {"flat": {}, "ragged": {"rows": self.joined()}}
 
 
 class ValueField(Field):
@@ -227,11 +254,16 @@ class ValueField(Field):
     def empty_part(self) -> ValuePart:
         return ValuePart(hole=self.hole)
 
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, lambda c: ValuePart(hole=self.hole, data=c["ragged"]["rows"][0],
+                                                         lengths=c["ragged"]["rows"][1]))
+
     def rows_part(self, reader: "ValueReader", start: int, count: int, shard) -> ValuePart:
-        return ValuePart([reader.row_bytes(i) for i in range(start, start + count)], self.hole)
+        """Rows ``[start, start + count)`` of the base as its stored bytes, in one slice (no object a row)."""
+        return ValuePart(hole=self.hole, data=reader.rows_bytes(start, count), lengths=reader.row_lengths(start, count))
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        self.column.write(root, [r for p in parts for r in p.rows])
+        self.column.write(root, *parts.rows("rows"))  # (a ColumnsParts: every version's, Field.collect)
         return {"fields": {self.name: self.to_spec()}}
 
     # ------------------------------------------------------------------ read
@@ -274,6 +306,21 @@ class ValueReader(Reader):
 
     def row_bytes(self, i: int) -> bytes:
         return np.ascontiguousarray(self.row(i)).astype(self.field.column.dtype.newbyteorder("<")).tobytes()
+
+    def rows_bytes(self, start: int, count: int) -> np.ndarray:
+        """The stored bytes of rows ``[start, start + count)`` back to back (uint8; ``row_bytes`` of each, joined)."""
+        if self.offsets is None:
+            rows = self.values[start:start + count]
+        else:
+            rows = self.values[int(self.offsets[start]):int(self.offsets[start + count])]
+        le = self.field.column.dtype.newbyteorder("<")
+        return np.ascontiguousarray(rows, le).reshape(-1).view(np.uint8)
+
+    def row_lengths(self, start: int, count: int) -> np.ndarray:
+        """(count,) int64: each row's stored length in bytes."""
+        if self.offsets is None:
+            return np.full(count, self.field.column.row_nbytes, np.int64)
+        return np.diff(self.offsets[start:start + count + 1]).astype(np.int64) * self.field.column.row_nbytes
 
     def sample(self, i: int) -> dict:
         return {self.name: self.field.decode(self.row(i))}

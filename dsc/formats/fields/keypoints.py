@@ -24,7 +24,7 @@ from ..names import OBJ_OFFSETS
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
 from .objects import gather_rows, row_image_sizes
 
 ROLE = "keypoints"
@@ -152,6 +152,21 @@ class KeypointsPart(Part):
     def to_json(self) -> dict:
         return {"points": [p.tolist() for p in self.points]}
 
+    def columns(self) -> dict:
+        """This part as columns (``ColumnsParts``' shape): each sample's object count, their points back to back."""
+        n = np.fromiter((len(p) for p in self.points), np.int64, len(self.points))
+        pts = (np.concatenate(self.points).astype(np.float32, copy=False) if self.points
+               else np.zeros((0, self.K, 3), np.float32))
+        return {"flat": {"n": n}, "ragged": {"points": (pts, n * (self.K * 12))}}
+
+
+def keypoint_rows(cols: dict, K: int) -> CarriedPart:
+    """Rows of a base version's keypoints as columns (what an update or a compaction carries a slot over with)."""
+    def to_part(c):
+        data = np.ascontiguousarray(c["ragged"]["points"][0]).reshape(-1).view(np.uint8)
+        return KeypointsPart(K, split_rows(data.view(np.float32).reshape(-1, K, 3), c["flat"]["n"]))
+    return CarriedPart(cols, to_part)
+
 
 class KeypointsReader(Reader):
     def __init__(self, store, m, name: str, K: int):
@@ -200,20 +215,23 @@ class KeypointsField(Field):
         K = self.spec.num_keypoints
         return KeypointsPart(K, [np.asarray(p, np.float32).reshape(-1, K, 3) for p in d["points"]])
 
-    def rows_part(self, reader: KeypointsReader, start: int, count: int, shard) -> KeypointsPart:
-        off = reader.box_offsets
-        return KeypointsPart(self.spec.num_keypoints, [np.asarray(reader.points[int(off[i]):int(off[i + 1])])
-                                                       for i in range(start, start + count)])
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, lambda cols: keypoint_rows(cols, self.spec.num_keypoints))
+
+    def rows_part(self, reader: KeypointsReader, start: int, count: int, shard) -> CarriedPart:
+        """Rows ``[start, start + count)`` of the base as its points, in one slice (no object a row)."""
+        off, k = reader.box_offsets, self.spec.num_keypoints
+        n = np.diff(off[start:start + count + 1]).astype(np.int64)
+        pts = np.ascontiguousarray(reader.points[int(off[start]):int(off[start + count])], np.float32)
+        return keypoint_rows({"flat": {"n": n}, "ragged": {"points": (pts, n * (k * 12))}}, k)
 
     def empty_part(self) -> KeypointsPart:
         return KeypointsPart(self.spec.num_keypoints)
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        k = self.spec.num_keypoints
-        pts = [p for part in parts for p in part.points]
+        k = self.spec.num_keypoints  # (a ColumnsParts: every version's, Field.collect)
         write_group(root, self.name)
-        write_plain_array(root, f"{self.name}/points",
-                          np.concatenate(pts).astype(np.float32) if pts else np.zeros((0, k, 3), np.float32),
+        write_plain_array(root, f"{self.name}/points", parts.ragged("points", np.float32, (k, 3)),
                           ["box", "keypoint", "xyv"])
         return {"fields": {self.name: self.spec.to_dict()}}
 

@@ -32,7 +32,7 @@ from ..names import OBJ_OFFSETS, RAGGED_SHAPES
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
 from .objects import gather_rows, row_image_sizes
 from .pixels import valid_offsets
 
@@ -185,11 +185,34 @@ class ObjectMasksPart(Part):
         return {"rects": [r.tolist() for r in self.rects], "sizes": [s.tolist() for s in self.sizes],
                 "bits": [base64.b64encode(b).decode() for b in self.bits]}
 
+    def columns(self) -> dict:
+        """This part as columns (``ColumnsParts``' shape): each sample's object count; their rects, byte counts and
+        bits back to back."""
+        n = np.fromiter((len(r) for r in self.rects), np.int64, len(self.rects))
+        rects = (np.concatenate([np.asarray(r, np.int32).reshape(-1, 4) for r in self.rects]) if self.rects
+                 else np.zeros((0, 4), np.int32))
+        sizes = (np.concatenate([np.asarray(x, np.int64) for x in self.sizes]) if self.sizes
+                 else np.zeros(0, np.int64))
+        bits = np.frombuffer(b"".join(self.bits), np.uint8)
+        return {"flat": {"n": n}, "ragged": {"rects": (rects, n * 16), "sizes": (sizes, n * 8),
+                                             "bits": (bits, np.fromiter(map(len, self.bits), np.int64, len(self.bits)))}}
+
     @classmethod
     def from_json(cls, d: dict) -> "ObjectMasksPart":
         return cls(rects=[np.asarray(r, np.int32).reshape(-1, 4) for r in d["rects"]],
                    sizes=[np.asarray(s, np.int64) for s in d["sizes"]],
                    bits=[base64.b64decode(b) for b in d["bits"]])
+
+
+def object_mask_rows(cols: dict) -> CarriedPart:
+    """Rows of a base version's object masks as columns (what an update or a compaction carries a slot over with)."""
+    def to_part(c):
+        n, ragged = c["flat"]["n"], c["ragged"]
+        raw = {k: np.ascontiguousarray(v[0]).reshape(-1).view(np.uint8) for k, v in ragged.items()}
+        return ObjectMasksPart(rects=split_rows(raw["rects"].view(np.int32).reshape(-1, 4), n),
+                               sizes=split_rows(raw["sizes"].view(np.int64), n),
+                               bits=[bytes(b) for b in split_rows(raw["bits"], ragged["bits"][1])])
+    return CarriedPart(cols, to_part)
 
 
 class ObjectMasksReader(Reader):
@@ -315,32 +338,32 @@ class ObjectMasksField(Field):
     def load_part(self, d: dict) -> ObjectMasksPart:
         return ObjectMasksPart.from_json(d)
 
-    def rows_part(self, reader: ObjectMasksReader, start: int, count: int, shard) -> ObjectMasksPart:
-        part = ObjectMasksPart()
-        for i in range(start, start + count):
-            rows = np.arange(int(reader.box_offsets[i]), int(reader.box_offsets[i + 1]), dtype=np.int64)
-            part.rects.append(np.asarray(reader.rects[rows], np.int32).reshape(-1, 4))
-            sizes = (reader.offsets[rows + 1] - reader.offsets[rows]).astype(np.int64)
-            part.sizes.append(sizes)
-            a, b = (int(reader.offsets[rows[0]]), int(reader.offsets[rows[-1] + 1])) if len(rows) else (0, 0)
-            part.bits.append(bytes(reader.bits[a:b]))
-        return part
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, object_mask_rows)
+
+    def rows_part(self, reader: ObjectMasksReader, start: int, count: int, shard) -> CarriedPart:
+        """Rows ``[start, start + count)`` of the base as its arrays, in one slice a column (no object a row)."""
+        box = reader.box_offsets[start:start + count + 1].astype(np.int64)
+        a, b = int(box[0]), int(box[-1])
+        n = np.diff(box)
+        rects = np.ascontiguousarray(reader.rects[a:b], np.int32).reshape(-1, 4)
+        sizes = np.diff(reader.offsets[a:b + 1]).astype(np.int64)
+        bits = np.asarray(reader.bits[int(reader.offsets[a]):int(reader.offsets[b])], np.uint8)
+        nbits = np.diff(reader.offsets[box]).astype(np.int64)
+        return object_mask_rows({"flat": {"n": n}, "ragged": {"rects": (rects, n * 16), "sizes": (sizes, n * 8),
+                                                              "bits": (bits, nbits)}})
 
     def empty_part(self) -> ObjectMasksPart:
         return ObjectMasksPart()
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        rects = [r for p in parts for r in p.rects]
-        sizes = np.concatenate([s for p in parts for s in p.sizes] or [np.zeros(0, np.int64)]).astype(np.int64)
+        sizes = parts.ragged("sizes", np.int64)  # (a ColumnsParts: every version's, Field.collect; the kept rows)
         offsets = np.zeros(len(sizes) + 1, np.int64)
         np.cumsum(sizes, out=offsets[1:])
         write_group(root, self.name)
-        write_plain_array(root, f"{self.name}/rects",
-                          np.concatenate(rects).astype(np.int32) if rects else np.zeros((0, 4), np.int32),
-                          ["box", "rect"])
+        write_plain_array(root, f"{self.name}/rects", parts.ragged("rects", np.int32, (4,)), ["box", "rect"])
         write_plain_array(root, f"{self.name}/offsets", offsets, ["box_edge"])
-        write_plain_array(root, f"{self.name}/bits", np.frombuffer(b"".join(b for p in parts for b in p.bits),
-                                                                   np.uint8), ["byte"])
+        write_plain_array(root, f"{self.name}/bits", parts.ragged("bits", np.uint8), ["byte"])
         return {"fields": {self.name: {"kind": self.kind, "num_masks": int(len(sizes)), "nbytes": int(offsets[-1])}}}
 
     def reader(self, store, m) -> ObjectMasksReader:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError
 from ..zarr_v3 import read_plain_array, write_group, write_plain_array
-from .base import Field, Part, Reader, Role
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
 from .pixels import valid_offsets
 
 from ..names import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
@@ -73,12 +73,42 @@ class ObjectsPart(Part):
                 "attrs": {k: [x.tolist() for x in v] for k, v in self.attrs.items()},
                 "image_ids": self.image_ids, "frames": self.frames, "dropped": self.dropped}
 
+    def columns(self, attributes: dict) -> dict:
+        """This part as columns (``ColumnsParts``' shape): per sample ``counts``, ``image_ids``, ``frames``; each box
+        column's rows (boxes, labels, each attribute of ``attributes`` {name: dtype}); ``dropped``."""
+        counts = np.asarray(self.counts, np.int64)
+
+        def cat(xs, dtype, width=1):
+            data = (np.concatenate([np.asarray(x, dtype).reshape(-1, width) for x in xs]) if xs
+                    else np.zeros((0, width), dtype))
+            return data, counts * (data.itemsize * width)
+
+        ragged = {"boxes": cat(self.boxes, np.float32, 4), "labels": cat(self.labels, np.int64)}
+        for name, dtype in attributes.items():
+            ragged[name] = cat(self.attrs.get(name, []), dtype)
+        return {"flat": {"counts": counts, "image_ids": np.asarray(self.image_ids, np.int64),
+                         "frames": np.asarray(self.frames, np.uint8)}, "ragged": ragged, "dropped": self.dropped}
+
     @classmethod
     def from_json(cls, d: dict, attr_dtypes: dict) -> "ObjectsPart":
         return cls(counts=list(d["counts"]), boxes=[np.asarray(b, np.float32).reshape(-1, 4) for b in d["boxes"]],
                    labels=[np.asarray(x, np.int64) for x in d["labels"]],
                    attrs={k: [np.asarray(x, attr_dtypes.get(k, "float64")) for x in v] for k, v in d["attrs"].items()},
                    image_ids=list(d["image_ids"]), frames=list(d["frames"]), dropped=int(d["dropped"]))
+
+
+def object_rows(cols: dict, attributes: dict) -> CarriedPart:
+    """Rows of a base version's objects as columns (what an update or a compaction carries a slot over with)."""
+    def to_part(c):
+        counts, ragged = c["flat"]["counts"], c["ragged"]
+        box = {name: split_rows(data.view(np.dtype(dtype)).reshape(-1, 4) if name == "boxes" else
+                                data.view(np.dtype(dtype)).reshape(-1), counts)
+               for name, dtype in (("boxes", np.float32), ("labels", np.int64), *attributes.items())
+               for data in [np.ascontiguousarray(ragged[name][0]).reshape(-1).view(np.uint8)]}
+        return ObjectsPart(counts=counts.tolist(), boxes=box["boxes"], labels=box["labels"],
+                           attrs={k: box[k] for k in attributes}, image_ids=c["flat"]["image_ids"].tolist(),
+                           frames=c["flat"]["frames"].tolist(), dropped=int(c.get("dropped", 0)))
+    return CarriedPart(cols, to_part, fill={"image_ids": -1})
 
 
 def gather_rows(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,42 +187,41 @@ class ObjectsField(Field):
     def load_part(self, d: dict) -> ObjectsPart:
         return ObjectsPart.from_json(d, self.attributes)
 
-    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> ObjectsPart:
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
+        return ColumnsParts(S, N, K, lambda cols: object_rows(cols, self.attributes),
+                            lambda part: part.columns(self.attributes))
+
+    def rows_part(self, reader: ObjectsReader, start: int, count: int, shard) -> CarriedPart:
+        """Rows ``[start, start + count)`` of the base as its arrays, in one slice a column (no object a row)."""
         off = reader.offsets
-        part = ObjectsPart(attrs={name: [] for name in self.attributes})
-        for i in range(start, start + count):
-            a, b = int(off[i]), int(off[i + 1])
-            part.counts.append(b - a)
-            part.boxes.append(np.asarray(reader.columns["boxes"][a:b]))
-            part.labels.append(np.asarray(reader.columns["labels"][a:b]))
-            for name in self.attributes:
-                part.attrs[name].append(np.asarray(reader.columns[name][a:b]))
-            part.image_ids.append(int(reader.image_ids[i]))
-            part.frames.append(int(reader.frames[i]))
-        return part
+        a, b = int(off[start]), int(off[start + count])
+        counts = np.diff(off[start:start + count + 1]).astype(np.int64)
+        ragged = {}
+        for name, dtype in (("boxes", np.float32), ("labels", np.int64), *self.attributes.items()):
+            data = np.ascontiguousarray(reader.columns[name][a:b], np.dtype(dtype))
+            ragged[name] = (data, counts * (data.itemsize * (4 if name == "boxes" else 1)))
+        return object_rows({"flat": {"counts": counts,
+                                     "image_ids": np.asarray(reader.image_ids[start:start + count], np.int64),
+                                     "frames": np.asarray(reader.frames[start:start + count], np.uint8)},
+                            "ragged": ragged, "dropped": 0}, self.attributes)
 
     def empty_part(self) -> ObjectsPart:
         return ObjectsPart(attrs={name: [] for name in self.attributes})
 
-    def finish(self, root: Path, parts, n: int, K: int) -> dict:
-        cat = lambda name, shape, dtype: (np.concatenate([np.asarray(x, dtype).reshape(shape) for p in parts  # noqa
-                                                          for x in getattr(p, name)]) if any(p.counts for p in parts)
-                                          else np.zeros((0, *shape[1:]), dtype))
-        counts = np.asarray([c for p in parts for c in p.counts], np.int64)
+    def finish(self, root: Path, parts: ColumnsParts, n: int, K: int) -> dict:
+        counts = parts.flat("counts", np.int64)  # (a ColumnsParts: every version's, Field.collect; the kept rows)
         offsets = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
         write_group(root, OBJECTS)
         write_plain_array(root, OFFSETS, offsets, ["sample_edge"])
-        write_plain_array(root, BOXES, cat("boxes", (-1, 4), np.float32), ["box", "xyxy"])
-        write_plain_array(root, LABELS, cat("labels", (-1,), np.int64), ["box"])
+        write_plain_array(root, BOXES, parts.ragged("boxes", np.float32, (4,)), ["box", "xyxy"])
+        write_plain_array(root, LABELS, parts.ragged("labels", np.int64), ["box"])
         for name, dtype in self.attributes.items():
-            col = [x for p in parts for x in p.attrs.get(name, [])]
-            write_plain_array(root, f"{OBJECTS}/{name}",
-                              np.concatenate([np.asarray(x, dtype) for x in col]) if col else np.zeros(0, dtype), ["box"])
-        write_plain_array(root, IMAGE_ID, np.asarray([i for p in parts for i in p.image_ids], np.int64), ["sample"])
-        write_plain_array(root, BOX_FRAME, np.asarray([f for p in parts for f in p.frames], np.uint8), ["sample"])
+            write_plain_array(root, f"{OBJECTS}/{name}", parts.ragged(name, np.dtype(dtype)), ["box"])
+        write_plain_array(root, IMAGE_ID, parts.flat("image_ids", np.int64), ["sample"])
+        write_plain_array(root, BOX_FRAME, parts.flat("frames", np.uint8), ["sample"])
         return {"objects": {"num_boxes": int(offsets[-1]), "box_format": "xyxy", "attributes": dict(self.attributes),
-                            "dropped_boxes": int(sum(p.dropped for p in parts)),
+                            "dropped_boxes": int(parts.dropped),
                             "images_without_boxes": int((counts == 0).sum())}}
 
     def reader(self, store, m) -> ObjectsReader:

@@ -1,0 +1,157 @@
+"""A remote version's shard table read by range (issue 34): a remote open and a sample's first read fetch the
+table's head and the one page that sample's slot is in, checked against their own SHA-256s, into the node's
+mirror (a second handle on the node fetches nothing), whatever the number of shards; a damaged page or a
+damaged shard stops the read with the file named."""
+import threading
+
+import pytest
+
+import dsc
+from dsc.errors import CorruptDatasetError
+from dsc.formats import shardtable
+from dsc.formats import versions as V
+from dsc.store.object import ObjectStore
+from test_shard_table import Tiny, open_store_of, s3, table_objects  # noqa: F401 - s3: the fixture
+
+PAGE_ROWS = 4
+
+
+def _requests(monkeypatch) -> list[tuple[str, str, int]]:
+    """(operation, object, bytes) of every GET (whole or ranged) an ObjectStore makes from now on."""
+    log, lock = [], threading.Lock()
+    real_get, real_range = ObjectStore.get, ObjectStore.read_range
+
+    def get(self, rel, *a, **k):
+        out = real_get(self, rel, *a, **k)
+        with lock:
+            log.append(("get", rel, len(out)))
+        return out
+
+    def read_range(self, rel, start, end):
+        out = real_range(self, rel, start, end)
+        with lock:
+            log.append(("range", rel, len(memoryview(out))))
+        return out
+
+    monkeypatch.setattr(ObjectStore, "get", get)
+    monkeypatch.setattr(ObjectStore, "read_range", read_range)
+    return log
+
+
+@pytest.fixture
+def pushed(s3, tmp_path_factory, monkeypatch):
+    """{shards: url} of two datasets of 6 and 48 one-sample shards (pages of 4 entries), pushed to S3."""
+    from dsc.compiler.upload import push
+
+    monkeypatch.setattr(shardtable, "PAGE_BYTES", PAGE_ROWS * shardtable.ENTRY)
+    out = {}
+    for n in (6, 48):
+        local = tmp_path_factory.mktemp("local") / f"d{n}"
+        dsc.compile(Tiny(n), local, size=2, shard_size=1, progress=False, workers=1)
+        url = f"s3://dsc-test/ranges-{n}-{id(out)}"
+        push(local, url, progress=False)
+        out[n] = (local, url)
+    return out
+
+
+def test_a_remote_first_read_fetches_the_same_table_bytes_for_6_and_48_shards(pushed, tmp_path, monkeypatch):
+    fetched = {}
+    for n, (local, url) in pushed.items():
+        (table,) = table_objects(local)
+        log = _requests(monkeypatch)
+        ds = dsc.open(url, cache_dir=tmp_path / f"cache{n}")
+        assert not [r for r in log if r[1] == table]  # none of the table at open
+        assert ds[n - 1]["image"][0, 0, 0] == (n - 1) % 251  # (the last slot: the last page)
+        assert ds[0]["image"][0, 0, 0] == 0  # (the first page)
+        got = [r for r in log if r[1] == table]
+        assert all(op == "range" for op, _, _ in got), got  # never the whole table
+        fetched[n] = sorted(nbytes for _, _, nbytes in got)
+        # a second handle of the node (another rank) reads the mirror's copies: no request for the table
+        del log[:]
+        again = dsc.open(url, cache_dir=tmp_path / f"cache{n}")
+        assert again[n - 1]["label"] == (n - 1) % 10
+        assert not [r for r in log if r[1] == table]
+        monkeypatch.undo()
+        monkeypatch.setattr(shardtable, "PAGE_BYTES", PAGE_ROWS * shardtable.ENTRY)
+    # the head (128 bytes) and the two pages read, for either; the whole table grows 48 bytes a shard (6 shards:
+    # 2 pages, 48: 12); 6's last page holds 2 entries, so it is smaller
+    page = PAGE_ROWS * shardtable.ENTRY + 32
+    assert fetched[48] == [128, page, page] and fetched[6] == [128, 2 * shardtable.ENTRY + 32, page]
+
+
+def test_a_damaged_page_or_shard_in_the_bucket_stops_the_read(pushed, tmp_path):
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    store = open_store_of(url)
+    data = bytearray((local / table).read_bytes())
+    at = shardtable.full_entry_at(bytes(data), 45)
+    data[at + 20] ^= 0xFF  # one bit of slot 45's SHA-256, in the table's page 11
+    store.put(table, bytes(data))
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert ds[2]["label"] == 2  # (another page: intact)
+    with pytest.raises(CorruptDatasetError, match=f"{table.split('/')[-1]}: page 11 does not match its SHA-256"):
+        ds[45]
+    store.put(table, (local / table).read_bytes())  # the table intact again, a shard damaged
+    m = V.read_record(local, 0)["manifest"]
+    rel = m.shards[7].path
+    shard = bytearray((local / rel).read_bytes())
+    shard[-1] ^= 0xFF
+    store.put(rel, bytes(shard))
+    ds = dsc.open(url, cache_dir=tmp_path / "c2")
+    with pytest.raises(CorruptDatasetError, match=rel):
+        ds[7]
+    assert ds[8]["image"][0, 0, 0] == 8
+
+
+def _retable(out, data: bytes) -> str:
+    """Make ``data`` the (one-object) table of version 0 of the dataset ``out`` (record and checksum rewritten)."""
+    import hashlib
+    import json
+
+    from dsc.formats.manifest import canonical_sha256
+
+    sha = hashlib.sha256(data).hexdigest()
+    (out / V.object_path(sha)).parent.mkdir(parents=True, exist_ok=True)
+    (out / V.object_path(sha)).write_bytes(data)
+    rp = out / V.record_path(0)
+    rec = json.loads(rp.read_bytes())
+    rec["manifest"]["shard_table"]["chain"] = [{"sha256": sha, "nbytes": len(data)}]
+    man = {k: v for k, v in rec["manifest"].items() if k != "checksum"}
+    rec["manifest"]["checksum"] = canonical_sha256(man)
+    rp.write_bytes(json.dumps(rec).encode())
+    return V.object_path(sha)
+
+
+def test_a_version_1_table_opens_locally_and_from_object_storage(s3, tmp_path):
+    """A format-4 dataset an earlier dsc wrote (its table in one block, version 1) reads as before: mapped from a
+    folder, fetched whole from object storage."""
+    from dsc.compiler.upload import push
+
+    out = tmp_path / "old"
+    dsc.compile(Tiny(9), out, size=2, shard_size=1, progress=False, workers=1)
+    (rel,) = table_objects(out)
+    rows, index, slots, base = shardtable.decode((out / rel).read_bytes())
+    assert index is None and base is None and slots == 9
+    v1 = (shardtable.MAGIC + (1).to_bytes(4, "little") + (rows.shape[1] // shardtable.ENTRY).to_bytes(4, "little")
+          + slots.to_bytes(8, "little") + len(rows).to_bytes(8, "little") + bytes(32) + rows.tobytes())
+    _retable(out, v1)
+    assert [dsc.open(out)[i]["label"] for i in range(9)] == [i % 10 for i in range(9)]
+    assert not [p for p in dsc.verify(out).problems if not p.view]  # (the view: its old manifest, here)
+    url = "s3://dsc-test/version-1-table"
+    push(out, url, progress=False)
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert ds[8]["image"][0, 0, 0] == 8 and not [p for p in dsc.verify(url).problems if not p.view]
+
+
+def test_verify_names_a_page_that_does_not_match_its_own_sha256(tmp_path):
+    """A table object that matches its name but not its pages' own hashes (a writer's bug) reads locally (the
+    name is checked there) and would be refused from object storage: verify says which page."""
+    out = tmp_path / "t"
+    dsc.compile(Tiny(6), out, size=2, shard_size=1, progress=False, workers=1)
+    (rel,) = table_objects(out)
+    data = bytearray((out / rel).read_bytes())
+    data[-1] ^= 0xFF  # the last page's SHA-256
+    new = _retable(out, bytes(data))
+    problems = [str(p) for p in dsc.verify(out).problems if not p.view]
+    assert problems == [f"shard table: {new}: page 0 does not match its own SHA-256 (readers of object storage "
+                        f"refuse it)"], problems

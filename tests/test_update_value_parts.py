@@ -1,0 +1,201 @@
+"""An --update (and a compaction) carries the base's value fields (number, text, ragged, array, json, bytes)
+over slot by slot as the base's stored bytes, in one slice a slot, folded into flat arrays (``ColumnsParts``):
+no row read one by one, no part kept a slot (issue 34: an update's cost per changed slot)."""
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+import dsc
+
+
+def _table(path, n: int, changed: int | None = None) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    def png(i):
+        b = io.BytesIO()
+        Image.new("RGB", (4, 4), (i * 5 % 251, 0, 0)).save(b, "PNG")
+        return b.getvalue()
+
+    pq.write_table(pa.table({
+        "image": [png(i) for i in range(n)], "label": [i % 2 for i in range(n)],
+        "score": pa.array([0.5 * i for i in range(n)], pa.float32()),
+        "caption": [("a new caption" if i == changed else f"cap {i}") for i in range(n)],
+        "tags": [list(range(i % 4)) for i in range(n)]}), path)
+
+
+def _update_one_caption(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
+    """(rows the update read one by one, value parts alive when it writes its version) for an --update of a table
+    of ``n`` one-sample slots whose one caption changed."""
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+    from dsc.formats.fields.columns import ValuePart, ValueReader
+
+    table, out = tmp_path / f"t{n}.parquet", tmp_path / f"d{n}"
+    _table(table, n)
+    args = ["compile", "table", str(table), str(out), "--size", "2x2", "--shard-size", "1", "--workers", "1",
+            "--column", "score", "--column", "caption", "--column", "tags"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    _table(table, n, changed=1)
+    U = sys.modules["dsc.compiler.update"]
+    real_write, real_row, seen = U.write_version, ValueReader.row_bytes, {"rows": 0}
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["parts"] = sum(isinstance(o, ValuePart) for o in gc.get_objects())
+        return real_write(*a, **k)
+
+    def row_bytes(self, i):
+        seen["rows"] += 1
+        return real_row(self, i)
+
+    with monkeypatch.context() as m:
+        m.setattr(U, "write_version", write_version)
+        m.setattr(ValueReader, "row_bytes", row_bytes)
+        r = CliRunner().invoke(main, args + ["--update"])
+    assert r.exit_code == 0, r.output
+    ds = dsc.open(out)
+    assert ds.version == 1 and ds.history()[-1]["relabelled"] == 1
+    b = ds.get_batch(np.arange(n), boxes="list")
+    assert b["caption"] == [("a new caption" if i == 1 else f"cap {i}") for i in range(n)]
+    assert b["score"].tolist() == [0.5 * i for i in range(n)]
+    assert [t.tolist() for t in b["tags"]] == [list(range(i % 4)) for i in range(n)]
+    assert not dsc.verify(out).problems
+    return seen["rows"], seen["parts"]
+
+
+def test_an_update_of_one_slot_reads_no_value_row_one_by_one_nor_keeps_a_part_a_slot(tmp_path, monkeypatch):
+    few = _update_one_caption(tmp_path, monkeypatch, 6)
+    many = _update_one_caption(tmp_path, monkeypatch, 30)
+    # (before: every row of every slot read as a bytes object, 3 fields x n, and 3 parts kept a slot)
+    assert few == many and many[0] == 0 and many[1] <= 3, (few, many)
+
+
+def test_a_compaction_keeps_the_value_fields(tmp_path):
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    table, out = tmp_path / "t.parquet", tmp_path / "d"
+    _table(table, 9)
+    args = ["compile", "table", str(table), str(out), "--size", "2x2", "--shard-size", "2", "--workers", "1",
+            "--column", "score", "--column", "caption", "--column", "tags"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(table)
+    pq.write_table(t.filter(pa.array([i not in (2, 5) for i in range(9)])), table)  # two rows removed
+    r = CliRunner().invoke(main, args + ["--update"])
+    assert r.exit_code == 0, r.output
+    dsc.compact(out)
+    ds = dsc.open(out)
+    keep = [i for i in range(9) if i not in (2, 5)]
+    b = ds.get_batch(np.arange(len(ds)), boxes="list")
+    assert sorted(b["caption"]) == sorted(f"cap {i}" for i in keep)
+    by_caption = {c: (s, t.tolist()) for c, s, t in zip(b["caption"], b["score"].tolist(), b["tags"])}
+    assert by_caption == {f"cap {i}": (0.5 * i, list(range(i % 4))) for i in keep}
+    assert not dsc.verify(out).problems
+
+
+def _coco_relabel_one(tmp_path, monkeypatch, n: int) -> int:
+    """Objects parts alive when an --update of a COCO dataset of ``n`` one-sample slots, one box relabelled,
+    writes its version; the result equals a fresh compile's."""
+    import json
+
+    from dsc.formats.fields.base import CarriedPart as ObjectRows
+    from dsc.formats.fields.objects import ObjectsPart
+    from dsc.synthetic import detection_scenes, write_coco
+
+    ann, images = write_coco(tmp_path / f"coco{n}", detection_scenes(n, seed=3))
+    out, opts = tmp_path / f"out{n}", dict(max_side=32, shard_size=1, workers=1, progress=False)
+    dsc.compile_coco(ann, images, out, **opts)
+    data = json.loads(ann.read_text())
+    first = data["annotations"][0]
+    first["category_id"] = next(c["id"] for c in data["categories"] if c["id"] != first["category_id"])
+    ann.write_text(json.dumps(data))
+    U, seen = sys.modules["dsc.compiler.update"], {}
+    real_write = U.write_version
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["parts"] = sum(isinstance(o, (ObjectsPart, ObjectRows)) for o in gc.get_objects())
+        return real_write(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(U, "write_version", write_version)
+        r = dsc.compile_coco(ann, images, out, update=True, **opts)
+    assert r.plan["relabelled"] == 1 and r.plan["decoded"] == 0
+    fresh = tmp_path / f"fresh{n}"
+    dsc.compile_coco(ann, images, fresh, **opts)
+    a, b = dsc.open(out), dsc.open(fresh)
+    ia = {k: i for i, k in enumerate(a.keys)}
+    for j, k in enumerate(b.keys):
+        x, y = a[ia[k]], b[j]
+        assert np.allclose(x["boxes"].numpy(), y["boxes"].numpy(), atol=1e-4)
+        assert x["labels"].tolist() == y["labels"].tolist() and x["image_id"] == y["image_id"]
+    assert a.manifest.objects == b.manifest.objects and not dsc.verify(out).problems
+    return seen["parts"]
+
+
+def test_an_update_of_one_slots_objects_keeps_no_part_a_slot(tmp_path, monkeypatch):
+    few = _coco_relabel_one(tmp_path, monkeypatch, 5)
+    many = _coco_relabel_one(tmp_path, monkeypatch, 20)
+    assert few == many <= 1, (few, many)  # (before: an ObjectsPart a slot, each with its per-sample lists)
+
+
+def _instances_update(tmp_path, monkeypatch, n: int) -> int:
+    """Per-object mask and keypoint parts alive when an --update of a COCO instances set of ``n`` one-sample
+    slots, one object's joints moved, writes its version; its masks and joints equal a fresh compile's."""
+    import json
+    import shutil
+
+    from dsc.formats.fields.base import CarriedPart
+    from dsc.formats.fields.keypoints import KeypointsPart
+    from dsc.formats.fields.object_masks import ObjectMasksPart
+    from dsc.synthetic import write_coco_instances
+
+    ann, images = write_coco_instances(tmp_path / f"src{n}", n=n, seed=3)
+    out, opts = tmp_path / f"out{n}", dict(masks="instance", shard_size=1, progress=False, workers=1)
+    dsc.compile_coco(ann, images, out, **opts)
+    src = tmp_path / f"edit{n}"
+    shutil.copytree(ann.parent, src)
+    data = json.loads((src / ann.name).read_text())
+    first = next(a for a in data["annotations"] if a.get("keypoints"))
+    first["keypoints"][:3] = [5.5, 6.5, 2]
+    (src / ann.name).write_text(json.dumps(data))
+    U, seen = sys.modules["dsc.compiler.update"], {}
+    real_write = U.write_version
+
+    def write_version(*a, **k):
+        gc.collect()
+        seen["parts"] = sum(isinstance(o, (ObjectMasksPart, KeypointsPart, CarriedPart)) for o in gc.get_objects())
+        return real_write(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(U, "write_version", write_version)
+        dsc.compile_coco(src / ann.name, src / "images", out, update=True, **opts)
+    fresh = tmp_path / f"fresh{n}"
+    dsc.compile_coco(src / ann.name, src / "images", fresh, **opts)
+    a, b = dsc.open(out), dsc.open(fresh)
+    assert a.version == 1 and dsc.verify(out).ok
+    ia = {k: i for i, k in enumerate(a.keys)}
+    for j, k in enumerate(b.keys):
+        x, y = a[ia[k]], b[j]
+        assert np.array_equal(x["masks"].numpy(), y["masks"].numpy()), k
+        assert np.array_equal(x["keypoints"].numpy(), y["keypoints"].numpy()), k
+    assert [a.manifest.fields[f] for f in ("masks", "keypoints")] == [b.manifest.fields[f] for f in ("masks", "keypoints")]
+    return seen["parts"]
+
+
+def test_an_update_of_one_slots_masks_and_keypoints_keeps_no_part_a_slot(tmp_path, monkeypatch):
+    few = _instances_update(tmp_path, monkeypatch, 4)
+    many = _instances_update(tmp_path, monkeypatch, 12)
+    assert few == many <= 2, (few, many)  # (before: a masks part and a keypoints part a slot)
