@@ -108,6 +108,31 @@ def test_mosaic_probability_and_what_follows_it_in_the_yolo_preset(people):
         assert len(batch["keypoints"]) == len(batch["boxes"]) == len(batch["masks_rects"])
 
 
+def test_the_yolo_preset_resamples_once_for_perspective_and_flip(people, monkeypatch):
+    """Without MixUp the flip comes before the (per-pixel) HSV jitter, so it joins RandomAffine's geometric
+    stage: one resampling pass a batch, not a warp and then a flip pass (main ran two); the boxes, masks and
+    keypoints still follow (every box frames its mask). With MixUp the flip stays last (it flips the blend)."""
+    from dsc.transforms import resample
+
+    stages = [(kind, [type(op).__name__ for op in ops]) for kind, ops in T.Compose(T.presets.yolo(48)).stages
+              if kind == "geometric"]
+    assert stages == [("geometric", ["RandomAffine", "RandomHorizontalFlip"])]
+    assert type(T.presets.yolo(48, mixup=0.5)[-1]).__name__ == "RandomHorizontalFlip"
+    calls = []
+    real = resample.apply_plan
+    monkeypatch.setattr(resample, "apply_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batches = list(dsc.Loader(people, batch_size=3, transforms=T.presets.yolo(48), seed=4))
+    assert len(calls) == len(batches)  # one pass a batch
+    for batch in batches:
+        o = batch["box_offsets"].tolist()
+        for b in range(len(o) - 1):
+            masks = object_masks(batch, "masks", b)
+            for j, (x0, y0, x1, y1) in enumerate(batch["boxes"][o[b]:o[b + 1]].tolist()):
+                ys, xs = np.nonzero(masks[j].numpy())
+                if len(xs):  # (a mask nearest-sampled may lose a sliver: it still lies inside its box)
+                    assert xs.min() >= int(x0) - 1 and xs.max() <= x1 and ys.min() >= int(y0) - 1 and ys.max() <= y1
+
+
 def test_yolo_mixup_blends_pairs_and_concatenates_their_objects(people):
     op = T.YoloMixUp(p=0.5)
     on, partner, r = op.draw(4000, torch.Generator().manual_seed(1))
