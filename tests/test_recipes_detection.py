@@ -425,9 +425,12 @@ def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypat
     op = A.RandomPhotometricDistort(p=1.0)
     img = torch.randint(0, 256, (1, 21, 27, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     sizes = torch.tensor([[21, 27]])
+    from dsc.transforms import color as C
+
     copies = []
-    real = A._to_float
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))
+    real, real_sat = A._to_float, C.saturation
+    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))  # (the contrast's mean)
+    monkeypatch.setattr(C, "saturation", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))  # (its float copy)
     for seed in range(3):
         copies.clear()
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
@@ -496,28 +499,33 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     img = torch.randint(0, 256, (2, 45, 61, 3), dtype=torch.uint8, generator=g)  # 2745 pixels: 3 pieces
     sizes = torch.tensor([[45, 61]]).expand(2, 2)
     op = A.RandomPhotometricDistort(p=1.0)
-    copies = []
-    real = A._to_float
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(x[0].numel() // 3) or real(x))
+    log, pieces = ([], []), []
+    real, real_hue, real_hsv = C.saturation, C._hue_piece, C._hsv_jitter_piece
+    monkeypatch.setattr(C, "saturation", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
+    monkeypatch.setattr(C, "_hue_piece", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
+    monkeypatch.setattr(C, "_hsv_jitter_piece", lambda v, *a: pieces.append(v) or real_hsv(v, *a))
     for sat, hue in ((True, False), (False, True), (True, True)):
         p = op.params(sizes, torch.Generator().manual_seed(7))
         p.update(on0=torch.zeros(2, dtype=torch.bool), on1=torch.zeros(2, dtype=torch.bool), on2=torch.full((2,), sat),
                  on3=torch.full((2,), hue), permute=torch.zeros(2, dtype=torch.bool))
-        copies.clear()
+        log[0].clear(), log[1].clear(), pieces.clear()
         x = img.clone()
         got = op.apply_u8(x, p, sizes)
+        copies, hues = list(log[0]), list(log[1])  # (the float stage below, the reference, makes its own)
         assert got.data_ptr() == x.data_ptr()
         ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
         assert torch.equal(got, ref.permute(0, 2, 3, 1)), (sat, hue)
         assert (len(copies) == 6 and max(copies) <= 1 << 10) if sat else copies == [], (sat, hue, copies)
-    for _, _, piece in A._u8_pieces(img):  # each piece dense with its own stride (a whole sample's in front
-        assert piece.stride(0) == piece[0].numel()  # sends the grey's torch.matmul down a ~4x slower path)
+        assert hues == ([torch.float32] * 6 if sat else [torch.uint8] * 6) if hue else hues == [], (sat, hue, hues)
     hsv = A.RandomHSV(0.2, 0.7, 0.4)
     p = hsv.params(sizes, torch.Generator().manual_seed(8))
     x = img.clone()
     got = hsv.apply_u8(x, p, sizes)
     ref = hsv.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).to(torch.uint8)
     assert got.data_ptr() == x.data_ptr() and torch.equal(got, ref.permute(0, 2, 3, 1))
+    for piece in pieces:  # each piece dense with its own stride (a whole sample's in front sends the grey's
+        assert piece.shape[0] == 1 and piece.stride(0) == piece[0].numel()  # torch.matmul down a ~4x slower path)
+    assert len(pieces) >= 6
 
 
 def test_random_iou_crop_tests_eight_of_torchvision_s_rounds_at_once(monkeypatch):

@@ -218,20 +218,84 @@ def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
 PIECE_PIXELS = 1 << 17  # a CPU kernel's pixels at once: its dozen int16 / float planes stay in cache
 
 
-def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor) -> torch.Tensor:
-    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into a float output: on
-    the CPU sample by sample, in pieces of rows of about :data:`PIECE_PIXELS` (a whole batch's planes would
-    not stay in cache between the kernel's passes: about twice slower); on a GPU in one call."""
+def _piece(v: torch.Tensor) -> torch.Tensor:
+    """(1, *v.shape): ``v`` (a slice of rows of one sample) with a dense stride of its own in front (a slice
+    ``x[n:n + 1]`` keeps the whole sample's stride there, which a float copy keeps too: torch.matmul (the grey)
+    then takes a path about 4x slower)."""
+    return v.as_strided((1, *v.shape), (v.numel(), *v.stride()), v.storage_offset())
+
+
+def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor, out: torch.Tensor | None = None,
+               samples=None) -> torch.Tensor:
+    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into ``out``: by default a
+    new float tensor; ``out=x`` runs in place (uint8 kernels that read their piece whole before writing it).
+    ``samples``: only those (a list of indices; default all). On the CPU sample by sample, in pieces of rows
+    of about :data:`PIECE_PIXELS` (a whole batch's planes would not stay in cache between the kernel's
+    passes: about twice slower); on a GPU in one call (on the samples' rows, written back)."""
     N, _, H, W = x.shape
-    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    if out is None:
+        out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
     if x.device.type != "cpu":
-        kernel(x, per_sample, out)
+        if samples is None:
+            kernel(x, per_sample, out)
+        elif len(samples):
+            rows = torch.as_tensor(samples, dtype=torch.long)
+            sub = out[rows.to(out.device)]
+            kernel(x[rows.to(x.device)], per_sample[rows], sub)
+            out[rows.to(out.device)] = sub
         return out
     rows = max(1, PIECE_PIXELS // max(W, 1))
-    for n in range(N):
+    for n in range(N) if samples is None else samples:
         for r0 in range(0, H, rows):
-            kernel(x[n:n + 1, :, r0:r0 + rows], per_sample[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
+            kernel(_piece(x[n, :, r0:r0 + rows]), per_sample[n:n + 1], _piece(out[n, :, r0:r0 + rows]))
     return out
+
+
+def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -> None:
+    """RandomPhotometricDistort's saturation then hue on whole values 0..255 ((n, 3, h, w), uint8 or float) into
+    ``out`` (may be ``x``): ``p`` (n, 4) float64, per sample (saturation on, its factor, hue on, its factor).
+    Saturation on a float copy (its grey, its blend); the hue by :func:`_hue_piece`'s integer kernel, which
+    reads the pixels into int16 before it writes any (a hue alone never goes through float)."""
+    sat, hue_on = p[:, 0] > 0, p[:, 2] > 0
+    y = x
+    if bool(sat.any()):
+        y = x.to(torch.float32)
+        rows = sat.nonzero().view(-1)
+        every = len(rows) == len(x)
+        d = rows.to(x.device)
+        new = saturation(y if every else y[d], p[rows, 1], 255.0, True)  # (whole values in 0..255: it floors)
+        if every:
+            y = new
+        else:
+            y[d] = new
+    if bool(hue_on.all()):
+        _hue_piece(y, p[:, 3], out)
+        return
+    if bool(hue_on.any()):
+        rows = hue_on.nonzero().view(-1)
+        d = rows.to(x.device)
+        sub = out[d]
+        _hue_piece(y[d], p[rows, 3], sub)
+        if y is not out:
+            out.copy_(y)
+        out[d] = sub
+        return
+    if y is not out:
+        out.copy_(y)
+
+
+def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> torch.Tensor:
+    """RandomPhotometricDistort's saturation then hue (each where ``*_on``, at the per-sample factors) on uint8
+    RGB (N, H, W, 3), in place, on the samples that drew either: on the CPU piece by piece (rows of about
+    :data:`PIECE_PIXELS` pixels of one sample: a piece's float copy, the grey, the blend and the hue's int16
+    planes all stay in cache, and the hue writes its bytes straight back into the piece), on a GPU as one
+    batch. Both ops are per pixel, so the pieces give the whole sample's numbers: the float stage's."""
+    p = torch.stack([sat_on.double(), torch.as_tensor(sat, dtype=torch.float64), hue_on.double(),
+                     torch.as_tensor(hue, dtype=torch.float64)], 1)
+    planes = x.permute(0, 3, 1, 2)  # (N, 3, H, W) view of the bytes
+    _by_pieces(_saturation_hue_piece, planes, p, out=planes,
+               samples=(sat_on | hue_on).nonzero().view(-1).tolist())
+    return x
 
 
 def sharpness(x, factor, bound, integer):
