@@ -474,16 +474,27 @@ def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
     from dsc.transforms import color as C
 
     g = torch.Generator().manual_seed(4)
+    real_copyto = np.copyto
     lut = torch.randint(0, 256, (2, 1, 256), generator=g).float()
     for shape, takes in (((2, 160, 200, 3), 0), ((2, 9, 7, 3), 2)):
         x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
         want = torch.stack([lut[b, 0].long()[x[b].long()] for b in range(2)]).to(torch.uint8)
-        calls = []
+        calls, copies = [], []
         real = np.take
         monkeypatch.setattr(C.np, "take", lambda *a, **k: calls.append(1) or real(*a, **k))
-        got = C.apply_lut(x.clone(), lut)
+        monkeypatch.setattr(C.np, "copyto", lambda *a, **k: copies.append(1) or real_copyto(*a, **k))
+        x0 = x.clone()
+        got = C.apply_lut(x0, lut)
         monkeypatch.setattr(C.np, "take", real)
         assert torch.equal(got, want) and len(calls) == takes, shape
+        # the table's bytes pasted by PIL straight into the sample's memory: no tobytes + copy back
+        assert got.data_ptr() == x0.data_ptr() and copies == [], shape
+    from PIL import Image  # an image PIL copied rather than mapped (readonly unset): the copy back instead
+
+    a = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)
+    unmapped = Image.frombytes("L", (12, 2), a.tobytes())
+    C.paste_into(unmapped, C.pil_point(unmapped, list(range(255, -1, -1))), a)
+    assert (a == 255 - np.arange(24).reshape(2, 4, 3)).all() and len(copies) == 1
 
 
 def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch):

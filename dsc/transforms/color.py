@@ -414,9 +414,10 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     for b in range(N):
         if t.shape[1] == 1 and H * W * Cn >= 1 << 16 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
             # one table: PIL's point over the sample's bytes as a greyscale image (a byte loop, no index
-            # conversion: about 1.5x numpy's take), copied back
-            im = pil_point(Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1), t[b, 0].tolist())
-            np.copyto(a[b], np.asarray(im).reshape(H, W, Cn))
+            # conversion: about 1.5x numpy's take), pasted back into them
+            src = Image.frombuffer("L", (W * Cn, H), a[b], "raw", "L", 0, 1)
+            im = pil_point(src, t[b, 0].tolist())
+            paste_into(src, im, a[b])
         elif t.shape[1] == 3 == Cn and H * W >= 1 << 14 and a.dtype == np.uint8 and a[b].flags.c_contiguous:
             # a table per channel: PIL's RGB point (the three lookups in one pass over the interleaved pixels;
             # numpy's take on each strided channel is about twice slower)
@@ -428,6 +429,19 @@ def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
             for c in range(Cn):
                 np.take(t[b, c], a[b, :, :, c], out=a[b, :, :, c], mode="clip")
     return x
+
+
+def paste_into(view: "Image.Image", im: "Image.Image", a: np.ndarray) -> None:
+    """``im``'s pixels into ``a``, the array that ``view`` (``Image.frombuffer`` of it, the same size and mode)
+    maps: PIL's C paste straight into the mapped bytes (one copy, with the GIL let go) instead of
+    ``np.asarray(im)`` (``tobytes``: an encoder's copy, holding the GIL) and a second copy into ``a``. Where
+    PIL did not map the array (``readonly`` is set only on a mapped buffer) or has no core paste: those two."""
+    core = getattr(view, "im", None)
+    if getattr(view, "readonly", 0) and core is not None and hasattr(core, "paste") and hasattr(im, "im"):
+        im.load()
+        core.paste(im.im, (0, 0, *view.size))
+        return
+    np.copyto(a, np.asarray(im).reshape(a.shape))
 
 
 def pil_point(im: "Image.Image", table: list[int]) -> "Image.Image":
