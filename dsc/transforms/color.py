@@ -162,10 +162,10 @@ def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -
     rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
     cf = c.to(torch.float32)
     mxf = mx.to(torch.float32)
-    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_()  # 0..180
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).mul_(rh)  # (180 is 0: the circle's end)
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).clamp_(min=0.0).floor_()  # mod 180, truncated
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0))
+    # (each "mod 180" one remainder, exact on these whole or float32 values: fmod, not three compares,
+    # casts and subtractions)
+    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_().remainder_(180.0)  # (180 is 0)
+    hue.mul_(rh).clamp_(min=0.0).remainder_(180.0).floor_()  # mod 180, truncated: 0..179
     sat = cf.mul(255.0).div_(mxf.clamp(min=1.0)).round_().mul_(rs).clamp_(0.0, 255.0).floor_()
     val = mxf.mul(rv).clamp_(0.0, 255.0).floor_()
     cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
@@ -174,7 +174,8 @@ def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -
     for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
         v = (y - centre).abs_()
         v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
-        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_().clamp_(0.0, 255.0)
+        # (in [V' - c', V'], within 0..255 already: no clamp; a -0.0 casts to 0)
+        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_()
 
 
 def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
