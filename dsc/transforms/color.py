@@ -208,9 +208,7 @@ def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
     for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
         v = (h - c16 * centre).abs_()
         v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
-        v.bitwise_and_((v >> 15).bitwise_not_())  # max(v, 0)
-        v.sub_(c16)
-        v.bitwise_and_(v >> 15).add_(c16)  # min(v, c)
+        torch.minimum(v.clamp_(min=0), c16, out=v)  # clamp(v, 0, c) (two vector ops, no mask)
         v.add_(mn)
         v.add_(v >> 8).bitwise_right_shift_(4)  # x 255.999 / 255 (1 + 1/256), truncated to whole levels
         out[:, k] = v
