@@ -417,3 +417,30 @@ def test_uint8_hue_and_hsv_kernels_on_the_device_equal_the_cpu():
     # so the device's promise is the CPU's: every pixel within a grey level of OpenCV's formula.
     ref = _opencv_hsv_ref(x.double().numpy(), gains.numpy())
     assert float(np.abs(on_gpu.double().numpy() - ref).max()) <= 1
+
+
+def test_uint8_saturation_hue_and_hsv_in_place_on_the_device_equal_the_cpu():
+    """RandomPhotometricDistort's saturation + hue (color.saturation_hue_u8) and RandomHSV.apply_u8 on a uint8
+    batch on the GPU: color._by_pieces runs the kernel once on the samples that drew the op (out= the batch
+    itself, written back in place), the CPU piece by piece; the same pixels within a grey level (float ties),
+    and a sample that drew neither op is untouched."""
+    from dsc.transforms import augment as A
+    from dsc.transforms import color as C
+
+    g = torch.Generator().manual_seed(1)
+    img = torch.randint(0, 256, (4, 29, 33, 3), dtype=torch.uint8, generator=g)
+    sat_on = torch.tensor([True, False, True, False])
+    hue_on = torch.tensor([True, True, False, False])
+    sat = torch.tensor([1.4, 0.7, 0.6, 1.2], dtype=torch.float64)
+    hue = torch.tensor([0.04, -0.03, 0.02, 0.01], dtype=torch.float64)
+    cpu = C.saturation_hue_u8(img.clone(), sat_on, sat, hue_on, hue)
+    dev = img.cuda()
+    got = C.saturation_hue_u8(dev, sat_on, sat, hue_on, hue)
+    assert got.data_ptr() == dev.data_ptr()
+    assert int((got.cpu().int() - cpu.int()).abs().max()) <= 1 and torch.equal(got[3].cpu(), img[3])
+    hsv = A.RandomHSV(0.2, 0.7, 0.4)
+    p = hsv.params(torch.tensor([[29, 33]]).expand(4, 2), g)
+    cpu = hsv.apply_u8(img.clone(), p, None)
+    dev = img.cuda()
+    got = hsv.apply_u8(dev, p, None)
+    assert got.data_ptr() == dev.data_ptr() and int((got.cpu().int() - cpu.int()).abs().max()) <= 1

@@ -108,6 +108,31 @@ def test_mosaic_probability_and_what_follows_it_in_the_yolo_preset(people):
         assert len(batch["keypoints"]) == len(batch["boxes"]) == len(batch["masks_rects"])
 
 
+def test_the_yolo_preset_resamples_once_for_perspective_and_flip(people, monkeypatch):
+    """Without MixUp the flip comes before the (per-pixel) HSV jitter, so it joins RandomAffine's geometric
+    stage: one resampling pass a batch, not a warp and then a flip pass (main ran two); the boxes, masks and
+    keypoints still follow (every box frames its mask). With MixUp the flip stays last (it flips the blend)."""
+    from dsc.transforms import resample
+
+    stages = [(kind, [type(op).__name__ for op in ops]) for kind, ops in T.Compose(T.presets.yolo(48)).stages
+              if kind == "geometric"]
+    assert stages == [("geometric", ["RandomAffine", "RandomHorizontalFlip"])]
+    assert type(T.presets.yolo(48, mixup=0.5)[-1]).__name__ == "RandomHorizontalFlip"
+    calls = []
+    real = resample.apply_plan
+    monkeypatch.setattr(resample, "apply_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batches = list(dsc.Loader(people, batch_size=3, transforms=T.presets.yolo(48), seed=4))
+    assert len(calls) == len(batches)  # one pass a batch
+    for batch in batches:
+        o = batch["box_offsets"].tolist()
+        for b in range(len(o) - 1):
+            masks = object_masks(batch, "masks", b)
+            for j, (x0, y0, x1, y1) in enumerate(batch["boxes"][o[b]:o[b + 1]].tolist()):
+                ys, xs = np.nonzero(masks[j].numpy())
+                if len(xs):  # (a mask nearest-sampled may lose a sliver: it still lies inside its box)
+                    assert xs.min() >= int(x0) - 1 and xs.max() <= x1 and ys.min() >= int(y0) - 1 and ys.max() <= y1
+
+
 def test_yolo_mixup_blends_pairs_and_concatenates_their_objects(people):
     op = T.YoloMixUp(p=0.5)
     on, partner, r = op.draw(4000, torch.Generator().manual_seed(1))
@@ -319,6 +344,42 @@ def test_random_hsv_on_uint8_is_within_a_grey_level_of_opencv_s_formula():
         assert torch.equal(u8.permute(0, 3, 1, 2), got.to(torch.uint8))
 
 
+def test_the_hsv_and_hue_kernels_make_fewer_passes():
+    """color._hsv_jitter_piece's "mod 180"s are one remainder each (not a compare, a cast, a multiply and a
+    subtraction, three times) and its last clamp is gone (every channel lies in [V' - c', V'] already):
+    81 passes over the piece's planes, not 94; the numbers are OpenCV's formula's (the test above) and the
+    same as before over all 2^24 colours (checked when this was written, 7 gain sets, equal)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dsc.transforms import color as C
+
+    class Count(TorchDispatchMode):
+        planes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.planes += isinstance(out, torch.Tensor) and out.numel() >= 600
+            return out
+
+    x = _rgb(1, seed=4)
+    out = torch.empty_like(x)
+    with Count() as count:
+        C._hsv_jitter_piece(x, torch.tensor([[1.01, 1.2, 0.8]], dtype=torch.float64), out)
+    assert count.planes <= 81
+    ref = _opencv_hsv_ref(x.double().numpy(), np.array([[1.01, 1.2, 0.8]]))
+    assert np.abs(out.numpy() - ref).max() <= 1
+    # the hue's integer kernel (RandomPhotometricDistort): each channel's clamp to [0, c] two vector ops
+    # (clamp, minimum) instead of six sign-mask steps: 83 passes, not 98; the same numbers over all 2^24
+    # colours (6 factors, checked when written); here the float round trip's, within a level
+    count.planes = 0
+    with Count() as count:
+        C._hue_piece(x.to(torch.uint8), torch.tensor([0.03], dtype=torch.float64), out)
+    assert count.planes <= 85  # (main: 98)
+    ref = C.rgb_to_hsv(x / 255.0)
+    ref[:, 0] = torch.remainder(ref[:, 0] + 0.03, 1.0)
+    assert float((out - C.hsv_to_rgb(ref).mul_(255.999).floor_()).abs().max()) <= 1
+
+
 # ---------------------------------------------------------------------------------------------- the bench's baseline
 def test_the_reference_baseline_runs_each_preset_as_its_reference(tmp_path):
     """bench's _ReferenceRecipe (the per-image DataLoader the detection goal is measured against): every
@@ -400,9 +461,12 @@ def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypat
     op = A.RandomPhotometricDistort(p=1.0)
     img = torch.randint(0, 256, (1, 21, 27, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     sizes = torch.tensor([[21, 27]])
+    from dsc.transforms import color as C
+
     copies = []
-    real = A._to_float
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))
+    real, real_sat = A._to_float, C.saturation
+    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))  # (the contrast's mean)
+    monkeypatch.setattr(C, "saturation", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))  # (its float copy)
     for seed in range(3):
         copies.clear()
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
@@ -446,16 +510,27 @@ def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
     from dsc.transforms import color as C
 
     g = torch.Generator().manual_seed(4)
+    real_copyto = np.copyto
     lut = torch.randint(0, 256, (2, 1, 256), generator=g).float()
     for shape, takes in (((2, 160, 200, 3), 0), ((2, 9, 7, 3), 2)):
         x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
         want = torch.stack([lut[b, 0].long()[x[b].long()] for b in range(2)]).to(torch.uint8)
-        calls = []
+        calls, copies = [], []
         real = np.take
         monkeypatch.setattr(C.np, "take", lambda *a, **k: calls.append(1) or real(*a, **k))
-        got = C.apply_lut(x.clone(), lut)
+        monkeypatch.setattr(C.np, "copyto", lambda *a, **k: copies.append(1) or real_copyto(*a, **k))
+        x0 = x.clone()
+        got = C.apply_lut(x0, lut)
         monkeypatch.setattr(C.np, "take", real)
         assert torch.equal(got, want) and len(calls) == takes, shape
+        # the table's bytes pasted by PIL straight into the sample's memory: no tobytes + copy back
+        assert got.data_ptr() == x0.data_ptr() and copies == [], shape
+    from PIL import Image  # an image PIL copied rather than mapped (readonly unset): the copy back instead
+
+    a = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)
+    unmapped = Image.frombytes("L", (12, 2), a.tobytes())
+    assert not C._paste_back(unmapped, C.pil_point(unmapped, list(range(255, -1, -1))))
+    assert (a == np.arange(24).reshape(2, 4, 3)).all()
 
 
 def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch):
@@ -471,28 +546,33 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     img = torch.randint(0, 256, (2, 45, 61, 3), dtype=torch.uint8, generator=g)  # 2745 pixels: 3 pieces
     sizes = torch.tensor([[45, 61]]).expand(2, 2)
     op = A.RandomPhotometricDistort(p=1.0)
-    copies = []
-    real = A._to_float
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(x[0].numel() // 3) or real(x))
+    log, pieces = ([], []), []
+    real, real_hue, real_hsv = C.saturation, C._hue_piece, C._hsv_jitter_piece
+    monkeypatch.setattr(C, "saturation", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
+    monkeypatch.setattr(C, "_hue_piece", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
+    monkeypatch.setattr(C, "_hsv_jitter_piece", lambda v, *a: pieces.append(v) or real_hsv(v, *a))
     for sat, hue in ((True, False), (False, True), (True, True)):
         p = op.params(sizes, torch.Generator().manual_seed(7))
         p.update(on0=torch.zeros(2, dtype=torch.bool), on1=torch.zeros(2, dtype=torch.bool), on2=torch.full((2,), sat),
                  on3=torch.full((2,), hue), permute=torch.zeros(2, dtype=torch.bool))
-        copies.clear()
+        log[0].clear(), log[1].clear(), pieces.clear()
         x = img.clone()
         got = op.apply_u8(x, p, sizes)
+        copies, hues = list(log[0]), list(log[1])  # (the float stage below, the reference, makes its own)
         assert got.data_ptr() == x.data_ptr()
         ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8)
         assert torch.equal(got, ref.permute(0, 2, 3, 1)), (sat, hue)
         assert (len(copies) == 6 and max(copies) <= 1 << 10) if sat else copies == [], (sat, hue, copies)
-    for _, _, piece in A._u8_pieces(img):  # each piece dense with its own stride (a whole sample's in front
-        assert piece.stride(0) == piece[0].numel()  # sends the grey's torch.matmul down a ~4x slower path)
+        assert hues == ([torch.float32] * 6 if sat else [torch.uint8] * 6) if hue else hues == [], (sat, hue, hues)
     hsv = A.RandomHSV(0.2, 0.7, 0.4)
     p = hsv.params(sizes, torch.Generator().manual_seed(8))
     x = img.clone()
     got = hsv.apply_u8(x, p, sizes)
     ref = hsv.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).to(torch.uint8)
     assert got.data_ptr() == x.data_ptr() and torch.equal(got, ref.permute(0, 2, 3, 1))
+    for piece in pieces:  # each piece dense with its own stride (a whole sample's in front sends the grey's
+        assert piece.shape[0] == 1 and piece.stride(0) == piece[0].numel()  # torch.matmul down a ~4x slower path)
+    assert len(pieces) >= 6
 
 
 def test_random_iou_crop_tests_eight_of_torchvision_s_rounds_at_once(monkeypatch):

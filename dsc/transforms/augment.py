@@ -274,8 +274,8 @@ class RandomPhotometricDistort(PixelOp):
 
         op(0)
         op(1, p["contrast_before"])
-        if x.shape[3] == 3 and x.device.type == "cpu":
-            saturation_hue_u8(x, p["on2"], p["f2"], p["on3"], p["f3"])
+        if x.shape[3] == 3:
+            C.saturation_hue_u8(x, p["on2"], p["f2"], p["on3"], p["f3"])
         else:
             op(2)
             op(3)
@@ -286,37 +286,6 @@ class RandomPhotometricDistort(PixelOp):
                 for c, k in enumerate(p["perm"][r].tolist()):
                     x[r][..., c].copy_(src[..., k])
         return x
-
-
-def _u8_pieces(x: torch.Tensor, rows=None):
-    """(sample, first row, piece) over CPU uint8 (N, H, W, C): each sample of ``rows`` (default all) as (1, h, W, C) views of
-    consecutive rows, about :data:`color.PIECE_PIXELS` pixels each (a per-pixel kernel's float and int16
-    planes of a piece stay in cache; a whole sample's would not)."""
-    N, H, W = x.shape[:3]
-    step = max(1, C.PIECE_PIXELS // max(W, 1))
-    for b in (range(N) if rows is None else rows):
-        for r0 in range(0, H, step):
-            yield b, r0, x[b, r0:r0 + step].unsqueeze(0)  # (x[b:b + 1, ...] keeps the whole sample's stride in
-            # front, which the float copy keeps too: torch.matmul (the grey) then takes a path about 4x slower)
-
-
-def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> None:
-    """RandomPhotometricDistort's saturation then hue (each where ``*_on``, at the per-sample factors) on CPU
-    uint8 RGB (N, H, W, 3), in place, piece by piece (rows of about :data:`color.PIECE_PIXELS` pixels of one
-    sample): a piece's float copy, the grey, the blend and the hue's int16 planes all stay in cache, and the
-    hue writes its bytes straight back into the piece (a hue alone never goes through float). Both ops are
-    per pixel, so the pieces give the whole sample's numbers: the float stage's."""
-    sat_on, hue_on = sat_on.tolist(), hue_on.tolist()
-    for b, _, piece in _u8_pieces(x, [b for b in range(len(x)) if sat_on[b] or hue_on[b]]):
-        planes = piece.permute(0, 3, 1, 2)  # (1, 3, h, W) view of the piece's bytes
-        if sat_on[b]:
-            y = C.saturation(_to_float(piece), sat[b:b + 1], 255.0, True)
-            if hue_on[b]:
-                C._hue_piece(y, hue[b:b + 1], planes)
-            else:
-                planes.copy_(y)  # (whole values in 0..255 already: the blend clamps and floors)
-        else:
-            C._hue_piece(planes, hue[b:b + 1], planes)  # (the hexagon reads the piece into int16 before any write)
 
 
 class RandomHSV(PixelOp):
@@ -353,12 +322,8 @@ class RandomHSV(PixelOp):
     def apply_u8(self, x, p, sizes):
         if x.shape[3] != 3:
             return x
-        if x.device.type != "cpu":
-            return _to_u8(C.hsv_jitter_integer(x.permute(0, 3, 1, 2), p["r"]))
-        gains = p["r"].reshape(-1, 3)
-        for b, _, piece in _u8_pieces(x):  # in place: each piece's bytes read into int16 planes, then written
-            planes = piece.permute(0, 3, 1, 2)
-            C._hsv_jitter_piece(planes, gains[b:b + 1], planes)
+        planes = x.permute(0, 3, 1, 2)  # in place: each piece's bytes read into int16 planes, then written
+        C._by_pieces(C._hsv_jitter_piece, planes, p["r"].reshape(-1, 3), out=planes)
         return x
 
 

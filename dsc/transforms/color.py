@@ -162,10 +162,10 @@ def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -
     rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
     cf = c.to(torch.float32)
     mxf = mx.to(torch.float32)
-    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_()  # 0..180
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).mul_(rh)  # (180 is 0: the circle's end)
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0)).clamp_(min=0.0).floor_()  # mod 180, truncated
-    hue.sub_((hue >= 180.0).to(torch.float32).mul_(180.0))
+    # (each "mod 180" one remainder, exact on these whole or float32 values: fmod, not three compares,
+    # casts and subtractions)
+    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_().remainder_(180.0)  # (180 is 0)
+    hue.mul_(rh).clamp_(min=0.0).remainder_(180.0).floor_()  # mod 180, truncated: 0..179
     sat = cf.mul(255.0).div_(mxf.clamp(min=1.0)).round_().mul_(rs).clamp_(0.0, 255.0).floor_()
     val = mxf.mul(rv).clamp_(0.0, 255.0).floor_()
     cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
@@ -174,7 +174,8 @@ def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -
     for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
         v = (y - centre).abs_()
         v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
-        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_().clamp_(0.0, 255.0)
+        # (in [V' - c', V'], within 0..255 already: no clamp; a -0.0 casts to 0)
+        out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_()
 
 
 def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
@@ -207,9 +208,7 @@ def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
     for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
         v = (h - c16 * centre).abs_()
         v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
-        v.bitwise_and_((v >> 15).bitwise_not_())  # max(v, 0)
-        v.sub_(c16)
-        v.bitwise_and_(v >> 15).add_(c16)  # min(v, c)
+        torch.minimum(v.clamp_(min=0), c16, out=v)  # clamp(v, 0, c) (two vector ops, no mask)
         v.add_(mn)
         v.add_(v >> 8).bitwise_right_shift_(4)  # x 255.999 / 255 (1 + 1/256), truncated to whole levels
         out[:, k] = v
@@ -218,20 +217,84 @@ def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
 PIECE_PIXELS = 1 << 17  # a CPU kernel's pixels at once: its dozen int16 / float planes stay in cache
 
 
-def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor) -> torch.Tensor:
-    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into a float output: on
-    the CPU sample by sample, in pieces of rows of about :data:`PIECE_PIXELS` (a whole batch's planes would
-    not stay in cache between the kernel's passes: about twice slower); on a GPU in one call."""
+def _piece(v: torch.Tensor) -> torch.Tensor:
+    """(1, *v.shape): ``v`` (a slice of rows of one sample) with a dense stride of its own in front (a slice
+    ``x[n:n + 1]`` keeps the whole sample's stride there, which a float copy keeps too: torch.matmul (the grey)
+    then takes a path about 4x slower)."""
+    return v.as_strided((1, *v.shape), (v.numel(), *v.stride()), v.storage_offset())
+
+
+def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor, out: torch.Tensor | None = None,
+               samples=None) -> torch.Tensor:
+    """``kernel(piece, its samples' parameters, out piece)`` over (N, 3, H, W) ``x`` into ``out``: by default a
+    new float tensor; ``out=x`` runs in place (uint8 kernels that read their piece whole before writing it).
+    ``samples``: only those (a list of indices; default all). On the CPU sample by sample, in pieces of rows
+    of about :data:`PIECE_PIXELS` (a whole batch's planes would not stay in cache between the kernel's
+    passes: about twice slower); on a GPU in one call (on the samples' rows, written back)."""
     N, _, H, W = x.shape
-    out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    if out is None:
+        out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
     if x.device.type != "cpu":
-        kernel(x, per_sample, out)
+        if samples is None:
+            kernel(x, per_sample, out)
+        elif len(samples):
+            rows = torch.as_tensor(samples, dtype=torch.long)
+            sub = out[rows.to(out.device)]
+            kernel(x[rows.to(x.device)], per_sample[rows], sub)
+            out[rows.to(out.device)] = sub
         return out
     rows = max(1, PIECE_PIXELS // max(W, 1))
-    for n in range(N):
+    for n in range(N) if samples is None else samples:
         for r0 in range(0, H, rows):
-            kernel(x[n:n + 1, :, r0:r0 + rows], per_sample[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
+            kernel(_piece(x[n, :, r0:r0 + rows]), per_sample[n:n + 1], _piece(out[n, :, r0:r0 + rows]))
     return out
+
+
+def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -> None:
+    """RandomPhotometricDistort's saturation then hue on whole values 0..255 ((n, 3, h, w), uint8 or float) into
+    ``out`` (may be ``x``): ``p`` (n, 4) float64, per sample (saturation on, its factor, hue on, its factor).
+    Saturation on a float copy (its grey, its blend); the hue by :func:`_hue_piece`'s integer kernel, which
+    reads the pixels into int16 before it writes any (a hue alone never goes through float)."""
+    sat, hue_on = p[:, 0] > 0, p[:, 2] > 0
+    y = x
+    if bool(sat.any()):
+        y = x.to(torch.float32)
+        rows = sat.nonzero().view(-1)
+        every = len(rows) == len(x)
+        d = rows.to(x.device)
+        new = saturation(y if every else y[d], p[rows, 1], 255.0, True)  # (whole values in 0..255: it floors)
+        if every:
+            y = new
+        else:
+            y[d] = new
+    if bool(hue_on.all()):
+        _hue_piece(y, p[:, 3], out)
+        return
+    if bool(hue_on.any()):
+        rows = hue_on.nonzero().view(-1)
+        d = rows.to(x.device)
+        sub = out[d]
+        _hue_piece(y[d], p[rows, 3], sub)
+        if y is not out:
+            out.copy_(y)
+        out[d] = sub
+        return
+    if y is not out:
+        out.copy_(y)
+
+
+def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> torch.Tensor:
+    """RandomPhotometricDistort's saturation then hue (each where ``*_on``, at the per-sample factors) on uint8
+    RGB (N, H, W, 3), in place, on the samples that drew either: on the CPU piece by piece (rows of about
+    :data:`PIECE_PIXELS` pixels of one sample: a piece's float copy, the grey, the blend and the hue's int16
+    planes all stay in cache, and the hue writes its bytes straight back into the piece), on a GPU as one
+    batch. Both ops are per pixel, so the pieces give the whole sample's numbers: the float stage's."""
+    p = torch.stack([sat_on.double(), torch.as_tensor(sat, dtype=torch.float64), hue_on.double(),
+                     torch.as_tensor(hue, dtype=torch.float64)], 1)
+    planes = x.permute(0, 3, 1, 2)  # (N, 3, H, W) view of the bytes
+    _by_pieces(_saturation_hue_piece, planes, p, out=planes,
+               samples=(sat_on | hue_on).nonzero().view(-1).tolist())
+    return x
 
 
 def sharpness(x, factor, bound, integer):
@@ -384,9 +447,11 @@ def pil_lut(a: np.ndarray, tables: np.ndarray, im: "Image.Image | None" = None) 
 def _paste_back(im: "Image.Image", out: "Image.Image") -> bool:
     """``out``'s pixels written into the memory ``im`` maps (``Image.frombuffer``'s image of an array), with
     the core's paste (``Image.paste`` would first copy a mapped, read-only image); False where this Pillow's
-    core has no paste (the caller copies)."""
+    core has no paste or PIL copied the array rather than mapping it (the caller copies)."""
     core, src = _core(im, "paste"), _core(out, "paste")
-    if core is None or src is None:
+    if core is None or src is None or not getattr(im, "readonly", 0):
+        # (``readonly`` is set only where PIL mapped the array: an image it copied would take the paste and
+        # leave the array as it was)
         return False
     core.paste(src, (0, 0) + im.size)
     return True

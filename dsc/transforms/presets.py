@@ -22,7 +22,9 @@
 * ``yolo(size=640, mosaic=1.0, mixup=0.0)``: Ultralytics' default train-time augmentation (Mosaic of 4 with
   probability ``mosaic``, the others letterboxed; random_perspective as RandomAffine(translate 0.1, scale
   0.5, bilinear as cv2.warpAffine, fill 114, output size); MixUp with probability ``mixup`` (YoloMixUp:
-  Beta(32, 32), objects of both images); HSV jitter h 0.015 / s 0.7 / v 0.4; flip 0.5).
+  Beta(32, 32), objects of both images); HSV jitter h 0.015 / s 0.7 / v 0.4; flip 0.5). Without MixUp the
+  flip comes before the HSV jitter (per pixel: the same images, drawn in that order), so RandomAffine and
+  the flip are one geometric stage: one resample through the composed map.
 """
 from __future__ import annotations
 
@@ -106,12 +108,12 @@ def yolo(size: int = 640, degrees: float = 0.0, translate: float = 0.1, scale: f
     ops: list = [Mosaic(size, fill=114, p=float(mosaic))]  # (p < 1: the others letterboxed, as Ultralytics)
     ops.append(RandomAffine(degrees=degrees, translate=(translate, translate), scale=(1 - scale, 1 + scale),
                             shear=shear or None, interpolation="bilinear", fill=114, size=(size, size)))
-    if mixup > 0:
-        ops.append(YoloMixUp(mixup))
-    ops.append(RandomHSV(*hsv))
-    if fliplr > 0:
-        ops.append(RandomHorizontalFlip(fliplr))
-    return ops
+    flip = [RandomHorizontalFlip(fliplr)] if fliplr > 0 else []
+    if mixup > 0:  # (Ultralytics flips the blend: both images with the sample's flip)
+        return ops + [YoloMixUp(mixup), RandomHSV(*hsv), *flip]
+    # without MixUp the flip goes before the HSV jitter, which is per pixel (the same image either way, the
+    # same distribution): the flip then joins the perspective's map, one resample for both, not a second pass
+    return ops + [*flip, RandomHSV(*hsv)]
 
 
 RECIPES = {
