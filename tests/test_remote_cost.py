@@ -247,6 +247,45 @@ def test_the_caches_one_flock_probe(tmp_path):
     assert not _downloading(str(path)) and live_holder(str(path)) is None and not path.exists()  # (a dead mark goes)
 
 
+def test_one_flock_probe_for_every_writer_and_reader(tmp_path):
+    """The non-blocking flock probe is written once (``store.local.try_exclusive``), and the cache, the vacuum's
+    lock on a version's pin (``lock_unpinned``) and a writer's lock (``OutLock``) all use it: a held pin is
+    refused, a held OUT names its holder, and both are taken once let go."""
+    import fcntl
+    import os
+    import re
+    from pathlib import Path
+
+    import dsc
+    from dsc.errors import CompileLockedError
+    from dsc.formats import versions as V
+    from dsc.runtime import cache
+    from dsc.store import local
+
+    pkg = Path(dsc.__file__).parent
+    probes = [p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if "LOCK_NB" in p.read_text()]
+    assert probes == ["store/local.py"] and local.try_exclusive is cache.try_exclusive is V.try_exclusive
+    assert len(re.findall(r"LOCK_NB", (pkg / "store/local.py").read_text())) == 1
+
+    pin = V.open_pin(tmp_path, 3)
+    fcntl.flock(pin, fcntl.LOCK_SH)  # (a reader of version 3)
+    assert V.lock_unpinned(tmp_path, 3) is None
+    os.close(pin)
+    fd = V.lock_unpinned(tmp_path, 3)
+    assert fd is not None
+    os.close(fd)
+
+    out = tmp_path / "out"
+    with local.OutLock(out, "vacuum"):
+        try:
+            with local.OutLock(out):
+                raise AssertionError("a second writer took the lock")
+        except CompileLockedError as e:
+            assert "another dsc vacuum" in str(e)
+    with local.OutLock(out):
+        pass
+
+
 def _answer_puts(monkeypatch, answer):
     """The loopback server answers a PUT with ``answer(path, headers)`` when that gives one, else as S3 does."""
     from moto.s3.responses import S3Response
