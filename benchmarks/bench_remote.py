@@ -68,17 +68,21 @@ def _random_epochs(ds, epochs: int = 20) -> float:
     return (time.perf_counter() - t0) / epochs
 
 
-def _server(log=None, tls: bool = False) -> tuple[subprocess.Popen, str]:
+def _server(log=None, tls: bool = False, keep_alive: bool = False) -> tuple[subprocess.Popen, str]:
     """moto's S3 server in its own process; ``log``: a file its request log (one line a request) goes to. ``tls``:
     served over https with a certificate made up on the spot (a client must be told to accept it:
-    ``AWS_ALLOW_INVALID_CERTIFICATES=true``), as a real bucket is reached."""
+    ``AWS_ALLOW_INVALID_CERTIFICATES=true``), as a real bucket is reached. ``keep_alive``: the connections kept
+    open between requests, as a bucket keeps them (moto_keepalive.py)."""
     import ssl
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-                            + (["--ssl"] if tls else []),
+    # (keep_alive: moto's application with its connections kept open between requests, as a bucket keeps them:
+    # see moto_keepalive.py; else werkzeug's server as moto runs it, one connection per request)
+    cmd = ([sys.executable, str(Path(__file__).with_name("moto_keepalive.py")), str(port)] if keep_alive else
+           [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
+    proc = subprocess.Popen(cmd + (["--ssl"] if tls else []),
                             stdout=subprocess.DEVNULL, stderr=log if log is not None else subprocess.DEVNULL)
     endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     context = ssl._create_unverified_context() if tls else None

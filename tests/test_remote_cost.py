@@ -150,6 +150,90 @@ def test_the_staging_of_a_compile_to_a_url_is_flushed_as_a_local_output(s3, src,
     assert len(synced) == 2
 
 
+def test_a_compile_to_a_url_flushes_and_keeps_no_shard_it_uploaded(s3, src, tmp_path, monkeypatch):
+    """Each shard a compile to a URL stages leaves the staging once the bucket has it, before the staging is flushed:
+    the flush writes none of the dataset's pixels to the local disk (it wrote them all: 150 MB per 1,000 images of
+    224x224, written back, then unlinked), and the staging never holds more than the shards on their way up (it held
+    the whole dataset until the end). Counted: the shard bytes staged when the one syncfs runs, and the shards taken
+    out. A resumed compile counts a journaled shard the bucket has as done (no unit decoded again), and a compaction
+    (an input skipped in the first unit) gets back the shards it re-streams: the bucket's bytes are a local
+    compile's."""
+    from dsc.compiler import staging, upload
+
+    staged_at_flush, real = [], staging.sync_filesystem
+
+    def sync(path):
+        staged_at_flush.append(sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "c" in p.parts
+                                   and "image" in p.parts))
+        return real(path)
+    monkeypatch.setattr(staging, "sync_filesystem", sync)
+    made, Real = [], upload.Uploader
+    monkeypatch.setattr(upload, "Uploader", lambda *a, **kw: made.append(Real(*a, **kw)) or made[-1])
+    r = dsc.compile_imagefolder(src, "s3://dsc-up/unstaged", cache_dir=str(tmp_path / "cache"), **OPTS)
+    assert r.manifest.num_samples == 24 and staged_at_flush == [0] and made[-1].unstaged == 3
+    assert made[-1].sent == len(made[-1].jobs)  # (every file sent once)
+
+    bad = tmp_path / "bad"  # an input that does not decode, in the first unit: the two after it are re-streamed
+    import shutil
+    shutil.copytree(src, bad)
+    first = sorted(p for p in bad.rglob("*") if p.is_file())[0]
+    first.write_bytes(b"not an image")
+    url = "s3://dsc-up/compacted"
+    r = dsc.compile_imagefolder(bad, url, cache_dir=str(tmp_path / "cache"), on_error="skip", **OPTS)
+    ref = dsc.compile_imagefolder(bad, tmp_path / "local", on_error="skip", **OPTS)
+    assert r.manifest.num_samples == ref.manifest.num_samples == 23
+    store = open_store(url)
+    shards = sorted((tmp_path / "local" / "image").rglob("c/*/*/*/*"))
+    assert len(shards) == 3
+    for path in shards:
+        assert store.get(path.relative_to(tmp_path / "local").as_posix()) == path.read_bytes()
+
+
+def test_a_resumed_compile_to_a_url_keeps_the_units_whose_shards_left_the_staging(s3, src, tmp_path, monkeypatch):
+    """A compile to a URL interrupted after two units, whose shards are in the bucket and out of the staging: the
+    resumed compile decodes only the third unit (a journaled shard counts when the bucket has it, this writer's)."""
+    from dsc.compiler import upload
+    from dsc.compiler.journal import Journal
+
+    made, Real = [], upload.Uploader
+    monkeypatch.setattr(upload, "Uploader", lambda *a, **kw: made.append(Real(*a, **kw)) or made[-1])
+    real = Journal.record
+
+    def record(self, res, *a):
+        if res.s == 2:  # (the third unit: the first two are up, then it stops)
+            made[-1].settle()
+            raise KeyboardInterrupt
+        return real(self, res, *a)
+    monkeypatch.setattr(Journal, "record", record)
+    url, cache = "s3://dsc-up/resumed-unstaged", str(tmp_path / "cache")
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(src, url, cache_dir=cache, **OPTS)
+    assert made[-1].unstaged == 2
+    monkeypatch.setattr(Journal, "record", real)
+    r = dsc.compile_imagefolder(src, url, cache_dir=cache, resume=True, **OPTS)
+    assert r.resumed_units == 2 and r.decoded == 8 and r.manifest.num_samples == 24
+    ref = dsc.compile_imagefolder(src, tmp_path / "local", **OPTS)
+    store = open_store(url)
+    for path in (tmp_path / "local" / "image").rglob("c/*/*/*/*"):
+        assert store.get(path.relative_to(tmp_path / "local").as_posix()) == path.read_bytes()
+    assert ref.manifest.num_samples == 24
+
+
+def test_a_fresh_worker_has_the_object_store_library_loaded_before_its_first_unit():
+    """A compile from a bucket starts fresh workers, forked from a fork server: each loaded obstore's Rust library
+    and the CRC32C one on its first unit (about 0.1 s of CPU per worker per compile, counted by ``-X importtime``);
+    the server now loads them once. Counted: the libraries mapped in a fresh worker that has run nothing yet. (In a
+    process of its own: the fork server is started once per process, with the preload of whoever started it.)"""
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom dsc.compiler.pool import WorkerPool\np = WorkerPool(2, os.getpid, fresh=True)\n"
+            "maps = [open(f'/proc/{w.pid}/maps').read() for w, _ in p._workers]\np.close()\n"
+            "print(sum('_obstore' in m for m in maps), sum('crc32c' in m for m in maps))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "2"], out.stderr[-2000:]
+
+
 def test_a_cluster_task_carries_the_source_not_its_scan(src, tmp_path):
     """On a Dask cluster each unit's task pickles ``partial(compile_unit, source=...)`` again (Dask serializes a
     task's function with the task: counted, one pickle per submitted task). That costs nothing while a source
@@ -245,6 +329,45 @@ def test_the_caches_one_flock_probe(tmp_path):
     finally:
         os.close(probe)
     assert not _downloading(str(path)) and live_holder(str(path)) is None and not path.exists()  # (a dead mark goes)
+
+
+def test_one_flock_probe_for_every_writer_and_reader(tmp_path):
+    """The non-blocking flock probe is written once (``store.local.try_exclusive``), and the cache, the vacuum's
+    lock on a version's pin (``lock_unpinned``) and a writer's lock (``OutLock``) all use it: a held pin is
+    refused, a held OUT names its holder, and both are taken once let go."""
+    import fcntl
+    import os
+    import re
+    from pathlib import Path
+
+    import dsc
+    from dsc.errors import CompileLockedError
+    from dsc.formats import versions as V
+    from dsc.runtime import cache
+    from dsc.store import local
+
+    pkg = Path(dsc.__file__).parent
+    probes = [p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if "LOCK_NB" in p.read_text()]
+    assert probes == ["store/local.py"] and local.try_exclusive is cache.try_exclusive is V.try_exclusive
+    assert len(re.findall(r"LOCK_NB", (pkg / "store/local.py").read_text())) == 1
+
+    pin = V.open_pin(tmp_path, 3)
+    fcntl.flock(pin, fcntl.LOCK_SH)  # (a reader of version 3)
+    assert V.lock_unpinned(tmp_path, 3) is None
+    os.close(pin)
+    fd = V.lock_unpinned(tmp_path, 3)
+    assert fd is not None
+    os.close(fd)
+
+    out = tmp_path / "out"
+    with local.OutLock(out, "vacuum"):
+        try:
+            with local.OutLock(out):
+                raise AssertionError("a second writer took the lock")
+        except CompileLockedError as e:
+            assert "another dsc vacuum" in str(e)
+    with local.OutLock(out):
+        pass
 
 
 def _answer_puts(monkeypatch, answer):

@@ -48,10 +48,10 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
         if options.dry_run:
             return _dry_first_compile(out, _scan(source, warn), info)
 
-        def compile_local(stage, opts, on_unit, direct=None):
+        def compile_local(stage, opts, on_unit, direct=None, uploaded=None):
             return compile_dataset(_scan(source, warn, executor=options.executor), stage,
                                    replace(opts, update=False, dry_run=False), warn=warn, source=source,
-                                   on_unit=on_unit, direct=direct)
+                                   on_unit=on_unit, direct=direct, uploaded=uploaded)
 
         return compile_to_url(compile_local, out, options)
     out = store.path

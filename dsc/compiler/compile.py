@@ -41,7 +41,7 @@ from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
-from .upload import is_ours
+from .upload import Uploader, is_ours
 from ..store import open_store
 from ..store.local import write_atomic
 from ..store.paths import check_node_path
@@ -347,13 +347,17 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
 
 def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: CompileOptions | None = None,
                     warn=None, source: Source | None = None, on_unit=None, direct: tuple[str, str] | None = None,
-                    **kwargs) -> CompileReport:
+                    uploaded: "Uploader | None" = None, **kwargs) -> CompileReport:
     """Compile scanned records into a dataset at ``out``. Options as a :class:`CompileOptions` or keywords.
     ``warn(message)`` receives notes for the user (e.g. a stale partial output being removed).
     ``source``: the source that scanned the records (its ``fetcher`` runs in the workers); records of
     files need none. ``on_unit(result)`` is called as each unit finishes (its shards are written).
     ``direct``: (URL, writer token) of a compile to object storage whose units upload their own shards (on a
-    cluster: see cluster.py); ``out`` then gets everything but the shards."""
+    cluster: see cluster.py); ``out`` then gets everything but the shards. ``uploaded``: the Uploader of a compile to
+    object storage to which ``on_unit`` hands the shards this process stages, each taken out of the staging once it
+    is in the bucket (upload.py): a journaled shard counts when it is staged intact or in the bucket (this
+    writer's), the staging is flushed once they are up (``settle``), and a compaction gets back from the bucket
+    the shards it re-streams."""
     options = options or CompileOptions(**kwargs)
     source = source or Source()
     if source.local_only:
@@ -383,6 +387,9 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         recorded = settings(scanned, options, K, source)
         journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
                           shard_ok=uploaded_shard_check(*direct) if direct else None)
+        if uploaded:  # (staged, else uploaded: a shard leaves the staging once the bucket has it)
+            in_bucket = uploaded_shard_check(uploaded.url, uploaded.writer)
+            journal.shard_ok = lambda sh: journal.staged(sh) or in_bucket(sh)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
@@ -404,10 +411,14 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         try:
-            if direct:  # the shards a compaction re-streams come back from the bucket (only after skipped inputs)
-                fetch_compacted(tmp, results, fields, K, direct[0])
+            if uploaded and _first_short(results, K) is not None:
+                uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
+            if direct or uploaded:  # the shards a compaction re-streams come back from the bucket (only after
+                fetch_compacted(tmp, results, fields, K, direct[0] if direct else uploaded.url)  # skipped inputs)
             _compact(tmp, results, fields, K)
             manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
+            if uploaded:  # (the shards are up and out of the staging: the flush writes none of them)
+                uploaded.settle()
             staging.publish(before_rename=journal.remove)
         except OSError as e:
             if isinstance(e, DscError):

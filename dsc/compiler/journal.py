@@ -108,7 +108,11 @@ class Journal:
         self._fd: int | None = None  # units.jsonl, open for appending once the first unit is recorded
         # whether a journaled shard is still as recorded: re-hashed here, or (its workers uploaded it) checked in
         # the bucket by ``shard_ok(spec)``
-        self.shard_ok = shard_ok or (lambda sh: _intact(node_dir(self.shard_root, sh.path), sh))
+        self.shard_ok = shard_ok or self.staged
+
+    def staged(self, sh) -> bool:
+        """Whether the journaled shard ``sh`` is in the staging (or OUT) with the bytes recorded (re-hashed)."""
+        return _intact(node_dir(self.shard_root, sh.path), sh)
 
     def start(self) -> None:
         try:

@@ -15,7 +15,7 @@ import mmap
 import os
 import shutil
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -48,14 +48,18 @@ class Uploader:
     with VersionConflictError, nothing committed. An update picks slots past every shard in the bucket
     (``free_slot``), so such leftovers never block the next writer; ``dsc vacuum`` removes them."""
 
-    def __init__(self, store: Store, writer: str, connections: int = CONNECTIONS, fresh: bool = False):
+    def __init__(self, store: Store, writer: str, connections: int = CONNECTIONS, fresh: bool = False,
+                 unstage: bool = False):
         self.store = store
         self.writer = writer
         self.fresh = fresh  # a first compile (not resumed): its files are put without asking first (see submit)
+        # a compile's: each shard it just wrote leaves the staging once the bucket has it (see settle)
+        self.unstage = unstage
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="dsc-upload")
         self.jobs: dict[str, tuple[str, Future]] = {}
         self.lock = threading.Lock()
-        self.sent = self.kept = self.bytes_sent = 0
+        self.sent = self.kept = self.bytes_sent = self.unstaged = 0
+        self.new_jobs: list[Future] = []
 
     def submit(self, places: list[Path], rel: str, sha256: str, nbytes: int, new: bool = False) -> Future:
         """Upload ``rel`` (read from the first of ``places`` that has it), unless already done with this hash.
@@ -70,7 +74,23 @@ class Uploader:
                 return job[1]
             fut = self.pool.submit(self._one, places, rel, sha256, nbytes, job[1] if job else None, new)
             self.jobs[rel] = (sha256, fut)
+            if new:
+                self.new_jobs.append(fut)
             return fut
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def settle(self) -> None:
+        """Wait for the uploads of the shards a compile just wrote (``new``), each of which, with ``unstage``, has
+        then left the staging: the staging is flushed without them (a compile to a URL never writes its shards back
+        to the local disk, nor keeps them there: the staging holds only the shards on their way up), and nothing
+        removes a staged file after this (a compaction re-streams staged shards). A failed upload's error is
+        raised where its future's result is asked for (the push), as before; its shard stays staged."""
+        with self.lock:
+            jobs, self.new_jobs = self.new_jobs, []
+        wait(jobs)
 
     def _ours(self, rel: str, there: tuple[int, dict] | None, sha256: str, nbytes: int) -> bool:
         """Whether what is at ``rel`` is the file this writer would put there (see the class docstring)."""
@@ -120,12 +140,14 @@ class Uploader:
                                   f"{sha256[:16]}...): the local staging changed or is damaged (a crash, a power loss); run the compile again without "
                                   f"--resume")
             sent = put_shard(store, rel, body, sha256, nbytes, self.writer, there, ask=ask)
+        gone = new and self.unstage and _unlink(path)  # (in the bucket: its pages are never written to disk)
         with self.lock:
             if sent:
                 self.sent += 1
                 self.bytes_sent += nbytes
             else:
                 self.kept += 1
+            self.unstaged += gone
 
     def _taken(self, rel: str) -> VersionConflictError:
         return taken(self.store, rel)
@@ -136,6 +158,14 @@ class Uploader:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -485,7 +515,8 @@ def compile_to_url(compile_local, url: str, options):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"pass --update to make a new version of it, or compile to another URL")
     # (a compile not resumed puts its files without asking the bucket first: see Uploader.submit)
-    with store.lock("compile"), closing(Uploader(store, _token(stage), fresh=not options.resume)) as uploader:
+    with store.lock("compile"), closing(Uploader(store, _token(stage), fresh=not options.resume,
+                                                 unstage=options.executor is None)) as uploader:
         if options.resume and staged:
             report = None  # compiled already; the upload was interrupted
         else:
@@ -501,7 +532,9 @@ def compile_to_url(compile_local, url: str, options):
 
             # on a cluster, the units upload their own shards: the workers need no filesystem shared with this one
             direct = (store.url, uploader.writer) if options.executor is not None else None
-            report = compile_local(stage, replace(options, overwrite=False), on_unit, direct)
+            # (else this process uploads the shards it stages, and each leaves the staging once in the bucket)
+            report = compile_local(stage, replace(options, overwrite=False), on_unit, direct,
+                                   uploaded=None if direct else uploader)
         sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
     if report is None:
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]

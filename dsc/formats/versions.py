@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, CorruptDatasetError, DatasetNotFoundError, VersionConflictError, VersionNotFoundError
 from ..store import LocalStore, Store, open_store
-from ..store.local import NewFile, Root, open_folder, open_lock_file, write_atomic
+from ..store.local import NewFile, Root, open_folder, open_lock_file, try_exclusive, write_atomic
 from .manifest import Manifest
 from .shardtable import StoreLoader, object_intact
 from .names import CONTENT_OBJECTS, object_path, slot_folders
@@ -370,11 +370,10 @@ def open_pin(path: Path, n: int) -> int:
 
 def lock_unpinned(path: Path, n: int) -> int | None:
     """An exclusive lock on version N's pin, held by the returned descriptor (close it when N is removed),
-    or None when an open reader holds N. While held, a reader that opens N waits, then finds it gone."""
+    or None when an open reader holds N (or flock cannot tell: N is then kept, as a held one). While held, a reader
+    that opens N waits, then finds it gone."""
     fd = open_pin(path, n)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not try_exclusive(fd):
         os.close(fd)
         return None
     return fd

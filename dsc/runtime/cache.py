@@ -41,6 +41,7 @@ from typing import Callable
 
 from ..errors import CacheFullError, ConfigError, CorruptDatasetError
 from ..store import Sha256Sink, default_cache_dir
+from ..store.local import try_exclusive
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
@@ -102,19 +103,6 @@ def held_file(d: Path, name: str, lock: int, data: bytes = b"") -> tuple[int, Pa
     os.pwrite(fd, data, 0)
     os.rename(tmp, d / name)
     return fd, d / name
-
-
-def try_exclusive(fd: int) -> bool | None:
-    """The probe of a file some process may hold (a mark, a partial download, a cached shard): an exclusive
-    flock on ``fd`` taken without waiting. True: taken (no process holds it, this one now does until ``fd`` is
-    closed); False: another process holds it; None: flock cannot tell (a filesystem without it)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return None
 
 
 def live_holder(path: str) -> int | None:

@@ -581,6 +581,20 @@ def write_atomic(path: str | os.PathLike, data, base: Path | None = None, sync: 
 
 
 # ----------------------------------------------------------------------------- the lock
+def try_exclusive(fd: int) -> bool | None:
+    """The probe of a file some process may hold (a mark, a partial download, a cached shard, a version's pin, a
+    writer's lock): an exclusive flock on ``fd`` taken without waiting. True: taken (no process holds it, this one
+    now does until ``fd`` is closed); False: another process holds it; None: flock cannot tell (a filesystem
+    without it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+
+
 class OutLock:
     """The exclusive lock every writer of OUT holds (a compile, an update, a restore, a vacuum):
     ``.OUT.dsc-lock`` beside OUT, flock'ed; a second writer fails at once, naming the lock.
@@ -614,16 +628,19 @@ class OutLock:
         self.path = self._lock_path()  # (the parent may have been made just now: resolved as it is)
         while True:  # the lock counts only if the file we locked is still the one at the path (a finishing
             fd = self._open()  # writer unlinks it: retry on the new one)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            taken = try_exclusive(fd)
+            if taken is None:  # (a filesystem without flock: no writer could be kept out)
+                os.close(fd)
+                raise WriteError(f"{self.out}: cannot lock {self.path} (its filesystem has no flock), so a second "
+                                 f"writer could not be kept out; write the dataset on a local filesystem")
+            if not taken:
                 try:
                     holder = os.read(fd, 64).decode("utf-8", "replace").strip() or "compile"
                 except OSError:
                     holder = "compile"
                 os.close(fd)
                 raise CompileLockedError(f"another dsc {holder} is writing {self.out} right now "
-                                         f"(lock {self.path}); wait for it to finish") from None
+                                         f"(lock {self.path}); wait for it to finish")
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
@@ -652,16 +669,14 @@ class OutLock:
             dfd = os.open(os.path.realpath(self.out), _DIR | _NOFOLLOW)
         except OSError:  # (none yet, or not a folder: the compile's own checks say what is wrong)
             return None
-        try:
-            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        taken = try_exclusive(dfd)
+        if not taken:
             os.close(dfd)
+            if taken is None:
+                return None
             raise CompileLockedError(f"another dsc writer is writing {self.out} right now through another path to the "
                                      f"same folder (a bind mount, or another name of it; its lock, beside that "
-                                     f"path, names it); wait for it to finish") from None
-        except OSError:
-            os.close(dfd)
-            return None
+                                     f"path, names it); wait for it to finish")
         return dfd
 
     def __exit_fd(self, fd: int) -> None:

@@ -1,0 +1,92 @@
+"""moto's S3 server as a bucket serves: HTTP/1.1 connections kept alive between requests.
+
+``python -m moto.server`` runs on werkzeug's development server, which answers every request with
+``Connection: close``, so a client pays a new TCP connection (and over https a new TLS handshake) for every
+request. S3 (and GCS, Azure) keep a client's connections open for many requests: a bench that measures the
+client's CPU per image against that server would charge it a handshake a request that no real bucket charges.
+This runs the same moto application behind a small HTTP/1.1 server of the standard library (a thread a
+connection; each request's body read in full by its Content-Length, each response sent with its length), so a
+connection serves request after request. ``python moto_keepalive.py PORT [--ssl]``."""
+import io
+import ssl
+import sys
+import tempfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+APP = DomainDispatcherApplication(create_backend_app)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # (one line a request on stderr: the bench counts them)
+        sys.stderr.write(f"{self.address_string()} - - \"{self.requestline}\" {args[1] if len(args) > 1 else ''} "
+                         f"HTTP/1.1\n")
+
+    def _any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        path, _, query = self.path.partition("?")
+        env = {"REQUEST_METHOD": self.command, "PATH_INFO": path, "QUERY_STRING": query, "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": str(self.server.server_address[1]), "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.version": (1, 0),
+               "wsgi.url_scheme": "https" if TLS else "http", "wsgi.multithread": True, "wsgi.multiprocess": False,
+               "wsgi.run_once": False, "CONTENT_LENGTH": str(n), "REMOTE_ADDR": self.client_address[0]}
+        if self.headers.get("Content-Type"):
+            env["CONTENT_TYPE"] = self.headers["Content-Type"]
+        for k, v in self.headers.items():
+            key = "HTTP_" + k.upper().replace("-", "_")
+            env[key] = f"{env[key]},{v}" if key in env else v
+        out = {}
+
+        def start_response(status, headers, exc_info=None):
+            out["status"], out["headers"] = status, headers
+            return lambda data: None
+
+        result = APP(env, start_response)
+        try:
+            data = b"".join(result)
+        finally:
+            getattr(result, "close", lambda: None)()
+        code, _, reason = out["status"].partition(" ")
+        self.send_response(int(code), reason)
+        head = self.command == "HEAD"  # (its length is the object's, as the app says)
+        for k, v in out["headers"]:
+            if k.lower() not in ("connection", "transfer-encoding") and (head or k.lower() != "content-length"):
+                self.send_header(k, v)
+        if not head:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+
+TLS = "--ssl" in sys.argv
+
+
+def main() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server.daemon_threads = True
+    if TLS:  # (a certificate made up on the spot, as moto's --ssl makes one)
+        from werkzeug.serving import generate_adhoc_ssl_pair
+        from cryptography.hazmat.primitives import serialization
+
+        cert, key = generate_adhoc_ssl_pair()
+        d = tempfile.mkdtemp()
+        with open(f"{d}/c.pem", "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        with open(f"{d}/k.pem", "wb") as f:
+            f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                      serialization.NoEncryption()))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(f"{d}/c.pem", f"{d}/k.pem")
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
