@@ -882,3 +882,26 @@ def test_a_kept_folder_is_used_only_while_its_path_names_it(tmp_path):
     assert (root / "image/c/2/0/0/0").read_bytes()[:12] == bytes([3]) * 12
     _one_shard(root, 3, 4)
     assert sorted(p.name for p in (root / "image/c").iterdir()) == ["2", "3"]
+
+
+def test_a_closed_handle_still_reads_what_it_did_not_read_while_its_version_is_there(tmp_path):
+    """``with dsc.open(p) as ds: loader = dsc.Loader(ds)``, then training after the block: close() reads nothing
+    (O(1)), and the handle still reads labels, keys, sizes and ``live`` (a version with removed rows) on first use
+    while no vacuum removed its version (the clear error is for a version that is gone)."""
+    from PIL import Image
+
+    src, path = tmp_path / "src", tmp_path / "d"
+    _tiny_folder(src, 8, classes=2, step=20)
+    opts = dict(size=2, shard_size=2, progress=False, workers=1)
+    dsc.compile_imagefolder(src, path, **opts)
+    (src / "c0" / "2.png").unlink()
+    Image.new("RGB", (4, 4)).save(src / "c1" / "new.png")
+    dsc.compile_imagefolder(src, path, update=True, **opts)  # a version with a removed row
+    with dsc.open(path) as ds:
+        loader = dsc.Loader(ds, batch_size=4, order="sequential", num_threads=1)
+    assert ds._live._rows is None and ds._labels is None and ds._keys is None  # (close read none of them)
+    batches = list(loader)
+    assert sum(len(b["label"]) for b in batches) == len(ds) == 8
+    assert "c0/2.png" not in ds.keys and "c1/new.png" in ds.keys
+    assert ds.labels.tolist() == [int(k.split("/")[0][1:]) for k in ds.keys]
+    assert ds.orig_sizes.shape == (8, 2) and ds.affine.shape == (8, 4)

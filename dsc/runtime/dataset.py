@@ -86,6 +86,18 @@ def _closed(where, what: str, ask: str) -> DscError:
                     f"open the dataset again (dsc.open)")
 
 
+def _read_after_close(closed: bool, read, where, what: str, ask: str):
+    """``read()`` of an array read on first use. A closed handle still reads it (``with dsc.open(p) as ds:
+    loader = dsc.Loader(ds)``, then training after the block, works as long as the version is there); where the
+    read fails once closed (a vacuum removed the version), the error names the fix instead of the missing file."""
+    try:
+        return read()
+    except (DscError, OSError) as e:
+        if closed:
+            raise _closed(where, what, ask) from e
+        raise
+
+
 class _Live:
     """A shard-table version with removed rows: its ``live`` array (a byte a row) read when first needed, not at
     open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
@@ -99,10 +111,9 @@ class _Live:
     def read(self) -> None:
         if self._rows is not None:
             return
-        if self.closed:
-            raise _closed(self._where, "live array (which rows are samples)", "len(ds.keys), or any sample")
         m = self._m
-        live = self._storage.array(L.LIVE, (m.num_rows,))
+        live = _read_after_close(self.closed, lambda: self._storage.array(L.LIVE, (m.num_rows,)), self._where,
+                                 "live array (which rows are samples)", "len(ds.keys), or any sample")
         if int(live.sum()) != m.num_samples:
             raise CorruptDatasetError(f"{self._where}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
                                       f"{m.num_samples}; the dataset is damaged")
@@ -207,8 +218,8 @@ class Dataset(torch.utils.data.Dataset):
     def labels(self) -> torch.Tensor | None:
         """(N,) int64 class index of every sample (classification; None otherwise), read when first asked for."""
         if self._labels is None and "label" in self.readers:
-            self._open_still("labels", "ds.labels")
-            labels = self.readers["label"].labels
+            labels = _read_after_close(self._closed, lambda: self.readers["label"].labels, self.path, "labels",
+                                       "ds.labels")
             self._labels = torch.from_numpy(labels if self._rows is None else labels[self._rows])
         return self._labels
 
@@ -337,17 +348,12 @@ class Dataset(torch.utils.data.Dataset):
         spec = self.manifest.fields.get("mask")
         return int(spec["ignore_index"]) if spec else None
 
-    def _open_still(self, what: str, ask: str) -> None:
-        """Before a first read of ``what`` (read on first use): refused once the handle is closed (see ``close``)."""
-        if self._closed:
-            raise _closed(self.path, what, ask)
-
     @property
     def keys(self) -> list[str]:
         """Source path (relative to the source root) or id of every sample; loaded on first use."""
         if self._keys is None:
-            self._open_still("keys", "ds.keys")
-            keys = read_string_array(self.storage.dir, L.KEYS)
+            keys = _read_after_close(self._closed, lambda: read_string_array(self.storage.dir, L.KEYS), self.path,
+                                     "keys", "ds.keys")
             if len(keys) != self.manifest.num_rows:
                 raise CorruptDatasetError(f"{self.path}/keys has {len(keys)} entries, expected {self.manifest.num_rows}")
             self._keys = keys if self._rows is None else [keys[r] for r in self._rows.tolist()]
@@ -357,16 +363,18 @@ class Dataset(torch.utils.data.Dataset):
     def orig_sizes(self) -> np.ndarray:
         """(N, 2) int32 (height, width) of each decoded source image, EXIF orientation applied."""
         if self._orig_sizes is None:
-            self._open_still("original sizes", "ds.orig_sizes")
-            self._orig_sizes = self.row(self.storage.array(L.ORIG_SIZE, (self.manifest.num_rows, 2)))
+            self._orig_sizes = self.row(_read_after_close(
+                self._closed, lambda: self.storage.array(L.ORIG_SIZE, (self.manifest.num_rows, 2)), self.path,
+                "original sizes", "ds.orig_sizes"))
         return self._orig_sizes
 
     @property
     def affine(self) -> np.ndarray:
         """(N, 4) float64 (sx, sy, tx, ty): stored pixel coordinate = s * original + t."""
         if self._affine is None:
-            self._open_still("affine transforms", "ds.affine")
-            self._affine = self.row(self.storage.array(L.AFFINE, (self.manifest.num_rows, 4)))
+            self._affine = self.row(_read_after_close(
+                self._closed, lambda: self.storage.array(L.AFFINE, (self.manifest.num_rows, 4)), self.path,
+                "affine transforms", "ds.affine"))
         return self._affine
 
     def close(self) -> None:
@@ -374,9 +382,10 @@ class Dataset(torch.utils.data.Dataset):
         may evict them) and its lease, a local one's pin and mappings: ``dsc vacuum`` may then remove the
         version. Samples already taken stay valid (they keep their mappings). Also on ``with dsc.open(...)``
         exit; a dropped handle does the same when it is deleted. The labels and ``live`` (read when first asked
-        for) are not read here: a closed handle's first ask for them raises an error naming the fix (ask before
-        ``close()``, or open the dataset again), since the version may be gone by then; close stays O(1), where
-        reading them would cost a pass over every row (``live``: a byte a row) for a handle that never needed them."""
+        for) are not read here (close stays O(1), where reading them would cost a pass over every row for a handle
+        that may never need them): a closed handle still reads them while its version is there, and where a vacuum
+        removed it, the first ask raises an error naming the fix (ask before ``close()``, or open the dataset
+        again)."""
         self._closed = True
         if getattr(self, "_live", None) is not None:
             self._live.closed = True

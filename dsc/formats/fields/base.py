@@ -204,6 +204,29 @@ class Parts(Sequence):
         return self._parts[u]
 
 
+class FlatParts(LazySequence, Parts):
+    """Parts kept in flat arrays by input position (``Field.collect``): ``S`` units of ``K`` inputs each; once
+    settled, ``kept`` says which inputs became samples. Unit ``u``'s part is made on access (``_item``)."""
+
+    S: int
+    K: int
+    kept: "np.ndarray | None" = None
+
+    def settle(self, kept: np.ndarray) -> None:
+        self.kept = kept
+
+    def keep_slots(self, S: int) -> None:
+        self.S = S
+
+    def __len__(self) -> int:
+        return self.S
+
+    def unit_rows(self, u: int) -> np.ndarray:
+        """The inputs unit ``u``'s samples are (once settled)."""
+        lo = u * self.K
+        return lo + np.flatnonzero(self.kept[lo:lo + self.K])
+
+
 class CarriedPart(Part):
     """A base version's rows as arrays, in the ``columns`` shape of ``ColumnsParts`` (``flat``: {name: a value a
     sample}; ``ragged``: {name: (bytes back to back, each sample's length in bytes)}): what an update or a
@@ -243,7 +266,7 @@ def split_rows(data: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
     return np.split(data, np.cumsum(counts)[:-1]) if len(counts) else []
 
 
-class ColumnsParts(Parts):
+class ColumnsParts(FlatParts):
     """A kind's parts of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``) by input
     position, with no object kept a unit: each part's ``columns()`` (see ``CarriedPart``) put into flat arrays (a
     value a sample) and ``RowBuffer``s (rows of varying size), read back for the kept rows (``flat``, ``ragged``)
@@ -269,12 +292,6 @@ class ColumnsParts(Parts):
                 self._ragged.setdefault(name, RowBuffer(self.N)).put(rows, data, lengths)
         self.dropped += int(c.get("dropped", 0))
 
-    def settle(self, kept: np.ndarray) -> None:
-        self.kept = kept
-
-    def keep_slots(self, S: int) -> None:
-        self.S = S
-
     def flat(self, name: str, dtype, positions=None) -> np.ndarray:
         """Flat column ``name`` at ``positions`` (default: the kept rows)."""
         positions = self.kept if positions is None else positions
@@ -297,14 +314,8 @@ class ColumnsParts(Parts):
         """Ragged column ``name``'s rows of ``positions`` (default: the kept rows), back to back, (-1, *shape)."""
         return self.rows(name, positions)[0].view(dtype).reshape(-1, *shape)
 
-    def __len__(self) -> int:
-        return self.S
-
-    def __getitem__(self, u):
-        if isinstance(u, slice):
-            return [self[i] for i in range(*u.indices(len(self)))]
-        lo = u * self.K
-        at = np.flatnonzero(self.kept[lo:lo + self.K]) + lo
+    def _item(self, u: int):
+        at = self.unit_rows(u)
         return self.carried({"flat": {n: c[at] for n, c in self._flat.items()},
                              "ragged": {n: b.gather(at) for n, b in self._ragged.items()}, "dropped": 0})
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..zarr_v3 import read_plain_array, write_plain_array
-from .base import Field, Part, Parts, Reader, Role, run_index
+from .base import Field, FlatParts, Part, Reader, Role, run_index
 
 from ..names import LABEL as NODE
 from ..problems import Problem, try_read
@@ -26,7 +26,7 @@ class LabelPart(Part):
         self.labels.extend([-1] * n)  # a hole has no class
 
 
-class LabelParts(Parts):
+class LabelParts(FlatParts):
     """The labels of a compile's units (or an update's, a compaction's slots: ``compile.fold_slots``) in one flat
     array by input position (no part object a unit)."""
 
@@ -41,24 +41,12 @@ class LabelParts(Parts):
             at = run_index(rows)
             self.labels[at] = part.labels
 
-    def settle(self, kept: np.ndarray) -> None:
-        self.kept = kept
-
-    def keep_slots(self, S: int) -> None:
-        self.S = S
-
     def values(self) -> np.ndarray:
         """Every kept sample's label, in order (once settled)."""
         return self.labels[self.kept]
 
-    def __len__(self) -> int:
-        return self.S
-
-    def __getitem__(self, u):
-        if isinstance(u, slice):
-            return [self[i] for i in range(*u.indices(len(self)))]
-        lo = u * self.K
-        return LabelPart(self.labels[lo:lo + self.K][self.kept[lo:lo + self.K]].tolist())
+    def _item(self, u: int) -> LabelPart:
+        return LabelPart(self.labels[self.unit_rows(u)].tolist())
 
 
 class LabelReader(Reader):
