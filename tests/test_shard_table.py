@@ -905,3 +905,22 @@ def test_a_closed_handle_still_reads_what_it_did_not_read_while_its_version_is_t
     assert "c0/2.png" not in ds.keys and "c1/new.png" in ds.keys
     assert ds.labels.tolist() == [int(k.split("/")[0][1:]) for k in ds.keys]
     assert ds.orig_sizes.shape == (8, 2) and ds.affine.shape == (8, 4)
+
+
+def test_a_finished_compile_keeps_no_folder_open(tmp_path):
+    """The shard writer keeps a compile's ``image/c`` folder open between shards (``store.local._Kept``); once
+    the writer lets go of OUT, none stays open: a process that compiled several datasets holds no descriptor of
+    their folders (it would block an unmount, or a removal on some systems)."""
+    import os
+
+    from dsc.store import local
+
+    src = tmp_path / "src"
+    _tiny_folder(src, 6, classes=2)
+    fds = lambda: set(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = fds()
+    for i in range(3):
+        dsc.compile_imagefolder(src, tmp_path / f"o{i}", size=2, shard_size=1, progress=False, workers=1)
+    assert local._KEPT.folders == {}
+    left = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds() - before if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not [p for p in left if str(tmp_path) in p], left

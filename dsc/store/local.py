@@ -376,6 +376,13 @@ class _Kept:
                 return nfd, n + 1, made
         return None, 0, False
 
+    def release(self) -> None:
+        """Close every kept folder (a writer of a dataset let go of it: no process keeps a published dataset's
+        folders open, which would block an unmount, or a removal on some systems; the next walk opens again)."""
+        with self.lock:
+            while self.folders:
+                os.close(self.folders.popitem()[1][0])
+
     def keep(self, base, rel: tuple[str, ...], fd: int) -> None:
         """Keep ``fd`` (the folder ``rel`` below ``base``; the caller's no longer) open; closed if not kept."""
         key = (os.fspath(base), rel)
@@ -509,7 +516,7 @@ class RawFile:
         self.fd, self.buf = fd, bytearray()
 
     def write(self, data) -> int:
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        n = memoryview(data).nbytes  # (bytes, not len(): an ndarray's len is its first dimension)
         if n >= self.FLUSH_AT:
             self.flush()
             _write_all(self.fd, data)
@@ -707,6 +714,7 @@ class OutLock:
         return err
 
     def __exit__(self, *exc) -> None:
+        _KEPT.release()  # (the shard folders a writer kept open: see _Kept)
         if self.dir_fd is not None:
             os.close(self.dir_fd)  # (the folder's flock first: the lock beside the path still held meanwhile)
             self.dir_fd = None
