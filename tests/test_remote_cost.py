@@ -417,3 +417,110 @@ def test_a_server_that_refuses_the_checksum_header_names_the_setting(s3, src, tm
     with pytest.raises(RemoteError, match="AWS_CHECKSUM_ALGORITHM=sha256"):
         dsc.compile_imagefolder(src, f"s3://dsc-up/refuses{code}", cache_dir=str(tmp_path / "cache"), **OPTS)
     assert time.monotonic() - t0 < 20
+
+
+def _with_a_bad_first_file(src, tmp_path):
+    """``src`` copied with its first file not an image: skipped, so the compile compacts the shards after it."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    sorted(p for p in bad.rglob("*") if p.is_file())[0].write_bytes(b"not an image")
+    return bad
+
+
+def _same_shards_as_a_local_compile(src, url, tmp_path):
+    dsc.compile_imagefolder(src, tmp_path / "local", on_error="skip", **OPTS)
+    store = open_store(url)
+    shards = sorted((tmp_path / "local" / "image").rglob("c/*/*/*/*"))
+    assert shards
+    for path in shards:
+        assert store.get(path.relative_to(tmp_path / "local").as_posix()) == path.read_bytes(), path
+
+
+def test_a_resume_after_an_interrupted_compaction_fetches_the_uploaded_shards_again(s3, src, tmp_path, monkeypatch):
+    """Interrupted after the compaction re-streamed its shards into the staging (before publishing): the journal
+    names the shards as uploaded, the staging holds the compacted ones. The resume must not compact those again
+    (samples shifted, one lost, one twice, every hash consistent): it takes the uploaded shards back from the bucket
+    (a staged copy is kept only with the journal's bytes)."""
+    import importlib
+
+    C = importlib.import_module("dsc.compiler.compile")  # (the module: dsc.compiler.compile is also a function)
+    bad = _with_a_bad_first_file(src, tmp_path)
+    url, cache = "s3://dsc-up/interrupted-compaction", str(tmp_path / "cache")
+    real = C._finalize
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_finalize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", **OPTS)
+    monkeypatch.setattr(C, "_finalize", real)
+    r = dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", resume=True, **OPTS)
+    assert r.manifest.num_samples == 23
+    _same_shards_as_a_local_compile(bad, url, tmp_path)
+
+
+def test_a_torn_staged_shard_is_fetched_from_the_bucket_for_the_compaction(s3, src, tmp_path, monkeypatch):
+    """A shard uploaded and taken out of the staging, back after a power loss as zeros of its size (the unlink was
+    not durable): the resume counts its unit by the bucket, and the compaction re-streams the bucket's shard, not
+    the torn file."""
+    from dsc.compiler import upload
+    from dsc.compiler.journal import Journal
+
+    bad = _with_a_bad_first_file(src, tmp_path)
+    made, Real = [], upload.Uploader
+    monkeypatch.setattr(upload, "Uploader", lambda *a, **kw: made.append(Real(*a, **kw)) or made[-1])
+    real = Journal.record
+
+    def record(self, res, *a):
+        if res.s == 2:
+            made[-1].settle()
+            raise KeyboardInterrupt
+        return real(self, res, *a)
+
+    monkeypatch.setattr(Journal, "record", record)
+    url, cache = "s3://dsc-up/torn-staged", str(tmp_path / "cache")
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", **OPTS)
+    monkeypatch.setattr(Journal, "record", real)
+    rel = "image/c/1/0/0/0"
+    staging = next(p.parent for p in (tmp_path / "cache").rglob("units.jsonl")).parent
+    if not (staging / "image").is_dir():
+        staging = next(p.parent for p in (tmp_path / "cache").rglob("image") if p.is_dir())
+    assert not (staging / rel).exists()  # (uploaded, out of the staging)
+    (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+    (staging / rel).write_bytes(bytes(open_store(url).stat(rel)[0]))
+    r = dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", resume=True, **OPTS)
+    assert r.manifest.num_samples == 23
+    _same_shards_as_a_local_compile(bad, url, tmp_path)
+
+
+def test_a_download_interrupted_for_the_compaction_does_not_stick(s3, src, tmp_path, monkeypatch):
+    """The compaction's download of an uploaded shard stops half way: it wrote a private name, so the resume
+    downloads it again (a partial file at the shard's name stopped every later resume)."""
+    import io
+
+    from dsc.store import object as O
+
+    bad = _with_a_bad_first_file(src, tmp_path)
+    url, cache = "s3://dsc-up/interrupted-download", str(tmp_path / "cache")
+    real = O.ObjectStore.download
+
+    def half(self, rel, f, on_chunk=None, limit=None):
+        if "/c/" in rel:
+            b = io.BytesIO()
+            real(self, rel, b, limit=limit)
+            f.write(b.getvalue()[:len(b.getvalue()) // 2])
+            f.flush()
+            raise KeyboardInterrupt
+        return real(self, rel, f, on_chunk=on_chunk, limit=limit)
+
+    monkeypatch.setattr(O.ObjectStore, "download", half)
+    with pytest.raises(KeyboardInterrupt):
+        dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", **OPTS)
+    monkeypatch.setattr(O.ObjectStore, "download", real)
+    r = dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", resume=True, **OPTS)
+    assert r.manifest.num_samples == 23
+    _same_shards_as_a_local_compile(bad, url, tmp_path)

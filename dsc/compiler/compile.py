@@ -35,7 +35,7 @@ from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, Mas
 from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, Resumed, fingerprint, inputs_of, settings
+from .journal import Journal, Resumed, _intact, fingerprint, inputs_of, settings
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
@@ -213,7 +213,10 @@ def uploaded_shard_check(url: str, writer: str):
 
 
 def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, url: str) -> None:
-    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit)."""
+    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit).
+    A staged copy is kept only with the bytes the journal recorded (re-hashed: an interrupted compaction may have
+    left its re-streamed shard there, a power loss a torn one); the others come from the bucket through a
+    private name, checked against the recorded size and SHA-256 before they take the shard's name."""
     u0 = _first_short(results, K)
     if u0 is None:
         return
@@ -221,10 +224,18 @@ def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], 
     for u in range(u0, len(results)):
         for f in fields:
             spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
-            if spec is not None and not (tmp / spec.path).is_file():
-                (tmp / spec.path).parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp / spec.path, "wb") as fh:
-                    store.download(spec.path, fh, limit=spec.nbytes)
+            if spec is None or _intact(tmp / spec.path, spec):
+                continue
+            dest = tmp / spec.path
+            part = dest.with_name(f".{dest.name}.fetching")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(part, "wb") as fh:
+                store.download(spec.path, fh, limit=spec.nbytes)
+            if not _intact(part, spec):
+                part.unlink()
+                raise WriteError(f"{url}/{spec.path}: the shard in the bucket is not the one this compile uploaded "
+                                 f"(size or SHA-256 differ from its journal); run the compile again without --resume")
+            os.replace(part, dest)
 
 
 def _first_short(results: UnitResults, K: int) -> int | None:
