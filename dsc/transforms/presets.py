@@ -23,7 +23,8 @@
   probability ``mosaic``, the others letterboxed; random_perspective as RandomAffine(translate 0.1, scale
   0.5, bilinear as cv2.warpAffine, fill 114, output size); MixUp with probability ``mixup`` (YoloMixUp:
   Beta(32, 32), objects of both images); HSV jitter h 0.015 / s 0.7 / v 0.4; flip 0.5). Without MixUp the
-  flip comes before the HSV jitter (per pixel: the same images, drawn in that order), so RandomAffine and
+  flip comes before the HSV jitter (per pixel: the same distribution; the flipped images equal the other
+  order's up to bilinear rounding), so RandomAffine and
   the flip are one geometric stage: one resample through the composed map.
 """
 from __future__ import annotations
@@ -111,8 +112,8 @@ def yolo(size: int = 640, degrees: float = 0.0, translate: float = 0.1, scale: f
     flip = [RandomHorizontalFlip(fliplr)] if fliplr > 0 else []
     if mixup > 0:  # (Ultralytics flips the blend: both images with the sample's flip)
         return ops + [YoloMixUp(mixup), RandomHSV(*hsv), *flip]
-    # without MixUp the flip goes before the HSV jitter, which is per pixel (the same image either way, the
-    # same distribution): the flip then joins the perspective's map, one resample for both, not a second pass
+    # without MixUp the flip goes before the HSV jitter, which is per pixel (the same distribution; a
+    # flipped image equal to the other order's up to bilinear rounding): the flip then joins the perspective's map, one resample for both, not a second pass
     return ops + [*flip, RandomHSV(*hsv)]
 
 
