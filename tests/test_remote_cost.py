@@ -189,27 +189,35 @@ def test_a_compile_to_a_url_flushes_and_keeps_no_shard_it_uploaded(s3, src, tmp_
         assert store.get(path.relative_to(tmp_path / "local").as_posix()) == path.read_bytes()
 
 
-def test_a_resumed_compile_to_a_url_keeps_the_units_whose_shards_left_the_staging(s3, src, tmp_path, monkeypatch):
-    """A compile to a URL interrupted after two units, whose shards are in the bucket and out of the staging: the
-    resumed compile decodes only the third unit (a journaled shard counts when the bucket has it, this writer's)."""
+def _stopped_at_the_third_unit(monkeypatch, src, url: str, cache: str, **kw) -> list:
+    """A compile of ``src`` to ``url`` stopped as its third unit is journaled, once the first two are in the bucket
+    (and out of the staging); the Uploaders it made."""
     from dsc.compiler import upload
     from dsc.compiler.journal import Journal
 
     made, Real = [], upload.Uploader
-    monkeypatch.setattr(upload, "Uploader", lambda *a, **kw: made.append(Real(*a, **kw)) or made[-1])
+    monkeypatch.setattr(upload, "Uploader", lambda *a, **k: made.append(Real(*a, **k)) or made[-1])
     real = Journal.record
 
     def record(self, res, *a):
-        if res.s == 2:  # (the third unit: the first two are up, then it stops)
+        if res.s == 2:
             made[-1].settle()
             raise KeyboardInterrupt
         return real(self, res, *a)
+
     monkeypatch.setattr(Journal, "record", record)
-    url, cache = "s3://dsc-up/resumed-unstaged", str(tmp_path / "cache")
     with pytest.raises(KeyboardInterrupt):
-        dsc.compile_imagefolder(src, url, cache_dir=cache, **OPTS)
-    assert made[-1].unstaged == 2
+        dsc.compile_imagefolder(src, url, cache_dir=cache, **kw, **OPTS)
     monkeypatch.setattr(Journal, "record", real)
+    return made
+
+
+def test_a_resumed_compile_to_a_url_keeps_the_units_whose_shards_left_the_staging(s3, src, tmp_path, monkeypatch):
+    """A compile to a URL interrupted after two units, whose shards are in the bucket and out of the staging: the
+    resumed compile decodes only the third unit (a journaled shard counts when the bucket has it, this writer's)."""
+    url, cache = "s3://dsc-up/resumed-unstaged", str(tmp_path / "cache")
+    made = _stopped_at_the_third_unit(monkeypatch, src, url, cache)
+    assert made[-1].unstaged == 2
     r = dsc.compile_imagefolder(src, url, cache_dir=cache, resume=True, **OPTS)
     assert r.resumed_units == 2 and r.decoded == 8 and r.manifest.num_samples == 24
     ref = dsc.compile_imagefolder(src, tmp_path / "local", **OPTS)
@@ -466,25 +474,9 @@ def test_a_torn_staged_shard_is_fetched_from_the_bucket_for_the_compaction(s3, s
     """A shard uploaded and taken out of the staging, back after a power loss as zeros of its size (the unlink was
     not durable): the resume counts its unit by the bucket, and the compaction re-streams the bucket's shard, not
     the torn file."""
-    from dsc.compiler import upload
-    from dsc.compiler.journal import Journal
-
     bad = _with_a_bad_first_file(src, tmp_path)
-    made, Real = [], upload.Uploader
-    monkeypatch.setattr(upload, "Uploader", lambda *a, **kw: made.append(Real(*a, **kw)) or made[-1])
-    real = Journal.record
-
-    def record(self, res, *a):
-        if res.s == 2:
-            made[-1].settle()
-            raise KeyboardInterrupt
-        return real(self, res, *a)
-
-    monkeypatch.setattr(Journal, "record", record)
     url, cache = "s3://dsc-up/torn-staged", str(tmp_path / "cache")
-    with pytest.raises(KeyboardInterrupt):
-        dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", **OPTS)
-    monkeypatch.setattr(Journal, "record", real)
+    _stopped_at_the_third_unit(monkeypatch, bad, url, cache, on_error="skip")
     rel = "image/c/1/0/0/0"
     staging = next(p.parent for p in (tmp_path / "cache").rglob("units.jsonl")).parent
     if not (staging / "image").is_dir():
