@@ -155,3 +155,32 @@ def test_verify_names_a_page_that_does_not_match_its_own_sha256(tmp_path):
     problems = [str(p) for p in dsc.verify(out).problems if not p.view]
     assert problems == [f"shard table: {new}: page 0 does not match its own SHA-256 (readers of object storage "
                         f"refuse it)"], problems
+
+
+def test_a_second_handle_fetches_nothing_of_a_delta_table(s3, tmp_path, monkeypatch):
+    """An --update's table is a delta, whose head is longer than the first range a reader asks for (its length
+    is known only from those bytes): the whole head is kept in the node's mirror, so a second handle of the node
+    (another rank) asks the bucket for nothing of either table object, the delta's included."""
+    from PIL import Image
+
+    from dsc.compiler.upload import push
+    from test_shard_table import _tiny_folder
+
+    src, local = tmp_path / "src", tmp_path / "d"
+    _tiny_folder(src, 6, classes=2)
+    opts = dict(size=2, shard_size=1, progress=False, workers=1)
+    dsc.compile_imagefolder(src, local, **opts)
+    Image.new("RGB", (4, 4), (7, 7, 7)).save(src / "c1" / "new.png")
+    dsc.compile_imagefolder(src, local, update=True, **opts)
+    tables = table_objects(local)
+    assert len(tables) == 2  # (the full table and the update's delta)
+    url = f"s3://dsc-test/delta-{id(tmp_path)}"
+    push(local, url, progress=False)
+    n = len(dsc.open(local))
+    for handle in range(2):
+        log = _requests(monkeypatch)
+        ds = dsc.open(url, cache_dir=tmp_path / "cache")
+        assert [ds[i]["label"] for i in range(n)] == [int(k.split("/")[0][1:]) for k in ds.keys]
+        got = [r for r in log if r[1] in tables]
+        assert (got != []) if handle == 0 else (got == []), (handle, got)
+        monkeypatch.undo()

@@ -155,7 +155,8 @@ class _Part:
 
     def __init__(self, src, sha: str, nbytes: int, C: int, where: str):
         self.src, self.sha, self.nbytes, self.C, self.where = src, sha, nbytes, C, where
-        first = bytes(src.read(0, min(nbytes, HEADER2 + 32), _head_ok))  # (a full table's whole head; kept so)
+        kept = getattr(src, "kept_head", None)  # (a head the node's mirror holds whole, a delta's too: no request)
+        first = (kept() if kept is not None else None) or bytes(src.read(0, min(nbytes, HEADER2 + 32), _head_ok))
         if len(first) < HEADER or first[:8] != MAGIC:
             raise CorruptDatasetError(f"{where}: not a dsc shard table")
         version, cols = int.from_bytes(first[8:12], "little"), int.from_bytes(first[12:16], "little")
@@ -185,6 +186,8 @@ class _Part:
         head = bytes(src.read(0, self.head_end, lambda b: _head_ok(b))) if self.head_end > len(first) else first
         if not _head_ok(head[:self.head_end]):
             raise CorruptDatasetError(f"{where}: its head does not match its own SHA-256; the dataset is damaged. {_FIX}")
+        if kept is not None and len(first) < self.head_end:  # (a delta's head is longer than the first read: kept
+            src.keep_head(head[:self.head_end])  # whole, for the node's next open)
         self.fences = None
         if not full:
             self.fences = np.frombuffer(head[HEADER2:HEADER2 + 8 * self.G], "<u8").astype(np.int64)
@@ -576,6 +579,29 @@ class _Ranged:
             except OSError:  # (a read-only cache, one warmed elsewhere: it serves what it holds, the rest is fetched)
                 pass
         return data
+
+    def _kept_head_path(self) -> Path | None:
+        mirror = self.loader.mirror
+        return None if mirror is None else Path(mirror) / RANGES / f"{self.sha}.head"
+
+    def kept_head(self) -> bytes | None:
+        """The object's whole head as ``keep_head`` kept it in the node's mirror, when it passes its own hash."""
+        path = self._kept_head_path()
+        try:
+            data = path.read_bytes() if path is not None else None
+        except OSError:
+            return None
+        return data if data is not None and _head_ok(data) else None
+
+    def keep_head(self, head: bytes) -> None:
+        """Keep a head read in two ranges (a delta's: its length is known only from its first bytes) whole, under
+        one name, for the node's next open."""
+        path = self._kept_head_path()
+        if path is not None:
+            try:
+                write_atomic(path, bytes(head), unique=True)
+            except OSError:  # (a read-only cache)
+                pass
 
     def whole(self):
         return self.loader(self.sha, self.nbytes)
