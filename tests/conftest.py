@@ -137,6 +137,8 @@ class DecodeCounter:
 
 _STOP_AT_UNIT = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C as at a terminal, also where this test run was
+# started with SIGINT ignored, e.g. in the background of a shell without job control: Python keeps it ignored)
 from dsc.compiler import journal
 from dsc.cli import main
 
