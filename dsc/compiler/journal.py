@@ -263,11 +263,9 @@ class Journal:
 def _lines(path: Path):
     """(byte offset, entry) of each whole, parsable line of ``units.jsonl`` (none when it is missing), read
     a line at a time."""
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return
-    with f:
+    with _open_or_none(path) as f:
+        if f is None:
+            return
         off = 0
         for line in f:
             at, off = off, off + len(line)

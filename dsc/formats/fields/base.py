@@ -227,6 +227,11 @@ class FlatParts(LazySequence, Parts):
         return lo + np.flatnonzero(self.kept[lo:lo + self.K])
 
 
+def _count(positions) -> int:
+    """How many rows ``positions`` (a bool mask or indices) names."""
+    return int(np.count_nonzero(positions)) if np.asarray(positions).dtype == bool else len(positions)
+
+
 class CarriedPart(Part):
     """A base version's rows as arrays, in the ``columns`` shape of ``ColumnsParts`` (``flat``: {name: a value a
     sample}; ``ragged``: {name: (bytes back to back, each sample's length in bytes)}): what an update or a
@@ -296,9 +301,7 @@ class ColumnsParts(FlatParts):
         """Flat column ``name`` at ``positions`` (default: the kept rows)."""
         positions = self.kept if positions is None else positions
         col = self._flat.get(name)
-        return col[positions] if col is not None else np.zeros(int(np.count_nonzero(positions)) if
-                                                                np.asarray(positions).dtype == bool else
-                                                                len(positions), dtype)
+        return col[positions] if col is not None else np.zeros(_count(positions), dtype)
 
     def rows(self, name: str, positions=None) -> tuple[np.ndarray, np.ndarray]:
         """(ragged column ``name``'s bytes of ``positions`` (default: the kept rows) back to back, as uint8; each
@@ -306,8 +309,7 @@ class ColumnsParts(FlatParts):
         positions = self.kept if positions is None else positions
         buf = self._ragged.get(name)
         if buf is None:
-            n = int(np.count_nonzero(positions)) if np.asarray(positions).dtype == bool else len(positions)
-            return np.zeros(0, np.uint8), np.zeros(n, np.int64)
+            return np.zeros(0, np.uint8), np.zeros(_count(positions), np.int64)
         return buf.gather(positions)
 
     def ragged(self, name: str, dtype, shape: tuple = (), positions=None) -> np.ndarray:

@@ -58,6 +58,14 @@ def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
     return (np.asarray(rects, np.int32).reshape(-1, 4), np.asarray(sizes, np.int64), b"".join(chunks))
 
 
+def _runs(starts: np.ndarray, ends: np.ndarray) -> list[int]:
+    """Cut points of the runs of back-to-back bit ranges [starts[i], ends[i]) (each run's first index, then the
+    count): [0] for none."""
+    if not len(starts):
+        return [0]
+    return [0, *(np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist(), len(starts)]
+
+
 def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.ndarray,
            out: np.ndarray | None = None, flips: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Masks ``rows`` as (flat uint8 0/1 crops back to back, (len(rows)+1,) int64 offsets), into ``out`` (of
@@ -74,7 +82,7 @@ def unpack(bits: np.ndarray, offsets: np.ndarray, rects: np.ndarray, rows: np.nd
     if not len(rows):
         return flat, out_off
     starts, ends = offsets[rows], offsets[rows + 1]
-    cuts = [0, *(np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist(), len(rows)]  # runs of back-to-back bits
+    cuts = _runs(starts, ends)  # runs of back-to-back bits
     at = (8 * (starts - np.repeat(starts[cuts[:-1]], np.diff(cuts)))).tolist()  # each crop's bit in its run
     o, sizes, shapes = out_off.tolist(), hw.tolist(), r[:, 2:].tolist()
     moved = flips.any(1).tolist() if flips is not None else None
@@ -275,7 +283,7 @@ class ObjectMasksReader(Reader):
         off[0] = 0
         np.cumsum(ends - starts, out=off[1:])
         bits = alloc(n, (int(off[-1]),), np.dtype(np.uint8))
-        cuts = [0, *(np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist(), len(rows)] if len(rows) else [0]
+        cuts = _runs(starts, ends)
         o, s, e = off.tolist(), starts.tolist(), ends.tolist()
         for a, b in zip(cuts[:-1], cuts[1:]):  # each run of back-to-back rows (a sample's, or more) by one copy
             bits[o[a]:o[b]] = self.bits[s[a]:e[b - 1]]
