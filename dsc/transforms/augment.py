@@ -323,7 +323,7 @@ class RandomHSV(PixelOp):
         if x.shape[3] != 3:
             return x
         planes = x.permute(0, 3, 1, 2)  # in place: each piece's bytes read into int16 planes, then written
-        C._by_pieces(C._hsv_jitter_piece, planes, p["r"].reshape(-1, 3), out=planes)
+        C.hsv_jitter_integer(planes, p["r"], out=planes)
         return x
 
 

@@ -144,7 +144,7 @@ def hexagon(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return mx, mn, c, h
 
 
-def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Ultralytics' HSV jitter (``RandomHSV``) on whole values 0..255 ((N, 3, H, W), float or uint8; float out),
     ``gains`` (N, 3):
     OpenCV's 8-bit HSV, H = round(30 X / c) mod 180 (X from :func:`hexagon`), S = round(255 c / max),
@@ -152,8 +152,8 @@ def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     channel k = V' - c' + c' F_k(H' / 30), c' = V' S' / 255 (F: the hexagon's ramps, as in
     :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
     remainders and truncations: within a grey level of OpenCV's formula in exact arithmetic (the float round
-    trip is several levels off where a rounding ties)."""
-    return _by_pieces(_hsv_jitter_piece, x, torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3))
+    trip is several levels off where a rounding ties). ``out``: as :func:`_by_pieces`' (``out=x``: in place)."""
+    return _by_pieces(_hsv_jitter_piece, x, torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3), out=out)
 
 
 def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -> None:
