@@ -203,5 +203,37 @@ def test_the_torchvision_form_unpacks_the_gathered_bits_straight_into_its_masks(
         for got, ref in zip(_target_masks(tb, "masks", keep), _target_masks(tc, "masks", keep)):
             assert torch.equal(got, ref)
         OM.crops_of_bits(tb, "masks")  # a step that needs the crops after all gets exactly them
-        assert "masks_bits" not in tb and torch.equal(tb["masks"], tc["masks"])
+        assert OM.bits_key("masks") not in tb and torch.equal(tb["masks"], tc["masks"])
         assert torch.equal(tb["masks_offsets"], tc["masks_offsets"])
+
+
+def test_a_field_named_like_the_gathers_mask_bits_is_its_own(tmp_path):
+    """The gather's packed mask bits carry their flips under a batch key (and a ring buffer) that no field can
+    be named (field names are letters, digits and _): a value field named ``masks_bits`` beside instance
+    masks keeps its own values in the torchvision targets, and the masks stay exact (main named both
+    ``masks_bits``: the field and the flips shared one key and one ring buffer)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    items = []
+    for i in range(6):
+        h, w = 20 + i, 30 - i
+        masks = (rng.random((2, h, w)) < 0.3).astype(np.uint8)
+        items.append((rng.integers(0, 255, (h, w, 3), dtype=np.uint8),
+                      {"boxes": torch.tensor([[1.0, 1.0, w - 1.0, h - 1.0]] * 2), "labels": torch.tensor([0, 1]),
+                       "masks": torch.from_numpy(masks), "masks_bits": np.array([7 + i, 200], np.uint8)}))
+    dsc.compile(items, tmp_path / "out", classes=["a", "b"], progress=False, workers=1)
+    ds = dsc.open(tmp_path / "out")
+    assert "masks_bits" in ds.schema and ds.schema.object_masks() == ["masks"]
+    for threads in (0, 2):
+        loader = dsc.Loader(ds, batch_size=3, num_threads=threads, format="torchvision",
+                            transforms=[T.RandomHorizontalFlip(1.0)])
+        n = 0
+        for epoch in range(2):
+            for _, targets in loader:
+                for t in targets:
+                    i = int(t["index"])
+                    assert t["masks_bits"].tolist() == [7 + i, 200]
+                    assert torch.equal(t["masks"], items[i][1]["masks"].flip(-1))
+                    n += 1
+        assert n == 2 * len(ds)

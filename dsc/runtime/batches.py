@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import crops_of_bits, image_size, paste, paste_bits
+from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste, paste_bits
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -361,7 +361,7 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     for its copy, so the Loader's two threads are not serialised by the per-object loop)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
-    how = batch[f"{key}_bits"].tolist() if f"{key}_bits" in batch else None
+    how = batch[bits_key(key)].tolist() if bits_key(key) in batch else None
     kept = keep.tolist() if keep is not None else None
     rows = []
     for b in range(len(o) - 1):

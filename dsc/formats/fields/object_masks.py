@@ -15,7 +15,8 @@ back), ``masks_rects`` (M, 4) int64 and ``masks_offsets`` (M+1,) int64 into ``ma
 makes the (k, H, W) uint8 masks torchvision takes (the ``list`` / ``padded`` box forms, ``ds[i]``).
 The Loader's ``format="torchvision"`` on the CPU, when nothing after the gather moves the masks (no
 transforms, or flips only, which the gather makes), asks the gather for the bits instead (``masks`` the rows'
-packed bits, ``masks_offsets`` byte offsets, ``masks_bits`` (M, 2) each row's flips still to make): the form
+packed bits, ``masks_offsets`` byte offsets, ``masks:bits`` (M, 2) each row's flips still to make: a key no
+field can have, see :func:`bits_key`): the form
 unpacks them straight into its (k, H, W) masks (:func:`paste_bits`), so each crop is written once;
 :func:`crops_of_bits` turns such a batch into the crops' form for any step that needs crops after all.
 """
@@ -56,6 +57,13 @@ def encode(masks) -> tuple[np.ndarray, np.ndarray, bytes]:
         sizes.append(len(packed))
         chunks.append(packed.tobytes())
     return (np.asarray(rects, np.int32).reshape(-1, 4), np.asarray(sizes, np.int64), b"".join(chunks))
+
+
+def bits_key(name: str) -> str:
+    """The batch key (and ring buffer name) of the flips still to make on the gather's packed bits of masks
+    ``name``, which also says that ``name`` holds bits: with a ``:``, which no field name has (letters,
+    digits and _: ``manifest.batch_name_problem``), so a field named ``masks_bits`` keeps its own key."""
+    return f"{name}:bits"
 
 
 def _runs(starts: np.ndarray, ends: np.ndarray) -> list[int]:
@@ -155,7 +163,7 @@ def crops_of_bits(batch: dict, key: str) -> None:
     every other step takes, in place (a step that moves or drops its rows after all)."""
     import torch  # lazy: formats/ is numpy-first; the runtime hands torch tensors
 
-    how = batch.pop(f"{key}_bits", None)
+    how = batch.pop(bits_key(key), None)
     if how is None:
         return
     device = batch[key].device
@@ -275,7 +283,7 @@ class ObjectMasksReader(Reader):
         moves the masks): the rows' packed bits as stored, not unpacked here; their unpacking goes straight
         into the (k, H, W) masks (:func:`paste_bits`), so each crop is written once, not twice. ``<name>``:
         the bits, ``<name>_offsets``: byte offsets into them, ``<name>_rects`` as in the crops' form (mirrored
-        by ``flips``), ``<name>_bits`` (M, 2) uint8: each row's flips (rows, columns), still to be made, and
+        by ``flips``), :func:`bits_key` (M, 2) uint8: each row's flips (rows, columns), still to be made, and
         the sign that ``<name>`` holds bits (:func:`crops_of_bits` turns such a batch into the crops' form)."""
         n = self.name
         starts, ends = self.offsets[rows], self.offsets[rows + 1]
@@ -289,7 +297,7 @@ class ObjectMasksReader(Reader):
             bits[o[a]:o[b]] = self.bits[s[a]:e[b - 1]]
         rects = alloc(f"{n}_rects", (len(rows), 4), np.dtype(np.int64))
         rects[:] = self.rects[rows]
-        how = alloc(f"{n}_bits", (len(rows), 2), np.dtype(np.uint8))
+        how = alloc(bits_key(n), (len(rows), 2), np.dtype(np.uint8))
         how[:] = 0
         if flips is not None:
             per_row = np.repeat(np.asarray(flips, np.int64).reshape(-1, 4), np.diff(box_offsets), axis=0)
@@ -297,7 +305,7 @@ class ObjectMasksReader(Reader):
             fh, fw = how[:, 0].astype(bool) & (rects[:, 2] > 0), how[:, 1].astype(bool) & (rects[:, 3] > 0)
             rects[fh, 0] = per_row[fh, 2] - rects[fh, 0] - rects[fh, 2]
             rects[fw, 1] = per_row[fw, 3] - rects[fw, 1] - rects[fw, 3]
-        return {n: bits, f"{n}_offsets": off, f"{n}_rects": rects, f"{n}_bits": how}
+        return {n: bits, f"{n}_offsets": off, f"{n}_rects": rects, bits_key(n): how}
 
     def split(self, batch: dict, k: int) -> dict:
         if f"{self.name}_rects" not in batch or "box_offsets" not in batch:
