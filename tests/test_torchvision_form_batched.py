@@ -237,3 +237,27 @@ def test_a_field_named_like_the_gathers_mask_bits_is_its_own(tmp_path):
                     assert torch.equal(t["masks"], items[i][1]["masks"].flip(-1))
                     n += 1
         assert n == 2 * len(ds)
+
+
+def test_the_gather_leaves_mask_bits_exactly_where_the_torchvision_form_takes_them_straight(ds):
+    """One decision (``Dataset._get_batch``) from one fact the Loader states (``to_torchvision``: its batches go
+    from the gather straight to format="torchvision" on the CPU): bits with no transforms or flips only, crops
+    where a resize moves the masks, where the dict form is asked for, or where the boxes are not packed."""
+    from dsc.formats.fields.object_masks import bits_key
+
+    key = bits_key("masks")
+
+    def gathered_bits(**kw):
+        loader = dsc.Loader(ds, batch_size=2, num_threads=0, **kw)
+        next(iter(loader))
+        return any(key in slot for slot in loader._ring.slots)
+
+    assert gathered_bits(format="torchvision")
+    assert gathered_bits(format="torchvision", transforms=[T.RandomHorizontalFlip(1.0)])
+    assert gathered_bits(format="torchvision", transforms=T.Compose([T.RandomVerticalFlip(1.0),
+                                                                       T.RandomHorizontalFlip(0.5)]))
+    assert not gathered_bits(format="torchvision", transforms=[T.Resize((40, 48))])
+    assert not gathered_bits(transforms=[T.RandomHorizontalFlip(1.0)])
+    assert key in ds.get_batch([0, 1], to_torchvision=True)
+    assert key not in ds.get_batch([0, 1], boxes="padded", to_torchvision=True)
+    assert key not in ds.get_batch([0, 1])

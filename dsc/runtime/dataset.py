@@ -482,11 +482,9 @@ class Dataset(torch.utils.data.Dataset):
             self._image.px.gather(self._to_rows(np.asarray(idx, np.int64)), out.numpy())
         return out
 
-    gathers_mask_bits = True  # get_batch takes mask_bits= (the Loader's format="torchvision" asks for it)
-
     def get_batch(self, indices: Sequence[int], boxes: str | None = None, images: str | None = None,
                   alloc: Allocator = new_tensor, geometry=None, post=None, reads=None,
-                  mask_bits: bool = False) -> Batch:
+                  to_torchvision: bool = False) -> Batch:
         """Batched fields for ``indices``, in that order (a :class:`Batch`: a dict that carries the
         dataset's ``schema``).
 
@@ -500,18 +498,19 @@ class Dataset(torch.utils.data.Dataset):
         dtype)`` provides the output tensors (the Loader passes its ring of reusable, pinned buffers); by
         default they are new tensors. ``geometry`` / ``post``: transforms run per sample during the gather
         (the Loader passes them; see ``_get_batch``). ``reads``: the Loader's read strategy (``reads.py``);
-        None reads through this handle's own mappings. ``mask_bits``: per-object masks that nothing moves after
-        the gather (no geometry, or flips only) are left as their packed bits (``<name>_bits`` says so), for
-        ``format="torchvision"`` to unpack straight into its (k, H, W) masks."""
+        None reads through this handle's own mappings. ``to_torchvision``: the caller hands the batch straight
+        to ``format="torchvision"`` on the CPU, nothing between (the Loader says so); per-object masks that
+        the gather moves no further than its flips are then left as their packed bits (``object_masks.bits_key``
+        says so), for that form to unpack straight into its (k, H, W) masks."""
         check_forms(boxes, images, allow_none=True)
-        return self._get_batch(indices, boxes, images, alloc, geometry, post, reads, mask_bits)[0]
+        return self._get_batch(indices, boxes, images, alloc, geometry, post, reads, to_torchvision)[0]
 
     def sample_sizes(self, indices) -> torch.Tensor:
         """(B, 2) int64 (height, width) of the stored images ``indices``."""
         return torch.from_numpy(self._image.px.sizes(self._to_rows(self._check_indices(indices))))
 
     def _get_batch(self, indices, boxes, images, alloc: Allocator = new_tensor, geometry=None, post=None, reads=None,
-                   mask_bits: bool = False):
+                   to_torchvision: bool = False):
         """``get_batch``, plus the packed batch it was built from (before the box form).
 
         ``geometry`` (a :class:`~dsc.transforms.fused.ChainPlan` for these samples) runs the transforms'
@@ -542,8 +541,10 @@ class Dataset(torch.utils.data.Dataset):
             if flips is not None:
                 forms["object_flips"] = flips
                 placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
-        if mask_bits and (geometry is None or placed) and (boxes or self.box_form) == "packed":
-            forms["object_mask_bits"] = True  # (nothing moves the masks after the gather)
+        # the one decision to leave the masks as packed bits: the batch goes straight to the torchvision form
+        # (the caller's word), packed, and nothing but the gather's own flips moves its masks
+        if to_torchvision and (geometry is None or placed) and (boxes or self.box_form) == "packed":
+            forms["object_mask_bits"] = True
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)

@@ -413,10 +413,13 @@ class Mixture:
         parts = [self.datasets[s].sample_sizes(idx) for s, idx, _, _ in self.split(ids)]
         return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.int64)
 
-    def get_batch(self, ids, boxes=None, images=None, alloc=None, geometry=None, post=None, reads=None) -> Batch:
+    def get_batch(self, ids, boxes=None, images=None, alloc=None, geometry=None, post=None, reads=None,
+                  to_torchvision: bool = False) -> Batch:
         """The batch of sorted ids ``ids``: each source's samples gathered by its dataset (its rows of every
         per-sample field straight into a slice of the batch's buffer), then the rest (ragged bytes, box rows)
-        joined; ``source`` (B,) says whose each sample is, ``index`` its index in that source."""
+        joined; ``source`` (B,) says whose each sample is, ``index`` its index in that source.
+        ``to_torchvision`` (``Dataset.get_batch``'s) changes nothing here: a mixture's masks are joined as
+        crops."""
         alloc = alloc or new_tensor
         ids = np.asarray(ids, np.int64).reshape(-1)
         if len(ids) and (ids[0] < 0 or ids[-1] >= self.offsets[-1] or bool((ids[1:] < ids[:-1]).any())):

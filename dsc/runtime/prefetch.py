@@ -145,10 +145,10 @@ class _EpochState:
         self.after_boxes = getattr(loader, "_after_boxes", None)
         self.output = loader._output  # the batch form handed out (None: the dict as it is)
         self.output_alloc = loader.format == "torchvision"  # it takes the ring's allocator (images, masks)
-        # torchvision's (k, H, W) masks unpacked straight from the gathered bits, when nothing between the
-        # gather and that form touches the masks (on the CPU: the gather's flips at most)
-        self.mask_bits = self.output_alloc and loader.device.type == "cpu" and self.after_boxes is None and \
-            getattr(loader.dataset, "gathers_mask_bits", False) and \
+        # what this loader does after the gather, for the gather to know (not a decision: what the gather makes
+        # of it, e.g. masks left as packed bits, is the dataset's, in Dataset._get_batch): its batches go from
+        # the gather straight into format="torchvision" on the CPU, with no transform or box form between
+        self.to_torchvision = self.output_alloc and loader.device.type == "cpu" and self.after_boxes is None and \
             (loader.transforms is None if self.compose is None else self.start >= len(self.compose.stages))
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
         self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
@@ -247,7 +247,7 @@ def _make_batch(state: _EpochState, j: int, stream):
         try:
             batch = state.dataset.get_batch(idx, state.forms[0], state.forms[1], ring.allocator(s),
                                             geometry=plan, post=state.post, reads=state.reads,
-                                            **({"mask_bits": True} if state.mask_bits else {}))
+                                            to_torchvision=state.to_torchvision)
         finally:
             if state.feed is not None:
                 state.feed.done(j)  # gathered: the shards no later batch reads may go
