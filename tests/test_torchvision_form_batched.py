@@ -59,19 +59,51 @@ def test_torchvision_form_equals_the_per_image_construction_and_keeps_held_targe
 
 
 def test_the_batch_wide_cast_in_pieces_equals_the_per_image_one(ds, monkeypatch):
-    """The packed images are cast and divided in cache-sized pieces; pieces that split images anywhere
-    (777 bytes) give the same floats."""
+    """Packed uint8 images (where the gather did not cast them: a Mixture, a transform after the gather) are
+    cast and divided in cache-sized pieces; pieces that split images anywhere (777 bytes) give the same
+    floats."""
     import dsc.runtime.batches as B
 
     monkeypatch.setattr(B, "_CAST_CHUNK", 777)
-    kw = dict(batch_size=3, num_threads=0, transforms=[T.RandomHorizontalFlip(0.5)])
     n = 0
-    for (images, _), batch in zip(dsc.Loader(ds, format="torchvision", **kw), dsc.Loader(ds, **kw)):
-        assert batch["image"].numel() > 3 * 777
-        for img, ref in zip(images, _reference(batch)[0]):
+    for batch in dsc.Loader(ds, batch_size=3, num_threads=0, transforms=[T.RandomHorizontalFlip(0.5)]):
+        assert batch["image"].dtype == torch.uint8 and batch["image"].numel() > 3 * 777
+        for img, ref in zip(B._packed_chw_floats(dict(batch)), _reference(batch)[0]):
             assert torch.equal(img, ref)
             n += 1
     assert n == len(ds)
+
+
+@pytest.mark.parametrize("transforms", [None, [T.RandomHorizontalFlip(0.5)], [T.RandomVerticalFlip(0.5)]])
+def test_the_gather_casts_the_images_the_torchvision_form_takes_straight(ds, transforms):
+    """A batch that goes from the gather straight to format="torchvision" on the CPU has its images cast to
+    float32 as they are gathered (flipped on the way where drawn): no uint8 batch and no second float buffer
+    in the ring, and the images equal the per-image construction (values and channels-last strides) at 0, 1
+    and 2 threads, and after a resume mid-epoch."""
+    kw = dict(batch_size=2, order="random", seed=4, transforms=transforms)
+    want = [([x.clone() for x in images], [t["index"] for t in targets])
+            for images, targets in dsc.Loader(ds, format="torchvision", num_threads=0, **kw)]
+    refs = []
+    for batch in dsc.Loader(ds, num_threads=0, **kw):
+        refs.append([hwc.permute(2, 0, 1).to(torch.float32) / 255 for hwc in sample_pixels(batch, "image")])
+    assert len(want) == len(refs) == 3
+    for (images, _), ref in zip(want, refs):
+        assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(images, ref))
+    for threads in (1, 2):
+        loader = dsc.Loader(ds, format="torchvision", num_threads=threads, **kw)
+        got = [[x.clone() for x in images] for images, _ in loader]
+        assert all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w[0]))
+        slot = next(s for s in loader._ring.slots if "image" in s)
+        assert slot["image"].dtype == torch.float32 and "torchvision_image" not in slot
+    first = dsc.Loader(ds, format="torchvision", num_threads=2, **kw)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it, first
+    second = dsc.Loader(ds, format="torchvision", num_threads=1, **kw)
+    second.load_state_dict(state)
+    rest = [[x.clone() for x in images] for images, _ in second]
+    assert len(rest) == 2 and all(torch.equal(a, b) for g, w in zip(rest, want[1:]) for a, b in zip(g, w[0]))
 
 
 class _TorchCalls(torch.overrides.TorchFunctionMode):

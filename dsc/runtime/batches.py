@@ -336,17 +336,23 @@ def _packed_chw_floats(batch: dict, alloc=None):
     ``image_shapes``): the images lie back to back in the flat buffer, so the float buffer takes the same
     layout and the batch is cast and divided as one run of bytes, in cache-sized pieces (two tensor ops a
     piece, none per image: less of the Loader threads' time holds the GIL); each image a (C, H, W) view of
-    it, channels-last as the list form of :func:`_chw_floats`."""
+    it, channels-last as the list form of :func:`_chw_floats`. A float32 flat (stored pixels are uint8 or
+    uint16, and ToFloat refuses ragged images, so only the gather makes one: ``Dataset.get_batch``'s
+    ``to_torchvision`` casts each image as it gathers it, the same values) is that buffer already: only
+    the views are made."""
     flat = batch["image"]
     shapes = batch["image_shapes"].tolist()
-    if flat.is_floating_point() or not shapes or len(shapes[0]) != 3:
+    cast = flat.dtype == torch.float32 and bool(shapes) and len(shapes[0]) == 3
+    if not cast and (flat.is_floating_point() or not shapes or len(shapes[0]) != 3):
         return _chw_floats(sample_pixels(batch, "image"), alloc)
-    alloc = alloc or _on_device(flat.device)
-    buf = alloc("torchvision_image", (flat.numel(),), torch.float32)
-    divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
-    step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
-    for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
-        buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
+    buf = flat
+    if not cast:
+        alloc = alloc or _on_device(flat.device)
+        buf = alloc("torchvision_image", (flat.numel(),), torch.float32)
+        divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
+        step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
+        for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
+            buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
     o, at = batch["image_offsets"].tolist(), buf.storage_offset()
     # each image's (C, H, W) view made by one call (a slice, view and movedim were three, two of them
     # releasing the GIL: the Loader's other thread was handed it twice an image)

@@ -536,18 +536,27 @@ class Dataset(torch.utils.data.Dataset):
             all(getattr(self.readers[k], "px", None) is not None and not self.readers[k].px.px.fixed
                 for k in self.schema.pixels() if k in self.readers)
         placed: tuple = ()
-        if in_place:  # flips only: each object's mask crop mirrored as it is unpacked (no second pass)
-            flips = flip_only(geometry)
-            if flips is not None:
-                forms["object_flips"] = flips
-                placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
-        # the one decision to leave the masks as packed bits: the batch goes straight to the torchvision form
-        # (the caller's word), packed, and nothing but the gather's own flips moves its masks
-        if to_torchvision and (geometry is None or placed) and (boxes or self.box_form) == "packed":
+        flips = flip_only(geometry) if in_place else None
+        if flips is not None:  # flips only: each object's mask crop mirrored as it is unpacked (no second pass)
+            forms["object_flips"] = flips
+            placed = tuple(k for k in self.schema.object_masks() if k in self.readers)
+        # the one decision for a batch that goes straight to the torchvision form (the caller's word), packed,
+        # where nothing but the gather's own flips moves pixels or masks: its masks are left as packed bits,
+        # and its ragged uint8 images are cast to float as they are gathered (the form's float32 values, in the
+        # layout it hands out; the uint8 batch is never written)
+        straight = to_torchvision and (geometry is None or flips is not None) and \
+            (boxes or self.box_form) == "packed"
+        if straight:
             forms["object_mask_bits"] = True
+        image = self.readers.get("image")
+        cast = straight and forms["images"] == "packed" and getattr(image, "px", None) is not None and \
+            not image.px.px.fixed and image.px.px.dtype == "uint8" and image.px.px.channels is not None
         for name, r in self.readers.items():
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
+            elif cast and name == "image":  # (torchvision_form takes a packed float32 image as cast already)
+                write = _program_writer(geometry, self.schema[name], cast=True)
+                fields.update(r.px.pack(rows, np_alloc, reads, write=write, dtype=np.float32))
             elif in_place and name in self.schema.pixels():
                 fields.update(r.px.pack(rows, np_alloc, reads, write=_program_writer(geometry, self.schema[name])))
             else:
@@ -594,13 +603,19 @@ class Dataset(torch.utils.data.Dataset):
         return SampleBatch(samples, fields)
 
 
-def _program_writer(plan, role):
+def _program_writer(plan, role, cast: bool = False):
     """``write(k, view, dest)`` for a packed gather (``PixelsReader.pack``): sample ``k``'s stored view through
-    its program of ``plan`` into ``dest`` (its place in the packed batch, at its own size)."""
+    its program of ``plan`` (None: none) into ``dest`` (its place in the packed batch, at its own size).
+    ``cast``: ``dest`` is float32, the uint8 sample is converted on its way in and divided by 255 there, while
+    it is still in cache (the values torchvision_form's own cast gives: ``float(x) / 255``, exactly)."""
     nearest = role.resample == "nearest"
+    divisor = torch.full((), 255.0)  # a 0-dim tensor, as batches._chw_float divides
 
     def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
-        run_program(torch.from_numpy(view), plan.programs[k], torch.from_numpy(dest), nearest, role.fill)
+        out = torch.from_numpy(dest)
+        run_program(torch.from_numpy(view), plan.programs[k] if plan is not None else [], out, nearest, role.fill)
+        if cast:
+            out.div_(divisor)
     return write
 
 

@@ -487,16 +487,19 @@ class PixelsReader:
             np.take(self.shard(s, reads), local, axis=0, out=out[a:b], mode="clip")
         return out
 
-    def pack(self, idx: np.ndarray, alloc, reads=None, write=None) -> dict[str, np.ndarray]:
+    def pack(self, idx: np.ndarray, alloc, reads=None, write=None, dtype=None) -> dict[str, np.ndarray]:
         """Ragged: every sample's elements back to back, ``<name>_offsets`` (B+1,), ``<name>_shapes``.
         ``write(k, view, dest)``: puts sample ``k`` (its stored view) into ``dest`` (its place, of its shape)
-        instead of a plain copy (a size-keeping transform, e.g. a flip, run in the same pass)."""
+        instead of a plain copy (a size-keeping transform, e.g. a flip, run in the same pass); ``dtype``: the
+        elements' type in the batch when ``write`` converts them (default: as stored)."""
         name = self.name
+        if dtype is not None and write is None:
+            raise ValueError("pack(dtype=) needs the write= that converts the samples")
         sizes = self.offsets[idx + 1] - self.offsets[idx]
         o = alloc(f"{name}_offsets", (len(idx) + 1,), np.int64)
         o[0] = 0
         np.cumsum(sizes, out=o[1:])
-        flat = alloc(name, (int(o[-1]),), np.dtype(self.px.dtype))
+        flat = alloc(name, (int(o[-1]),), np.dtype(dtype or self.px.dtype))
         if write is not None:
             ends = o.tolist()
             for k, v in enumerate(self.samples(idx, reads)):
