@@ -584,11 +584,11 @@ def test_the_loaders_flip_on_mixed_sizes_writes_each_image_once_in_the_gather(co
     writes, after = [], []
     pack, own = PixelsReader.pack, resample._each_own_size
 
-    def counting_pack(self, idx, alloc, reads=None, write=None):
+    def counting_pack(self, idx, alloc, reads=None, write=None, dtype=None):
         def counted(k, view, dest):
             writes.append((self.name, int(idx[k])))
             write(k, view, dest)
-        return pack(self, idx, alloc, reads, counted if write is not None else None)
+        return pack(self, idx, alloc, reads, counted if write is not None else None, dtype)
 
     monkeypatch.setattr(PixelsReader, "pack", counting_pack)
     monkeypatch.setattr(resample, "_each_own_size", lambda *a: (after.append(a[1]), own(*a))[1])
