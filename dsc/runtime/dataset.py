@@ -499,9 +499,11 @@ class Dataset(torch.utils.data.Dataset):
         default they are new tensors. ``geometry`` / ``post``: transforms run per sample during the gather
         (the Loader passes them; see ``_get_batch``). ``reads``: the Loader's read strategy (``reads.py``);
         None reads through this handle's own mappings. ``to_torchvision``: the caller hands the batch straight
-        to ``format="torchvision"`` on the CPU, nothing between (the Loader says so); per-object masks that
-        the gather moves no further than its flips are then left as their packed bits (``object_masks.bits_key``
-        says so), for that form to unpack straight into its (k, H, W) masks."""
+        to ``format="torchvision"`` on the CPU, nothing between (the Loader says so); where the gather moves
+        pixels and masks no further than its flips, per-object masks are then left as their packed bits
+        (``object_masks.bits_key`` says so), for that form to unpack straight into its (k, H, W) masks, and
+        packed ragged uint8 images are handed as float32 in [0, 1] (``image`` flat, same offsets and shapes),
+        cast as they are gathered."""
         check_forms(boxes, images, allow_none=True)
         return self._get_batch(indices, boxes, images, alloc, geometry, post, reads, to_torchvision)[0]
 
