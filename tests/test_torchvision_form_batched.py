@@ -2,12 +2,13 @@
 tensors equal the per-image / per-target construction they replace (``_chw_float``, ``object_masks``), also
 when the Loader's ring reuses its mask buffers epoch after epoch, and targets the user keeps are never
 overwritten by later batches."""
+import numpy as np
 import pytest
 import torch
 
 import dsc
 from dsc import transforms as T
-from dsc.runtime.batches import _chw_float, object_masks, sample_pixels
+from dsc.runtime.batches import CAST_KEY, _chw_float, object_masks, sample_pixels
 from dsc.synthetic import write_coco_instances
 
 pytest.importorskip("pycocotools")
@@ -104,6 +105,44 @@ def test_the_gather_casts_the_images_the_torchvision_form_takes_straight(ds, tra
     second.load_state_dict(state)
     rest = [[x.clone() for x in images] for images, _ in second]
     assert len(rest) == 2 and all(torch.equal(a, b) for g, w in zip(rest, want[1:]) for a, b in zip(g, w[0]))
+
+
+def test_a_float_image_a_users_op_made_is_not_taken_for_the_gathers_cast(ds, tmp_path):
+    """Only the gather's mark (batches.CAST_KEY) says a packed float32 image is cast already: a user's op that
+    makes float images of its own, (C, H, W) and packed, gets them back as the per-image path makes them
+    (not read as channels-last, which scrambled them), and a float (H, W, C) one keeps main's shape; the mark
+    is never handed out."""
+    def chw_float(b, **kw):
+        o, shp = b["image_offsets"].tolist(), b["image_shapes"].tolist()
+        parts = [b["image"][o[k]:o[k + 1]].view(shp[k]).permute(2, 0, 1).float().div(255) for k in range(len(shp))]
+        b["image"] = torch.cat([p.reshape(-1) for p in parts])
+        b["image_shapes"] = torch.tensor([p.shape for p in parts], dtype=torch.int32)
+        return b
+
+    def hwc_float(b, **kw):
+        b["image"] = b["image"].to(torch.float32) / 255
+        return b
+
+    rng = np.random.default_rng(1)
+    items = [(rng.integers(0, 256, (int(rng.integers(20, 50)), int(rng.integers(20, 50)), 3), dtype=np.uint8), i % 3)
+             for i in range(7)]
+    dsc.compile(items, tmp_path / "cls", classes=["a", "b", "c"], progress=False, workers=1)
+    cls = dsc.open(tmp_path / "cls")  # (mixed sizes, no targets but the labels)
+    for threads in (0, 2):
+        plain = dsc.Loader(cls, batch_size=2, num_threads=threads, transforms=chw_float)
+        refs = [[x.clone() for x in sample_pixels(b, "image")] for b in plain]
+        got = [[x.clone() for x in images]
+               for images, _ in dsc.Loader(cls, batch_size=2, num_threads=threads, transforms=chw_float,
+                                           format="torchvision")]
+        assert all(a.shape == r.shape and torch.equal(a, r) for g, rs in zip(got, refs) for a, r in zip(g, rs))
+        images, _ = next(iter(dsc.Loader(ds, batch_size=2, num_threads=threads,
+                                         transforms=T.Compose([T.RandomHorizontalFlip(0.5), hwc_float]),
+                                         format="torchvision")))
+        assert images[0].dim() == 3 and images[0].shape[-1] == 3  # (H, W, C) as the user's op made it
+    batch = next(iter(dsc.Loader(ds, batch_size=2, num_threads=0)))
+    assert CAST_KEY not in batch
+    _, targets = next(iter(dsc.Loader(ds, batch_size=2, num_threads=0, format="torchvision")))
+    assert all(CAST_KEY not in t for t in targets)
 
 
 class _TorchCalls(torch.overrides.TorchFunctionMode):

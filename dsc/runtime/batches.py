@@ -331,18 +331,26 @@ def _image_sizes(batch: dict, B: int) -> list[tuple[int, int]]:
 _CAST_CHUNK = 1 << 20
 
 
+# The batch key by which Dataset.get_batch(to_torchvision=True) says its packed ``image`` is float32 already,
+# cast as it was gathered (the form's own values, channels last): with a ``:``, which no field name has, so no
+# field takes it, and a float image made any other way is never mistaken for it.
+CAST_KEY = "image:cast"
+
+
 def _packed_chw_floats(batch: dict, alloc=None):
     """:func:`_chw_floats` of a packed ragged batch's images (``image`` flat, ``image_offsets``,
     ``image_shapes``): the images lie back to back in the flat buffer, so the float buffer takes the same
     layout and the batch is cast and divided as one run of bytes, in cache-sized pieces (two tensor ops a
     piece, none per image: less of the Loader threads' time holds the GIL); each image a (C, H, W) view of
-    it, channels-last as the list form of :func:`_chw_floats`. A float32 flat (stored pixels are uint8 or
-    uint16, and ToFloat refuses ragged images, so only the gather makes one: ``Dataset.get_batch``'s
-    ``to_torchvision`` casts each image as it gathers it, the same values) is that buffer already: only
-    the views are made."""
+    it, channels-last as the list form of :func:`_chw_floats`. A float32 flat that the gather marked
+    (:data:`CAST_KEY`: ``Dataset.get_batch``'s ``to_torchvision`` casts each image as it gathers it, the same
+    values) is that buffer already: only the views are made; the mark is taken out of the batch."""
     flat = batch["image"]
     shapes = batch["image_shapes"].tolist()
-    cast = flat.dtype == torch.float32 and bool(shapes) and len(shapes[0]) == 3
+    # cast already only where the gather says so (a float image made any other way: a user's op, a direct
+    # call, is taken as main took it, through _chw_floats)
+    cast = batch.pop(CAST_KEY, None) is not None and flat.dtype == torch.float32 and bool(shapes) and \
+        len(shapes[0]) == 3
     if not cast and (flat.is_floating_point() or not shapes or len(shapes[0]) != 3):
         return _chw_floats(sample_pixels(batch, "image"), alloc)
     buf = flat

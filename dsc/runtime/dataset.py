@@ -24,8 +24,8 @@ from ..store.local import Root
 from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
-from .batches import (BOX_FORMS, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, collate, new_tensor,
-                      torch_dtype, numpy_alloc)
+from .batches import (BOX_FORMS, CAST_KEY, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, collate,
+                      new_tensor, torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import run_batch, run_program
@@ -503,7 +503,7 @@ class Dataset(torch.utils.data.Dataset):
         pixels and masks no further than its flips, per-object masks are then left as their packed bits
         (``object_masks.bits_key`` says so), for that form to unpack straight into its (k, H, W) masks, and
         packed ragged uint8 images are handed as float32 in [0, 1] (``image`` flat, same offsets and shapes),
-        cast as they are gathered."""
+        cast as they are gathered, and marked so (``batches.CAST_KEY``, which that form takes out)."""
         check_forms(boxes, images, allow_none=True)
         return self._get_batch(indices, boxes, images, alloc, geometry, post, reads, to_torchvision)[0]
 
@@ -569,6 +569,8 @@ class Dataset(torch.utils.data.Dataset):
         elif geometry is not None:  # boxes, per-box rows, object masks, keypoints; the record (affine, flipped)
             move_objects(batch, geometry, self.schema, placed=placed)
         batch["index"] = alloc("index", idx.shape, torch.int64).copy_(torch.from_numpy(idx))
+        if cast:  # (the form takes the mark out: it is never handed to the user)
+            batch[CAST_KEY] = batch["index"]
         packed = Batch(batch, schema=self.schema)
         return box_form(batch, self.schema, boxes or self.box_form, alloc), packed
 
