@@ -82,3 +82,20 @@ def test_a_buffer_made_because_a_batch_is_kept_asks_for_no_huge_pages():
     again = ring.allocator(0)("image", (4 * HUGE_PAGE,), torch.uint8)  # ``kept`` still held: a new buffer
     assert ring.allocations == 2 and ring.taken == 1 and ring.huge == hinted
     assert again.data_ptr() != kept.data_ptr()
+
+
+def test_a_slot_grows_past_the_largest_batch_any_slot_has_held():
+    """Variable-size batches (the SSD recipe's zoom-out canvases: their float images vary several-fold): a slot
+    whose buffer is too small grows past the largest batch any slot has been asked for, not only its own
+    largest, so each new largest is not met again by every slot, each making (and faulting in) a buffer."""
+    ring = Ring(2, pin=False)
+    a, b = ring.allocator(0), ring.allocator(1)
+    a("torchvision_image", (100,), torch.float32)
+    b("torchvision_image", (100,), torch.float32)
+    a("torchvision_image", (200,), torch.float32)  # slot 0 grows: 250
+    assert ring.allocations == 3
+    assert b("torchvision_image", (150,), torch.float32).numel() == 150  # slot 1 grows past 200, not to 150
+    assert ring.slots[1]["torchvision_image"].numel() == 250
+    b("torchvision_image", (240,), torch.float32)  # the batch slot 0 met: no buffer made again
+    a("torchvision_image", (240,), torch.float32)
+    assert ring.allocations == 4

@@ -83,6 +83,7 @@ class Ring:
         self.allocations = 0  # buffers made
         self.taken = 0  # of which because the slot's buffer was still referenced (a batch kept, or a leak)
         self.huge = 0  # of which backed by huge pages (the kernel took the hint)
+        self.largest: dict[str, int] = {}  # per buffer name, the most elements any slot was asked for
 
     def _new(self, numel: int, dtype: torch.dtype, hint: bool = True) -> torch.Tensor:
         buf = torch.empty(numel, dtype=dtype, pin_memory=self.pin)
@@ -96,6 +97,9 @@ class Ring:
 
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             numel = math.prod(shape)  # (np.prod of a tuple costs microseconds, with the GIL held)
+            largest = self.largest.get(name, 0)
+            if numel > largest:
+                self.largest[name] = largest = numel
             buf = slot.get(name)
             kept = buf is not None and buf.dtype == dtype and _storage_users(buf) > 1
             if kept:
@@ -103,8 +107,11 @@ class Ring:
                 buf = None  # the user still holds the last batch of this slot: leave it to them
             if buf is None or buf.dtype != dtype:
                 buf = None  # first use
-            elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom
-                buf = slot[name] = self._new(max(numel, int(buf.numel() * 1.25)), dtype)
+            elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom, past the
+                # largest batch any slot has held (each slot meets the same sizes: growing to only its own
+                # largest made every slot grow again for each new largest, a fresh buffer faulted in each
+                # time: zoom-out canvases' float images, every epoch)
+                buf = slot[name] = self._new(max(numel, int(max(buf.numel(), largest) * 1.25)), dtype)
             if buf is None:  # (one made because a batch is kept, as a loop's last batch is at each epoch's
                 # end, asks for no huge pages: their first write may stall on compaction, every epoch)
                 buf = slot[name] = self._new(max(numel, 1), dtype, hint=not kept)

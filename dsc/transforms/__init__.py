@@ -140,7 +140,8 @@ class Compose:
                 skip = False
                 continue
             if kind == "geometric":
-                batch = apply_geometric(op, batch, gen, schema=schema)
+                batch = apply_geometric(op, batch, gen, schema=schema, alloc=alloc if owned else None,
+                                        name=f"geometric{start + k}")  # (a buffer per stage: the next reads it)
             elif kind == "pixels":
                 batch = op(batch)
             elif kind == "photo":  # followed by ToFloat/Normalize: handed over in float, one pass fewer each way

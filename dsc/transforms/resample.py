@@ -199,9 +199,13 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
     return out.round_().clamp_(0, 255).to(canvas.dtype).permute(0, 2, 3, 1).contiguous()
 
 
-def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None) -> dict:
+def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None,
+                    alloc=None, name: str = "geometric") -> dict:
     """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
-    their ignore fill) and on the boxes, from one draw of the parameters per batch."""
+    their ignore fill) and on the boxes, from one draw of the parameters per batch. ``alloc(name, shape,
+    dtype)``: where a chain that leaves samples at several sizes writes its packed pixels (the Loader's ring:
+    buffers reused batch after batch, no fresh pages to fault in; default new tensors), under ``name`` + the
+    key (a name of its own per stage: a later stage reads this one's output)."""
     _check_batch(batch)
     schema = schema if schema is not None else getattr(batch, "schema", None)
     if schema is None:
@@ -214,11 +218,12 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
     boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
-    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes), batch, schema)
+    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes), batch, schema, alloc, name)
 
 
-def apply_plan(plan, batch: dict, schema: Schema) -> dict:
-    """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects."""
+def apply_plan(plan, batch: dict, schema: Schema, alloc=None, name: str = "geometric") -> dict:
+    """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects
+    (``alloc``, ``name``: as :func:`apply_geometric`'s)."""
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if plan.out is None and torch.equal(plan.out_sizes.long(), plan.sizes.long()):
         # a size-keeping chain on mixed sizes (flips): each sample at its own size, in the batch's own form
@@ -227,7 +232,7 @@ def apply_plan(plan, batch: dict, schema: Schema) -> dict:
         move_objects(batch, plan, schema)
         return batch
     if plan.out is None:  # samples of several sizes (scale jitter, zoom-out): a packed ragged batch out
-        return _apply_ragged(plan, batch, pixels, schema)
+        return _apply_ragged(plan, batch, pixels, schema, alloc, name)
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -285,9 +290,10 @@ def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
     batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64, device=dev).view(-1, ndim)
 
 
-def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
+def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str = "geometric") -> dict:
     """A chain that leaves samples at several sizes (flips on mixed sizes, scale jitter, zoom-out): every
-    pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged."""
+    pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged (the
+    programs' output into ``alloc``'s buffer ``{name}_{key}`` when given)."""
     out_sizes = plan.out_sizes.tolist()
     for key, role in pixels.items():
         views = _views(batch, key)[0]
@@ -300,7 +306,11 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema) -> dict:
         sizes = torch.tensor([math.prod(shp) for shp in shapes], dtype=torch.int64)
         offsets = torch.zeros(len(shapes) + 1, dtype=torch.int64)
         torch.cumsum(sizes, 0, out=offsets[1:])
-        flat = torch.empty(int(offsets[-1]), dtype=batch[key].dtype, device=batch[key].device)
+        dev = batch[key].device
+        if alloc is not None and dev.type == "cpu":  # (the ring's buffers are host memory)
+            flat = alloc(f"{name}_{key}", (int(offsets[-1]),), batch[key].dtype)
+        else:
+            flat = torch.empty(int(offsets[-1]), dtype=batch[key].dtype, device=dev)
         o = offsets.tolist()
         for b, v in enumerate(views):
             run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill)
