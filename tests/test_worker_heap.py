@@ -26,8 +26,9 @@ def _refaults(size: int) -> int:
 def test_a_compile_worker_reuses_the_memory_its_last_buffers_freed(fresh):
     """Left to glibc's defaults, a freed 24 MiB buffer went back to the kernel (a block over 128 KiB has its own
     mapping; a free heap top is trimmed), so the next one faulted its 6,144 pages in again (zeroed by the kernel, then
-    by Python): each unit of a worker paid that for its buffers (40,000-80,000 faults per 1,000 images in a worker
-    forked fresh to read a bucket, 12,500 now). The compile's workers (forked, and fresh from the fork server) keep it."""
+    by Python): each unit of a worker paid that for its buffers (43,000-93,000 faults per 1,000 images in the workers
+    forked fresh to read a bucket, 12,500 now). The compile's workers (forked, and fresh from the fork server) keep
+    it."""
     pool = WorkerPool(1, _refaults, worker_init, fresh=fresh)
     try:
         (faults,) = list(pool.imap_unordered([SIZE]))

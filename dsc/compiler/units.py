@@ -367,7 +367,7 @@ def keep_heap() -> None:
     buffers (the decoded images, a tar's read-ahead chunks, the network's buffers on the object-store client's
     threads). Left to itself, malloc maps blocks over 128 KiB apart and trims its heaps as soon as their top is free,
     so a worker that read its tars from a bucket (forked fresh from the fork server, with the client's threads and
-    their arenas) took 40,000-80,000 page faults per 1,000 images of the bench, where one forked from the compile
+    their arenas) took 43,000-93,000 page faults per 1,000 images of the bench, where one forked from the compile
     took 7,600 (benchmarks/bench_webdataset.py: 12,500 with these settings). A worker's memory stays bounded: it holds
     at most its largest unit's working set. Nothing where the C library is not glibc."""
     try:
