@@ -16,7 +16,8 @@ are interleaved, 3 rounds (``BENCH_ROUNDS=5``: more), each printing its wall sec
 the local compile of its own round. moto is a Python server in its own process: on a 2-core machine it competes
 with the compile for the cores (and it serves a range of an object by reading the whole object: a Parquet row
 group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
-commit; its workers: decoding), against the local compile's in the same round, and the server's CPU seconds and
+commit; its workers: decoding), against the local compile's in the same round, the workers' page faults (a worker
+forked fresh to read a bucket starts with an empty heap: units.keep_heap), and the server's CPU seconds and
 requests. dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
 the summary adds beside it an estimate of the wall ratio were the server's CPU seconds on other cores (the wall
 time less the server's CPU shared by the cores).
@@ -134,23 +135,28 @@ def _parquet(tars: list[Path]) -> Path:
     return cached("parquet-8x125", build) / "images.parquet"
 
 
-def _dsc_cpu(servers) -> tuple[float, float]:
-    """(this process's CPU seconds: the scan, the uploads, the client's bookkeeping; its workers'): the workers are
-    children it has reaped (forked from it), or children the fork server reaped (a compile from a bucket forks its
-    workers from it: a child of this process, as the server is, which is left out). Read, not sampled: a compile's
-    workers are reaped when it returns, and nothing polls while it runs."""
+def _dsc_cpu(servers) -> tuple[float, float, int]:
+    """(this process's CPU seconds: the scan, the uploads, the client's bookkeeping; its workers'; its workers' page
+    faults): the workers are children it has reaped (forked from it), or children the fork server reaped (a compile
+    from a bucket forks its workers from it: a child of this process, as the server is, which is left out). Read,
+    not sampled: a compile's workers are reaped when it returns, and nothing polls while it runs."""
+    import resource
+
     t = os.times()
     workers = t.children_user + t.children_system
+    faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
     me = str(os.getpid())
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) not in servers:
             try:
                 with open(f"/proc/{entry.name}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:  # (field 4: the parent)
-                        workers += proc_cpu(int(entry.name), children=True)
-            except (OSError, IndexError):  # (gone meanwhile)
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[1] == me:  # (field 4: the parent)
+                    workers += proc_cpu(int(entry.name), children=True)
+                    faults += int(fields[8])  # (field 11: the minor faults of the children it reaped)
+            except (OSError, IndexError, ValueError):  # (gone meanwhile)
                 pass
-    return t.user + t.system, workers
+    return t.user + t.system, workers, faults
 
 
 def _ms(run: tuple) -> float:
@@ -212,7 +218,7 @@ def main() -> None:
                 ("Parquet in S3", "table", "s3://bench/table/images.parquet", None, "http")]
         local = {"webdataset": "tars, local disk", "table": "Parquet, local disk"}  # each run's baseline
         seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, client CPU s, workers' CPU s, server CPU s,
-        #                                                          requests, load average)
+        #                                                          requests, load average, workers' page faults)
         # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
         dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
                                workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
@@ -222,20 +228,21 @@ def main() -> None:
                 use(via)
                 proc, log, _ = servers[via]
                 out = f"s3://bench/out-{kind}-{via}-{k}" if to else str(work / f"{kind}-{k}")
-                (c0, w0), s0, (_, n0) = _dsc_cpu(pids), _cpu(proc.pid)[1], _requests(log, 0)
+                (c0, w0, f0), s0, (_, n0) = _dsc_cpu(pids), _cpu(proc.pid)[1], _requests(log, 0)
                 t0 = time.perf_counter()
                 fn = dsc.compile_webdataset if kind == "webdataset" else dsc.compile_table
                 r = fn(src, out, size=SIZE, resize="stretch", workers=WORKERS, progress=False,
                        cache_dir=str(work / "cache"))
                 dt = time.perf_counter() - t0
                 assert r.manifest.num_samples == 1000, r.manifest.num_samples
-                c1, w1 = _dsc_cpu(pids)
+                c1, w1, f1 = _dsc_cpu(pids)
                 seen[name].append((1000 / dt, c1 - c0, w1 - w0, _cpu(proc.pid)[1] - s0, _requests(log, n0)[0],
-                                   os.getloadavg()[0]))
+                                   os.getloadavg()[0], f1 - f0))
                 a, base = seen[name][k], seen[local[kind]][k]
                 print(f"    {name:<30} {dt:5.2f} s {a[0]:7.1f} img/s {a[0] / base[0]:5.2f}x of local; "
                       f"dsc {_ms(a):5.2f} ms CPU/img "
-                      f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s; {_ms(base) / _ms(a):4.2f}x local's), server "
+                      f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s, {a[6]:,} page faults; {_ms(base) / _ms(a):4.2f}x "
+                      f"local's), server "
                       f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
@@ -262,6 +269,7 @@ def main() -> None:
                          f"{np.median([a[3] for a in seen[name]]):.2f} CPU s, {seen[name][-1][4]} requests; without "
                          f"the server's CPU on these cores ~{freed[mid]:.2f}x (estimate); wall "
                          f"{np.median([1000 / a[0] for a in seen[name]]):.2f} s")
+            extra += f"; workers' page faults {np.median([a[6] for a in seen[name]]):,.0f}"
             print(f"  {'compile, ' + name:<44} {max(a[0] for a in seen[name]):>12,.0f} img/s  {ratios[mid]:8.2f}x  "
                   f"{extra}")
         best = max(a[0] for a in seen[runs[0][0]])
