@@ -122,10 +122,12 @@ class Compose:
         its epoch and batch number (and, distributed, its rank: ranks then draw different augmentations).
         ``schema``: which keys are pixels, boxes and box rows (``ds.schema``); a batch from dsc carries its
         own, and a plain dict gets :meth:`Schema.default`. ``gen`` / ``start``: continue a batch whose first
-        stages ran in the gather; ``alloc``: the Loader's ring-slot allocator (memory for a float image);
-        ``owned``: the caller hands the batch over as the pipeline's own (the Loader's ring slot), so its
-        pixels may be written into; else the caller's pixels are never written into (a later stage's output
-        may be)."""
+        stages ran in the gather (``start > 0`` says only where to continue: it does not make the batch the
+        pipeline's own, nor does ``alloc``); ``alloc``: the Loader's ring-slot allocator (memory for a float
+        image); ``owned``: the caller hands the batch over as the pipeline's own (the Loader passes
+        ``owned=True`` for its ring slot), so its pixels may be written into. Without ``owned=True`` the
+        caller's pixels are never written into, whatever ``start`` and ``alloc`` are (a later stage's own
+        output may be)."""
         if not isinstance(batch, dict):
             raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
                               f"list of samples; got a {type(batch).__name__}")
