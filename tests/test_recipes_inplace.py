@@ -120,8 +120,8 @@ def test_sample_by_sample_ops_work_on_the_rows_that_drew_them_in_place(monkeypat
     p = op.params(sizes, torch.Generator().manual_seed(7))
     got = op.apply_u8(img.clone(), p, sizes)
     drawn = [op.names[i] for i in p["ops"].view(-1).tolist()]
-    in_rows = sum(n in A._IN_ROWS for n in drawn)
-    others = sum(n not in A._IN_ROWS and n != "Identity" for n in drawn)
+    in_rows = sum(A._U8_KERNELS[n].in_rows(img, "bilinear") for n in drawn)
+    others = sum(not A._U8_KERNELS[n].in_rows(img, "bilinear") and n != "Identity" for n in drawn)
     assert in_rows >= 20 and others >= 5  # (the draws have both kinds)
     assert sum(taken) <= others
     assert torch.equal(got, float_stage([op], img, 7))
@@ -152,3 +152,40 @@ def test_per_sample_kernels_reuse_their_buffers_no_fresh_temporaries(monkeypatch
     monkeypatch.undo()
     for name in refs:
         assert torch.equal(got[name], refs[name]), name
+
+
+def test_every_kernel_that_claims_rows_works_on_just_those_rows():
+    """One source of truth for which uint8 kernels take ``rows`` (``in_rows`` on each registered kernel): for
+    every op, interpolation and channel count where a kernel says it does, running it on some rows of a batch
+    in place gives the pixels of the same op on a copy of those rows, and leaves the other rows as they were
+    (a kernel that claimed rows and ran on the whole batch, or on the first rows, fails here)."""
+    claimed = set()
+    for cn in (1, 3):
+        img = batch(6, 24, 26)[..., :cn].contiguous()
+        rows = torch.tensor([1, 4])
+        for name, kernel in A._U8_KERNELS.items():
+            for mode in ("nearest", "bilinear"):
+                if name == "Identity" or not kernel.in_rows(img, mode):
+                    continue
+                claimed.add((name, mode))
+                mag = torch.tensor([0.3, -0.2], dtype=torch.float64)
+                if name == "Posterize":
+                    mag = torch.tensor([3.0, 5.0], dtype=torch.float64)
+                ref = A.apply_named_u8(name, img[rows].clone(), mag, mode)
+                got = A.apply_named_u8(name, img.clone(), mag, mode, rows=rows)
+                assert torch.equal(got[rows], ref), (name, mode, cn)
+                others = torch.tensor([0, 2, 3, 5])
+                assert torch.equal(got[others], img[others]), (name, mode, cn)
+    # (the kernels that say they take rows: the bilinear warps, one-table lookups, the enhance and histogram ops)
+    assert {("ShearX", "bilinear"), ("Rotate", "bilinear"), ("Brightness", "nearest"), ("Equalize", "nearest"),
+            ("Sharpness", "bilinear"), ("Color", "nearest")} <= claimed
+    assert ("Rotate", "nearest") not in claimed
+
+
+def test_a_kernel_claiming_rows_it_lacks_is_caught(monkeypatch):
+    """The check above fails for a kernel that says it takes rows and does not (Invert runs on every row)."""
+    import pytest
+
+    monkeypatch.setattr(A._U8_KERNELS["Invert"], "in_rows", lambda x, interpolation: True)
+    with pytest.raises(AssertionError):
+        test_every_kernel_that_claims_rows_works_on_just_those_rows()

@@ -555,71 +555,120 @@ _LUT_OPS = {"Brightness": lambda v, m: C.brightness(v, 1.0 + m, 255.0, True),
             "Solarize": lambda v, m: C.solarize(v, 255.0 * m, 255.0, True)}
 
 
-_IN_ROWS = {"ShearX", "ShearY", "Rotate", "Brightness", "Solarize", "Sharpness", "Color", "Equalize", "AutoContrast"}
-
-
 def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation: str = "nearest",
                    fill=None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`apply_named` on uint8 (N, H, W, C) pixels, the same numbers: whole-pixel translations as shifts,
     the ops that map each value alone as lookup tables (made by the float formulas), the rest on a float copy.
     May write into ``x``. ``rows``: only these samples of ``x`` (``mag`` one per row), written back into
-    ``x``: the ops that run sample by sample anyway (:data:`_IN_ROWS`: shears, bilinear rotate, one-table
-    lookups, sharpness, colour, the histogram ops) work on the rows in place, the others on a copy of them."""
+    ``x``: a kernel whose ``in_rows(x, interpolation)`` says so (those that run sample by sample anyway:
+    shears, bilinear rotate, one-table lookups, sharpness, colour, the histogram ops) works on the rows in
+    place, the others on a copy of them."""
     mag = mag.double()
-    if name == "Identity":
-        return x
+    kernel = _U8_KERNELS.get(name)
+    if kernel is None:
+        raise ConfigError(f"unknown auto-augment op {name!r}")
     if rows is not None:
-        if x.device.type != "cpu" or name not in _IN_ROWS or (interpolation == "nearest" and name in _GEOMETRIC) \
-                or (name in _HISTOGRAM and not (x.shape[3] in _PIL_MODES and x.is_contiguous())):
-            _put_rows(x, rows, _named_u8(name, _take_rows(x, rows), mag, interpolation, fill, None))
+        if not kernel.in_rows(x, interpolation):
+            _put_rows(x, rows, kernel(name, _take_rows(x, rows), mag, interpolation, fill, None))
             return x
         rows = rows.tolist()
-    return _named_u8(name, x, mag, interpolation, fill, rows)
+    return kernel(name, x, mag, interpolation, fill, rows)
 
 
-def _named_u8(name, x, mag, interpolation, fill, rows):
-    """:func:`apply_named_u8`'s ops, on ``rows`` of ``x`` (a list) or all of it (None)."""
+_U8_KERNELS: dict = {}  # auto-augment op name -> its uint8 kernel (the one place that says what takes rows)
+
+
+def _u8_kernel(*names: str, in_rows=None):
+    """Register ``fn(name, x, mag, interpolation, fill, rows)`` as the uint8 kernel of ``names``. ``in_rows(x,
+    interpolation)``: whether it works on ``rows`` (a list) of ``x`` in place, the other samples untouched
+    (None: never; it is then always given rows=None, on a copy of the samples that drew it)."""
+    def register(fn):
+        fn.in_rows = in_rows or (lambda x, interpolation: False)
+        for n in names:
+            _U8_KERNELS[n] = fn
+        return fn
+    return register
+
+
+def _cpu(x, interpolation) -> bool:
+    return x.device.type == "cpu"
+
+
+@_u8_kernel("Identity")
+def _identity_u8(name, x, mag, interpolation, fill, rows):
+    return x
+
+
+@_u8_kernel("TranslateX", "TranslateY")
+def _translate_u8(name, x, mag, interpolation, fill, rows):
+    t = torch.trunc(mag).long().tolist()  # int(magnitude): whole pixels, so the bilinear/nearest warp is a shift
+    zero = [0] * len(x)
+    f = 0.0 if fill is None else fill
+    f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
+    return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
+
+
+@_u8_kernel("ShearX", "ShearY", "Rotate", in_rows=lambda x, interpolation: _cpu(x, 0) and interpolation != "nearest")
+def _geometric_u8(name, x, mag, interpolation, fill, rows):
+    if x.device.type != "cpu":
+        return _float_u8(name, x, mag, interpolation, fill, rows)
+    M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
+    if interpolation == "nearest":
+        return G.nearest_u8(x, M, fill)
+    axis = G.shear_axis(M)
+    return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
+
+
+@_u8_kernel(*_LUT_OPS, in_rows=_cpu)
+def _lut_u8(name, x, mag, interpolation, fill, rows):
     N = x.shape[0] if rows is None else len(rows)
-    if name in ("TranslateX", "TranslateY"):
-        t = torch.trunc(mag).long().tolist()  # int(magnitude): whole pixels, so the bilinear/nearest warp is a shift
-        zero = [0] * N
-        f = 0.0 if fill is None else fill
-        f = torch.as_tensor(f, dtype=torch.float32).round().clamp(0, 255)
-        return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
-    if name in _GEOMETRIC and x.device.type == "cpu":
-        M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
-        if interpolation == "nearest":
-            return G.nearest_u8(x, M, fill)
-        axis = G.shear_axis(M)
-        return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
-    if name in _LUT_OPS:
-        return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag), rows)
-    if name == "Contrast":
-        mean = C.contrast_mean(_to_float(x), True)
-        return C.apply_lut(x, C.blend(C.value_image(N, device=x.device), mean, 1.0 + mag, 255.0, True))
-    if name == "Posterize":
-        bits = mag.long().view(-1, 1, 1, 1)
-        return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
-    if name == "Invert":
-        return x.bitwise_not_()
-    if name in _HISTOGRAM and x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous():
+    return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag), rows)
+
+
+@_u8_kernel("Contrast")
+def _contrast_u8(name, x, mag, interpolation, fill, rows):
+    mean = C.contrast_mean(_to_float(x), True)
+    return C.apply_lut(x, C.blend(C.value_image(len(x), device=x.device), mean, 1.0 + mag, 255.0, True))
+
+
+@_u8_kernel("Posterize")
+def _posterize_u8(name, x, mag, interpolation, fill, rows):
+    bits = mag.long().view(-1, 1, 1, 1)
+    return x.bitwise_and_((((1 << bits) - 1) << (8 - bits)).to(torch.uint8).to(x.device))
+
+
+@_u8_kernel("Invert")
+def _invert_u8(name, x, mag, interpolation, fill, rows):
+    return x.bitwise_not_()
+
+
+def _pil_histograms(x, interpolation) -> bool:
+    return x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous()
+
+
+@_u8_kernel("Equalize", "AutoContrast", in_rows=_pil_histograms)
+def _histogram_u8(name, x, mag, interpolation, fill, rows):
+    if _pil_histograms(x, interpolation):
         return _by_histograms(x, C.equalize_lut if name == "Equalize" else _autocontrast_tables, rows)
-    if name == "AutoContrast":
-        lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
-        lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
-        return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
-    if name in ("Sharpness", "Color"):  # sample by sample: each one's float copy stays in cache (3x faster)
-        fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8
-        for i, b in enumerate(range(N) if rows is None else rows):
-            fn(x[b:b + 1], 1.0 + mag[i:i + 1])
-        return x
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
+    N = len(x)
+    lo, hi = x.permute(0, 3, 1, 2).reshape(N * x.shape[3], -1).aminmax(dim=1)  # (channel planes: one pass)
+    lo, hi = (v.to(torch.float32).view(N, -1, 1, 1) for v in (lo, hi))
+    return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
+
+
+@_u8_kernel("Sharpness", "Color", in_rows=_cpu)
+def _enhance_u8(name, x, mag, interpolation, fill, rows):
+    fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8  # sample by sample: each one's float copy
+    for i, b in enumerate(range(len(x)) if rows is None else rows):  # stays in cache (3x faster)
+        fn(x[b:b + 1], 1.0 + mag[i:i + 1])
+    return x
+
+
+def _float_u8(name, x, mag, interpolation, fill, rows):
+    """The float formula on a float copy (a device's geometric ops)."""
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
-
-
-_GEOMETRIC = ("ShearX", "ShearY", "Rotate")
-_HISTOGRAM = ("Equalize", "AutoContrast")
 
 
 def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
