@@ -28,7 +28,6 @@ training; a batch with boxes or masks is refused by them (use RandomAffine for d
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +36,7 @@ from PIL import Image
 from . import color as C
 from . import warp_gather as G
 from ..errors import ConfigError
+from ..scratch import scratch_tensor
 
 
 class BatchOp:
@@ -970,22 +970,14 @@ class AugMix(_AutoBase):
 
 AUGMIX_SAMPLES = 32  # AugMix's chains run on copies of this many samples at a time
 
-_SCRATCH = threading.local()
-
-
 def scratch(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A CPU work buffer of ``shape`` that is this thread's own, kept and reused call after call (grown when a
-    larger one is asked for): its pages are faulted in once, not every batch. Only for temporaries whose
-    contents the caller overwrites and does not hand out. (Not CPU: a fresh tensor; the caching allocator
-    reuses device memory.)"""
+    """A CPU work buffer of ``shape``: this thread's buffer ``name`` of dsc's one per-thread pool
+    (:func:`dsc.scratch.scratch_tensor`: kept and reused call after call, its pages faulted in once). Only for
+    temporaries whose contents the caller overwrites and does not hand out. (Not CPU: a fresh tensor; the
+    caching allocator reuses device memory.)"""
     if torch.device(device).type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
-    pool = _SCRATCH.__dict__.setdefault("pool", {})
-    n = math.prod(shape)
-    buf = pool.get((name, dtype))
-    if buf is None or buf.numel() < n:
-        buf = pool[(name, dtype)] = torch.empty(n, dtype=dtype)
-    return buf[:n].view(shape)
+    return scratch_tensor(name, shape, dtype)
 
 
 # ------------------------------------------------------------------------------------------------ the stage

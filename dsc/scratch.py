@@ -1,0 +1,33 @@
+"""This thread's work buffers, kept and reused call after call (one pool per thread, for every layer): a
+buffer's pages are faulted in once, not every batch, and a freed large buffer is not a TLB shootdown on the
+other filler thread's core. Only for temporaries whose contents the caller overwrites and does not hand out
+beyond its next use of the same name. Imports nothing of dsc (numpy and torch only where asked for)."""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+_LOCAL = threading.local()
+
+
+def scratch_bytes(name: str, n: int, grow: float = 1.0) -> np.ndarray:
+    """This thread's uint8 buffer ``name``, ``n`` bytes long (its first ``n``): kept, and replaced by a larger
+    one (``grow`` times the old size at least: fewer regrowths where sizes creep up) when ``n`` exceeds it."""
+    pool = _LOCAL.__dict__.setdefault("pool", {})
+    buf = pool.get(name)
+    if buf is None or len(buf) < n:
+        buf = pool[name] = np.empty(max(n, int(len(buf) * grow) if buf is not None else n), np.uint8)
+    return buf[:n]
+
+
+def scratch_tensor(name: str, shape, dtype):
+    """A CPU torch tensor of ``shape`` and ``dtype`` over this thread's buffer ``name`` (:func:`scratch_bytes`;
+    one buffer per name and dtype)."""
+    import torch
+
+    n = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buf = scratch_bytes(f"{name}:{dtype}", n * itemsize)
+    return torch.from_numpy(buf).view(dtype).view(shape)

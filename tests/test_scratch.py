@@ -1,0 +1,27 @@
+"""dsc.scratch: each thread's one pool of work buffers, which the direct reads and the transforms' per-sample
+kernels both take (there were three pools of their own)."""
+import threading
+
+import torch
+
+from dsc.runtime.reads import Direct
+from dsc.scratch import scratch_bytes, scratch_tensor
+from dsc.transforms import augment as A
+
+
+def _ptr(a):
+    return a.__array_interface__["data"][0]
+
+
+def test_one_pool_per_thread_reused_and_grown():
+    a = scratch_bytes("t", 100)
+    assert _ptr(scratch_bytes("t", 80)) == _ptr(a)  # kept and reused
+    assert len(scratch_bytes("t", 500)) == 500  # grown when asked for more
+    t = A.scratch("t2", (2, 3), torch.float32, "cpu")
+    assert t.data_ptr() == scratch_tensor("t2", (6,), torch.float32).data_ptr()  # augment's is the same pool
+    assert Direct.scratch(None, 64).ctypes.data == scratch_bytes("reads", 64).ctypes.data  # and the reads'
+    other = []
+    th = threading.Thread(target=lambda: other.append(_ptr(scratch_bytes("t", 80))))
+    th.start()
+    th.join()
+    assert other[0] != _ptr(scratch_bytes("t", 80))  # another thread: its own
