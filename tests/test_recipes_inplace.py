@@ -189,3 +189,26 @@ def test_a_kernel_claiming_rows_it_lacks_is_caught(monkeypatch):
     monkeypatch.setattr(A._U8_KERNELS["Invert"], "in_rows", lambda x, interpolation: True)
     with pytest.raises(AssertionError):
         test_every_kernel_that_claims_rows_works_on_just_those_rows()
+
+
+def test_autoaugment_draws_its_sub_policies_without_per_sample_python(monkeypatch):
+    """AutoAugment reads each sample's sub-policy (ops, bins, whether each runs) from (25, 2) tables at once (main
+    wrote three tensor elements a sample and op in a Python loop: about 0.1 ms an image holding the GIL); the
+    draws are the loop's."""
+    sizes = torch.tensor([[32, 40]]).expand(300, 2)
+    op = T.AutoAugment()
+    ref_gen = torch.Generator().manual_seed(3)
+    pid = torch.randint(len(A.IMAGENET_POLICY), (300,), generator=ref_gen)
+    u = torch.rand((300, 2), generator=ref_gen, dtype=torch.float64)
+    ops, bins, on = (torch.zeros((300, 2), dtype=d) for d in (torch.long, torch.long, torch.bool))
+    for b, q in enumerate(pid.tolist()):  # (main's loop, the reference)
+        for k, (name, prob, mi) in enumerate(A.IMAGENET_POLICY[q]):
+            ops[b, k], bins[b, k], on[b, k] = op.names.index(name), mi or 0, u[b, k] <= prob
+    ref_mag = op._magnitudes(A._AA_SPACE, ops, bins, sizes, 10, ref_gen)
+    writes = []
+    real = torch.Tensor.__setitem__
+    monkeypatch.setattr(torch.Tensor, "__setitem__", lambda self, k, v: writes.append(k) or real(self, k, v))
+    p = op.params(sizes, torch.Generator().manual_seed(3))
+    monkeypatch.undo()
+    assert len(writes) == 0
+    assert torch.equal(p["ops"], ops) and torch.equal(p["on"], on) and torch.equal(p["mag"], ref_mag)

@@ -835,13 +835,21 @@ class AutoAugment(_AutoBase):
         B = len(sizes)
         pid = torch.randint(len(IMAGENET_POLICY), (B,), generator=gen)
         u = torch.rand((B, 2), generator=gen, dtype=torch.float64)
-        ops = torch.zeros((B, 2), dtype=torch.long)
-        bins = torch.zeros((B, 2), dtype=torch.long)
-        on = torch.zeros((B, 2), dtype=torch.bool)
-        for b, q in enumerate(pid.tolist()):
-            for k, (name, prob, mi) in enumerate(IMAGENET_POLICY[q]):
-                ops[b, k], bins[b, k], on[b, k] = self.names.index(name), mi or 0, u[b, k] <= prob
+        table_ops, table_bins, table_prob = self._policy_tables()
+        ops, bins = table_ops[pid], table_bins[pid]  # (each sample's sub-policy read from the tables at once:
+        on = u <= table_prob[pid]  # no per-sample Python, which held the GIL from the Loader's other thread)
         return {"ops": ops, "on": on, "mag": self._magnitudes(_AA_SPACE, ops, bins, sizes, 10, gen)}
+
+    @classmethod
+    def _policy_tables(cls):
+        """(25, 2) op indices, magnitude bins and probabilities of :data:`IMAGENET_POLICY` (made once)."""
+        tables = cls.__dict__.get("_tables")
+        if tables is None:
+            tables = (torch.tensor([[cls.names.index(name) for name, _, _ in q] for q in IMAGENET_POLICY]),
+                      torch.tensor([[mi or 0 for _, _, mi in q] for q in IMAGENET_POLICY]),
+                      torch.tensor([[prob for _, prob, _ in q] for q in IMAGENET_POLICY], dtype=torch.float64))
+            cls._tables = tables
+        return tables
 
 
 class RandAugment(_AutoBase):
