@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -728,7 +729,11 @@ def _by_histograms(x: torch.Tensor, tables_of, rows=None) -> torch.Tensor:
     rows = range(len(x)) if rows is None else rows
     a = x.numpy()
     ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
-    hist = torch.tensor([im.histogram() for im in ims], dtype=torch.int64).view(len(ims), Cn, 256)
+    if not ims:
+        return x
+    # (each histogram's list of ints through numpy: torch.tensor of the nested lists took 0.09 ms an image
+    # of its element-by-element store, holding the GIL)
+    hist = torch.from_numpy(np.stack([np.array(im.histogram(), np.int64) for im in ims])).view(len(ims), Cn, 256)
     tables = tables_of(hist).to(torch.uint8).view(len(ims), Cn, 256).numpy()
     for i, (b, im) in enumerate(zip(rows, ims)):
         C.pil_lut(a[b], tables[i], im)
