@@ -228,3 +228,23 @@ def test_histograms_reach_torch_without_torch_tensor_of_nested_lists(monkeypatch
     assert not any(made)
     for name in refs:
         assert torch.equal(got[name], refs[name]), name
+
+
+def test_augmix_mix_multiplies_no_uint8_operand(monkeypatch):
+    """AugMix's mix casts each uint8 operand into its float buffer and multiplies there (main's torch.mul of a
+    uint8 operand cast it into a fresh float temporary first: a malloc and a free a product); the same pixels."""
+    op = T.AugMix()
+    img = batch(5, 30, 34)
+    sizes = torch.tensor([[30, 34]]).expand(5, 2)
+    p = op.params(sizes, torch.Generator().manual_seed(1))
+    p["on"] = torch.zeros_like(p["on"])  # (no chain op: the mix alone)
+    ref = op.apply(img.permute(0, 3, 1, 2).float(), p, sizes, 255.0, True).clamp(0, 255).to(torch.uint8) \
+        .permute(0, 2, 3, 1)
+    u8 = []
+    real = torch.mul
+    monkeypatch.setattr(torch, "mul", lambda a, *r, **k: u8.append(getattr(a, "dtype", None) == torch.uint8)
+                        or real(a, *r, **k))
+    got = op.apply_u8(img.clone(), p, sizes)
+    monkeypatch.undo()
+    assert not any(u8)
+    assert torch.equal(got, ref)

@@ -973,11 +973,13 @@ class AugMix(_AutoBase):
             for c0 in range(0, n, step):
                 sl = slice(c0, c0 + step)
                 k = len(xg[sl])
-                torch.mul(xg[sl], m0[rows][sl], out=acc[:k])
+                # (each uint8 operand cast into its float buffer, then multiplied there: a uint8 operand of
+                # torch.mul is first cast into a fresh float temporary, a malloc and a free each product)
+                a, t = acc[:k], tmp[:k]
+                a.copy_(xg[sl]).mul_(m0[rows][sl])
                 for i in range(W):
-                    acc[:k].add_(torch.mul(augs[i * n + c0:i * n + c0 + k], w[rows][sl, i].view(-1, 1, 1, 1),
-                                           out=tmp[:k]))
-                xg[sl].copy_(acc[:k].clamp_(0, 255))
+                    a.add_(t.copy_(augs[i * n + c0:i * n + c0 + k]).mul_(w[rows][sl, i].view(-1, 1, 1, 1)))
+                xg[sl].copy_(a.clamp_(0, 255))
         return x
 
 
