@@ -248,3 +248,20 @@ def test_augmix_mix_multiplies_no_uint8_operand(monkeypatch):
     monkeypatch.undo()
     assert not any(u8)
     assert torch.equal(got, ref)
+
+
+def test_shear_blends_multiply_no_uint8_operand(monkeypatch):
+    """A bilinear shear's line windows are cast to float once, then blended (main multiplied the two uint8
+    window views, each cast into a fresh float temporary first); the float formula's pixels."""
+    img = batch(4, 30, 34)
+    refs = {name: _float_formula(name, img, 0.3, "bilinear") for name in ("ShearX", "ShearY")}
+    u8 = []
+    real = torch.mul
+    monkeypatch.setattr(torch, "mul", lambda a, *r, **k: u8.append(getattr(a, "dtype", None) == torch.uint8)
+                        or real(a, *r, **k))
+    got = {name: A.apply_named_u8(name, img.clone(), torch.full((4,), 0.3, dtype=torch.float64), "bilinear")
+           for name in refs}
+    monkeypatch.undo()
+    assert u8 and not any(u8)
+    for name in refs:
+        assert torch.equal(got[name], refs[name]), name

@@ -145,7 +145,10 @@ def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill, pads: dict 
         s = a.itemsize
         windows = as_strided(a, shape=(R, 2 * L + 2, (L + 1) * c), strides=(n * s, c * s, s))
         rows = torch.from_numpy(windows[ar, start])  # each line's window, copied whole (numpy copies a
-        return rows[:, :L * c], rows[:, c:]  # fancy index's trailing axis as a block); overlapping views
+        # fancy index's trailing axis as a block); overlapping views, cast to float once (a uint8 operand of
+        # torch.mul would be cast into a fresh temporary for each of the two products)
+        rows = rows.to(torch.float32)
+        return rows[:, :L * c], rows[:, c:]
 
     v0, v1 = taps(lines, C)
     y = torch.mul(v0, e).add_(torch.mul(v1, w))
