@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
 
+from ..scratch import scratch_tensor
+
 
 # ----------------------------------------------------------------------------------------------- nearest
 def _grid(m: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,9 +147,10 @@ def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill, pads: dict 
         s = a.itemsize
         windows = as_strided(a, shape=(R, 2 * L + 2, (L + 1) * c), strides=(n * s, c * s, s))
         rows = torch.from_numpy(windows[ar, start])  # each line's window, copied whole (numpy copies a
-        # fancy index's trailing axis as a block); overlapping views, cast to float once (a uint8 operand of
-        # torch.mul would be cast into a fresh temporary for each of the two products)
-        rows = rows.to(torch.float32)
+        # fancy index's trailing axis as a block); overlapping views, cast to float once into the thread's
+        # scratch (a uint8 operand of torch.mul would be cast into a fresh temporary for each of the two products)
+        if rows.dtype != torch.float32:
+            rows = scratch_tensor("blend_lines", tuple(rows.shape), torch.float32).copy_(rows)
         return rows[:, :L * c], rows[:, c:]
 
     v0, v1 = taps(lines, C)
