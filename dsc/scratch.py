@@ -13,13 +13,20 @@ _LOCAL = threading.local()
 
 
 def scratch_bytes(name: str, n: int, grow: float = 1.0) -> np.ndarray:
-    """This thread's uint8 buffer ``name``, ``n`` bytes long (its first ``n``): kept, and replaced by a larger
-    one (``grow`` times the old size at least: fewer regrowths where sizes creep up) when ``n`` exceeds it."""
+    """This thread's uint8 buffer ``name``, ``n`` bytes long (its first ``n``), starting on a 64-byte boundary:
+    kept, and replaced by a larger one (``grow`` times the old size at least: fewer regrowths where sizes creep
+    up) when ``n`` exceeds it."""
     pool = _LOCAL.__dict__.setdefault("pool", {})
     buf = pool.get(name)
     if buf is None or len(buf) < n:
-        buf = pool[name] = np.empty(max(n, int(len(buf) * grow) if buf is not None else n), np.uint8)
+        size = max(n, int(len(buf) * grow) if buf is not None else n)
+        raw = np.empty(size + ALIGN, np.uint8)  # (numpy's large blocks start 16 bytes into a page: aligned here
+        start = -raw.ctypes.data % ALIGN  # to a cache line, as torch's own allocations are, for vector loads)
+        buf = pool[name] = raw[start:start + size]
     return buf[:n]
+
+
+ALIGN = 64
 
 
 def scratch_tensor(name: str, shape, dtype):

@@ -17,6 +17,7 @@ def test_one_pool_per_thread_reused_and_grown():
     a = scratch_bytes("t", 100)
     assert _ptr(scratch_bytes("t", 80)) == _ptr(a)  # kept and reused
     assert len(scratch_bytes("t", 500)) == 500  # grown when asked for more
+    assert _ptr(scratch_bytes("t", 500)) % 64 == 0 and A.scratch("t3", (7,), torch.float32, "cpu").data_ptr() % 64 == 0
     t = A.scratch("t2", (2, 3), torch.float32, "cpu")
     assert t.data_ptr() == scratch_tensor("t2", (6,), torch.float32).data_ptr()  # augment's is the same pool
     assert Direct.scratch(None, 64).ctypes.data == scratch_bytes("reads", 64).ctypes.data  # and the reads'
