@@ -1,6 +1,8 @@
-"""dsc.scratch: each thread's one pool of work buffers, which the direct reads and the transforms' per-sample
-kernels both take (there were three pools of their own)."""
+"""dsc.scratch: each thread's one pool of work buffers, which the transforms' per-sample kernels take (there
+were two pools of their own); the direct reads' buffer stays their handle's, freed with it."""
+import gc
 import threading
+import weakref
 
 import torch
 
@@ -20,9 +22,20 @@ def test_one_pool_per_thread_reused_and_grown():
     assert _ptr(scratch_bytes("t", 500)) % 64 == 0 and A.scratch("t3", (7,), torch.float32, "cpu").data_ptr() % 64 == 0
     t = A.scratch("t2", (2, 3), torch.float32, "cpu")
     assert t.data_ptr() == scratch_tensor("t2", (6,), torch.float32).data_ptr()  # augment's is the same pool
-    assert Direct.scratch(None, 64).ctypes.data == scratch_bytes("reads", 64).ctypes.data  # and the reads'
     other = []
     th = threading.Thread(target=lambda: other.append(_ptr(scratch_bytes("t", 80))))
     th.start()
     th.join()
     assert other[0] != _ptr(scratch_bytes("t", 80))  # another thread: its own
+
+
+def test_the_direct_reads_buffer_goes_with_its_handle():
+    """A batch's raw bytes (tens of MB) are not kept by the thread's pool, which in the main thread lives as long
+    as the process: the buffer goes with the Direct reads that made it."""
+    d = Direct.__new__(Direct)
+    d._local = threading.local()
+    buf = d.scratch(1 << 20)
+    gone = weakref.ref(buf.base if buf.base is not None else buf)
+    del d, buf
+    gc.collect()
+    assert gone() is None
