@@ -657,18 +657,31 @@ def test_a_ragged_geometric_stage_in_the_loader_writes_into_the_ring(people):
 @pytest.mark.parametrize("fmt", ["dict", "torchvision"])
 def test_ring_held_ssd_batches_are_the_same_for_any_thread_count_and_after_a_resume(people, fmt):
     """The SSD chain's pixels come from the ring slot's buffers now: batches held (not copied) stay what they
-    were (a slot whose batch is held makes another buffer), equal for 0 and 2 threads and after a resume."""
+    were (a slot whose batch is held makes another buffer), equal for 0 and 2 threads and after a resume. Two
+    epochs of 6 batches each through one Loader's ring of 3 slots: every slot is met again while its earlier
+    batches are held."""
     def run(**kw):
-        return dsc.Loader(people, batch_size=2, order="random", seed=5, transforms=T.presets.detection("ssd"),
+        return dsc.Loader(people, batch_size=1, order="random", seed=5, transforms=T.presets.detection("ssd"),
                           format=fmt, prefetch=1, **kw)
 
     def images(b):
-        return [im.clone() for im in b[0]] if fmt == "torchvision" else [b["image"].clone(), b["image_shapes"]]
+        if fmt == "torchvision":
+            return [im.clone() for im in b[0]]
+        return [b["image"].clone()] + ([b["image_shapes"].clone()] if "image_shapes" in b else [])
 
-    want = [images(b) for b in run(num_threads=0)]  # copied as they come
-    held = list(run(num_threads=2))  # every batch held
-    assert len(held) == len(want) == 3
-    assert all(torch.equal(x, y) for a, b in zip(held, want) for x, y in zip(images(a), b))
+    copied = run(num_threads=0)
+    want = []
+    for epoch in (0, 1):  # copied as they come
+        copied.set_epoch(epoch)
+        want += [images(b) for b in copied]
+    for threads in (0, 2):
+        loader, held = run(num_threads=threads), []
+        for epoch in (0, 1):  # every batch of both epochs held, none copied
+            loader.set_epoch(epoch)
+            held += list(loader)
+        assert len(held) == len(want) == 12 and len(loader._ring.slots) == 3
+        assert all(torch.equal(x, y) for a, b in zip(held, want) for x, y in zip(images(a), b)), threads
+    want = want[:6]
     first = run()
     it = iter(first)
     next(it)
@@ -677,4 +690,4 @@ def test_ring_held_ssd_batches_are_the_same_for_any_thread_count_and_after_a_res
     resumed = run()
     resumed.load_state_dict(state)
     rest = [images(b) for b in resumed]
-    assert len(rest) == 2 and all(torch.equal(x, y) for a, b in zip(rest, want[1:]) for x, y in zip(a, b))
+    assert len(rest) == 5 and all(torch.equal(x, y) for a, b in zip(rest, want[1:]) for x, y in zip(a, b))

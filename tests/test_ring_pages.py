@@ -99,3 +99,16 @@ def test_a_slot_grows_past_the_largest_batch_any_slot_has_held():
     b("torchvision_image", (240,), torch.float32)  # the batch slot 0 met: no buffer made again
     a("torchvision_image", (240,), torch.float32)
     assert ring.allocations == 4
+
+
+def test_a_pinned_slot_grows_past_its_own_largest_only():
+    """Pinned (CUDA) memory is page-locked in full: there a slot grows 1.25x past its own largest batch, as
+    before, not past the largest any slot met (one outlier batch made every pinned slot 1.25x its size)."""
+    ring = Ring(2, pin=False)
+    ring.pin = True
+    ring._new = lambda numel, dtype, hint=True: torch.empty(numel, dtype=dtype)  # (no CUDA here to pin)
+    a, b = ring.allocator(0), ring.allocator(1)
+    a("image", (1000,), torch.uint8)
+    b("image", (100,), torch.uint8)
+    b("image", (120,), torch.uint8)
+    assert ring.slots[1]["image"].numel() == 125

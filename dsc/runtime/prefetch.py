@@ -98,7 +98,7 @@ class Ring:
         def alloc(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             numel = math.prod(shape)  # (np.prod of a tuple costs microseconds, with the GIL held)
             largest = self.largest.get(name, 0)
-            if numel > largest:
+            if numel > largest:  # (threads racing here can only lower this headroom hint: no batch changes)
                 self.largest[name] = largest = numel
             buf = slot.get(name)
             kept = buf is not None and buf.dtype == dtype and _storage_users(buf) > 1
@@ -110,8 +110,10 @@ class Ring:
             elif buf.numel() < numel:  # variable-size fields (ragged, boxes) grow with headroom, past the
                 # largest batch any slot has held (each slot meets the same sizes: growing to only its own
                 # largest made every slot grow again for each new largest, a fresh buffer faulted in each
-                # time: zoom-out canvases' float images, every epoch)
-                buf = slot[name] = self._new(max(numel, int(max(buf.numel(), largest) * 1.25)), dtype)
+                # time: zoom-out canvases' float images, every epoch). Pinned (CUDA), page-locked in full: each
+                # slot past its own largest only, as before
+                grow = buf.numel() if self.pin else max(buf.numel(), largest)
+                buf = slot[name] = self._new(max(numel, int(grow * 1.25)), dtype)
             if buf is None:  # (one made because a batch is kept, as a loop's last batch is at each epoch's
                 # end, asks for no huge pages: their first write may stall on compaction, every epoch)
                 buf = slot[name] = self._new(max(numel, 1), dtype, hint=not kept)
