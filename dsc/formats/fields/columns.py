@@ -304,11 +304,8 @@ class ValueReader(Reader):
             return self.values[i, ...]
         return self.values[int(self.offsets[i]):int(self.offsets[i + 1])]
 
-    def row_bytes(self, i: int) -> bytes:
-        return np.ascontiguousarray(self.row(i)).astype(self.field.column.dtype.newbyteorder("<")).tobytes()
-
     def rows_bytes(self, start: int, count: int) -> np.ndarray:
-        """The stored bytes of rows ``[start, start + count)`` back to back (uint8; ``row_bytes`` of each, joined)."""
+        """The stored bytes of rows ``[start, start + count)`` back to back (uint8, little-endian)."""
         if self.offsets is None:
             rows = self.values[start:start + count]
         else:
