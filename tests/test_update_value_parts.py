@@ -203,3 +203,34 @@ def test_an_update_of_one_slots_masks_and_keypoints_keeps_no_part_a_slot(tmp_pat
     few = _instances_update(tmp_path, monkeypatch, 4)
     many = _instances_update(tmp_path, monkeypatch, 12)
     assert few == many <= 2, (few, many)  # (before: a masks part and a keypoints part a slot)
+
+
+def test_an_update_and_a_compaction_of_a_table_whose_images_are_in_another_column(tmp_path):
+    """The image field is ``image`` whatever the source's column was called (here ``photo``,
+    ``--image-column``): an --update that removes two rows and a compaction fold its slots by it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    table, out = tmp_path / "t.parquet", tmp_path / "d"
+    _table(table, 9)
+    t = pq.read_table(table)
+    t = t.rename_columns(["photo" if c == "image" else c for c in t.column_names])
+    pq.write_table(t, table)
+    args = ["compile", "table", str(table), str(out), "--image-column", "photo", "--size", "2x2", "--shard-size",
+            "2", "--workers", "1", "--column", "caption"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    pq.write_table(t.filter(pa.array([i not in (2, 5) for i in range(9)])), table)
+    r = CliRunner().invoke(main, args + ["--update"])
+    assert r.exit_code == 0, r.output
+    keep = [i for i in range(9) if i not in (2, 5)]
+    for step in ("update", "compact"):
+        if step == "compact":
+            dsc.compact(out)
+        ds = dsc.open(out)
+        b = ds.get_batch(np.arange(len(ds)), boxes="list")
+        red = {c: int(px) for c, px in zip(b["caption"], b["image"][:, 0, 0, 0])}
+        assert red == {f"cap {i}": i * 5 % 251 for i in keep}, step
+        assert not dsc.verify(out).problems

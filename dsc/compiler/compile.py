@@ -522,7 +522,8 @@ def fold_slots(fields: tuple[Field, ...], K: int, S: int, slots) -> tuple[dict, 
         return u * K + n
 
     for u, (parts, rows) in enumerate(slots):
-        if parts["image"].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing)
+        if parts[ImageField.name].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing;
+            # every version has the image field, whatever its source column was called: shard_table.columns[0])
             continue
         if held is not None:
             fold(*held, True)
