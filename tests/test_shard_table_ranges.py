@@ -184,3 +184,41 @@ def test_a_second_handle_fetches_nothing_of_a_delta_table(s3, tmp_path, monkeypa
         got = [r for r in log if r[1] in tables]
         assert (got != []) if handle == 0 else (got == []), (handle, got)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("cache_limit", [0, None])
+def test_a_remote_loader_fetches_only_the_pages_of_the_shards_it_reads(pushed, tmp_path, monkeypatch, cache_limit):
+    """A Loader over a dataset in object storage fetches the table's head and the pages of the slots its epoch
+    reads, never the whole table (it did, for its shard sizes): its read strategy is chosen from the layout, and
+    its epoch plan reads the entries of the slots it touches. By ranges (cache_limit=0) and through the shard
+    cache (no limit); 6 samples of 48 one-sample shards in 3 of the 12 pages."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    picked = [4, 5, 20, 21, 36, 37]  # pages 1, 5 and 9
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=cache_limit)
+    loader = dsc.Loader(ds, batch_size=2, order="random", indices=picked, num_threads=0)
+    assert loader.read_strategy == ("ranged" if cache_limit == 0 else "mapped")
+    got = sorted((int(i), int(px)) for b in loader for i, px in zip(b["index"], b["image"][:, 0, 0, 0]))
+    assert got == [(i, i) for i in picked]
+    fetched = [r for r in log if r[1] == table]
+    page = PAGE_ROWS * shardtable.ENTRY + 32
+    assert sorted((op, n) for op, _, n in fetched) == [("range", 128)] + [("range", page)] * 3, fetched
+
+
+def test_a_remote_loaders_first_batches_fetch_the_pages_of_their_samples(pushed, tmp_path, monkeypatch):
+    """By ranges, a random-order Loader over all 48 shards fetches, for its first two batches (and the one it
+    gathers ahead), the pages of the samples they hold, each once: not the table."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=0)
+    loader = dsc.Loader(ds, batch_size=2, order="random", num_threads=0, prefetch=1)
+    batches = [[int(i) for i in b] for b in loader.batch_indices()]
+    it = iter(loader)
+    assert [[int(i) for i in next(it)["index"]] for _ in range(2)] == batches[:2]
+    loader.close()
+    fetched = [r for r in log if r[1] == table]
+    pages = [len({i // PAGE_ROWS for b in batches[:k] for i in b}) for k in (2, 4)]
+    assert all(op == "range" for op, _, _ in fetched), fetched
+    assert pages[0] <= len(fetched) - 1 <= pages[1] < 12, (fetched, batches[:4])  # (the head, then pages)

@@ -257,6 +257,18 @@ class _Part:
                 bad.append(j)
         return bad
 
+    def pages_of(self, slots: np.ndarray) -> np.ndarray | None:
+        """The pages (version 2) that hold the entries of ``slots`` (sorted, unique), a delta's those that may; None
+        where every entry is at hand already (version 1, or read whole)."""
+        if self.rows is not None:
+            return None
+        if self.base is None:
+            j = slots[slots < self.E] // self.R
+        else:
+            j = np.searchsorted(self.fences, slots, "right") - 1
+            j = j[j >= 0]
+        return np.unique(j)
+
     def find(self, s: int) -> np.ndarray | None:
         """Slot ``s``'s row here, or None (a delta that does not change it)."""
         if self.rows is not None:
@@ -387,6 +399,23 @@ class ShardTable:
                     return r
         return None
 
+    def load(self, slots: np.ndarray) -> None:
+        """Read ahead the entries of ``slots`` (what a Loader's epoch plan reads): each object of the chain, the
+        pages holding them (one ranged GET a page from object storage), or the whole object in one GET where they
+        are more than half of its pages (``ShardColumn`` then reads them from memory)."""
+        if self._full is not None:
+            return
+        slots = np.unique(np.asarray(slots, np.int64))
+        for part in self._chain():
+            pages = part.pages_of(slots[slots < part.slots])
+            if pages is None:
+                continue
+            if 2 * len(pages) > part.G:
+                part.all()
+            else:
+                for j in pages.tolist():
+                    part.page(j)
+
     def rows(self) -> np.ndarray:
         """(slots, C*ENTRY) uint8: every slot's entries, the chain resolved (what a writer or verify reads)."""
         if self._full is None:
@@ -434,6 +463,18 @@ class ShardTable:
         if len(self._memo) < (1 << 20):
             self._memo[key] = out
         return out
+
+    def largest_slots_bytes(self, n: int) -> int | None:
+        """At least the bytes of the ``n`` largest slots (every column's shard), from the reference and the layout
+        alone (no entry read): the version's total when ``n`` covers every shard, else ``n`` full shards of each
+        column (a fixed-layout shard of fewer samples is smaller), at most that total. Exact when ``n`` slots are
+        full, as all but the last are in a compile. None where a column's shard size is not set by its layout
+        (ragged): the caller reads the sizes."""
+        total = int(self.ref["nbytes"])
+        if n >= int(self.ref["shards"]):
+            return total
+        full = [self.geometry[c].nbytes(self.K, self.K) for c in self.columns]
+        return None if None in full else min(n * sum(full), total)
 
     def column(self, name: str) -> "ShardColumn":
         return ShardColumn(self, self.columns.index(name))

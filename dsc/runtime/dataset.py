@@ -269,6 +269,18 @@ class Dataset(torch.utils.data.Dataset):
                     out[s] += spec.nbytes
         return out
 
+    def largest_slots_bytes(self, n: int) -> int:
+        """The bytes of the shard files of the ``n`` largest slots: the most a batch that touches ``n`` slots
+        reads. A shard table of fixed layouts answers from its layout (``ShardTable.largest_slots_bytes``: ``n``
+        full shards, at most the version's total) without reading an entry, so a Loader over a remote dataset
+        fetches none of the table for it; otherwise every slot's size is read."""
+        table = self.manifest.shard_table
+        bound = table.largest_slots_bytes(n) if table is not None else None
+        if bound is not None:
+            return bound
+        sizes = self.slot_bytes()
+        return int(np.sort(sizes[sizes > 0])[::-1][:n].sum())
+
     def shard_plan(self, batches: list[np.ndarray]) -> tuple[list[np.ndarray], list[str], np.ndarray]:
         """For an epoch's batches (sample indices): ``(needs, paths, nbytes)``, ``needs[j]`` the shard files
         batch j reads as keys into ``paths`` / ``nbytes`` (every image-like field's shard of each slot the
@@ -276,16 +288,22 @@ class Dataset(torch.utils.data.Dataset):
 
         pxs = self._pixel_readers()
         nslots = max(len(px.shards) for px in pxs)
+        by_batch = shard_needs([self._to_rows(np.asarray(b, np.int64)) for b in batches], self.manifest.shard_size)
+        touched = np.unique(np.concatenate(by_batch)) if by_batch else np.zeros(0, np.int64)
+        table = self.manifest.shard_table
+        if table is not None:  # (only the entries of the slots the batches touch: a remote table by page, issue 34)
+            table.load(touched)
         key_of = np.full((nslots, len(pxs)), -1, np.int64)
         paths, nbytes = [], []
         for f, px in enumerate(pxs):
-            for s, spec in enumerate(px.shards):
+            for s in touched[touched < len(px.shards)].tolist():
+                spec = px.shards[s]
                 if spec is not None:
                     key_of[s, f] = len(paths)
                     paths.append(spec.path)
                     nbytes.append(spec.nbytes)
         needs = []
-        for slots in shard_needs([self._to_rows(np.asarray(b, np.int64)) for b in batches], self.manifest.shard_size):
+        for slots in by_batch:
             keys = key_of[slots].reshape(-1)
             needs.append(keys[keys >= 0])
         return needs, paths, np.asarray(nbytes, np.int64)
