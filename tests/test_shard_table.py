@@ -946,3 +946,35 @@ def test_a_batchs_largest_shard_bytes_come_from_the_layout_without_reading_the_t
         monkeypatch.undo()
         assert bool(rows) == reads_table, (name, rows)
         assert got == [int(exact[:n].sum()) for n in (1, 2, 3, 4)] and exact[0] > exact[-1] > 0, name
+
+
+def test_a_resume_parses_each_journal_line_twice_not_three_times(tmp_path, monkeypatch):
+    """A resume parses each journal line once to find and check its unit's last entry, and once more as it folds
+    the unit in (what keeps no object a unit): 2 parses a resumed unit (3 before: the scan, the check, the fold)."""
+    import json
+    import sys
+
+    C, J = sys.modules["dsc.compiler.compile"], sys.modules["dsc.compiler.journal"]
+    n = 12
+    out = tmp_path / "r"
+    with monkeypatch.context() as mp:
+        mp.setattr(C, "_finalize", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            tiny(out, n)
+    parsed = []
+
+    class CountingJson:
+        def __getattr__(self, name):
+            return getattr(json, name)
+
+        @staticmethod
+        def loads(s, *a, **k):
+            d = json.loads(s, *a, **k)
+            if isinstance(d, dict) and "result" in d:
+                parsed.append(d["s"])
+            return d
+
+    monkeypatch.setattr(J, "json", CountingJson())
+    report = dsc.compile(Tiny(n), out, size=2, shard_size=1, progress=False, workers=1, resume=True)
+    assert report.resumed_units == n and report.decoded == 0
+    assert sorted(parsed) == sorted(list(range(n)) * 2), parsed

@@ -187,29 +187,30 @@ class Journal:
     def finished_units(self, inputs) -> "Resumed":
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
-        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each entry is parsed and checked here, then dropped: what is kept is where each finished
-        unit's entry is (16 bytes a unit), and iterating the :class:`Resumed` parses them again one at a time."""
+        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each journal line is
+        parsed once here and checked, then dropped: what is kept is where each finished unit's entry is (16 bytes a
+        unit), and iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no
+        object kept a unit)."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
         slots = inputs.slots
         if not len(slots):
             return Resumed.none(self.fields)
-        lo, hi = slots[0], slots[-1]
+        lo, hi = slots[0], slots[-1]  # (one run of slots)
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
+        done = np.zeros(len(last), bool)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
-        for off, d in _lines(path):
-            s = d["s"]
+        for off, d in _lines(path):  # (each line parsed once here and checked as it comes: a later entry of a
+            s = d["s"]               # unit, one compiled again, replaces its earlier one)
             if lo <= s <= hi:
                 last[s - lo] = off
                 legacy.pop(s, None)
-        done = np.zeros(len(last), bool)
-        with _open_or_none(path) as f:
-            for s in slots:
-                res = self._checked(_entry_at(f, int(last[s - lo]), legacy.get(s)), s, inputs[s])
-                done[s - lo] = res is not None
-        for s in [s for s in legacy if not done[s - lo]]:
-            del legacy[s]
+                done[s - lo] = self._checked(d, s, inputs[s]) is not None
+        for s, d in list(legacy.items()):
+            done[s - lo] = self._checked(d, s, inputs[s]) is not None
+            if not done[s - lo]:
+                del legacy[s]
         return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields)
 
     def _checked(self, d: dict | None, s: int, files: str) -> UnitResult | None:
