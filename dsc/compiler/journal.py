@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DscError, ResumeError, WriteError
+from ..store import open_store
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource, Source, record_digest
 from .sources.inputs import identity
 from .units import UnitResult
+from .upload import is_ours
 
 JOURNAL = ".journal"
 UNITS = "units.jsonl"
@@ -92,8 +94,27 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _intact(path: Path, shard) -> bool:
+def shard_intact(path: Path, shard) -> bool:
+    """Whether the file at ``path`` has the size and SHA-256 journaled for ``shard`` (re-hashed)."""
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
+
+
+def shard_check(root: Path, bucket: tuple[str, str] | None = None, staged_too: bool = False):
+    """Whether a journaled shard is still as recorded (a ``Journal``'s ``shard_ok``, a compile's and an
+    update's): under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units
+    upload their shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either
+    (a shard leaves the staging once the bucket has it)."""
+    def staged(sh) -> bool:
+        return shard_intact(node_dir(root, sh.path), sh)
+
+    if bucket is None:
+        return staged
+    url, writer = bucket
+    store = open_store(url)
+
+    def in_bucket(sh) -> bool:
+        return is_ours(sh.path, store.stat(sh.path), sh.sha256, sh.nbytes, writer)
+    return (lambda sh: staged(sh) or in_bucket(sh)) if staged_too else in_bucket
 
 
 class Journal:
@@ -106,13 +127,9 @@ class Journal:
         self.settings = settings  # (``settings``: kept in the plan to name what differs on a refused resume)
         self.fields = fields
         self._fd: int | None = None  # units.jsonl, open for appending once the first unit is recorded
-        # whether a journaled shard is still as recorded: re-hashed here, or (its workers uploaded it) checked in
-        # the bucket by ``shard_ok(spec)``
-        self.shard_ok = shard_ok or self.staged
-
-    def staged(self, sh) -> bool:
-        """Whether the journaled shard ``sh`` is in the staging (or OUT) with the bytes recorded (re-hashed)."""
-        return _intact(node_dir(self.shard_root, sh.path), sh)
+        # whether a journaled shard is still as recorded (``shard_check``): re-hashed in the staging (or OUT) by
+        # default
+        self.shard_ok = shard_ok or shard_check(self.shard_root)
 
     def start(self) -> None:
         try:
