@@ -222,3 +222,25 @@ def test_a_remote_loaders_first_batches_fetch_the_pages_of_their_samples(pushed,
     pages = [len({i // PAGE_ROWS for b in batches[:k] for i in b}) for k in (2, 4)]
     assert all(op == "range" for op, _, _ in fetched), fetched
     assert pages[0] <= len(fetched) - 1 <= pages[1] < 12, (fetched, batches[:4])  # (the head, then pages)
+
+
+def test_a_remote_loader_over_ragged_images_weighs_its_batches_without_the_table(s3, tmp_path, monkeypatch):
+    """Images of their own sizes (the ragged layout): a Loader with a cache limit weighs a batch's shards from the
+    offsets read at open, so over 2 of 24 samples it fetches the head and 2 pages of the table, not the table."""
+    from dsc.compiler.upload import push
+    from test_shard_table import _tiny_folder
+
+    monkeypatch.setattr(shardtable, "PAGE_BYTES", PAGE_ROWS * shardtable.ENTRY)
+    src, local = tmp_path / "src", tmp_path / "d"
+    _tiny_folder(src, 24, classes=2)
+    dsc.compile_imagefolder(src, local, size=None, shard_size=1, progress=False, workers=1)
+    url = f"s3://dsc-test/ragged-{id(tmp_path)}"
+    push(local, url, progress=False)
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="1MB")
+    loader = dsc.Loader(ds, batch_size=1, indices=[1, 22], num_threads=0)
+    assert loader.read_strategy == "mapped"
+    assert sum(len(b["index"]) for b in loader) == 2
+    fetched = [r for r in log if r[1] == table]
+    assert sorted(op for op, _, _ in fetched) == ["range"] * 3, fetched  # (the head, pages 0 and 5)

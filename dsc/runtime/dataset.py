@@ -277,6 +277,9 @@ class Dataset(torch.utils.data.Dataset):
         pxs = self._pixel_readers()
         out = np.zeros(max((len(px.shards) for px in pxs), default=0), np.int64)
         for px in pxs:
+            if not px.px.fixed:  # (ragged: the offsets read at open give each shard's size, what its entry is
+                out[:len(px.shards)] += np.diff(px.shard_starts) * px.px.itemsize  # checked against: no table read)
+                continue
             if getattr(px.shards, "lazy", False):  # (a shard table: one vector read)
                 out[:len(px.shards)] += px.shards.nbytes()
                 continue
@@ -288,8 +291,8 @@ class Dataset(torch.utils.data.Dataset):
     def largest_slots_bytes(self, n: int) -> int:
         """The bytes of the shard files of the ``n`` largest slots: the most a batch that touches ``n`` slots
         reads. A shard table of fixed layouts answers from its layout (``ShardTable.largest_slots_bytes``: ``n``
-        full shards, at most the version's total) without reading an entry, so a Loader over a remote dataset
-        fetches none of the table for it; otherwise every slot's size is read."""
+        full shards, at most the version's total), a ragged layout from its offsets (``slot_bytes``), neither
+        reading an entry, so a Loader over a remote dataset fetches none of the table for it."""
         table = self.manifest.shard_table
         bound = table.largest_slots_bytes(n) if table is not None else None
         if bound is not None:
