@@ -484,8 +484,6 @@ class ShardColumn(Sequence):
     """One field's shards by slot, as a read-only sequence of ShardSpec / None read from the table on demand
     (what ``manifest.shards`` and a mask field's ``shards`` are in format 4)."""
 
-    lazy = True
-
     def __init__(self, table: ShardTable, c: int):
         self.table, self.c = table, c
 

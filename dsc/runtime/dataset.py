@@ -20,6 +20,7 @@ from ..formats import Manifest
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.coords import invert_affine
+from ..formats.shardtable import ShardColumn
 from ..store.local import Root
 from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
@@ -280,7 +281,7 @@ class Dataset(torch.utils.data.Dataset):
             if not px.px.fixed:  # (ragged: the offsets read at open give each shard's size, what its entry is
                 out[:len(px.shards)] += np.diff(px.shard_starts) * px.px.itemsize  # checked against: no table read)
                 continue
-            if getattr(px.shards, "lazy", False):  # (a shard table: one vector read)
+            if isinstance(px.shards, ShardColumn):  # (a shard table: one vector read)
                 out[:len(px.shards)] += px.shards.nbytes()
                 continue
             for s, spec in enumerate(px.shards):
