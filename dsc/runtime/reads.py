@@ -187,7 +187,7 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
     memory (at most ``FIT`` of it), else ``direct`` for random order and ``windowed`` for the others;
     ``read`` other than ``auto`` forces one. ``remote``: a dataset in object storage, (the bytes of the shard
     cache this process may fill, None when unbounded; the most bytes of shards a batch reads,
-    ``batch_slots``): ``ranged`` when the cache cannot hold a batch's shards (or is none,
+    ``Dataset.largest_slots_bytes`` of ``batch_slots``): ``ranged`` when the cache cannot hold a batch's shards (or is none,
     ``cache_limit=0``), else the cached files are read as a local dataset's. (With no limit the second figure is
     not needed: 0.)"""
     if read not in READS:
