@@ -244,3 +244,19 @@ def test_a_remote_loader_over_ragged_images_weighs_its_batches_without_the_table
     assert sum(len(b["index"]) for b in loader) == 2
     fetched = [r for r in log if r[1] == table]
     assert sorted(op for op, _, _ in fetched) == ["range"] * 3, fetched  # (the head, pages 0 and 5)
+
+
+def test_pages_are_read_from_a_whole_table_the_node_fetched(pushed, tmp_path, monkeypatch):
+    """A Loader whose epoch touches most pages fetches the table whole, into the node's mirror; another handle of
+    the node (another rank) then reads its pages from that copy (each checked by its own hash): no request."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    loader = dsc.Loader(ds, batch_size=8, order="random", num_threads=0)
+    assert sum(len(b["index"]) for b in loader) == 48
+    assert [op for op, rel, _ in log if rel == table] == ["range", "get"]  # (the head, then the table whole)
+    del log[:]
+    other = dsc.open(url, cache_dir=tmp_path / "c")
+    assert [other[i]["label"] for i in (0, 21, 47)] == [0, 1, 7]
+    assert not [r for r in log if r[1] == table], log

@@ -602,12 +602,15 @@ class _Ranged:
         store, mirror, rel = self.loader.store, self.loader.mirror, object_path(self.sha)
         kept = None if mirror is None or check is None else Path(mirror) / RANGES / f"{self.sha}.{start}-{end}"
         if kept is not None:
-            try:
-                data = kept.read_bytes()
-                if check(data):
-                    return data
-            except OSError:
-                pass
+            for path, at in ((kept, 0), (Path(mirror) / rel, start)):  # (the range kept, or the object whole: an
+                try:                                                    # epoch plan of the node fetched it)
+                    with open(path, "rb") as f:
+                        f.seek(at)
+                        data = f.read(min(end, self.nbytes) - start)
+                    if check(data):
+                        return data
+                except OSError:
+                    pass
         try:
             data = bytes(memoryview(store.read_range(rel, start, min(end, self.nbytes))))
         except FileNotFoundError:
