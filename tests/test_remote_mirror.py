@@ -1,5 +1,7 @@
 """A remote handle whose node mirror was removed under it (``dsc cache clear``) fetches the version's small files
 again when it first reads one it had not read (keys, original sizes, affine), as an open would."""
+import uuid
+
 import numpy as np
 
 import dsc
@@ -12,7 +14,7 @@ def test_a_remote_handle_reads_its_keys_after_a_cache_clear(s3, tmp_path):
 
     local = tmp_path / "d"
     dsc.compile(Tiny(8), local, size=2, shard_size=2, progress=False, workers=1)
-    url = f"s3://dsc-test/mirror-{id(tmp_path)}"
+    url = f"s3://dsc-test/mirror-{uuid.uuid4().hex}"
     push(local, url, progress=False)
     want = dsc.open(local)
     ds = dsc.open(url, cache_dir=tmp_path / "c")

@@ -3,6 +3,7 @@ table's head and the one page that sample's slot is in, checked against their ow
 mirror (a second handle on the node fetches nothing), whatever the number of shards; a damaged page or a
 damaged shard stops the read with the file named."""
 import threading
+import uuid
 
 import pytest
 
@@ -48,7 +49,7 @@ def pushed(s3, tmp_path_factory, monkeypatch):
     for n in (6, 48):
         local = tmp_path_factory.mktemp("local") / f"d{n}"
         dsc.compile(Tiny(n), local, size=2, shard_size=1, progress=False, workers=1)
-        url = f"s3://dsc-test/ranges-{n}-{id(out)}"
+        url = f"s3://dsc-test/ranges-{n}-{uuid.uuid4().hex}"
         push(local, url, progress=False)
         out[n] = (local, url)
     return out
@@ -174,7 +175,7 @@ def test_a_second_handle_fetches_nothing_of_a_delta_table(s3, tmp_path, monkeypa
     dsc.compile_imagefolder(src, local, update=True, **opts)
     tables = table_objects(local)
     assert len(tables) == 2  # (the full table and the update's delta)
-    url = f"s3://dsc-test/delta-{id(tmp_path)}"
+    url = f"s3://dsc-test/delta-{uuid.uuid4().hex}"
     push(local, url, progress=False)
     n = len(dsc.open(local))
     for handle in range(2):
@@ -206,6 +207,40 @@ def test_a_remote_loader_fetches_only_the_pages_of_the_shards_it_reads(pushed, t
     assert sorted((op, n) for op, _, n in fetched) == [("range", 128)] + [("range", page)] * 3, fetched
 
 
+def test_an_epoch_plans_table_pages_are_fetched_together_not_one_after_another(pushed, tmp_path, monkeypatch):
+    """The shard cache's epoch plan over a rank's contiguous share (here samples 0-19 of 48 shards: 5 of 12
+    pages, under half, so by page) asks for its pages with several ranged GETs in flight, not one round trip
+    after another (1M slots on 8 ranks: ~92 pages a rank)."""
+    import time
+
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    lock, flight = threading.Lock(), {"now": 0, "most": 0, "pages": 0}
+    real_range = ObjectStore.read_range
+
+    def read_range(self, rel, start, end):
+        if rel != table or end - start == 128:  # (the head)
+            return real_range(self, rel, start, end)
+        with lock:
+            flight["now"] += 1
+            flight["pages"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        time.sleep(0.05)  # (a bucket's round trip)
+        try:
+            return real_range(self, rel, start, end)
+        finally:
+            with lock:
+                flight["now"] -= 1
+
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    monkeypatch.setattr(ObjectStore, "read_range", read_range)
+    loader = dsc.Loader(ds, batch_size=4, order="sequential", indices=list(range(20)), num_threads=0)
+    assert loader.read_strategy == "mapped"
+    got = [int(i) for b in loader for i in b["index"]]
+    assert got == list(range(20))
+    assert flight["pages"] == 5 and flight["most"] > 1, flight
+
+
 def test_a_remote_loaders_first_batches_fetch_the_pages_of_their_samples(pushed, tmp_path, monkeypatch):
     """By ranges, a random-order Loader over all 48 shards fetches, for its first two batches (and the one it
     gathers ahead), the pages of the samples they hold, each once: not the table."""
@@ -234,7 +269,7 @@ def test_a_remote_loader_over_ragged_images_weighs_its_batches_without_the_table
     src, local = tmp_path / "src", tmp_path / "d"
     _tiny_folder(src, 24, classes=2)
     dsc.compile_imagefolder(src, local, size=None, shard_size=1, progress=False, workers=1)
-    url = f"s3://dsc-test/ragged-{id(tmp_path)}"
+    url = f"s3://dsc-test/ragged-{uuid.uuid4().hex}"
     push(local, url, progress=False)
     (table,) = table_objects(local)
     log = _requests(monkeypatch)

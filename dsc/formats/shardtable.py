@@ -18,6 +18,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ HEADER = 64  # magic (8), table version uint32, columns uint32, slots uint64, en
 HEADER2 = 96  # version 2: HEADER, then entries a page uint32, pages uint32, 24 zero bytes
 RANGES = "ranges"  # in a node's mirror of a dataset in object storage: the table ranges fetched (<sha>.<start>-<end>)
 PAGE_BYTES = 64 << 10  # what a writer aims a page at: a reader of object storage fetches a page a slot it needs
+LOAD_THREADS = 16  # a Loader's epoch plan: the table pages it needs fetched this many at once (load)
 ENTRY = 48  # count uint64, nbytes uint64, sha256 (32 raw bytes); all zero: no shard at that slot
 MAX_CHAIN = 8  # tables a version's chain may hold (one full, then deltas)
 REF_KEYS = {"slots", "shards", "nbytes", "columns", "chain"}
@@ -401,8 +403,9 @@ class ShardTable:
 
     def load(self, slots: np.ndarray) -> None:
         """Read ahead the entries of ``slots`` (what a Loader's epoch plan reads): each object of the chain, the
-        pages holding them (one ranged GET a page from object storage), or the whole object in one GET where they
-        are more than half of its pages (``ShardColumn`` then reads them from memory)."""
+        pages holding them (one ranged GET a page from object storage, up to ``LOAD_THREADS`` in flight), or the
+        whole object in one GET where they are more than half of its pages (``ShardColumn`` then reads them
+        from memory)."""
         if self._full is not None:
             return
         slots = np.unique(np.asarray(slots, np.int64))
@@ -412,8 +415,13 @@ class ShardTable:
                 continue
             if 2 * len(pages) > part.G:
                 part.all()
+                continue
+            todo = [j for j in pages.tolist() if j not in part._pages]
+            if len(todo) > 1 and not part.src.checked:  # (ranged GETs: in flight together, not one round trip
+                with ThreadPoolExecutor(min(LOAD_THREADS, len(todo))) as pool:  # after another; each page checked
+                    list(pool.map(part.page, todo))                         # by its own hash as it comes)
             else:
-                for j in pages.tolist():
+                for j in todo:
                     part.page(j)
 
     def rows(self) -> np.ndarray:

@@ -289,14 +289,17 @@ class Dataset(torch.utils.data.Dataset):
                     out[s] += spec.nbytes
         return out
 
-    def largest_slots_bytes(self, n: int) -> int:
+    def largest_slots_bytes(self, n: int, within: int | None = None) -> int:
         """The bytes of the shard files of the ``n`` largest slots: the most a batch that touches ``n`` slots
         reads. A shard table of fixed layouts answers from its layout (``ShardTable.largest_slots_bytes``: ``n``
         full shards, at most the version's total), a ragged layout from its offsets (``slot_bytes``), neither
-        reading an entry, so a Loader over a remote dataset fetches none of the table for it."""
+        reading an entry, so a Loader over a remote dataset fetches none of the table for it. The layout's
+        figure is an upper bound (exact when ``n`` slots are full; updates leave partial slots): where it is
+        above ``within`` (the cache share the caller compares it with), the exact figure is read instead, so
+        the choice is the one the exact sizes give."""
         table = self.manifest.shard_table
         bound = table.largest_slots_bytes(n) if table is not None else None
-        if bound is not None:
+        if bound is not None and (within is None or bound <= within):
             return bound
         sizes = self.slot_bytes()
         return int(np.sort(sizes[sizes > 0])[::-1][:n].sum())

@@ -372,7 +372,7 @@ class Loader:
                 return None    # layout gives them without fetching the table, issue 34)
             share = ds.storage.cache.share(_local_processes())
             slots = R.batch_slots(order, batch_size, ds.manifest.shard_size, self.window)
-            return share, (ds.largest_slots_bytes(slots) if share else 0)
+            return share, (ds.largest_slots_bytes(slots, within=share) if share else 0)
 
         kw = dict(io_depth=io_depth, memory=memory[0] if memory else None)
         if isinstance(dataset, Mixture):  # (each source its own strategy: one in a bucket with a small cache reads
