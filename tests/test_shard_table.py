@@ -924,3 +924,88 @@ def test_a_finished_compile_keeps_no_folder_open(tmp_path):
     assert local._KEPT.folders == {}
     left = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds() - before if os.path.exists(f"/proc/self/fd/{fd}")]
     assert not [p for p in left if str(tmp_path) in p], left
+
+
+def test_a_batchs_largest_shard_bytes_come_from_the_layout_without_reading_the_table(tmp_path, monkeypatch):
+    """What a Loader over object storage weighs against its cache (a batch's shards: the n largest slots) comes
+    from the shard table's layout and reference (fixed layout) or the offsets read at open (ragged), reading no
+    entry of the table (issue 34), and equals the bytes of the n largest slots the table records."""
+    from dsc.formats.shardtable import ShardTable
+
+    dsc.compile(Tiny(10), tmp_path / "f", size=2, shard_size=4, progress=False, workers=1)  # slots of 4, 4, 2
+    src = tmp_path / "src"
+    _tiny_folder(src, 9, classes=3)
+    dsc.compile_imagefolder(src, tmp_path / "r", size=None, shard_size=4, progress=False, workers=1)  # ragged
+    for name in ("f", "r"):
+        ds = dsc.open(tmp_path / name)
+        exact = np.sort(ds.manifest.shard_table.column("image").nbytes())[::-1]
+        ds = dsc.open(tmp_path / name)
+        rows, real_row, real_rows = [], ShardTable.row, ShardTable.rows
+        monkeypatch.setattr(ShardTable, "row", lambda self, s: rows.append(s) or real_row(self, s))
+        monkeypatch.setattr(ShardTable, "rows", lambda self: rows.append("all") or real_rows(self))
+        got = [ds.largest_slots_bytes(n) for n in (1, 2, 3, 4)]
+        monkeypatch.undo()
+        assert rows == [], (name, rows)
+        assert got == [int(exact[:n].sum()) for n in (1, 2, 3, 4)] and exact[0] > exact[-1] > 0, name
+
+
+def test_a_batchs_shard_bytes_above_the_cache_share_are_the_exact_ones_on_a_dataset_updates_grew(tmp_path):
+    """Updates that add rows leave partial slots, where the layout's figure (n full shards) is above the n largest
+    slots' real bytes: where that bound is above the cache share it is weighed against, the exact figure is read,
+    so the Loader picks the strategy the exact sizes give (the cache, where a batch's shards fit in it)."""
+    from PIL import Image
+
+    from dsc.runtime import reads as R
+
+    src, out = tmp_path / "src", tmp_path / "d"
+    _tiny_folder(src, 16, classes=2)
+    opts = dict(size=2, shard_size=4, progress=False, workers=1)
+    dsc.compile_imagefolder(src, out, **opts)  # 4 full slots of 4
+    for u in range(3):  # 3 updates adding 2 samples each: 3 half slots
+        for j in range(2):
+            Image.new("RGB", (4, 4), (u, j, 9)).save(src / "c1" / f"new{u}_{j}.png")
+        dsc.compile_imagefolder(src, out, update=True, **opts)
+    ds = dsc.open(out)
+    sizes = ds.slot_bytes()
+    n = 6
+    exact = int(np.sort(sizes[sizes > 0])[::-1][:n].sum())
+    bound = ds.largest_slots_bytes(n)
+    assert bound > exact  # (the layout's figure: 6 full slots)
+    share = (exact + bound) // 2
+    assert ds.largest_slots_bytes(n, within=share) == exact
+    assert ds.largest_slots_bytes(n, within=bound) == bound
+    strategy, _ = R.choose("random", ds.shard_bytes, "auto", (1 << 34, "test"), None,
+                           (share, ds.largest_slots_bytes(n, within=share)))
+    assert strategy != "ranged"
+
+
+def test_a_resume_parses_each_journal_line_twice_not_three_times(tmp_path, monkeypatch):
+    """A resume parses each journal line once to find and check its unit's last entry, and once more as it folds
+    the unit in (what keeps no object a unit): 2 parses a resumed unit (3 before: the scan, the check, the fold)."""
+    import json
+    import sys
+
+    C, J = sys.modules["dsc.compiler.compile"], sys.modules["dsc.compiler.journal"]
+    n = 12
+    out = tmp_path / "r"
+    with monkeypatch.context() as mp:
+        mp.setattr(C, "_finalize", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            tiny(out, n)
+    parsed = []
+
+    class CountingJson:
+        def __getattr__(self, name):
+            return getattr(json, name)
+
+        @staticmethod
+        def loads(s, *a, **k):
+            d = json.loads(s, *a, **k)
+            if isinstance(d, dict) and "result" in d:
+                parsed.append(d["s"])
+            return d
+
+    monkeypatch.setattr(J, "json", CountingJson())
+    report = dsc.compile(Tiny(n), out, size=2, shard_size=1, progress=False, workers=1, resume=True)
+    assert report.resumed_units == n and report.decoded == 0
+    assert sorted(parsed) == sorted(list(range(n)) * 2), parsed

@@ -3,6 +3,7 @@ table's head and the one page that sample's slot is in, checked against their ow
 mirror (a second handle on the node fetches nothing), whatever the number of shards; a damaged page or a
 damaged shard stops the read with the file named."""
 import threading
+import uuid
 
 import pytest
 
@@ -48,7 +49,7 @@ def pushed(s3, tmp_path_factory, monkeypatch):
     for n in (6, 48):
         local = tmp_path_factory.mktemp("local") / f"d{n}"
         dsc.compile(Tiny(n), local, size=2, shard_size=1, progress=False, workers=1)
-        url = f"s3://dsc-test/ranges-{n}-{id(out)}"
+        url = f"s3://dsc-test/ranges-{n}-{uuid.uuid4().hex}"
         push(local, url, progress=False)
         out[n] = (local, url)
     return out
@@ -174,7 +175,7 @@ def test_a_second_handle_fetches_nothing_of_a_delta_table(s3, tmp_path, monkeypa
     dsc.compile_imagefolder(src, local, update=True, **opts)
     tables = table_objects(local)
     assert len(tables) == 2  # (the full table and the update's delta)
-    url = f"s3://dsc-test/delta-{id(tmp_path)}"
+    url = f"s3://dsc-test/delta-{uuid.uuid4().hex}"
     push(local, url, progress=False)
     n = len(dsc.open(local))
     for handle in range(2):
@@ -184,3 +185,113 @@ def test_a_second_handle_fetches_nothing_of_a_delta_table(s3, tmp_path, monkeypa
         got = [r for r in log if r[1] in tables]
         assert (got != []) if handle == 0 else (got == []), (handle, got)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("cache_limit", [0, None])
+def test_a_remote_loader_fetches_only_the_pages_of_the_shards_it_reads(pushed, tmp_path, monkeypatch, cache_limit):
+    """A Loader over a dataset in object storage fetches the table's head and the pages of the slots its epoch
+    reads, never the whole table (it did, for its shard sizes): its read strategy is chosen from the layout, and
+    its epoch plan reads the entries of the slots it touches. By ranges (cache_limit=0) and through the shard
+    cache (no limit); 6 samples of 48 one-sample shards in 3 of the 12 pages."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    picked = [4, 5, 20, 21, 36, 37]  # pages 1, 5 and 9
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=cache_limit)
+    loader = dsc.Loader(ds, batch_size=2, order="random", indices=picked, num_threads=0)
+    assert loader.read_strategy == ("ranged" if cache_limit == 0 else "mapped")
+    got = sorted((int(i), int(px)) for b in loader for i, px in zip(b["index"], b["image"][:, 0, 0, 0]))
+    assert got == [(i, i) for i in picked]
+    fetched = [r for r in log if r[1] == table]
+    page = PAGE_ROWS * shardtable.ENTRY + 32
+    assert sorted((op, n) for op, _, n in fetched) == [("range", 128)] + [("range", page)] * 3, fetched
+
+
+def test_an_epoch_plans_table_pages_are_fetched_together_not_one_after_another(pushed, tmp_path, monkeypatch):
+    """The shard cache's epoch plan over a rank's contiguous share (here samples 0-19 of 48 shards: 5 of 12
+    pages, under half, so by page) asks for its pages with several ranged GETs in flight, not one round trip
+    after another (1M slots on 8 ranks: ~92 pages a rank)."""
+    import time
+
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    lock, flight = threading.Lock(), {"now": 0, "most": 0, "pages": 0}
+    real_range = ObjectStore.read_range
+
+    def read_range(self, rel, start, end):
+        if rel != table or end - start == 128:  # (the head)
+            return real_range(self, rel, start, end)
+        with lock:
+            flight["now"] += 1
+            flight["pages"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        time.sleep(0.05)  # (a bucket's round trip)
+        try:
+            return real_range(self, rel, start, end)
+        finally:
+            with lock:
+                flight["now"] -= 1
+
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    monkeypatch.setattr(ObjectStore, "read_range", read_range)
+    loader = dsc.Loader(ds, batch_size=4, order="sequential", indices=list(range(20)), num_threads=0)
+    assert loader.read_strategy == "mapped"
+    got = [int(i) for b in loader for i in b["index"]]
+    assert got == list(range(20))
+    assert flight["pages"] == 5 and flight["most"] > 1, flight
+
+
+def test_a_remote_loaders_first_batches_fetch_the_pages_of_their_samples(pushed, tmp_path, monkeypatch):
+    """By ranges, a random-order Loader over all 48 shards fetches, for its first two batches (and the one it
+    gathers ahead), the pages of the samples they hold, each once: not the table."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit=0)
+    loader = dsc.Loader(ds, batch_size=2, order="random", num_threads=0, prefetch=1)
+    batches = [[int(i) for i in b] for b in loader.batch_indices()]
+    it = iter(loader)
+    assert [[int(i) for i in next(it)["index"]] for _ in range(2)] == batches[:2]
+    loader.close()
+    fetched = [r for r in log if r[1] == table]
+    pages = [len({i // PAGE_ROWS for b in batches[:k] for i in b}) for k in (2, 4)]
+    assert all(op == "range" for op, _, _ in fetched), fetched
+    assert pages[0] <= len(fetched) - 1 <= pages[1] < 12, (fetched, batches[:4])  # (the head, then pages)
+
+
+def test_a_remote_loader_over_ragged_images_weighs_its_batches_without_the_table(s3, tmp_path, monkeypatch):
+    """Images of their own sizes (the ragged layout): a Loader with a cache limit weighs a batch's shards from the
+    offsets read at open, so over 2 of 24 samples it fetches the head and 2 pages of the table, not the table."""
+    from dsc.compiler.upload import push
+    from test_shard_table import _tiny_folder
+
+    monkeypatch.setattr(shardtable, "PAGE_BYTES", PAGE_ROWS * shardtable.ENTRY)
+    src, local = tmp_path / "src", tmp_path / "d"
+    _tiny_folder(src, 24, classes=2)
+    dsc.compile_imagefolder(src, local, size=None, shard_size=1, progress=False, workers=1)
+    url = f"s3://dsc-test/ragged-{uuid.uuid4().hex}"
+    push(local, url, progress=False)
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c", cache_limit="1MB")
+    loader = dsc.Loader(ds, batch_size=1, indices=[1, 22], num_threads=0)
+    assert loader.read_strategy == "mapped"
+    assert sum(len(b["index"]) for b in loader) == 2
+    fetched = [r for r in log if r[1] == table]
+    assert sorted(op for op, _, _ in fetched) == ["range"] * 3, fetched  # (the head, pages 0 and 5)
+
+
+def test_pages_are_read_from_a_whole_table_the_node_fetched(pushed, tmp_path, monkeypatch):
+    """A Loader whose epoch touches most pages fetches the table whole, into the node's mirror; another handle of
+    the node (another rank) then reads its pages from that copy (each checked by its own hash): no request."""
+    local, url = pushed[48]
+    (table,) = table_objects(local)
+    log = _requests(monkeypatch)
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    loader = dsc.Loader(ds, batch_size=8, order="random", num_threads=0)
+    assert sum(len(b["index"]) for b in loader) == 48
+    assert [op for op, rel, _ in log if rel == table] == ["range", "get"]  # (the head, then the table whole)
+    del log[:]
+    other = dsc.open(url, cache_dir=tmp_path / "c")
+    assert [other[i]["label"] for i in (0, 21, 47)] == [0, 1, 7]
+    assert not [r for r in log if r[1] == table], log

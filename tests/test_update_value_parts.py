@@ -29,36 +29,39 @@ def _table(path, n: int, changed: int | None = None) -> None:
         "tags": [list(range(i % 4)) for i in range(n)]}), path)
 
 
-def _update_one_caption(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
-    """(rows the update read one by one, value parts alive when it writes its version) for an --update of a table
-    of ``n`` one-sample slots whose one caption changed."""
+def _update_one_caption(tmp_path, monkeypatch, n: int, K: int = 1) -> dict:
+    """{"calls": slices of the base's value rows the update read, "rows": the rows in them, "parts": value parts
+    alive when it writes its version} for an --update of a table of ``n`` samples in slots of ``K`` whose one
+    caption changed."""
     from click.testing import CliRunner
 
     from dsc.cli import main
+    from dsc.formats.fields.base import CarriedPart
     from dsc.formats.fields.columns import ValuePart, ValueReader
 
-    table, out = tmp_path / f"t{n}.parquet", tmp_path / f"d{n}"
+    table, out = tmp_path / f"t{n}-{K}.parquet", tmp_path / f"d{n}-{K}"
     _table(table, n)
-    args = ["compile", "table", str(table), str(out), "--size", "2x2", "--shard-size", "1", "--workers", "1",
+    args = ["compile", "table", str(table), str(out), "--size", "2x2", "--shard-size", str(K), "--workers", "1",
             "--column", "score", "--column", "caption", "--column", "tags"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     _table(table, n, changed=1)
     U = sys.modules["dsc.compiler.update"]
-    real_write, real_row, seen = U.write_version, ValueReader.row_bytes, {"rows": 0}
+    real_write, real_rows, seen = U.write_version, ValueReader.rows_bytes, {"calls": 0, "rows": 0}
 
     def write_version(*a, **k):
         gc.collect()
-        seen["parts"] = sum(isinstance(o, ValuePart) for o in gc.get_objects())
+        seen["parts"] = sum(isinstance(o, (ValuePart, CarriedPart)) for o in gc.get_objects())
         return real_write(*a, **k)
 
-    def row_bytes(self, i):
-        seen["rows"] += 1
-        return real_row(self, i)
+    def rows_bytes(self, start, count):
+        seen["calls"] += 1
+        seen["rows"] += count
+        return real_rows(self, start, count)
 
     with monkeypatch.context() as m:
         m.setattr(U, "write_version", write_version)
-        m.setattr(ValueReader, "row_bytes", row_bytes)
+        m.setattr(ValueReader, "rows_bytes", rows_bytes)
         r = CliRunner().invoke(main, args + ["--update"])
     assert r.exit_code == 0, r.output
     ds = dsc.open(out)
@@ -68,14 +71,16 @@ def _update_one_caption(tmp_path, monkeypatch, n: int) -> tuple[int, int]:
     assert b["score"].tolist() == [0.5 * i for i in range(n)]
     assert [t.tolist() for t in b["tags"]] == [list(range(i % 4)) for i in range(n)]
     assert not dsc.verify(out).problems
-    return seen["rows"], seen["parts"]
+    return seen
 
 
 def test_an_update_of_one_slot_reads_no_value_row_one_by_one_nor_keeps_a_part_a_slot(tmp_path, monkeypatch):
-    few = _update_one_caption(tmp_path, monkeypatch, 6)
-    many = _update_one_caption(tmp_path, monkeypatch, 30)
-    # (before: every row of every slot read as a bytes object, 3 fields x n, and 3 parts kept a slot)
-    assert few == many and many[0] == 0 and many[1] <= 3, (few, many)
+    for n, K in ((6, 1), (30, 1), (30, 3)):
+        seen = _update_one_caption(tmp_path, monkeypatch, n, K)
+        # the base's rows of each of the 3 fields in one slice a slot (before: every row read as a bytes object,
+        # 3 fields x n, and 3 parts kept a slot)
+        assert seen == {"calls": 3 * -(-n // K), "rows": 3 * n, "parts": seen["parts"]} and seen["parts"] <= 3, \
+            (n, K, seen)
 
 
 def test_a_compaction_keeps_the_value_fields(tmp_path):
@@ -199,3 +204,59 @@ def test_an_update_of_one_slots_masks_and_keypoints_keeps_no_part_a_slot(tmp_pat
     few = _instances_update(tmp_path, monkeypatch, 4)
     many = _instances_update(tmp_path, monkeypatch, 12)
     assert few == many <= 2, (few, many)  # (before: a masks part and a keypoints part a slot)
+
+
+def test_an_update_and_a_compaction_of_a_table_whose_images_are_in_another_column(tmp_path):
+    """The image field is ``image`` whatever the source's column was called (here ``photo``,
+    ``--image-column``): an --update that removes two rows and a compaction fold its slots by it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from dsc.cli import main
+
+    table, out = tmp_path / "t.parquet", tmp_path / "d"
+    _table(table, 9)
+    t = pq.read_table(table)
+    t = t.rename_columns(["photo" if c == "image" else c for c in t.column_names])
+    pq.write_table(t, table)
+    args = ["compile", "table", str(table), str(out), "--image-column", "photo", "--size", "2x2", "--shard-size",
+            "2", "--workers", "1", "--column", "caption"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    pq.write_table(t.filter(pa.array([i not in (2, 5) for i in range(9)])), table)
+    r = CliRunner().invoke(main, args + ["--update"])
+    assert r.exit_code == 0, r.output
+    keep = [i for i in range(9) if i not in (2, 5)]
+    for step in ("update", "compact"):
+        if step == "compact":
+            dsc.compact(out)
+        ds = dsc.open(out)
+        b = ds.get_batch(np.arange(len(ds)), boxes="list")
+        red = {c: int(px) for c, px in zip(b["caption"], b["image"][:, 0, 0, 0])}
+        assert red == {f"cap {i}": i * 5 % 251 for i in keep}, step
+        assert not dsc.verify(out).problems
+
+
+def test_a_carried_value_slot_pads_and_sets_rows_as_its_own_part_does():
+    """A base slot a value field carries over (``value_rows``: its stored bytes as they are, a ``CarriedPart``)
+    padded with holes, then a row set, gives the columns the field's own part gives: a fixed field's hole is a
+    zero row of its width, a ragged one's is empty."""
+    from dsc.formats.fields.base import CarriedPart
+    from dsc.formats.fields.columns import ValuePart, value_rows
+
+    for hole, rows in ((bytes(4), [b"\1\0\0\0", b"\2\0\0\0"]), (b"", [b"ab", b"", b"cde"])):
+        data = np.frombuffer(b"".join(rows), np.uint8)
+        lengths = np.array([len(r) for r in rows], np.int64)
+        own = ValuePart(list(rows), hole)
+        carried = value_rows({"flat": {}, "ragged": {"rows": (data, lengths)}}, hole)
+        assert isinstance(carried, CarriedPart)
+        for p in (own, carried):
+            p.pad(2)
+        got, want = carried.columns()["ragged"]["rows"], own.columns()["ragged"]["rows"]
+        assert bytes(got[0]) == bytes(want[0]) and got[1].tolist() == want[1].tolist() == [len(r) for r in rows] + \
+            [len(hole)] * 2
+        for p in (own, carried):
+            p.set_row(1, b"\7" * len(rows[0]))
+        assert carried.to_json() == own.to_json()
+        got, want = carried.columns()["ragged"]["rows"], own.columns()["ragged"]["rows"]
+        assert bytes(got[0]) == bytes(want[0]) and got[1].tolist() == want[1].tolist()

@@ -35,13 +35,13 @@ from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, Mas
 from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums
 from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
-from .journal import Journal, Resumed, _intact, fingerprint, inputs_of, settings
+from .journal import Journal, Resumed, fingerprint, inputs_of, settings, shard_check, shard_intact
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
 from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
-from .upload import Uploader, is_ours
+from .upload import Uploader
 from ..store import open_store
 from ..store.local import write_atomic
 from ..store.paths import check_node_path
@@ -205,13 +205,6 @@ def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
     return replace(task, then=tuple(map(where_to_read, following.records))) if following is not None else task
 
 
-def uploaded_shard_check(url: str, writer: str):
-    """For the resume journal of a compile whose units upload their shards: a journaled shard is kept when the
-    bucket has it with its size and SHA-256, uploaded by this writer."""
-    store = open_store(url)
-    return lambda spec: is_ours(spec.path, store.stat(spec.path), spec.sha256, spec.nbytes, writer)
-
-
 def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, url: str) -> None:
     """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit).
     A staged copy is kept only with the bytes the journal recorded (re-hashed: an interrupted compaction may have
@@ -224,14 +217,14 @@ def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], 
     for u in range(u0, len(results)):
         for f in fields:
             spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
-            if spec is None or _intact(tmp / spec.path, spec):
+            if spec is None or shard_intact(tmp / spec.path, spec):
                 continue
             dest = tmp / spec.path
             part = dest.with_name(f".{dest.name}.fetching")
             dest.parent.mkdir(parents=True, exist_ok=True)
             with open(part, "wb") as fh:
                 store.download(spec.path, fh, limit=spec.nbytes)
-            if not _intact(part, spec):
+            if not shard_intact(part, spec):
                 part.unlink()
                 raise WriteError(f"{url}/{spec.path}: the shard in the bucket is not the one this compile uploaded "
                                  f"(size or SHA-256 differ from its journal); run the compile again without --resume")
@@ -397,10 +390,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)
         journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
-                          shard_ok=uploaded_shard_check(*direct) if direct else None)
-        if uploaded:  # (staged, else uploaded: a shard leaves the staging once the bucket has it)
-            in_bucket = uploaded_shard_check(uploaded.url, uploaded.writer)
-            journal.shard_ok = lambda sh: journal.staged(sh) or in_bucket(sh)
+                          shard_ok=shard_check(tmp, (uploaded.url, uploaded.writer) if uploaded else direct,
+                                               staged_too=bool(uploaded)))  # (uploaded: staged, else in the bucket)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
@@ -522,7 +513,8 @@ def fold_slots(fields: tuple[Field, ...], K: int, S: int, slots) -> tuple[dict, 
         return u * K + n
 
     for u, (parts, rows) in enumerate(slots):
-        if parts["image"].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing)
+        if parts[ImageField.name].shard is None:  # (no rows: a slot the version drops, or a unit that kept nothing;
+            # every version has the image field, whatever its source column was called: shard_table.columns[0])
             continue
         if held is not None:
             fold(*held, True)

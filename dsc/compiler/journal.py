@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DscError, ResumeError, WriteError
+from ..store import open_store
 from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource, Source, record_digest
 from .sources.inputs import identity
 from .units import UnitResult
+from .upload import is_ours
 
 JOURNAL = ".journal"
 UNITS = "units.jsonl"
@@ -92,8 +94,27 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _intact(path: Path, shard) -> bool:
+def shard_intact(path: Path, shard) -> bool:
+    """Whether the file at ``path`` has the size and SHA-256 journaled for ``shard`` (re-hashed)."""
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
+
+
+def shard_check(root: Path, bucket: tuple[str, str] | None = None, staged_too: bool = False):
+    """Whether a journaled shard is still as recorded (a ``Journal``'s ``shard_ok``, a compile's and an
+    update's): under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units
+    upload their shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either
+    (a shard leaves the staging once the bucket has it)."""
+    def staged(sh) -> bool:
+        return shard_intact(node_dir(root, sh.path), sh)
+
+    if bucket is None:
+        return staged
+    url, writer = bucket
+    store = open_store(url)
+
+    def in_bucket(sh) -> bool:
+        return is_ours(sh.path, store.stat(sh.path), sh.sha256, sh.nbytes, writer)
+    return (lambda sh: staged(sh) or in_bucket(sh)) if staged_too else in_bucket
 
 
 class Journal:
@@ -106,13 +127,9 @@ class Journal:
         self.settings = settings  # (``settings``: kept in the plan to name what differs on a refused resume)
         self.fields = fields
         self._fd: int | None = None  # units.jsonl, open for appending once the first unit is recorded
-        # whether a journaled shard is still as recorded: re-hashed here, or (its workers uploaded it) checked in
-        # the bucket by ``shard_ok(spec)``
-        self.shard_ok = shard_ok or self.staged
-
-    def staged(self, sh) -> bool:
-        """Whether the journaled shard ``sh`` is in the staging (or OUT) with the bytes recorded (re-hashed)."""
-        return _intact(node_dir(self.shard_root, sh.path), sh)
+        # whether a journaled shard is still as recorded (``shard_check``): re-hashed in the staging (or OUT) by
+        # default
+        self.shard_ok = shard_ok or shard_check(self.shard_root)
 
     def start(self) -> None:
         try:
@@ -187,29 +204,30 @@ class Journal:
     def finished_units(self, inputs) -> "Resumed":
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
-        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each entry is parsed and checked here, then dropped: what is kept is where each finished
-        unit's entry is (16 bytes a unit), and iterating the :class:`Resumed` parses them again one at a time."""
+        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each journal line is
+        parsed once here and checked, then dropped: what is kept is where each finished unit's entry is (16 bytes a
+        unit), and iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no
+        object kept a unit)."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
         slots = inputs.slots
         if not len(slots):
             return Resumed.none(self.fields)
-        lo, hi = slots[0], slots[-1]
+        lo, hi = slots[0], slots[-1]  # (one run of slots)
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
+        done = np.zeros(len(last), bool)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
-        for off, d in _lines(path):
-            s = d["s"]
+        for off, d in _lines(path):  # (each line parsed once here and checked as it comes: a later entry of a
+            s = d["s"]               # unit, one compiled again, replaces its earlier one)
             if lo <= s <= hi:
                 last[s - lo] = off
                 legacy.pop(s, None)
-        done = np.zeros(len(last), bool)
-        with _open_or_none(path) as f:
-            for s in slots:
-                res = self._checked(_entry_at(f, int(last[s - lo]), legacy.get(s)), s, inputs[s])
-                done[s - lo] = res is not None
-        for s in [s for s in legacy if not done[s - lo]]:
-            del legacy[s]
+                done[s - lo] = self._checked(d, s, inputs[s]) is not None
+        for s, d in list(legacy.items()):
+            done[s - lo] = self._checked(d, s, inputs[s]) is not None
+            if not done[s - lo]:
+                del legacy[s]
         return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields)
 
     def _checked(self, d: dict | None, s: int, files: str) -> UnitResult | None:

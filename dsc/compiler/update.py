@@ -39,13 +39,13 @@ from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
 from .sources.inputs import identity
-from .journal import Journal, Resumed, hash_record
+from .journal import Journal, Resumed, hash_record, shard_check
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
 from .staging import OutLock, sync_filesystem
 from .units import place_objects
 from .compile import Rows
-from .compile import UnitInputs, UnitTasks, _classes, _stop, decode_units, decode_warnings, fold_slots, uploaded_shard_check, write_version
+from .compile import UnitInputs, UnitTasks, _classes, _stop, decode_units, decode_warnings, fold_slots, write_version
 from .compile import dataset_fields
 
 OUTPUT_OPTIONS = ("size", "resize", "max_side", "mode", "fill", "background", "filter", "resizer", "draft",
@@ -436,7 +436,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     unit_options = replace(options, executor=None)
     tasks = UnitTasks(decode, K, str(out), unit_options, tuple(fields), direct, s0=next_slot)  # (made when taken)
     journal = Journal(txn, _txn_fingerprint(base, plan, scanned, options, next_slot), tuple(fields), shard_root=out,
-                      shard_ok=uploaded_shard_check(*direct) if direct else None)
+                      shard_ok=shard_check(out, direct))
     inputs = UnitInputs(tasks)  # (a compile's shape: 32 bytes a unit)
     done = Resumed.none()
     if os.path.lexists(txn):

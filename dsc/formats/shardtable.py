@@ -18,6 +18,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ HEADER = 64  # magic (8), table version uint32, columns uint32, slots uint64, en
 HEADER2 = 96  # version 2: HEADER, then entries a page uint32, pages uint32, 24 zero bytes
 RANGES = "ranges"  # in a node's mirror of a dataset in object storage: the table ranges fetched (<sha>.<start>-<end>)
 PAGE_BYTES = 64 << 10  # what a writer aims a page at: a reader of object storage fetches a page a slot it needs
+LOAD_THREADS = 16  # a Loader's epoch plan: the table pages it needs fetched this many at once (load)
 ENTRY = 48  # count uint64, nbytes uint64, sha256 (32 raw bytes); all zero: no shard at that slot
 MAX_CHAIN = 8  # tables a version's chain may hold (one full, then deltas)
 REF_KEYS = {"slots", "shards", "nbytes", "columns", "chain"}
@@ -257,6 +259,18 @@ class _Part:
                 bad.append(j)
         return bad
 
+    def pages_of(self, slots: np.ndarray) -> np.ndarray | None:
+        """The pages (version 2) that hold the entries of ``slots`` (sorted, unique), a delta's those that may; None
+        where every entry is at hand already (version 1, or read whole)."""
+        if self.rows is not None:
+            return None
+        if self.base is None:
+            j = slots[slots < self.E] // self.R
+        else:
+            j = np.searchsorted(self.fences, slots, "right") - 1
+            j = j[j >= 0]
+        return np.unique(j)
+
     def find(self, s: int) -> np.ndarray | None:
         """Slot ``s``'s row here, or None (a delta that does not change it)."""
         if self.rows is not None:
@@ -387,6 +401,29 @@ class ShardTable:
                     return r
         return None
 
+    def load(self, slots: np.ndarray) -> None:
+        """Read ahead the entries of ``slots`` (what a Loader's epoch plan reads): each object of the chain, the
+        pages holding them (one ranged GET a page from object storage, up to ``LOAD_THREADS`` in flight), or the
+        whole object in one GET where they are more than half of its pages (``ShardColumn`` then reads them
+        from memory)."""
+        if self._full is not None:
+            return
+        slots = np.unique(np.asarray(slots, np.int64))
+        for part in self._chain():
+            pages = part.pages_of(slots[slots < part.slots])
+            if pages is None:
+                continue
+            if 2 * len(pages) > part.G:
+                part.all()
+                continue
+            todo = [j for j in pages.tolist() if j not in part._pages]
+            if len(todo) > 1 and not part.src.checked:  # (ranged GETs: in flight together, not one round trip
+                with ThreadPoolExecutor(min(LOAD_THREADS, len(todo))) as pool:  # after another; each page checked
+                    list(pool.map(part.page, todo))                         # by its own hash as it comes)
+            else:
+                for j in todo:
+                    part.page(j)
+
     def rows(self) -> np.ndarray:
         """(slots, C*ENTRY) uint8: every slot's entries, the chain resolved (what a writer or verify reads)."""
         if self._full is None:
@@ -435,6 +472,18 @@ class ShardTable:
             self._memo[key] = out
         return out
 
+    def largest_slots_bytes(self, n: int) -> int | None:
+        """At least the bytes of the ``n`` largest slots (every column's shard), from the reference and the layout
+        alone (no entry read): the version's total when ``n`` covers every shard, else ``n`` full shards of each
+        column (a fixed-layout shard of fewer samples is smaller), at most that total. Exact when ``n`` slots are
+        full, as all but the last are in a compile. None where a column's shard size is not set by its layout
+        (ragged): the caller reads the sizes."""
+        total = int(self.ref["nbytes"])
+        if n >= int(self.ref["shards"]):
+            return total
+        full = [self.geometry[c].nbytes(self.K, self.K) for c in self.columns]
+        return None if None in full else min(n * sum(full), total)
+
     def column(self, name: str) -> "ShardColumn":
         return ShardColumn(self, self.columns.index(name))
 
@@ -442,8 +491,6 @@ class ShardTable:
 class ShardColumn(Sequence):
     """One field's shards by slot, as a read-only sequence of ShardSpec / None read from the table on demand
     (what ``manifest.shards`` and a mask field's ``shards`` are in format 4)."""
-
-    lazy = True
 
     def __init__(self, table: ShardTable, c: int):
         self.table, self.c = table, c
@@ -563,12 +610,15 @@ class _Ranged:
         store, mirror, rel = self.loader.store, self.loader.mirror, object_path(self.sha)
         kept = None if mirror is None or check is None else Path(mirror) / RANGES / f"{self.sha}.{start}-{end}"
         if kept is not None:
-            try:
-                data = kept.read_bytes()
-                if check(data):
-                    return data
-            except OSError:
-                pass
+            for path, at in ((kept, 0), (Path(mirror) / rel, start)):  # (the range kept, or the object whole: an
+                try:                                                    # epoch plan of the node fetched it)
+                    with open(path, "rb") as f:
+                        f.seek(at)
+                        data = f.read(min(end, self.nbytes) - start)
+                    if check(data):
+                        return data
+                except OSError:
+                    pass
         try:
             data = bytes(memoryview(store.read_range(rel, start, min(end, self.nbytes))))
         except FileNotFoundError:

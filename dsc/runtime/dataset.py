@@ -20,6 +20,7 @@ from ..formats import Manifest
 from ..formats import layout as L
 from ..formats import versions
 from ..formats.coords import invert_affine
+from ..formats.shardtable import ShardColumn
 from ..store.local import Root
 from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
@@ -98,25 +99,40 @@ def _read_after_close(closed: bool, read, where, what: str, ask: str):
         raise
 
 
-class _Live:
-    """A shard-table version with removed rows: its ``live`` array (a byte a row) read when first needed, not at
-    open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
-    shard against when it first reads it). Checked when read: it marks as many rows as the manifest has samples."""
+class _Handle:
+    """What a dataset handle shares with what it reads on first use (``_Live``): whether it was closed (it let go
+    of its version: see ``Dataset.close``)."""
 
-    def __init__(self, storage, m: Manifest, where):
-        self._storage, self._m, self._where = storage, m, where
+    __slots__ = ("closed",)
+
+    def __init__(self):
+        self.closed = False
+
+
+def _read_live(storage, m: Manifest, where, closed: bool = False) -> np.ndarray:
+    """A version's ``live`` array (a byte a row), checked: it marks as many rows as the manifest has samples."""
+    live = _read_after_close(closed, lambda: storage.array(L.LIVE, (m.num_rows,)), where,
+                             "live array (which rows are samples)", "len(ds.keys), or any sample")
+    if int(live.sum()) != m.num_samples:
+        raise CorruptDatasetError(f"{where}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
+                                  f"{m.num_samples}; the dataset is damaged")
+    return live
+
+
+class _Live:
+    """A shard-table version with removed rows: its ``live`` array (``_read_live``) read when first needed, not at
+    open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
+    shard against when it first reads it)."""
+
+    def __init__(self, storage, m: Manifest, where, handle: _Handle):
+        self._storage, self._m, self._where, self._handle = storage, m, where, handle
         self._rows = self._need = None
-        self.closed = False  # (its dataset let go of the version: see ``Dataset.close``)
 
     def read(self) -> None:
         if self._rows is not None:
             return
         m = self._m
-        live = _read_after_close(self.closed, lambda: self._storage.array(L.LIVE, (m.num_rows,)), self._where,
-                                 "live array (which rows are samples)", "len(ds.keys), or any sample")
-        if int(live.sum()) != m.num_samples:
-            raise CorruptDatasetError(f"{self._where}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
-                                      f"{m.num_samples}; the dataset is damaged")
+        live = _read_live(self._storage, m, self._where, self._handle.closed)
         self._need = _rows_needed(live, m.shard_size, len(m.shards))
         self._rows = np.flatnonzero(live).astype(np.int64)
 
@@ -181,20 +197,18 @@ class Dataset(torch.utils.data.Dataset):
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self._rows_at = self._live = None  # sample -> row (None: the same), or ``live`` read when first used
+        self._handle = _Handle()
         if m.versioned and m.num_samples == m.num_rows and m.shard_table is not None:  # every row live: ``live``
             # says nothing the manifest does not (not read at open: a byte a row; `dsc verify` checks it); each slot's
             # shard is checked to hold its rows when first read
             for px in self._pixel_readers():
                 px.need = _FullSlots(m.shard_size, m.num_rows)
         elif m.versioned and m.shard_table is not None:  # rows removed: ``live`` read when first needed, not at open
-            self._live = _Live(self.storage, m, self.path)
+            self._live = _Live(self.storage, m, self.path, self._handle)
             for px in self._pixel_readers():
                 px.need = self._live
         elif m.versioned:  # (format 3: its listed shards are checked against ``live`` at open)
-            live = self.storage.array(L.LIVE, (m.num_rows,))
-            if int(live.sum()) != m.num_samples:
-                raise CorruptDatasetError(f"{self.path}: {L.LIVE} marks {int(live.sum())} samples, the manifest says "
-                                          f"{m.num_samples}; the dataset is damaged")
+            live = _read_live(self.storage, m, self.path)
             if m.num_samples != m.num_rows:
                 self._rows_at = np.flatnonzero(live).astype(np.int64)
             self._check_rows(np.flatnonzero(live))
@@ -205,9 +219,12 @@ class Dataset(torch.utils.data.Dataset):
             if name != "image" and name in self.readers:
                 ImageField.same_geometry(self._image, self.readers[name], str(self.path))
         self._labels: torch.Tensor | None = None
-        self._closed = False
         self._affine = self._orig_sizes = None  # loaded on first use
         self._keys: list[str] | None = None
+
+    @property
+    def _closed(self) -> bool:
+        return self._handle.closed
 
     @property
     def _rows(self) -> np.ndarray | None:
@@ -261,13 +278,31 @@ class Dataset(torch.utils.data.Dataset):
         pxs = self._pixel_readers()
         out = np.zeros(max((len(px.shards) for px in pxs), default=0), np.int64)
         for px in pxs:
-            if getattr(px.shards, "lazy", False):  # (a shard table: one vector read)
+            if not px.px.fixed:  # (ragged: the offsets read at open give each shard's size, what its entry is
+                out[:len(px.shards)] += np.diff(px.shard_starts) * px.px.itemsize  # checked against: no table read)
+                continue
+            if isinstance(px.shards, ShardColumn):  # (a shard table: one vector read)
                 out[:len(px.shards)] += px.shards.nbytes()
                 continue
             for s, spec in enumerate(px.shards):
                 if spec is not None:
                     out[s] += spec.nbytes
         return out
+
+    def largest_slots_bytes(self, n: int, within: int | None = None) -> int:
+        """The bytes of the shard files of the ``n`` largest slots: the most a batch that touches ``n`` slots
+        reads. A shard table of fixed layouts answers from its layout (``ShardTable.largest_slots_bytes``: ``n``
+        full shards, at most the version's total), a ragged layout from its offsets (``slot_bytes``), neither
+        reading an entry, so a Loader over a remote dataset fetches none of the table for it. The layout's
+        figure is an upper bound (exact when ``n`` slots are full; updates leave partial slots): where it is
+        above ``within`` (the cache share the caller compares it with), the exact figure is read instead, so
+        the choice is the one the exact sizes give."""
+        table = self.manifest.shard_table
+        bound = table.largest_slots_bytes(n) if table is not None else None
+        if bound is not None and (within is None or bound <= within):
+            return bound
+        sizes = self.slot_bytes()
+        return int(np.sort(sizes[sizes > 0])[::-1][:n].sum())
 
     def shard_plan(self, batches: list[np.ndarray]) -> tuple[list[np.ndarray], list[str], np.ndarray]:
         """For an epoch's batches (sample indices): ``(needs, paths, nbytes)``, ``needs[j]`` the shard files
@@ -276,16 +311,22 @@ class Dataset(torch.utils.data.Dataset):
 
         pxs = self._pixel_readers()
         nslots = max(len(px.shards) for px in pxs)
+        by_batch = shard_needs([self._to_rows(np.asarray(b, np.int64)) for b in batches], self.manifest.shard_size)
+        touched = np.unique(np.concatenate(by_batch)) if by_batch else np.zeros(0, np.int64)
+        table = self.manifest.shard_table
+        if table is not None:  # (only the entries of the slots the batches touch: a remote table by page, issue 34)
+            table.load(touched)
         key_of = np.full((nslots, len(pxs)), -1, np.int64)
         paths, nbytes = [], []
         for f, px in enumerate(pxs):
-            for s, spec in enumerate(px.shards):
+            for s in touched[touched < len(px.shards)].tolist():
+                spec = px.shards[s]
                 if spec is not None:
                     key_of[s, f] = len(paths)
                     paths.append(spec.path)
                     nbytes.append(spec.nbytes)
         needs = []
-        for slots in shard_needs([self._to_rows(np.asarray(b, np.int64)) for b in batches], self.manifest.shard_size):
+        for slots in by_batch:
             keys = key_of[slots].reshape(-1)
             needs.append(keys[keys >= 0])
         return needs, paths, np.asarray(nbytes, np.int64)
@@ -386,9 +427,9 @@ class Dataset(torch.utils.data.Dataset):
         that may never need them): a closed handle still reads them while its version is there, and where a vacuum
         removed it, the first ask raises an error naming the fix (ask before ``close()``, or open the dataset
         again)."""
-        self._closed = True
-        if getattr(self, "_live", None) is not None:
-            self._live.closed = True
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.closed = True
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()

@@ -368,11 +368,11 @@ class Loader:
                 if read in ("auto", "windowed"):  # (a strategy forced otherwise does not need the figure)
                     raise
         def remote(ds):  # (a dataset in object storage whose cache cannot hold a batch's shards: samples read by
-            if not ds.remote:  # byte ranges)
-                return None
-            cache_of = ds.storage.cache
-            return (cache_of.share(_local_processes()) if cache_of.limit is not None else None,
-                    R.batch_shard_bytes(ds.slot_bytes(), order, batch_size, ds.manifest.shard_size, self.window))
+            if not ds.remote:  # byte ranges; a batch's bytes only where a limit needs them: a shard table's
+                return None    # layout gives them without fetching the table, issue 34)
+            share = ds.storage.cache.share(_local_processes())
+            slots = R.batch_slots(order, batch_size, ds.manifest.shard_size, self.window)
+            return share, (ds.largest_slots_bytes(slots, within=share) if share else 0)
 
         kw = dict(io_depth=io_depth, memory=memory[0] if memory else None)
         if isinstance(dataset, Mixture):  # (each source its own strategy: one in a bucket with a small cache reads

@@ -170,19 +170,15 @@ def _gb(n: float) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{int(n):,} bytes"
 
 
-def batch_shard_bytes(slot_bytes: np.ndarray, order: str, batch_size: int, shard_size: int,
-                      window: int | None = None) -> int:
-    """The most bytes of shards one batch of ``order`` may read (the largest slots, as many as a batch can
-    touch: ``batch_size`` in random order, two windows in quasi_random, the shards a run of ``batch_size``
-    samples spans in sequential)."""
-    used = np.sort(slot_bytes[slot_bytes > 0])[::-1]
+def batch_slots(order: str, batch_size: int, shard_size: int, window: int | None = None) -> int:
+    """The most slots one batch of ``order`` may touch: ``batch_size`` in random order, two windows in
+    quasi_random, the shards a run of ``batch_size`` samples spans in sequential. A batch's shards are at most the
+    bytes of that many of the largest slots (``Dataset.largest_slots_bytes``)."""
     if order == "sequential":
-        n = -(-batch_size // max(shard_size, 1)) + 1
-    elif order == "quasi_random":
-        n = min(batch_size, 2 * (window or 1))
-    else:
-        n = batch_size
-    return int(used[:n].sum())
+        return -(-batch_size // max(shard_size, 1)) + 1
+    if order == "quasi_random":
+        return min(batch_size, 2 * (window or 1))
+    return batch_size
 
 
 def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int, str] | None = None,
@@ -191,8 +187,9 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
     memory (at most ``FIT`` of it), else ``direct`` for random order and ``windowed`` for the others;
     ``read`` other than ``auto`` forces one. ``remote``: a dataset in object storage, (the bytes of the shard
     cache this process may fill, None when unbounded; the most bytes of shards a batch reads,
-    ``batch_shard_bytes``): ``ranged`` when the cache cannot hold a batch's shards (or is none,
-    ``cache_limit=0``), else the cached files are read as a local dataset's."""
+    ``Dataset.largest_slots_bytes`` of ``batch_slots``): ``ranged`` when the cache cannot hold a batch's shards (or is none,
+    ``cache_limit=0``), else the cached files are read as a local dataset's. (With no limit the second figure is
+    not needed: 0.)"""
     if read not in READS:
         raise ConfigError(f"read must be one of {', '.join(READS)}, got {read!r}")
     if cache == "ram":
@@ -206,7 +203,7 @@ def choose(order: str, dataset_bytes: int, read: str = "auto", memory: tuple[int
             auto, reason = choose(order, dataset_bytes, "auto", memory, remote=remote)
             why += f"; auto would read with {auto}: {reason}"
         return read, why
-    if remote is not None and remote[0] is not None and remote[1] > remote[0]:
+    if remote is not None and remote[0] is not None and (remote[0] == 0 or remote[1] > remote[0]):
         room = "no shard cache (cache_limit=0)" if remote[0] == 0 else \
             f"the shard cache's {_gb(remote[0])} for this process cannot hold the shards of a batch ({_gb(remote[1])})"
         return "ranged", f"{room}: each sample read by a byte range from object storage"

@@ -136,6 +136,7 @@ class RemoteStorage(Storage):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
         self.url = self.root = store.url  # (errors name the URL; the small files are read from the mirror)
         self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
+        self._manifest, self._mirror_lock = manifest, threading.Lock()
         self.specs = ({s.path: s for s in L.shard_specs(manifest)} if manifest.shard_table is None
                       else _SpecsByPath(manifest.shard_table))  # (a shard table: read when a shard is first needed)
         self._lock = threading.Lock()
@@ -150,6 +151,22 @@ class RemoteStorage(Storage):
         self._pressure_seen = cache.pressure()
         cache.join()  # a user of the cache: its share of the limit counts every process reading through it
         _HANDLES.add(self)
+
+    @property
+    def dir(self) -> Root:
+        """The local mirror of the version's small files; fetched again (as an open fetches it) when it was removed
+        under this handle (``dsc cache clear``): what the handle had not read yet (keys, sizes...) still reads."""
+        root = super().dir
+        if self.version is not None and os.fstat(root.fd).st_nlink == 0:
+            with self._mirror_lock:
+                root = self._dir
+                if os.fstat(root.fd).st_nlink == 0:
+                    mirror = mirror_dir(self.cache, self.url)
+                    fetch_version(self.store, mirror, self.version)
+                    root = Root(mirror)
+                    versions.use(root, self._manifest)
+                    self._dir = root
+        return root
 
     @property
     def idle_budget(self) -> int | None:

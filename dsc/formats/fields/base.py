@@ -236,8 +236,8 @@ class CarriedPart(Part):
     """A base version's rows as arrays, in the ``columns`` shape of ``ColumnsParts`` (``flat``: {name: a value a
     sample}; ``ragged``: {name: (bytes back to back, each sample's length in bytes)}): what an update or a
     compaction carries a slot over with, no object a row. ``to_part(cols)`` makes the kind's own part from them,
-    only when a row is set (a re-annotated sample) or the part is journaled; ``fill``: a padded hole's flat values
-    (0 where not named)."""
+    only when a row is set (a re-annotated sample) or the part is journaled; ``fill``: a padded hole's values, a
+    flat column's (0 where not named) or a ragged column's bytes (none where not named)."""
 
     def __init__(self, cols: dict, to_part, fill: dict | None = None):
         self.cols, self._to_part, self._fill, self._part = cols, to_part, fill or {}, None
@@ -257,7 +257,11 @@ class CarriedPart(Part):
         for name, col in flat.items():
             flat[name] = np.concatenate([col, np.full(n, self._fill.get(name, 0), col.dtype)])
         for name, (data, lengths) in self.cols["ragged"].items():
-            self.cols["ragged"][name] = (data, np.concatenate([lengths, np.zeros(n, np.int64)]))
+            hole = self._fill.get(name, b"")
+            if hole:
+                data = np.concatenate([np.ascontiguousarray(data).reshape(-1).view(np.uint8),
+                                       np.frombuffer(hole * n, np.uint8)])
+            self.cols["ragged"][name] = (data, np.concatenate([lengths, np.full(n, len(hole), np.int64)]))
 
     def set_row(self, j: int, value) -> None:
         self._as_part().set_row(j, value)

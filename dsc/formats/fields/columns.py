@@ -26,7 +26,7 @@ from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
-from .base import ColumnsParts, Field, Part, Reader, Role
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role
 from .objects import gather_rows
 from .pixels import valid_offsets
 
@@ -140,29 +140,13 @@ class RaggedColumn:
 
 
 class ValuePart(Part):
-    """A unit's rows of one value field: each sample's stored bytes (journaled as base64). A part an update or a
-    compaction carries over holds the base's bytes as they are (``data``: back to back, ``lengths``: each row's),
-    made into a bytes object a row only when one is set."""
+    """A unit's rows of one value field: each sample's stored bytes (journaled as base64). An update or a
+    compaction carries the base's rows over as a ``CarriedPart`` (``value_rows``: their bytes as they are), made
+    into this part only when a row is set."""
 
-    def __init__(self, rows=None, hole: bytes = b"", data: np.ndarray | None = None, lengths: np.ndarray | None = None):
-        self._rows: list[bytes] | None = ([] if rows is None else rows) if data is None else None
-        self._data, self._lengths = data, lengths
+    def __init__(self, rows=None, hole: bytes = b""):
+        self.rows: list[bytes] = [] if rows is None else rows
         self.hole = hole
-
-    @property
-    def rows(self) -> list[bytes]:
-        if self._rows is None:
-            ends = np.cumsum(self._lengths)
-            self._rows = [bytes(self._data[a:b]) for a, b in zip((ends - self._lengths).tolist(), ends.tolist())]
-            self._data = self._lengths = None
-        return self._rows
-
-    def joined(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the rows' bytes back to back as uint8, each row's length)."""
-        if self._rows is None:
-            return self._data, self._lengths
-        return (np.frombuffer(b"".join(self._rows), np.uint8),
-                np.fromiter(map(len, self._rows), np.int64, len(self._rows)))
 
     def add(self, value: bytes) -> None:
         self.rows.append(value)
@@ -171,18 +155,26 @@ class ValuePart(Part):
         self.rows[j] = value
 
     def pad(self, n: int) -> None:
-        if self._rows is None:
-            self._data = np.concatenate([self._data, np.frombuffer(self.hole * n, np.uint8)])
-            self._lengths = np.concatenate([self._lengths, np.full(n, len(self.hole), np.int64)])
-        else:
-            self.rows.extend([self.hole] * n)
+        self.rows.extend([self.hole] * n)
 
     def to_json(self) -> dict:
         return {"rows": [base64.b64encode(r).decode("ascii") for r in self.rows]}
 
     def columns(self) -> dict:
-        """This part as columns (``ColumnsParts``' shape): its rows' bytes."""
-        return {"flat": {}, "ragged": {"rows": self.joined()}}
+        """This part as columns (``ColumnsParts``' shape): its rows' bytes back to back, each row's length."""
+        return {"flat": {}, "ragged": {"rows": (np.frombuffer(b"".join(self.rows), np.uint8),
+                                                np.fromiter(map(len, self.rows), np.int64, len(self.rows)))}}
+
+
+def value_rows(cols: dict, hole: bytes) -> CarriedPart:
+    """Rows of a base version's value field as its stored bytes (``cols["ragged"]["rows"]``: back to back, each
+    row's length): what an update or a compaction carries a slot over with; a padded hole is ``hole``."""
+    def to_part(c):
+        data, lengths = c["ragged"]["rows"]
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        ends = np.cumsum(lengths)
+        return ValuePart([bytes(data[a:b]) for a, b in zip((ends - lengths).tolist(), ends.tolist())], hole)
+    return CarriedPart(cols, to_part, fill={"rows": hole})
 
 
 class ValueField(Field):
@@ -255,12 +247,12 @@ class ValueField(Field):
         return ValuePart(hole=self.hole)
 
     def collect(self, S: int, N: int, K: int, s0: int = 0) -> ColumnsParts:
-        return ColumnsParts(S, N, K, lambda c: ValuePart(hole=self.hole, data=c["ragged"]["rows"][0],
-                                                         lengths=c["ragged"]["rows"][1]))
+        return ColumnsParts(S, N, K, lambda c: value_rows(c, self.hole))
 
-    def rows_part(self, reader: "ValueReader", start: int, count: int, shard) -> ValuePart:
+    def rows_part(self, reader: "ValueReader", start: int, count: int, shard) -> CarriedPart:
         """Rows ``[start, start + count)`` of the base as its stored bytes, in one slice (no object a row)."""
-        return ValuePart(hole=self.hole, data=reader.rows_bytes(start, count), lengths=reader.row_lengths(start, count))
+        return value_rows({"flat": {}, "ragged": {"rows": (reader.rows_bytes(start, count),
+                                                           reader.row_lengths(start, count))}}, self.hole)
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         self.column.write(root, *parts.rows("rows"))  # (a ColumnsParts: every version's, Field.collect)
@@ -304,11 +296,8 @@ class ValueReader(Reader):
             return self.values[i, ...]
         return self.values[int(self.offsets[i]):int(self.offsets[i + 1])]
 
-    def row_bytes(self, i: int) -> bytes:
-        return np.ascontiguousarray(self.row(i)).astype(self.field.column.dtype.newbyteorder("<")).tobytes()
-
     def rows_bytes(self, start: int, count: int) -> np.ndarray:
-        """The stored bytes of rows ``[start, start + count)`` back to back (uint8; ``row_bytes`` of each, joined)."""
+        """The stored bytes of rows ``[start, start + count)`` back to back (uint8, little-endian)."""
         if self.offsets is None:
             rows = self.values[start:start + count]
         else:

@@ -20,6 +20,7 @@ from .base import Field, Role
 from .image import PixelsPart, PixelsParts, PixelsReaderField, finish_pixels, pixels_rows_part
 from .pixels import Pixels
 from ..problems import Problem
+from ..shardtable import ShardColumn
 
 MASK_DTYPES = ("uint8", "uint16")
 
@@ -54,7 +55,7 @@ class MaskSpec:
     def to_dict(self) -> dict:
         return {"kind": "mask", "layout": self.layout, "dtype": self.dtype, "ignore_index": self.ignore_index,
                 "classes": list(self.classes), "height": self.height, "width": self.width,
-                **({} if getattr(self.shards, "lazy", False) else
+                **({} if isinstance(self.shards, ShardColumn) else
                    {"shards": [s.to_dict() if s is not None else None for s in self.shards]})}
 
     @classmethod
@@ -105,7 +106,7 @@ class MaskField(Field):
         if spec.layout != im.layout or (spec.height, spec.width) != (im.height, im.width):
             raise CorruptDatasetError(f"manifest: mask field {name!r} is {spec.layout} {spec.height}x{spec.width}, "
                                       f"its images {im.layout} {im.height}x{im.width}")
-        if getattr(spec.shards, "lazy", False):  # (a shard table: each entry checked against the image's as read)
+        if isinstance(spec.shards, ShardColumn):  # (a shard table: each entry checked against the image's as read)
             return
         if len(spec.shards) != len(m.shards):
             raise CorruptDatasetError(f"manifest: mask field {name!r} lists {len(spec.shards)} shards for "

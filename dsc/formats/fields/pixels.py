@@ -22,6 +22,7 @@ from ...errors import CorruptDatasetError, WriteError
 from ...store.local import NewFile, write_atomic
 from ...store.paths import check_node_path
 from ..problems import Problem, try_read
+from ..shardtable import ShardColumn
 from ..specs import ShardSpec
 from ..zarr_v3 import (ZARR_JSON, node_dir, ragged_shard_meta, read_plain_array, shard_index, sharded_array_json,
                        write_group, write_json, write_plain_array)
@@ -358,7 +359,7 @@ class PixelsReader:
         self.name = pixels.node
         # a shard table (format 4) is read when a slot is first read, and its entry checked then; listed shards
         # are checked here, at open
-        self._checked = np.zeros(len(shards), bool) if getattr(shards, "lazy", False) else None
+        self._checked = np.zeros(len(shards), bool) if isinstance(shards, ShardColumn) else None
         if not pixels.fixed:
             self.offsets = store.array(pixels.offsets_node, (n + 1,))
             self.shapes = store.array(pixels.shapes_node, (n, pixels.ndim))
