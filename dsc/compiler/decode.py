@@ -58,6 +58,14 @@ def in_mode(im, mode: str) -> bool:
             and "transparency" not in im.info)
 
 
+def array_in_mode(arr, mode: str) -> bool:
+    """Whether a Python dataset's image array (``sources.dataset.as_decoded``) is the stored pixels as they are: a
+    uint8 (H, W, 3) array when the mode is RGB, (H, W) when it is L. ``Image.fromarray`` of it would be an image
+    :func:`in_mode`, whose pixels read back are this array, so it is stored without making one."""
+    return (isinstance(arr, np.ndarray) and arr.dtype == np.uint8
+            and (arr.ndim == 3 and arr.shape[2] == 3 if mode == "RGB" else mode == "L" and arr.ndim == 2))
+
+
 def to_mode(im: Image.Image, mode: str, background: tuple[int, int, int], where: str) -> Image.Image:
     """An image from a Python dataset in the stored mode; errors name ``where``. One not loaded yet (a
     lazily opened file) is loaded under dsc's rules (:func:`pil_rules`): all of it, or an error."""

@@ -68,10 +68,11 @@ def oversized(plan: Plan) -> bool:
     return dwarfs(plan.resized, plan.out)
 
 
-def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bilinear",
+def apply_plan(im: Image.Image | np.ndarray, plan: Plan, fill: int = 0, resample: str = "bilinear",
                full_size: tuple[int, int] | None = None, draft_scale: int = 1, resizer: str = "pil",
                file_orientation: int = 1) -> np.ndarray:
-    """Resize / crop / pad a decoded image per ``plan``; returns a C-contiguous (H, W, C) uint8 array.
+    """Resize / crop / pad a decoded image per ``plan``; returns a C-contiguous (H, W, C) uint8 array. ``im``
+    may be an (H, W[, C]) uint8 array of the pixels (what ``np.asarray`` of the image gives).
 
     Resize, then crop, exactly as torchvision's Resize + CenterCrop (cropping inside the resize would be
     faster but differs by one level in ~6% of pixels: the filter weights round differently).
@@ -80,7 +81,12 @@ def apply_plan(im: Image.Image, plan: Plan, fill: int = 0, resample: str = "bili
     standing for the full image's ``draft_scale * x`` (its last row and column may be partly padding). A
     draft comes in the file's orientation: ``file_orientation`` (EXIF) is applied after resampling, which
     keeps that padding at the far edges where the scale is exact."""
-    h, w = full_size or (im.height, im.width)
+    if isinstance(im, np.ndarray):  # a Python dataset's array in the stored mode (units.compile_sample)
+        h, w = full_size or im.shape[:2]
+        if oversized(plan) or (resizer == "pil" and tuple(plan.resized) != (h, w)):  # resampled by PIL, as before
+            im = Image.fromarray(im)
+    else:
+        h, w = full_size or (im.height, im.width)
     nh, nw = plan.resized
     oh, ow = plan.out
     if oversized(plan) and draft_scale == 1:  # only the crop is resampled (PIL, exact box): bounded memory

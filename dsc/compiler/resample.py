@@ -59,7 +59,7 @@ def _from_readonly(arr: np.ndarray):
     global _warned
     import torch
 
-    if _warned:
+    if _warned or arr.flags.writeable:  # (a Python dataset's own array is writable: nothing to hide)
         return torch.from_numpy(arr)
     with _quiet, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

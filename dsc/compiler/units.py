@@ -17,13 +17,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from ..errors import DscError, SampleError, SourceError
 from ..formats.fields import Field, KeypointsField, MaskField, ObjectMasksField, Part, ValueField
 from .boxes import boxes_in_display_frame, to_stored
 from .capture import captured
-from .decode import (NO_INPUT, SWAPS_AXES, Decoded, bytes_fingerprint, decode_image, orient_array, read_input_file,
-                     in_mode, to_mode)
+from .decode import (NO_INPUT, SWAPS_AXES, Decoded, array_in_mode, bytes_fingerprint, decode_image, orient_array,
+                     read_input_file, in_mode, to_mode)
 from .geometry import apply_plan, plan_fixed, plan_ragged
 from .instances import instance_masks, place_keypoints
 from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
@@ -188,12 +189,15 @@ def compile_sample(rec: Record, o: CompileOptions, fetch, mask_field: MaskField 
         mask_obj, mask_fp = _input(item.mask, rec, "mask")
         item.mask = mask_obj
     if item.decoded:
-        if in_mode(item.obj, o.mode):
-            im = item.obj
+        im = item.obj
+        if array_in_mode(im, o.mode):  # a dataset's array of the stored pixels: as it is (apply_plan takes it)
+            dec = Decoded(im, 1, im.shape[:2])
         else:
-            with captured(notes):
-                im = to_mode(item.obj, o.mode, o.background, rec.key)
-        dec = Decoded(im, 1, (im.height, im.width))
+            im = Image.fromarray(im) if isinstance(im, np.ndarray) else im  # (RGBA, or L stored as RGB...)
+            if not in_mode(im, o.mode):
+                with captured(notes):
+                    im = to_mode(im, o.mode, o.background, rec.key)
+            dec = Decoded(im, 1, (im.height, im.width))
         fp = NO_INPUT
     else:
         draft_for = (lambda h, w: planner(h, w).resized) if o.draft else None

@@ -135,7 +135,7 @@ class DatasetSource(Source):
                                       "every target must carry the same keys")
             if (tgt.keypoints is None) != (K is None) or (K is not None and tgt.keypoints.shape[1] != K):
                 raise SampleError(at, f"its keypoints do not match the first item's ({K} joints per box)")
-        return Item(to_pil(image, at), label, tgt, decoded=True, mask=mask, fields=values), got
+        return Item(as_decoded(image, at), label, tgt, decoded=True, mask=mask, fields=values), got
 
     def _field_specs(self, first: dict, names: tuple) -> dict:
         """{name: spec} of the value fields: declared ones as declared, the others inferred from ``first``
@@ -172,7 +172,12 @@ class DatasetSource(Source):
                 "fields": {k: str(v) for k, v in (self.fields or {}).items()} or None}
 
 
-def to_pil(image, where: str):
+def as_decoded(image, where: str):
+    """A dataset's image as compile takes it: a PIL image as it is, an array or tensor checked (uint8, (H, W),
+    (H, W, 3|4), or (3|4, H, W) for a tensor) and copied into a C-contiguous (H, W[, C]) uint8 array of its own
+    (what ``Image.fromarray`` would have copied; the dataset may reuse its buffer). Compile stores an array in
+    the stored mode as it is (``units.compile_sample``: no PIL image made and read back, a visible share of a
+    small sample's cost) and converts any other through PIL, as before."""
     from PIL import Image
 
     if isinstance(image, Image.Image):
@@ -195,7 +200,7 @@ def to_pil(image, where: str):
         arr = arr[:, :, 0]
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (3, 4)):
         raise SampleError(where, f"image array of shape {arr.shape} is not (H, W), (H, W, 3|4) or (3|4, H, W)")
-    return Image.fromarray(np.ascontiguousarray(arr))
+    return np.array(arr, np.uint8, order="C", copy=True)
 
 
 def _is_mask(target) -> bool:
