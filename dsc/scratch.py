@@ -10,13 +10,15 @@ import threading
 import numpy as np
 
 _LOCAL = threading.local()
+ALIGN = 64
 
 
-def scratch_bytes(name: str, n: int, grow: float = 1.0) -> np.ndarray:
+def scratch_bytes(name: str, n: int, grow: float = 1.0, local: threading.local | None = None) -> np.ndarray:
     """This thread's uint8 buffer ``name``, ``n`` bytes long (its first ``n``), starting on a 64-byte boundary:
     kept, and replaced by a larger one (``grow`` times the old size at least: fewer regrowths where sizes creep
-    up) when ``n`` exceeds it."""
-    pool = _LOCAL.__dict__.setdefault("pool", {})
+    up) when ``n`` exceeds it. ``local``: a pool of the caller's own (a ``threading.local`` whose buffers go with
+    the object holding it) instead of this module's, which lives as long as the thread."""
+    pool = (_LOCAL if local is None else local).__dict__.setdefault("pool", {})
     buf = pool.get(name)
     if buf is None or len(buf) < n:
         size = max(n, int(len(buf) * grow) if buf is not None else n)
@@ -24,9 +26,6 @@ def scratch_bytes(name: str, n: int, grow: float = 1.0) -> np.ndarray:
         start = -raw.ctypes.data % ALIGN  # to a cache line, as torch's own allocations are, for vector loads)
         buf = pool[name] = raw[start:start + size]
     return buf[:n]
-
-
-ALIGN = 64
 
 
 def scratch_tensor(name: str, shape, dtype):

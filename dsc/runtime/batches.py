@@ -349,8 +349,7 @@ def _packed_chw_floats(batch: dict, alloc=None):
     shapes = batch["image_shapes"].tolist()
     # cast already only where the gather says so (a float image made any other way: a user's op, a direct
     # call, is taken as main took it, through _chw_floats)
-    cast = batch.pop(CAST_KEY, None) is not None and flat.dtype == torch.float32 and bool(shapes) and \
-        len(shapes[0]) == 3
+    cast = batch.pop(CAST_KEY, None) is not None  # (set only on a float32 (h, w, c) cast: Dataset._get_batch)
     if not cast and (flat.is_floating_point() or not shapes or len(shapes[0]) != 3):
         return _chw_floats(sample_pixels(batch, "image"), alloc)
     buf = flat

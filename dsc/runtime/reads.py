@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
+from ..scratch import scratch_bytes
 from .schedule import ShardSchedule, _DaemonPool, live_bytes
 from .cache import parse_size
 
@@ -381,13 +382,10 @@ class Direct:
         return hold_schedule(self.storage, needs, start, nbytes, paths, False, budget, per_batch, workers)
 
     def scratch(self, n: int) -> np.ndarray:
-        """``n`` bytes of this thread's read buffer, valid until its next use. Kept by this handle, not in the
-        thread's ``dsc.scratch`` pool: the main thread's pool lives as long as the process, and a batch's raw
+        """``n`` bytes of this thread's read buffer, valid until its next use. Kept in this handle's own pool, not
+        the thread's ``dsc.scratch`` one: the main thread's pool lives as long as the process, and a batch's raw
         bytes (tens of MB) must go with the Loader that read them."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.buf = np.empty(max(n, int(len(buf) * 1.25) if buf is not None else n), np.uint8)
-        return buf[:n]
+        return scratch_bytes("reads", n, grow=1.25, local=self._local)
 
     def _open(self, rel: str) -> int:
         if self.borrow:
