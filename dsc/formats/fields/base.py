@@ -143,7 +143,7 @@ class RowBuffer:
             at = run_index(rows)
             self.lengths[at] = lengths
             self.start[at] = len(self.buf) + np.cumsum(lengths) - lengths
-            self.buf += memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+            self.buf += memoryview(raw_bytes(data))
 
     def gather(self, positions) -> tuple[np.ndarray, np.ndarray]:
         """(the rows' bytes back to back as uint8, each one's length) of ``positions`` (a mask or indices)."""
@@ -259,7 +259,7 @@ class CarriedPart(Part):
         for name, (data, lengths) in self.cols["ragged"].items():
             hole = self._fill.get(name, b"")
             if hole:
-                data = np.concatenate([np.ascontiguousarray(data).reshape(-1).view(np.uint8),
+                data = np.concatenate([raw_bytes(data),
                                        np.frombuffer(hole * n, np.uint8)])
             self.cols["ragged"][name] = (data, np.concatenate([lengths, np.full(n, len(hole), np.int64)]))
 
@@ -268,6 +268,11 @@ class CarriedPart(Part):
 
     def to_json(self) -> dict:
         return self._as_part().to_json()
+
+
+def raw_bytes(a) -> np.ndarray:
+    """An array's elements as its flat uint8 bytes, C order (a copy only where it is not contiguous)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 def split_rows(data: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:

@@ -26,7 +26,7 @@ from ...errors import CorruptDatasetError, SampleError
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import chunk_key, read_array_meta, read_plain_array, write_group, write_plain_array
-from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, raw_bytes
 from .objects import gather_rows
 from .pixels import valid_offsets
 
@@ -171,7 +171,7 @@ def value_rows(cols: dict, hole: bytes) -> CarriedPart:
     row's length): what an update or a compaction carries a slot over with; a padded hole is ``hole``."""
     def to_part(c):
         data, lengths = c["ragged"]["rows"]
-        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        data = raw_bytes(data)
         ends = np.cumsum(lengths)
         return ValuePart([bytes(data[a:b]) for a, b in zip((ends - lengths).tolist(), ends.tolist())], hole)
     return CarriedPart(cols, to_part, fill={"rows": hole})

@@ -24,7 +24,7 @@ from ..names import OBJ_OFFSETS
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
-from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, raw_bytes, split_rows
 from .objects import gather_rows, row_image_sizes
 
 ROLE = "keypoints"
@@ -163,7 +163,7 @@ class KeypointsPart(Part):
 def keypoint_rows(cols: dict, K: int) -> CarriedPart:
     """Rows of a base version's keypoints as columns (what an update or a compaction carries a slot over with)."""
     def to_part(c):
-        data = np.ascontiguousarray(c["ragged"]["points"][0]).reshape(-1).view(np.uint8)
+        data = raw_bytes(c["ragged"]["points"][0])
         return KeypointsPart(K, split_rows(data.view(np.float32).reshape(-1, K, 3), c["flat"]["n"]))
     return CarriedPart(cols, to_part)
 

@@ -33,7 +33,7 @@ from ..names import OBJ_OFFSETS, RAGGED_SHAPES
 from ..problems import Problem, try_read
 from ..specs import check_spec_keys
 from ..zarr_v3 import check_node_path, read_plain_array, write_group, write_plain_array
-from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, raw_bytes, split_rows
 from .objects import gather_rows, row_image_sizes
 from .pixels import valid_offsets
 
@@ -224,7 +224,7 @@ def object_mask_rows(cols: dict) -> CarriedPart:
     """Rows of a base version's object masks as columns (what an update or a compaction carries a slot over with)."""
     def to_part(c):
         n, ragged = c["flat"]["n"], c["ragged"]
-        raw = {k: np.ascontiguousarray(v[0]).reshape(-1).view(np.uint8) for k, v in ragged.items()}
+        raw = {k: raw_bytes(v[0]) for k, v in ragged.items()}
         return ObjectMasksPart(rects=split_rows(raw["rects"].view(np.int32).reshape(-1, 4), n),
                                sizes=split_rows(raw["sizes"].view(np.int64), n),
                                bits=[bytes(b) for b in split_rows(raw["bits"], ragged["bits"][1])])

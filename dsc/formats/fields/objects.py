@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import CorruptDatasetError
 from ..zarr_v3 import read_plain_array, write_group, write_plain_array
-from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, split_rows
+from .base import CarriedPart, ColumnsParts, Field, Part, Reader, Role, raw_bytes, split_rows
 from .pixels import valid_offsets
 
 from ..names import (BOX_FRAME, IMAGE_ID, OBJ_BOXES as BOXES, OBJ_LABELS as LABELS, OBJ_OFFSETS as OFFSETS,
@@ -104,7 +104,7 @@ def object_rows(cols: dict, attributes: dict) -> CarriedPart:
         box = {name: split_rows(data.view(np.dtype(dtype)).reshape(-1, 4) if name == "boxes" else
                                 data.view(np.dtype(dtype)).reshape(-1), counts)
                for name, dtype in (("boxes", np.float32), ("labels", np.int64), *attributes.items())
-               for data in [np.ascontiguousarray(ragged[name][0]).reshape(-1).view(np.uint8)]}
+               for data in [raw_bytes(ragged[name][0])]}
         return ObjectsPart(counts=counts.tolist(), boxes=box["boxes"], labels=box["labels"],
                            attrs={k: box[k] for k in attributes}, image_ids=c["flat"]["image_ids"].tolist(),
                            frames=c["flat"]["frames"].tolist(), dropped=int(c.get("dropped", 0)))
