@@ -207,9 +207,10 @@ class Journal:
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
         ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each journal line is
-        parsed once here and checked, then dropped: what is kept is where each finished unit's entry is (16 bytes a
-        unit), and iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no
-        object kept a unit)."""
+        parsed once here, then dropped: what is kept is where each finished unit's entry is (16 bytes a unit), and
+        iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no object kept a
+        unit). The lines are read last first, so only a unit's last entry is checked (its shards re-hashed): an
+        earlier entry of a unit compiled again is parsed for its slot and passed over."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
         slots = inputs.slots
@@ -220,9 +221,9 @@ class Journal:
         done = np.zeros(len(last), bool)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
-        for off, d in _lines(path):  # (each line parsed once here and checked as it comes: a later entry of a
-            s = d["s"]               # unit, one compiled again, replaces its earlier one)
-            if lo <= s <= hi:
+        for off, d in _lines(path, backward=True):  # (each line parsed once here; a unit's first one met is its
+            s = d["s"]                                # last entry, the only one checked)
+            if lo <= s <= hi and last[s - lo] < 0:
                 last[s - lo] = off
                 legacy.pop(s, None)
                 done[s - lo] = self._checked(d, s, inputs[s]) is not None
@@ -283,21 +284,50 @@ class Journal:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # a journal line's JSON (Journal.record)
 
 
-def _lines(path: Path):
+def _lines(path: Path, backward: bool = False):
     """(byte offset, entry) of each whole, parsable line of ``units.jsonl`` (none when it is missing), read
-    a line at a time."""
+    a line at a time; ``backward``: the last line first (read a block at a time from the end)."""
     with _open_or_none(path) as f:
         if f is None:
             return
-        off = 0
-        for line in f:
-            at, off = off, off + len(line)
+        for at, line in (_backward(f) if backward else _forward(f)):
             try:
                 d = json.loads(line)
             except ValueError:
                 continue
             if isinstance(d, dict) and isinstance(d.get("s"), int):
                 yield at, d
+
+
+def _forward(f):
+    """(byte offset, line) of each line of the open file ``f``, first to last."""
+    off = 0
+    for line in f:
+        at, off = off, off + len(line)
+        yield at, line
+
+
+def _backward(f, block: int = 1 << 20):
+    """(byte offset, line) of each line of the open file ``f``, last to first: the lines ``_forward`` gives (their
+    newline left off), in reverse."""
+    pos = f.seek(0, os.SEEK_END)
+    head = b""  # the start of the file's text at ``pos`` up to its first newline: a line not yet whole
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        f.seek(pos)
+        pieces = (f.read(step) + head).split(b"\n")
+        head = pieces[0]
+        at = pos + len(head) + 1  # where pieces[1] starts
+        starts = []
+        for p in pieces[1:]:
+            starts.append(at)
+            at += len(p) + 1
+        for p, start in zip(reversed(pieces[1:]), reversed(starts)):
+            if p:  # (the empty piece after the last newline is no line; an empty line would not parse)
+                yield start, p
+    if head:
+        yield 0, head
 
 
 @contextmanager
