@@ -34,7 +34,7 @@ from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, Mas
                               ObjectsField, mask_dtype, value_field)
 from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums
-from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
+from ..formats.zarr_v3 import node_dir, write_group, write_plain_array, write_string_array
 from .journal import Journal, Resumed, fingerprint, inputs_of, settings, shard_check, shard_intact
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
@@ -205,21 +205,24 @@ def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
     return replace(task, then=tuple(map(where_to_read, following.records))) if following is not None else task
 
 
-def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, url: str) -> None:
-    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit).
-    A staged copy is kept only with the bytes the journal recorded (re-hashed: an interrupted compaction may have
-    left its re-streamed shard there, a power loss a torn one); the others come from the bucket through a
-    private name, checked against the recorded size and SHA-256 before they take the shard's name."""
-    u0 = _first_short(results, K)
-    if u0 is None:
-        return
+def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], u0: int, url: str,
+                    verified=lambda u: False) -> None:
+    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those from ``u0``, the first short
+    unit, on). A staged copy is kept only with the bytes the journal recorded: re-hashed (an interrupted compaction
+    may have left its re-streamed shard there, a power loss a torn one), unless ``verified(u)`` says unit u's
+    staged shards are known intact in this run (written by it, or re-hashed by its resume); the others come from
+    the bucket through a private name, checked against the recorded size and SHA-256 before they take the
+    shard's name."""
     store = open_store(url)
     for u in range(u0, len(results)):
+        known = verified(u)
         for f in fields:
             spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
-            if spec is None or shard_intact(tmp / spec.path, spec):
+            if spec is None:
                 continue
-            dest = tmp / spec.path
+            dest = node_dir(tmp, spec.path)
+            if dest.is_file() if known else shard_intact(dest, spec):
+                continue
             part = dest.with_name(f".{dest.name}.fetching")
             dest.parent.mkdir(parents=True, exist_ok=True)
             with open(part, "wb") as fh:
@@ -240,12 +243,10 @@ def _first_short(results: UnitResults, K: int) -> int | None:
     return int(short[0]) if len(short) else None
 
 
-def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int) -> None:
-    """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
-    copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
-    u0 = _first_short(results, K)
-    if u0 is None:
-        return
+def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, u0: int) -> None:
+    """After skipped inputs left shard ``u0`` short (``_first_short``), re-stream every image-like field's
+    following shards (a byte copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are
+    updated."""
     scratch = tmp / "_compact"
     for f in fields:
         pixels = getattr(f, "pixels", None)
@@ -389,9 +390,10 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     with staging:
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)
+        bucket = (uploaded.url, uploaded.writer) if uploaded else direct  # (url, writer) of a compile to a URL
         journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
-                          shard_ok=shard_check(tmp, (uploaded.url, uploaded.writer) if uploaded else direct,
-                                               staged_too=bool(uploaded)))  # (uploaded: staged, else in the bucket)
+                          shard_ok=shard_check(tmp, bucket, staged_too=bool(uploaded)))  # (uploaded: staged or in
+        # the bucket; direct: in the bucket)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
@@ -413,11 +415,15 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         try:
-            if uploaded and _first_short(results, K) is not None:
-                uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
-            if direct or uploaded:  # the shards a compaction re-streams come back from the bucket (only after
-                fetch_compacted(tmp, results, fields, K, direct[0] if direct else uploaded.url)  # skipped inputs)
-            _compact(tmp, results, fields, K)
+            u0 = _first_short(results, K)  # (only after skipped inputs)
+            if u0 is not None:
+                if uploaded:
+                    uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
+                if bucket:  # the shards a compaction re-streams come back from the bucket; a shard this process
+                    # staged in this run (uploaded: not a worker's) or this resume re-hashed there is not hashed again
+                    fetch_compacted(tmp, results, fields, u0, bucket[0],
+                                    lambda u: done.staged(u) or (bool(uploaded) and u not in done))
+                _compact(tmp, results, fields, K, u0)
             manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
             if uploaded:  # (the shards are up and out of the staging: the flush writes none of them)
                 uploaded.settle()

@@ -99,13 +99,17 @@ def shard_intact(path: Path, shard) -> bool:
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
 
 
+STAGED = "staged"  # what a ``shard_check`` says of a shard it re-hashed under its root (truthy, as "bucket" is)
+
+
 def shard_check(root: Path, bucket: tuple[str, str] | None = None, staged_too: bool = False):
     """Whether a journaled shard is still as recorded (a ``Journal``'s ``shard_ok``, a compile's and an
     update's): under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units
     upload their shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either
-    (a shard leaves the staging once the bucket has it)."""
-    def staged(sh) -> bool:
-        return shard_intact(node_dir(root, sh.path), sh)
+    (a shard leaves the staging once the bucket has it). Truthy when it is: ``STAGED`` when it was re-hashed
+    under ``root`` (a compaction need not hash it again)."""
+    def staged(sh):
+        return STAGED if shard_intact(node_dir(root, sh.path), sh) else False
 
     if bucket is None:
         return staged
@@ -219,6 +223,7 @@ class Journal:
         lo, hi = slots[0], slots[-1]  # (one run of slots)
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
         done = np.zeros(len(last), bool)
+        staged = np.zeros(len(last), bool)  # (its shards re-hashed in the staging: ``STAGED``)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
         for off, d in _lines(path, backward=True):  # (each line parsed once here; a unit's first one met is its
@@ -226,28 +231,34 @@ class Journal:
             if lo <= s <= hi and last[s - lo] < 0:
                 last[s - lo] = off
                 legacy.pop(s, None)
-                done[s - lo] = self._checked(d, s, inputs[s]) is not None
+                done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
         for s, d in list(legacy.items()):
-            done[s - lo] = self._checked(d, s, inputs[s]) is not None
+            done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
             if not done[s - lo]:
                 del legacy[s]
-        return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields)
+        return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields, staged[done])
 
-    def _checked(self, d: dict | None, s: int, files: str) -> UnitResult | None:
-        """Unit ``s``'s journal entry ``d`` as its result, if its inputs are ``files`` still and its shards hash
-        to what it recorded; else None."""
+    def _checked(self, d: dict | None, s: int, files: str) -> tuple[bool, bool]:
+        """Whether unit ``s``'s journal entry ``d`` is kept (its inputs are ``files`` still and its shards are as it
+        recorded), and whether every shard of it was re-hashed in the staging (``STAGED``)."""
         if d is None:
-            return None
+            return False, False
         try:
             if d.get("files") != files:  # an input was edited, replaced or removed since
-                return None
+                return False, False
             res = UnitResult.from_json(d["result"], self.fields)
             if res.s != s:
-                return None
+                return False, False
         except (DscError, KeyError, TypeError, ValueError, AttributeError):
-            return None
-        shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-        return res if all(self.shard_ok(sh) for sh in shards) else None
+            return False, False
+        staged = True
+        for p in res.parts.values():
+            if getattr(p, "shard", None) is not None:
+                how = self.shard_ok(p.shard)
+                if not how:
+                    return False, False
+                staged = staged and how == STAGED
+        return True, staged
 
     def _legacy(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
@@ -358,9 +369,12 @@ class Resumed:
     each one's journal entry is; iterating parses each entry into its ``UnitResult`` as it is taken (the caller
     folds it into its flat arrays: no object is kept a unit)."""
 
-    def __init__(self, path: Path | None, lo: int, slots: np.ndarray, offsets: np.ndarray, legacy: dict, fields):
+    def __init__(self, path: Path | None, lo: int, slots: np.ndarray, offsets: np.ndarray, legacy: dict, fields,
+                 staged: np.ndarray | None = None):
         self._path, self._lo, self.slots, self._offsets, self._legacy, self._fields = (path, lo, slots, offsets,
                                                                                         legacy, fields)
+        # each kept unit's shards were re-hashed in the staging by this resume (``STAGED``: none need it again)
+        self._staged = staged if staged is not None else np.zeros(len(slots), bool)
 
     @classmethod
     def none(cls, fields=()) -> "Resumed":
@@ -375,6 +389,11 @@ class Resumed:
     def __contains__(self, s) -> bool:
         k = int(np.searchsorted(self.slots, s))
         return k < len(self.slots) and int(self.slots[k]) == s
+
+    def staged(self, s) -> bool:
+        """Whether kept unit ``s``'s shards were re-hashed in the staging by this resume (intact there)."""
+        k = int(np.searchsorted(self.slots, s))
+        return k < len(self.slots) and int(self.slots[k]) == s and bool(self._staged[k])
 
     def __iter__(self):
         if not len(self.slots):
