@@ -338,7 +338,9 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
         fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
                                                                                  m.wide),
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
-    taken = {f.name for f in fields} | set(scanned.attributes) | {"mask"}  # ("mask": ds.mask_classes reads that name)
+    # (every field's batch keys: a value field named masks_rects would share the object masks' rects; "mask":
+    # ds.mask_classes reads that name)
+    taken = {k for f in fields for k in f.batch_keys()} | set(scanned.attributes) | {"mask"}
     for name, spec in scanned.fields.items():  # value fields (numbers, arrays, ragged, text, json, bytes)
         problem = batch_name_problem(name, taken)
         if problem:
