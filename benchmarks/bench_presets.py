@@ -42,7 +42,7 @@ DET_SAMPLES = 512  # dsc's detection epochs (the slow presets run at tens of ima
 BASELINE_SAMPLES = 256
 CLASSIFICATION = ("imagenet", "ta_wide", "ra", "augmix", "autoaugment")
 DETECTION = ("det-hflip", "det-multiscale", "det-ssdlite", "det-ssd", "det-lsj", "yolo", "segmentation")
-SEMANTIC = ("segmentation",)  # recipes of the scenes with a semantic mask, whose batches are dicts (no torchvision form)
+SEMANTIC = ("segmentation",)  # recipes of the scenes with a semantic mask: dict batches (no torchvision form)
 
 
 def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bool = False, threads: int = 2):

@@ -342,9 +342,9 @@ def test_a_field_named_like_the_masks_rects_is_refused_at_compile(tmp_path):
 
     from dsc.errors import SourceError
 
-    items = [(np.zeros((8, 8, 3), np.uint8), {"boxes": torch.tensor([[1.0, 1.0, 6.0, 6.0]]), "labels": torch.tensor([0]),
-                                              "masks": torch.ones((1, 8, 8), dtype=torch.uint8),
-                                              "masks_rects": np.array([7, 200], np.uint8)})] * 2
+    target = {"boxes": torch.tensor([[1.0, 1.0, 6.0, 6.0]]), "labels": torch.tensor([0]),
+              "masks": torch.ones((1, 8, 8), dtype=torch.uint8), "masks_rects": np.array([7, 200], np.uint8)}
+    items = [(np.zeros((8, 8, 3), np.uint8), target)] * 2
     with pytest.raises(SourceError, match="field 'masks_rects'.*rename it"):
         dsc.compile(items, tmp_path / "out", classes=["a"], progress=False, workers=1)
     without_masks = [(img, {k: v for k, v in t.items() if k != "masks"}) for img, t in items]
