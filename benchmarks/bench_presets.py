@@ -42,6 +42,7 @@ DET_SAMPLES = 512  # dsc's detection epochs (the slow presets run at tens of ima
 BASELINE_SAMPLES = 256
 CLASSIFICATION = ("imagenet", "ta_wide", "ra", "augmix", "autoaugment")
 DETECTION = ("det-hflip", "det-multiscale", "det-ssdlite", "det-ssd", "det-lsj", "yolo", "segmentation")
+SEMANTIC = ("segmentation",)  # recipes of the scenes with a semantic mask: dict batches (no torchvision form)
 
 
 def dsc_rate(ds, ops, batch_size: int, fmt: str, samples: int = SAMPLES, cpu: bool = False, threads: int = 2):
@@ -73,7 +74,7 @@ def detection_rows(name, ds, ops, batch_size, rounds: int) -> None:
     over ``rounds``; medians; wall-time and CPU-time ratios."""
     from dsc.bench import baseline_rates
 
-    fmt = "dict" if name in ("segmentation",) else "torchvision"
+    fmt = "dict" if name in SEMANTIC else "torchvision"
     got: dict = {"tv": [], "packed": [], "ref": [], "own": []}
     for _ in range(rounds):
         got["ref"].append(baseline_rates(ds, ops, batch_size, BASELINE_SAMPLES, reference=True))
@@ -164,14 +165,36 @@ def classification_row(ds, name: str) -> dict:
     return {"rates": rates, "cpu": cpu, "load": float(load), "control": control}
 
 
+def detection_ops(name: str) -> list:
+    from dsc.transforms.presets import detection, recipe, yolo
+
+    return detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
+
+
+_SCENES: dict = {}
+
+
+def scenes(semantic: bool):
+    """The detection benchmark's 400 COCO scenes of 400-640 px, compiled ragged once (cached on disk, opened once);
+    ``semantic``: with a semantic mask (label + 1 per box)."""
+    import dsc
+    from dsc.synthetic import detection_scenes, write_coco
+
+    if semantic not in _SCENES:
+        root = cached("coco-400-seg" if semantic else "coco-400", lambda r: write_coco(r, detection_scenes(
+            400, seed=0, size_range=(400, 640), ext=".jpg"), segmentation=semantic))
+        out = BENCH_DIR / ("coco-400-semantic.dsc" if semantic else "coco-400-ragged.dsc")
+        if not out.exists():
+            dsc.compile_coco(root / "annotations.json", root / "images", out, progress=False,
+                             **({"masks": "semantic"} if semantic else {}))
+        _SCENES[semantic] = dsc.open(out)
+    return _SCENES[semantic]
+
+
 def main(argv=None) -> None:
     """``python bench_presets.py [--rounds N] [NAME ...]``: only the presets named (all of them without),
     the detection ones measured in N interleaved rounds (medians)."""
     import sys
-
-    import dsc
-    from dsc.synthetic import detection_scenes, write_coco
-    from dsc.transforms.presets import detection, recipe, yolo
 
     import bench_recipe
 
@@ -195,28 +218,10 @@ def main(argv=None) -> None:
             continue
         cls = cls or bench_recipe.compiled(bench_recipe.sources(), "fixed", size=256)
         classification_row(cls, name)
-    if only and not only & set(DETECTION):
-        return
-    root = cached("coco-400", lambda r: write_coco(r, detection_scenes(400, seed=0, size_range=(400, 640),
-                                                                        ext=".jpg")))
-    out = BENCH_DIR / "coco-400-ragged.dsc"
-    if not out.exists():
-        dsc.compile_coco(root / "annotations.json", root / "images", out, progress=False)
-    det = dsc.open(out)
     for name in DETECTION:
         if only and name not in only:
             continue
-        if name == "segmentation":  # the same scenes with a semantic mask (label + 1 per box)
-            seg_root = cached("coco-400-seg", lambda r: write_coco(r, detection_scenes(
-                400, seed=0, size_range=(400, 640), ext=".jpg"), segmentation=True))
-            seg_out = BENCH_DIR / "coco-400-semantic.dsc"
-            if not seg_out.exists():
-                dsc.compile_coco(seg_root / "annotations.json", seg_root / "images", seg_out, masks="semantic",
-                                 progress=False)
-            detection_rows(name, dsc.open(seg_out), recipe(name), 16, rounds)
-            continue
-        ops = detection("lsj", size=640) if name == "det-lsj" else yolo(320) if name == "yolo" else recipe(name)
-        detection_rows(name, det, ops, 16, rounds)
+        detection_rows(name, scenes(semantic=name in SEMANTIC), detection_ops(name), 16, rounds)
 
 
 if __name__ == "__main__":

@@ -516,3 +516,32 @@ def test_a_download_interrupted_for_the_compaction_does_not_stick(s3, src, tmp_p
     r = dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", resume=True, **OPTS)
     assert r.manifest.num_samples == 23
     _same_shards_as_a_local_compile(bad, url, tmp_path)
+
+
+def test_the_compaction_hashes_no_staged_shard_this_resume_hashed(s3, src, tmp_path, monkeypatch):
+    """A compile to a URL interrupted before its first two units' shards were uploaded (still staged), resumed with an
+    input skipped in the first unit: the resume re-hashes the two staged shards to keep their units, and the
+    compaction that follows takes them as they are (it hashed them a second time); the third unit's shard, uploaded
+    and out of the staging, comes back from the bucket, its download hashed. Counted: every file hashed."""
+    from dsc.compiler import journal, upload
+
+    bad = _with_a_bad_first_file(src, tmp_path)
+    url, cache = "s3://dsc-up/compaction-hashes", str(tmp_path / "cache")
+    with monkeypatch.context() as mp:
+        mp.setattr(upload.Uploader, "submit", lambda self, *a, **k: None)  # (nothing leaves the staging)
+        real = journal.Journal.record
+
+        def record(self, res, *a):
+            if res.s == 2:
+                raise KeyboardInterrupt
+            return real(self, res, *a)
+        mp.setattr(journal.Journal, "record", record)
+        with pytest.raises(KeyboardInterrupt):
+            dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", **OPTS)
+    hashed, real_hash = [], journal.sha256_file
+    monkeypatch.setattr(journal, "sha256_file", lambda p, *a, **k: hashed.append(str(p).split("/image/")[-1]) or
+                        real_hash(p, *a, **k))
+    r = dsc.compile_imagefolder(bad, url, cache_dir=cache, on_error="skip", resume=True, **OPTS)
+    assert r.resumed_units == 2 and r.manifest.num_samples == 23
+    assert sorted(hashed) == ["c/0/0/0/0", "c/1/0/0/0", "c/2/0/0/.0.fetching"], hashed
+    _same_shards_as_a_local_compile(bad, url, tmp_path)

@@ -332,3 +332,21 @@ def test_the_gather_leaves_mask_bits_exactly_where_the_torchvision_form_takes_th
     assert key in ds.get_batch([0, 1], to_torchvision=True)
     assert key not in ds.get_batch([0, 1], boxes="padded", to_torchvision=True)
     assert key not in ds.get_batch([0, 1])
+
+
+def test_a_field_named_like_the_masks_rects_is_refused_at_compile(tmp_path):
+    """The object masks' crop rectangles are the batch key ``masks_rects`` (a documented key): a value field of
+    that name beside instance masks would share it (main compiled it, and the torchvision form then failed on the
+    field's values as rects). The compile refuses it in one line naming the field and the fix."""
+    import numpy as np
+
+    from dsc.errors import SourceError
+
+    target = {"boxes": torch.tensor([[1.0, 1.0, 6.0, 6.0]]), "labels": torch.tensor([0]),
+              "masks": torch.ones((1, 8, 8), dtype=torch.uint8), "masks_rects": np.array([7, 200], np.uint8)}
+    items = [(np.zeros((8, 8, 3), np.uint8), target)] * 2
+    with pytest.raises(SourceError, match="field 'masks_rects'.*rename it"):
+        dsc.compile(items, tmp_path / "out", classes=["a"], progress=False, workers=1)
+    without_masks = [(img, {k: v for k, v in t.items() if k != "masks"}) for img, t in items]
+    dsc.compile(without_masks, tmp_path / "ok", classes=["a"], progress=False, workers=1)  # (no masks: its own key)
+    assert "masks_rects" in dsc.open(tmp_path / "ok").schema

@@ -34,11 +34,11 @@ from ..formats.fields import (Field, ImageField, KeypointsField, LabelField, Mas
                               ObjectsField, mask_dtype, value_field)
 from ..formats import shardtable, versions, view
 from ..formats.verify import file_checksums
-from ..formats.zarr_v3 import write_group, write_plain_array, write_string_array
+from ..formats.zarr_v3 import node_dir, write_group, write_plain_array, write_string_array
 from .journal import Journal, Resumed, fingerprint, inputs_of, settings, shard_check, shard_intact
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
+from .sources.base import ScannedSource, Source, items_fingerprint, record_digest, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
 from .upload import Uploader
@@ -85,13 +85,17 @@ class UnitTasks(Sequence):
 
 class UnitInputs(Mapping):
     """{slot: ``inputs_of`` its unit's records}, every unit's taken now, before any unit decodes (an input edited
-    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings)."""
+    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings). A
+    ``source`` whose items have no files (``Source.fingerprints_items``: a Python dataset): the fingerprint of the
+    unit's items, fetched when asked (a resume asks for the journaled units'; a unit run now journals what its
+    worker fetched)."""
 
-    def __init__(self, tasks: UnitTasks):
+    def __init__(self, tasks: UnitTasks, source: Source | None = None):
         self.tasks = tasks
         K, recs = tasks.K, tasks.records
-        self._sha = np.zeros((len(tasks), 32), np.uint8)
-        for u in range(len(tasks)):
+        self._source = source if source is not None and source.fingerprints_items else None
+        self._sha = np.zeros((len(tasks) if self._source is None else 0, 32), np.uint8)
+        for u in range(len(self._sha)):
             self._sha[u] = np.frombuffer(bytes.fromhex(inputs_of(recs[u * K:(u + 1) * K])), np.uint8)
 
     def __len__(self) -> int:
@@ -109,6 +113,9 @@ class UnitInputs(Mapping):
         u = s - self.tasks.s0
         if not 0 <= u < len(self.tasks):
             raise KeyError(s)
+        if self._source is not None:
+            recs = self.tasks.records[u * self.tasks.K:(u + 1) * self.tasks.K]
+            return items_fingerprint(self._source.fetcher(recs), recs)
         return bytes(self._sha[u]).hex()
 
 
@@ -164,7 +171,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             for rel, data in (res.files or {}).items():  # (written before the unit is journaled)
                 write_atomic(tmp / check_node_path(rel), data, tmp)
             res.files = None
-            journal.record(res, inputs[res.s])
+            journal.record(res, res.items if res.items is not None else inputs[res.s])
             results.add(res)
             if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
                 on_unit(res)
@@ -205,21 +212,24 @@ def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
     return replace(task, then=tuple(map(where_to_read, following.records))) if following is not None else task
 
 
-def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, url: str) -> None:
-    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those after the first short unit).
-    A staged copy is kept only with the bytes the journal recorded (re-hashed: an interrupted compaction may have
-    left its re-streamed shard there, a power loss a torn one); the others come from the bucket through a
-    private name, checked against the recorded size and SHA-256 before they take the shard's name."""
-    u0 = _first_short(results, K)
-    if u0 is None:
-        return
+def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], u0: int, url: str,
+                    verified=lambda u: False) -> None:
+    """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those from ``u0``, the first short
+    unit, on). A staged copy is kept only with the bytes the journal recorded: re-hashed (an interrupted compaction
+    may have left its re-streamed shard there, a power loss a torn one), unless ``verified(u)`` says unit u's
+    staged shards are known intact in this run (written by it, or re-hashed by its resume); the others come from
+    the bucket through a private name, checked against the recorded size and SHA-256 before they take the
+    shard's name."""
     store = open_store(url)
     for u in range(u0, len(results)):
+        known = verified(u)
         for f in fields:
             spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
-            if spec is None or shard_intact(tmp / spec.path, spec):
+            if spec is None:
                 continue
-            dest = tmp / spec.path
+            dest = node_dir(tmp, spec.path)
+            if dest.is_file() if known else shard_intact(dest, spec):
+                continue
             part = dest.with_name(f".{dest.name}.fetching")
             dest.parent.mkdir(parents=True, exist_ok=True)
             with open(part, "wb") as fh:
@@ -240,12 +250,10 @@ def _first_short(results: UnitResults, K: int) -> int | None:
     return int(short[0]) if len(short) else None
 
 
-def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int) -> None:
-    """After skipped inputs left a shard short, re-stream every image-like field's following shards (a byte
-    copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are updated."""
-    u0 = _first_short(results, K)
-    if u0 is None:
-        return
+def _compact(tmp: Path, results: UnitResults, fields: tuple[Field, ...], K: int, u0: int) -> None:
+    """After skipped inputs left shard ``u0`` short (``_first_short``), re-stream every image-like field's
+    following shards (a byte copy, no decode) so that shard s holds samples [s*K, (s+1)*K) again; the parts are
+    updated."""
     scratch = tmp / "_compact"
     for f in fields:
         pixels = getattr(f, "pixels", None)
@@ -337,7 +345,9 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
         fields.append(MaskField(MaskSpec(layout=options.layout, dtype=mask_dtype(len(m.classes), options.mask_ignore,
                                                                                  m.wide),
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
-    taken = {f.name for f in fields} | set(scanned.attributes) | {"mask"}  # ("mask": ds.mask_classes reads that name)
+    # (every field's batch keys: a value field named masks_rects would share the object masks' rects; "mask":
+    # ds.mask_classes reads that name)
+    taken = {k for f in fields for k in f.batch_keys()} | set(scanned.attributes) | {"mask"}
     for name, spec in scanned.fields.items():  # value fields (numbers, arrays, ragged, text, json, bytes)
         problem = batch_name_problem(name, taken)
         if problem:
@@ -389,13 +399,14 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
     with staging:
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)
+        bucket = (uploaded.url, uploaded.writer) if uploaded else direct  # (url, writer) of a compile to a URL
         journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
-                          shard_ok=shard_check(tmp, (uploaded.url, uploaded.writer) if uploaded else direct,
-                                               staged_too=bool(uploaded)))  # (uploaded: staged, else in the bucket)
+                          shard_ok=shard_check(tmp, bucket, staged_too=bool(uploaded)))  # (uploaded: staged or in
+        # the bucket; direct: in the bucket)
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
-        inputs = UnitInputs(tasks)
+        inputs = UnitInputs(tasks, source)
         done = Resumed.none()
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
             if warn is not None:
@@ -413,11 +424,15 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
             raise SourceError(f"{scanned.root}: none of the {len(records)} inputs could be compiled; "
                               f"first error: {skipped[0]['key']}: {skipped[0]['reason']}")
         try:
-            if uploaded and _first_short(results, K) is not None:
-                uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
-            if direct or uploaded:  # the shards a compaction re-streams come back from the bucket (only after
-                fetch_compacted(tmp, results, fields, K, direct[0] if direct else uploaded.url)  # skipped inputs)
-            _compact(tmp, results, fields, K)
+            u0 = _first_short(results, K)  # (only after skipped inputs)
+            if u0 is not None:
+                if uploaded:
+                    uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
+                if bucket:  # the shards a compaction re-streams come back from the bucket; a shard this process
+                    # staged in this run (uploaded: not a worker's) or this resume re-hashed there is not hashed again
+                    fetch_compacted(tmp, results, fields, u0, bucket[0],
+                                    lambda u: done.staged(u) or (bool(uploaded) and u not in done))
+                _compact(tmp, results, fields, K, u0)
             manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
             if uploaded:  # (the shards are up and out of the staging: the flush writes none of them)
                 uploaded.settle()

@@ -9,9 +9,10 @@ torn last line fails to parse and its unit is compiled again). ``unit-<s>.json``
 dsc wrote them before, are read too. (The two are kept apart: the result has an ``inputs`` array of its
 own, the per-sample fingerprints, which once overwrote the unit's and made every resume start over.)
 ``--resume`` keeps a unit only if its journal entry exists, the plan matches, its input files are as they
-were, and the shard file re-hashes to the recorded SHA-256; every other unit is compiled again, so a
-resumed compile is byte-identical to an uninterrupted one, and decodes only the units it had not finished.
-The journal is deleted before the dataset is published. It is JSON: no pickle.
+were (a source without files, a Python dataset: the items it fetches again hash as the worker's did,
+``Source.fingerprints_items``), and the shard file re-hashes to the recorded SHA-256; every other unit is
+compiled again, so a resumed compile is byte-identical to an uninterrupted one, and decodes only the units it
+had not finished. The journal is deleted before the dataset is published. It is JSON: no pickle.
 """
 from __future__ import annotations
 
@@ -99,13 +100,17 @@ def shard_intact(path: Path, shard) -> bool:
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
 
 
+STAGED = "staged"  # what a ``shard_check`` says of a shard it re-hashed under its root (truthy, as "bucket" is)
+
+
 def shard_check(root: Path, bucket: tuple[str, str] | None = None, staged_too: bool = False):
     """Whether a journaled shard is still as recorded (a ``Journal``'s ``shard_ok``, a compile's and an
     update's): under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units
     upload their shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either
-    (a shard leaves the staging once the bucket has it)."""
-    def staged(sh) -> bool:
-        return shard_intact(node_dir(root, sh.path), sh)
+    (a shard leaves the staging once the bucket has it). Truthy when it is: ``STAGED`` when it was re-hashed
+    under ``root`` (a compaction need not hash it again)."""
+    def staged(sh):
+        return STAGED if shard_intact(node_dir(root, sh.path), sh) else False
 
     if bucket is None:
         return staged
@@ -207,9 +212,10 @@ class Journal:
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
         ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each journal line is
-        parsed once here and checked, then dropped: what is kept is where each finished unit's entry is (16 bytes a
-        unit), and iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no
-        object kept a unit)."""
+        parsed once here, then dropped: what is kept is where each finished unit's entry is (16 bytes a unit), and
+        iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no object kept a
+        unit). The lines are read last first, so only a unit's last entry is checked (its shards re-hashed): an
+        earlier entry of a unit compiled again is parsed for its slot and passed over."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
         slots = inputs.slots
@@ -218,35 +224,42 @@ class Journal:
         lo, hi = slots[0], slots[-1]  # (one run of slots)
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
         done = np.zeros(len(last), bool)
+        staged = np.zeros(len(last), bool)  # (its shards re-hashed in the staging: ``STAGED``)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
-        for off, d in _lines(path):  # (each line parsed once here and checked as it comes: a later entry of a
-            s = d["s"]               # unit, one compiled again, replaces its earlier one)
-            if lo <= s <= hi:
+        for off, d in _lines(path, backward=True):  # (each line parsed once here; a unit's first one met is its
+            s = d["s"]                                # last entry, the only one checked)
+            if lo <= s <= hi and last[s - lo] < 0:
                 last[s - lo] = off
                 legacy.pop(s, None)
-                done[s - lo] = self._checked(d, s, inputs[s]) is not None
+                done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
         for s, d in list(legacy.items()):
-            done[s - lo] = self._checked(d, s, inputs[s]) is not None
+            done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
             if not done[s - lo]:
                 del legacy[s]
-        return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields)
+        return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields, staged[done])
 
-    def _checked(self, d: dict | None, s: int, files: str) -> UnitResult | None:
-        """Unit ``s``'s journal entry ``d`` as its result, if its inputs are ``files`` still and its shards hash
-        to what it recorded; else None."""
+    def _checked(self, d: dict | None, s: int, files: str) -> tuple[bool, bool]:
+        """Whether unit ``s``'s journal entry ``d`` is kept (its inputs are ``files`` still and its shards are as it
+        recorded), and whether every shard of it was re-hashed in the staging (``STAGED``)."""
         if d is None:
-            return None
+            return False, False
         try:
             if d.get("files") != files:  # an input was edited, replaced or removed since
-                return None
+                return False, False
             res = UnitResult.from_json(d["result"], self.fields)
             if res.s != s:
-                return None
+                return False, False
         except (DscError, KeyError, TypeError, ValueError, AttributeError):
-            return None
-        shards = [p.shard for p in res.parts.values() if getattr(p, "shard", None) is not None]
-        return res if all(self.shard_ok(sh) for sh in shards) else None
+            return False, False
+        staged = True
+        for p in res.parts.values():
+            if getattr(p, "shard", None) is not None:
+                how = self.shard_ok(p.shard)
+                if not how:
+                    return False, False
+                staged = staged and how == STAGED
+        return True, staged
 
     def _legacy(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
@@ -283,21 +296,50 @@ class Journal:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # a journal line's JSON (Journal.record)
 
 
-def _lines(path: Path):
+def _lines(path: Path, backward: bool = False):
     """(byte offset, entry) of each whole, parsable line of ``units.jsonl`` (none when it is missing), read
-    a line at a time."""
+    a line at a time; ``backward``: the last line first (read a block at a time from the end)."""
     with _open_or_none(path) as f:
         if f is None:
             return
-        off = 0
-        for line in f:
-            at, off = off, off + len(line)
+        for at, line in (_backward(f) if backward else _forward(f)):
             try:
                 d = json.loads(line)
             except ValueError:
                 continue
             if isinstance(d, dict) and isinstance(d.get("s"), int):
                 yield at, d
+
+
+def _forward(f):
+    """(byte offset, line) of each line of the open file ``f``, first to last."""
+    off = 0
+    for line in f:
+        at, off = off, off + len(line)
+        yield at, line
+
+
+def _backward(f, block: int = 1 << 20):
+    """(byte offset, line) of each line of the open file ``f``, last to first: the lines ``_forward`` gives (their
+    newline left off), in reverse."""
+    pos = f.seek(0, os.SEEK_END)
+    head = b""  # the start of the file's text at ``pos`` up to its first newline: a line not yet whole
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        f.seek(pos)
+        pieces = (f.read(step) + head).split(b"\n")
+        head = pieces[0]
+        at = pos + len(head) + 1  # where pieces[1] starts
+        starts = []
+        for p in pieces[1:]:
+            starts.append(at)
+            at += len(p) + 1
+        for p, start in zip(reversed(pieces[1:]), reversed(starts)):
+            if p:  # (the empty piece after the last newline is no line; an empty line would not parse)
+                yield start, p
+    if head:
+        yield 0, head
 
 
 @contextmanager
@@ -328,9 +370,12 @@ class Resumed:
     each one's journal entry is; iterating parses each entry into its ``UnitResult`` as it is taken (the caller
     folds it into its flat arrays: no object is kept a unit)."""
 
-    def __init__(self, path: Path | None, lo: int, slots: np.ndarray, offsets: np.ndarray, legacy: dict, fields):
+    def __init__(self, path: Path | None, lo: int, slots: np.ndarray, offsets: np.ndarray, legacy: dict, fields,
+                 staged: np.ndarray | None = None):
         self._path, self._lo, self.slots, self._offsets, self._legacy, self._fields = (path, lo, slots, offsets,
                                                                                         legacy, fields)
+        # each kept unit's shards were re-hashed in the staging by this resume (``STAGED``: none need it again)
+        self._staged = staged if staged is not None else np.zeros(len(slots), bool)
 
     @classmethod
     def none(cls, fields=()) -> "Resumed":
@@ -345,6 +390,11 @@ class Resumed:
     def __contains__(self, s) -> bool:
         k = int(np.searchsorted(self.slots, s))
         return k < len(self.slots) and int(self.slots[k]) == s
+
+    def staged(self, s) -> bool:
+        """Whether kept unit ``s``'s shards were re-hashed in the staging by this resume (intact there)."""
+        k = int(np.searchsorted(self.slots, s))
+        return k < len(self.slots) and int(self.slots[k]) == s and bool(self._staged[k])
 
     def __iter__(self):
         if not len(self.slots):

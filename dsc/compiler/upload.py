@@ -514,9 +514,12 @@ def compile_to_url(compile_local, url: str, options):
     if existing and not (options.resume and staged):
         raise OutputExistsError(f"{store.url} already holds a dsc dataset (versions {versions._ranges(existing)}); "
                                 f"pass --update to make a new version of it, or compile to another URL")
+    # On a cluster the units upload their own shards (``direct``: the workers need no filesystem shared with this
+    # one); else this process uploads the shards it stages (``uploaded``), each leaving the staging once in the bucket.
+    on_cluster = options.executor is not None
     # (a compile not resumed puts its files without asking the bucket first: see Uploader.submit)
     with store.lock("compile"), closing(Uploader(store, _token(stage), fresh=not options.resume,
-                                                 unstage=options.executor is None)) as uploader:
+                                                 unstage=not on_cluster)) as uploader:
         if options.resume and staged:
             report = None  # compiled already; the upload was interrupted
         else:
@@ -530,11 +533,9 @@ def compile_to_url(compile_local, url: str, options):
                     if spec is not None:
                         uploader.submit([tmp, stage], spec.path, spec.sha256, spec.nbytes, new=True)
 
-            # on a cluster, the units upload their own shards: the workers need no filesystem shared with this one
-            direct = (store.url, uploader.writer) if options.executor is not None else None
-            # (else this process uploads the shards it stages, and each leaves the staging once in the bucket)
-            report = compile_local(stage, replace(options, overwrite=False), on_unit, direct,
-                                   uploaded=None if direct else uploader)
+            report = compile_local(stage, replace(options, overwrite=False), on_unit,
+                                   (store.url, uploader.writer) if on_cluster else None,
+                                   uploaded=None if on_cluster else uploader)
         sent = push(stage, store.url, uploader, progress=options.progress, what="this compile")
     if report is None:
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]

@@ -157,8 +157,7 @@ class _Part:
 
     def __init__(self, src, sha: str, nbytes: int, C: int, where: str):
         self.src, self.sha, self.nbytes, self.C, self.where = src, sha, nbytes, C, where
-        kept = getattr(src, "kept_head", None)  # (a head the node's mirror holds whole, a delta's too: no request)
-        first = (kept() if kept is not None else None) or bytes(src.read(0, min(nbytes, HEADER2 + 32), _head_ok))
+        first = bytes(src.read(0, min(nbytes, HEADER2 + 32), _head_ok))
         if len(first) < HEADER or first[:8] != MAGIC:
             raise CorruptDatasetError(f"{where}: not a dsc shard table")
         version, cols = int.from_bytes(first[8:12], "little"), int.from_bytes(first[12:16], "little")
@@ -185,11 +184,9 @@ class _Part:
         if not ok or want != nbytes or len(first) < HEADER2:
             raise CorruptDatasetError(f"{where}: a shard table of {nbytes} bytes does not hold {E} entries of {C} "
                                       f"columns for {self.slots} slots; the dataset is damaged")
-        head = bytes(src.read(0, self.head_end, lambda b: _head_ok(b))) if self.head_end > len(first) else first
+        head = bytes(src.read(0, self.head_end, _head_ok)) if self.head_end > len(first) else first
         if not _head_ok(head[:self.head_end]):
             raise CorruptDatasetError(f"{where}: its head does not match its own SHA-256; the dataset is damaged. {_FIX}")
-        if kept is not None and len(first) < self.head_end:  # (a delta's head is longer than the first read: kept
-            src.keep_head(head[:self.head_end])  # whole, for the node's next open)
         self.fences = None
         if not full:
             self.fences = np.frombuffer(head[HEADER2:HEADER2 + 8 * self.G], "<u8").astype(np.int64)
@@ -607,16 +604,21 @@ class _Ranged:
         self.loader, self.sha, self.nbytes = loader, sha, nbytes
 
     def read(self, start: int, end: int, check=None) -> bytes:
+        """Bytes [start, end) of the object. A range from 0 is (part of) the head: whatever its end, the head is kept
+        whole under one name (``<sha>.head``), and a read of any prefix of it is served from there (a delta's head
+        is longer than the first range a reader asks for: its length is known only from those bytes)."""
         store, mirror, rel = self.loader.store, self.loader.mirror, object_path(self.sha)
-        kept = None if mirror is None or check is None else Path(mirror) / RANGES / f"{self.sha}.{start}-{end}"
+        kept = None if mirror is None or check is None else \
+            Path(mirror) / RANGES / (f"{self.sha}.head" if start == 0 else f"{self.sha}.{start}-{end}")
         if kept is not None:
             for path, at in ((kept, 0), (Path(mirror) / rel, start)):  # (the range kept, or the object whole: an
                 try:                                                    # epoch plan of the node fetched it)
                     with open(path, "rb") as f:
                         f.seek(at)
-                        data = f.read(min(end, self.nbytes) - start)
-                    if check(data):
-                        return data
+                        whole_head = start == 0 and path == kept  # (checked whole, then its prefix served)
+                        data = f.read() if whole_head else f.read(min(end, self.nbytes) - start)
+                    if check(data) and len(data) >= min(end, self.nbytes) - start:
+                        return data[:min(end, self.nbytes) - start] if whole_head else data
                 except OSError:
                     pass
         try:
@@ -629,29 +631,6 @@ class _Ranged:
             except OSError:  # (a read-only cache, one warmed elsewhere: it serves what it holds, the rest is fetched)
                 pass
         return data
-
-    def _kept_head_path(self) -> Path | None:
-        mirror = self.loader.mirror
-        return None if mirror is None else Path(mirror) / RANGES / f"{self.sha}.head"
-
-    def kept_head(self) -> bytes | None:
-        """The object's whole head as ``keep_head`` kept it in the node's mirror, when it passes its own hash."""
-        path = self._kept_head_path()
-        try:
-            data = path.read_bytes() if path is not None else None
-        except OSError:
-            return None
-        return data if data is not None and _head_ok(data) else None
-
-    def keep_head(self, head: bytes) -> None:
-        """Keep a head read in two ranges (a delta's: its length is known only from its first bytes) whole, under
-        one name, for the node's next open."""
-        path = self._kept_head_path()
-        if path is not None:
-            try:
-                write_atomic(path, bytes(head), unique=True)
-            except OSError:  # (a read-only cache)
-                pass
 
     def whole(self):
         return self.loader(self.sha, self.nbytes)

@@ -385,6 +385,12 @@ class Field:
     def roles(self) -> dict[str, Role]:
         return {}
 
+    def batch_keys(self) -> tuple[str, ...]:
+        """The batch keys the field fills besides the ragged companions every key may have (``BATCH_SUFFIXES``):
+        no other field may be named one of them (a compile refuses it: ``manifest.batch_name_problem``'s
+        ``taken``)."""
+        return (self.name,)
+
     def describe(self) -> str:
         """One line for ``dsc info`` (the image, label and objects have their own lines there)."""
         return self.kind

@@ -66,6 +66,12 @@ def bits_key(name: str) -> str:
     return f"{name}:bits"
 
 
+def rects_key(name: str) -> str:
+    """The batch key of masks ``name``'s crop rectangles (``masks_rects``): a field of that name would share it, so
+    a compile with object masks refuses one (:meth:`ObjectMasksField.batch_keys`)."""
+    return f"{name}_rects"
+
+
 def _runs(starts: np.ndarray, ends: np.ndarray) -> list[int]:
     """Cut points of the runs of back-to-back bit ranges [starts[i], ends[i]) (each run's first index, then the
     count): [0] for none."""
@@ -167,7 +173,7 @@ def crops_of_bits(batch: dict, key: str) -> None:
     if how is None:
         return
     device = batch[key].device
-    rects = batch[f"{key}_rects"].cpu().numpy()
+    rects = batch[rects_key(key)].cpu().numpy()
     rows = np.arange(len(rects), dtype=np.int64)
     flat, off = unpack(batch[key].cpu().numpy(), batch[f"{key}_offsets"].cpu().numpy(), rects, rows,
                        flips=how.cpu().numpy().astype(bool))
@@ -261,9 +267,9 @@ class ObjectMasksReader(Reader):
         if forms.get("object_mask_bits"):
             return self._gather_bits(rows, box_offsets, alloc, forms.get("object_flips"))
         out = {self.name: alloc(self.name, (mask_bytes(self.rects, rows),), np.dtype(np.uint8)),
-               f"{self.name}_rects": alloc(f"{self.name}_rects", (len(rows), 4), np.dtype(np.int64)),
+               rects_key(self.name): alloc(rects_key(self.name), (len(rows), 4), np.dtype(np.int64)),
                f"{self.name}_offsets": alloc(f"{self.name}_offsets", (len(rows) + 1,), np.dtype(np.int64))}
-        rects = out[f"{self.name}_rects"]
+        rects = out[rects_key(self.name)]
         rects[:] = self.rects[rows]
         flips = forms.get("object_flips")
         per_row = None
@@ -295,7 +301,7 @@ class ObjectMasksReader(Reader):
         o, s, e = off.tolist(), starts.tolist(), ends.tolist()
         for a, b in zip(cuts[:-1], cuts[1:]):  # each run of back-to-back rows (a sample's, or more) by one copy
             bits[o[a]:o[b]] = self.bits[s[a]:e[b - 1]]
-        rects = alloc(f"{n}_rects", (len(rows), 4), np.dtype(np.int64))
+        rects = alloc(rects_key(n), (len(rows), 4), np.dtype(np.int64))
         rects[:] = self.rects[rows]
         how = alloc(bits_key(n), (len(rows), 2), np.dtype(np.uint8))
         how[:] = 0
@@ -305,17 +311,17 @@ class ObjectMasksReader(Reader):
             fh, fw = how[:, 0].astype(bool) & (rects[:, 2] > 0), how[:, 1].astype(bool) & (rects[:, 3] > 0)
             rects[fh, 0] = per_row[fh, 2] - rects[fh, 0] - rects[fh, 2]
             rects[fw, 1] = per_row[fw, 3] - rects[fw, 1] - rects[fw, 3]
-        return {n: bits, f"{n}_offsets": off, f"{n}_rects": rects, bits_key(n): how}
+        return {n: bits, f"{n}_offsets": off, rects_key(n): rects, bits_key(n): how}
 
     def split(self, batch: dict, k: int) -> dict:
-        if f"{self.name}_rects" not in batch or "box_offsets" not in batch:
+        if rects_key(self.name) not in batch or "box_offsets" not in batch:
             return {}
         o = batch["box_offsets"]
         a, b = int(o[k]), int(o[k + 1])
         mo = batch[f"{self.name}_offsets"]
         h, w = image_size(batch, k)
         return {self.name: paste(batch[self.name][int(mo[a]):int(mo[b])], mo[a:b + 1] - mo[a],
-                                 batch[f"{self.name}_rects"][a:b], h, w)}
+                                 batch[rects_key(self.name)][a:b], h, w)}
 
 
 def image_size(batch: dict, k: int) -> tuple[int, int]:
@@ -340,6 +346,9 @@ class ObjectMasksField(Field):
     @classmethod
     def from_manifest(cls, m) -> list["ObjectMasksField"]:
         return [cls(name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
+
+    def batch_keys(self) -> tuple[str, ...]:
+        return (self.name, rects_key(self.name))
 
     @classmethod
     def check(cls, name: str, d: dict, m) -> None:
