@@ -1035,39 +1035,3 @@ def test_a_resume_hashes_only_the_last_entry_of_a_unit_compiled_twice(tmp_path, 
     assert report.resumed_units == n and report.decoded == 0
     assert sorted(map(str, hashed)) == [f".r.dsc-tmp/image/c/{s}/0/0/0" for s in range(n)]
     assert content(out) == content(tiny(tmp_path / "fresh", n))
-
-
-class Edited(Tiny):
-    """``Tiny`` with sample ``edited`` changed: its pixels (or, with ``label``, its class)."""
-
-    def __init__(self, n, edited=None, label=False):
-        super().__init__(n)
-        self.edited, self.label = edited, label
-
-    def __getitem__(self, i):
-        image, label = super().__getitem__(i)
-        if i == self.edited:
-            return (image, label + 1) if self.label else (image ^ 0xFF, label)
-        return image, label
-
-
-@pytest.mark.parametrize("label", [False, True])
-def test_a_resume_of_a_python_dataset_whose_sample_changed_compiles_its_unit_again(tmp_path, monkeypatch, label):
-    """A Python dataset has no files whose identity says it changed: each unit's journal entry keeps the fingerprint
-    of the items its worker fetched, and a resume fetches a journaled unit's items again to compare. A sample changed
-    between the interrupted compile and the resume (its pixels, or its label) makes its unit compile again (main
-    kept its stale shard); the others are kept, and the result is a fresh compile's of the changed dataset."""
-    import sys
-
-    C = sys.modules["dsc.compiler.compile"]
-    n, out = 6, tmp_path / "r"
-    with monkeypatch.context() as mp:
-        mp.setattr(C, "_finalize", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-        with pytest.raises(KeyboardInterrupt):
-            tiny(out, n)
-    changed = Edited(n, edited=3, label=label)
-    report = dsc.compile(changed, out, size=2, shard_size=1, progress=False, workers=1, resume=True)
-    assert report.resumed_units == n - 1 and report.decoded == 1
-    fresh = tmp_path / "fresh"
-    dsc.compile(changed, fresh, size=2, shard_size=1, progress=False, workers=1)
-    assert content(out) == content(fresh) != content(tiny(tmp_path / "before", n))

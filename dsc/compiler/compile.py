@@ -38,7 +38,7 @@ from ..formats.zarr_v3 import node_dir, write_group, write_plain_array, write_st
 from .journal import Journal, Resumed, fingerprint, inputs_of, settings, shard_check, shard_intact
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource, Source, items_fingerprint, record_digest, where, where_to_read
+from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
 from .upload import Uploader
@@ -85,17 +85,13 @@ class UnitTasks(Sequence):
 
 class UnitInputs(Mapping):
     """{slot: ``inputs_of`` its unit's records}, every unit's taken now, before any unit decodes (an input edited
-    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings). A
-    ``source`` whose items have no files (``Source.fingerprints_items``: a Python dataset): the fingerprint of the
-    unit's items, fetched when asked (a resume asks for the journaled units'; a unit run now journals what its
-    worker fetched)."""
+    later makes a resume compile its unit again), and held as 32 bytes a unit (not a dict of hex strings)."""
 
-    def __init__(self, tasks: UnitTasks, source: Source | None = None):
+    def __init__(self, tasks: UnitTasks):
         self.tasks = tasks
         K, recs = tasks.K, tasks.records
-        self._source = source if source is not None and source.fingerprints_items else None
-        self._sha = np.zeros((len(tasks) if self._source is None else 0, 32), np.uint8)
-        for u in range(len(self._sha)):
+        self._sha = np.zeros((len(tasks), 32), np.uint8)
+        for u in range(len(tasks)):
             self._sha[u] = np.frombuffer(bytes.fromhex(inputs_of(recs[u * K:(u + 1) * K])), np.uint8)
 
     def __len__(self) -> int:
@@ -113,9 +109,6 @@ class UnitInputs(Mapping):
         u = s - self.tasks.s0
         if not 0 <= u < len(self.tasks):
             raise KeyError(s)
-        if self._source is not None:
-            recs = self.tasks.records[u * self.tasks.K:(u + 1) * self.tasks.K]
-            return items_fingerprint(self._source.fetcher(recs), recs)
         return bytes(self._sha[u]).hex()
 
 
@@ -171,7 +164,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             for rel, data in (res.files or {}).items():  # (written before the unit is journaled)
                 write_atomic(tmp / check_node_path(rel), data, tmp)
             res.files = None
-            journal.record(res, res.items if res.items is not None else inputs[res.s])
+            journal.record(res, inputs[res.s])
             results.add(res)
             if on_unit is not None:  # (compile to a URL: the unit's shards start uploading)
                 on_unit(res)
@@ -406,7 +399,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         staging.keep_on_failure = journal.has_units
         unit_options = replace(options, executor=None)  # a Dask Client does not travel with the tasks
         tasks = UnitTasks(records, K, "" if direct else str(tmp), unit_options, fields, direct)
-        inputs = UnitInputs(tasks, source)
+        inputs = UnitInputs(tasks)
         done = Resumed.none()
         if options.resume and not journal.has_plan() and any(tmp.iterdir()):
             if warn is not None:

@@ -9,10 +9,9 @@ torn last line fails to parse and its unit is compiled again). ``unit-<s>.json``
 dsc wrote them before, are read too. (The two are kept apart: the result has an ``inputs`` array of its
 own, the per-sample fingerprints, which once overwrote the unit's and made every resume start over.)
 ``--resume`` keeps a unit only if its journal entry exists, the plan matches, its input files are as they
-were (a source without files, a Python dataset: the items it fetches again hash as the worker's did,
-``Source.fingerprints_items``), and the shard file re-hashes to the recorded SHA-256; every other unit is
-compiled again, so a resumed compile is byte-identical to an uninterrupted one, and decodes only the units it
-had not finished. The journal is deleted before the dataset is published. It is JSON: no pickle.
+were, and the shard file re-hashes to the recorded SHA-256; every other unit is compiled again, so a
+resumed compile is byte-identical to an uninterrupted one, and decodes only the units it had not finished.
+The journal is deleted before the dataset is published. It is JSON: no pickle.
 """
 from __future__ import annotations
 

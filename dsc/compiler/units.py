@@ -7,7 +7,6 @@ round-trips through JSON (``to_json`` / ``from_json``) for the resume journal.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import io
 import shutil
 import signal
@@ -31,7 +30,7 @@ from .instances import instance_masks, place_keypoints
 from .masks import apply_plan_nearest, check_values, decode_mask, displayed_mask, rasterize
 from .options import CompileOptions
 from .resample import single_threaded
-from .sources.base import Item, Record, Source, fingerprinting, where
+from .sources.base import Item, Record, Source, where
 from .sources.inputs import remember_all
 from .upload import file_body, put_shard
 from ..store import open_store
@@ -75,7 +74,6 @@ class UnitResult:
     inputs: np.ndarray = None  # (c, 10) int64: each sample's input fingerprint (INPUT_COLUMNS)
     warnings: list[tuple[int, str]] = None  # (record index, message): what decoding a compiled input said
     files: dict | None = None  # a unit that uploaded its shards: the small files it wrote besides them {rel: bytes}
-    items: str | None = None  # the fingerprint of the items it fetched (Source.fingerprints_items): journaled
 
     def __post_init__(self):
         if self.inputs is None:
@@ -316,9 +314,6 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
         except Exception as e:  # noqa: BLE001
             raise SourceError(f"the {source.name!r} source failed to open shard {task.s}'s records: "
                               f"{type(e).__name__}: {e}") from None
-        digest = hashlib.sha256() if source.fingerprints_items else None
-        if digest is not None:
-            fetch = fingerprinting(fetch, digest)
         for j, rec in enumerate(task.records):
             notes: list[str] = []
             try:
@@ -351,8 +346,7 @@ def _compile_unit(task: UnitTask, source: Source) -> UnitResult:
         raise
     return UnitResult(task.s, np.asarray(kept, np.int64), np.asarray(orig, np.int32).reshape(-1, 2),
                       np.asarray(affine, np.float64).reshape(-1, 4), np.asarray(orient, np.uint8), errors, parts,
-                      np.asarray(inputs, np.int64).reshape(-1, 10), warnings,
-                      items=digest.hexdigest() if digest is not None else None)
+                      np.asarray(inputs, np.int64).reshape(-1, 10), warnings)
 
 
 def worker_init() -> None:

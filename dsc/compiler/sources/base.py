@@ -8,8 +8,6 @@ Python function; ``docs/PLUGINS.md`` shows a third-party source.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar
@@ -250,65 +248,6 @@ class Item:
     fields: dict | None = None  # value fields fetched with the sample (name -> value; the record's own come first)
 
 
-def fingerprinting(fetch, h):
-    """``fetch`` that also feeds each item it fetches (or the error it raises) into the hash ``h``, in the order
-    asked: a unit's worker's fetch, whose digest its journal entry keeps (``Source.fingerprints_items``)."""
-    def run(r: Record) -> Item:
-        try:
-            item = fetch(r)
-        except Exception as e:  # (the error is the unit's input too: a sample that now fetches must not match)
-            h.update(f"error\0{type(e).__name__}\0{e}\0".encode("utf-8", "surrogateescape"))
-            raise
-        _feed(h, item)
-        return item
-    return run
-
-
-def items_fingerprint(fetch, records) -> str:
-    """The fingerprint ``fingerprinting`` gives of ``records`` fetched by ``fetch`` as they are now (a resume's)."""
-    h = hashlib.sha256()
-    run = fingerprinting(fetch, h)
-    for r in records:
-        try:
-            run(r)
-        except MemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - fed into the hash; the compile reports it if the unit runs again
-            pass
-    return h.hexdigest()
-
-
-def _feed(h, v) -> None:
-    """Feed an item's value into the hash ``h``: its type, and an array's, tensor's or PIL image's dtype (mode),
-    shape and bytes; containers and dataclasses (``Item``, ``Target``) member by member."""
-    if isinstance(v, np.ndarray) and v.dtype != object:
-        h.update(f"a{v.dtype.str}{v.shape}\0".encode())
-        h.update(np.ascontiguousarray(v).reshape(-1).view(np.uint8))
-    elif hasattr(v, "detach") and hasattr(v, "numpy"):  # a torch tensor
-        _feed(h, v.detach().cpu().numpy())
-    elif hasattr(v, "tobytes") and hasattr(v, "mode") and hasattr(v, "getpixel"):  # a PIL image
-        h.update(f"i{v.mode}{v.size}\0".encode())
-        h.update(v.tobytes())
-    elif isinstance(v, bytes):
-        h.update(f"b{len(v)}\0".encode())
-        h.update(v)
-    elif isinstance(v, dict):
-        h.update(f"d{len(v)}\0".encode())
-        for k, x in v.items():
-            _feed(h, k)
-            _feed(h, x)
-    elif isinstance(v, (list, tuple)) or (isinstance(v, np.ndarray)):
-        h.update(f"l{len(v)}\0".encode())
-        for x in v:
-            _feed(h, x)
-    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-        h.update(f"c{type(v).__name__}\0".encode())
-        for f in dataclasses.fields(v):
-            _feed(h, getattr(v, f.name))
-    else:  # numbers, text, None (an object whose repr changes each run only makes a resume compile its unit again)
-        h.update(f"{type(v).__name__}:{v!r}\0".encode("utf-8", "surrogateescape"))
-
-
 MAX_TEXT_BYTES = 1 << 30  # an annotation or list file; anything larger is not one
 
 
@@ -495,10 +434,6 @@ class Source:
     shares_reads: ClassVar[bool] = False  # neighbouring units read the same bytes (a Parquet row group): a worker
     #                                      takes the unit after its last one (pool._Runs), reading them once
     update_free: ClassVar[tuple[str, ...]] = ()  # parameters an --update may change (a table version to read)
-    # its items have no files whose identity says whether they changed since a partial compile (a Python dataset):
-    # each unit's journal entry holds the fingerprint of the items its worker fetched (``fingerprinting``), and a
-    # resume fetches a journaled unit's items again to compare (``items_fingerprint``)
-    fingerprints_items: ClassVar[bool] = False
 
     def __init__(self, **kwargs):
         known = [p.name for p in self.params if p.python]

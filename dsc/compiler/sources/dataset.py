@@ -48,7 +48,6 @@ class DatasetSource(Source):
     name = "dataset"
     cli = False  # a Python object: `dsc.compile(dataset, OUT)`, no CLI command
     local_only = True  # the dataset reaches the workers by fork, never pickled
-    fingerprints_items = True  # nothing but its items says whether they changed: a resume fetches them again
     params = (
         Param("dataset", "The dataset: map-style (len + getitem) or an iterable of (image, target).",
               type="object", required=True),
