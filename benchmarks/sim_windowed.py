@@ -4,7 +4,7 @@ bench_overram.py measures wall rates, which a shared machine's load swings by te
 real ``Windowed.schedule`` (its budget, its walk) over the real orders of that benchmark's dataset (21,400
 samples of 224x224x3, 256 a shard: 84 shards of 38.5 MB; batch 256; quasi_random's window of 8), with a
 simulated disk (one at a time, ``DSC_SIM_READ`` seconds a shard: 0.038, about 1 GB/s) and two filler threads
-(``DSC_SIM_GATHER`` seconds a batch: 0.012), both by sleeping, so the figures hardly depend on the machine's
+(``DSC_SIM_GATHER`` seconds a batch: 0.012), both by sleeping, so the figures depend less on the machine's
 load. The memory figure is the one a Loader sees under bench_overram's 1 GiB cgroup (912 MB). Printed per
 order: the epoch against the disk's pure read time (what a schedule that never leaves the disk idle reaches),
 the disk's busy share, the fillers' waits, the shards fetched (each once) and the most held.

@@ -489,7 +489,7 @@ def test_windowed_schedule_reads_the_next_windows_shards_while_this_one_is_serve
     time.sleep(0.05)
     # window 0's 4 shards, then 2 of window 1's while no batch is gathered yet (before: 4, the window waited)
     assert len(fetched) == s.fetches == 6 and s.peak_bytes <= 600, fetched
-    assert sorted(fetched[:4]) == [0, 1, 2, 3] and set(fetched[4:]) <= {4, 5, 6, 7}
+    assert set(fetched) >= {0, 1, 2, 3} and len(set(fetched) & {4, 5, 6, 7}) == 2  # (workers finish in any order)
     for j in range(len(needs)):
         s.wait(j)
         s.done(j)
