@@ -27,7 +27,7 @@ from common import BENCH_DIR  # noqa: E402
 N = 21_400  # 224x224x3: 3.22 GB, 3x the limit
 LIMIT = 1 << 30  # the cgroup's memory limit
 BATCH = 256
-CG_NAME = "dsc-bench-overram"
+CG_NAME = f"dsc-bench-overram-{os.getpid()}"  # (one per run: two runs at once must not share a limit)
 ROUNDS = int(os.environ.get("DSC_BENCH_ROUNDS", 3))
 MODES = tuple(os.environ.get("DSC_BENCH_MODES", "seqread,loader-sequential,loader-quasi_random,pread8,pread16,"
                                                    "loader-random").split(","))

@@ -199,6 +199,42 @@ class ShardSchedule:
                 later.append(k)
         return later
 
+    def _walk_each(self, j: int) -> list[int] | None:
+        """``_walk`` of a ``hold_to_last`` schedule: batch j's shards taken one at a time, each as soon as it fits
+        the budget (or j is the oldest batch not done), its fetch started at once. quasi_random's first batch of
+        a window needs all of the window's shards: taken together, they waited for room for the whole window,
+        which came only once the last window's batches were all gathered, so the disk sat idle while a window
+        was served and the batches waited while the next was read (issue 34). Taken one at a time, those that
+        fit are read while the last window is served; the rest follow once its batches are done."""
+        for k in self.needs[j].tolist():
+            with self.cond:
+                while True:
+                    if self.stopped:
+                        return None
+                    if k in self.refs:  # held (all its batches counted at once): j waits for it if it is in flight
+                        if k in self.in_flight:
+                            self.in_flight[k].append(j)
+                            self.pending[j] = self.pending.get(j, 0) + 1
+                        fetch = False
+                        break
+                    if k not in self.releasing and (self.bytes_held + int(self.nbytes[k]) <= self.budget or
+                                                    j <= self.oldest):
+                        self._hold(k)
+                        self.in_flight[k] = [j]
+                        self.pending[j] = self.pending.get(j, 0) + 1
+                        fetch = True
+                        break
+                    self.cond.wait(0.5)
+            if fetch:
+                if self._fetch_now is not None and self._fetch_now(k):
+                    self._fetched(k, None)
+                else:
+                    self._start(k)
+        with self.cond:
+            self.walked = j + 1
+            self._advance()
+        return []
+
     def _start(self, key: int) -> None:
         if self.pool is None:
             self._fetched(key, None, run=True)
@@ -212,8 +248,9 @@ class ShardSchedule:
         try:
             for k in deferred:
                 self._start(k)
+            each = self.uses is not None and self.budget is not None
             while self.walked < self.end and not self.stopped:
-                if self._walk(self.walked) is None:
+                if (self._walk_each(self.walked) if each else self._walk(self.walked)) is None:
                     return
         except BaseException as e:  # noqa: BLE001 - handed to the batches that wait
             self._fail(self.walked, e)
