@@ -20,6 +20,8 @@ def rate(threads: int, seconds: float = 1.0, kind: str = "mm") -> float:
     import torch
 
     counts = []
+    start = threading.Barrier(threads)  # every thread's clock starts together, after all have set up (the
+    # stream control's 64 MB operands take long to make: staggered, each thread ran mostly alone)
 
     def work():
         torch.set_num_threads(1)
@@ -31,6 +33,7 @@ def rate(threads: int, seconds: float = 1.0, kind: str = "mm") -> float:
             a, b, out = torch.rand(n), torch.rand(n), torch.empty(n)
             op = lambda: torch.add(a, b, out=out)  # noqa: E731
         op()  # (pages faulted in before the clock starts)
+        start.wait()
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             op()

@@ -39,8 +39,18 @@ def test_no_two_threads_take_one_pool():
     ring = Ring(2, pin=False)
     a, b = ring.take_pool(), ring.take_pool()
     assert a is not b
-    ring.give_pool(a)
+    ring.give_pool(a, keep=2)
     assert ring.take_pool() is a and ring.take_pool() is not b
+
+
+def test_the_ring_keeps_no_more_pools_than_the_loader_has_threads():
+    """A thread finalized late (garbage collection) gives its pool back after the next epoch's threads took
+    theirs: the ring keeps at most one pool per filler thread, not one per thread that ever ran."""
+    ring = Ring(2, pin=False)
+    pools = [ring.take_pool() for _ in range(3)]  # two threads of an epoch and a straggler of the last one
+    for p in pools:
+        ring.give_pool(p, keep=2)
+    assert len(ring.pools) == 2
 
 
 def test_a_slots_first_buffer_of_a_varying_name_takes_the_growths_headroom():
@@ -53,14 +63,17 @@ def test_a_slots_first_buffer_of_a_varying_name_takes_the_growths_headroom():
     a("torchvision_image", (100,), torch.float32)
     b("torchvision_image", (200,), torch.float32)  # the largest so far: exact
     assert ring.slots[1]["torchvision_image"].numel() == 200
+    a("torchvision_image", (160,), torch.float32)  # slot 0 grows: the name's batches vary
     c("torchvision_image", (150,), torch.float32)  # smaller than one another slot met: 1.25 x 200
     assert ring.slots[2]["torchvision_image"].numel() == 250
     made = ring.allocations
     c("torchvision_image", (240,), torch.float32)  # no second buffer for slot 2
     assert ring.allocations == made
-    for s, alloc in enumerate((a, b, c)):
+    for s, alloc in enumerate((a, b)):
         alloc("image", (64,), torch.uint8)  # one size: exact in every slot
         assert ring.slots[s]["image"].numel() == 64
+    c("image", (16,), torch.uint8)  # a smaller last batch of a one-size name: exact too, no headroom
+    assert ring.slots[2]["image"].numel() == 16
 
 
 def test_a_pinned_slots_first_buffer_is_exact():
