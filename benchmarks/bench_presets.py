@@ -152,17 +152,18 @@ def classification_row(ds, name: str) -> dict:
     # (one filler thread, as one worker process is one thread: its rate shows how far two threads scale)
     rates["dsc-1"], ms = dsc_rate(ds, ops, 128, "dict", cpu=True, threads=1)
     cpu["dsc"] = ms / 1e3
-    control = parallel_control.scaling()  # (what two threads can get on this machine now: shared, often < 2)
+    controls = parallel_control.scalings()  # (what two threads can get on this machine now: shared, often < 2;
+    control = controls["mm"]  # compute-bound, memory-bound and in-cache controls)
     load = f"{os.getloadavg()[0]:.2f}"
     print(row(f"{name} (fixed 256 -> 224)", rates["dsc"], "img/s", rates["reference"],
               f"vs the reference ({rates['reference']:,.0f} img/s); CPU {cpu['dsc'] * 1e3:.2f} vs "
               f"{cpu['reference'] * 1e3:.2f} ms/img: {cpu['reference'] / cpu['dsc']:.1f}x; 1 thread "
-              f"{rates['dsc-1']:,.0f} img/s (2 threads x{rates['dsc'] / rates['dsc-1']:.2f}; a parallel control "
-              f"x{control:.2f}); load {load}"))
+              f"{rates['dsc-1']:,.0f} img/s (2 threads x{rates['dsc'] / rates['dsc-1']:.2f}; parallel controls "
+              + ", ".join(f"{k} x{v:.2f}" for k, v in controls.items()) + f"); load {load}"))
     print(row("  same, against dsc's kernels per image", rates["dsc"], "img/s", rates["per-image"],
               f"vs dsc-per-image ({rates['per-image']:,.0f} img/s); CPU {cpu['per-image'] * 1e3:.2f} ms/img: "
               f"{cpu['per-image'] / cpu['dsc']:.1f}x"))
-    return {"rates": rates, "cpu": cpu, "load": float(load), "control": control}
+    return {"rates": rates, "cpu": cpu, "load": float(load), "control": control, "controls": controls}
 
 
 def detection_ops(name: str) -> list:

@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 import torch
 
+from .. import scratch
 from ..errors import DscError
 from .batches import Batch, box_form
 from ..transforms import batch_generator
@@ -84,6 +85,27 @@ class Ring:
         self.taken = 0  # of which because the slot's buffer was still referenced (a batch kept, or a leak)
         self.huge = 0  # of which backed by huge pages (the kernel took the hint)
         self.largest: dict[str, int] = {}  # per buffer name, the most elements any slot was asked for
+        self.grew: set[str] = set()  # the names a slot's buffer has had to grow for (their batches vary)
+        # the dsc.scratch pools (the transforms' work buffers) of filler threads gone: the threads are made
+        # anew each epoch, and a thread's own pool went with it (each epoch's first batches made and faulted
+        # in their work buffers again). A thread takes one as it starts and gives it back as it ends (never
+        # two threads one pool, even where an epoch's threads outlive it, finalized by garbage collection);
+        # kept here, they go with the ring (Loader.close())
+        self.pools: list[dict] = []
+        self._pools_lock = threading.Lock()
+
+    def take_pool(self) -> dict:
+        """A scratch pool a filler thread gone left (or a new one), this thread's alone until :meth:`give_pool`."""
+        with self._pools_lock:
+            return self.pools.pop() if self.pools else {}
+
+    def give_pool(self, pool: dict, keep: int) -> None:
+        """Give back a pool taken; kept only while fewer than ``keep`` (the loader's filler threads) are: a
+        thread finalized late (garbage collection) that gives back after the next epoch's threads took theirs
+        leaves no extra pool for the ring to hold."""
+        with self._pools_lock:
+            if len(self.pools) < keep:
+                self.pools.append(pool)
 
     def _new(self, numel: int, dtype: torch.dtype, hint: bool = True) -> torch.Tensor:
         buf = torch.empty(numel, dtype=dtype, pin_memory=self.pin)
@@ -113,10 +135,17 @@ class Ring:
                 # time: zoom-out canvases' float images, every epoch). Pinned (CUDA), page-locked in full: each
                 # slot past its own largest only, as before
                 grow = buf.numel() if self.pin else max(buf.numel(), largest)
+                self.grew.add(name)
                 buf = slot[name] = self._new(max(numel, int(grow * 1.25)), dtype)
             if buf is None:  # (one made because a batch is kept, as a loop's last batch is at each epoch's
                 # end, asks for no huge pages: their first write may stall on compaction, every epoch)
-                buf = slot[name] = self._new(max(numel, 1), dtype, hint=not kept)
+                # A slot's first buffer of a name whose batches vary (another slot was asked for more) takes the
+                # growth's headroom at once: made exact, it was grown again (a second buffer faulted in) when
+                # its first larger batch came, one slot after another over the first epochs (ragged detection
+                # batches: 2-3 buffers of 14-38 MB made in each of the second and third epochs)
+                first = int(largest * 1.25) if largest > numel and name in self.grew and not self.pin \
+                    and not kept else numel  # (a name whose batches are one size but the last stays exact)
+                buf = slot[name] = self._new(max(numel, first, 1), dtype, hint=not kept)
             return buf[:numel].view(shape)
 
         return alloc
@@ -137,6 +166,7 @@ class _EpochState:
         self.fatal: BaseException | None = None
         self.superseded: str | None = None  # why the consumer's next() must raise instead of ending quietly
         self.threads: list[threading.Thread] = []
+        self.loader_threads = loader.threads_used  # (how many scratch pools the ring keeps between epochs)
         self.batches = batches
         self.prefetch = loader.prefetch
         self.dataset = loader.dataset
@@ -190,6 +220,9 @@ class _EpochState:
 
 
 def _fill(state: _EpochState, k: int) -> None:
+    ring = state.ring  # (shutdown lets go of it)
+    pool = ring.take_pool()
+    scratch.adopt(pool)  # the work buffers an earlier epoch's thread made, this thread's alone
     try:
         _fill_jobs(state, k)
     except BaseException as e:  # anything outside a batch (CUDA stream creation...): stop, tell the consumer
@@ -197,6 +230,9 @@ def _fill(state: _EpochState, k: int) -> None:
             state.fatal = e
             state.stop = True
             state.cond.notify_all()
+    finally:
+        scratch.adopt({})
+        ring.give_pool(pool, keep=max(1, state.loader_threads))
 
 
 def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
