@@ -258,15 +258,17 @@ class RandomPhotometricDistort(PixelOp):
             rows = on.nonzero().view(-1)
             if not len(rows):
                 return
+            f = p[f"f{k}"][rows]
+            if k == 0:  # (lookups on just those samples, in place: no copy of them out and back)
+                C.apply_lut(x, C.brightness(C.value_image(len(rows)), f, 255.0, True), rows.tolist())
+                return
+            if k == 1:  # (the mean sample by sample in cache, then the lookups in place)
+                r = rows.tolist()
+                C.apply_lut(x, C.blend(C.value_image(len(rows)), contrast_mean_u8(x, r), f, 255.0, True), r)
+                return
             every = len(rows) == len(x)
-            sub, f = (x if every else _take_rows(x, rows)), p[f"f{k}"][rows]
-            if k == 0:
-                sub = C.apply_lut(sub, C.brightness(C.value_image(len(rows)), f, 255.0, True))
-            elif k == 1:
-                mean = C.contrast_mean(_to_float(sub), True)
-                sub = C.apply_lut(sub, C.blend(C.value_image(len(rows)), mean, f, 255.0, True))
-            else:
-                sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
+            sub = x if every else _take_rows(x, rows)
+            sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
             if every:
                 if sub is not x:
                     x.copy_(sub)
@@ -568,21 +570,28 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
     kernel = _U8_KERNELS.get(name)
     if kernel is None:
         raise ConfigError(f"unknown auto-augment op {name!r}")
-    if rows is not None:
-        if not kernel.in_rows(x, interpolation):
-            _put_rows(x, rows, kernel(name, _take_rows(x, rows), mag, interpolation, fill, None))
-            return x
-        rows = rows.tolist()
-    return kernel(name, x, mag, interpolation, fill, rows)
+    if x.device.type != "cpu":  # (the kernels are the CPU's; a device runs the float formula, in one place)
+        if rows is None:
+            return _float_u8(name, x, mag, interpolation, fill)
+        _put_rows(x, rows, _float_u8(name, _take_rows(x, rows), mag, interpolation, fill))
+        return x
+    if kernel.in_rows(x, interpolation):  # (asked once: a kernel given a list of rows knows it said yes)
+        return kernel(name, x, mag, interpolation, fill, list(range(len(x))) if rows is None else rows.tolist())
+    if rows is None:
+        return kernel(name, x, mag, interpolation, fill, None)
+    _put_rows(x, rows, kernel(name, _take_rows(x, rows), mag, interpolation, fill, None))
+    return x
 
 
 _U8_KERNELS: dict = {}  # auto-augment op name -> its uint8 kernel (the one place that says what takes rows)
 
 
 def _u8_kernel(*names: str, in_rows=None):
-    """Register ``fn(name, x, mag, interpolation, fill, rows)`` as the uint8 kernel of ``names``. ``in_rows(x,
-    interpolation)``: whether it works on ``rows`` (a list) of ``x`` in place, the other samples untouched
-    (None: never; it is then always given rows=None, on a copy of the samples that drew it)."""
+    """Register ``fn(name, x, mag, interpolation, fill, rows)`` as the CPU uint8 kernel of ``names``.
+    ``in_rows(x, interpolation)``: whether it works on ``rows`` (a list) of ``x`` in place, the other samples
+    untouched (None: never). :func:`apply_named_u8` asks it once: where it says yes the kernel is always given
+    a list (every row when all samples drew the op), else always rows=None (the batch, or a copy of the
+    samples that drew it), so a kernel tells which case it is in from ``rows`` alone."""
     def register(fn):
         fn.in_rows = in_rows or (lambda x, interpolation: False)
         for n in names:
@@ -591,8 +600,8 @@ def _u8_kernel(*names: str, in_rows=None):
     return register
 
 
-def _cpu(x, interpolation) -> bool:
-    return x.device.type == "cpu"
+def _always(x, interpolation) -> bool:
+    return True
 
 
 @_u8_kernel("Identity")
@@ -609,27 +618,54 @@ def _translate_u8(name, x, mag, interpolation, fill, rows):
     return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
 
 
-@_u8_kernel("ShearX", "ShearY", "Rotate", in_rows=lambda x, interpolation: _cpu(x, 0) and interpolation != "nearest")
+@_u8_kernel("ShearX", "ShearY", "Rotate", in_rows=lambda x, interpolation: interpolation != "nearest")
 def _geometric_u8(name, x, mag, interpolation, fill, rows):
-    if x.device.type != "cpu":
-        return _float_u8(name, x, mag, interpolation, fill, rows)
     M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
-    if interpolation == "nearest":
+    if rows is None:  # (nearest: the gather, on the samples that drew it)
         return G.nearest_u8(x, M, fill)
     axis = G.shear_axis(M)
     return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
 
 
-@_u8_kernel(*_LUT_OPS, in_rows=_cpu)
+@_u8_kernel(*_LUT_OPS, in_rows=_always)
 def _lut_u8(name, x, mag, interpolation, fill, rows):
-    N = x.shape[0] if rows is None else len(rows)
-    return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag), rows)
+    return C.apply_lut(x, _LUT_OPS[name](C.value_image(len(rows), device=x.device), mag), rows)
 
 
-@_u8_kernel("Contrast")
+@_u8_kernel("Contrast", in_rows=_always)
 def _contrast_u8(name, x, mag, interpolation, fill, rows):
-    mean = C.contrast_mean(_to_float(x), True)
-    return C.apply_lut(x, C.blend(C.value_image(len(x), device=x.device), mean, 1.0 + mag, 255.0, True))
+    mean = contrast_mean_u8(x, rows)
+    return C.apply_lut(x, C.blend(C.value_image(len(rows), device=x.device), mean, 1.0 + mag, 255.0, True), rows)
+
+
+def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
+    """(len(rows), 1, 1, 1): :func:`color.contrast_mean` of samples ``rows`` of CPU uint8 (N, H, W, C), its very
+    float32 operations (the grey's product, floor and mean of one sample as of a batch of one), sample by
+    sample in this thread's scratch: a sample's float copy and grey stay in cache, where a float copy of all
+    the samples (a batch's, 12 MB a 32 of 224 px) went through memory twice, then was freed."""
+    _, H, W, Cn = x.shape
+    xf = scratch("float", (1, H, W, Cn), torch.float32, x.device)
+    grey = scratch("contrast:grey", (1, 1, H, W), torch.float32, x.device)
+    out = torch.empty((len(rows), 1, 1, 1), dtype=torch.float32)
+    weights = _gray_weights() if Cn == 3 else None
+    for i, b in enumerate(rows):
+        if Cn not in (1, 3):  # (2 or 4 channels: the mean of them all, as the float formula)
+            out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
+            continue
+        xf.copy_(x[b])
+        if Cn == 3:  # (color.grayscale's product for channels-last float pixels)
+            torch.matmul(xf, weights, out=grey.view(1, H, W))
+        else:
+            grey.copy_(xf.view(1, 1, H, W))
+        torch.mean(grey.floor_(), dim=(1, 2, 3), keepdim=True, out=out[i:i + 1])
+    return out
+
+
+def _gray_weights() -> torch.Tensor:
+    w = _gray_weights.__dict__.get("w")
+    if w is None:
+        w = _gray_weights.w = torch.tensor(C.GRAY, dtype=torch.float32)
+    return w
 
 
 @_u8_kernel("Posterize")
@@ -644,12 +680,12 @@ def _invert_u8(name, x, mag, interpolation, fill, rows):
 
 
 def _pil_histograms(x, interpolation) -> bool:
-    return x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous()
+    return x.shape[3] in _PIL_MODES and x.is_contiguous()
 
 
 @_u8_kernel("Equalize", "AutoContrast", in_rows=_pil_histograms)
 def _histogram_u8(name, x, mag, interpolation, fill, rows):
-    if _pil_histograms(x, interpolation):
+    if rows is not None:  # (its in_rows said yes: PIL's histograms and lookups)
         return _by_histograms(x, C.equalize_lut if name == "Equalize" else _autocontrast_tables, rows)
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
@@ -659,7 +695,7 @@ def _histogram_u8(name, x, mag, interpolation, fill, rows):
     return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
 
 
-@_u8_kernel("Sharpness", "Color", in_rows=_cpu)
+@_u8_kernel("Sharpness", "Color", in_rows=_always)
 def _enhance_u8(name, x, mag, interpolation, fill, rows):
     fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8  # sample by sample: each one's float copy
     for i, b in enumerate(range(len(x)) if rows is None else rows):  # stays in cache (3x faster)
@@ -667,8 +703,8 @@ def _enhance_u8(name, x, mag, interpolation, fill, rows):
     return x
 
 
-def _float_u8(name, x, mag, interpolation, fill, rows):
-    """The float formula on a float copy (a device's geometric ops)."""
+def _float_u8(name, x, mag, interpolation, fill):
+    """The float formula on a float copy (every op on a device: the uint8 kernels are the CPU's)."""
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
 
 
