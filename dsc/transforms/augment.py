@@ -647,7 +647,7 @@ def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
     xf = scratch("float", (1, H, W, Cn), torch.float32, x.device)
     grey = scratch("contrast:grey", (1, 1, H, W), torch.float32, x.device)
     out = torch.empty((len(rows), 1, 1, 1), dtype=torch.float32)
-    weights = _gray_weights() if Cn == 3 else None
+    weights = C._gray_weights() if Cn == 3 else None
     for i, b in enumerate(rows):
         if Cn not in (1, 3):  # (2 or 4 channels: the mean of them all, as the float formula)
             out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
@@ -659,13 +659,6 @@ def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
             grey.copy_(xf.view(1, 1, H, W))
         torch.mean(grey.floor_(), dim=(1, 2, 3), keepdim=True, out=out[i:i + 1])
     return out
-
-
-def _gray_weights() -> torch.Tensor:
-    w = _gray_weights.__dict__.get("w")
-    if w is None:
-        w = _gray_weights.w = torch.tensor(C.GRAY, dtype=torch.float32)
-    return w
 
 
 @_u8_kernel("Posterize")

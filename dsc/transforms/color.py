@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..scratch import scratch_tensor
+
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
@@ -257,7 +259,10 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
     reads the pixels into int16 before it writes any (a hue alone never goes through float)."""
     sat, hue_on = p[:, 0] > 0, p[:, 2] > 0
     y = x
-    if bool(sat.any()):
+    if len(x) == 1 and x.device.type == "cpu":  # (the CPU's pieces: one sample's rows)
+        if bool(sat[0]):
+            y = _saturation_piece_cpu(x, p[:, 1])
+    elif bool(sat.any()):
         y = x.to(torch.float32)
         rows = sat.nonzero().view(-1)
         every = len(rows) == len(x)
@@ -281,6 +286,35 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
         return
     if y is not out:
         out.copy_(y)
+
+
+def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """:func:`saturation` of one CPU piece (1, 3, h, w) of whole values, its very float32 operations (the grey's
+    product, its floor, the two products of the blend and their sum, clamped and floored), in this thread's
+    scratch: returns a (1, 3, h, w) view of a float (h, w, 3) buffer, valid until the next piece. The float
+    formula on such a copy made two fresh tensors a piece (its a r and grey (1 - r)) and added the grey to the
+    channels by a broadcast over the innermost axis of 3 (a slow inner loop); here the products are in place
+    and the grey is added channel by channel."""
+    _, _, h, w = x.shape
+    yf = scratch_tensor("saturation:float", (h, w, 3), torch.float32)
+    yf.copy_(x[0].permute(1, 2, 0))
+    grey = scratch_tensor("saturation:grey", (h, w), torch.float32)
+    torch.matmul(yf, _gray_weights(), out=grey)  # (grayscale's product for channels-last float pixels)
+    r = torch.as_tensor(factor, dtype=torch.float32).reshape(-1)[:1]
+    yf.mul_(float(r))  # (a float32 scalar: the products are blend's r * a and (1 - r) * grey, each rounded)
+    grey.floor_().mul_(float(1.0 - r))
+    for k in range(3):
+        yf[..., k] += grey
+    yf.clamp_(0, 255).floor_()
+    return yf.permute(2, 0, 1).unsqueeze(0)
+
+
+def _gray_weights() -> torch.Tensor:
+    """:data:`GRAY` as a float32 (3,) tensor (made once)."""
+    w = _gray_weights.__dict__.get("w")
+    if w is None:
+        w = _gray_weights.w = torch.tensor(GRAY, dtype=torch.float32)
+    return w
 
 
 def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> torch.Tensor:
