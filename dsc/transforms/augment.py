@@ -757,7 +757,9 @@ def _by_histograms(x: torch.Tensor, tables_of, rows=None) -> torch.Tensor:
     Cn = x.shape[3]
     rows = range(len(x)) if rows is None else rows
     a = x.numpy()
-    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
+    ims = [C.pil_core(a[b]) for b in rows]  # (core images: no Image objects, a few C calls a sample)
+    if None in ims:
+        ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
     if not ims:
         return x
     # (each histogram's list of ints through numpy: torch.tensor of the nested lists took 0.09 ms an image

@@ -466,16 +466,86 @@ def pil_lut(a: np.ndarray, tables: np.ndarray, im: "Image.Image | None" = None) 
     pasted straight back into that memory (no copy out through ``tobytes``: about 1.5x numpy's take, and
     the bytes never pass through a Python ``bytes``). A table per channel (RGB): PIL's RGB point (the three
     lookups in one pass over the interleaved pixels; numpy's take on each strided channel is about twice
-    slower), copied back. ``im``: the sample's PIL image already made (per-channel tables)."""
+    slower), copied back. ``im``: the sample's PIL image (or core image, :func:`pil_core`) already made
+    (per-channel tables)."""
     H, W, Cn = a.shape
     if tables.shape[0] == 1:
+        core = _map_l(a, W * Cn, H)
+        if core is not None:  # (three C calls, no Image objects: each Image made and wrapped was about 25 Python
+            # calls a sample, every one holding the GIL the Loader's other thread waits for)
+            core.paste(core.point(tables[0].tolist(), None), (0, 0, W * Cn, H))
+            return
         im = Image.frombuffer("L", (W * Cn, H), a, "raw", "L", 0, 1)
         out = pil_point(im, tables[0].tolist())
         if not _paste_back(im, out):
             np.copyto(a, np.asarray(out).reshape(H, W, Cn))
         return
+    core = im if im is not None and not isinstance(im, Image.Image) else None
+    if core is None and im is None:
+        core = pil_core(a)
+    if core is not None:  # (the RGB point, its bytes straight back by the raw encoder: no Image objects)
+        _rgb_back(core.point(tables.reshape(-1).tolist(), None), a)
+        return
     out = pil_point(im if im is not None else Image.fromarray(a, "RGB"), tables.reshape(-1).tolist())
     np.copyto(a, np.asarray(out))
+
+
+def pil_core(a: np.ndarray):
+    """PIL's core image of a C-contiguous uint8 (H, W, 1 or 3) sample without an ``Image`` around it (each
+    ``Image.fromarray`` was about 30 Python calls, every one holding the GIL): one channel mapped over the
+    sample's memory (:func:`_map_l`), three decoded into an RGB core by the raw decoder (one C call: PIL keeps
+    RGB 4 bytes a pixel, so it cannot map them). None where this Pillow lacks these calls: the caller takes
+    ``Image.fromarray``."""
+    H, W, Cn = a.shape
+    if Cn == 1:
+        return _map_l(a, W, H)
+    new = getattr(Image.core, "new", None) if _CORE_CALLS and Cn == 3 else None
+    decoder = getattr(Image.core, "raw_decoder", None)
+    if new is None or decoder is None:
+        return None
+    try:
+        core = new("RGB", (W, H))
+        d = decoder("RGB", "RGB", 0, 1)
+        d.setimage(core, (0, 0, W, H))
+        done = d.decode(a)[0] < 0
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return core if done and hasattr(core, "point") and hasattr(core, "histogram") else None
+
+
+def _rgb_back(core, a: np.ndarray) -> None:
+    """An RGB core image's pixels into the C-contiguous uint8 (H, W, 3) ``a``: the raw encoder's bytes in one
+    call (``Image.tobytes`` ran it in 64 KiB blocks from a Python loop and joined them), one copy in."""
+    H, W, _ = a.shape
+    e = Image.core.raw_encoder("RGB", "RGB", 0, 1)
+    e.setimage(core, (0, 0, W, H))
+    parts = []
+    while True:
+        _, err, data = e.encode(H * W * 3 + 64)
+        parts.append(data)
+        if err:
+            break
+    if err < 0:
+        raise RuntimeError(f"PIL's raw encoder failed ({err})")
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    np.copyto(a.reshape(-1), np.frombuffer(data, np.uint8, count=a.size))
+
+
+def _map_l(a: np.ndarray, width: int, height: int):
+    """PIL's core image over a C-contiguous uint8 array's own memory as an "L" image of (width, height) (what
+    ``Image.frombuffer("L", ...)`` wraps, without the wrapping), where this Pillow's core has ``map_buffer``
+    and its images ``point`` and ``paste``; else None (the caller takes Pillow's public calls)."""
+    map_buffer = getattr(Image.core, "map_buffer", None) if _CORE_CALLS else None
+    if map_buffer is None:
+        return None
+    try:
+        core = map_buffer(a, (width, height), "raw", 0, ("L", 0, 1))
+    except (TypeError, ValueError):
+        return None
+    return core if hasattr(core, "point") and hasattr(core, "paste") else None
+
+
+_CORE_CALLS = True  # use PIL's core image calls where this Pillow has them (tests turn it off)
 
 
 def _paste_back(im: "Image.Image", out: "Image.Image") -> bool:
