@@ -464,9 +464,10 @@ def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypat
     from dsc.transforms import color as C
 
     copies = []
-    real, real_sat = A._to_float, C.saturation
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))  # (the contrast's mean)
-    monkeypatch.setattr(C, "saturation", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))  # (its float copy)
+    real, real_sat = A.contrast_mean_u8, C._saturation_piece_cpu
+    # (the contrast's mean: each sample's float copy in scratch; saturation + hue: the piece's, in scratch)
+    monkeypatch.setattr(A, "contrast_mean_u8", lambda x, rows: copies.append(len(rows)) or real(x, rows))
+    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))
     for seed in range(3):
         copies.clear()
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]

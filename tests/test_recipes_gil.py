@@ -38,11 +38,14 @@ def _per_sample_calls(name: str, m: float, channels: int = 3) -> float:
 
 
 def test_lookups_and_histograms_take_a_few_python_calls_a_sample():
-    """One-table lookups (brightness, solarize, contrast) through PIL's core calls over the sample's memory, and
-    Equalize / AutoContrast from core images (the RGB raw decoder in, the encoder back): main made and
-    wrapped PIL ``Image`` objects a sample (79 Python calls a sample for a lookup, 146 for Equalize)."""
+    """One-table lookups (brightness, solarize, contrast) through PIL's core calls over the sample's memory,
+    Equalize / AutoContrast from core images (the RGB raw decoder in, the encoder back), Color and Sharpness in
+    buffers taken once a batch with float factors made at once: main made and wrapped PIL ``Image`` objects a
+    sample (79 Python calls a sample for a lookup, 146 for Equalize) and took its scratch and factor tensors
+    sample by sample (Color 30, Sharpness 56)."""
     for name, m, most in (("Brightness", 0.3, 16), ("Solarize", 0.4, 16), ("Contrast", -0.4, 24),
-                          ("Equalize", 0.0, 36), ("AutoContrast", 0.0, 36)):
+                          ("Equalize", 0.0, 36), ("AutoContrast", 0.0, 36), ("Color", 0.3, 18),
+                          ("Sharpness", 0.3, 18)):
         got = _per_sample_calls(name, m)
         assert got <= most, (name, got)
     assert _per_sample_calls("Equalize", 0.0, channels=1) <= 24

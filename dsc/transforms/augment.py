@@ -690,9 +690,27 @@ def _histogram_u8(name, x, mag, interpolation, fill, rows):
 
 @_u8_kernel("Sharpness", "Color", in_rows=_always)
 def _enhance_u8(name, x, mag, interpolation, fill, rows):
-    fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8  # sample by sample: each one's float copy
-    for i, b in enumerate(range(len(x)) if rows is None else rows):  # stays in cache (3x faster)
-        fn(x[b:b + 1], 1.0 + mag[i:i + 1])
+    """Sample by sample (each one's float copy stays in cache: 3x faster than the batch's), in buffers taken
+    once for all the samples (this thread's scratch) and each sample's blend factors as float32 numbers made
+    at once: a few torch calls a sample, each one's Python overhead time the GIL is held."""
+    _, H, W, Cn = x.shape
+    r = torch.as_tensor(1.0 + mag, dtype=torch.float32)  # (color._f's float32 factor, and its 1 - r in float32)
+    factors, others = r.tolist(), (1.0 - r).tolist()
+    if name == "Sharpness":
+        if H <= 2 or W <= 2:
+            return x
+        bufs = (scratch("float", (H, W, Cn), torch.float32, x.device),
+                scratch("sharpness:rows", (H, W - 2, Cn), torch.float32, x.device),
+                scratch("sharpness:box", (H - 2, W - 2, Cn), torch.float32, x.device))
+        for i, b in enumerate(rows):
+            _sharpness_sample(x[b], others[i], *bufs)
+        return x
+    if Cn == 1:
+        return x
+    bufs = (scratch("float", (H, W, Cn), torch.float32, x.device), scratch("saturation:grey", (H, W), torch.float32,
+                                                                           x.device))
+    for i, b in enumerate(rows):
+        _saturation_sample(x[b], factors[i], others[i], *bufs)
     return x
 
 
@@ -701,49 +719,35 @@ def _float_u8(name, x, mag, interpolation, fill):
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
 
 
-def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
-    """:func:`color.sharpness` on uint8 (N, H, W, C), in place, its very float32 operations on a float copy in
-    the batch's own (N, H, W, C) layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend
-    of the interior; the border rows and columns kept. (Vectorised float division, where an int16 floor
-    division is a scalar loop.)"""
-    N, H, W, Cn = x.shape
-    if H <= 2 or W <= 2:
-        return x
-    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+def _sharpness_sample(x: torch.Tensor, other: float, xf, p, box) -> None:
+    """:func:`color.sharpness` on one uint8 (H, W, C) sample, in place, its very float32 operations on a float
+    copy in the sample's own layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend of
+    the interior at ``other`` = 1 - factor (a float32 value); the border rows and columns kept. ``xf``, ``p``,
+    ``box``: (H, W, C), (H, W - 2, C), (H - 2, W - 2, C) float32 buffers. (Vectorised float division, where
+    an int16 floor division is a scalar loop.)"""
     xf.copy_(x)
-    p = torch.add(xf[:, :, :-2], xf[:, :, 1:-1], out=scratch("sharpness:rows", (N, H, W - 2, Cn), torch.float32,
-                                                             x.device))
-    p += xf[:, :, 2:]
-    box = torch.add(p[:, :-2], p[:, 1:-1], out=scratch("sharpness:box", (N, H - 2, W - 2, Cn), torch.float32,
-                                                      x.device))
-    box += p[:, 2:]
-    view = xf[:, 1:-1, 1:-1]
+    torch.add(xf[:, :-2], xf[:, 1:-1], out=p)
+    p += xf[:, 2:]
+    torch.add(p[:-2], p[1:-1], out=box)
+    box += p[2:]
+    view = xf[1:-1, 1:-1]
     deg = box.add_(view, alpha=4.0).div_(13.0).round_()
-    view.add_(deg.sub_(view).mul_(1.0 - C._f(factor, view)))
-    x[:, 1:-1, 1:-1] = view.clamp_(0, 255)
-    return x
+    view.add_(deg.sub_(view).mul_(other))
+    x[1:-1, 1:-1] = view.clamp_(0, 255)
 
 
-def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
-    """:func:`color.saturation` on uint8 (N, H, W, C), in place, its very float32 operations: the floored grey
-    from the channels, then the blend channel by channel (adding the grey (N, H, W) to one channel at a time,
-    where broadcasting it over the last axis of 3 is a slow inner loop)."""
-    if x.shape[3] == 1:
-        return x
-    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+def _saturation_sample(x: torch.Tensor, factor: float, other: float, xf, grey) -> None:
+    """:func:`color.saturation` on one uint8 (H, W, 3) sample, in place, its very float32 operations: the grey
+    (``color.grayscale``'s product for channels-last float pixels, into ``grey`` (H, W)), floored, times
+    ``other`` = 1 - factor, the pixels times ``factor`` (float32 values), the grey added channel by channel
+    (broadcasting it over the last axis of 3 is a slow inner loop); ``xf``: an (H, W, 3) float32 buffer."""
     xf.copy_(x)
-    r = C._f(factor, xf)
-    grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
-    xf.mul_(r)
-    for c in range(x.shape[3]):
+    torch.matmul(xf, C._gray_weights(), out=grey)
+    grey.floor_().mul_(other)
+    xf.mul_(factor)
+    for c in range(x.shape[2]):
         xf[..., c] += grey
     x.copy_(xf.clamp_(0, 255))
-    return x
-
-
-def _grey_u8(xf: torch.Tensor) -> torch.Tensor:
-    """(N, H, W) the floored grey of float (N, H, W, 3) whole values: :func:`color.grayscale`'s operations."""
-    return (xf[..., 0] * C.GRAY[0] + xf[..., 1] * C.GRAY[1] + xf[..., 2] * C.GRAY[2]).floor_()
 
 
 _PIL_MODES = {1: "L", 3: "RGB"}
