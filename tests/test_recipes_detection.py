@@ -548,8 +548,8 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     sizes = torch.tensor([[45, 61]]).expand(2, 2)
     op = A.RandomPhotometricDistort(p=1.0)
     log, pieces = ([], []), []
-    real, real_hue, real_hsv = C.saturation, C._hue_piece, C._hsv_jitter_piece
-    monkeypatch.setattr(C, "saturation", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
+    real, real_hue, real_hsv = C._saturation_piece_cpu, C._hue_piece, C._hsv_jitter_piece
+    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
     monkeypatch.setattr(C, "_hue_piece", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
     monkeypatch.setattr(C, "_hsv_jitter_piece", lambda v, *a: pieces.append(v) or real_hsv(v, *a))
     for sat, hue in ((True, False), (False, True), (True, True)):
