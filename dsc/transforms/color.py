@@ -306,7 +306,7 @@ def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor
     for k in range(3):
         yf[..., k] += grey
     yf.clamp_(0, 255).floor_()
-    return yf.permute(2, 0, 1).unsqueeze(0)
+    return _piece(yf.permute(2, 0, 1))  # (a dense stride of its own in front, as every piece)
 
 
 def _gray_weights() -> torch.Tensor:
