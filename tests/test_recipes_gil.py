@@ -54,8 +54,11 @@ def test_lookups_and_histograms_take_a_few_python_calls_a_sample():
 def test_core_calls_give_the_image_paths_pixels(monkeypatch):
     """The PIL core path and the ``Image`` path it replaced (still there where a Pillow lacks the core calls)
     give the same pixels: lookups and histogram ops, one and three channels."""
+    called = []
+    real_map = C._map_l
+    monkeypatch.setattr(C, "_map_l", lambda *a: called.append(a[1:]) or real_map(*a))
     for cn in (1, 3):
-        img = batch(4, 130, 140)[..., :cn].contiguous()
+        img = batch(4, 260, 260)[..., :cn].contiguous()  # (>= 64 KiB a sample: the lookups take the core path)
         img[0] = 9  # (a flat sample)
         for name, m in (("Brightness", 0.3), ("Contrast", -0.4), ("Equalize", 0.0), ("AutoContrast", 0.0)):
             mag = torch.full((4,), m, dtype=torch.float64)
@@ -65,6 +68,30 @@ def test_core_calls_give_the_image_paths_pixels(monkeypatch):
                 ref = A.apply_named_u8(name, img.clone(), mag)
             assert torch.equal(got, ref), (name, cn)
             assert torch.equal(got, A._to_u8(A.apply_named(name, A._to_float(img), mag, 255.0, True))), (name, cn)
+    assert called, "the core lookup never ran"
+
+
+def test_color_on_rgba_and_contrast_at_two_torch_threads_are_the_float_formulas():
+    """Color's grey on 4 channels is that of channels 0-2 (the matmul takes 3); Contrast's per-sample mean is
+    summed on one thread whatever the caller's torch thread count (num_threads=0 loaders run in the caller's)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2, 20, 21, 4), generator=g, dtype=torch.uint8)
+    m = torch.tensor([0.3, -0.5], dtype=torch.float64)
+    assert torch.equal(A.apply_named_u8("Color", x.clone(), m),
+                       A._to_u8(A.apply_named("Color", A._to_float(x), m, 255.0, True)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randint(0, 256, (3, 300, 320, 3), generator=g, dtype=torch.uint8)
+        mag = torch.full((3,), 0.28927720543522306 - 1.0, dtype=torch.float64)
+        means = A.contrast_mean_u8(x, range(3))
+        torch.set_num_threads(1)
+        assert torch.equal(means, C.contrast_mean(A._to_float(x), True))
+        torch.set_num_threads(2)
+        assert torch.equal(A.apply_named_u8("Contrast", x.clone(), mag),
+                           A._to_u8(A.apply_named("Contrast", A._to_float(x), mag, 255.0, True)))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_contrast_mean_makes_no_float_copy_of_the_samples(monkeypatch):

@@ -648,6 +648,17 @@ def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
     grey = scratch("contrast:grey", (1, 1, H, W), torch.float32, x.device)
     out = torch.empty((len(rows), 1, 1, 1), dtype=torch.float32)
     weights = C._gray_weights() if Cn == 3 else None
+    threads = torch.get_num_threads()  # one sample's mean is a single-output reduction, which torch splits
+    torch.set_num_threads(1)  # across its threads past 32,768 values (another float32 summation order, the
+    try:  # mean's last bits, now and then a lookup entry): summed on one thread, whatever the caller's count
+        _contrast_means(x, rows, xf, grey, out, weights)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _contrast_means(x, rows, xf, grey, out, weights) -> None:
+    _, H, W, Cn = x.shape
     for i, b in enumerate(rows):
         if Cn not in (1, 3):  # (2 or 4 channels: the mean of them all, as the float formula)
             out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
@@ -658,7 +669,6 @@ def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
         else:
             grey.copy_(xf.view(1, 1, H, W))
         torch.mean(grey.floor_(), dim=(1, 2, 3), keepdim=True, out=out[i:i + 1])
-    return out
 
 
 @_u8_kernel("Posterize")
@@ -742,7 +752,10 @@ def _saturation_sample(x: torch.Tensor, factor: float, other: float, xf, grey) -
     ``other`` = 1 - factor, the pixels times ``factor`` (float32 values), the grey added channel by channel
     (broadcasting it over the last axis of 3 is a slow inner loop); ``xf``: an (H, W, 3) float32 buffer."""
     xf.copy_(x)
-    torch.matmul(xf, C._gray_weights(), out=grey)
+    if x.shape[2] == 3:
+        torch.matmul(xf, C._gray_weights(), out=grey)
+    else:  # (RGBA: the grey of channels 0-2, as color.grayscale's elementwise product; the matmul takes 3)
+        torch.add(torch.add(xf[..., 0] * C.GRAY[0], xf[..., 1] * C.GRAY[1]), xf[..., 2] * C.GRAY[2], out=grey)
     grey.floor_().mul_(other)
     xf.mul_(factor)
     for c in range(x.shape[2]):
