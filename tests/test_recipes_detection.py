@@ -464,9 +464,10 @@ def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypat
     from dsc.transforms import color as C
 
     copies = []
-    real, real_sat = A._to_float, C.saturation
-    monkeypatch.setattr(A, "_to_float", lambda x: copies.append(len(x)) or real(x))  # (the contrast's mean)
-    monkeypatch.setattr(C, "saturation", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))  # (its float copy)
+    real, real_sat = A.contrast_mean_u8, C._saturation_piece_cpu
+    # (the contrast's mean: each sample's float copy in scratch; saturation + hue: the piece's, in scratch)
+    monkeypatch.setattr(A, "contrast_mean_u8", lambda x, rows: copies.append(len(rows)) or real(x, rows))
+    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))
     for seed in range(3):
         copies.clear()
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
@@ -547,8 +548,8 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     sizes = torch.tensor([[45, 61]]).expand(2, 2)
     op = A.RandomPhotometricDistort(p=1.0)
     log, pieces = ([], []), []
-    real, real_hue, real_hsv = C.saturation, C._hue_piece, C._hsv_jitter_piece
-    monkeypatch.setattr(C, "saturation", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
+    real, real_hue, real_hsv = C._saturation_piece_cpu, C._hue_piece, C._hsv_jitter_piece
+    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
     monkeypatch.setattr(C, "_hue_piece", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
     monkeypatch.setattr(C, "_hsv_jitter_piece", lambda v, *a: pieces.append(v) or real_hsv(v, *a))
     for sat, hue in ((True, False), (False, True), (True, True)):

@@ -258,15 +258,17 @@ class RandomPhotometricDistort(PixelOp):
             rows = on.nonzero().view(-1)
             if not len(rows):
                 return
+            f = p[f"f{k}"][rows]
+            if k == 0:  # (lookups on just those samples, in place: no copy of them out and back)
+                C.apply_lut(x, C.brightness(C.value_image(len(rows)), f, 255.0, True), rows.tolist())
+                return
+            if k == 1:  # (the mean sample by sample in cache, then the lookups in place)
+                r = rows.tolist()
+                C.apply_lut(x, C.blend(C.value_image(len(rows)), contrast_mean_u8(x, r), f, 255.0, True), r)
+                return
             every = len(rows) == len(x)
-            sub, f = (x if every else _take_rows(x, rows)), p[f"f{k}"][rows]
-            if k == 0:
-                sub = C.apply_lut(sub, C.brightness(C.value_image(len(rows)), f, 255.0, True))
-            elif k == 1:
-                mean = C.contrast_mean(_to_float(sub), True)
-                sub = C.apply_lut(sub, C.blend(C.value_image(len(rows)), mean, f, 255.0, True))
-            else:
-                sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
+            sub = x if every else _take_rows(x, rows)
+            sub = _to_u8((C.saturation if k == 2 else C.hue)(_to_float(sub), f, 255.0, True))
             if every:
                 if sub is not x:
                     x.copy_(sub)
@@ -568,21 +570,28 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
     kernel = _U8_KERNELS.get(name)
     if kernel is None:
         raise ConfigError(f"unknown auto-augment op {name!r}")
-    if rows is not None:
-        if not kernel.in_rows(x, interpolation):
-            _put_rows(x, rows, kernel(name, _take_rows(x, rows), mag, interpolation, fill, None))
-            return x
-        rows = rows.tolist()
-    return kernel(name, x, mag, interpolation, fill, rows)
+    if x.device.type != "cpu":  # (the kernels are the CPU's; a device runs the float formula, in one place)
+        if rows is None:
+            return _float_u8(name, x, mag, interpolation, fill)
+        _put_rows(x, rows, _float_u8(name, _take_rows(x, rows), mag, interpolation, fill))
+        return x
+    if kernel.in_rows(x, interpolation):  # (asked once: a kernel given a list of rows knows it said yes)
+        return kernel(name, x, mag, interpolation, fill, list(range(len(x))) if rows is None else rows.tolist())
+    if rows is None:
+        return kernel(name, x, mag, interpolation, fill, None)
+    _put_rows(x, rows, kernel(name, _take_rows(x, rows), mag, interpolation, fill, None))
+    return x
 
 
 _U8_KERNELS: dict = {}  # auto-augment op name -> its uint8 kernel (the one place that says what takes rows)
 
 
 def _u8_kernel(*names: str, in_rows=None):
-    """Register ``fn(name, x, mag, interpolation, fill, rows)`` as the uint8 kernel of ``names``. ``in_rows(x,
-    interpolation)``: whether it works on ``rows`` (a list) of ``x`` in place, the other samples untouched
-    (None: never; it is then always given rows=None, on a copy of the samples that drew it)."""
+    """Register ``fn(name, x, mag, interpolation, fill, rows)`` as the CPU uint8 kernel of ``names``.
+    ``in_rows(x, interpolation)``: whether it works on ``rows`` (a list) of ``x`` in place, the other samples
+    untouched (None: never). :func:`apply_named_u8` asks it once: where it says yes the kernel is always given
+    a list (every row when all samples drew the op), else always rows=None (the batch, or a copy of the
+    samples that drew it), so a kernel tells which case it is in from ``rows`` alone."""
     def register(fn):
         fn.in_rows = in_rows or (lambda x, interpolation: False)
         for n in names:
@@ -591,8 +600,8 @@ def _u8_kernel(*names: str, in_rows=None):
     return register
 
 
-def _cpu(x, interpolation) -> bool:
-    return x.device.type == "cpu"
+def _always(x, interpolation) -> bool:
+    return True
 
 
 @_u8_kernel("Identity")
@@ -609,27 +618,57 @@ def _translate_u8(name, x, mag, interpolation, fill, rows):
     return C.shift_u8(x, t if name == "TranslateX" else zero, zero if name == "TranslateX" else t, f)
 
 
-@_u8_kernel("ShearX", "ShearY", "Rotate", in_rows=lambda x, interpolation: _cpu(x, 0) and interpolation != "nearest")
+@_u8_kernel("ShearX", "ShearY", "Rotate", in_rows=lambda x, interpolation: interpolation != "nearest")
 def _geometric_u8(name, x, mag, interpolation, fill, rows):
-    if x.device.type != "cpu":
-        return _float_u8(name, x, mag, interpolation, fill, rows)
     M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
-    if interpolation == "nearest":
+    if rows is None:  # (nearest: the gather, on the samples that drew it)
         return G.nearest_u8(x, M, fill)
     axis = G.shear_axis(M)
     return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
 
 
-@_u8_kernel(*_LUT_OPS, in_rows=_cpu)
+@_u8_kernel(*_LUT_OPS, in_rows=_always)
 def _lut_u8(name, x, mag, interpolation, fill, rows):
-    N = x.shape[0] if rows is None else len(rows)
-    return C.apply_lut(x, _LUT_OPS[name](C.value_image(N, device=x.device), mag), rows)
+    return C.apply_lut(x, _LUT_OPS[name](C.value_image(len(rows), device=x.device), mag), rows)
 
 
-@_u8_kernel("Contrast")
+@_u8_kernel("Contrast", in_rows=_always)
 def _contrast_u8(name, x, mag, interpolation, fill, rows):
-    mean = C.contrast_mean(_to_float(x), True)
-    return C.apply_lut(x, C.blend(C.value_image(len(x), device=x.device), mean, 1.0 + mag, 255.0, True))
+    mean = contrast_mean_u8(x, rows)
+    return C.apply_lut(x, C.blend(C.value_image(len(rows), device=x.device), mean, 1.0 + mag, 255.0, True), rows)
+
+
+def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
+    """(len(rows), 1, 1, 1): :func:`color.contrast_mean` of samples ``rows`` of CPU uint8 (N, H, W, C), its very
+    float32 operations (the grey's product, floor and mean of one sample as of a batch of one), sample by
+    sample in this thread's scratch: a sample's float copy and grey stay in cache, where a float copy of all
+    the samples (a batch's, 12 MB a 32 of 224 px) went through memory twice, then was freed."""
+    _, H, W, Cn = x.shape
+    xf = scratch("float", (1, H, W, Cn), torch.float32, x.device)
+    grey = scratch("contrast:grey", (1, 1, H, W), torch.float32, x.device)
+    out = torch.empty((len(rows), 1, 1, 1), dtype=torch.float32)
+    weights = C._gray_weights() if Cn == 3 else None
+    threads = torch.get_num_threads()  # one sample's mean is a single-output reduction, which torch splits
+    torch.set_num_threads(1)  # across its threads past 32,768 values (another float32 summation order, the
+    try:  # mean's last bits, now and then a lookup entry): summed on one thread, whatever the caller's count
+        _contrast_means(x, rows, xf, grey, out, weights)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _contrast_means(x, rows, xf, grey, out, weights) -> None:
+    _, H, W, Cn = x.shape
+    for i, b in enumerate(rows):
+        if Cn not in (1, 3):  # (2 or 4 channels: the mean of them all, as the float formula)
+            out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
+            continue
+        xf.copy_(x[b])
+        if Cn == 3:  # (color.grayscale's product for channels-last float pixels)
+            torch.matmul(xf, weights, out=grey.view(1, H, W))
+        else:
+            grey.copy_(xf.view(1, 1, H, W))
+        torch.mean(grey.floor_(), dim=(1, 2, 3), keepdim=True, out=out[i:i + 1])
 
 
 @_u8_kernel("Posterize")
@@ -644,12 +683,12 @@ def _invert_u8(name, x, mag, interpolation, fill, rows):
 
 
 def _pil_histograms(x, interpolation) -> bool:
-    return x.shape[3] in _PIL_MODES and x.device.type == "cpu" and x.is_contiguous()
+    return x.shape[3] in _PIL_MODES and x.is_contiguous()
 
 
 @_u8_kernel("Equalize", "AutoContrast", in_rows=_pil_histograms)
 def _histogram_u8(name, x, mag, interpolation, fill, rows):
-    if _pil_histograms(x, interpolation):
+    if rows is not None:  # (its in_rows said yes: PIL's histograms and lookups)
         return _by_histograms(x, C.equalize_lut if name == "Equalize" else _autocontrast_tables, rows)
     if name == "Equalize":
         return C.apply_lut(x, C.equalize_lut(C.histograms_u8(x)))
@@ -659,62 +698,69 @@ def _histogram_u8(name, x, mag, interpolation, fill, rows):
     return C.apply_lut(x, C.stretch(C.value_image(N, x.shape[3], x.device), lo, hi, 255.0, True))
 
 
-@_u8_kernel("Sharpness", "Color", in_rows=_cpu)
+@_u8_kernel("Sharpness", "Color", in_rows=_always)
 def _enhance_u8(name, x, mag, interpolation, fill, rows):
-    fn = _sharpness_u8 if name == "Sharpness" else _saturation_u8  # sample by sample: each one's float copy
-    for i, b in enumerate(range(len(x)) if rows is None else rows):  # stays in cache (3x faster)
-        fn(x[b:b + 1], 1.0 + mag[i:i + 1])
+    """Sample by sample (each one's float copy stays in cache: 3x faster than the batch's), in buffers taken
+    once for all the samples (this thread's scratch) and each sample's blend factors as float32 numbers made
+    at once: a few torch calls a sample, each one's Python overhead time the GIL is held."""
+    _, H, W, Cn = x.shape
+    r = torch.as_tensor(1.0 + mag, dtype=torch.float32)  # (color._f's float32 factor, and its 1 - r in float32)
+    factors, others = r.tolist(), (1.0 - r).tolist()
+    if name == "Sharpness":
+        if H <= 2 or W <= 2:
+            return x
+        bufs = (scratch("float", (H, W, Cn), torch.float32, x.device),
+                scratch("sharpness:rows", (H, W - 2, Cn), torch.float32, x.device),
+                scratch("sharpness:box", (H - 2, W - 2, Cn), torch.float32, x.device))
+        for i, b in enumerate(rows):
+            _sharpness_sample(x[b], others[i], *bufs)
+        return x
+    if Cn == 1:
+        return x
+    bufs = (scratch("float", (H, W, Cn), torch.float32, x.device), scratch("saturation:grey", (H, W), torch.float32,
+                                                                           x.device))
+    for i, b in enumerate(rows):
+        _saturation_sample(x[b], factors[i], others[i], *bufs)
     return x
 
 
-def _float_u8(name, x, mag, interpolation, fill, rows):
-    """The float formula on a float copy (a device's geometric ops)."""
+def _float_u8(name, x, mag, interpolation, fill):
+    """The float formula on a float copy (every op on a device: the uint8 kernels are the CPU's)."""
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
 
 
-def _sharpness_u8(x: torch.Tensor, factor) -> torch.Tensor:
-    """:func:`color.sharpness` on uint8 (N, H, W, C), in place, its very float32 operations on a float copy in
-    the batch's own (N, H, W, C) layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend
-    of the interior; the border rows and columns kept. (Vectorised float division, where an int16 floor
-    division is a scalar loop.)"""
-    N, H, W, Cn = x.shape
-    if H <= 2 or W <= 2:
-        return x
-    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+def _sharpness_sample(x: torch.Tensor, other: float, xf, p, box) -> None:
+    """:func:`color.sharpness` on one uint8 (H, W, C) sample, in place, its very float32 operations on a float
+    copy in the sample's own layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend of
+    the interior at ``other`` = 1 - factor (a float32 value); the border rows and columns kept. ``xf``, ``p``,
+    ``box``: (H, W, C), (H, W - 2, C), (H - 2, W - 2, C) float32 buffers. (Vectorised float division, where
+    an int16 floor division is a scalar loop.)"""
     xf.copy_(x)
-    p = torch.add(xf[:, :, :-2], xf[:, :, 1:-1], out=scratch("sharpness:rows", (N, H, W - 2, Cn), torch.float32,
-                                                             x.device))
-    p += xf[:, :, 2:]
-    box = torch.add(p[:, :-2], p[:, 1:-1], out=scratch("sharpness:box", (N, H - 2, W - 2, Cn), torch.float32,
-                                                      x.device))
-    box += p[:, 2:]
-    view = xf[:, 1:-1, 1:-1]
+    torch.add(xf[:, :-2], xf[:, 1:-1], out=p)
+    p += xf[:, 2:]
+    torch.add(p[:-2], p[1:-1], out=box)
+    box += p[2:]
+    view = xf[1:-1, 1:-1]
     deg = box.add_(view, alpha=4.0).div_(13.0).round_()
-    view.add_(deg.sub_(view).mul_(1.0 - C._f(factor, view)))
-    x[:, 1:-1, 1:-1] = view.clamp_(0, 255)
-    return x
+    view.add_(deg.sub_(view).mul_(other))
+    x[1:-1, 1:-1] = view.clamp_(0, 255)
 
 
-def _saturation_u8(x: torch.Tensor, factor) -> torch.Tensor:
-    """:func:`color.saturation` on uint8 (N, H, W, C), in place, its very float32 operations: the floored grey
-    from the channels, then the blend channel by channel (adding the grey (N, H, W) to one channel at a time,
-    where broadcasting it over the last axis of 3 is a slow inner loop)."""
-    if x.shape[3] == 1:
-        return x
-    xf = scratch("float", x.shape, torch.float32, x.device)  # (the thread's scratch: no fresh pages a sample)
+def _saturation_sample(x: torch.Tensor, factor: float, other: float, xf, grey) -> None:
+    """:func:`color.saturation` on one uint8 (H, W, 3) sample, in place, its very float32 operations: the grey
+    (``color.grayscale``'s product for channels-last float pixels, into ``grey`` (H, W)), floored, times
+    ``other`` = 1 - factor, the pixels times ``factor`` (float32 values), the grey added channel by channel
+    (broadcasting it over the last axis of 3 is a slow inner loop); ``xf``: an (H, W, 3) float32 buffer."""
     xf.copy_(x)
-    r = C._f(factor, xf)
-    grey = _grey_u8(xf).mul_((1.0 - r).view(-1, 1, 1))
-    xf.mul_(r)
-    for c in range(x.shape[3]):
+    if x.shape[2] == 3:
+        torch.matmul(xf, C._gray_weights(), out=grey)
+    else:  # (RGBA: the grey of channels 0-2, as color.grayscale's elementwise product; the matmul takes 3)
+        torch.add(torch.add(xf[..., 0] * C.GRAY[0], xf[..., 1] * C.GRAY[1]), xf[..., 2] * C.GRAY[2], out=grey)
+    grey.floor_().mul_(other)
+    xf.mul_(factor)
+    for c in range(x.shape[2]):
         xf[..., c] += grey
     x.copy_(xf.clamp_(0, 255))
-    return x
-
-
-def _grey_u8(xf: torch.Tensor) -> torch.Tensor:
-    """(N, H, W) the floored grey of float (N, H, W, 3) whole values: :func:`color.grayscale`'s operations."""
-    return (xf[..., 0] * C.GRAY[0] + xf[..., 1] * C.GRAY[1] + xf[..., 2] * C.GRAY[2]).floor_()
 
 
 _PIL_MODES = {1: "L", 3: "RGB"}
@@ -728,7 +774,9 @@ def _by_histograms(x: torch.Tensor, tables_of, rows=None) -> torch.Tensor:
     Cn = x.shape[3]
     rows = range(len(x)) if rows is None else rows
     a = x.numpy()
-    ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
+    ims = [C.pil_core(a[b]) for b in rows]  # (core images: no Image objects, a few C calls a sample)
+    if None in ims:
+        ims = [Image.fromarray(a[b] if Cn > 1 else a[b, :, :, 0], _PIL_MODES[Cn]) for b in rows]
     if not ims:
         return x
     # (each histogram's list of ints through numpy: torch.tensor of the nested lists took 0.09 ms an image

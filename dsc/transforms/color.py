@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..scratch import scratch_tensor
+
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
@@ -257,7 +259,10 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
     reads the pixels into int16 before it writes any (a hue alone never goes through float)."""
     sat, hue_on = p[:, 0] > 0, p[:, 2] > 0
     y = x
-    if bool(sat.any()):
+    if len(x) == 1 and x.device.type == "cpu":  # (the CPU's pieces: one sample's rows)
+        if bool(sat[0]):
+            y = _saturation_piece_cpu(x, p[:, 1])
+    elif bool(sat.any()):
         y = x.to(torch.float32)
         rows = sat.nonzero().view(-1)
         every = len(rows) == len(x)
@@ -281,6 +286,35 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
         return
     if y is not out:
         out.copy_(y)
+
+
+def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """:func:`saturation` of one CPU piece (1, 3, h, w) of whole values, its very float32 operations (the grey's
+    product, its floor, the two products of the blend and their sum, clamped and floored), in this thread's
+    scratch: returns a (1, 3, h, w) view of a float (h, w, 3) buffer, valid until the next piece. The float
+    formula on such a copy made two fresh tensors a piece (its a r and grey (1 - r)) and added the grey to the
+    channels by a broadcast over the innermost axis of 3 (a slow inner loop); here the products are in place
+    and the grey is added channel by channel."""
+    _, _, h, w = x.shape
+    yf = scratch_tensor("saturation:float", (h, w, 3), torch.float32)
+    yf.copy_(x[0].permute(1, 2, 0))
+    grey = scratch_tensor("saturation:grey", (h, w), torch.float32)
+    torch.matmul(yf, _gray_weights(), out=grey)  # (grayscale's product for channels-last float pixels)
+    r = torch.as_tensor(factor, dtype=torch.float32).reshape(-1)[:1]
+    yf.mul_(float(r))  # (a float32 scalar: the products are blend's r * a and (1 - r) * grey, each rounded)
+    grey.floor_().mul_(float(1.0 - r))
+    for k in range(3):
+        yf[..., k] += grey
+    yf.clamp_(0, 255).floor_()
+    return _piece(yf.permute(2, 0, 1))  # (a dense stride of its own in front, as every piece)
+
+
+def _gray_weights() -> torch.Tensor:
+    """:data:`GRAY` as a float32 (3,) tensor (made once)."""
+    w = _gray_weights.__dict__.get("w")
+    if w is None:
+        w = _gray_weights.w = torch.tensor(GRAY, dtype=torch.float32)
+    return w
 
 
 def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> torch.Tensor:
@@ -432,16 +466,86 @@ def pil_lut(a: np.ndarray, tables: np.ndarray, im: "Image.Image | None" = None) 
     pasted straight back into that memory (no copy out through ``tobytes``: about 1.5x numpy's take, and
     the bytes never pass through a Python ``bytes``). A table per channel (RGB): PIL's RGB point (the three
     lookups in one pass over the interleaved pixels; numpy's take on each strided channel is about twice
-    slower), copied back. ``im``: the sample's PIL image already made (per-channel tables)."""
+    slower), copied back. ``im``: the sample's PIL image (or core image, :func:`pil_core`) already made
+    (per-channel tables)."""
     H, W, Cn = a.shape
     if tables.shape[0] == 1:
+        core = _map_l(a, W * Cn, H)
+        if core is not None:  # (three C calls, no Image objects: each Image made and wrapped was about 25 Python
+            # calls a sample, every one holding the GIL the Loader's other thread waits for)
+            core.paste(core.point(tables[0].tolist(), None), (0, 0, W * Cn, H))
+            return
         im = Image.frombuffer("L", (W * Cn, H), a, "raw", "L", 0, 1)
         out = pil_point(im, tables[0].tolist())
         if not _paste_back(im, out):
             np.copyto(a, np.asarray(out).reshape(H, W, Cn))
         return
+    core = im if im is not None and not isinstance(im, Image.Image) else None
+    if core is None and im is None:
+        core = pil_core(a)
+    if core is not None:  # (the RGB point, its bytes straight back by the raw encoder: no Image objects)
+        _rgb_back(core.point(tables.reshape(-1).tolist(), None), a)
+        return
     out = pil_point(im if im is not None else Image.fromarray(a, "RGB"), tables.reshape(-1).tolist())
     np.copyto(a, np.asarray(out))
+
+
+def pil_core(a: np.ndarray):
+    """PIL's core image of a C-contiguous uint8 (H, W, 1 or 3) sample without an ``Image`` around it (each
+    ``Image.fromarray`` was about 30 Python calls, every one holding the GIL): one channel mapped over the
+    sample's memory (:func:`_map_l`), three decoded into an RGB core by the raw decoder (one C call: PIL keeps
+    RGB 4 bytes a pixel, so it cannot map them). None where this Pillow lacks these calls: the caller takes
+    ``Image.fromarray``."""
+    H, W, Cn = a.shape
+    if Cn == 1:
+        return _map_l(a, W, H)
+    new = getattr(Image.core, "new", None) if _CORE_CALLS and Cn == 3 else None
+    decoder = getattr(Image.core, "raw_decoder", None)
+    if new is None or decoder is None:
+        return None
+    try:
+        core = new("RGB", (W, H))
+        d = decoder("RGB", "RGB", 0, 1)
+        d.setimage(core, (0, 0, W, H))
+        done = d.decode(a)[0] < 0
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return core if done and hasattr(core, "point") and hasattr(core, "histogram") else None
+
+
+def _rgb_back(core, a: np.ndarray) -> None:
+    """An RGB core image's pixels into the C-contiguous uint8 (H, W, 3) ``a``: the raw encoder's bytes in one
+    call (``Image.tobytes`` ran it in 64 KiB blocks from a Python loop and joined them), one copy in."""
+    H, W, _ = a.shape
+    e = Image.core.raw_encoder("RGB", "RGB", 0, 1)
+    e.setimage(core, (0, 0, W, H))
+    parts = []
+    while True:
+        _, err, data = e.encode(H * W * 3 + 64)
+        parts.append(data)
+        if err:
+            break
+    if err < 0:
+        raise RuntimeError(f"PIL's raw encoder failed ({err})")
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    np.copyto(a.reshape(-1), np.frombuffer(data, np.uint8, count=a.size))
+
+
+def _map_l(a: np.ndarray, width: int, height: int):
+    """PIL's core image over a C-contiguous uint8 array's own memory as an "L" image of (width, height) (what
+    ``Image.frombuffer("L", ...)`` wraps, without the wrapping), where this Pillow's core has ``map_buffer``
+    and its images ``point`` and ``paste``; else None (the caller takes Pillow's public calls)."""
+    map_buffer = getattr(Image.core, "map_buffer", None) if _CORE_CALLS else None
+    if map_buffer is None:
+        return None
+    try:
+        core = map_buffer(a, (width, height), "raw", 0, ("L", 0, 1))
+    except (TypeError, ValueError):
+        return None
+    return core if hasattr(core, "point") and hasattr(core, "paste") else None
+
+
+_CORE_CALLS = True  # use PIL's core image calls where this Pillow has them (tests turn it off)
 
 
 def _paste_back(im: "Image.Image", out: "Image.Image") -> bool:
