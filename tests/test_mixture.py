@@ -549,3 +549,16 @@ def test_value_fields_of_other_shapes_or_dtypes_are_refused(tmp_path):
         dsc.Loader([a, c], batch_size=4)
     x = next(iter(dsc.Loader([a, same], batch_size=8, order="sequential")))
     assert x["emb"].shape == (8, 4)
+
+
+def test_a_source_with_a_field_named_source_is_refused(tmp_path):
+    """A mixture's batches give each sample's source under ``source``: a source's own field of that name would
+    be overwritten without a word. The mixture refuses it, naming the source and the fix."""
+    import numpy as np
+
+    from dsc.errors import ConfigError
+
+    items = [(np.zeros((8, 8, 3), np.uint8), {"label": 0, "source": np.array([70], np.int64)})] * 2
+    dsc.compile(items, tmp_path / "a", classes=["a"], progress=False, workers=1)
+    with pytest.raises(ConfigError, match="field named 'source'.*renamed"):
+        dsc.Loader([dsc.open(tmp_path / "a"), dsc.open(tmp_path / "a")], batch_size=2)

@@ -1035,3 +1035,24 @@ def test_a_resume_hashes_only_the_last_entry_of_a_unit_compiled_twice(tmp_path, 
     assert report.resumed_units == n and report.decoded == 0
     assert sorted(map(str, hashed)) == [f".r.dsc-tmp/image/c/{s}/0/0/0" for s in range(n)]
     assert content(out) == content(tiny(tmp_path / "fresh", n))
+
+
+def test_the_journal_read_backward_gives_every_line_and_its_offset_whatever_the_block():
+    """``journal._backward`` (a resume reads units.jsonl last line first) gives exactly the file's non-empty
+    lines and their offsets, last to first, at any block size: lines longer than a block, blank lines, no final
+    newline (each block is split once; a long line is joined once its start is found)."""
+    import io
+    import random
+
+    from dsc.compiler.journal import _backward
+
+    rng = random.Random(0)
+    for _ in range(400):
+        data = b"".join(bytes(rng.choice(b"ab\n") for _ in range(rng.randint(0, 30))) for _ in range(rng.randint(0, 6)))
+        ref, at = [], 0
+        for line in data.split(b"\n"):
+            if line:
+                ref.append((at, line))
+            at += len(line) + 1
+        for block in (1, 2, 3, 7, 64):
+            assert list(_backward(io.BytesIO(data), block)) == ref[::-1], (data, block)

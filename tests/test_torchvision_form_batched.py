@@ -350,3 +350,23 @@ def test_a_field_named_like_the_masks_rects_is_refused_at_compile(tmp_path):
     without_masks = [(img, {k: v for k, v in t.items() if k != "masks"}) for img, t in items]
     dsc.compile(without_masks, tmp_path / "ok", classes=["a"], progress=False, workers=1)  # (no masks: its own key)
     assert "masks_rects" in dsc.open(tmp_path / "ok").schema
+
+
+def test_a_dataset_an_older_dsc_compiled_with_a_field_named_like_the_masks_rects_is_refused_at_open(tmp_path,
+                                                                                                  monkeypatch):
+    """An older dsc compiled a value field ``masks_rects`` beside instance masks: opened, its values would be read
+    as the masks' crop rectangles. The open refuses it, naming the field and the fix."""
+    import numpy as np
+
+    from dsc.errors import CorruptDatasetError
+    from dsc.formats.fields import object_masks
+
+    target = {"boxes": torch.tensor([[1.0, 1.0, 6.0, 6.0]]), "labels": torch.tensor([0]),
+              "masks": torch.ones((1, 8, 8), dtype=torch.uint8), "masks_rects": np.array([7, 200], np.uint8)}
+    items = [(np.zeros((8, 8, 3), np.uint8), target)] * 2
+    with monkeypatch.context() as mp:  # (the older dsc: no rects key taken, at compile nor at open)
+        mp.setattr(object_masks.ObjectMasksField, "batch_keys", lambda self: (self.name,))
+        mp.setattr("dsc.formats.manifest.rects_key", lambda name: None)
+        dsc.compile(items, tmp_path / "old", classes=["a"], progress=False, workers=1)
+    with pytest.raises(CorruptDatasetError, match="field 'masks_rects'.*recompile"):
+        dsc.open(tmp_path / "old")

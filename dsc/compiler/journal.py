@@ -320,23 +320,32 @@ def _forward(f):
 
 def _backward(f, block: int = 1 << 20):
     """(byte offset, line) of each line of the open file ``f``, last to first: the lines ``_forward`` gives (their
-    newline left off), in reverse."""
+    newline left off), in reverse. Each block is split once: a line longer than a block is kept as its pieces and
+    joined once its start is found (re-splitting it with every block made a 64 MB line take seconds)."""
     pos = f.seek(0, os.SEEK_END)
-    head = b""  # the start of the file's text at ``pos`` up to its first newline: a line not yet whole
+    tail: list[bytes] = []  # the start of the file's text at ``pos`` up to its first newline, in pieces read
+    # last to first: a line not yet whole
     while pos > 0:
         step = min(block, pos)
         pos -= step
         f.seek(pos)
-        pieces = (f.read(step) + head).split(b"\n")
-        head = pieces[0]
-        at = pos + len(head) + 1  # where pieces[1] starts
+        chunk = f.read(step)
+        cut = chunk.find(b"\n")
+        if cut < 0:  # no newline in this block: all of it belongs to the line not yet whole
+            tail.append(chunk)
+            continue
+        pieces = chunk[cut + 1:].split(b"\n")
+        pieces[-1] += b"".join(reversed(tail))
+        tail = [chunk[:cut]]
+        at = pos + cut + 1  # where pieces[0] starts
         starts = []
-        for p in pieces[1:]:
+        for p in pieces:
             starts.append(at)
             at += len(p) + 1
-        for p, start in zip(reversed(pieces[1:]), reversed(starts)):
+        for p, start in zip(reversed(pieces), reversed(starts)):
             if p:  # (the empty piece after the last newline is no line; an empty line would not parse)
                 yield start, p
+    head = b"".join(reversed(tail))
     if head:
         yield 0, head
 

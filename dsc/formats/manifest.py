@@ -17,6 +17,7 @@ from .specs import (_SHA256, ATTRIBUTE_DTYPES, LAYOUTS, RESIZE_POLICIES, RESIZER
 from .zarr_v3 import check_node_path
 from .fields import EXTRA_KINDS, FIELD_KINDS
 from .fields.base import BATCH_SUFFIXES
+from .fields.object_masks import rects_key
 from .shardtable import Geometry, ShardTable, build as build_table
 
 FORMAT_NAME = "dsc"
@@ -147,9 +148,16 @@ class Manifest:
         if self.fields and self.format_version < 2:
             raise CorruptDatasetError("manifest: 'fields' needs format_version 2")
         attrs = self.objects.get("attributes", {}) if isinstance(self.objects, dict) else {}
+        taken = set(attrs if isinstance(attrs, dict) else ()) | {  # (and the instance masks' rects key: an older
+            rects_key(n) for n, d in self.fields.items()  # dsc compiled a field of that name, which then shadowed it)
+            if isinstance(d, dict) and d.get("kind") == "object_masks"}
         for name, spec in self.fields.items():
             check_node_path(name)
-            problem = batch_name_problem(name, taken=attrs if isinstance(attrs, dict) else ())
+            if name in taken and name not in attrs:
+                raise CorruptDatasetError(f"the field {name!r} shares the batch key of the instance masks' crop "
+                                          f"rectangles (an older dsc compiled it so); recompile the dataset with "
+                                          f"the field renamed")
+            problem = batch_name_problem(name, taken=taken)
             if problem:
                 raise CorruptDatasetError(f"manifest: the field name {name!r} {problem}; the dataset is damaged")
             kind = spec.get("kind") if isinstance(spec, dict) else None

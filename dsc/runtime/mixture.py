@@ -246,6 +246,10 @@ class Mixture:
         """The sources' batches have the same keys, kinds, dtypes (and per-box columns), or the mixture is refused
         naming the field. Pixel sizes are checked by :meth:`check_pixels`, which knows the transforms."""
         first = self.datasets[0]
+        for s, ds in enumerate(self.datasets):  # (a mixture's batches say each sample's source under "source")
+            if "source" in ds.schema:
+                raise ConfigError(f"source {s} of the mixture ({ds.path}) has a field named 'source', the key a "
+                                  f"mixture's batches give each sample's source; recompile it with the field renamed")
         for s, ds in enumerate(self.datasets[1:], 1):
             a, b = first.schema, ds.schema
             for key in sorted(set(a) | set(b)):
