@@ -32,7 +32,7 @@ import statistics
 import time
 
 import parallel_control
-from common import BENCH_DIR, cached, row
+from common import BENCH_DIR, cached, pop_rounds, row
 
 # interleaved rounds of (dsc, reference, dsc-per-image) per classification preset; best of each kept
 ROUNDS = int(os.environ.get("PRESET_ROUNDS", 2))
@@ -200,11 +200,7 @@ def main(argv=None) -> None:
     import bench_recipe
 
     args = list(sys.argv[1:] if argv is None else argv)
-    rounds = 1
-    if "--rounds" in args:
-        k = args.index("--rounds")
-        rounds = int(args[k + 1])
-        del args[k:k + 2]
+    rounds = pop_rounds(args)
     names = CLASSIFICATION + ("imagenet+mix",) + DETECTION
     if any(a.startswith("-") for a in args) or not set(args) <= set(names):
         print(f"usage: python bench_presets.py [--rounds N] [NAME ...]; NAME in {', '.join(names)}")

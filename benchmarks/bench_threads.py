@@ -20,7 +20,7 @@ import threading
 import time
 
 import parallel_control
-from common import BENCH_DIR
+from common import BENCH_DIR, pop_rounds
 
 WORKLOADS = ("instances", "autoaugment", "ra", "augmix")
 CLS_SAMPLES = 1024
@@ -115,11 +115,7 @@ def _line(d: dict) -> str:
 
 def main(argv=None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    rounds = 1
-    if "--rounds" in args:
-        k = args.index("--rounds")
-        rounds = int(args[k + 1])
-        del args[k:k + 2]
+    rounds = pop_rounds(args)
     names = args or list(WORKLOADS)
     if not set(names) <= set(WORKLOADS):
         raise SystemExit(f"usage: python bench_threads.py [--rounds N] [{' | '.join(WORKLOADS)} ...]")

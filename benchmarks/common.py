@@ -27,6 +27,16 @@ def scenes(num_classes: int = 8, per_class: int = 125, size_range=(300, 500)) ->
                   lambda root: write_imagefolder(root, num_classes, per_class, size_range=size_range, seed=0))
 
 
+def pop_rounds(args: list) -> int:
+    """``--rounds N`` taken out of ``args`` (a bench's command line): N, or 1 without it."""
+    if "--rounds" not in args:
+        return 1
+    k = args.index("--rounds")
+    rounds = int(args[k + 1])
+    del args[k:k + 2]
+    return rounds
+
+
 def best_of(fn, repeat: int = 3) -> float:
     """Smallest wall time of ``repeat`` calls: the least disturbed by the shared machine's noise."""
     times = []
