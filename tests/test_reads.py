@@ -1,5 +1,7 @@
 """Read strategies (runtime/reads.py, runtime/schedule.py): which one runs, the same batches under each,
 bounded memory, and the disk reading what is served."""
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -547,3 +549,29 @@ def test_ranged_reads_get_each_samples_bytes_coalescing_only_close_neighbours():
     reads.close()
     with pytest.raises(ConfigError, match="read='direct'"):
         R.make("ranged", SimpleNamespace(store=SimpleNamespace(local=True)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise through the C library is Linux's here")
+def test_a_shard_mapping_is_populated_with_the_gil_released(tmp_path, monkeypatch):
+    """``map_fd`` reads a shard in with MADV_POPULATE_READ through the C library (ctypes.CDLL releases the GIL for
+    the call), not ``mmap.madvise``, which holds it: a cold 256 MB populate let another Python thread run at
+    0.8 M loop iterations a second against 14.4 M (measured): the Loader's fillers stopped while a window's
+    shards were read."""
+    import ctypes
+
+    from dsc.store import local
+
+    data = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)
+    path = tmp_path / "shard"
+    path.write_bytes(data.tobytes())
+    calls = []
+    real = local.madvise
+    monkeypatch.setattr(local, "madvise", lambda a, n, advice: calls.append((n, advice)) or real(a, n, advice))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = local.map_fd(fd, len(data), path)
+    finally:
+        os.close(fd)
+    assert np.array_equal(got, data)
+    assert calls[0] == (len(data), local.MADV_POPULATE_READ)
+    assert isinstance(local._libc, ctypes.CDLL) and not isinstance(local._libc, ctypes.PyDLL)  # (PyDLL keeps it)

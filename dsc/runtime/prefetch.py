@@ -18,7 +18,6 @@ only after the event says the copy is done.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 import threading
@@ -29,6 +28,7 @@ import torch
 
 from .. import scratch
 from ..errors import DscError
+from ..store.local import madvise
 from .batches import Batch, box_form
 from ..transforms import batch_generator
 from ..transforms.fused import plan_chain
@@ -44,7 +44,6 @@ def _storage_users(t: torch.Tensor) -> int:
 
 HUGE_PAGE = 1 << 21  # x86-64's and arm64's transparent huge page (2 MiB)
 _MADV_HUGEPAGE = 14
-_libc = None
 
 
 def _ask_huge_pages(buf: torch.Tensor) -> bool:
@@ -57,20 +56,12 @@ def _ask_huge_pages(buf: torch.Tensor) -> bool:
     may take more system time, where the kernel compacts memory to find free huge pages (once per buffer).
     Nothing changes in what the buffer holds; where the call is not available (not Linux, THP off) the
     buffer stays as it was. Returns whether the kernel took the hint."""
-    global _libc
-    if not sys.platform.startswith("linux") or _libc is False:
+    if not sys.platform.startswith("linux"):
         return False
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        except (OSError, AttributeError):
-            _libc = False
-            return False
     start = buf.data_ptr()
     a = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
     b = (start + buf.numel() * buf.element_size()) & ~(HUGE_PAGE - 1)
-    return b > a and _libc.madvise(a, b - a, _MADV_HUGEPAGE) == 0
+    return b > a and bool(madvise(a, b - a, _MADV_HUGEPAGE))
 
 
 class Ring:

@@ -13,12 +13,14 @@ component at a time, never through a symbolic link.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
 import mmap
 import os
 import stat
+import sys
 from pathlib import Path, PurePath
 
 import numpy as np
@@ -31,6 +33,27 @@ from .paths import check_node_path
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+_libc = None
+
+
+def madvise(address: int, length: int, advice: int) -> bool | None:
+    """``madvise(2)`` through the C library, the GIL released for the call (a ctypes.CDLL function releases it;
+    ``mmap.mmap.madvise`` holds it: a populate that reads a cold shard from disk, tens of ms, stopped every other
+    thread of the process, the Loader's fillers and the training loop included). True: done; False: the
+    kernel refused (``ctypes.get_errno()`` says why); None: no C library to call (not Linux)."""
+    global _libc
+    if _libc is None:
+        try:
+            if not sys.platform.startswith("linux"):
+                raise OSError("not Linux")
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _libc = lib
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc is False:
+        return None
+    return _libc.madvise(address, length, advice) == 0
 
 
 _Missing = MissingFile  # the file is not there (as opposed to there but unsafe or unreadable)
@@ -203,12 +226,17 @@ def map_fd(fd: int, nbytes: int, name, populate: bool = True) -> np.ndarray:
     if os.fstat(fd).st_size < nbytes:
         raise CorruptDatasetError(f"{name} is shorter than the {nbytes} bytes the manifest says")
     mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    if populate:
-        try:
-            mm.madvise(MADV_POPULATE_READ)
-        except (OSError, ValueError):
-            mm.madvise(mmap.MADV_WILLNEED)
-    return np.frombuffer(mm, dtype=np.uint8)
+    a = np.frombuffer(mm, dtype=np.uint8)
+    if populate:  # (the GIL released while the kernel reads: see madvise)
+        done = madvise(a.ctypes.data, nbytes, MADV_POPULATE_READ)
+        if done is False:  # (a kernel before 5.14: read-ahead asked for instead)
+            madvise(a.ctypes.data, nbytes, mmap.MADV_WILLNEED)
+        elif done is None:
+            try:
+                mm.madvise(MADV_POPULATE_READ)
+            except (OSError, ValueError):
+                mm.madvise(mmap.MADV_WILLNEED)
+    return a
 
 
 def as_root(root):
