@@ -179,9 +179,7 @@ class ShardSchedule:
                 if k in self.refs:
                     if self.uses is None:  # (hold_to_last: a shard's references count all its batches at once)
                         self.refs[k] += 1
-                    if k in self.in_flight:
-                        self.in_flight[k].append(j)
-                        self.pending[j] = self.pending.get(j, 0) + 1
+                    self._wait_for(k, j)
             for k in new:
                 self._hold(k)
                 self.in_flight[k] = [j]
@@ -191,13 +189,26 @@ class ShardSchedule:
             self._advance()
         later = []
         for k in new:
-            if self._fetch_now is not None and self._fetch_now(k):
-                self._fetched(k, None)
-            elif block:
+            if self._fetched_now(k):
+                continue
+            if block:
                 self._start(k)
             else:
                 later.append(k)
         return later
+
+    def _wait_for(self, k: int, j: int) -> None:
+        """(Under the lock) batch j waits for held shard k too, if k's fetch is still in flight."""
+        if k in self.in_flight:
+            self.in_flight[k].append(j)
+            self.pending[j] = self.pending.get(j, 0) + 1
+
+    def _fetched_now(self, k: int) -> bool:
+        """Shard k fetched at once by ``fetch_now`` (a shard already at hand), marked so; False: it must be read."""
+        if self._fetch_now is not None and self._fetch_now(k):
+            self._fetched(k, None)
+            return True
+        return False
 
     def _walk_each(self, j: int) -> list[int] | None:
         """``_walk`` of a ``hold_to_last`` schedule: batch j's shards taken one at a time, each as soon as it fits
@@ -212,9 +223,7 @@ class ShardSchedule:
                     if self.stopped:
                         return None
                     if k in self.refs:  # held (all its batches counted at once): j waits for it if it is in flight
-                        if k in self.in_flight:
-                            self.in_flight[k].append(j)
-                            self.pending[j] = self.pending.get(j, 0) + 1
+                        self._wait_for(k, j)
                         fetch = False
                         break
                     if k not in self.releasing and (self.bytes_held + int(self.nbytes[k]) <= self.budget or
@@ -225,11 +234,8 @@ class ShardSchedule:
                         fetch = True
                         break
                     self.cond.wait(0.5)
-            if fetch:
-                if self._fetch_now is not None and self._fetch_now(k):
-                    self._fetched(k, None)
-                else:
-                    self._start(k)
+            if fetch and not self._fetched_now(k):
+                self._start(k)
         with self.cond:
             self.walked = j + 1
             self._advance()
