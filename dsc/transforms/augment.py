@@ -570,6 +570,8 @@ def apply_named_u8(name: str, x: torch.Tensor, mag: torch.Tensor, interpolation:
     kernel = _U8_KERNELS.get(name)
     if kernel is None:
         raise ConfigError(f"unknown auto-augment op {name!r}")
+    if kernel is _identity_u8:  # (free on any device: no rows copied out and back, no float pass on a GPU)
+        return x
     if x.device.type != "cpu":  # (the kernels are the CPU's; a device runs the float formula, in one place)
         if rows is None:
             return _float_u8(name, x, mag, interpolation, fill)
