@@ -19,7 +19,6 @@ only after the event says the copy is done.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import weakref
 
@@ -56,12 +55,10 @@ def _ask_huge_pages(buf: torch.Tensor) -> bool:
     may take more system time, where the kernel compacts memory to find free huge pages (once per buffer).
     Nothing changes in what the buffer holds; where the call is not available (not Linux, THP off) the
     buffer stays as it was. Returns whether the kernel took the hint."""
-    if not sys.platform.startswith("linux"):
-        return False
     start = buf.data_ptr()
     a = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
     b = (start + buf.numel() * buf.element_size()) & ~(HUGE_PAGE - 1)
-    return b > a and bool(madvise(a, b - a, _MADV_HUGEPAGE))
+    return b > a and madvise(a, b - a, _MADV_HUGEPAGE) is True  # (None off Linux: no C library call)
 
 
 class Ring:

@@ -231,11 +231,8 @@ def map_fd(fd: int, nbytes: int, name, populate: bool = True) -> np.ndarray:
         done = madvise(a.ctypes.data, nbytes, MADV_POPULATE_READ)
         if done is False:  # (a kernel before 5.14: read-ahead asked for instead)
             madvise(a.ctypes.data, nbytes, mmap.MADV_WILLNEED)
-        elif done is None:
-            try:
-                mm.madvise(MADV_POPULATE_READ)
-            except (OSError, ValueError):
-                mm.madvise(mmap.MADV_WILLNEED)
+        elif done is None and hasattr(mmap, "MADV_WILLNEED"):  # (not Linux: no populate there; read-ahead)
+            mm.madvise(mmap.MADV_WILLNEED)
     return a
 
 
