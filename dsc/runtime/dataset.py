@@ -654,7 +654,7 @@ def _program_writer(plan, role, cast: bool = False):
     ``cast``: ``dest`` is float32, the uint8 sample is converted on its way in and divided by 255 there, while
     it is still in cache (the values torchvision_form's own cast gives: ``float(x) / 255``, exactly)."""
     nearest = role.resample == "nearest"
-    divisor = torch.full((), 255.0)  # a 0-dim tensor, as batches._chw_float divides
+    divisor = torch.full((), 255.0) if cast else None  # a 0-dim tensor, as batches._chw_float divides
 
     def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
         out = torch.from_numpy(dest)
