@@ -210,10 +210,10 @@ class Journal:
     def finished_units(self, inputs) -> "Resumed":
         """Units whose journal entry exists, whose input files are as they were (``inputs_of``), and whose
         shards still hash to what was recorded; ``inputs`` (``compile.UnitInputs``, a compile's and an update's):
-        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Each journal line is
-        parsed once here, then dropped: what is kept is where each finished unit's entry is (16 bytes a unit), and
-        iterating the :class:`Resumed` parses those again one at a time, as the caller folds them (no object kept a
-        unit). The lines are read last first, so only a unit's last entry is checked (its shards re-hashed): an
+        ``inputs[s]`` is unit s's input fingerprint now, ``inputs.slots`` the units' slots. Here each journal line is
+        parsed once, to check it, then dropped: what is kept is where each finished unit's entry is (16 bytes a
+        unit). The kept units' entries are parsed a second time when the :class:`Resumed` is iterated, one at a
+        time as the caller folds them (no object kept a unit). The lines are read last first, so only a unit's last entry is checked (its shards re-hashed): an
         earlier entry of a unit compiled again is parsed for its slot and passed over."""
         if not (self.dir / "plan.json").exists():
             return Resumed.none(self.fields)
@@ -395,14 +395,18 @@ class Resumed:
     def __bool__(self) -> bool:
         return len(self.slots) > 0
 
-    def __contains__(self, s) -> bool:
+    def _at(self, s) -> int | None:
+        """Where unit ``s`` is among the kept units (None: not kept)."""
         k = int(np.searchsorted(self.slots, s))
-        return k < len(self.slots) and int(self.slots[k]) == s
+        return k if k < len(self.slots) and int(self.slots[k]) == s else None
+
+    def __contains__(self, s) -> bool:
+        return self._at(s) is not None
 
     def staged(self, s) -> bool:
         """Whether kept unit ``s``'s shards were re-hashed in the staging by this resume (intact there)."""
-        k = int(np.searchsorted(self.slots, s))
-        return k < len(self.slots) and int(self.slots[k]) == s and bool(self._staged[k])
+        k = self._at(s)
+        return k is not None and bool(self._staged[k])
 
     def __iter__(self):
         if not len(self.slots):
