@@ -365,8 +365,7 @@ def test_a_dataset_an_older_dsc_compiled_with_a_field_named_like_the_masks_rects
               "masks": torch.ones((1, 8, 8), dtype=torch.uint8), "masks_rects": np.array([7, 200], np.uint8)}
     items = [(np.zeros((8, 8, 3), np.uint8), target)] * 2
     with monkeypatch.context() as mp:  # (the older dsc: no rects key taken, at compile nor at open)
-        mp.setattr(object_masks.ObjectMasksField, "batch_keys", lambda self: (self.name,))
-        mp.setattr("dsc.formats.manifest.rects_key", lambda name: None)
+        mp.setattr(object_masks.ObjectMasksField, "batch_keys_of", classmethod(lambda cls, name: (name,)))
         dsc.compile(items, tmp_path / "old", classes=["a"], progress=False, workers=1)
     with pytest.raises(CorruptDatasetError, match="field 'masks_rects'.*recompile"):
         dsc.open(tmp_path / "old")

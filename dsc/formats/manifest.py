@@ -17,7 +17,6 @@ from .specs import (_SHA256, ATTRIBUTE_DTYPES, LAYOUTS, RESIZE_POLICIES, RESIZER
 from .zarr_v3 import check_node_path
 from .fields import EXTRA_KINDS, FIELD_KINDS
 from .fields.base import BATCH_SUFFIXES
-from .fields.object_masks import rects_key
 from .shardtable import Geometry, ShardTable, build as build_table
 
 FORMAT_NAME = "dsc"
@@ -148,15 +147,15 @@ class Manifest:
         if self.fields and self.format_version < 2:
             raise CorruptDatasetError("manifest: 'fields' needs format_version 2")
         attrs = self.objects.get("attributes", {}) if isinstance(self.objects, dict) else {}
-        taken = set(attrs if isinstance(attrs, dict) else ()) | {  # (and the instance masks' rects key: an older
-            rects_key(n) for n, d in self.fields.items()  # dsc compiled a field of that name, which then shadowed it)
-            if isinstance(d, dict) and d.get("kind") == "object_masks"}
+        taken = set(attrs if isinstance(attrs, dict) else ()) | {  # (and the keys other fields fill, e.g. the
+            k for n, d in self.fields.items() if isinstance(d, dict) and d.get("kind") in FIELD_KINDS  # masks'
+            for k in FIELD_KINDS[d["kind"]].batch_keys_of(n) if k != n}  # rects: an older dsc compiled such names)
         for name, spec in self.fields.items():
             check_node_path(name)
             if name in taken and name not in attrs:
-                raise CorruptDatasetError(f"the field {name!r} shares the batch key of the instance masks' crop "
-                                          f"rectangles (an older dsc compiled it so); recompile the dataset with "
-                                          f"the field renamed")
+                raise CorruptDatasetError(f"the field {name!r} shares a batch key another field fills (the instance "
+                                          f"masks' crop rectangles; an older dsc compiled it so); recompile the "
+                                          f"dataset with the field renamed")
             problem = batch_name_problem(name, taken=taken)
             if problem:
                 raise CorruptDatasetError(f"manifest: the field name {name!r} {problem}; the dataset is damaged")

@@ -347,8 +347,9 @@ class ObjectMasksField(Field):
     def from_manifest(cls, m) -> list["ObjectMasksField"]:
         return [cls(name) for name, d in m.fields.items() if d.get("kind") == cls.kind]
 
-    def batch_keys(self) -> tuple[str, ...]:
-        return (self.name, rects_key(self.name))
+    @classmethod
+    def batch_keys_of(cls, name: str) -> tuple[str, ...]:
+        return (name, rects_key(name))
 
     @classmethod
     def check(cls, name: str, d: dict, m) -> None:
