@@ -754,15 +754,7 @@ def _saturation_sample(x: torch.Tensor, factor: float, other: float, xf, grey) -
     ``other`` = 1 - factor, the pixels times ``factor`` (float32 values), the grey added channel by channel
     (broadcasting it over the last axis of 3 is a slow inner loop); ``xf``: an (H, W, 3) float32 buffer."""
     xf.copy_(x)
-    if x.shape[2] == 3:
-        torch.matmul(xf, C._gray_weights(), out=grey)
-    else:  # (RGBA: the grey of channels 0-2, as color.grayscale's elementwise product; the matmul takes 3)
-        torch.add(torch.add(xf[..., 0] * C.GRAY[0], xf[..., 1] * C.GRAY[1]), xf[..., 2] * C.GRAY[2], out=grey)
-    grey.floor_().mul_(other)
-    xf.mul_(factor)
-    for c in range(x.shape[2]):
-        xf[..., c] += grey
-    x.copy_(xf.clamp_(0, 255))
+    x.copy_(C.saturation_hwc_(xf, grey, factor, other))
 
 
 _PIL_MODES = {1: "L", 3: "RGB"}

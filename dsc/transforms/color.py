@@ -299,14 +299,26 @@ def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor
     yf = scratch_tensor("saturation:float", (h, w, 3), torch.float32)
     yf.copy_(x[0].permute(1, 2, 0))
     grey = scratch_tensor("saturation:grey", (h, w), torch.float32)
-    torch.matmul(yf, _gray_weights(), out=grey)  # (grayscale's product for channels-last float pixels)
     r = torch.as_tensor(factor, dtype=torch.float32).reshape(-1)[:1]
-    yf.mul_(float(r))  # (a float32 scalar: the products are blend's r * a and (1 - r) * grey, each rounded)
-    grey.floor_().mul_(float(1.0 - r))
-    for k in range(3):
-        yf[..., k] += grey
-    yf.clamp_(0, 255).floor_()
+    saturation_hwc_(yf, grey, float(r), float(1.0 - r)).floor_()
     return _piece(yf.permute(2, 0, 1))  # (a dense stride of its own in front, as every piece)
+
+
+def saturation_hwc_(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: float) -> torch.Tensor:
+    """:func:`saturation`'s blend on a float32 (H, W, C) copy of whole values, in place, its very float32
+    operations: the grey (grayscale's product for channels-last float pixels; of channels 0-2 where C is not 3,
+    as grayscale's elementwise product) into ``grey`` (H, W), floored, times ``other`` = 1 - factor; the pixels
+    times ``factor`` (float32 scalars: blend's r * a and (1 - r) * grey, each rounded); the grey added channel by
+    channel (a broadcast over the innermost axis is a slow inner loop); clamped to [0, 255]. Returns ``xf``."""
+    if xf.shape[2] == 3:
+        torch.matmul(xf, _gray_weights(), out=grey)
+    else:  # (the matmul takes 3 channels)
+        torch.add(torch.add(xf[..., 0] * GRAY[0], xf[..., 1] * GRAY[1]), xf[..., 2] * GRAY[2], out=grey)
+    grey.floor_().mul_(other)
+    xf.mul_(factor)
+    for c in range(xf.shape[2]):
+        xf[..., c] += grey
+    return xf.clamp_(0, 255)
 
 
 def _gray_weights() -> torch.Tensor:
