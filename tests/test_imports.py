@@ -7,7 +7,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "dsc"
 
 # docs/architecture.md: errors <- store <- formats <- compiler / runtime / transforms <- versions, CLI
-LAYERS = {"dsc._version": 0, "dsc.errors": 0, "dsc.progress": 0, "dsc.scratch": 0, "dsc.store": 1, "dsc.formats": 2, "dsc.env": 2, "dsc.compiler": 3, "dsc.runtime": 3,
+LAYERS = {"dsc._version": 0, "dsc.errors": 0, "dsc.progress": 0, "dsc.scratch": 0, "dsc.nogil": 0, "dsc.store": 1, "dsc.formats": 2, "dsc.env": 2, "dsc.compiler": 3, "dsc.runtime": 3,
           "dsc.transforms": 3, "dsc.synthetic": 4, "dsc.versions": 4, "dsc.bench": 5, "dsc.demo": 6, "dsc.cli": 6,
           "dsc": 6}
 

@@ -1,0 +1,73 @@
+"""dsc.nogil: a decorated loop runs as TorchScript (its ops never reach Python, so never take the GIL), gives
+the bytes the plain function gives, and falls back to plain Python, with a warning, where it cannot be
+scripted. Every function of dsc that uses it is scripted and compared here."""
+import importlib
+import pkgutil
+import warnings
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import dsc
+from dsc import nogil as N
+
+
+class _Count(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@N.nogil
+def _loop(x: torch.Tensor, gain: float) -> torch.Tensor:
+    for i in range(x.shape[0]):
+        x[i].mul_(gain).add_(1.0)
+    return x
+
+
+def test_scripted_loop_keeps_its_ops_out_of_python():
+    x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    want = _loop.eager(x.clone(), 2.0)
+    y = x.clone()
+    with _Count() as plain:
+        _loop.eager(y, 2.0)
+    assert plain.n >= 3 * 4  # the plain loop: every op and index a Python call (each takes the GIL)
+    _loop(x.clone(), 2.0)  # (compiles on this first call)
+    y = x.clone()
+    with _Count() as scripted:
+        got = _loop(y, 2.0)
+    assert scripted.n == 0, "the scripted loop's ops came back through Python"
+    assert torch.equal(got, want)
+
+
+def test_disabled_runs_plain_python(monkeypatch):
+    monkeypatch.setattr(N, "ENABLED", False)
+    with _Count() as c:
+        _loop(torch.ones(3, 2), 2.0)
+    assert c.n > 0
+
+
+def test_a_function_that_cannot_be_scripted_falls_back_with_a_warning():
+    @N.nogil
+    def odd(x: torch.Tensor):
+        return {frozenset([1]): x}  # (no TorchScript type for this)
+    N.REGISTERED.remove(odd)
+    with pytest.warns(RuntimeWarning, match="runs as plain Python"):
+        out = odd(torch.ones(1))
+    assert torch.equal(next(iter(out.values())), torch.ones(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        odd(torch.ones(1))  # (warned once)
+
+
+def test_every_nogil_function_of_dsc_scripts():
+    for m in pkgutil.walk_packages(dsc.__path__, "dsc."):
+        importlib.import_module(m.name)
+    for f in N.REGISTERED:
+        if f.__module__.startswith("dsc."):
+            f.scripted()  # raises with TorchScript's reason if it cannot be compiled
