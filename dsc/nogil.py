@@ -10,7 +10,10 @@ walks every byte once per op instead of once per sample while it is in cache. A 
 locality and frees the GIL: its ops and their temporaries never reach Python.
 
 ``DSC_NOGIL=0`` in the environment runs every such function as plain Python (the same ops, so the same
-bytes: the tests compare the two on every registered function). TorchScript is deprecated in torch 2.x in
+bytes: the tests compare the two on every registered function). A scripted function runs its graph as written,
+with the graph executor's optimisations off for the call (this thread only): no fuser merges its float ops
+into kernels that round otherwise (a CUDA build's profiling executor would, after a few calls), and no
+per-shape recompiling. TorchScript is deprecated in torch 2.x in
 favour of ``torch.compile``, which needs a C++ toolchain and seconds to minutes of compiling per shape; the
 project pins torch, and a function that fails to script falls back to plain Python with one warning.
 Imports nothing of dsc."""
@@ -56,7 +59,12 @@ def nogil(fn: Callable) -> Callable:
                           f"TorchScript could not compile it ({type(e).__name__}: {str(e).splitlines()[0]})",
                           RuntimeWarning, stacklevel=2)
             return fn(*args, **kwargs)
-        return run(*args, **kwargs)
+        prev = torch._C._get_graph_executor_optimize()  # (this thread's setting)
+        torch._C._set_graph_executor_optimize(False)  # the graph as written: no fusion (a CUDA build fuses chains
+        try:  # of float ops into nvrtc kernels, whose fused multiply-adds round otherwise than the eager ops)
+            return run(*args, **kwargs)
+        finally:
+            torch._C._set_graph_executor_optimize(prev)
 
     call.eager = fn
     call.scripted = scripted

@@ -71,3 +71,26 @@ def test_every_nogil_function_of_dsc_scripts():
     for f in N.REGISTERED:
         if f.__module__.startswith("dsc."):
             f.scripted()  # raises with TorchScript's reason if it cannot be compiled
+
+
+@N.nogil
+def _affine(x: torch.Tensor, y: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
+    return a * x + b * y + c
+
+
+def test_a_scripted_function_runs_its_graph_unfused_whatever_the_fuser_would_do():
+    """The graph executor's optimisations are off for the call: with the CPU fuser forced on (as a CUDA build's
+    is for device tensors), five calls of a float chain leave no fusion group in the graph that ran, and the
+    thread's own setting is left as it was."""
+    x, y = torch.rand(7, 1, dtype=torch.float64), torch.rand(7, 1, dtype=torch.float64)
+    was = torch._C._jit_can_fuse_on_cpu()
+    torch._C._jit_override_can_fuse_on_cpu(True)
+    try:
+        for _ in range(5):
+            got = _affine(x, y, 1.5, -0.25, 3.0)
+        graph = str(torch.jit.last_executed_optimized_graph())
+    finally:
+        torch._C._jit_override_can_fuse_on_cpu(was)
+    assert "TensorExprGroup" not in graph and "FusionGroup" not in graph, graph
+    assert torch.equal(got, _affine.eager(x, y, 1.5, -0.25, 3.0))
+    assert torch._C._get_graph_executor_optimize()
