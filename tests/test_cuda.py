@@ -444,3 +444,19 @@ def test_uint8_saturation_hue_and_hsv_in_place_on_the_device_equal_the_cpu():
     dev = img.cuda()
     got = hsv.apply_u8(dev, p, None)
     assert got.data_ptr() == dev.data_ptr() and int((got.cpu().int() - cpu.int()).abs().max()) <= 1
+
+
+def test_a_scripted_float_chain_on_the_device_rounds_as_the_eager_ops_after_many_calls():
+    """dsc.nogil runs a scripted function's graph unoptimised: a CUDA build's profiling executor would fuse
+    ``a * x + b * y + c`` into one nvrtc kernel after a few calls (fused multiply-adds: other roundings)."""
+    from dsc.nogil import nogil
+
+    @nogil
+    def chain(x: torch.Tensor, y: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
+        return a * x + b * y + c
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.rand(4096, generator=g).mul_(1000).cuda() for _ in range(2))
+    want = chain.eager(x, y, 1.1, -0.3, 7.7)
+    for _ in range(8):
+        got = chain(x, y, 1.1, -0.3, 7.7)
+    assert torch.equal(got, want)
