@@ -1,5 +1,6 @@
 """A remote handle whose node mirror was removed under it (``dsc cache clear``) fetches the version's small files
 again when it first reads one it had not read (keys, original sizes, affine), as an open would."""
+import os
 import uuid
 
 import numpy as np
@@ -24,3 +25,32 @@ def test_a_remote_handle_reads_its_keys_after_a_cache_clear(s3, tmp_path):
     assert ds.keys == want.keys  # (a MissingFile "open it again" before)
     assert np.array_equal(ds.orig_sizes, want.orig_sizes) and np.array_equal(ds.affine, want.affine)
     assert [ds[i]["label"] for i in (7, 3)] == [7, 3]
+
+
+def test_a_remote_handle_fetches_a_small_file_deleted_from_its_mirror_and_checks_nothing_while_files_are_there(
+        s3, tmp_path, monkeypatch):
+    """`dsc cache verify` deletes a damaged small file of the mirror and leaves its folder: the handle fetches the
+    version again when it reads that file (a MissingFile before: only a removed folder was fetched again). A
+    read of the mirror whose files are there costs no check of the folder (an fstat on every `storage.dir`
+    before)."""
+    from dsc.compiler.upload import push
+    from dsc.formats import layout as L
+
+    local = tmp_path / "d"
+    dsc.compile(Tiny(8), local, size=2, shard_size=2, progress=False, workers=1)
+    url = f"s3://dsc-test/mirror-{uuid.uuid4().hex}"
+    push(local, url, progress=False)
+    want = dsc.open(local)
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    mirror = ds.storage.dir
+    obj = next(mirror.path / o for r, o in sorted(mirror.redirect.items()) if r.startswith(L.KEYS + "/c/"))
+    obj.unlink()  # (what cache_check does with a damaged copy)
+    real = os.fstat
+    calls = []
+    monkeypatch.setattr("os.fstat", lambda fd: calls.append(fd) or real(fd))
+    for _ in range(100):
+        assert ds.storage.dir is mirror
+    assert calls == []
+    monkeypatch.undo()
+    assert ds.keys == want.keys
+    assert obj.is_file()
