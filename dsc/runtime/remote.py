@@ -383,6 +383,7 @@ class RemoteStorage(Storage):
             lease.renew()
 
     def close(self) -> None:
+        self.closed = True
         with self._lock:
             held, self._held, self._refs, self._maps = list(self._held.values()), {}, {}, {}
             self._idle.clear()
