@@ -191,6 +191,7 @@ class RemoteStorage(Storage):
         self._held: dict[str, Held] = {}
         self._pending: dict[str, Future] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # held and mapped, no reference: oldest first
+        self.range_etags: dict[str, str] = {}  # shard -> its object's ETag, pinned by read='ranged''s first range
         # Unbounded cache: keep every shard mapped (like a local dataset). Bounded: a quarter of this process's
         # share of it, so idle shards never crowd out the downloads ahead of training.
         self._budget_at, self._budget = 0.0, None
