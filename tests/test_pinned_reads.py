@@ -119,3 +119,33 @@ def test_ranged_reads_refuse_a_shard_replaced_before_or_between_their_ranges(pus
     again = dsc.open(url, cache_dir=tmp_path / "c3", cache_limit=0)
     got = [b["image"] for b in dsc.Loader(again, batch_size=8, order="sequential")]
     assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_a_compile_stops_when_a_tar_is_replaced_between_its_scan_and_its_units(pushed, tmp_path, monkeypatch):
+    """A tar in a bucket replaced (other images) after the scan read its labels and offsets:
+    the unit's read of it is refused, and the compile stops naming it; no sample of the new tar is compiled
+    under the old one's labels."""
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+    from dsc.synthetic import pack_webdataset
+    from test_versions import make_folder
+
+    url, _ = pushed
+    store = _store(url)
+    make_folder(tmp_path / "a", 12)
+    make_folder(tmp_path / "b", 12, seed0=100)
+    for name in ("a", "b"):
+        pack_webdataset(tmp_path / name, tmp_path / f"wds-{name}", per_tar=6)
+    for tar in sorted((tmp_path / "wds-a").glob("*.tar")):
+        store.put(f"wds/{tar.name}", tar.read_bytes())
+    first = sorted((tmp_path / "wds-b").glob("*.tar"))[0]
+    real, replaced = WebDatasetSource.fetcher, []
+
+    def fetcher(self, records):
+        if not replaced:  # (the scan is done: the units start)
+            replaced.append(first.name)
+            store.put(f"wds/{first.name}", first.read_bytes())
+        return real(self, records)
+    monkeypatch.setattr(WebDatasetSource, "fetcher", fetcher)
+    with pytest.raises(ObjectChangedError, match=f"wds/{first.name} was replaced"):
+        dsc.compile_webdataset(f"{url}/wds", tmp_path / "out", size=8, shard_size=6, progress=False, workers=1)
+    assert replaced
