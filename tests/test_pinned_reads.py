@@ -149,3 +149,52 @@ def test_a_compile_stops_when_a_tar_is_replaced_between_its_scan_and_its_units(p
     with pytest.raises(ObjectChangedError, match=f"wds/{first.name} was replaced"):
         dsc.compile_webdataset(f"{url}/wds", tmp_path / "out", size=8, shard_size=6, progress=False, workers=1)
     assert replaced
+
+
+def test_a_tar_named_by_its_url_and_replaced_is_read_anew_by_the_next_compile_of_the_process(pushed, tmp_path):
+    """A tar named by its URL (no listing) and replaced by another of the same size, labels changed: the next
+    compile in the same process reads the new tar (each scan starts from what the bucket says then), not a
+    refusal pinned to the ETag an earlier compile kept, nor the old labels."""
+    import io
+    import tarfile
+
+    from test_versions import make_folder
+
+    url, _ = pushed
+    store = _store(url)
+    imgs = make_folder(tmp_path / "a", 6)
+
+    def tar(labels):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+            for i, (p, label) in enumerate(zip(imgs, labels)):
+                for ext, data in (("jpg", p.read_bytes()), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"s{i}.{ext}")
+                    info.size, info.mtime = len(data), 0
+                    tf.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+    a, b = tar([0, 1, 2, 3, 0, 1]), tar([3, 2, 1, 0, 3, 2])
+    assert len(a) == len(b) and a != b
+    store.put("one/0.tar", a)
+    for n, data, want in (("o1", None, [0, 1, 2, 3, 0, 1]), ("o2", b, [3, 2, 1, 0, 3, 2]), ("o3", None, [3, 2, 1, 0, 3, 2])):
+        if data is not None:
+            store.put("one/0.tar", data)
+        dsc.compile_webdataset(f"{url}/one/0.tar", tmp_path / n, size=8, shard_size=6, progress=False, workers=1)
+        ds = dsc.open(tmp_path / n)
+        assert [int(ds[i]["label"]) for i in range(6)] == want, n
+
+
+def test_a_newer_identity_replaces_a_kept_one_even_when_the_cache_is_full(monkeypatch):
+    from dsc.compiler.sources import inputs
+
+    monkeypatch.setattr(inputs, "IDENTITY_LIMIT", 1)
+    monkeypatch.setattr(inputs, "_IDENTITY", {})
+    inputs.remember("s3://b/x", 3, 1.0, "old")
+    inputs.remember("s3://b/y", 3, 1.0, "other")  # (full: not kept)
+    inputs.remember("s3://b/x", 3, 2.0, "new")
+    assert inputs._IDENTITY == {"s3://b/x": (3, 2.0, "new")}
+
+
+def test_the_errors_of_remote_reads_are_importable_from_dsc():
+    assert dsc.ObjectChangedError is ObjectChangedError and issubclass(dsc.RemoteError, OSError)
+

@@ -264,7 +264,7 @@ class Journal:
         for p in res.parts.values():
             if getattr(p, "shard", None) is not None:
                 found = self.shard_ok(p.shard)
-                if found is Found.GONE:
+                if found not in (Found.STAGED, Found.IN_BUCKET):  # (GONE, or anything else: not kept)
                     return False, False
                 staged = staged and found is Found.STAGED
         return True, staged

@@ -73,8 +73,17 @@ def name_of(path: str) -> str:
 
 
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
-    if len(_IDENTITY) < IDENTITY_LIMIT:
+    """Keep an object's identity (a newer one replaces what was kept, even when the cache is full: reads are
+    pinned to the ETag kept here, and a stale one would refuse the object as it is now)."""
+    if url in _IDENTITY or len(_IDENTITY) < IDENTITY_LIMIT:
         _IDENTITY[url] = (int(size), float(mtime), etag)
+
+
+def forget() -> None:
+    """Drop every identity kept: each scan asks the bucket afresh (an object named by its URL, not listed, would
+    otherwise keep the identity an earlier compile of this process saw, and its reads, pinned to that ETag,
+    would refuse the object as it is now, however often the compile is run again)."""
+    _IDENTITY.clear()
 
 
 def known(paths) -> tuple:
