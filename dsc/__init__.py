@@ -35,8 +35,8 @@ _LAZY = {
 }
 
 from .errors import (CompileLockedError, ConfigError, CorruptDatasetError, DatasetNotFoundError, DscError,  # noqa: E402
-                     FormatVersionError, ImageDecodeError, OutputExistsError, SampleError, SourceError,
-                     UnsafePathError, VersionConflictError, VersionNotFoundError)
+                     FormatVersionError, ImageDecodeError, ObjectChangedError, OutputExistsError, RemoteError,
+                     SampleError, SourceError, UnsafePathError, VersionConflictError, VersionNotFoundError)
 
 
 def __getattr__(name):
@@ -60,4 +60,4 @@ def __dir__():
 
 __all__ = ["__version__", *_LAZY, "DscError", "ConfigError", "SourceError", "ImageDecodeError", "OutputExistsError",
            "SampleError", "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
-           "UnsafePathError", "VersionConflictError", "VersionNotFoundError"]
+           "UnsafePathError", "VersionConflictError", "VersionNotFoundError", "RemoteError", "ObjectChangedError"]

@@ -19,6 +19,7 @@ from ..store import open_store
 from ..formats import versions
 from ..formats.versions import source_date_epoch
 from . import cluster
+from .sources import inputs
 from .compile import compile_dataset
 from .options import CompileOptions, CompileReport
 from .sources import (DatasetSource, Param, Record, ScannedSource, Source, get_source,  # noqa: F401
@@ -87,6 +88,7 @@ def _scan(source: Source, warn, out=None, executor=None) -> ScannedSource:
     (and one for a local ``out`` inside the source's folder) go to ``warn``. A source that reads its inputs
     to index them (``index_map``: webdataset's tar headers) does it on the cluster's workers with an
     ``executor``."""
+    inputs.forget()  # (what the bucket holds now, not what an earlier compile of this process saw)
     if executor is not None and hasattr(type(source), "index_map"):
         source.index_map = cluster.dask_map(executor)
     try:

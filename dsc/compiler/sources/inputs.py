@@ -73,8 +73,17 @@ def name_of(path: str) -> str:
 
 
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
-    if len(_IDENTITY) < IDENTITY_LIMIT:
+    """Keep an object's identity (a newer one replaces what was kept, even when the cache is full: reads are
+    pinned to the ETag kept here, and a stale one would refuse the object as it is now)."""
+    if url in _IDENTITY or len(_IDENTITY) < IDENTITY_LIMIT:
         _IDENTITY[url] = (int(size), float(mtime), etag)
+
+
+def forget() -> None:
+    """Drop every identity kept: each scan asks the bucket afresh (an object named by its URL, not listed, would
+    otherwise keep the identity an earlier compile of this process saw, and its reads, pinned to that ETag,
+    would refuse the object as it is now, however often the compile is run again)."""
+    _IDENTITY.clear()
 
 
 def known(paths) -> tuple:
@@ -164,11 +173,14 @@ def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequen
         return open(path, "rb")
     store, rel = split(path)
     size = size if size is not None else size_of(path)
+    # every request reads the object the listing saw (its ETag): one replaced since is an ObjectChangedError, never
+    # a scan's offsets over another tar's bytes
+    pin = {"etag": _IDENTITY[path][2]} if _IDENTITY.get(path, (0, 0, ""))[2] else {}
     if sequential:
-        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead)
+        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead, **pin)
     if buffer <= 0:  # unbuffered: each read one request for exactly its bytes (a reader whose reads are few, large)
-        return RangeFile(store, rel, size)
-    return store.reader(rel, size, buffer)
+        return RangeFile(store, rel, size, **pin)
+    return store.reader(rel, size, buffer, **pin)
 
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:
