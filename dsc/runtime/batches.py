@@ -13,12 +13,15 @@
 """
 from __future__ import annotations
 
+from typing import List
+
 import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..nogil import nogil
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste, paste_bits
+from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -278,6 +281,23 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
     return out.div_(torch.full((), 255.0, device=out.device))
 
 
+@nogil
+def cast_image(src: torch.Tensor, out: torch.Tensor, flip_rows: bool, flip_columns: bool, divisor: torch.Tensor) -> None:
+    """``out`` (H, W, C) float32 = ``src`` (H, W, C) uint8, mirrored as asked, divided by ``divisor`` (a 0-dim
+    255, as :func:`_chw_float` divides): the gather's cast of a flip-only chain for the torchvision form, one
+    scripted call a sample (dsc.nogil), where the flip, the cast's copy and the division each released and
+    retook the GIL from Python (a handover to the Loader's other thread each)."""
+    x = src
+    dims: List[int] = []
+    if flip_rows:
+        dims.append(0)
+    if flip_columns:
+        dims.append(1)
+    if len(dims) > 0:
+        x = x.flip(dims)
+    out.copy_(x).div_(divisor)
+
+
 def _on_device(device):
     """An allocator of new tensors on ``device`` (a batch already there: the CUDA path's output form)."""
     return lambda name, shape, dtype: torch.empty(shape, dtype=dtype, device=device)
@@ -366,12 +386,71 @@ def _packed_chw_floats(batch: dict, alloc=None):
     return [buf.as_strided((c, h, w), (1, w * c, c), at + o[k]) for k, (h, w, c) in enumerate(shapes)]
 
 
+# each byte's 8 bits, most significant first, as 0/1 bytes (numpy.unpackbits of 0..255), a row an int64: one
+# index_select of a run of packed bytes unpacks it (a shift and mask of each bit took 6x as long)
+_UNPACKED = torch.from_numpy(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)).view(torch.int64).view(-1)
+
+
+@nogil
+def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], flips: List[List[int]],
+                rows: List[List[int]], sizes: List[List[int]], buf: torch.Tensor, bits: bool,
+                table: torch.Tensor, words: torch.Tensor, unpacked: torch.Tensor) -> List[torch.Tensor]:
+    """Each sample's per-object masks (len(rows[b]), H, W) uint8 as views of ``buf``, one after the other,
+    zeroed, each object ``i`` of ``rows[b]`` (ascending) pasted at ``rects[i]`` (top, left, height, width in the
+    output): from ``src`` crops (uint8 0/1, crop ``i`` at ``offsets[i]:offsets[i + 1]``), or with ``bits``
+    from the gather's packed bits (byte ``offsets``, each crop's bits starting a byte, most significant bit
+    first: ``numpy.packbits``; ``table``: :data:`_UNPACKED`; ``words`` int64 of the most bytes a sample's
+    objects span, ``unpacked`` its uint8 view: TorchScript has no view as another dtype), mirrored by
+    ``flips[i]`` (rows, columns; empty: none). Scripted (dsc.nogil):
+    the loop over samples and objects runs without the GIL, one call a batch (as numpy views and slice
+    copies it took the GIL back for each crop, a handover to the Loader's other thread each). A sample's
+    masks are zeroed just before its crops go in (a few MB, still in cache for them); its bits are unpacked
+    by one lookup of the bytes from its first object's to its last's in ``table`` (rows left out between them,
+    crowds, are unpacked and not used)."""
+    table = table.to(src.device)
+    out: List[torch.Tensor] = []
+    at = 0
+    for b in range(len(rows)):
+        r = rows[b]
+        h, w = sizes[b][0], sizes[b][1]
+        n = len(r) * h * w
+        m = buf[at:at + n].view(len(r), h, w)
+        at += n
+        m.zero_()
+        out.append(m)
+        if len(r) == 0:
+            continue
+        start = offsets[r[0]]
+        run = src
+        if bits:
+            if offsets[r[-1] + 1] == start:
+                continue
+            n = offsets[r[-1] + 1] - start
+            torch.index_select(table, 0, src[start:start + n].int(), out=words[:n])
+            run = unpacked[:8 * n]
+        for k in range(len(r)):
+            i = r[k]
+            t, l, mh, mw = rects[i][0], rects[i][1], rects[i][2], rects[i][3]
+            if mh > 0 and mw > 0:
+                a = 8 * (offsets[i] - start) if bits else offsets[i]
+                crop = run[a:a + mh * mw].view(mh, mw)
+                dims: List[int] = []
+                if len(flips) > 0 and flips[i][0] != 0:
+                    dims.append(0)
+                if len(flips) > 0 and flips[i][1] != 0:
+                    dims.append(1)
+                if len(dims) > 0:
+                    crop = crop.flip(dims)
+                m[k, t:t + mh, l:l + mw].copy_(crop)
+    return out
+
+
 def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
     """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keep``: a bool per box row of the
     batch, only those; None: all), as :func:`object_masks` makes them, but as views of one buffer from
-    ``alloc`` for the whole batch, zeroed, each crop copied straight into its place (on the CPU through numpy
-    views: a slice assignment costs a microsecond there against ten for a tensor's, and releases the GIL
-    for its copy, so the Loader's two threads are not serialised by the per-object loop)."""
+    ``alloc`` for the whole batch, each crop pasted straight into its place by :func:`paste_masks` (one
+    scripted call for the batch, on the CPU from the gather's packed bits when it left them so: each crop
+    written once)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
     how = batch[bits_key(key)].tolist() if bits_key(key) in batch else None
@@ -379,37 +458,17 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     rows = []
     for b in range(len(o) - 1):
         r = range(o[b], o[b + 1])
-        rows.append(r if kept is None else [i for i in r if kept[i]])
+        rows.append(list(r) if kept is None else [i for i in r if kept[i]])
     sizes = _image_sizes(batch, len(o) - 1)
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
-    cpu = buf.device.type == "cpu" and flat.device.type == "cpu"
-    if how is not None and not cpu:  # (the gather's packed bits are a CPU form: crops first, on a device)
-        crops_of_bits(batch, key)
+    if how is not None and (buf.device.type != "cpu" or flat.device.type != "cpu"):
+        crops_of_bits(batch, key)  # (the gather's packed bits are a CPU form: crops first, on a device)
         return _target_masks(batch, key, keep, alloc)
-    # each call here that releases the GIL hands it to the Loader's other thread (a context switch each), so
-    # the calls are per sample, not per object: a sample's masks zeroed by one call just before its crops
-    # go in (a few MB, still in cache for them; on a device the whole buffer by one kernel), its (k, H, W)
-    # view made by one call; per object only the crop's copy
-    dest, src = (buf.numpy(), flat.numpy()) if cpu else (buf.zero_(), flat)
-    out, off, at = [], 0, buf.storage_offset()
-    for r, (h, w) in zip(rows, sizes):
-        n = len(r) * h * w
-        out.append(buf.as_strided((len(r), h, w), (h * w, w, 1), at + off))
-        m = dest[off:off + n]
-        if how is not None:  # the gather's packed bits: unpacked straight into the masks (each crop written once)
-            paste_bits(src, mo, rects, how, list(r), m.reshape(len(r), h, w))
-            off += n
-            continue
-        if cpu:
-            m[:] = 0
-        m = m.reshape(len(r), h, w)
-        off += n
-        for j, i in enumerate(r):
-            t, l, mh, mw = rects[i]
-            if mh and mw:
-                m[j, t:t + mh, l:l + mw] = src[mo[i]:mo[i + 1]].reshape(mh, mw)
-    return out
+    words = alloc(f"torchvision_{key}:unpacked", (max([mo[r[-1] + 1] - mo[r[0]] for r in rows if r] or [0])
+                                                  if how is not None else 0,), torch.int64)
+    return paste_masks(flat, mo, rects, how or [], rows, [list(s) for s in sizes], buf, how is not None, _UNPACKED,
+                       words, words.view(torch.uint8))
 
 
 def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
