@@ -13,7 +13,7 @@
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -380,10 +380,20 @@ def _packed_chw_floats(batch: dict, alloc=None):
         step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
         for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
             buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
-    o, at = batch["image_offsets"].tolist(), buf.storage_offset()
-    # each image's (C, H, W) view made by one call (a slice, view and movedim were three, two of them
-    # releasing the GIL: the Loader's other thread was handed it twice an image)
-    return [buf.as_strided((c, h, w), (1, w * c, c), at + o[k]) for k, (h, w, c) in enumerate(shapes)]
+    # the images' (C, H, W) views, made by one scripted call for the batch (a slice, view and movedim were three
+    # calls an image, then one as_strided: each released the GIL, handing it to the Loader's other thread)
+    return image_views(buf, shapes, batch["image_offsets"].tolist(), buf.storage_offset())
+
+
+@nogil
+def image_views(buf: torch.Tensor, shapes: List[List[int]], offsets: List[int], at: int) -> List[torch.Tensor]:
+    """Each image ``k`` of a packed channels-last ``buf`` (its (h, w, c) in ``shapes``, its first element at
+    ``offsets[k]`` past ``at``, the buffer's storage offset) as a (C, H, W) view."""
+    out: List[torch.Tensor] = []
+    for k in range(len(shapes)):
+        h, w, c = shapes[k][0], shapes[k][1], shapes[k][2]
+        out.append(buf.as_strided([c, h, w], [1, w * c, c], at + offsets[k]))
+    return out
 
 
 # each byte's 8 bits, most significant first, as 0/1 bytes (numpy.unpackbits of 0..255), a row an int64: one
@@ -505,6 +515,35 @@ def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor
     return ((mask.unsqueeze(0) == values.to(mask.device).view(-1, 1, 1)) & inside).to(torch.uint8)
 
 
+@nogil
+def target_rows(names: List[str], cols: List[torch.Tensor], offsets: torch.Tensor, drop_crowds: bool
+                ) -> Tuple[List[List[torch.Tensor]], Optional[torch.Tensor]]:
+    """The torchvision form's per-box columns (``names``, ``cols``: packed, ``offsets`` the box offsets), per
+    sample as views (:func:`packed_to_list`'s), ``boxes`` float32 and ``labels`` int64 1-based; with
+    ``drop_crowds`` the rows whose ``iscrowd`` is set left out, batch-wide (and which rows were kept, None when
+    all were). Scripted (dsc.nogil): one call a batch, where the conversions, the crowds' filter and a split
+    a column each took the GIL back from Python."""
+    cols = [c.to(torch.float32) if n == "boxes" else (c.to(torch.int64) + 1 if n == "labels" else c)
+            for n, c in zip(names, cols)]
+    keep: Optional[torch.Tensor] = None
+    if drop_crowds and "iscrowd" in names and bool(cols[names.index("iscrowd")].any()):
+        k = cols[names.index("iscrowd")] == 0
+        cols = [c[k] for c in cols]
+        kept = torch.zeros(k.shape[0] + 1, dtype=torch.int64, device=k.device)
+        torch.cumsum(k, 0, out=kept[1:])
+        offsets = kept[offsets]
+        keep = k
+    o: List[int] = offsets.tolist()
+    out: List[List[torch.Tensor]] = []
+    if len(o) < 2:
+        return out, keep
+    counts = [o[b + 1] - o[b] for b in range(len(o) - 1)]
+    per = [torch.split(c[o[0]:o[-1]], counts) for c in cols]
+    for b in range(len(counts)):
+        out.append([views[b] for views in per])
+    return out, keep
+
+
 def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None,
                      keep_crowd: bool = False, alloc=None) -> tuple:
     """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
@@ -535,21 +574,13 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
     mask = _each(sample_pixels(batch, masks[0]), lambda m: m.to(torch.int64)) if masks else None
     if "box_offsets" in batch:
-        cols = {k: batch[k] for k in schema.box_rows() if k in batch}
-        cols["boxes"] = cols["boxes"].to(torch.float32)
-        cols["labels"] = cols["labels"].to(torch.int64) + 1
-        box_offsets, keep = batch["box_offsets"], None
-        if not keep_crowd and "iscrowd" in cols and bool(cols["iscrowd"].any()):  # the crowds out, batch-wide
-            keep = cols["iscrowd"] == 0
-            cols = {name: v[keep] for name, v in cols.items()}
-            kept = torch.zeros(len(keep) + 1, dtype=torch.int64, device=keep.device)
-            torch.cumsum(keep, 0, out=kept[1:])
-            box_offsets = kept[box_offsets]
-        targets = packed_to_list(box_offsets, cols)
+        names = [k for k in schema.box_rows() if k in batch]
+        per, keep = target_rows(names, [batch[k] for k in names], batch["box_offsets"], not keep_crowd)
+        targets = [dict(zip(names, views)) for views in per]
         ids = batch["image_id"].tolist() if "image_id" in batch else []
         index = batch["index"].tolist() if "index" in batch and "index" not in schema else []  # the dataset row
         # the transforms' record of each sample's geometry (transforms/objects.py record_geometry)
-        affine = batch["affine"] if "affine" in batch and "affine" not in schema else None
+        affine = batch["affine"].unbind(0) if "affine" in batch and "affine" not in schema else None
         flipped = batch["flipped"].tolist() if "flipped" in batch and "flipped" not in schema else None
         exact = [k for k in schema.object_masks() if k in batch]
         exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None
