@@ -425,33 +425,37 @@ def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], f
         h, w = sizes[b][0], sizes[b][1]
         n = len(r) * h * w
         m = buf[at:at + n].view(len(r), h, w)
+        base = buf.storage_offset() + at
         at += n
         m.zero_()
         out.append(m)
         if len(r) == 0:
             continue
         start = offsets[r[0]]
-        run = src
+        run, first = src, src.storage_offset()
         if bits:
             if offsets[r[-1] + 1] == start:
                 continue
             n = offsets[r[-1] + 1] - start
             torch.index_select(table, 0, src[start:start + n].int(), out=words[:n])
-            run = unpacked[:8 * n]
+            run, first = unpacked, unpacked.storage_offset() - 8 * start
         for k in range(len(r)):
             i = r[k]
             t, l, mh, mw = rects[i][0], rects[i][1], rects[i][2], rects[i][3]
-            if mh > 0 and mw > 0:
-                a = 8 * (offsets[i] - start) if bits else offsets[i]
-                crop = run[a:a + mh * mw].view(mh, mw)
+            if mh > 0 and mw > 0:  # (views by as_strided: one op each, where a slice, view and index took three)
+                crop = run.as_strided([mh, mw], [mw, 1], first + (8 * offsets[i] if bits else offsets[i]))
+                place = buf.as_strided([mh, mw], [w, 1], base + k * h * w + t * w + l)
                 dims: List[int] = []
                 if len(flips) > 0 and flips[i][0] != 0:
                     dims.append(0)
                 if len(flips) > 0 and flips[i][1] != 0:
                     dims.append(1)
-                if len(dims) > 0:
-                    crop = crop.flip(dims)
-                m[k, t:t + mh, l:l + mw].copy_(crop)
+                if len(dims) > 0 and torch.jit.is_scripting():
+                    torch.flip(crop, dims, out=place)  # (flip's out= form: TorchScript has it, Python not)
+                elif len(dims) > 0:
+                    place.copy_(crop.flip(dims))
+                else:
+                    place.copy_(crop)
     return out
 
 
