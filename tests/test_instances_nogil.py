@@ -139,7 +139,8 @@ def test_the_target_and_geometry_kernels_scripted_equal_eager():
     points[..., 2] = torch.randint(0, 3, (7, 17), generator=g).float()
     flip = list(range(17))[::-1]
     for index in (flip, []):
-        _both(O.keypoints_through, points, fwd[sample], sample == 0, index, w[sample].view(-1, 1), h[sample].view(-1, 1))
+        _both(O.keypoints_through, points, fwd[sample], sample == 0, index, w[sample].view(-1, 1),
+              h[sample].view(-1, 1))
 
 
 def test_a_flip_batch_in_the_torchvision_form_makes_few_torch_calls_from_python(ds):

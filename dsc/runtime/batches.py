@@ -282,7 +282,8 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
 
 
 @nogil
-def cast_image(src: torch.Tensor, out: torch.Tensor, flip_rows: bool, flip_columns: bool, divisor: torch.Tensor) -> None:
+def cast_image(src: torch.Tensor, out: torch.Tensor, flip_rows: bool, flip_columns: bool, divisor: torch.Tensor
+               ) -> None:
     """``out`` (H, W, C) float32 = ``src`` (H, W, C) uint8, mirrored as asked, divided by ``divisor`` (a 0-dim
     255, as :func:`_chw_float` divides): the gather's cast of a flip-only chain for the torchvision form, one
     scripted call a sample (dsc.nogil), where the flip, the cast's copy and the division each released and
