@@ -147,6 +147,10 @@ def test_a_flip_batch_in_the_torchvision_form_makes_few_torch_calls_from_python(
     """Counted in the pieces this path runs: the form (main: 54 calls for 1 sample, 69 for 6, growing with
     the samples; now the same for both) and the boxes', masks' and keypoints' move (main: 147-162)."""
     import dsc.runtime.dataset as D
+    from dsc import nogil
+
+    if not nogil.ENABLED:
+        pytest.skip("DSC_NOGIL=0: the kernels run as plain Python, each op a call")
 
     form, moves = {}, []
     real = D.move_objects
