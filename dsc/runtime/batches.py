@@ -418,7 +418,11 @@ def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], f
     masks are zeroed just before its crops go in (a few MB, still in cache for them); its bits are unpacked
     by one lookup of the bytes from its first object's to its last's in ``table`` (rows left out between them,
     crowds, are unpacked and not used)."""
-    table = table.to(src.device)
+    if bits and table.device != src.device:  # (the bits path is the CPU's: no copy, no sync, on a device)
+        table = table.to(src.device)
+    cpu = buf.device.type == "cpu"
+    if not cpu:  # on a device the whole buffer by one kernel, not a launch a sample
+        buf.zero_()
     out: List[torch.Tensor] = []
     at = 0
     for b in range(len(rows)):
@@ -428,7 +432,8 @@ def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], f
         m = buf[at:at + n].view(len(r), h, w)
         base = buf.storage_offset() + at
         at += n
-        m.zero_()
+        if cpu:
+            m.zero_()
         out.append(m)
         if len(r) == 0:
             continue
