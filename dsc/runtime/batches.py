@@ -13,12 +13,15 @@
 """
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..nogil import nogil
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste, paste_bits
+from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -278,6 +281,24 @@ def _chw_float(image: torch.Tensor) -> torch.Tensor:
     return out.div_(torch.full((), 255.0, device=out.device))
 
 
+@nogil
+def cast_image(src: torch.Tensor, out: torch.Tensor, flip_rows: bool, flip_columns: bool, divisor: torch.Tensor
+               ) -> None:
+    """``out`` (H, W, C) float32 = ``src`` (H, W, C) uint8, mirrored as asked, divided by ``divisor`` (a 0-dim
+    255, as :func:`_chw_float` divides): the gather's cast of a flip-only chain for the torchvision form, one
+    scripted call a sample (dsc.nogil), where the flip, the cast's copy and the division each released and
+    retook the GIL from Python (a handover to the Loader's other thread each)."""
+    x = src
+    dims: List[int] = []
+    if flip_rows:
+        dims.append(0)
+    if flip_columns:
+        dims.append(1)
+    if len(dims) > 0:
+        x = x.flip(dims)
+    out.copy_(x).div_(divisor)
+
+
 def _on_device(device):
     """An allocator of new tensors on ``device`` (a batch already there: the CUDA path's output form)."""
     return lambda name, shape, dtype: torch.empty(shape, dtype=dtype, device=device)
@@ -360,18 +381,96 @@ def _packed_chw_floats(batch: dict, alloc=None):
         step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
         for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
             buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
-    o, at = batch["image_offsets"].tolist(), buf.storage_offset()
-    # each image's (C, H, W) view made by one call (a slice, view and movedim were three, two of them
-    # releasing the GIL: the Loader's other thread was handed it twice an image)
-    return [buf.as_strided((c, h, w), (1, w * c, c), at + o[k]) for k, (h, w, c) in enumerate(shapes)]
+    # the images' (C, H, W) views, made by one scripted call for the batch (a slice, view and movedim were three
+    # calls an image, then one as_strided: each released the GIL, handing it to the Loader's other thread)
+    return image_views(buf, shapes, batch["image_offsets"].tolist(), buf.storage_offset())
+
+
+@nogil
+def image_views(buf: torch.Tensor, shapes: List[List[int]], offsets: List[int], at: int) -> List[torch.Tensor]:
+    """Each image ``k`` of a packed channels-last ``buf`` (its (h, w, c) in ``shapes``, its first element at
+    ``offsets[k]`` past ``at``, the buffer's storage offset) as a (C, H, W) view."""
+    out: List[torch.Tensor] = []
+    for k in range(len(shapes)):
+        h, w, c = shapes[k][0], shapes[k][1], shapes[k][2]
+        out.append(buf.as_strided([c, h, w], [1, w * c, c], at + offsets[k]))
+    return out
+
+
+# each byte's 8 bits, most significant first, as 0/1 bytes (numpy.unpackbits of 0..255), a row an int64: one
+# index_select of a run of packed bytes unpacks it (a shift and mask of each bit took 6x as long)
+_UNPACKED = torch.from_numpy(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)).view(torch.int64).view(-1)
+
+
+@nogil
+def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], flips: List[List[int]],
+                rows: List[List[int]], sizes: List[List[int]], buf: torch.Tensor, bits: bool,
+                table: torch.Tensor, words: torch.Tensor, unpacked: torch.Tensor) -> List[torch.Tensor]:
+    """Each sample's per-object masks (len(rows[b]), H, W) uint8 as views of ``buf``, one after the other,
+    zeroed, each object ``i`` of ``rows[b]`` (ascending) pasted at ``rects[i]`` (top, left, height, width in the
+    output): from ``src`` crops (uint8 0/1, crop ``i`` at ``offsets[i]:offsets[i + 1]``), or with ``bits``
+    from the gather's packed bits (byte ``offsets``, each crop's bits starting a byte, most significant bit
+    first: ``numpy.packbits``; ``table``: :data:`_UNPACKED`; ``words`` int64 of the most bytes a sample's
+    objects span, ``unpacked`` its uint8 view: TorchScript has no view as another dtype), mirrored by
+    ``flips[i]`` (rows, columns; empty: none). Scripted (dsc.nogil):
+    the loop over samples and objects runs without the GIL, one call a batch (as numpy views and slice
+    copies it took the GIL back for each crop, a handover to the Loader's other thread each). A sample's
+    masks are zeroed just before its crops go in (a few MB, still in cache for them); its bits are unpacked
+    by one lookup of the bytes from its first object's to its last's in ``table`` (rows left out between them,
+    crowds, are unpacked and not used)."""
+    if bits and table.device != src.device:  # (the bits path is the CPU's: no copy, no sync, on a device)
+        table = table.to(src.device)
+    cpu = buf.device.type == "cpu"
+    if not cpu:  # on a device the whole buffer by one kernel, not a launch a sample
+        buf.zero_()
+    out: List[torch.Tensor] = []
+    at = 0
+    for b in range(len(rows)):
+        r = rows[b]
+        h, w = sizes[b][0], sizes[b][1]
+        n = len(r) * h * w
+        m = buf[at:at + n].view(len(r), h, w)
+        base = buf.storage_offset() + at
+        at += n
+        if cpu:
+            m.zero_()
+        out.append(m)
+        if len(r) == 0:
+            continue
+        start = offsets[r[0]]
+        run, first = src, src.storage_offset()
+        if bits:
+            if offsets[r[-1] + 1] == start:
+                continue
+            n = offsets[r[-1] + 1] - start
+            torch.index_select(table, 0, src[start:start + n].int(), out=words[:n])
+            run, first = unpacked, unpacked.storage_offset() - 8 * start
+        for k in range(len(r)):
+            i = r[k]
+            t, l, mh, mw = rects[i][0], rects[i][1], rects[i][2], rects[i][3]
+            if mh > 0 and mw > 0:  # (views by as_strided: one op each, where a slice, view and index took three)
+                crop = run.as_strided([mh, mw], [mw, 1], first + (8 * offsets[i] if bits else offsets[i]))
+                place = buf.as_strided([mh, mw], [w, 1], base + k * h * w + t * w + l)
+                dims: List[int] = []
+                if len(flips) > 0 and flips[i][0] != 0:
+                    dims.append(0)
+                if len(flips) > 0 and flips[i][1] != 0:
+                    dims.append(1)
+                if len(dims) > 0 and torch.jit.is_scripting():
+                    torch.flip(crop, dims, out=place)  # (flip's out= form: TorchScript has it, Python not)
+                elif len(dims) > 0:
+                    place.copy_(crop.flip(dims))
+                else:
+                    place.copy_(crop)
+    return out
 
 
 def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
     """Each sample's per-object masks (k, H, W) uint8 at its image's size (``keep``: a bool per box row of the
     batch, only those; None: all), as :func:`object_masks` makes them, but as views of one buffer from
-    ``alloc`` for the whole batch, zeroed, each crop copied straight into its place (on the CPU through numpy
-    views: a slice assignment costs a microsecond there against ten for a tensor's, and releases the GIL
-    for its copy, so the Loader's two threads are not serialised by the per-object loop)."""
+    ``alloc`` for the whole batch, each crop pasted straight into its place by :func:`paste_masks` (one
+    scripted call for the batch, on the CPU from the gather's packed bits when it left them so: each crop
+    written once)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
     how = batch[bits_key(key)].tolist() if bits_key(key) in batch else None
@@ -379,37 +478,17 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     rows = []
     for b in range(len(o) - 1):
         r = range(o[b], o[b + 1])
-        rows.append(r if kept is None else [i for i in r if kept[i]])
+        rows.append(list(r) if kept is None else [i for i in r if kept[i]])
     sizes = _image_sizes(batch, len(o) - 1)
     alloc = alloc or _on_device(flat.device)
     buf = alloc(f"torchvision_{key}", (sum(len(r) * h * w for r, (h, w) in zip(rows, sizes)),), torch.uint8)
-    cpu = buf.device.type == "cpu" and flat.device.type == "cpu"
-    if how is not None and not cpu:  # (the gather's packed bits are a CPU form: crops first, on a device)
-        crops_of_bits(batch, key)
+    if how is not None and (buf.device.type != "cpu" or flat.device.type != "cpu"):
+        crops_of_bits(batch, key)  # (the gather's packed bits are a CPU form: crops first, on a device)
         return _target_masks(batch, key, keep, alloc)
-    # each call here that releases the GIL hands it to the Loader's other thread (a context switch each), so
-    # the calls are per sample, not per object: a sample's masks zeroed by one call just before its crops
-    # go in (a few MB, still in cache for them; on a device the whole buffer by one kernel), its (k, H, W)
-    # view made by one call; per object only the crop's copy
-    dest, src = (buf.numpy(), flat.numpy()) if cpu else (buf.zero_(), flat)
-    out, off, at = [], 0, buf.storage_offset()
-    for r, (h, w) in zip(rows, sizes):
-        n = len(r) * h * w
-        out.append(buf.as_strided((len(r), h, w), (h * w, w, 1), at + off))
-        m = dest[off:off + n]
-        if how is not None:  # the gather's packed bits: unpacked straight into the masks (each crop written once)
-            paste_bits(src, mo, rects, how, list(r), m.reshape(len(r), h, w))
-            off += n
-            continue
-        if cpu:
-            m[:] = 0
-        m = m.reshape(len(r), h, w)
-        off += n
-        for j, i in enumerate(r):
-            t, l, mh, mw = rects[i]
-            if mh and mw:
-                m[j, t:t + mh, l:l + mw] = src[mo[i]:mo[i + 1]].reshape(mh, mw)
-    return out
+    words = alloc(f"torchvision_{key}:unpacked", (max([mo[r[-1] + 1] - mo[r[0]] for r in rows if r] or [0])
+                                                  if how is not None else 0,), torch.int64)
+    return paste_masks(flat, mo, rects, how or [], rows, [list(s) for s in sizes], buf, how is not None, _UNPACKED,
+                       words, words.view(torch.uint8))
 
 
 def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
@@ -446,6 +525,35 @@ def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor
     return ((mask.unsqueeze(0) == values.to(mask.device).view(-1, 1, 1)) & inside).to(torch.uint8)
 
 
+@nogil
+def target_rows(names: List[str], cols: List[torch.Tensor], offsets: torch.Tensor, drop_crowds: bool
+                ) -> Tuple[List[List[torch.Tensor]], Optional[torch.Tensor]]:
+    """The torchvision form's per-box columns (``names``, ``cols``: packed, ``offsets`` the box offsets), per
+    sample as views (:func:`packed_to_list`'s), ``boxes`` float32 and ``labels`` int64 1-based; with
+    ``drop_crowds`` the rows whose ``iscrowd`` is set left out, batch-wide (and which rows were kept, None when
+    all were). Scripted (dsc.nogil): one call a batch, where the conversions, the crowds' filter and a split
+    a column each took the GIL back from Python."""
+    cols = [c.to(torch.float32) if n == "boxes" else (c.to(torch.int64) + 1 if n == "labels" else c)
+            for n, c in zip(names, cols)]
+    keep: Optional[torch.Tensor] = None
+    if drop_crowds and "iscrowd" in names and bool(cols[names.index("iscrowd")].any()):
+        k = cols[names.index("iscrowd")] == 0
+        cols = [c[k] for c in cols]
+        kept = torch.zeros(k.shape[0] + 1, dtype=torch.int64, device=k.device)
+        torch.cumsum(k, 0, out=kept[1:])
+        offsets = kept[offsets]
+        keep = k
+    o: List[int] = offsets.tolist()
+    out: List[List[torch.Tensor]] = []
+    if len(o) < 2:
+        return out, keep
+    counts = [o[b + 1] - o[b] for b in range(len(o) - 1)]
+    per = [torch.split(c[o[0]:o[-1]], counts) for c in cols]
+    for b in range(len(counts)):
+        out.append([views[b] for views in per])
+    return out, keep
+
+
 def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None,
                      keep_crowd: bool = False, alloc=None) -> tuple:
     """``dsc.Loader(..., format="torchvision")``: ``(images, targets)`` as torchvision's models take them.
@@ -476,21 +584,13 @@ def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | No
     masks = [k for k, r in schema.pixels().items() if k != "image" and k in batch]
     mask = _each(sample_pixels(batch, masks[0]), lambda m: m.to(torch.int64)) if masks else None
     if "box_offsets" in batch:
-        cols = {k: batch[k] for k in schema.box_rows() if k in batch}
-        cols["boxes"] = cols["boxes"].to(torch.float32)
-        cols["labels"] = cols["labels"].to(torch.int64) + 1
-        box_offsets, keep = batch["box_offsets"], None
-        if not keep_crowd and "iscrowd" in cols and bool(cols["iscrowd"].any()):  # the crowds out, batch-wide
-            keep = cols["iscrowd"] == 0
-            cols = {name: v[keep] for name, v in cols.items()}
-            kept = torch.zeros(len(keep) + 1, dtype=torch.int64, device=keep.device)
-            torch.cumsum(keep, 0, out=kept[1:])
-            box_offsets = kept[box_offsets]
-        targets = packed_to_list(box_offsets, cols)
+        names = [k for k in schema.box_rows() if k in batch]
+        per, keep = target_rows(names, [batch[k] for k in names], batch["box_offsets"], not keep_crowd)
+        targets = [dict(zip(names, views)) for views in per]
         ids = batch["image_id"].tolist() if "image_id" in batch else []
         index = batch["index"].tolist() if "index" in batch and "index" not in schema else []  # the dataset row
         # the transforms' record of each sample's geometry (transforms/objects.py record_geometry)
-        affine = batch["affine"] if "affine" in batch and "affine" not in schema else None
+        affine = batch["affine"].unbind(0) if "affine" in batch and "affine" not in schema else None
         flipped = batch["flipped"].tolist() if "flipped" in batch and "flipped" not in schema else None
         exact = [k for k in schema.object_masks() if k in batch]
         exact_masks = _target_masks(batch, exact[0], keep, alloc) if exact else None

@@ -25,11 +25,11 @@ from ..store.local import Root
 from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
-from .batches import (BOX_FORMS, CAST_KEY, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, collate,
-                      new_tensor, torch_dtype, numpy_alloc)
+from .batches import (BOX_FORMS, CAST_KEY, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, cast_image,
+                      collate, new_tensor, torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
-from ..transforms.fused import run_batch, run_program
+from ..transforms.fused import _pending_flips, run_batch, run_program
 from ..transforms.objects import flip_only, move_objects
 from ..transforms.resample import apply_plan
 from .remote import open_remote
@@ -645,7 +645,11 @@ def _program_writer(plan, role, cast: bool = False):
 
     def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
         out = torch.from_numpy(dest)
-        run_program(torch.from_numpy(view), plan.programs[k] if plan is not None else [], out, nearest, role.fill)
+        program = plan.programs[k] if plan is not None else []
+        if cast and all(step[0] == "flip" for step in program):  # (one scripted call: flip, cast, divide)
+            cast_image(torch.from_numpy(view), out, *_pending_flips(program, False, False), divisor)
+            return
+        run_program(torch.from_numpy(view), program, out, nearest, role.fill)
         if cast:
             out.div_(divisor)
     return write

@@ -27,12 +27,15 @@ and ``flipped`` (B,) bool, the output mirrors the stored image left-right (its j
 """
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 import numpy as np
 import torch
 
 from ..errors import DscError
 from ..formats.fields import Schema
 from ..formats.fields.object_masks import crops_of_bits
+from ..nogil import nogil
 from .fused import ChainPlan, run_program
 from .geometric import RandomHorizontalFlip
 
@@ -208,16 +211,23 @@ def move_keypoints(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor,
                    ) -> torch.Tensor:
     """(M, K, 3) joints through per-row forward maps ``fwd`` (M, 3, 3); rows with ``hflip`` get their joints
     permuted by ``flip_index``; hidden or outside joints become (0, 0, 0). ``out_w``, ``out_h``: the output
-    size, one for all or (M,) per row."""
+    size, one for all or (M,) per row. (None ``flip_index``: unknown, joints stay; the Loader warned.)"""
+    ow, oh = (torch.as_tensor(out_w, dtype=torch.float64, device=points.device).reshape(-1, 1),
+              torch.as_tensor(out_h, dtype=torch.float64, device=points.device).reshape(-1, 1))
+    return keypoints_through(points, fwd.to(points.device), hflip, list(flip_index or ()), ow, oh)
+
+
+@nogil
+def keypoints_through(points: torch.Tensor, fwd: torch.Tensor, hflip: torch.Tensor, flip_index: List[int],
+                      ow: torch.Tensor, oh: torch.Tensor) -> torch.Tensor:
+    """:func:`move_keypoints`' arithmetic, scripted (dsc.nogil: its dozen small ops a batch run without the
+    GIL): ``ow``, ``oh`` (1 or M, 1) float64, ``flip_index`` empty when unknown."""
     p = points.double()
-    if flip_index and bool(hflip.any()):  # (None: unknown, joints stay; the Loader warned)
-        p = torch.where(hflip.view(-1, 1, 1), p[:, list(flip_index)], p)
-    x, y, v = p[..., 0], p[..., 1], p[..., 2]
-    f = fwd.to(p.device)
-    nx = f[:, 0, 0:1] * x + f[:, 0, 1:2] * y + f[:, 0, 2:3]
-    ny = f[:, 1, 0:1] * x + f[:, 1, 1:2] * y + f[:, 1, 2:3]
-    ow, oh = (torch.as_tensor(out_w, dtype=torch.float64, device=p.device).reshape(-1, 1),
-              torch.as_tensor(out_h, dtype=torch.float64, device=p.device).reshape(-1, 1))
+    if len(flip_index) > 0 and bool(hflip.any()):
+        p = torch.where(hflip.view(-1, 1, 1), p.index_select(1, torch.tensor(flip_index, device=p.device)), p)
+    x, y, v = p[:, :, 0], p[:, :, 1], p[:, :, 2]
+    nx = fwd[:, 0, 0:1] * x + fwd[:, 0, 1:2] * y + fwd[:, 0, 2:3]
+    ny = fwd[:, 1, 0:1] * x + fwd[:, 1, 1:2] * y + fwd[:, 1, 2:3]
     vis = (v > 0) & (nx >= 0) & (nx <= ow) & (ny >= 0) & (ny <= oh)
     out = torch.stack([nx, ny, v], -1) * vis.unsqueeze(-1)
     return out.to(points.dtype)
@@ -234,32 +244,47 @@ def transform_boxes(batch: dict, M: torch.Tensor, out_w, out_h, box_keys, keep=N
         raise DscError("transforms move boxes in the packed form: use boxes='packed' (the default)")
     offsets = batch["box_offsets"]
     dev = batch["boxes"].device
-    box_keys = [k for k in box_keys if k in batch]
-    counts = (offsets[1:] - offsets[:-1]).cpu()
+    rows = [k for k in box_keys if k in batch and k != "boxes"]
+    B = len(offsets) - 1
     fwd = (torch.linalg.inv(M) if fwd is None else fwd).to(dev)  # input pixel -> output pixel
-    sample = (torch.repeat_interleave(torch.arange(len(counts)), counts) if sample is None else sample).to(dev)
-    b = batch["boxes"].double()
+    if sample is None:
+        counts = (offsets[1:] - offsets[:-1]).cpu()
+        sample = torch.repeat_interleave(torch.arange(B), counts)
+    ow = torch.as_tensor(out_w, dtype=torch.float64).to(dev).expand(B)
+    oh = torch.as_tensor(out_h, dtype=torch.float64).to(dev).expand(B)
+    batch["boxes"], keep, kept, batch["box_offsets"] = boxes_through(
+        batch["boxes"], fwd, sample.to(dev), ow, oh, keep, [batch[k] for k in rows], "boxes" in box_keys)
+    batch.update(zip(rows, kept))
+    return keep
+
+
+@nogil
+def boxes_through(boxes: torch.Tensor, fwd: torch.Tensor, sample: torch.Tensor, ow: torch.Tensor, oh: torch.Tensor,
+                  drop: Optional[torch.Tensor], rows: List[torch.Tensor], filter_boxes: bool
+                  ) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor], torch.Tensor]:
+    """:func:`transform_boxes`' arithmetic, scripted (dsc.nogil: its few dozen small ops a batch run without the
+    GIL): the moved boxes (their dtype; only the kept ones with ``filter_boxes``), which were kept, the other
+    per-box ``rows`` kept, the new box offsets. ``fwd`` (B, 3, 3) input -> output per sample, ``sample`` each
+    box's, ``ow``, ``oh`` (B,) float64."""
+    B = fwd.shape[0]
+    b = boxes.double()
     xs = torch.stack([b[:, 0], b[:, 2], b[:, 0], b[:, 2]], 1)
     ys = torch.stack([b[:, 1], b[:, 1], b[:, 3], b[:, 3]], 1)
     f = fwd[sample]
     nx = f[:, 0, 0:1] * xs + f[:, 0, 1:2] * ys + f[:, 0, 2:3]
     ny = f[:, 1, 0:1] * xs + f[:, 1, 1:2] * ys + f[:, 1, 2:3]
-    ow = torch.as_tensor(out_w, dtype=torch.float64).to(dev).expand(len(counts))[sample]
-    oh = torch.as_tensor(out_h, dtype=torch.float64).to(dev).expand(len(counts))[sample]
-    nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), ow), torch.minimum(ny.amin(1).clamp(min=0), oh),
-                      torch.minimum(nx.amax(1).clamp(min=0), ow), torch.minimum(ny.amax(1).clamp(min=0), oh)], 1)
-    drop = keep
+    w, h = ow[sample], oh[sample]
+    nb = torch.stack([torch.minimum(nx.amin(1).clamp(min=0), w), torch.minimum(ny.amin(1).clamp(min=0), h),
+                      torch.minimum(nx.amax(1).clamp(min=0), w), torch.minimum(ny.amax(1).clamp(min=0), h)], 1)
     keep = (nb[:, 2] > nb[:, 0]) & (nb[:, 3] > nb[:, 1])
     if drop is not None:
-        keep &= drop.to(dev)
-    batch["boxes"] = nb.to(batch["boxes"].dtype)
-    for k in box_keys:
-        batch[k] = batch[k][keep]
-    new_counts = torch.zeros(len(counts), dtype=torch.int64, device=dev).index_add_(0, sample, keep.long())
-    new_offsets = torch.zeros(len(counts) + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(new_counts, 0, out=new_offsets[1:])
-    batch["box_offsets"] = new_offsets
-    return keep
+        keep &= drop.to(keep.device)
+    kept = [r[keep] for r in rows]
+    counts = torch.zeros(B, dtype=torch.int64, device=keep.device).index_add_(0, sample, keep.long())
+    offsets = torch.zeros(B + 1, dtype=torch.int64, device=keep.device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    moved = nb.to(boxes.dtype)
+    return moved[keep] if filter_boxes else moved, keep, kept, offsets
 
 
 # ----------------------------------------------------------------------------- the record

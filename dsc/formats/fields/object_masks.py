@@ -17,7 +17,7 @@ The Loader's ``format="torchvision"`` on the CPU, when nothing after the gather 
 transforms, or flips only, which the gather makes), asks the gather for the bits instead (``masks`` the rows'
 packed bits, ``masks_offsets`` byte offsets, ``masks:bits`` (M, 2) each row's flips still to make: a key no
 field can have, see :func:`bits_key`): the form
-unpacks them straight into its (k, H, W) masks (:func:`paste_bits`), so each crop is written once;
+unpacks them straight into its (k, H, W) masks (``runtime.batches.paste_masks``), so each crop is written once;
 :func:`crops_of_bits` turns such a batch into the crops' form for any step that needs crops after all.
 """
 from __future__ import annotations
@@ -134,34 +134,6 @@ def paste(flat, offsets, rects, h: int, w: int, out=None):
         if mh and mw:
             out[j, t:t + mh, l:l + mw] = flat[o[j]:o[j + 1]].view(mh, mw)
     return out
-
-
-def paste_bits(bits: np.ndarray, offsets: list, rects: list, flips: list, rows: list, dest: np.ndarray) -> None:
-    """Masks ``rows`` (ascending) from their packed ``bits`` (byte ``offsets``, back to back as the gather
-    copies them; ``rects`` (top, left, height, width) in the output and ``flips`` (rows, columns) per row, as
-    lists) into ``dest`` (len(rows), H, W), zero elsewhere: one ``unpackbits`` for all of them (rows left
-    out between them, crowds, are unpacked and not used), each crop copied (mirrored by a reversed view)
-    straight into its place: written once, where unpacking to crops and pasting those wrote it twice.
-    Mirrored columns (a sample's horizontal flip): the bytes are unpacked in reverse (``bitorder="little"``
-    over the reversed bytes), which turns every crop by 180 degrees, so the copy reverses rows, not columns
-    (a copy with columns reversed runs byte by byte: about 5x slower)."""
-    dest[...] = 0
-    if not rows or offsets[rows[-1] + 1] == offsets[rows[0]]:
-        return
-    a, e = offsets[rows[0]], offsets[rows[-1] + 1]
-    turned = all(flips[i][1] for i in rows)
-    run = np.unpackbits(bits[a:e][::-1], bitorder="little") if turned else np.unpackbits(bits[a:e])
-    for k, i in enumerate(rows):
-        t, l, h, w = rects[i]
-        if h and w:
-            fh, fw = flips[i]
-            if turned:  # (the crop's bits end its bytes: the padding, 8 * bytes - h * w bits, comes first here)
-                at = 8 * (e - offsets[i]) - h * w
-                crop = run[at:at + h * w].reshape(h, w)  # the crop turned: rows and columns reversed
-                dest[k, t:t + h, l:l + w] = crop if fh else crop[::-1]
-            else:
-                at = 8 * (offsets[i] - a)
-                dest[k, t:t + h, l:l + w] = run[at:at + h * w].reshape(h, w)[::-1 if fh else 1, ::-1 if fw else 1]
 
 
 def crops_of_bits(batch: dict, key: str) -> None:
@@ -287,7 +259,7 @@ class ObjectMasksReader(Reader):
     def _gather_bits(self, rows: np.ndarray, box_offsets: np.ndarray, alloc, flips) -> dict:
         """``forms["object_mask_bits"]`` (the Loader's ``format="torchvision"`` when nothing after the gather
         moves the masks): the rows' packed bits as stored, not unpacked here; their unpacking goes straight
-        into the (k, H, W) masks (:func:`paste_bits`), so each crop is written once, not twice. ``<name>``:
+        into the (k, H, W) masks (``runtime.batches.paste_masks``), so each crop is written once, not twice. ``<name>``:
         the bits, ``<name>_offsets``: byte offsets into them, ``<name>_rects`` as in the crops' form (mirrored
         by ``flips``), :func:`bits_key` (M, 2) uint8: each row's flips (rows, columns), still to be made, and
         the sign that ``<name>`` holds bits (:func:`crops_of_bits` turns such a batch into the crops' form)."""
