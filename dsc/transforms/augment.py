@@ -888,19 +888,19 @@ class _AutoBase(PixelOp):
         ops = torch.where(p["on"], p["ops"], -1)
         limit = torch.tensor([_STILL_BELOW.get(n, 0.0) for n in self.names] + [0.0], dtype=torch.float64)
         ops = torch.where(p["mag"].abs() < limit[ops], -1, ops)  # (ops -1 read the last limit: 0, never)
-        for k in range(ops.shape[1]):
-            col = ops[:, k]
-            for i in sorted(set(col.tolist()) - {-1}):
+        mag = p["mag"].double()
+        for k, col in enumerate(ops.t().tolist()):  # (the rows of each op as Python lists: a torch call
+            for i in sorted(set(col) - {-1}):  # from Python is a GIL handover, a few each op these spared)
                 name = self.names[i]
                 if name == "Identity":
                     continue
-                on = col == i
-                if bool(on.all()):
-                    y = apply_named_u8(name, x, p["mag"][:, k], self.interpolation, self.fill)
+                rows = [b for b, o in enumerate(col) if o == i]
+                if len(rows) == len(col):
+                    y = apply_named_u8(name, x, mag[:, k], self.interpolation, self.fill)
                     if y.data_ptr() != x.data_ptr() or y.stride() != x.stride():
                         x.copy_(y)  # (x stays the contiguous batch the next op gathers from)
                     continue
-                apply_named_u8(name, x, p["mag"][on, k], self.interpolation, self.fill, rows=on.nonzero().view(-1))
+                apply_named_u8(name, x, mag[rows, k], self.interpolation, self.fill, rows=torch.tensor(rows))
         return x
 
 

@@ -634,20 +634,32 @@ def _shift_rows(x: torch.Tensor, out: torch.Tensor, dx: List[int], dy: List[int]
 def inverse_affine(angle, translate, scale, shear, center) -> torch.Tensor:
     """torchvision's ``_get_inverse_affine_matrix`` per sample, as (N, 3, 3) float64: output -> input, in
     coordinates centred on ``center`` (N, 2). Angles in degrees (clockwise positive, as ``F.affine``)."""
-    rot = torch.deg2rad(torch.as_tensor(angle, dtype=torch.float64))
-    sx = torch.deg2rad(torch.as_tensor(shear[0], dtype=torch.float64))
-    sy = torch.deg2rad(torch.as_tensor(shear[1], dtype=torch.float64))
-    tx, ty = (torch.as_tensor(t, dtype=torch.float64) for t in translate)
-    scale = torch.as_tensor(scale, dtype=torch.float64)
+    f64 = torch.float64
+    return _inverse_affine(torch.as_tensor(angle, dtype=f64), torch.as_tensor(shear[0], dtype=f64),
+                           torch.as_tensor(shear[1], dtype=f64), torch.as_tensor(translate[0], dtype=f64),
+                           torch.as_tensor(translate[1], dtype=f64), torch.as_tensor(scale, dtype=f64), center)
+
+
+@nogil
+def _inverse_affine(angle: torch.Tensor, shear_x: torch.Tensor, shear_y: torch.Tensor, tx: torch.Tensor,
+                    ty: torch.Tensor, scale: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_affine` on float64 tensors (scripted: its 40 small ops, a call each, never reach Python)."""
+    rot = torch.deg2rad(angle)
+    sx = torch.deg2rad(shear_x)
+    sy = torch.deg2rad(shear_y)
     cx, cy = center[:, 0].double(), center[:, 1].double()
     a = torch.cos(rot - sy) / torch.cos(sy)
     b = -(a * torch.tan(sx) + torch.sin(rot))
     c = torch.sin(rot - sy) / torch.cos(sy)
     d = torch.cos(rot) - c * torch.tan(sx)
     m0, m1, m3, m4 = d / scale, -b / scale, -c / scale, a / scale
-    N = len(cx)
+    N = cx.shape[0]
     m = torch.zeros((N, 3, 3), dtype=torch.float64)
-    m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1], m[:, 2, 2] = m0, m1, m3, m4, 1.0
+    m[:, 0, 0] = m0
+    m[:, 0, 1] = m1
+    m[:, 1, 0] = m3
+    m[:, 1, 1] = m4
+    m[:, 2, 2] = 1.0
     m[:, 0, 2] = cx - m0 * (cx + tx) - m1 * (cy + ty)
     m[:, 1, 2] = cy - m3 * (cx + tx) - m4 * (cy + ty)
     return m
@@ -661,11 +673,18 @@ def affine_matrix(sizes: torch.Tensor, angle, translate, scale, shear, center=No
     N = len(sizes)
     c = torch.zeros((N, 2), dtype=torch.float64) if center is None else \
         torch.as_tensor(center, dtype=torch.float64).expand(N, 2) - torch.stack([w, h], 1) * 0.5
-    m = inverse_affine(angle, translate, scale, shear, c)
-    shift = torch.eye(3, dtype=torch.float64).repeat(N, 1, 1)
+    return _centred(inverse_affine(angle, translate, scale, shear, c), h, w)
+
+
+@nogil
+def _centred(m: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """shift @ m @ back: the maps ``m`` (about the image centre) in pixels from the top-left corner (scripted)."""
+    shift = torch.eye(3, dtype=torch.float64).repeat(m.shape[0], 1, 1)
     back = shift.clone()
-    shift[:, 0, 2], shift[:, 1, 2] = w * 0.5, h * 0.5
-    back[:, 0, 2], back[:, 1, 2] = -w * 0.5, -h * 0.5
+    shift[:, 0, 2] = w * 0.5
+    shift[:, 1, 2] = h * 0.5
+    back[:, 0, 2] = -w * 0.5
+    back[:, 1, 2] = -h * 0.5
     return shift @ m @ back
 
 
