@@ -52,7 +52,7 @@ def test_auto_augment_kernels_make_no_torch_call_per_sample(name, m, fill):
     assert _per_sample(_op(name, m, fill=fill)) == 0
 
 
-def test_the_float_pass_augmix_mix_cutmix_and_mixup_make_no_torch_call_per_sample():
+def test_the_float_pass_augmix_mix_cutmix_mixup_and_erasing_make_no_torch_call_per_sample():
     post, _ = fuse_photometric([T.ToFloat(), T.Normalize((0.5, 0.4, 0.3), (0.2, 0.3, 0.4))])
 
     def float_pass(n):
@@ -67,7 +67,7 @@ def test_the_float_pass_augmix_mix_cutmix_and_mixup_make_no_torch_call_per_sampl
         return lambda: A._augmix_mix(xg, augs, m0, w, acc, tmp, 2)
     assert _per_sample(augmix_mix) == 0
 
-    for op in (T.CutMix(1.0, num_classes=4), T.MixUp(1.0, num_classes=4)):
+    for op in (T.CutMix(1.0, num_classes=4), T.MixUp(1.0, num_classes=4), T.RandomErasing(p=1.0)):
         def mix(n):
             b = {"image": batch(n, 29, 37).permute(0, 3, 1, 2).float(), "label": torch.zeros(n, dtype=torch.long)}
             return lambda: op(b, torch.Generator().manual_seed(2))
@@ -115,9 +115,10 @@ def test_scripted_stage_and_batch_ops_give_the_plain_python_bytes():
         assert all(torch.equal(g, want) for g in got)
         assert torch.equal(want, p.apply_batch(img))  # (the batch formula: the same numbers)
     for op in (T.AugMix(), T.RandAugment(num_ops=3, interpolation="bilinear"), T.TrivialAugmentWide(),
-               T.AutoAugment(), T.CutMix(1.0, num_classes=3), T.MixUp(0.4, num_classes=3)):
+               T.AutoAugment(), T.CutMix(1.0, num_classes=3), T.MixUp(0.4, num_classes=3),
+               T.RandomErasing(p=0.6, value=(0.1, 0.5, 0.9))):
         for chw in (False, True):
-            if chw and isinstance(op, A.PixelOp):
+            if chw and isinstance(op, A._AutoBase) or not chw and isinstance(op, T.RandomErasing):
                 continue
 
             def run():

@@ -382,12 +382,14 @@ class RandomErasing(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         """Only the erased windows are written (a per-sample slice each): no pass over the batch."""
         Cn = x.shape[1]
+        rows = p["on"].nonzero().view(-1).tolist()
         if self.value != "random":
             v = torch.as_tensor(self.value, dtype=x.dtype, device=x.device).view(-1, 1, 1)
-        for b in p["on"].nonzero().view(-1).tolist():
+            _erase_rows(x, rows, p["box"][rows].tolist(), v)
+            return x
+        for b in rows:
             t, l, eh, ew = p["box"][b].tolist()
-            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype) \
-                if self.value == "random" else v
+            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype)
         return x
 
     def apply_u8(self, x, p, sizes):
@@ -400,6 +402,15 @@ class RandomErasing(PixelOp):
             x[b, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].permute(1, 2, 0).clamp(0, 255).to(
                 x.device, torch.uint8) if self.value == "random" else v
         return x
+
+
+@nogil
+def _erase_rows(x: torch.Tensor, rows: List[int], boxes: List[List[int]], v: torch.Tensor) -> None:
+    """RandomErasing's windows (top, left, h, w) of float (N, C, H, W) samples ``rows`` set to ``v`` (C or 1,
+    1, 1), scripted: its torch calls never reach Python (each took the GIL)."""
+    for i in range(len(rows)):
+        t, l, eh, ew = boxes[i][0], boxes[i][1], boxes[i][2], boxes[i][3]
+        x[rows[i], :, t:t + eh, l:l + ew] = v
 
 
 # ------------------------------------------------------------------------------------------- auto-augment
