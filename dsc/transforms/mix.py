@@ -87,7 +87,8 @@ class MixUp(_Mix):
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
         if img.is_floating_point():  # in place, as CutMix: no second batch-sized tensor (the same arithmetic)
-            batch["image"] = _mix_rolled_(img, lam)
+            # (scripted on the CPU; on a device the same ops as plain Python: TorchScript's GPU fuser may merge them)
+            batch["image"] = (_mix_rolled_ if img.device.type == "cpu" else _mix_rolled_.eager)(img, lam)
             return batch
         x = img.to(torch.float32)
         out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
