@@ -50,13 +50,19 @@ def test_lookup_tables_skip_image_points_python_loop(monkeypatch):
 def test_bilinear_rotate_runs_sample_by_sample(monkeypatch):
     """One grid_sample call per sample, each on one sample (its planes and grid stay in cache) and into one
     output buffer, the same pixels as the float formula."""
+    from dsc import nogil as N
+
     seen = []
     real = A._grid_sample
     monkeypatch.setattr(A, "_grid_sample", lambda x, g, *a: seen.append(len(x)) or real(x, g, *a))
     img = batch(5, 33, 41)
     mag = torch.tensor([20.0, -45.0, 135.0, 3.0, -90.0], dtype=torch.float64)
+    scripted = A.apply_named_u8("Rotate", img.clone(), mag, "bilinear")  # (the loop as TorchScript: no Python)
+    assert seen == []
+    monkeypatch.setattr(N, "ENABLED", False)  # (the same loop as plain Python, its calls seen)
     got = A.apply_named_u8("Rotate", img.clone(), mag, "bilinear")
     assert seen == [1] * 5
+    assert torch.equal(scripted, got)
     ref = A.apply_named("Rotate", img.permute(0, 3, 1, 2).float(), mag, 255.0, True, "bilinear")
     assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
 

@@ -28,6 +28,7 @@ training; a batch with boxes or masks is refused by them (use RandomAffine for d
 from __future__ import annotations
 
 import math
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from PIL import Image
 from . import color as C
 from . import warp_gather as G
 from ..errors import ConfigError
+from ..nogil import nogil
 from ..scratch import scratch_tensor
 
 
@@ -82,8 +84,13 @@ def _take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def _put_rows(x: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None:
     """x[rows] = y, a sample at a time (torch's index_copy_/index_put_ on images are many times slower)."""
-    for i, r in enumerate(rows.tolist()):
-        x[r].copy_(y[i])
+    _copy_rows(x, rows.tolist(), y)
+
+
+@nogil
+def _copy_rows(x: torch.Tensor, rows: List[int], y: torch.Tensor) -> None:
+    for i in range(len(rows)):
+        x[rows[i]].copy_(y[i])
 
 
 def _to_float(x: torch.Tensor) -> torch.Tensor:
@@ -375,12 +382,14 @@ class RandomErasing(PixelOp):
     def apply(self, x, p, sizes, bound, integer):
         """Only the erased windows are written (a per-sample slice each): no pass over the batch."""
         Cn = x.shape[1]
+        rows = p["on"].nonzero().view(-1).tolist()
         if self.value != "random":
             v = torch.as_tensor(self.value, dtype=x.dtype, device=x.device).view(-1, 1, 1)
-        for b in p["on"].nonzero().view(-1).tolist():
+            _erase_rows(x, rows, p["box"][rows].tolist(), v)
+            return x
+        for b in rows:
             t, l, eh, ew = p["box"][b].tolist()
-            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype) \
-                if self.value == "random" else v
+            x[b, :, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].to(x.device, x.dtype)
         return x
 
     def apply_u8(self, x, p, sizes):
@@ -393,6 +402,15 @@ class RandomErasing(PixelOp):
             x[b, t:t + eh, l:l + ew] = p["noise"][b, :Cn, t:t + eh, l:l + ew].permute(1, 2, 0).clamp(0, 255).to(
                 x.device, torch.uint8) if self.value == "random" else v
         return x
+
+
+@nogil
+def _erase_rows(x: torch.Tensor, rows: List[int], boxes: List[List[int]], v: torch.Tensor) -> None:
+    """RandomErasing's windows (top, left, h, w) of float (N, C, H, W) samples ``rows`` set to ``v`` (C or 1,
+    1, 1), scripted: its torch calls never reach Python (each took the GIL)."""
+    for i in range(len(rows)):
+        t, l, eh, ew = boxes[i][0], boxes[i][1], boxes[i][2], boxes[i][3]
+        x[rows[i], :, t:t + eh, l:l + ew] = v
 
 
 # ------------------------------------------------------------------------------------------- auto-augment
@@ -496,20 +514,37 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
     if fill is not None:
         planes[0, Cn] = 1.0
         fill_t = torch.as_tensor(fill, dtype=torch.float32).view(-1, 1, 1)
-    for i, b in enumerate(range(len(x)) if rows is None else rows):
-        for k, a in enumerate((ax, ay)):
-            torch.add(a[i, 0] * xs, a[i, 1] * ys + (a[i, 2] - 1.0), out=grid[0, ..., k])
+    _warp_rows(x, list(range(len(x))) if rows is None else list(rows), ax, ay, xs, ys, grid, planes, out, fill_t,
+               mode == "nearest")
+    return x
+
+
+@nogil
+def _warp_rows(x: torch.Tensor, rows: List[int], ax: torch.Tensor, ay: torch.Tensor, xs: torch.Tensor,
+               ys: torch.Tensor, grid: torch.Tensor, planes: torch.Tensor, out: torch.Tensor,
+               fill_t: Optional[torch.Tensor], nearest: bool) -> None:
+    """:func:`_warp_u8`'s loop (sample ``rows[i]`` through the maps ``ax[i]``, ``ay[i]``), scripted: its dozen
+    torch calls a sample never reach Python (each took the GIL)."""
+    Cn = x.shape[3]
+    for i in range(len(rows)):
+        b = rows[i]
+        torch.add(ax[i, 0] * xs, ax[i, 1] * ys + (ax[i, 2] - 1.0), out=grid[0, :, :, 0])
+        torch.add(ay[i, 0] * xs, ay[i, 1] * ys + (ay[i, 2] - 1.0), out=grid[0, :, :, 1])
         planes[0, :Cn].copy_(x[b].permute(2, 0, 1))
-        y = _grid_sample(planes, grid, mode, out)[0]
-        if fill is None:  # torchvision: no mask channel, zeros outside (a blend of 0..255 and 0: no clamp)
+        if torch.jit.is_scripting():
+            y = torch.grid_sampler_2d(planes, grid, 1 if nearest else 0, 0, False, out=out)[0]
+        else:
+            y = _grid_sample(planes, grid, "nearest" if nearest else "bilinear", out)[0]
+        if fill_t is None:  # torchvision: no mask channel, zeros outside (a blend of 0..255 and 0: no clamp)
             y.round_()
         else:
-            y, mask = y[:-1], y[-1:]
-            y = torch.where(mask < 0.5, fill_t.expand_as(y), y) if mode == "nearest" else \
-                (y - fill_t).mul_(mask).add_(fill_t)
-            y.round_().clamp_(0, 255)
+            v, mask = y[:-1], y[-1:]
+            if nearest:
+                v = torch.where(mask < 0.5, fill_t.expand_as(v), v)
+            else:
+                v = (v - fill_t).mul_(mask).add_(fill_t)
+            y = v.round_().clamp_(0, 255)
         x[b].copy_(y.permute(1, 2, 0))
-    return x
 
 
 def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
@@ -649,28 +684,32 @@ def contrast_mean_u8(x: torch.Tensor, rows) -> torch.Tensor:
     xf = scratch("float", (1, H, W, Cn), torch.float32, x.device)
     grey = scratch("contrast:grey", (1, 1, H, W), torch.float32, x.device)
     out = torch.empty((len(rows), 1, 1, 1), dtype=torch.float32)
-    weights = C._gray_weights() if Cn == 3 else None
+    weights = C._gray_weights()
     threads = torch.get_num_threads()  # one sample's mean is a single-output reduction, which torch splits
     torch.set_num_threads(1)  # across its threads past 32,768 values (another float32 summation order, the
     try:  # mean's last bits, now and then a lookup entry): summed on one thread, whatever the caller's count
-        _contrast_means(x, rows, xf, grey, out, weights)
+        if Cn in (1, 3):
+            _contrast_means(x, list(rows), xf, grey, out, weights)
+        else:  # (2 or 4 channels: the mean of them all, as the float formula)
+            for i, b in enumerate(rows):
+                out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
     finally:
         torch.set_num_threads(threads)
     return out
 
 
-def _contrast_means(x, rows, xf, grey, out, weights) -> None:
-    _, H, W, Cn = x.shape
-    for i, b in enumerate(rows):
-        if Cn not in (1, 3):  # (2 or 4 channels: the mean of them all, as the float formula)
-            out[i:i + 1] = C.contrast_mean(_to_float(x[b:b + 1]), True)
-            continue
-        xf.copy_(x[b])
+@nogil
+def _contrast_means(x: torch.Tensor, rows: List[int], xf: torch.Tensor, grey: torch.Tensor, out: torch.Tensor,
+                    weights: torch.Tensor) -> None:
+    """The loop of :func:`contrast_mean_u8` on 1 or 3 channels, scripted (its torch calls never reach Python)."""
+    H, W, Cn = x.shape[1], x.shape[2], x.shape[3]
+    for i in range(len(rows)):
+        xf.copy_(x[rows[i]])
         if Cn == 3:  # (color.grayscale's product for channels-last float pixels)
             torch.matmul(xf, weights, out=grey.view(1, H, W))
         else:
             grey.copy_(xf.view(1, 1, H, W))
-        torch.mean(grey.floor_(), dim=(1, 2, 3), keepdim=True, out=out[i:i + 1])
+        torch.mean(grey.floor_(), dim=[1, 2, 3], keepdim=True, out=out[i:i + 1])
 
 
 @_u8_kernel("Posterize")
@@ -714,15 +753,13 @@ def _enhance_u8(name, x, mag, interpolation, fill, rows):
         bufs = (scratch("float", (H, W, Cn), torch.float32, x.device),
                 scratch("sharpness:rows", (H, W - 2, Cn), torch.float32, x.device),
                 scratch("sharpness:box", (H - 2, W - 2, Cn), torch.float32, x.device))
-        for i, b in enumerate(rows):
-            _sharpness_sample(x[b], others[i], *bufs)
+        _sharpness_rows(x, list(rows), others, *bufs)
         return x
     if Cn == 1:
         return x
     bufs = (scratch("float", (H, W, Cn), torch.float32, x.device), scratch("saturation:grey", (H, W), torch.float32,
                                                                            x.device))
-    for i, b in enumerate(rows):
-        _saturation_sample(x[b], factors[i], others[i], *bufs)
+    _saturation_rows(x, list(rows), factors, others, *bufs, C._gray_weights(), list(C.GRAY))
     return x
 
 
@@ -731,7 +768,16 @@ def _float_u8(name, x, mag, interpolation, fill):
     return _to_u8(apply_named(name, _to_float(x), mag, 255.0, True, interpolation, fill))
 
 
-def _sharpness_sample(x: torch.Tensor, other: float, xf, p, box) -> None:
+@nogil
+def _sharpness_rows(x: torch.Tensor, rows: List[int], others: List[float], xf: torch.Tensor, p: torch.Tensor,
+                    box: torch.Tensor) -> None:
+    """:func:`_sharpness_sample` on samples ``rows`` (``others[i]`` each), scripted: none of its dozen torch
+    calls a sample reaches Python (each took the GIL)."""
+    for i in range(len(rows)):
+        _sharpness_sample(x[rows[i]], others[i], xf, p, box)
+
+
+def _sharpness_sample(x: torch.Tensor, other: float, xf: torch.Tensor, p: torch.Tensor, box: torch.Tensor) -> None:
     """:func:`color.sharpness` on one uint8 (H, W, C) sample, in place, its very float32 operations on a float
     copy in the sample's own layout: the 3x3 sums of whole numbers (exact), their rounded 13th, the blend of
     the interior at ``other`` = 1 - factor (a float32 value); the border rows and columns kept. ``xf``, ``p``,
@@ -748,13 +794,16 @@ def _sharpness_sample(x: torch.Tensor, other: float, xf, p, box) -> None:
     x[1:-1, 1:-1] = view.clamp_(0, 255)
 
 
-def _saturation_sample(x: torch.Tensor, factor: float, other: float, xf, grey) -> None:
-    """:func:`color.saturation` on one uint8 (H, W, 3) sample, in place, its very float32 operations: the grey
-    (``color.grayscale``'s product for channels-last float pixels, into ``grey`` (H, W)), floored, times
-    ``other`` = 1 - factor, the pixels times ``factor`` (float32 values), the grey added channel by channel
-    (broadcasting it over the last axis of 3 is a slow inner loop); ``xf``: an (H, W, 3) float32 buffer."""
-    xf.copy_(x)
-    x.copy_(C.saturation_hwc_(xf, grey, factor, other))
+@nogil
+def _saturation_rows(x: torch.Tensor, rows: List[int], factors: List[float], others: List[float], xf: torch.Tensor,
+                     grey: torch.Tensor, weights: torch.Tensor, gray: List[float]) -> None:
+    """:func:`color.saturation` on uint8 (H, W, C) samples ``rows`` of ``x``, in place, scripted: each sample
+    copied into the float (H, W, C) buffer ``xf`` and blended there by :func:`color.saturation_hwc_`'s very
+    float32 operations (at ``factors[i]``, ``others[i]`` = 1 - factor), then written back."""
+    for i in range(len(rows)):
+        b = rows[i]
+        xf.copy_(x[b])
+        x[b].copy_(C.saturation_hwc_of(xf, grey, factors[i], others[i], weights, gray))
 
 
 _PIL_MODES = {1: "L", 3: "RGB"}
@@ -850,19 +899,19 @@ class _AutoBase(PixelOp):
         ops = torch.where(p["on"], p["ops"], -1)
         limit = torch.tensor([_STILL_BELOW.get(n, 0.0) for n in self.names] + [0.0], dtype=torch.float64)
         ops = torch.where(p["mag"].abs() < limit[ops], -1, ops)  # (ops -1 read the last limit: 0, never)
-        for k in range(ops.shape[1]):
-            col = ops[:, k]
-            for i in sorted(set(col.tolist()) - {-1}):
+        mag = p["mag"].double()
+        for k, col in enumerate(ops.t().tolist()):  # (the rows of each op as Python lists: a torch call
+            for i in sorted(set(col) - {-1}):  # from Python is a GIL handover, a few each op these spared)
                 name = self.names[i]
                 if name == "Identity":
                     continue
-                on = col == i
-                if bool(on.all()):
-                    y = apply_named_u8(name, x, p["mag"][:, k], self.interpolation, self.fill)
+                rows = [b for b, o in enumerate(col) if o == i]
+                if len(rows) == len(col):
+                    y = apply_named_u8(name, x, mag[:, k], self.interpolation, self.fill)
                     if y.data_ptr() != x.data_ptr() or y.stride() != x.stride():
                         x.copy_(y)  # (x stays the contiguous batch the next op gathers from)
                     continue
-                apply_named_u8(name, x, p["mag"][on, k], self.interpolation, self.fill, rows=on.nonzero().view(-1))
+                apply_named_u8(name, x, mag[rows, k], self.interpolation, self.fill, rows=torch.tensor(rows))
         return x
 
 
@@ -1012,17 +1061,26 @@ class AugMix(_AutoBase):
             for i in range(W):
                 augs[i * n:(i + 1) * n].copy_(xg)
             augs = super(AugMix, self).apply_u8(augs, chains, sizes[rows].repeat(W, 1))
-            for c0 in range(0, n, step):
-                sl = slice(c0, c0 + step)
-                k = len(xg[sl])
-                # (each uint8 operand cast into its float buffer, then multiplied there: a uint8 operand of
-                # torch.mul is first cast into a fresh float temporary, a malloc and a free each product)
-                a, t = acc[:k], tmp[:k]
-                a.copy_(xg[sl]).mul_(m0[rows][sl])
-                for i in range(W):
-                    a.add_(t.copy_(augs[i * n + c0:i * n + c0 + k]).mul_(w[rows][sl, i].view(-1, 1, 1, 1)))
-                xg[sl].copy_(a.clamp_(0, 255))
+            _augmix_mix(xg, augs, m0[rows], w[rows], acc, tmp, step)
         return x
+
+
+@nogil
+def _augmix_mix(xg: torch.Tensor, augs: torch.Tensor, m0: torch.Tensor, w: torch.Tensor, acc: torch.Tensor,
+                tmp: torch.Tensor, step: int) -> None:
+    """AugMix's mix of the ``n`` uint8 samples ``xg`` (weights ``m0`` (n, 1, 1, 1)) and their chains ``augs``
+    (chain i of sample j at row i n + j, weights ``w`` (n, W)), ``step`` samples at a time (in cache) in the
+    float buffers ``acc`` and ``tmp``, truncated into ``xg``; scripted (its torch calls never reach Python).
+    Each uint8 operand is cast into its float buffer, then multiplied there (a uint8 operand of torch.mul is
+    first cast into a fresh float temporary, a malloc and a free each product)."""
+    n = xg.shape[0]
+    for c0 in range(0, n, step):
+        k = min(step, n - c0)
+        a, t = acc[:k], tmp[:k]
+        a.copy_(xg[c0:c0 + k]).mul_(m0[c0:c0 + k])
+        for i in range(w.shape[1]):
+            a.add_(t.copy_(augs[i * n + c0:i * n + c0 + k]).mul_(w[c0:c0 + k, i].view(-1, 1, 1, 1)))
+        xg[c0:c0 + k].copy_(a.clamp_(0, 255))
 
 
 AUGMIX_SAMPLES = 32  # AugMix's chains run on copies of this many samples at a time
@@ -1124,8 +1182,7 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
             return batch
         out = post.empty(B, H, W, Cn, alloc=(lambda name, shape, dtype: alloc(f"{name}:float", shape, dtype))
                          if alloc is not None else None)
-        for b in range(B):  # (sample by sample: each stays in cache through the conversion)
-            post.apply_sample(x[b], out[b])
+        post.apply_samples(x, out)  # (sample by sample: each stays in cache through the conversion)
         batch["image"] = out
         return batch
     # On a GPU (the CPU returned above) the whole batch at once, in float.

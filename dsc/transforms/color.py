@@ -14,12 +14,14 @@ stream too.
 from __future__ import annotations
 
 import math
+from typing import List
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..nogil import nogil
 from ..scratch import scratch_tensor
 
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
@@ -309,15 +311,23 @@ def saturation_hwc_(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: 
     operations: the grey (grayscale's product for channels-last float pixels; of channels 0-2 where C is not 3,
     as grayscale's elementwise product) into ``grey`` (H, W), floored, times ``other`` = 1 - factor; the pixels
     times ``factor`` (float32 scalars: blend's r * a and (1 - r) * grey, each rounded); the grey added channel by
-    channel (a broadcast over the innermost axis is a slow inner loop); clamped to [0, 255]. Returns ``xf``."""
+    channel (a broadcast over the innermost axis is a slow inner loop); clamped to [0, 255]. Returns ``xf``.
+    (:func:`saturation_hwc_of`: the same, callable from a scripted loop.)"""
+    return saturation_hwc_of(xf, grey, factor, other, _gray_weights(), list(GRAY))
+
+
+def saturation_hwc_of(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: float, weights: torch.Tensor,
+                      gray: List[float]) -> torch.Tensor:
+    """:func:`saturation_hwc_` given :func:`_gray_weights` and :data:`GRAY` (TorchScript's subset: a scripted
+    loop calls it for each sample)."""
     if xf.shape[2] == 3:
-        torch.matmul(xf, _gray_weights(), out=grey)
+        torch.matmul(xf, weights, out=grey)
     else:  # (the matmul takes 3 channels)
-        torch.add(torch.add(xf[..., 0] * GRAY[0], xf[..., 1] * GRAY[1]), xf[..., 2] * GRAY[2], out=grey)
+        torch.add(torch.add(xf[..., 0] * gray[0], xf[..., 1] * gray[1]), xf[..., 2] * gray[2], out=grey)
     grey.floor_().mul_(other)
     xf.mul_(factor)
     for c in range(xf.shape[2]):
-        xf[..., c] += grey
+        xf.select(2, c).add_(grey)
     return xf.clamp_(0, 255)
 
 
@@ -602,35 +612,54 @@ def histograms_u8(x: torch.Tensor) -> torch.Tensor:
 def shift_u8(x: torch.Tensor, dx: list[int], dy: list[int], fill) -> torch.Tensor:
     """uint8 (N, H, W, C) moved by whole pixels (sample b: ``dx[b]`` right, ``dy[b]`` down), ``fill`` (a uint8
     value or one per channel) where nothing lands: an affine translation by whole pixels, without resampling."""
-    N, H, W, Cn = x.shape
     out = torch.empty_like(x)
     out[:] = torch.as_tensor(fill, dtype=torch.uint8, device=x.device).view(-1)
-    for b, (sx, sy) in enumerate(zip(dx, dy)):
+    _shift_rows(x, out, list(dx), list(dy))
+    return out
+
+
+@nogil
+def _shift_rows(x: torch.Tensor, out: torch.Tensor, dx: List[int], dy: List[int]) -> None:
+    """:func:`shift_u8`'s per-sample copies, scripted (their torch calls never reach Python)."""
+    H, W = x.shape[1], x.shape[2]
+    for b in range(len(dx)):
+        sx, sy = dx[b], dy[b]
         if abs(sx) >= W or abs(sy) >= H:
             continue
         out[b, max(sy, 0):H + min(sy, 0), max(sx, 0):W + min(sx, 0)] = \
             x[b, max(-sy, 0):H - max(sy, 0), max(-sx, 0):W - max(sx, 0)]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- affine
 def inverse_affine(angle, translate, scale, shear, center) -> torch.Tensor:
     """torchvision's ``_get_inverse_affine_matrix`` per sample, as (N, 3, 3) float64: output -> input, in
     coordinates centred on ``center`` (N, 2). Angles in degrees (clockwise positive, as ``F.affine``)."""
-    rot = torch.deg2rad(torch.as_tensor(angle, dtype=torch.float64))
-    sx = torch.deg2rad(torch.as_tensor(shear[0], dtype=torch.float64))
-    sy = torch.deg2rad(torch.as_tensor(shear[1], dtype=torch.float64))
-    tx, ty = (torch.as_tensor(t, dtype=torch.float64) for t in translate)
-    scale = torch.as_tensor(scale, dtype=torch.float64)
+    f64 = torch.float64
+    return _inverse_affine(torch.as_tensor(angle, dtype=f64), torch.as_tensor(shear[0], dtype=f64),
+                           torch.as_tensor(shear[1], dtype=f64), torch.as_tensor(translate[0], dtype=f64),
+                           torch.as_tensor(translate[1], dtype=f64), torch.as_tensor(scale, dtype=f64), center)
+
+
+@nogil
+def _inverse_affine(angle: torch.Tensor, shear_x: torch.Tensor, shear_y: torch.Tensor, tx: torch.Tensor,
+                    ty: torch.Tensor, scale: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_affine` on float64 tensors (scripted: its 40 small ops, a call each, never reach Python)."""
+    rot = torch.deg2rad(angle)
+    sx = torch.deg2rad(shear_x)
+    sy = torch.deg2rad(shear_y)
     cx, cy = center[:, 0].double(), center[:, 1].double()
     a = torch.cos(rot - sy) / torch.cos(sy)
     b = -(a * torch.tan(sx) + torch.sin(rot))
     c = torch.sin(rot - sy) / torch.cos(sy)
     d = torch.cos(rot) - c * torch.tan(sx)
     m0, m1, m3, m4 = d / scale, -b / scale, -c / scale, a / scale
-    N = len(cx)
+    N = cx.shape[0]
     m = torch.zeros((N, 3, 3), dtype=torch.float64)
-    m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1], m[:, 2, 2] = m0, m1, m3, m4, 1.0
+    m[:, 0, 0] = m0
+    m[:, 0, 1] = m1
+    m[:, 1, 0] = m3
+    m[:, 1, 1] = m4
+    m[:, 2, 2] = 1.0
     m[:, 0, 2] = cx - m0 * (cx + tx) - m1 * (cy + ty)
     m[:, 1, 2] = cy - m3 * (cx + tx) - m4 * (cy + ty)
     return m
@@ -644,11 +673,18 @@ def affine_matrix(sizes: torch.Tensor, angle, translate, scale, shear, center=No
     N = len(sizes)
     c = torch.zeros((N, 2), dtype=torch.float64) if center is None else \
         torch.as_tensor(center, dtype=torch.float64).expand(N, 2) - torch.stack([w, h], 1) * 0.5
-    m = inverse_affine(angle, translate, scale, shear, c)
-    shift = torch.eye(3, dtype=torch.float64).repeat(N, 1, 1)
+    return _centred(inverse_affine(angle, translate, scale, shear, c), h, w)
+
+
+@nogil
+def _centred(m: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """shift @ m @ back: the maps ``m`` (about the image centre) in pixels from the top-left corner (scripted)."""
+    shift = torch.eye(3, dtype=torch.float64).repeat(m.shape[0], 1, 1)
     back = shift.clone()
-    shift[:, 0, 2], shift[:, 1, 2] = w * 0.5, h * 0.5
-    back[:, 0, 2], back[:, 1, 2] = -w * 0.5, -h * 0.5
+    shift[:, 0, 2] = w * 0.5
+    shift[:, 1, 2] = h * 0.5
+    back[:, 0, 2] = -w * 0.5
+    back[:, 1, 2] = -h * 0.5
     return shift @ m @ back
 
 

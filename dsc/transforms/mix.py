@@ -21,6 +21,7 @@ import torch
 from . import color as C
 from .augment import BatchOp
 from ..errors import ConfigError
+from ..nogil import nogil
 
 
 class _Mix(BatchOp):
@@ -86,7 +87,8 @@ class MixUp(_Mix):
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
         if img.is_floating_point():  # in place, as CutMix: no second batch-sized tensor (the same arithmetic)
-            batch["image"] = _mix_rolled_(img, lam)
+            # (scripted on the CPU; on a device the same ops as plain Python: TorchScript's GPU fuser may merge them)
+            batch["image"] = (_mix_rolled_ if img.device.type == "cpu" else _mix_rolled_.eager)(img, lam)
             return batch
         x = img.to(torch.float32)
         out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
@@ -97,10 +99,12 @@ class MixUp(_Mix):
         return batch
 
 
+@nogil
 def _mix_rolled_(x: torch.Tensor, lam: float, chunk: int = 4) -> torch.Tensor:
     """x[b] = lam x[b] + (1 - lam) x[b - 1] (x[0] with the last) in place: from the end, ``chunk`` samples at a
-    time, each reading a copy of the chunk before it (still unmixed), so only a chunk is ever copied."""
-    B = len(x)
+    time, each reading a copy of the chunk before it (still unmixed), so only a chunk is ever copied.
+    Scripted: its torch calls never reach Python (each took the GIL)."""
+    B = x.shape[0]
     if B == 0:
         return x
     last = x[-1].clone()
@@ -131,14 +135,23 @@ class CutMix(_Mix):
         x2, y2 = min(r_x + rw, W), min(r_y + rh, H)
         lam_adj = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
         self._mix_labels(batch, lam_adj)
-        box = (slice(None), slice(y1, y2), slice(x1, x2)) if chw else (slice(y1, y2), slice(x1, x2))
-        if len(img) and y2 > y1 and x2 > x1:  # sample b takes sample b - 1's box (the batch rolled by one), in
-            last = img[-1][box].clone()  # place from the end (b - 1 still unmixed when b reads it): one copy of
-            for b in range(len(img) - 1, 0, -1):  # each box, no batch-sized ones
-                img[b][box] = img[b - 1][box]
-            img[0][box] = last
+        if len(img) and y2 > y1 and x2 > x1:
+            _roll_box_(img, y1, y2, x1, x2, 1 if chw else 0)
         batch["image"] = img
         return batch
+
+
+@nogil
+def _roll_box_(img: torch.Tensor, y1: int, y2: int, x1: int, x2: int, hdim: int) -> None:
+    """Sample b takes sample b - 1's box [y1, y2) x [x1, x2) (the batch rolled by one; rows at sample axis
+    ``hdim``), in place from the end (b - 1 still unmixed when b reads it): one copy of the last box, no
+    batch-sized ones. Scripted: its torch calls never reach Python (each took the GIL)."""
+    B = img.shape[0]
+    last = img[B - 1].narrow(hdim, y1, y2 - y1).narrow(hdim + 1, x1, x2 - x1).clone()
+    for b in range(B - 1, 0, -1):
+        img[b].narrow(hdim, y1, y2 - y1).narrow(hdim + 1, x1, x2 - x1).copy_(
+            img[b - 1].narrow(hdim, y1, y2 - y1).narrow(hdim + 1, x1, x2 - x1))
+    img[0].narrow(hdim, y1, y2 - y1).narrow(hdim + 1, x1, x2 - x1).copy_(last)
 
 
 class RandomChoice(BatchOp):

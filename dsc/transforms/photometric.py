@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..nogil import nogil
 
 
 def _float_image(batch: dict, op: str) -> None:
@@ -150,15 +151,13 @@ class PixelPost:
 
     def apply_sample(self, hwc: torch.Tensor, chw_out: torch.Tensor) -> None:
         """One uint8 (H, W, C) sample into its (C, H, W) slot of the output."""
-        scale, shift = self._consts(hwc.device, hwc.shape[2])
-        if self.channels_last:  # the slot's memory is HWC: one contiguous pass, constants on the last axis
-            out, src, sc, sh = chw_out.permute(1, 2, 0), hwc, scale, shift
-        else:
-            out, src, sc, sh = chw_out, hwc.permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
-        if self.dtype == torch.float32:
-            torch.addcmul(sh, src, sc, out=out)
-        else:
-            out.copy_(torch.addcmul(sh, src, sc))
+        self.apply_samples(hwc.unsqueeze(0), chw_out.unsqueeze(0))
+
+    def apply_samples(self, bhwc: torch.Tensor, out: torch.Tensor) -> None:
+        """A CPU uint8 (B, H, W, C) batch into :meth:`empty`'s output, sample by sample (each stays in cache
+        through its conversion), the loop :func:`_post_rows` without the GIL: :meth:`apply_sample`'s numbers."""
+        scale, shift = self._consts(bhwc.device, bhwc.shape[3])
+        _post_rows(bhwc, out, scale, shift, self.channels_last, self.dtype == torch.float32)
 
     def apply_batch(self, bhwc: torch.Tensor) -> torch.Tensor:
         """A uint8 (B, H, W, C) batch (on any device) -> the float (B, C, H, W) output."""
@@ -190,6 +189,23 @@ class PixelPost:
                               "leave them out (format='torchvision' hands out float images of each sample's own size)")
         batch["image"] = self.apply_batch(img)
         return batch
+
+
+@nogil
+def _post_rows(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, channels_last: bool,
+               float32: bool) -> None:
+    """:meth:`PixelPost.apply_sample` on every sample of uint8 (B, H, W, C) ``x`` into (B, C, H, W) ``out``:
+    ``shift[c] + x * scale[c]`` in float32 (one addcmul a sample, straight into the slot's layout), stored
+    as ``out``'s dtype. Scripted: its 2-6 torch calls a sample never reach Python (each took the GIL)."""
+    for b in range(x.shape[0]):
+        if channels_last:  # (the slot's memory is HWC: one contiguous pass, constants on the last axis)
+            o, src, sc, sh = out[b].permute(1, 2, 0), x[b], scale, shift
+        else:
+            o, src, sc, sh = out[b], x[b].permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
+        if float32:
+            torch.addcmul(sh, src, sc, out=o)
+        else:
+            o.copy_(torch.addcmul(sh, src, sc))
 
 
 PIXEL_OPS = (ToFloat, Normalize, ToDtype, ChannelsLast, ChannelsFirst)
