@@ -94,3 +94,41 @@ def test_scripted_affine_bilinear_gives_the_bytes_of_its_python_form():
         assert torch.equal(a, b), degrees
         one = R._warp(img[..., :1].contiguous(), sizes, M, 32, 48, 7.0, "bilinear")  # (one channel)
         assert one.shape == (4, 32, 48, 1)
+
+
+def test_mosaic_places_and_pastes_without_a_torch_call_per_sample():
+    """Mosaic's placements are drawn as tensors once and read as Python numbers, and its pastes run in the
+    scripted ``_paste``: of the torch calls Mosaic itself makes (not counting the resizes) only the resize's
+    output, one a source image, grows with the batch; the canvases are the eager loop's."""
+    import os
+    import sys
+
+    from dsc.transforms import detection as D
+
+    class Own(TorchFunctionMode):  # the calls made from detection.py's own lines
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.n += os.path.basename(sys._getframe(1).f_code.co_filename) == "detection.py"
+            return func(*args, **(kwargs or {}))
+
+    def batch(B):
+        img = _images(B, 30, 40, seed=B)
+        return {"image": img.reshape(-1), "image_offsets": torch.arange(B + 1) * (30 * 40 * 3),
+                "image_shapes": torch.tensor([[30, 40, 3]]).repeat(B, 1)}
+
+    counts = []
+    for B in (2, 8):
+        D.Mosaic(24)(batch(B), torch.Generator().manual_seed(0))  # (compiles the paste)
+        with Own() as c:
+            D.Mosaic(24)(batch(B), torch.Generator().manual_seed(0))
+        counts.append(c.n)
+    assert counts[1] - counts[0] <= 6, counts  # (one allocation a source image, for its resize; main: ~17 a sample)
+    real = D._paste
+    got = D.Mosaic(24, fill=(1, 2, 3))(batch(5), torch.Generator().manual_seed(4))["image"]
+    try:
+        D._paste = real.eager
+        want = D.Mosaic(24, fill=(1, 2, 3))(batch(5), torch.Generator().manual_seed(4))["image"]
+    finally:
+        D._paste = real
+    assert torch.equal(got, want)
