@@ -132,3 +132,27 @@ def test_mosaic_places_and_pastes_without_a_torch_call_per_sample():
     finally:
         D._paste = real
     assert torch.equal(got, want)
+
+
+def test_the_hsv_kernel_takes_mod_180_without_torch_s_remainder():
+    """Both of RandomHSV's "mod 180"s (the hue, and the hue times its gain) are f - 180 floor(f / 180) on
+    whole numbers (no remainder pass: as slow as ten plain ones), the same numbers as the remainder gave."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = _images(1, 40, 50, seed=9).permute(0, 3, 1, 2).float()
+    out = torch.empty_like(x)
+    gains = torch.tensor([[1.9, 1.3, 0.7]])
+    with Ops() as ops:
+        C._hsv_jitter_piece(x, gains, out)
+    assert not [n for n in ops.names if "remainder" in n or "fmod" in n], ops.names
+    f = torch.arange(0, 720, dtype=torch.float32) * 0.5
+    assert torch.equal(C._mod180(f.floor()), f.remainder(180.0).floor())
