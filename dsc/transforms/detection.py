@@ -452,7 +452,7 @@ class Mosaic(BatchOp):
                         resized.append(torch.empty((h, w, *tail), dtype=dtype, device=dev))
                         run_program(views[j], [("resize", h, w)], resized[-1], nearest, fill)
                     pastes.append([b, slot[j], *a, *bb])
-            _paste(canvas, resized, pastes)
+            (_paste if dev.type == "cpu" else _paste.eager)(canvas, resized, pastes)  # (scripted on the CPU)
             drop_companions(batch, key)
             batch[key] = canvas
         if "boxes" in batch:

@@ -135,7 +135,9 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     corners = (torch.tensor([0, 0, out_h - 1, out_h - 1]), torch.tensor([0, out_w - 1, 0, out_w - 1]))
     ext = torch.stack([gx[:, corners[0], corners[1]], gy[:, corners[0], corners[1]]], 1).to(torch.float64)
     ext = torch.stack([ext.amin(2), ext.amax(2)], 2).tolist()  # (B, x|y, min|max), output pixel centres
-    affine_bilinear(img, xi, yi, hw, ext, f, out)  # (sample by sample, scripted: warp_gather)
+    # (sample by sample, scripted on the CPU: warp_gather; elsewhere the same ops as plain Python, so no
+    # TorchScript fuser reorders a device's arithmetic)
+    (affine_bilinear if dev.type == "cpu" else affine_bilinear.eager)(img, xi, yi, hw, ext, f, out)
     return out[..., 0] if squeeze else out
 
 
