@@ -125,7 +125,7 @@ def hue(x, factor, bound, integer):
     return rgb.mul_(255.0 + 1.0 - 1e-3).floor_() if integer else rgb.mul_(bound)
 
 
-def hexagon(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def hexagon(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Whole RGB values 0..255 (N, 3, H, W) -> int16 (N, H, W) planes (max, min, c = max - min, X): X = 6 h c,
     the pixel's place on the hue hexagon in grey levels, exact (g - b, b - r + 2c or r - g + 4c by the
     channel holding the max, red first, then green, as torchvision's ``_rgb_to_hsv``; in [0, 6c)), chosen
@@ -156,30 +156,56 @@ def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor |
     channel k = V' - c' + c' F_k(H' / 30), c' = V' S' / 255 (F: the hexagon's ramps, as in
     :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
     remainders and truncations: within a grey level of OpenCV's formula in exact arithmetic (the float round
-    trip is several levels off where a rounding ties). ``out``: as :func:`_by_pieces`' (``out=x``: in place)."""
-    return _by_pieces(_hsv_jitter_piece, x, torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3), out=out)
+    trip is several levels off where a rounding ties). ``out``: as :func:`_by_pieces`' (``out=x``: in place).
+    On the CPU the loop over samples and pieces is :func:`_hsv_jitter_cpu`, scripted: its ~60 ops a piece
+    never reach Python, so a Loader's filler thread runs it without the GIL."""
+    gains = torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3)
+    if x.device.type != "cpu":
+        return _by_pieces(_hsv_jitter_piece, x, gains, out=out)
+    N, _, H, W = x.shape
+    if out is None:
+        out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32)
+    _hsv_jitter_cpu(x, gains.to(torch.float32), out, max(1, PIECE_PIXELS // max(W, 1)))
+    return out
+
+
+@nogil
+def _hsv_jitter_cpu(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor, rows: int) -> None:
+    """:func:`_by_pieces`' CPU loop of :func:`_hsv_jitter_piece` (sample by sample, ``rows`` rows at a time: a
+    piece's planes stay in cache), ``gains`` (N, 3) float32; the same ops, so the same bytes."""
+    for n in range(x.shape[0]):
+        for r0 in range(0, x.shape[2], rows):
+            _hsv_jitter_piece(x[n:n + 1, :, r0:r0 + rows], gains[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
 
 
 def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -> None:
     mx, mn, c, X = hexagon(x)
-    g = torch.as_tensor(gains, dtype=torch.float64).to(x.device, torch.float32)
-    rh, rs, rv = (g[:, k].view(-1, 1, 1) for k in range(3))
+    g = gains.to(x.device, torch.float32)
+    rh = g[:, 0].view(-1, 1, 1)
+    rs = g[:, 1].view(-1, 1, 1)
+    rv = g[:, 2].view(-1, 1, 1)
     cf = c.to(torch.float32)
     mxf = mx.to(torch.float32)
-    # (each "mod 180" one remainder, exact on these whole or float32 values: fmod, not three compares,
-    # casts and subtractions)
-    hue = X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_().remainder_(180.0)  # (180 is 0)
-    hue.mul_(rh).clamp_(min=0.0).remainder_(180.0).floor_()  # mod 180, truncated: 0..179
+    # (each "mod 180" on whole numbers >= 0: f - 180 floor(f / 180), four passes of plain arithmetic, exact
+    # below 2^24; torch's remainder, one pass, takes as long as ten of them, and compares and selects are slower)
+    hue = _mod180(X.to(torch.float32).mul_(30.0).div_(cf.clamp(min=1.0)).round_())  # (180 is 0)
+    hue = _mod180(hue.mul_(rh).clamp_(min=0.0).floor_())  # truncated, mod 180: 0..179
     sat = cf.mul(255.0).div_(mxf.clamp(min=1.0)).round_().mul_(rs).clamp_(0.0, 255.0).floor_()
     val = mxf.mul(rv).clamp_(0.0, 255.0).floor_()
     cp = sat.mul_(val).div_(255.0)  # c' = V' S' / 255
     y = hue.div_(30.0)  # sector units, [0, 6)
     base = val.sub_(cp)  # V' - c'
-    for k, (centre, rising) in enumerate(((3.0, False), (2.0, True), (4.0, True))):
+    for k, (centre, rising) in enumerate([(3.0, False), (2.0, True), (4.0, True)]):
         v = (y - centre).abs_()
         v = v.neg_().add_(2.0) if rising else v.sub_(1.0)
         # (in [V' - c', V'], within 0..255 already: no clamp; a -0.0 casts to 0)
         out[:, k] = torch.addcmul(base, v.clamp_(0.0, 1.0), cp).round_()
+
+
+def _mod180(f: torch.Tensor) -> torch.Tensor:
+    """``f`` mod 180, in place, for float whole numbers >= 0 (below 2^24: every step exact; the same numbers as
+    ``remainder_(180.0)``, truncated or not, since floor(a mod 180) = floor(a) mod 180)."""
+    return f.sub_(torch.div(f, 180.0).floor_().mul_(180.0))
 
 
 def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:

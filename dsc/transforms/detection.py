@@ -13,6 +13,7 @@ distributions from the batch's (seed, epoch, rank, batch) generator.
 from __future__ import annotations
 
 import math
+from typing import List
 
 import torch
 
@@ -24,6 +25,7 @@ from .objects import move_objects, void_record
 from ..errors import ConfigError
 from ..formats.fields import Schema
 from ..formats.fields.base import drop_companions
+from ..nogil import nogil
 
 
 def _fill(fill, name, p: bool = False):
@@ -381,8 +383,9 @@ class Mosaic(BatchOp):
         B, s = len(sizes), self.size
         on = torch.rand(B, generator=gen, dtype=torch.float64) < self.p
         partners = torch.randint(max(B, 1), (B, 3), generator=gen)
-        centres = torch.floor(C.uniform(gen, 2 * B, s / 2, 3 * s / 2)).long().view(B, 2)  # (xc, yc)
+        centres = torch.floor(C.uniform(gen, 2 * B, s / 2, 3 * s / 2)).long().view(B, 2).tolist()  # (xc, yc)
         hw = sizes.tolist()
+        on, partners = on.tolist(), partners.tolist()  # (Python numbers: no tensor call per sample)
 
         def resized(j):
             h0, w0 = hw[j]
@@ -391,14 +394,14 @@ class Mosaic(BatchOp):
 
         parts = []
         for b in range(B):
-            if not bool(on[b]):  # letterboxed to s x s (Ultralytics' LetterBox: round(d - 0.1)), at the centre
+            if not on[b]:  # letterboxed to s x s (Ultralytics' LetterBox: round(d - 0.1)), at the centre
                 h, w = resized(b)
                 top, left = s // 2 + round((s - h) / 2 - 0.1), s // 2 + round((s - w) / 2 - 0.1)
                 parts.append([(b, (h, w), (left, top, left + w, top + h), (0, 0, w, h))])
                 continue
-            xc, yc = centres[b].tolist()
+            xc, yc = centres[b]
             own = []
-            for i, j in enumerate([b] + partners[b].tolist()):
+            for i, j in enumerate([b] + partners[b]):
                 h, w = resized(j)
                 if i == 0:
                     a = (max(xc - w, 0), max(yc - h, 0), xc, yc)
@@ -436,16 +439,20 @@ class Mosaic(BatchOp):
             fill = role.fill if role.fill is not None else self.fill
             tail = tuple(views[0].shape[2:]) if views else role.tail
             canvas = full((B, 2 * s, 2 * s, *tail), fill, batch[key].dtype, batch[key].device)
-            resized = {}  # each source resized once, however many placements show it
+            resized: list = []  # each source resized once, however many placements show it
+            slot: dict = {}
+            pastes = []  # (sample, its resized source's slot, canvas region, region of the resized image)
+            dtype, dev = canvas.dtype, canvas.device
             for b, own in enumerate(parts):
                 for j, (h, w), a, bb in own:
-                    ph, pw = a[3] - a[1], a[2] - a[0]
-                    if ph <= 0 or pw <= 0:
+                    if a[3] - a[1] <= 0 or a[2] - a[0] <= 0:
                         continue
-                    if j not in resized:
-                        resized[j] = torch.empty((h, w, *tail), dtype=canvas.dtype, device=canvas.device)
-                        run_program(views[j], [("resize", h, w)], resized[j], nearest, fill)
-                    canvas[b, a[1]:a[3], a[0]:a[2]] = resized[j][bb[1]:bb[3], bb[0]:bb[2]]
+                    if j not in slot:
+                        slot[j] = len(resized)
+                        resized.append(torch.empty((h, w, *tail), dtype=dtype, device=dev))
+                        run_program(views[j], [("resize", h, w)], resized[-1], nearest, fill)
+                    pastes.append([b, slot[j], *a, *bb])
+            (_paste if dev.type == "cpu" else _paste.eager)(canvas, resized, pastes)  # (scripted on the CPU)
             drop_companions(batch, key)
             batch[key] = canvas
         if "boxes" in batch:
@@ -475,6 +482,15 @@ class Mosaic(BatchOp):
         first = torch.tensor([0] + [len(own) for own in parts], dtype=torch.long).cumsum(0)
         sub["box_offsets"] = sub["box_offsets"][first.to(sub["box_offsets"].device)]
         batch.update(sub)
+
+
+@nogil
+def _paste(canvas: torch.Tensor, sources: List[torch.Tensor], pastes: List[List[int]]) -> None:
+    """Mosaic's placements into the canvases: each row (sample b, source k, x1a, y1a, x2a, y2a, x1b, y1b, x2b,
+    y2b) copies ``sources[k]``'s region (x1b, y1b)-(x2b, y2b) to ``canvas[b]``'s (x1a, y1a)-(x2a, y2a) (scripted:
+    a filler thread's copies and slices never reach Python)."""
+    for r in pastes:
+        canvas[r[0], r[3]:r[5], r[2]:r[4]].copy_(sources[r[1]][r[7]:r[9], r[6]:r[8]])
 
 
 class YoloMixUp(BatchOp):

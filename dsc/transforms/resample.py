@@ -13,6 +13,7 @@ from ..formats.fields import Schema
 from ..formats.fields.base import drop_companions
 from .fused import full, plan_chain, run_batch, run_program
 from .geometric import Geometric
+from .warp_gather import affine_bilinear
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
 
 def _canvas(batch: dict, key: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,26 +135,9 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     corners = (torch.tensor([0, 0, out_h - 1, out_h - 1]), torch.tensor([0, out_w - 1, 0, out_w - 1]))
     ext = torch.stack([gx[:, corners[0], corners[1]], gy[:, corners[0], corners[1]]], 1).to(torch.float64)
     ext = torch.stack([ext.amin(2), ext.amax(2)], 2).tolist()  # (B, x|y, min|max), output pixel centres
-    for b in range(B):  # only the part of each image the output reads goes to float (a zoom reads little of it)
-        Hb, Wb = (int(v) for v in hw[b])
-        (xa, xb), (ya, yb) = ((math.floor(lo), math.floor(hi)) for lo, hi in ext[b])
-        x0c, x1c = min(max(xa - 2, 0), Wb), min(max(xb + 3, 0), Wb)
-        y0c, y1c = min(max(ya - 2, 0), Hb), min(max(yb + 3, 0), Hb)
-        if x1c <= x0c or y1c <= y0c:
-            out[b] = f.round().clamp(0, 255) if canvas.dtype == torch.uint8 else f.round()
-            continue
-        src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
-        grid = torch.empty((1, out_h, out_w, 2), dtype=torch.float32, device=dev)  # (each plane written once from
-        grid[0, ..., 0] = (xi[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0  # its row or column when the map is
-        grid[0, ..., 1] = (yi[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0  # axis-aligned: no stack of two planes)
-        y = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0].permute(1, 2, 0)
-        (ua, ub), (va, vb) = ((lo - 0.5, hi - 0.5) for lo, hi in ext[b])
-        if not (ua >= 0 and ub <= Wb - 1 and va >= 0 and vb <= Hb - 1):  # some points outside: blend with fill
-            u, v = xi[b] - 0.5, yi[b] - 0.5  # (a row and a column when axis-aligned: their product the plane)
-            ins = torch.minimum(u + 1, Wb - u).clamp_(0, 1).mul(torch.minimum(v + 1, Hb - v).clamp_(0, 1))
-            y = y.sub_(f).mul_(ins.unsqueeze(-1)).add_(f)
-        y = y.round_()
-        out[b] = y.clamp_(0, 255) if canvas.dtype == torch.uint8 else y
+    # (sample by sample, scripted on the CPU: warp_gather; elsewhere the same ops as plain Python, so no
+    # TorchScript fuser reorders a device's arithmetic)
+    (affine_bilinear if dev.type == "cpu" else affine_bilinear.eager)(img, xi, yi, hw, ext, f, out)
     return out[..., 0] if squeeze else out
 
 

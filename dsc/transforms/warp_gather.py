@@ -17,13 +17,22 @@ general kernel that costs 1-2 ms for a 224 x 224 RGB image on the CPU. Two cases
   coordinates in float32 (its row weight is then ~1e-6, not 0), so a pixel exactly at a rounding tie may move
   one grey level against it (a shear by 0.3 puts about 3% of the pixels on a tie; tests/test_recipes_warps.py).
   The float path (``shear_float``) and the uint8 path (``shear_u8``) run the same operations: the same numbers.
+
+Also here, for RandomAffine's bilinear resampling (``resample._warp``, torchvision's affine: ``grid_sample``):
+the loop over samples, scripted (``affine_bilinear``: a Loader's filler thread runs its dozen ops a sample
+without the GIL).
 """
 from __future__ import annotations
 
+import math
+from typing import List
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numpy.lib.stride_tricks import as_strided
 
+from ..nogil import nogil
 from ..scratch import scratch_tensor
 
 
@@ -193,3 +202,45 @@ def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool
                 y[b, c] = _blend_lines(x[b, c].t().contiguous(), _shifts(m, 0, W), 1, fills[c]).t()
     y = y.to(x.dtype)
     return y.round_() if integer else y
+
+
+# --------------------------------------------------------------------------------------- affine, bilinear
+@nogil
+def affine_bilinear(img: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, hw: List[List[int]],
+                    ext: List[List[List[float]]], fill: torch.Tensor, out: torch.Tensor) -> None:
+    """``resample._warp``'s bilinear loop: each sample ``b`` of the integer canvas ``img`` (B, Hm, Wm, C) (its
+    own image (hw[b]) at the top left) into ``out[b]`` (h, w, C), ``img``'s dtype, through its source points
+    ``xi[b]``, ``yi[b]`` (float32, (h | 1, w) and (h, w | 1): pixel centres of the source); ``ext[b]``: their
+    extremes [[x min, x max], [y min, y max]] (float64, as Python numbers: no device sync per sample);
+    ``fill`` (C,) or (1,) float32. Only the part of the image the output reads goes to float, into
+    ``grid_sample`` (zeros outside, as torchvision's); where a source point leaves the image, the result is
+    blended with the fill by the weight that lay inside (torchvision's mask channel), per axis: 1 within
+    [0, w - 1], falling linearly to 0 over the pixel beyond each edge; rounded (uint8: clamped, and cast
+    plane by plane, through int16, before the planes are interleaved: the same values, one strided copy of
+    bytes, not of floats)."""
+    B, oh, ow = out.shape[0], out.shape[1], out.shape[2]
+    for b in range(B):  # (a zoom reads little of its image)
+        Hb, Wb = hw[b][0], hw[b][1]
+        xa, xb = int(math.floor(ext[b][0][0])), int(math.floor(ext[b][0][1]))
+        ya, yb = int(math.floor(ext[b][1][0])), int(math.floor(ext[b][1][1]))
+        x0c, x1c = min(max(xa - 2, 0), Wb), min(max(xb + 3, 0), Wb)
+        y0c, y1c = min(max(ya - 2, 0), Hb), min(max(yb + 3, 0), Hb)
+        if x1c <= x0c or y1c <= y0c:
+            out[b] = fill.round().clamp(0, 255) if out.dtype == torch.uint8 else fill.round()
+            continue
+        src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
+        grid = torch.empty((1, oh, ow, 2), dtype=torch.float32, device=img.device)  # (each plane written once
+        grid[0, :, :, 0] = (xi[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0  # from its row or column when the map is
+        grid[0, :, :, 1] = (yi[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0  # axis-aligned: no stack of two planes)
+        planes = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+        y = planes.permute(1, 2, 0)
+        if not (ext[b][0][0] - 0.5 >= 0 and ext[b][0][1] - 0.5 <= Wb - 1 and ext[b][1][0] - 0.5 >= 0
+                and ext[b][1][1] - 0.5 <= Hb - 1):  # some points outside: blend with the fill
+            u, v = xi[b] - 0.5, yi[b] - 0.5  # (a row and a column when axis-aligned: their product the plane)
+            ins = torch.minimum(u + 1, Wb - u).clamp_(0, 1).mul(torch.minimum(v + 1, Hb - v).clamp_(0, 1))
+            y = y.sub_(fill).mul_(ins.unsqueeze(-1)).add_(fill)
+        y = y.round_()
+        if out.dtype == torch.uint8:  # (whole numbers in 0..255: through int16, exact, ~4x faster than float's
+            out[b].copy_(planes.clamp_(0, 255).to(torch.int16).to(torch.uint8).permute(1, 2, 0))  # cast to uint8)
+        else:
+            out[b].copy_(y)
