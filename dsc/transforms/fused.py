@@ -15,6 +15,7 @@ support, so the copy that resampling needs applies the flips too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -22,6 +23,8 @@ import torch
 from ..formats.coords import dwarfs
 from .geometric import Geometric
 from ..errors import ConfigError
+from ..nogil import nogil
+from .photometric import post_row
 
 _aa = getattr(torch.ops.aten._upsample_bilinear2d_aa, "out", None)
 
@@ -364,8 +367,74 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
 
 def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,
               post=None) -> torch.Tensor:
-    """``views[b]`` (a tensor or array per sample) through ``programs[b]`` (None: none) into ``out[b]``."""
+    """``views[b]`` (a tensor or array per sample) through ``programs[b]`` (None: none) into ``out[b]``. The
+    samples whose program is a crop inside the image, a resize and flips (RandomResizedCrop and flips, the
+    classification recipes' geometry) on CPU uint8 (H, W, C) go through :func:`_crop_resize_rows`, one scripted
+    call for all of them (the same ops as :func:`run_program`'s; no GIL); the rest sample by sample."""
+    views = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in views]
+    fast, steps, rest = [], [], []
+    simple = programs is not None and not nearest and _aa is not None and out.device.type == "cpu" and \
+        (post is not None or out.dtype == torch.uint8)
     for b, v in enumerate(views):
-        run_program(torch.from_numpy(v) if isinstance(v, np.ndarray) else v, programs[b] if programs else [],
-                    out[b], nearest, fill, post)
+        step = _crop_resize_steps(programs[b], v) if simple else None
+        if step is None:
+            rest.append(b)
+        else:
+            fast.append(b)
+            steps.append(step)
+    if fast:
+        tmp, scale, shift, last, f32 = None, None, None, False, False
+        if post is not None:  # (one (h, w, C) sample in cache between its resize and its float pass)
+            tmp = torch.empty((out.shape[2], out.shape[3], out.shape[1]), dtype=torch.uint8)
+            scale, shift = post._consts(out.device, out.shape[1])
+            last, f32 = post.channels_last, post.dtype == torch.float32
+        _crop_resize_rows([views[b] for b in fast], steps, out, fast, tmp, scale, shift, last, f32)
+    for b in rest:
+        run_program(views[b], programs[b] if programs else [], out[b], nearest, fill, post)
     return out
+
+
+def _crop_resize_steps(program: list[tuple], x: torch.Tensor) -> list[int] | None:
+    """[top, left, h, w, out h, out w, flip rows, flip columns] where ``program`` is a crop inside ``x`` (a CPU
+    uint8 (H, W, C) view), a resize and flips only: what :func:`run_program` does with it (the flips folded into
+    the crop's contiguous copy, the resize into the output); None otherwise."""
+    if len(program) < 2 or program[0][0] != "crop" or program[1][0] != "resize" or \
+            any(step[0] != "flip" for step in program[2:]):
+        return None
+    if x.dtype != torch.uint8 or x.ndim != 3 or x.device.type != "cpu":
+        return None
+    top, left, h, w = program[0][1:5]
+    H, W = x.shape[0], x.shape[1]
+    if not (0 <= top and top + h <= H and 0 <= left and left + w <= W):
+        return None
+    fh, fw = _pending_flips(program[2:], False, False)
+    return [top, left, h, w, program[1][1], program[1][2], int(fh), int(fw)]
+
+
+@nogil
+def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: torch.Tensor, rows: List[int],
+                      tmp: Optional[torch.Tensor], scale: Optional[torch.Tensor], shift: Optional[torch.Tensor],
+                      channels_last: bool, float32: bool) -> None:
+    """Sample ``views[i]`` (uint8 (H, W, C)) cropped, flipped and resized as ``steps[i]``
+    (:func:`_crop_resize_steps`) into ``out[rows[i]]``; with ``tmp`` (h, w, C) into it, then through the float
+    pass (``scale``, ``shift``: :class:`~dsc.transforms.photometric.PixelPost`'s) into the (C, h, w) slot.
+    Scripted (dsc.nogil): :func:`run_program`'s ~10 torch calls a sample never reach Python."""
+    for i in range(len(views)):
+        s = steps[i]
+        top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
+        x = views[i][top:top + h, left:left + w]
+        dims: List[int] = []
+        if s[6] != 0:
+            dims.append(0)
+        if s[7] != 0:
+            dims.append(1)
+        if len(dims) > 0:
+            x = x.flip(dims)
+        target = out[rows[i]] if tmp is None else tmp
+        if h == oh and w == ow:
+            target.copy_(x)
+        else:
+            torch.ops.aten._upsample_bilinear2d_aa(x.contiguous().permute(2, 0, 1).unsqueeze(0), [oh, ow], False,
+                                                   None, None, out=target.permute(2, 0, 1).unsqueeze(0))
+        if tmp is not None and scale is not None and shift is not None:
+            post_row(tmp, out[rows[i]], scale, shift, channels_last, float32)

@@ -198,14 +198,21 @@ def _post_rows(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, shift: t
     ``shift[c] + x * scale[c]`` in float32 (one addcmul a sample, straight into the slot's layout), stored
     as ``out``'s dtype. Scripted: its 2-6 torch calls a sample never reach Python (each took the GIL)."""
     for b in range(x.shape[0]):
-        if channels_last:  # (the slot's memory is HWC: one contiguous pass, constants on the last axis)
-            o, src, sc, sh = out[b].permute(1, 2, 0), x[b], scale, shift
-        else:
-            o, src, sc, sh = out[b], x[b].permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
-        if float32:
-            torch.addcmul(sh, src, sc, out=o)
-        else:
-            o.copy_(torch.addcmul(sh, src, sc))
+        post_row(x[b], out[b], scale, shift, channels_last, float32)
+
+
+def post_row(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, channels_last: bool,
+             float32: bool) -> None:
+    """One sample of :func:`_post_rows`: uint8 (H, W, C) ``x`` into its (C, H, W) slot ``out`` (plain: the
+    scripted loops call it)."""
+    if channels_last:  # (the slot's memory is HWC: one contiguous pass, constants on the last axis)
+        o, src, sc, sh = out.permute(1, 2, 0), x, scale, shift
+    else:
+        o, src, sc, sh = out, x.permute(2, 0, 1), scale.view(-1, 1, 1), shift.view(-1, 1, 1)
+    if float32:
+        torch.addcmul(sh, src, sc, out=o)
+    else:
+        o.copy_(torch.addcmul(sh, src, sc))
 
 
 PIXEL_OPS = (ToFloat, Normalize, ToDtype, ChannelsLast, ChannelsFirst)

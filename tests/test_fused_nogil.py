@@ -1,0 +1,72 @@
+"""fused.run_batch's scripted path (crop inside the image, resize, flips: RandomResizedCrop + flips) gives
+run_program's bytes, uint8 and through the float pass, and makes no torch call a sample from Python."""
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from dsc.transforms import fused
+from dsc.transforms.photometric import PixelPost
+
+
+class _Count(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += getattr(func, "__name__", "") != "__get__"  # (ops and methods; not attribute reads)
+        return func(*args, **(kwargs or {}))
+
+
+def _programs(rng, views, out_hw):
+    progs = []
+    for v in views:
+        H, W = v.shape[:2]
+        kind = rng.integers(0, 4)
+        if kind == 0:  # partly outside: the per-sample path
+            progs.append([("crop", -3, -2, H, W, 0.0), ("resize", *out_hw)])
+            continue
+        h, w = (int(rng.integers(1, H + 1)), int(rng.integers(1, W + 1))) if kind != 1 else out_hw
+        top, left = int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1))
+        flips = [("flip", int(a), bool(rng.integers(0, 2))) for a in rng.integers(0, 2, rng.integers(0, 3))]
+        progs.append([("crop", top, left, h, w), ("resize", *out_hw), *flips])
+    return progs
+
+
+def _run(views, progs, out, post, per_sample):
+    if per_sample:
+        for b, v in enumerate(views):
+            fused.run_program(torch.from_numpy(v), progs[b], out[b], False, 0.0, post)
+        return out
+    return fused.run_batch(views, progs, out, False, 0.0, post)
+
+
+def test_the_scripted_crop_resize_flip_path_gives_run_programs_bytes():
+    rng = np.random.default_rng(0)
+    for c in (1, 3, 4):
+        views = [rng.integers(0, 256, (int(rng.integers(20, 60)), int(rng.integers(20, 60)), c), dtype=np.uint8)
+                 for _ in range(24)]
+        progs = _programs(rng, views, (17, 19))
+        for post in (None, PixelPost(torch.float32, (1 / 255,), (0.0,)),
+                     PixelPost(torch.float16, tuple(0.01 * (k + 1) for k in range(c)), (-0.5,) * c, True)):
+            if post is None:
+                a, b = (torch.zeros(24, 17, 19, c, dtype=torch.uint8) for _ in range(2))
+            else:
+                a, b = (post.empty(24, 17, 19, c) for _ in range(2))
+            _run(views, progs, a, post, True)
+            _run(views, progs, b, post, False)
+            assert torch.equal(a, b), (c, post)
+
+
+def test_the_scripted_path_makes_no_torch_call_a_sample():
+    rng = np.random.default_rng(1)
+
+    def calls(n):
+        views = [rng.integers(0, 256, (40, 50, 3), dtype=np.uint8) for _ in range(n)]
+        progs = [[("crop", 2, 3, 30, 31), ("resize", 16, 16), ("flip", 0, True)] for _ in range(n)]
+        out = torch.empty(n, 16, 16, 3, dtype=torch.uint8)
+        fused.run_batch(views, progs, out, False, 0.0)  # (compiled on a first call)
+        with _Count() as c:
+            fused.run_batch(views, progs, out, False, 0.0)
+        return c.n
+    assert calls(9) == calls(3)
