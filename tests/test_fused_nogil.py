@@ -70,3 +70,32 @@ def test_the_scripted_path_makes_no_torch_call_a_sample():
             fused.run_batch(views, progs, out, False, 0.0)
         return c.n
     assert calls(9) == calls(3)
+
+
+def test_the_scripted_shear_gives_the_plain_bytes_and_makes_no_torch_call_a_sample(monkeypatch):
+    from dsc import nogil
+    from dsc.transforms import warp_gather as G
+
+    g = torch.Generator().manual_seed(3)
+
+    def case(N, axis, fill):
+        M = torch.eye(3, dtype=torch.float64).repeat(N, 1, 1)
+        M[:, 0 if axis == 1 else 1, 1 if axis == 1 else 0] = torch.rand(N, generator=g, dtype=torch.float64) - 0.5
+        return torch.randint(0, 256, (N, 21, 17, 3), dtype=torch.uint8, generator=g), M
+
+    for axis in (0, 1):
+        for fill in (None, 7.0, (1.0, 2.0, 250.0)):
+            x, M = case(6, axis, fill)
+            got = G.shear_u8(x.clone(), M, fill, axis)
+            monkeypatch.setattr(nogil, "ENABLED", False)
+            want = G.shear_u8(x.clone(), M, fill, axis)
+            monkeypatch.setattr(nogil, "ENABLED", True)
+            assert torch.equal(got, want), (axis, fill)
+
+    def calls(N):
+        x, M = case(N, 1, 7.0)
+        G.shear_u8(x, M, 7.0, 1)
+        with _Count() as c:
+            G.shear_u8(x, M, 7.0, 1)
+        return c.n
+    assert calls(9) == calls(3)

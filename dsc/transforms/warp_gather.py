@@ -11,8 +11,8 @@ general kernel that costs 1-2 ms for a 224 x 224 RGB image on the CPU. Two cases
   output row y is input row y moved by t_y = m01 (y + 1/2) + m02 pixels (in float64 from the map), and the
   bilinear value is the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1], k = floor(t_y), w = t_y - k (float32)
   -- grid_sample's formula where the other axis' weight is exactly 0. Each row's window is a slice of a
-  zero-bordered copy (numpy's fancy index over a strided view of all the windows copies each chosen window
-  as a block), so there is no per-pixel index at all;
+  zero-bordered copy (each chosen window copied
+  as a block, by one advanced index of a strided view), so there is no per-pixel index at all;
   ``fill``: torchvision's mask plane through the same blend, (y - fill) mask + fill. grid_sample computes the
   coordinates in float32 (its row weight is then ~1e-6, not 0), so a pixel exactly at a rounding tie may move
   one grey level against it (a shear by 0.3 puts about 3% of the pixels on a tie; tests/test_recipes_warps.py).
@@ -25,15 +25,12 @@ without the GIL).
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from numpy.lib.stride_tricks import as_strided
 
 from ..nogil import nogil
-from ..scratch import scratch_tensor
 
 
 # ----------------------------------------------------------------------------------------------- nearest
@@ -130,81 +127,97 @@ def _shifts(m: torch.Tensor, axis: int, n: int) -> torch.Tensor:
     return m[0, 1] * centres + m[0, 2] if axis == 1 else m[1, 0] * centres + m[1, 2]
 
 
-def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill, pads: dict | None = None) -> torch.Tensor:
+def _taps(pad: torch.Tensor, src: torch.Tensor, start: torch.Tensor, L: int, c: int) -> List[torch.Tensor]:
+    """The 2 taps of every line of ``src`` (R, L * c): ``pad`` (R, (3 L + 2) c) holds the lines bordered by
+    L + 1 zero pixels each side (its middle written here, its borders left zero), and each line's window of
+    L + 1 pixels from ``start`` (a strided view of all windows, the chosen one copied as a block), in float32."""
+    R, n = pad.shape[0], pad.shape[1]
+    pad[:, (L + 1) * c:(2 * L + 1) * c] = src
+    windows = pad.as_strided([R, 2 * L + 2, (L + 1) * c], [n, c, 1])
+    rows = windows[torch.arange(R), start]
+    if rows.dtype != torch.float32:
+        rows = rows.to(torch.float32)
+    return [rows[:, :L * c], rows[:, c:]]
+
+
+def _blend_lines(lines: torch.Tensor, t: torch.Tensor, C: int, fill: Optional[torch.Tensor], pad: torch.Tensor,
+                 ones: Optional[torch.Tensor]) -> torch.Tensor:
     """float32 (R, L * C): lines (R, L * C) (uint8 or float, C values per pixel) each moved by t (R,) pixels
-    with the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1] (0 outside; ``fill``: (y - fill) mask + fill).
-    ``pads``: the zero-bordered line buffers of earlier calls (kept in it), reused."""
-    R, LC = lines.shape
-    L = LC // C
+    with the 2-tap blend (1 - w) v[x + k] + w v[x + k + 1] (0 outside; ``fill`` (1 or C,) float32: (y - fill)
+    mask + fill). ``pad``: zeros (R, (3 L + 2) C) of the lines' dtype, ``ones``: zeros (R, 3 L + 2) float32
+    (with a fill): their middles are written, their borders stay zero (kept from line set to line set)."""
+    R = lines.shape[0]
+    L = lines.shape[1] // C
     k = torch.floor(t)
     w = (t - k).to(torch.float32).view(-1, 1)
     e = 1.0 - w
     start = k.to(torch.int64).clamp_(-L - 1, L).add_(L + 1)  # window start in a line bordered by L + 1 zeros
-
-    start = start.numpy()
-    ar = np.arange(R)
-
-    def taps(src, c):
-        n = (3 * L + 2) * c
-        pad = pads.get((R, n, src.dtype)) if pads is not None else None
-        if pad is None:  # (zero borders made once a call: a line's middle is all that changes)
-            pad = torch.zeros((R, n), dtype=src.dtype)
-            if pads is not None:
-                pads[(R, n, src.dtype)] = pad
-        pad[:, (L + 1) * c:(2 * L + 1) * c] = src
-        a = pad.numpy()
-        s = a.itemsize
-        windows = as_strided(a, shape=(R, 2 * L + 2, (L + 1) * c), strides=(n * s, c * s, s))
-        rows = torch.from_numpy(windows[ar, start])  # each line's window, copied whole (numpy copies a
-        # fancy index's trailing axis as a block); overlapping views, cast to float once into the thread's
-        # scratch (a uint8 operand of torch.mul would be cast into a fresh temporary for each of the two products)
-        if rows.dtype != torch.float32:
-            rows = scratch_tensor("blend_lines", tuple(rows.shape), torch.float32).copy_(rows)
-        return rows[:, :L * c], rows[:, c:]
-
-    v0, v1 = taps(lines, C)
-    y = torch.mul(v0, e).add_(torch.mul(v1, w))
-    if fill is None:
+    v = _taps(pad, lines, start, L, C)
+    y = torch.mul(v[0], e).add_(torch.mul(v[1], w))
+    if fill is None or ones is None:
         return y
-    m0, m1 = taps(torch.ones((R, L), dtype=torch.float32), 1)
-    mask = torch.mul(m0, e).add_(torch.mul(m1, w)).repeat_interleave(C, 1)
-    f = torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).repeat(L)
+    m = _taps(ones, torch.ones((R, L), dtype=torch.float32), start, L, 1)
+    mask = torch.mul(m[0], e).add_(torch.mul(m[1], w)).repeat_interleave(C, 1)
+    f = fill.reshape(-1).expand(C).repeat(L)
     return y.sub_(f).mul_(mask).add_(f)
+
+
+def _pads(R: int, L: int, C: int, dtype, fill) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return torch.zeros((R, (3 * L + 2) * C), dtype=dtype), None if fill is None else \
+        torch.zeros((R, 3 * L + 2), dtype=torch.float32)
+
+
+def _fill_tensor(fill) -> torch.Tensor | None:
+    return None if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1)
 
 
 def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int, rows=None) -> torch.Tensor:
     """CPU uint8 (N, H, W, C) through shear maps ``M`` (N, 3, 3) (``axis`` from :func:`shear_axis`), bilinear,
     rounded, in place; ``rows``: only these samples of ``x`` (``M`` one per row)."""
     N, H, W, C = x.shape
-    pads: dict = {}  # (each sample's zero-bordered lines in one buffer, zeroed once)
-    for i, b in enumerate(range(N) if rows is None else rows):
+    R, L = (H, W) if axis == 1 else (W, H)
+    pad, ones = _pads(R, L, C, x.dtype, fill)  # (each sample's zero-bordered lines in one buffer, zeroed once)
+    _shear_rows(x, M, list(range(N)) if rows is None else [int(b) for b in rows], axis, _fill_tensor(fill), pad,
+                ones)
+    return x
+
+
+@nogil
+def _shear_rows(x: torch.Tensor, M: torch.Tensor, rows: List[int], axis: int, fill: Optional[torch.Tensor],
+                pad: torch.Tensor, ones: Optional[torch.Tensor]) -> None:
+    """:func:`shear_u8`'s loop over samples, scripted (dsc.nogil: its ~25 torch calls a sample never reach
+    Python, and the windows' copies no longer hold the GIL as numpy's fancy index did)."""
+    H, W, C = x.shape[1], x.shape[2], x.shape[3]
+    for i in range(len(rows)):
+        b = rows[i]
         m = M[i].to(torch.float64)
         if axis == 1:
-            y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill, pads)
+            y = _blend_lines(x[b].reshape(H, W * C), _shifts(m, 1, H), C, fill, pad, ones)
             x[b].copy_(y.round_().clamp_(0, 255).view(H, W, C))  # (x[b] may be any strides)
         else:
-            y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill, pads)
+            y = _blend_lines(x[b].transpose(0, 1).reshape(W, H * C), _shifts(m, 0, W), C, fill, pad, ones)
             x[b].copy_(y.round_().clamp_(0, 255).view(W, H, C).transpose(0, 1))
-    return x
 
 
 def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool) -> torch.Tensor:
     """:func:`shear_u8`'s operations on CPU float (N, C, H, W), plane by plane (``integer``: rounded)."""
     N, C, H, W = x.shape
     y = torch.empty_like(x, dtype=torch.float32)
-    fills = [None] * C if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).tolist()
+    fills = [None] * C if fill is None else [_fill_tensor(v) for v in
+                                             torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).tolist()]
+    R, L = (H, W) if axis == 1 else (W, H)
+    pad, ones = _pads(R, L, 1, x.dtype, fill)
     for b in range(N):
         m = M[b].to(torch.float64)
         for c in range(C):
             if axis == 1:
-                y[b, c] = _blend_lines(x[b, c], _shifts(m, 1, H), 1, fills[c])
+                y[b, c] = _blend_lines(x[b, c], _shifts(m, 1, H), 1, fills[c], pad, ones)
             else:
-                y[b, c] = _blend_lines(x[b, c].t().contiguous(), _shifts(m, 0, W), 1, fills[c]).t()
+                y[b, c] = _blend_lines(x[b, c].t().contiguous(), _shifts(m, 0, W), 1, fills[c], pad, ones).t()
     y = y.to(x.dtype)
     return y.round_() if integer else y
 
 
-# --------------------------------------------------------------------------------------- affine, bilinear
 @nogil
 def affine_bilinear(img: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, hw: List[List[int]],
                     ext: List[List[List[float]]], fill: torch.Tensor, out: torch.Tensor) -> None:
