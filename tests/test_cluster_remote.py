@@ -208,20 +208,26 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     assert samples(dsc.open(r.path)) == samples(dsc.open(tmp_path / "local"))
 
 
-def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
-    """What a compile asks the bucket: the scan one streamed GET per tar (its label and text members read as the
-    walk passes them, never a second pass); a unit one GET per tar it reads, for its span only, and no HEAD (the
-    scan's identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing);
-    a new shard one create-only PUT, no HEAD before it."""
+@pytest.mark.parametrize("keep", [True, False], ids=["scan-keeps-images", "units-read-ranges"])
+def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch, keep):
+    """What a compile asks the bucket: the scan one streamed GET per tar and no HEAD (the GET's response says its
+    size; its label and text members read as the walk passes them, never a second pass). The scan keeps the
+    images it streamed past (up to KEEP_BYTES), so the units read no tar: each byte crosses the network once.
+    Past that budget (here 0), a unit makes one GET per tar it reads, for its span only, and no HEAD (the scan's
+    identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing). A new
+    shard: one create-only PUT, no HEAD before it."""
     import importlib
 
-    from dsc.compiler.sources import inputs
+    from dsc.compiler.sources import inputs, webdataset
     from dsc.store.object import ObjectStore
+
+    if not keep:
+        monkeypatch.setattr(webdataset, "KEEP_BYTES", 0)
 
     C = importlib.import_module("dsc.compiler.compile")  # (dsc.compiler.compile is also the function)
     _, tars, ref = data
     calls = []
-    for name in ("stat", "identity", "open_stream", "put", "get", "read_range", "etag"):
+    for name in ("stat", "identity", "open_stream", "open_whole", "put", "get", "read_range", "etag"):
         def wrap(self, rel, *a, _real=getattr(ObjectStore, name), _name=name, **k):
             calls.append((_name, rel, a, k))
             return _real(self, rel, *a, **k)
@@ -239,16 +245,20 @@ def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
     ahead, RA = [], O.ReadAhead
     monkeypatch.setattr(O, "ReadAhead", type("Counted", (RA,), {
         "__init__": lambda self, it, limit: (ahead.append(limit), RA.__init__(self, it, limit))[1]}))
-    url = "s3://dsc-out/counted"
+    url = f"s3://dsc-out/counted-{keep}"
     r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, workers=1,
                                cache_dir=str(tmp_path / "cache"), **OPTS)
     assert r.manifest.num_samples == 30 and bucket_shards(url) == shard_files(ref)
     sizes = {t.name: t.stat().st_size for t in tars.glob("*.tar")}
     scan, units = calls[:scan_done[0]], calls[scan_done[0]:]
-    tar_reads = [c for c in scan if c[0] == "open_stream"]
+    tar_reads = [c for c in scan if c[1].endswith(".tar")]
     assert sorted(c[1].rsplit("/", 1)[-1] for c in tar_reads) == sorted(sizes)  # one stream per tar
+    assert {c[0] for c in tar_reads} == {"open_whole"}  # (from its start: no HEAD, no range)
     streams = [c for c in units if c[0] == "open_stream" and c[1].endswith(".tar")]
     assert not [c for c in units if c[0] in ("stat", "identity") and c[1].endswith(".tar")]  # no HEAD of a tar
+    if keep:
+        assert streams == [] and ahead == []  # the units read nothing: their images came with their records
+        return
     assert len(streams) <= 5 + 2  # 5 units of 7 samples over 3 tars of 10: at most two tars each, 7 spans in all
     asked = sum(c[2][1] - c[2][0] for c in streams)  # (start, end): each unit asks for its span only
     assert len(ahead) == len(streams)  # and reads it ahead of the decode, on a thread
@@ -276,8 +286,9 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
                 tf.addfile(info, io.BytesIO(data))
     open_store("s3://dsc-src/big").put("0.tar", buf.getvalue())
     streams = []
-    real = ObjectStore.open_stream
+    real, whole = ObjectStore.open_stream, ObjectStore.open_whole
     monkeypatch.setattr(ObjectStore, "open_stream", lambda self, rel, *a: (streams.append(a), real(self, rel, *a))[1])
+    monkeypatch.setattr(ObjectStore, "open_whole", lambda self, rel: (streams.append((0,)), whole(self, rel))[1])
     samples_, cut = index_tar("s3://dsc-src/big/0.tar", ("jpg",), "cls", None, {"txt": "text"})
     assert cut is None and [(s.key, s.label, s.values) for s in samples_] == [
         (f"s{k}", k, {"txt": "a caption"}) for k in range(4)]
@@ -287,12 +298,15 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
 def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
     """Its unit's request is made on the read-ahead thread; the missing object still reaches the sample as
     "the tar is gone since the scan", not as an error of the stream."""
+    from dsc.compiler.sources import webdataset
     from dsc.compiler.sources.webdataset import WebDatasetSource
 
     _, tars, _ = data
     open_store("s3://dsc-src/gone").put("00000.tar", (tars / "00000.tar").read_bytes())
     src = WebDatasetSource(src="s3://dsc-src/gone/00000.tar")
-    records = src.scan().records
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(webdataset, "KEEP_BYTES", 0)  # (the scan keeps no image: the unit reads the tar)
+        records = src.scan().records
     open_store("s3://dsc-src/gone").delete("00000.tar")
     with pytest.raises(SampleError, match="gone since the scan"):
         src.fetcher(records[:3])(records[0])

@@ -49,21 +49,23 @@ def settings(scanned: ScannedSource, options: CompileOptions, shard_size: int, s
         sort_keys=True, default=str))
 
 
-def fingerprint(records, settings: dict) -> str:
+def fingerprint(records, settings: dict, digests=None) -> str:
     """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks)
-    and the ``settings`` (see :func:`settings`)."""
+    and the ``settings`` (see :func:`settings`). ``digests``: each record's ``record_digest``, when the caller
+    has them (``record_digests``: a compile takes them once, for this and for the dataset's fingerprint column)."""
     h = hashlib.sha256()
     h.update(json.dumps(settings, sort_keys=True).encode())
-    for r in records:
-        hash_record(h, r)
+    for i, r in enumerate(records):
+        hash_record(h, r, None if digests is None else int(digests[i]))
     return h.hexdigest()
 
 
-def hash_record(h, r) -> None:
-    """Feed what record ``r`` is compiled from into the hash ``h`` (a journal's and an update's fingerprint)."""
+def hash_record(h, r, digest: int | None = None) -> None:
+    """Feed what record ``r`` is compiled from into the hash ``h`` (a journal's and an update's fingerprint);
+    ``digest``: its ``record_digest`` when known."""
     h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
     if r.target is not None or r.fields:  # (value fields known at scan: a table's columns, COCO captions)
-        h.update(record_digest(r).to_bytes(8, "little", signed=True))
+        h.update((record_digest(r) if digest is None else digest).to_bytes(8, "little", signed=True))
 
 
 def inputs_of(records) -> str:

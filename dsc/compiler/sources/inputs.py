@@ -72,9 +72,20 @@ def name_of(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
 
 
+def etag_of(etag) -> str:
+    """An ETag as one spelling, whoever gave it: without its quotes and weak mark (``W/"x"`` -> ``x``; a GET and
+    a listing of one object may quote it differently: fake-gcs does)."""
+    etag = str(etag or "").strip()
+    if etag[:2] in ("W/", "w/"):
+        etag = etag[2:]
+    return etag.strip('"')
+
+
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
-    if len(_IDENTITY) < IDENTITY_LIMIT:
-        _IDENTITY[url] = (int(size), float(mtime), etag)
+    """Keep what a listing, a HEAD or a GET said of ``url`` (replacing what was known: this process may have seen
+    an older object of that name)."""
+    if url in _IDENTITY or len(_IDENTITY) < IDENTITY_LIMIT:
+        _IDENTITY[url] = (int(size), float(mtime), etag_of(etag))
 
 
 def known(paths) -> tuple:
@@ -150,6 +161,27 @@ def size_of(path: str) -> int:
     if found is None:
         raise SourceError(f"{path}: no such file" + ("" if not is_remote(path) else " (no such object)"))
     return found[0]
+
+
+def open_scanned(path: str):
+    """(a sequential binary file of the input, its size) for a scan that reads it from its start (a tar's index):
+    a local file and its stat; an object by one GET whose response gives its size, time and ETag, remembered as
+    its identity (``identity``, ``inputs_of``), so that the journal and ``--update`` judge it by the bytes this
+    scan read: no HEAD first, and nothing a listing or an earlier scan of this process said of an older object of
+    that name is trusted. SourceError when it is not there."""
+    if not is_remote(path):
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise SourceError(f"{path}: no such file") from None
+        return f, os.fstat(f.fileno()).st_size
+    store, rel = split(path)
+    try:
+        f, (size, mtime, etag) = store.open_whole(rel)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file (no such object)") from None
+    remember(path, size, mtime, etag)
+    return f, size
 
 
 def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False,
