@@ -312,6 +312,74 @@ def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
         src.fetcher(records[:3])(records[0])
 
 
+def test_a_tar_replaced_under_its_name_is_read_anew_by_the_next_scan_of_this_process(data, tmp_path):
+    """A process that compiled the tars once (and so knows their identities) and compiles again after one was
+    replaced by another of that name: the scan takes each tar's identity from its own GET, so the update sees the
+    new tar (its samples, at their offsets) and matches a fresh compile; an identity remembered from before is
+    never trusted (it read the new bytes with the old size, and judged the tar unchanged)."""
+    folder, tars, _ = data
+    store = open_store("s3://dsc-src/replaced")
+    for t in sorted(tars.glob("*.tar")):
+        store.put(t.name, t.read_bytes())
+    src = "s3://dsc-src/replaced/{00000..00002}.tar"
+    out = tmp_path / "out"
+    dsc.compile_webdataset(src, out, workers=1, **OPTS)
+    other = tmp_path / "other"
+    write_imagefolder(other, num_classes=3, per_class=4, size_range=(30, 70), seed=5)
+    new = pack_webdataset(other, tmp_path / "other-tars", per_tar=12)[0]
+    store.put("00001.tar", new.read_bytes())
+    r = dsc.compile_webdataset(src, out, update=True, workers=1, **OPTS)
+    assert r.committed and r.plan["decoded"] == 12, r.plan  # (the new tar's samples, decoded)
+    fresh = dsc.compile_webdataset(src, tmp_path / "fresh", workers=1, **OPTS)
+    assert samples(dsc.open(out)) == samples(dsc.open(fresh.path)) and fresh.manifest.num_samples == 32
+
+
+def test_the_scan_keeps_images_up_to_its_budget_and_the_rest_are_read_by_the_units(data, tmp_path, monkeypatch):
+    """KEEP_BYTES bounds the image bytes the scan holds: with room for one tar of three, one tar's samples come
+    with their bytes and the units read the other two; the shards are the local compile's either way."""
+    from dsc.compiler.sources import webdataset
+
+    _, tars, ref = data
+    monkeypatch.setattr(webdataset, "KEEP_BYTES", max(t.stat().st_size for t in tars.glob("*.tar")) + 1)
+    src = webdataset.WebDatasetSource(src="s3://dsc-src/wds/{00000..00002}.tar")
+    records = src.scan().records
+    kept = [r for r in records if r.member[3]]
+    assert len(kept) == 10 and len({r.path for r in kept}) == 1  # one tar, whole
+    assert all(len(r.member[3]) == r.member[2] for r in kept)
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", tmp_path / "w", workers=2, **OPTS)
+    assert shard_files(tmp_path / "w") == shard_files(ref)
+
+
+def test_a_network_failure_in_the_scan_is_no_truncated_tar(data, s3, monkeypatch):
+    """A stream that keeps failing past its retries is the network's fault, not the tar's: the scan stops with
+    an error naming the tar, where it read a cut ("the tar is truncated or damaged") and skipped its samples."""
+    from dsc.compiler.sources.webdataset import index_tar
+    from dsc.errors import RemoteError
+    from dsc.store.object import StreamFile
+
+    real = StreamFile.readinto
+
+    def broken(self, b):  # (a few small reads, then a connection that keeps breaking)
+        if self.pos > 3000:
+            raise ConnectionResetError("the connection broke")
+        return real(self, memoryview(b)[:1024])
+    monkeypatch.setattr(StreamFile, "readinto", broken)
+    with pytest.raises(RemoteError, match="00000.tar: reading it failed"):
+        index_tar("s3://dsc-src/wds/00000.tar", ("jpg",), "cls", None)
+
+
+def test_etags_are_one_spelling_whoever_gave_them():
+    """A GET and a listing of one object may quote its ETag differently (fake-gcs does); the identity that says
+    whether an input changed holds it without quotes or weak mark."""
+    from dsc.compiler.sources import inputs
+
+    assert inputs.etag_of('W/"abc"') == inputs.etag_of('"abc"') == inputs.etag_of("abc") == "abc"
+    inputs.remember("s3://b/x.tar", 10, 1.0, '"abc"')
+    quoted = inputs.identity("s3://b/x.tar")
+    inputs.remember("s3://b/x.tar", 10, 1.0, "abc")
+    assert inputs.identity("s3://b/x.tar") == quoted
+
+
 def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
     """The thread behind a unit's tar stream (ObjectStore.reader(..., ahead=)): it reads chunks before they are
     asked for, never more than its limit ahead, hands them on in order, and a failure where it happened."""
