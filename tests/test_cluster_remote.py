@@ -350,6 +350,28 @@ def test_the_scan_keeps_images_up_to_its_budget_and_the_rest_are_read_by_the_uni
     assert shard_files(tmp_path / "w") == shard_files(ref)
 
 
+def test_a_killed_compile_of_tars_in_a_bucket_resumes_with_the_images_the_scan_kept(data, tmp_path):
+    """The scan's kept images travel inside the records, never into the journal's fingerprint: a compile killed
+    after two units resumes (its scan keeps them again), keeps those units and ends with the local shards."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from conftest import journal_units, stopped_at_unit
+    from dsc.cli import main
+
+    _, _, ref = data
+    out = tmp_path / "out"
+    argv = ["compile", "webdataset", "s3://dsc-src/wds/{00000..00002}.tar", str(out), "--size", "24,32",
+            "--shard-size", "7", "--workers", "2", "-q"]
+    r = stopped_at_unit(argv, 2, signal.SIGKILL)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert len(journal_units(tmp_path / ".out.dsc-tmp")) >= 2 and not out.exists()
+    res = CliRunner().invoke(main, argv + ["--resume"])
+    assert res.exit_code == 0 and "resumed:" in res.output, res.output
+    assert shard_files(out) == shard_files(ref)
+
+
 def test_a_network_failure_in_the_scan_is_no_truncated_tar(data, s3, monkeypatch):
     """A stream that keeps failing past its retries is the network's fault, not the tar's: the scan stops with
     an error naming the tar, where it read a cut ("the tar is truncated or damaged") and skipped its samples."""
