@@ -18,7 +18,8 @@ with the compile for the cores (and it serves a range of an object by reading th
 group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
 commit; its workers: decoding), against the local compile's in the same round, the workers' page faults (a worker
 forked fresh to read a bucket starts with an empty heap: units.keep_heap), and the server's CPU seconds and
-requests. dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
+requests (by method, the connections they came on, and the MB the server served and stored: what a compile costs
+the bucket, counted, where wall ratios on a shared machine are not). dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
 the summary adds beside it an estimate of the wall ratio were the server's CPU seconds on other cores (the wall
 time less the server's CPU shared by the cores).
 
@@ -166,10 +167,11 @@ def _ms(run: tuple) -> float:
 
 def _requests(log: Path, start: int) -> tuple[dict, int]:
     """(what the server logged since line ``start``: {"n": requests, "GET"/"PUT"/...: requests of that method
-    ("LIST": a GET of a bucket's listing), "in"/"out": MB sent to it and by it (moto_keepalive.py logs them; 0
-    with moto's own server)}, lines now)."""
+    ("LIST": a GET of a bucket's listing), "in"/"out": MB sent to it and by it, "conns": the connections they
+    came on (moto_keepalive.py logs them; 0 with moto's own server)}, lines now)."""
     lines = log.read_text(errors="replace").splitlines()
     seen = {"n": 0, "in": 0.0, "out": 0.0}
+    conns = set()
     for line in lines[start:]:
         if "HTTP/1.1" not in line or '"' not in line:
             continue
@@ -178,17 +180,21 @@ def _requests(log: Path, start: int) -> tuple[dict, int]:
         if method == "GET" and ("list-type" in target or target.split(" ")[0].rstrip("/").count("/") <= 1):
             method = "LIST"
         seen[method] = seen.get(method, 0) + 1
-        for part in line.split()[-2:]:
+        for part in line.split()[-3:]:
             k, _, v = part.partition("=")
             if k in ("in", "out") and v.isdigit():
                 seen[k] += int(v) / 1e6
+            elif k == "conn":
+                conns.add(v)
+    seen["conns"] = len(conns)
     return seen, len(lines)
 
 
 def _said(seen: dict) -> str:
     """A run's requests as a line: their number, by method, and the MB each way."""
-    methods = ", ".join(f"{k} {v}" for k, v in sorted(seen.items()) if k not in ("n", "in", "out"))
-    return f"{seen['n']} requests ({methods}), {seen['out']:.1f} MB served, {seen['in']:.1f} MB stored"
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(seen.items()) if k not in ("n", "in", "out", "conns"))
+    return (f"{seen['n']} requests ({methods}) on {seen.get('conns', 0)} connections, {seen['out']:.1f} MB served, "
+            f"{seen['in']:.1f} MB stored")
 
 
 def main() -> None:

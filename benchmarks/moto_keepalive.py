@@ -26,8 +26,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _log(self, code: int, n_in: int, n_out: int) -> None:  # (one line a request on stderr: the bench counts
         # them, and the bytes each request sent the server and the server sent back)
-        sys.stderr.write(f"{self.address_string()} - - \"{self.requestline}\" {code} HTTP/1.1 in={n_in} "
-                         f"out={n_out}\n")
+        sys.stderr.write(f"{self.address_string()} - - \"{self.requestline}\" {code} HTTP/1.1 "
+                         f"conn={self.client_address[1]} in={n_in} out={n_out}\n")  # (conn: the client's port, one a
+        #                                                                                 connection: their count)
 
     def _any(self):
         n = int(self.headers.get("Content-Length") or 0)
