@@ -46,8 +46,17 @@ EAGER_TARS = 4  # a unit spanning at most this many tars requests them all when 
 MAX_LABEL_BYTES = 1 << 20
 # the image bytes a scan of tars in object storage keeps, of those it streams past, for the units (the first
 # compile then downloads each of those tars once, not once to index it and again to decode it); past it, a unit
-# reads its range of the tar
+# reads its range of the tar (and never more than an eighth of the machine's memory: ``keep_budget``)
 KEEP_BYTES = 512 << 20
+
+
+def keep_budget() -> int:
+    """The image bytes a scan may keep: ``KEEP_BYTES``, at most an eighth of the machine's memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # (no sysconf: not Linux or macOS)
+        return KEEP_BYTES
+    return min(KEEP_BYTES, memory // 8)
 
 # The members a sample has besides its image and label that become fields by default (when the first sample
 # has them): extension -> how it decodes ("text": UTF-8, "json", "array": a .npy, "bytes": as is).
@@ -424,7 +433,7 @@ class WebDatasetSource(Source):
         # (the image bytes the scan streams past are kept for the units, up to KEEP_BYTES; not on a cluster, whose
         # workers index the tars: the client never sees the pixels)
         index = _Index(self.image_ext, label_ext, self.label_key, read,
-                       Keep(KEEP_BYTES) if self.index_map is None else None)
+                       Keep(keep_budget()) if self.index_map is None else None)
         mapper = self.index_map or _threads
         found = mapper(index, tars)
         records, invalid = [], []
