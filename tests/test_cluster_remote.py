@@ -390,9 +390,10 @@ def test_a_network_failure_in_the_scan_is_no_truncated_tar(data, s3, monkeypatch
         index_tar("s3://dsc-src/wds/00000.tar", ("jpg",), "cls", None)
 
 
-def test_etags_are_one_spelling_whoever_gave_them():
+def test_etags_are_one_spelling_whoever_gave_them(s3):
     """A GET and a listing of one object may quote its ETag differently (fake-gcs does); the identity that says
-    whether an input changed holds it without quotes or weak mark."""
+    whether an input changed holds it without quotes or weak mark, the first time it is asked (by a HEAD, whose
+    ETag moto quotes) as every time after."""
     from dsc.compiler.sources import inputs
 
     assert inputs.etag_of('W/"abc"') == inputs.etag_of('"abc"') == inputs.etag_of("abc") == "abc"
@@ -400,6 +401,11 @@ def test_etags_are_one_spelling_whoever_gave_them():
     quoted = inputs.identity("s3://b/x.tar")
     inputs.remember("s3://b/x.tar", 10, 1.0, "abc")
     assert inputs.identity("s3://b/x.tar") == quoted
+    open_store("s3://dsc-src/etag").put("x.bin", b"some bytes")
+    url = "s3://dsc-src/etag/x.bin"
+    inputs._IDENTITY.pop(url, None)
+    first = inputs.identity(url)  # (a HEAD)
+    assert inputs.identity(url) == first  # (remembered)
 
 
 def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
@@ -579,6 +585,8 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
     assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)  # (in order: about 2 x 6)
     assert sorted(a for a in asked if a in label_chunks) == sorted(label_chunks)  # the scan: each once,
     assert {name.split("_")[0] for a, name in threads if a in label_chunks} == {"dsc-range"}  # read ahead together
+    footer = [a for a in asked if a not in image_chunks | label_chunks]
+    assert len(footer) == 1, footer  # the footer: read by the scan, handed to the workers with the source
 
 
 def test_a_pool_in_runs_gives_each_worker_contiguous_tasks_and_says_the_next():

@@ -150,6 +150,7 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
             known = None
         if known is None:
             return None
+        known = (int(known[0]), float(known[1]), etag_of(known[2]))  # (as remembered: one spelling of the ETag)
         remember(path, *known)
     size, mtime, etag = known
     return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())

@@ -361,11 +361,28 @@ class TableSource(Source):
         return cls(**{**kwargs, "label_column": None if no_label else kwargs.get("label_column")})
 
     def scan(self) -> ScannedSource:
-        return scan_table(self.path, self.image_column, self.label_column, self.key_column, self.classes,
-                          self.columns or ())
+        return self.kept_footers(scan_table(self.path, self.image_column, self.label_column, self.key_column,
+                                            self.classes, self.columns or ()))
+
+    def kept_footers(self, scanned: ScannedSource) -> ScannedSource:
+        """``scanned``, the footers the scan read of Parquet files in a bucket kept on the source (``footers``):
+        the source travels to each worker once (pickled when the pool starts, or with a cluster's tasks), so a
+        worker reads a file's footer from them, not by a GET of its own."""
+        with _KEEP_LOCK:
+            self.footers = {k: m for k, m in _FOOTERS.items() if is_remote(k[0])}
+        return scanned
+
+    def _seed_footers(self) -> None:
+        footers = getattr(self, "footers", None)
+        if footers:
+            with _KEEP_LOCK:
+                for k, m in footers.items():
+                    if len(_FOOTERS) < KEEP_FOOTERS:
+                        _FOOTERS.setdefault(k, m)
 
     def fetcher(self, records: list[Record]):
         """Reads the unit's rows, only the row groups / record batches that hold them, in one go."""
+        self._seed_footers()
         by_file: dict[str, list[int]] = {}
         for r in records:
             by_file.setdefault(r.path, []).append(r.row)
@@ -388,6 +405,7 @@ class TableSource(Source):
 
     def prefetch(self, records: list[Record]) -> None:
         """Start reading the row groups of ``records`` (the unit this worker will probably run next)."""
+        self._seed_footers()
         by_file: dict[str, list[int]] = {}
         for r in records:
             by_file.setdefault(r.path, []).append(r.row)
