@@ -106,6 +106,13 @@ class RemoteError(DscError, OSError):
     The message names the URL and the cause."""
 
 
+class ObjectChangedError(DscError):
+    """An object read in several requests (a tar scanned, then its members read; a shard read by ranges) was
+    replaced at its name between them: nothing read from it is used, so no bytes of two versions are mixed. Not
+    an ``OSError``: a reader's handling of damage (a tar cut short) does not take it for one. The message names
+    the object and the fix (run again: the new object is read from its start)."""
+
+
 class CredentialsError(RemoteError, PermissionError):
     """Object storage refused the request for lack of (valid) credentials; the message names the variable
     to set."""

@@ -192,9 +192,9 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     open_store("s3://dsc-src/table").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
     dsc.compile_table(tmp_path / "t.parquet", tmp_path / "local", workers=1, **{**OPTS, "shard_size": 8})
     ranges = []
-    real = ObjectStore.read_range
-    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append((rel, a, b)),
-                                                                            real(self, rel, a, b))[1])
+    real = ObjectStore.read_range_pinned  # (an input's ranges: each of the object its first one read)
+    monkeypatch.setattr(ObjectStore, "read_range_pinned", lambda self, rel, a, b, etag=None: (
+        ranges.append((rel, a, b)), real(self, rel, a, b, etag))[1])
     from dsc.compiler.sources.table import TableSource
 
     src = TableSource(path="s3://dsc-src/table/t.parquet")
@@ -464,9 +464,9 @@ def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatc
     monkeypatch.setattr(table, "_GROUPS", {})
     monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
     ranges = []
-    real = ObjectStore.read_range
-    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append((a, b)),
-                                                                            real(self, rel, a, b))[1])
+    real = ObjectStore.read_range_pinned
+    monkeypatch.setattr(ObjectStore, "read_range_pinned", lambda self, rel, a, b, etag=None: (
+        ranges.append((a, b)), real(self, rel, a, b, etag))[1])
     got = []
     for u in range(0, 64, 8):  # 8 units of 8 rows: two a row group
         fetch = src.fetcher(records[u:u + 8])
@@ -504,8 +504,9 @@ def test_the_next_units_row_groups_are_read_ahead_once(s3, tmp_path, monkeypatch
     starts = [(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset)
               for g in range(4) for c in [meta.row_group(g).column(0)]]
     ranges = []
-    real = ObjectStore.read_range
-    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (ranges.append(a), real(self, rel, a, b))[1])
+    real = ObjectStore.read_range_pinned
+    monkeypatch.setattr(ObjectStore, "read_range_pinned", lambda self, rel, a, b, etag=None: (
+        ranges.append(a), real(self, rel, a, b, etag))[1])
     fetch = src.fetcher(records[0:8])  # the unit running now: group 0
     src.prefetch(records[8:16])  # its worker's next unit: group 1, read on a thread
     for _ in range(500):
@@ -574,9 +575,9 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
     monkeypatch.setattr(S3Response, "_handle_range_header", counted)
     from dsc.store.object import ObjectStore
 
-    threads, read = [], ObjectStore.read_range  # (the scan runs here: which thread asked for each label chunk)
-    monkeypatch.setattr(ObjectStore, "read_range", lambda self, rel, a, b: (
-        threads.append((a, threading.current_thread().name)), read(self, rel, a, b))[1])
+    threads, read = [], ObjectStore.read_range_pinned  # (the scan runs here: which thread asked for each label chunk)
+    monkeypatch.setattr(ObjectStore, "read_range_pinned", lambda self, rel, a, b, etag=None: (
+        threads.append((a, threading.current_thread().name)), read(self, rel, a, b, etag))[1])
     r = dsc.compile_table("s3://dsc-src/runs/t.parquet", tmp_path / "out", workers=2,
                           **{**OPTS, "shard_size": 4})  # 24 units, 4 a row group
     ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})

@@ -528,9 +528,9 @@ def test_ranged_reads_get_each_samples_bytes_coalescing_only_close_neighbours():
     class Store:
         local = False
 
-        def get_range(self, rel, start, end):
+        def read_range_pinned(self, rel, start, end, etag=None):
             gets.append((rel, start, end))
-            return files[rel][start:end]
+            return files[rel][start:end], None, {}
 
     reads = R.make("ranged", SimpleNamespace(store=Store()))
     shards = [SimpleNamespace(path="s0"), SimpleNamespace(path="s1")]

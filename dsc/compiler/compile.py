@@ -206,16 +206,18 @@ def _then(task: UnitTask, following: UnitTask | None) -> UnitTask:
 
 
 def fetch_compacted(tmp: Path, results: UnitResults, fields: tuple[Field, ...], u0: int, url: str,
-                    verified=lambda u: False) -> None:
+                    resumed: Resumed | None = None, staged_here: bool = False) -> None:
     """Download into ``tmp`` the uploaded shards ``_compact`` will re-stream (those from ``u0``, the first short
     unit, on). A staged copy is kept only with the bytes the journal recorded: re-hashed (an interrupted compaction
-    may have left its re-streamed shard there, a power loss a torn one), unless ``verified(u)`` says unit u's
-    staged shards are known intact in this run (written by it, or re-hashed by its resume); the others come from
+    may have left its re-streamed shard there, a power loss a torn one), unless unit u's staged shards are known
+    intact in this run (``resumed.intact_in_staging(u, staged_here)``: re-hashed by its resume, or written by this
+    process with ``staged_here``); the others come from
     the bucket through a private name, checked against the recorded size and SHA-256 before they take the
     shard's name."""
     store = open_store(url)
+    resumed = resumed if resumed is not None else Resumed.none()
     for u in range(u0, len(results)):
-        known = verified(u)
+        known = resumed.intact_in_staging(u, staged_here)
         for f in fields:
             spec = results.parts[f.name][u].shard if getattr(f, "pixels", None) is not None else None
             if spec is None:
@@ -424,8 +426,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                     uploaded.settle()  # (no staged shard is taken out while the compaction reads them)
                 if bucket:  # the shards a compaction re-streams come back from the bucket; a shard this process
                     # staged in this run (uploaded: not a worker's) or this resume re-hashed there is not hashed again
-                    fetch_compacted(tmp, results, fields, u0, bucket[0],
-                                    lambda u: done.staged(u) or (bool(uploaded) and u not in done))
+                    fetch_compacted(tmp, results, fields, u0, bucket[0], done, staged_here=bool(uploaded))
                 _compact(tmp, results, fields, K, u0)
             manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped, digests)
             if uploaded:  # (the shards are up and out of the staging: the flush writes none of them)

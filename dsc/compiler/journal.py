@@ -15,6 +15,7 @@ The journal is deleted before the dataset is published. It is JSON: no pickle.
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
@@ -101,26 +102,34 @@ def shard_intact(path: Path, shard) -> bool:
     return path.is_file() and path.stat().st_size == shard.nbytes and sha256_file(path) == shard.sha256
 
 
-STAGED = "staged"  # what a ``shard_check`` says of a shard it re-hashed under its root (truthy, as "bucket" is)
+class Found(enum.Enum):
+    """What a ``shard_check`` found of a journaled shard."""
+
+    GONE = "gone"  # not as recorded (missing, other bytes, another writer's): its unit is compiled again
+    STAGED = "staged"  # re-hashed under its root (the staging, an update's OUT): a compaction need not hash it again
+    IN_BUCKET = "in bucket"  # in the bucket with its size and SHA-256, uploaded by this writer
 
 
 def shard_check(root: Path, bucket: tuple[str, str] | None = None, staged_too: bool = False):
-    """Whether a journaled shard is still as recorded (a ``Journal``'s ``shard_ok``, a compile's and an
-    update's): under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units
-    upload their shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either
-    (a shard leaves the staging once the bucket has it). Truthy when it is: ``STAGED`` when it was re-hashed
-    under ``root`` (a compaction need not hash it again)."""
-    def staged(sh):
-        return STAGED if shard_intact(node_dir(root, sh.path), sh) else False
+    """What a journaled shard is now (a ``Journal``'s ``shard_ok``, a compile's and an update's: a :class:`Found`):
+    under ``root`` (the staging, an update's OUT) re-hashed; with ``bucket`` (url, writer: its units upload their
+    shards) in the bucket with its size and SHA-256, uploaded by that writer; ``staged_too``: either (a shard
+    leaves the staging once the bucket has it), the staging first."""
+    def staged(sh) -> Found:
+        return Found.STAGED if shard_intact(node_dir(root, sh.path), sh) else Found.GONE
 
     if bucket is None:
         return staged
     url, writer = bucket
     store = open_store(url)
 
-    def in_bucket(sh) -> bool:
-        return is_ours(sh.path, store.stat(sh.path), sh.sha256, sh.nbytes, writer)
-    return (lambda sh: staged(sh) or in_bucket(sh)) if staged_too else in_bucket
+    def in_bucket(sh) -> Found:
+        return Found.IN_BUCKET if is_ours(sh.path, store.stat(sh.path), sh.sha256, sh.nbytes, writer) else Found.GONE
+
+    def either(sh) -> Found:
+        found = staged(sh)
+        return found if found is Found.STAGED else in_bucket(sh)
+    return either if staged_too else in_bucket
 
 
 class Journal:
@@ -225,7 +234,7 @@ class Journal:
         lo, hi = slots[0], slots[-1]  # (one run of slots)
         last = np.full(hi - lo + 1, -1, np.int64)  # byte offset in units.jsonl of each unit's last whole entry
         done = np.zeros(len(last), bool)
-        staged = np.zeros(len(last), bool)  # (its shards re-hashed in the staging: ``STAGED``)
+        staged = np.zeros(len(last), bool)  # (its shards re-hashed in the staging: ``Found.STAGED``)
         legacy = {s: d for s, d in self._legacy().items() if lo <= s <= hi}  # (an older dsc's unit-<s>.json)
         path = self.dir / UNITS
         for off, d in _lines(path, backward=True):  # (each line parsed once here; a unit's first one met is its
@@ -242,7 +251,7 @@ class Journal:
 
     def _checked(self, d: dict | None, s: int, files: str) -> tuple[bool, bool]:
         """Whether unit ``s``'s journal entry ``d`` is kept (its inputs are ``files`` still and its shards are as it
-        recorded), and whether every shard of it was re-hashed in the staging (``STAGED``)."""
+        recorded), and whether every shard of it was re-hashed in the staging (``Found.STAGED``)."""
         if d is None:
             return False, False
         try:
@@ -256,10 +265,10 @@ class Journal:
         staged = True
         for p in res.parts.values():
             if getattr(p, "shard", None) is not None:
-                how = self.shard_ok(p.shard)
-                if not how:
+                found = self.shard_ok(p.shard)
+                if found is Found.GONE:
                     return False, False
-                staged = staged and how == STAGED
+                staged = staged and found is Found.STAGED
         return True, staged
 
     def _legacy(self) -> dict[int, dict]:
@@ -384,7 +393,7 @@ class Resumed:
                  staged: np.ndarray | None = None):
         self._path, self._lo, self.slots, self._offsets, self._legacy, self._fields = (path, lo, slots, offsets,
                                                                                         legacy, fields)
-        # each kept unit's shards were re-hashed in the staging by this resume (``STAGED``: none need it again)
+        # each kept unit's shards were re-hashed in the staging by this resume (``Found.STAGED``: none need it again)
         self._staged = staged if staged is not None else np.zeros(len(slots), bool)
 
     @classmethod
@@ -409,6 +418,12 @@ class Resumed:
         """Whether kept unit ``s``'s shards were re-hashed in the staging by this resume (intact there)."""
         k = self._at(s)
         return k is not None and bool(self._staged[k])
+
+    def intact_in_staging(self, s, staged_here: bool) -> bool:
+        """Whether unit ``s``'s staged shards are known intact in this run, with no hash: this resume re-hashed them
+        there (``staged``), or it compiled the unit (not kept) and, with ``staged_here``, this process wrote them."""
+        k = self._at(s)
+        return bool(self._staged[k]) if k is not None else staged_here
 
     def __iter__(self):
         if not len(self.slots):

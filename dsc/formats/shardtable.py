@@ -607,22 +607,16 @@ class _Ranged:
         """Bytes [start, end) of the object. A range from 0 is (part of) the head: whatever its end, the head is kept
         whole under one name (``<sha>.head``), and a read of any prefix of it is served from there (a delta's head
         is longer than the first range a reader asks for: its length is known only from those bytes)."""
-        store, mirror, rel = self.loader.store, self.loader.mirror, object_path(self.sha)
-        kept = None if mirror is None or check is None else \
-            Path(mirror) / RANGES / (f"{self.sha}.head" if start == 0 else f"{self.sha}.{start}-{end}")
+        want = min(end, self.nbytes) - start
+        kept = None if self.loader.mirror is None or check is None else \
+            Path(self.loader.mirror) / RANGES / (f"{self.sha}.head" if start == 0 else f"{self.sha}.{start}-{end}")
         if kept is not None:
-            for path, at in ((kept, 0), (Path(mirror) / rel, start)):  # (the range kept, or the object whole: an
-                try:                                                    # epoch plan of the node fetched it)
-                    with open(path, "rb") as f:
-                        f.seek(at)
-                        whole_head = start == 0 and path == kept  # (checked whole, then its prefix served)
-                        data = f.read() if whole_head else f.read(min(end, self.nbytes) - start)
-                    if check(data) and len(data) >= min(end, self.nbytes) - start:
-                        return data[:min(end, self.nbytes) - start] if whole_head else data
-                except OSError:
-                    pass
+            data = self._mirrored(kept, start, want, check)
+            if data is not None:
+                return data
+        store, rel = self.loader.store, object_path(self.sha)
         try:
-            data = bytes(memoryview(store.read_range(rel, start, min(end, self.nbytes))))
+            data = bytes(memoryview(store.read_range(rel, start, start + want)))
         except FileNotFoundError:
             raise _missing(store, rel) from None
         if kept is not None and check(data):  # (processes sharing the mirror may write it at once: their own names)
@@ -632,8 +626,34 @@ class _Ranged:
                 pass
         return data
 
+    def _mirrored(self, kept: Path, start: int, want: int, check) -> bytes | None:
+        """The range's ``want`` bytes from the node's mirror when a copy there passes ``check``: the range kept under
+        its own name (the head kept whole, checked whole, its prefix served), else the object whole (an epoch plan
+        of the node fetched it); None when neither is there intact. Each file is read for the bytes asked only."""
+        for path, at, n in ((kept, 0, None if start == 0 else want),
+                            (Path(self.loader.mirror) / object_path(self.sha), start, want)):
+            data = _pread(path, at, n)
+            if data is not None and len(data) >= want and check(data):
+                return data[:want]
+        return None
+
     def whole(self):
         return self.loader(self.sha, self.nbytes)
+
+
+def _pread(path: Path, at: int, n: int | None) -> bytes | None:
+    """``n`` bytes of the file ``path`` from ``at`` (None: all of it), fewer at its end; None when it is not there
+    (or unreadable: the caller fetches the bytes instead)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.pread(fd, os.fstat(fd).st_size if n is None else n, at)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _missing(store, rel: str) -> CorruptDatasetError:

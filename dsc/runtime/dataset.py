@@ -99,16 +99,6 @@ def _read_after_close(closed: bool, read, where, what: str, ask: str):
         raise
 
 
-class _Handle:
-    """What a dataset handle shares with what it reads on first use (``_Live``): whether it was closed (it let go
-    of its version: see ``Dataset.close``)."""
-
-    __slots__ = ("closed",)
-
-    def __init__(self):
-        self.closed = False
-
-
 def _read_live(storage, m: Manifest, where, closed: bool = False) -> np.ndarray:
     """A version's ``live`` array (a byte a row), checked: it marks as many rows as the manifest has samples."""
     live = _read_after_close(closed, lambda: storage.array(L.LIVE, (m.num_rows,)), where,
@@ -124,15 +114,15 @@ class _Live:
     open. ``rows``: sample -> row; as a sequence, ``_rows_needed`` per slot (what a pixel reader checks each slot's
     shard against when it first reads it)."""
 
-    def __init__(self, storage, m: Manifest, where, handle: _Handle):
-        self._storage, self._m, self._where, self._handle = storage, m, where, handle
+    def __init__(self, storage, m: Manifest, where):
+        self._storage, self._m, self._where = storage, m, where
         self._rows = self._need = None
 
     def read(self) -> None:
         if self._rows is not None:
             return
         m = self._m
-        live = _read_live(self._storage, m, self._where, self._handle.closed)
+        live = _read_live(self._storage, m, self._where, self._storage.closed)
         self._need = _rows_needed(live, m.shard_size, len(m.shards))
         self._rows = np.flatnonzero(live).astype(np.int64)
 
@@ -197,14 +187,13 @@ class Dataset(torch.utils.data.Dataset):
         self.fields = fields_of(m)
         self.readers = {f.name: f.reader(self.storage, m) for f in self.fields}
         self._rows_at = self._live = None  # sample -> row (None: the same), or ``live`` read when first used
-        self._handle = _Handle()
         if m.versioned and m.num_samples == m.num_rows and m.shard_table is not None:  # every row live: ``live``
             # says nothing the manifest does not (not read at open: a byte a row; `dsc verify` checks it); each slot's
             # shard is checked to hold its rows when first read
             for px in self._pixel_readers():
                 px.need = _FullSlots(m.shard_size, m.num_rows)
         elif m.versioned and m.shard_table is not None:  # rows removed: ``live`` read when first needed, not at open
-            self._live = _Live(self.storage, m, self.path, self._handle)
+            self._live = _Live(self.storage, m, self.path)
             for px in self._pixel_readers():
                 px.need = self._live
         elif m.versioned:  # (format 3: its listed shards are checked against ``live`` at open)
@@ -224,7 +213,8 @@ class Dataset(torch.utils.data.Dataset):
 
     @property
     def _closed(self) -> bool:
-        return self._handle.closed
+        """Whether the handle let go of its version (its storage closed: see ``close``)."""
+        return self.storage.closed
 
     @property
     def _rows(self) -> np.ndarray | None:
@@ -427,9 +417,6 @@ class Dataset(torch.utils.data.Dataset):
         that may never need them): a closed handle still reads them while its version is there, and where a vacuum
         removed it, the first ask raises an error naming the fix (ask before ``close()``, or open the dataset
         again)."""
-        handle = getattr(self, "_handle", None)
-        if handle is not None:
-            handle.closed = True
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()

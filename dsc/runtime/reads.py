@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from ..scratch import scratch_bytes
+from ..store.base import object_changed, short_range
 from .schedule import ShardSchedule, _DaemonPool, live_bytes
 from .cache import parse_size
 
@@ -542,6 +543,9 @@ class Ranged(Direct):
         super().__init__(storage, max(io_depth, RANGE_DEPTH))
         self.borrow = False
         self.store = store
+        # shard path -> the ETag of the object its first range read: every later range asks for that object only
+        # (the storage's: kept as long as the handle reads its version)
+        self.etags: dict[str, str] = getattr(storage, "range_etags", {})
         self.requests = 0  # ranged GETs made (tests count them)
         self.bytes_fetched = 0  # bytes those GETs returned
 
@@ -558,29 +562,49 @@ class Ranged(Direct):
         fo, sz, do = (np.asarray(a, np.int64) for a in (file_offsets, sizes, dest_offsets))
         order = np.lexsort((fo, slots))
         view = memoryview(dest).cast("B") if dest.ndim != 1 or dest.dtype != np.uint8 else memoryview(dest)
-        jobs, pieces, rel, first, last, slot = [], [], None, 0, 0, -1
+        jobs, pieces, spec, first, last, slot = [], [], None, 0, 0, -1
         for s, a, m, d in zip(slots[order].tolist(), fo[order].tolist(), sz[order].tolist(), do[order].tolist()):
             if s != slot or a > last + RANGE_GAP or a + m - first > RANGE_MAX:  # a new GET
                 if pieces:
-                    jobs.append((rel, first, last, pieces))
-                rel, first, last, slot, pieces = shards[s].path, a, a + m, s, []
+                    jobs.append((spec, first, last, pieces))
+                spec, first, last, slot, pieces = shards[s], a, a + m, s, []
             pieces.append((a, a + m, view[d:d + m]))
             last = max(last, a + m)
-        jobs.append((rel, first, last, pieces))
+        jobs.append((spec, first, last, pieces))
         self.reads += len(jobs)
         self._dispatch(jobs)
 
     def _run(self, jobs: list[tuple]) -> None:
-        """GET each job's range [start, end) of shard ``rel`` and copy its pieces into their places."""
-        for rel, start, end, pieces in jobs:
+        """GET each job's range [start, end) of shard ``spec`` and copy its pieces into their places."""
+        for spec, start, end, pieces in jobs:
             if end == start:  # (empty samples only: nothing to GET)
                 continue
-            data = memoryview(self.store.get_range(rel, start, end))
+            data = memoryview(self._range(spec, start, end))
             with self._lock:
                 self.requests += 1
                 self.bytes_fetched += len(data)
             for a, b, out in pieces:
                 out[:] = data[a - start:b - start]
+
+
+    def _range(self, spec, start: int, end: int):
+        """Bytes [start, end) of shard ``spec``, of the object its first range read: that read checks the object is
+        the shard the version names (the SHA-256 its upload recorded, when it did) and pins its ETag; a later range
+        of an object replaced since is an ObjectChangedError (never bytes of two objects in one batch)."""
+        rel = spec.path
+        data, tag, attributes = self.store.read_range_pinned(rel, start, end, self.etags.get(rel))
+        if len(data) != end - start:
+            raise short_range(self.store.where(rel), end)
+        if tag and rel not in self.etags:
+            recorded = attributes.get("sha256")
+            if recorded and recorded != spec.sha256:
+                raise CorruptDatasetError(f"{self.store.where(rel)} is not the shard this version names (its upload "
+                                          f"recorded SHA-256 {recorded[:16]}..., the version {spec.sha256[:16]}...): "
+                                          f"another object was put at its name. Push an intact copy of the dataset "
+                                          f"(dsc verify {self.store.url} lists every damaged file)")
+            if self.etags.setdefault(rel, tag) != tag:  # (two threads' first ranges: of one object)
+                raise object_changed(self.store.where(rel))
+        return data
 
 
 STRATEGIES = {"mapped": Mapped, "windowed": Windowed, "direct": Direct, "ranged": Ranged}

@@ -59,10 +59,59 @@ def mirror_dir(cache: ShardCache, url: str) -> Path:
     return d
 
 
+class _Mirror(Root):
+    """The node's mirror of a remote version's small files (``CACHE/datasets/<id>/``), pointed at the version's
+    objects and its shard table bound to the store. A file found missing there (the mirror removed under the
+    handle by ``dsc cache clear``, an object ``dsc cache verify`` deleted) has the version fetched again, as an
+    open fetches it, and is read from the new copy: what the handle had not read yet (keys, sizes...) still
+    reads. Only a missing file costs a check; a read that finds its file costs none."""
+
+    def __init__(self, store: Store, cache: ShardCache, manifest, version: int | None):
+        super().__init__(mirror_dir(cache, store.url))
+        self.store, self.cache, self.version, self._manifest = store, cache, version, manifest
+        self._lock, self._gone = threading.Lock(), []  # (descriptors of removed mirrors: other threads may use them)
+        versions.use(self, manifest)
+        versions.bind_table(manifest, store, self.path)  # (its shard table: fetched into the mirror when first read)
+
+    def _open(self, rel: str) -> int:
+        fd = self.fd
+        try:
+            return super()._open(rel)
+        except FileNotFoundError:  # (a file the version does not list is absent, unless the mirror itself went)
+            if self.version is None or (rel not in self.redirect and os.fstat(fd).st_nlink > 0):
+                raise
+        self._fetch_again(fd)
+        return super()._open(rel)
+
+    def _fetch_again(self, seen: int) -> None:
+        """Fetch the version into the mirror again, and read from there (unless another thread did, since ``seen``
+        was the mirror's descriptor)."""
+        with self._lock:
+            if self.fd != seen:
+                return
+            path = mirror_dir(self.cache, self.store.url)
+            fetch_version(self.store, path, self.version)
+            versions.bind_table(self._manifest, self.store, path)
+            fresh = Root(path)
+            self._gone.append(self.fd)
+            self.fd, fresh.fd, self.path = fresh.fd, None, path
+
+    def __reduce__(self):  # (as a Root pickles: the folder, opened again)
+        return Root, (self.path,)
+
+    def __del__(self):
+        for fd in getattr(self, "_gone", ()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        super().__del__()
+
+
 def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_version):
-    """(record, mirror Root pointed at the version's small files, store, cache, lease) of the dataset at
-    ``where`` (a URL or its store). A first open leases the version (``versions.Lease``: vacuum keeps it while
-    this handle lives); a re-opening process (``offline_version``) reads under its parent's lease."""
+    """(record, mirror of the version's small files, store, cache, lease) of the dataset at ``where`` (a URL or
+    its store). A first open leases the version (``versions.Lease``: vacuum keeps it while this handle lives);
+    a re-opening process (``offline_version``) reads under its parent's lease."""
     store = where if isinstance(where, Store) else open_store(where, retry_seconds)
     if store.local:
         raise ConfigError(f"{store.url}: the shard cache is for datasets in object storage (s3://, gs://, az://); a "
@@ -81,10 +130,9 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
         rec, lease = versions.open_version(store, offline_version if offline_version is not None else version, tag,
                                            read=lambda n: fetch_version(store, mirror, n),
                                            hold=offline_version is None)
-    root = Root(mirror)
-    versions.use(root, rec["manifest"])
-    versions.bind_table(rec["manifest"], store, mirror)  # (its shard table: fetched into the mirror when first read)
-    return rec, root, store, cache, lease
+    manifest = rec["manifest"]
+    return rec, _Mirror(store, cache, manifest, manifest.version["number"] if manifest.version else None), store, \
+        cache, lease
 
 
 def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,
@@ -136,7 +184,6 @@ class RemoteStorage(Storage):
         super().__init__(root, manifest.checksum(), manifest.version["number"] if manifest.version else None, None)
         self.url = self.root = store.url  # (errors name the URL; the small files are read from the mirror)
         self.store, self.cache, self.retry_seconds = store, cache, retry_seconds
-        self._manifest, self._mirror_lock = manifest, threading.Lock()
         self.specs = ({s.path: s for s in L.shard_specs(manifest)} if manifest.shard_table is None
                       else _SpecsByPath(manifest.shard_table))  # (a shard table: read when a shard is first needed)
         self._lock = threading.Lock()
@@ -144,6 +191,7 @@ class RemoteStorage(Storage):
         self._held: dict[str, Held] = {}
         self._pending: dict[str, Future] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # held and mapped, no reference: oldest first
+        self.range_etags: dict[str, str] = {}  # shard -> its object's ETag, pinned by read='ranged''s first range
         # Unbounded cache: keep every shard mapped (like a local dataset). Bounded: a quarter of this process's
         # share of it, so idle shards never crowd out the downloads ahead of training.
         self._budget_at, self._budget = 0.0, None
@@ -151,22 +199,6 @@ class RemoteStorage(Storage):
         self._pressure_seen = cache.pressure()
         cache.join()  # a user of the cache: its share of the limit counts every process reading through it
         _HANDLES.add(self)
-
-    @property
-    def dir(self) -> Root:
-        """The local mirror of the version's small files; fetched again (as an open fetches it) when it was removed
-        under this handle (``dsc cache clear``): what the handle had not read yet (keys, sizes...) still reads."""
-        root = super().dir
-        if self.version is not None and os.fstat(root.fd).st_nlink == 0:
-            with self._mirror_lock:
-                root = self._dir
-                if os.fstat(root.fd).st_nlink == 0:
-                    mirror = mirror_dir(self.cache, self.url)
-                    fetch_version(self.store, mirror, self.version)
-                    root = Root(mirror)
-                    versions.use(root, self._manifest)
-                    self._dir = root
-        return root
 
     @property
     def idle_budget(self) -> int | None:
@@ -352,6 +384,7 @@ class RemoteStorage(Storage):
             lease.renew()
 
     def close(self) -> None:
+        self.closed = True
         with self._lock:
             held, self._held, self._refs, self._maps = list(self._held.values()), {}, {}, {}
             self._idle.clear()

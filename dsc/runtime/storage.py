@@ -25,6 +25,7 @@ class Storage(Arrays):
     """A dataset directory's bytes: shards mapped on first use and kept, small arrays read whole."""
 
     _failed: Exception | None = None  # why a re-opened (unpickled) storage cannot be read
+    closed = False  # closed: it let go of its version (a read of an array read on first use may then fail)
 
     def __init__(self, root: Root, checksum: str | None = None, version: int | None = None, pin=None):
         super().__init__(root)  # every file is read relative to the directory as opened (store/local.py)
@@ -50,6 +51,7 @@ class Storage(Arrays):
 
     def close(self) -> None:
         """Drop this storage's mappings (arrays still referenced keep theirs) and its version pin."""
+        self.closed = True
         self._maps = {}
         pin, self._pin = self._pin, None
         if pin is not None:

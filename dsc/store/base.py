@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 
-from ..errors import CorruptDatasetError
+from ..errors import CorruptDatasetError, ObjectChangedError
 from .paths import check_node_path
 
 
@@ -25,6 +25,12 @@ class MissingFile(CorruptDatasetError, FileNotFoundError):
 def short_range(where: str, end: int) -> CorruptDatasetError:
     return CorruptDatasetError(f"{where} ends before byte {end:,}; the dataset is damaged or was replaced "
                                f"(dsc verify names the damaged files)")
+
+
+def object_changed(where: str) -> ObjectChangedError:
+    return ObjectChangedError(f"{where} was replaced while dsc was reading it (its ETag is not the one its first read "
+                              f"saw); nothing read from it was used. Run the command again once the object no longer "
+                              f"changes (what is read then is the new object, from its start)")
 
 
 class Store:
@@ -70,6 +76,13 @@ class Store:
             return b""
         return memoryview(self.get(rel))[start:end]
 
+    def read_range_pinned(self, rel: str, start: int, end: int, etag: str | None = None):
+        """(bytes ``[start, end)`` as :meth:`read_range` gives them, the object's tag, its attributes) in one request;
+        with ``etag`` (what an earlier read of the object gave) an object replaced since is an
+        ``ObjectChangedError``, never read (object storage: If-Match, and the answer's ETag checked). A store
+        without tags: (the bytes, None, {})."""
+        return self.read_range(rel, start, end), None, {}
+
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, tag) of the object in one request that returns no content, or None
         (absent, or a store without one): what says it changed. The tag (object storage's ETag) changes whenever
@@ -106,10 +119,11 @@ class Store:
         except FileNotFoundError:
             return None
 
-    def reader(self, rel: str, size: int, buffer: int = 4 << 20) -> "io.BufferedReader":
+    def reader(self, rel: str, size: int, buffer: int = 4 << 20, etag: str | None = None) -> "io.BufferedReader":
         """The object as a seekable binary file of ``size`` bytes, read by ranges of at least ``buffer`` bytes
-        as it is consumed (a tar streamed, a Parquet file's footer then its row groups): never whole."""
-        return io.BufferedReader(RangeFile(self, rel, size), buffer)
+        as it is consumed (a tar streamed, a Parquet file's footer then its row groups): never whole. Every range
+        is of the object ``etag`` names (else of the one the first range read): see :class:`RangeFile`."""
+        return io.BufferedReader(RangeFile(self, rel, size, etag), buffer)
 
     def where(self, rel: str) -> str:
         """The object's full name, for messages."""
@@ -153,13 +167,21 @@ class SeekableFile(io.RawIOBase):
 
 
 class RangeFile(SeekableFile):
-    """A store's object as a raw seekable file: each ``readinto`` is one :meth:`Store.read_range` (retried
-    by the store); wrap it in ``io.BufferedReader`` (``Store.reader``) for read-ahead."""
+    """A store's object as a raw seekable file: each ``readinto`` is one ranged read (retried by the store); wrap
+    it in ``io.BufferedReader`` (``Store.reader``) for read-ahead. Every range is of one object: the one ``etag``
+    names, else the one the first range read (its tag pinned); a range of an object replaced since is an
+    ``ObjectChangedError`` (:meth:`Store.read_range_pinned`), so a file's bytes never mix two versions."""
 
-    def __init__(self, store: "Store", rel: str, size: int):
-        self.store, self.rel, self.size, self.pos = store, rel, int(size), 0
+    def __init__(self, store: "Store", rel: str, size: int, etag: str | None = None):
+        self.store, self.rel, self.size, self.pos, self.etag = store, rel, int(size), 0, etag
         self.name = store.where(rel)
         self._have: dict[int, bytes] = {}  # prefetched ranges by their start
+
+    def _range(self, start: int, end: int):
+        data, tag, _ = self.store.read_range_pinned(self.rel, start, end, self.etag)
+        if self.etag is None:
+            self.etag = tag
+        return data
 
     def prefetch(self, ranges, in_flight: int = 8) -> None:
         """Read the byte ranges ``[(start, end)]`` now, ``in_flight`` requests at once (the column chunks a reader
@@ -169,8 +191,13 @@ class RangeFile(SeekableFile):
         ranges = sorted({(int(a), min(int(b), self.size)) for a, b in ranges if a < b and a < self.size})
         if not ranges:
             return
+        if self.etag is None:  # (the first range pins the object the others must be)
+            self._have[ranges[0][0]] = self._range(*ranges[0])
+            ranges = ranges[1:]
+            if not ranges:
+                return
         with ThreadPoolExecutor(min(in_flight, len(ranges)), thread_name_prefix="dsc-range") as pool:
-            for (a, _), data in zip(ranges, pool.map(lambda r: self.store.read_range(self.rel, *r), ranges)):
+            for (a, _), data in zip(ranges, pool.map(lambda r: self._range(*r), ranges)):
                 self._have[a] = data
 
     def readinto(self, b) -> int:
@@ -182,7 +209,7 @@ class RangeFile(SeekableFile):
                 b[:n] = memoryview(data)[self.pos - a:self.pos - a + n]
                 self.pos += n
                 return n
-        data = self.store.read_range(self.rel, self.pos, self.pos + n)
+        data = self._range(self.pos, self.pos + n)
         b[:len(data)] = data
         self.pos += len(data)
         return len(data)

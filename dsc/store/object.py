@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..errors import CompileLockedError, ConfigError, CorruptDatasetError, CredentialsError, DscError, RemoteError
-from .base import MissingFile, SeekableFile, Store
+from .base import MissingFile, SeekableFile, Store, object_changed
 from .local import pid_alive as _alive
 from ..errors import DatasetNotFoundError
 
@@ -302,37 +302,67 @@ class ObjectStore(Store):
             return b""
         return self._call("reading", rel, lambda: obstore.get_range(self._store, rel, start=start, end=end))
 
+    def read_range_pinned(self, rel: str, start: int, end: int, etag: str | None = None):
+        """(bytes ``[start, end)`` as obstore's buffer, the object's ETag, its attributes) in one request. With
+        ``etag``: sent as If-Match (S3, Azure and GCS refuse a replaced object with 412; a server that ignores it,
+        fake-gcs-server, is caught by the answer's ETag), and an object replaced since is an ObjectChangedError."""
+        if end <= start:
+            return b"", etag, {}
+        r = self._call("reading", rel, lambda: self._get(rel, {"range": (start, end)}, etag))
+        return r.bytes(), _tag_of(r, etag), dict(r.attributes)
+
+    def _get(self, rel: str, options: dict, etag: str | None):
+        """``obstore.get`` of the object, of the one ``etag`` names only (If-Match, then the answer's ETag checked)."""
+        import obstore
+        import obstore.exceptions as E
+
+        if etag:
+            options = {**options, "if_match": _quoted(etag)}
+        try:
+            r = obstore.get(self._store, rel, options=options)
+        except E.PreconditionError:
+            raise object_changed(self.where(rel)) from None
+        got = r.meta.get("e_tag")
+        if etag and got and etag_key(got) != etag_key(etag):
+            raise object_changed(self.where(rel))
+        return r
+
     def reader(self, rel: str, size: int, buffer: int = 4 << 20, sequential: bool = False, start: int | None = None,
-               ahead: int = 0):
+               ahead: int = 0, etag: str | None = None):
         """The object as a seekable binary file of ``size`` bytes (a size below the object's: it reads as if it
         ended there, and no byte past it is asked for). ``sequential``: read by one streamed GET from where
         reading starts (a tar read member after member: one request, not one per buffer), opened again only
         after a seek backwards or far ahead; else by ranges of ``buffer`` bytes (a Parquet file's footer, then
         its row groups). ``start`` with ``ahead``: the stream opens at ``start`` now, and a thread reads up to
-        ``ahead`` bytes ahead of the reader (the network's waits overlap the caller's work)."""
+        ``ahead`` bytes ahead of the reader (the network's waits overlap the caller's work). Every request is of
+        the object ``etag`` names (a listing's), else of the one the first request read: one replaced in between
+        is an ObjectChangedError, never bytes of two versions."""
         if not sequential:
-            return super().reader(rel, size, buffer)
-        raw = StreamFile(self, rel, size, ahead)
+            return super().reader(rel, size, buffer, etag)
+        raw = StreamFile(self, rel, size, ahead, etag)
         if start is not None:
             raw.seek(start)
             raw._open()
         return io.BufferedReader(raw, min(buffer, 1 << 20))
 
-    def open_stream(self, rel: str, start: int, end: int | None = None):
+    def open_stream(self, rel: str, start: int, end: int | None = None, etag: str | None = None):
         """An iterator of the object's bytes from ``start`` on (one GET), up to ``end`` when given (the server
         then sends no more than is read: a unit that needs part of a tar asks for that part). Fewer bytes where
-        the object is shorter; none when it ends before ``start``."""
-        import obstore
+        the object is shorter; none when it ends before ``start``. Its ``etag``: the object's; with ``etag`` given,
+        of that object only (see :meth:`read_range_pinned`)."""
 
         def attempt():
             opts = {"range": (start, end)} if end is not None else {"range": {"offset": start}} if start else {}
             try:
-                return iter(obstore.get(self._store, rel, options=opts).stream(min_chunk_size=1 << 20))
+                r = self._get(rel, opts, etag)
+            except DscError:
+                raise
             except Exception as e:  # noqa: BLE001 - 416: the object ends before start (cut short since its listing)
                 status = _STATUS.search(str(e))
                 if status and int(status.group(1)) == 416:
-                    return iter(())
+                    return Stream(iter(()), etag)
                 raise
+            return Stream(iter(r.stream(min_chunk_size=1 << 20)), _tag_of(r, etag))
         return self._call("reading", rel, attempt)
 
     def open_whole(self, rel: str, buffer: int = 1 << 20):
@@ -414,16 +444,45 @@ class ObjectStore(Store):
                 raise
 
 
+def etag_key(tag: str) -> str:
+    """An ETag as compared: without a weak mark (``W/``) and its quotes (a listing gives some servers' unquoted)."""
+    tag = tag.strip()
+    return (tag[2:] if tag[:2] in ("W/", "w/") else tag).strip('"')
+
+
+def _quoted(tag: str) -> str:
+    return f'"{etag_key(tag)}"'
+
+
+def _tag_of(r, etag: str | None) -> str | None:
+    """The ETag a GET answered with (``etag`` when it gave none)."""
+    return r.meta.get("e_tag") or etag
+
+
+class Stream:
+    """An opened GET's chunks, and ``etag``: the object's (what a re-opening must read again)."""
+
+    def __init__(self, it, etag: str | None):
+        self._it, self.etag = it, etag
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._it)
+
+
 class StreamFile(SeekableFile):
     """An object read forward by one streamed GET (see :meth:`ObjectStore.reader`): a seek within the next few
     MiB reads through, a seek elsewhere opens a new stream there; a stream that fails midway is opened again
-    where it stopped (the store's retries apply to each opening)."""
+    where it stopped (the store's retries apply to each opening). Every opening reads the object ``etag`` names,
+    else the one the first opening read (a tar replaced between two openings: ObjectChangedError)."""
 
     SKIP = 4 << 20  # a seek forward by up to this much reads through rather than opening a new stream
     REOPENS = 5
 
-    def __init__(self, store: "ObjectStore", rel: str, size: int, ahead: int = 0):
-        self.store, self.rel, self.size = store, rel, int(size)
+    def __init__(self, store: "ObjectStore", rel: str, size: int, ahead: int = 0, etag: str | None = None):
+        self.store, self.rel, self.size, self.etag = store, rel, int(size), etag
         self.name = store.where(rel)
         self.pos = 0  # where the reader is
         self._at = None  # where the open stream is (None: no stream)
@@ -433,10 +492,16 @@ class StreamFile(SeekableFile):
     def _open(self) -> None:
         self._stop_ahead()
         pos = self.pos
+
+        def opened():
+            stream = self.store.open_stream(self.rel, pos, self.size, self.etag)
+            if self.etag is None:  # (the first opening pins the object)
+                self.etag = stream.etag
+            return stream
         if self.ahead:  # (the request too is made on the read-ahead thread: opening never waits for the server)
-            self._it = ReadAhead(lambda: self.store.open_stream(self.rel, pos, self.size), self.ahead)
+            self._it = ReadAhead(opened, self.ahead)
         else:
-            self._it = self.store.open_stream(self.rel, pos, self.size)
+            self._it = opened()
         self._left, self._at = memoryview(b""), pos
 
     def _stop_ahead(self) -> None:

@@ -197,11 +197,14 @@ def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequen
         return open(path, "rb")
     store, rel = split(path)
     size = size if size is not None else size_of(path)
+    # every request reads the object the listing saw (its ETag): one replaced since is an ObjectChangedError, never
+    # a scan's offsets over another tar's bytes
+    pin = {"etag": _IDENTITY[path][2]} if _IDENTITY.get(path, (0, 0, ""))[2] else {}
     if sequential:
-        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead)
+        return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead, **pin)
     if buffer <= 0:  # unbuffered: each read one request for exactly its bytes (a reader whose reads are few, large)
-        return RangeFile(store, rel, size)
-    return store.reader(rel, size, buffer)
+        return RangeFile(store, rel, size, **pin)
+    return store.reader(rel, size, buffer, **pin)
 
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:

@@ -36,7 +36,8 @@ from ...errors import ConfigError, DscError, RemoteError, SampleError, SourceErr
 from ...formats.fields import declared_spec, infer_spec
 from ...formats.manifest import batch_name_problem
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
-from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, open_scanned, read_bytes
+from .inputs import (check_input, is_prefix, is_remote, known, list_objects, name_of, open_input, open_scanned,
+                     read_bytes, remember_all)
 
 TAR_EXTENSIONS = (".tar",)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -435,7 +436,8 @@ class WebDatasetSource(Source):
         index = _Index(self.image_ext, label_ext, self.label_key, read,
                        Keep(keep_budget()) if self.index_map is None else None)
         mapper = self.index_map or _threads
-        found = mapper(index, tars)
+        listed = {k[0]: k for k in known(tars)}  # (a tar with the identity its listing gave: a cluster's worker
+        found = mapper(index, [listed.get(t, t) for t in tars])  # reads that object, not one it saw before)
         records, invalid = [], []
         names = tuple(self.classes) if self.classes else ()
         first = next((s for samples, _ in found for s in samples if s.problem is None), None)
@@ -586,5 +588,9 @@ class _Index:
         self.read = dict(read or {})
         self.keep = keep  # (None where it travels: a cluster's scan keeps no image)
 
-    def __call__(self, tar: str):
+    def __call__(self, tar):
+        """``tar``: its URL, or (URL, size, mtime, ETag) as the scan's listing found it (``inputs.known``)."""
+        if isinstance(tar, tuple):
+            remember_all([tar])
+            tar = tar[0]
         return index_tar(tar, self.image_ext, self.label_ext, self.label_key, self.read, self.keep)
