@@ -1031,3 +1031,53 @@ def test_a_worker_killed_in_its_run_of_parquet_units_is_retried_elsewhere(s3, cl
     ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
     assert os.path.exists(marker) and r.manifest.num_samples == 48
     assert bucket_shards(url) == shard_files(ref.path)
+
+
+def _quoted_like_main(monkeypatch):
+    """This process spells ETags in their quotes, as a dsc before the one spelling did (its stat cache and journal
+    hold the checksum of ``"<etag>"``); undone (and what it remembered forgotten) by the returned function."""
+    from dsc.compiler.sources import inputs
+
+    real = inputs.etag_of
+    monkeypatch.setattr(inputs, "etag_of", lambda etag: f'"{real(etag)}"' if real(etag) else "")
+    inputs._IDENTITY.clear()
+
+    def undo():
+        monkeypatch.setattr(inputs, "etag_of", real)
+        inputs._IDENTITY.clear()
+    return undo
+
+
+def test_an_update_of_a_dataset_whose_stat_cache_holds_quoted_etags_reads_no_input(data, tmp_path, monkeypatch):
+    """A dataset compiled from a bucket by a dsc that kept ETags quoted: ``--update`` with nothing changed reads no
+    input's bytes (its stat cache's quoted checksums are this dsc's ETags), not every input on every run."""
+    from dsc.compiler import update
+
+    src = "s3://dsc-src/wds/{00000..00002}.tar"
+    undo = _quoted_like_main(monkeypatch)
+    dsc.compile_webdataset(src, tmp_path / "out", workers=1, **OPTS)
+    undo()
+    read, real = [], update._content
+    monkeypatch.setattr(update, "_content", lambda source, records, masks: read.extend(records) or
+                        real(source, records, masks))
+    r = dsc.compile_webdataset(src, tmp_path / "out", update=True, workers=1, **OPTS)
+    assert not r.committed and read == [], len(read)  # (before: the 30 inputs' bytes read, on each update)
+
+
+def test_a_journal_written_with_quoted_etags_is_read_with_them(data, monkeypatch):
+    """A unit journaled by a dsc that kept ETags quoted: its input fingerprint is this dsc's ``quoted`` one, which
+    the resume takes (``journal._files``), so its units are kept, not compiled again."""
+    from dsc.compiler.journal import _files, inputs_of
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+
+    records = WebDatasetSource(src="s3://dsc-src/wds/{00000..00002}.tar").scan().records[:10]
+    undo = _quoted_like_main(monkeypatch)
+    old = inputs_of(records)
+    undo()
+
+    class Inputs(dict):
+        def quoted(self, s):
+            return inputs_of(records, quoted=True)
+    now = Inputs({0: inputs_of(records)})
+    assert now[0] != old and now.quoted(0) == old
+    assert _files({"files": old}, now, 0) == old and _files({"files": "edited"}, now, 0) == now[0]

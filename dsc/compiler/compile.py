@@ -111,6 +111,12 @@ class UnitInputs(Mapping):
             raise KeyError(s)
         return bytes(self._sha[u]).hex()
 
+    def quoted(self, s: int) -> str:
+        """Unit ``s``'s fingerprint as a dsc that kept ETags quoted took it (``inputs_of(quoted=True)``): asked only
+        of a journal entry that differs from ``self[s]``."""
+        K, u = self.tasks.K, s - self.tasks.s0
+        return inputs_of(self.tasks.records[u * K:(u + 1) * K], quoted=True)
+
 
 class _Todo(Sequence):
     """The units still to run (positions in ``tasks``), each made when taken."""

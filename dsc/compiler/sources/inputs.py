@@ -141,6 +141,15 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
         except (OSError, ValueError):
             return None
         return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+    known = _object_identity(path)
+    if known is None:
+        return None
+    size, mtime, etag = known
+    return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())
+
+
+def _object_identity(path: str) -> tuple[int, float, str] | None:
+    """(size, last modified, ETag without quotes) of an object: remembered, else asked (None: not there)."""
     known = _IDENTITY.get(path)
     if known is None:
         store, rel = split(path)
@@ -152,8 +161,20 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
             return None
         known = (int(known[0]), float(known[1]), etag_of(known[2]))  # (as remembered: one spelling of the ETag)
         remember(path, *known)
-    size, mtime, etag = known
-    return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())
+    return known
+
+
+def quoted_inode(path: str) -> int | None:
+    """An object's 'inode' (``identity``) as a dsc that kept S3's ETags in their quotes wrote it: the checksum of
+    ``"<etag>"``. A stat cache or a journal written by it is read with this too, so its inputs are not taken for
+    changed (every input's bytes read again on each ``--update``, a resume's units compiled again). None for a file
+    or an object without an ETag."""
+    if not is_remote(path):
+        return None
+    known = _object_identity(path)
+    if known is None or not known[2]:
+        return None
+    return zlib.crc32(f'"{known[2]}"'.encode())
 
 
 def size_of(path: str) -> int:
