@@ -1081,3 +1081,42 @@ def test_a_journal_written_with_quoted_etags_is_read_with_them(data, monkeypatch
     now = Inputs({0: inputs_of(records)})
     assert now[0] != old and now.quoted(0) == old
     assert _files({"files": old}, now, 0) == old and _files({"files": "edited"}, now, 0) == now[0]
+
+
+def _sent_to_cluster(monkeypatch) -> list:
+    """(the function, the tasks) of each ``cluster.results`` call: what the client pickles for the workers."""
+    from dsc.compiler import cluster as dask_cluster
+
+    sent, real = [], dask_cluster.results
+
+    def results(executor, todo, run, *a, **k):
+        sent.append((run, list(todo)))
+        return real(executor, todo, run, *a, **k)
+    monkeypatch.setattr(dask_cluster, "results", results)
+    return sent
+
+
+def test_a_table_source_keeps_only_its_footers_and_a_cluster_task_carries_none(s3, cluster, tmp_path, monkeypatch):
+    """The scan keeps the footers of its own Parquet files only (another table this process read is not sent to
+    the workers), and a cluster's tasks, each of which pickles the source, carry none: its workers read them."""
+    import pickle
+
+    from dsc.compiler.sources.table import TableSource
+
+    client, _ = cluster
+    (tmp_path / "other").mkdir()
+    _parquet_in_s3(tmp_path / "other", "s3://dsc-src/other-table", seed=1)
+    _parquet_in_s3(tmp_path, "s3://dsc-src/this-table", seed=2)
+    TableSource(path="s3://dsc-src/other-table/t.parquet").scan()  # (this process read another table's footer)
+    src = TableSource(path="s3://dsc-src/this-table/t.parquet")
+    src.scan()
+    assert {k[0] for k in src.footers} == {"s3://dsc-src/this-table/t.parquet"}
+    assert src.per_task().footers == {} and src.footers  # (a pool's workers still get them, once)
+    sent = _sent_to_cluster(monkeypatch)
+    r = dsc.compile_table("s3://dsc-src/this-table/t.parquet", tmp_path / "out", executor=client,
+                          **{**OPTS, "shard_size": 16})
+    assert r.manifest.num_samples == 96
+    (run, tasks), = sent
+    assert not getattr(run.keywords["source"], "footers", None)
+    assert len(pickle.dumps(run)) < 4096  # (a footer is KiBs: none rides with every task)
+

@@ -193,7 +193,9 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root,
+                # (a cluster pickles the function with every task: the source as each task may carry it)
+                on_cluster = partial(compile_unit, source=source.per_task())
+                with closing(cluster.results(executor, todo, on_cluster, local, None if direct else todo[0].root,
                                              runs=source.shares_reads, then=then)) as it:
                     consume(it, bar)
             elif pool is not None:

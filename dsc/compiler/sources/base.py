@@ -503,6 +503,11 @@ class Source:
         ``shares_reads``), told only where their bytes are (:func:`where_to_read`: path, row, mask, member); a
         source may start reading them in the background. Default: nothing."""
 
+    def per_task(self) -> "Source":
+        """The source as it travels with each of a cluster's tasks (pickled with every one, where a pool's worker
+        gets it once): ``self``, less what is worth sending once only (a table's scanned footers). Default: self."""
+        return self
+
     def unchanged_since(self, summary: dict) -> set[str] | None:
         """For ``--update``: the input files (``Record.path``) this source knows to be unchanged since the
         compile whose scan summary is ``summary`` (a Delta table's log says which files two table versions

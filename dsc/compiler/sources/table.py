@@ -7,6 +7,7 @@ in the schema metadata, else are the label values as text. Keys are the ``key_co
 """
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -365,12 +366,23 @@ class TableSource(Source):
                                             self.classes, self.columns or ()))
 
     def kept_footers(self, scanned: ScannedSource) -> ScannedSource:
-        """``scanned``, the footers the scan read of Parquet files in a bucket kept on the source (``footers``):
-        the source travels to each worker once (pickled when the pool starts, or with a cluster's tasks), so a
-        worker reads a file's footer from them, not by a GET of its own."""
+        """``scanned``, the footers the scan read of its own Parquet files in a bucket kept on the source
+        (``footers``; not those of other tables this process read): the source travels to each of a pool's workers
+        once (pickled when the pool starts), so a worker reads a file's footer from them, not by a GET of its own.
+        A cluster's tasks carry the source without them (``per_task``): each worker reads a footer once."""
+        paths = {r.path for r in scanned.records if is_remote(r.path)}
         with _KEEP_LOCK:
-            self.footers = {k: m for k, m in _FOOTERS.items() if is_remote(k[0])}
+            self.footers = {k: m for k, m in _FOOTERS.items() if k[0] in paths}
         return scanned
+
+    def per_task(self) -> "TableSource":
+        """Without the scan's footers: a cluster pickles the source with every task (each task would carry every
+        footer of the table); its workers read each footer once and keep it (``_FOOTERS``)."""
+        if not getattr(self, "footers", None):
+            return self
+        light = copy.copy(self)
+        light.footers = {}
+        return light
 
     def _seed_footers(self) -> None:
         footers = getattr(self, "footers", None)
