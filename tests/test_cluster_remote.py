@@ -390,6 +390,48 @@ def test_a_network_failure_in_the_scan_is_no_truncated_tar(data, s3, monkeypatch
         index_tar("s3://dsc-src/wds/00000.tar", ("jpg",), "cls", None)
 
 
+def _big_tar() -> bytes:
+    """A tar of 4 samples whose images are 300 KB each (a read can fail inside one)."""
+    import io
+    import random
+    import tarfile
+
+    buf, rng = io.BytesIO(), random.Random(3)
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for k in range(4):
+            for ext, blob in (("jpg", rng.randbytes(300_000)), ("cls", b"1")):
+                ti = tarfile.TarInfo(f"s{k}.{ext}")
+                ti.size = len(blob)
+                tf.addfile(ti, io.BytesIO(blob))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError, RuntimeError])  # (RuntimeError: as obstore's GenericError,
+def test_a_failure_reading_a_kept_image_or_a_member_names_the_tar(s3, monkeypatch, error):  # no OSError)
+    """A stream that fails inside an image the scan keeps, or with an error that is no OSError (obstore's, past
+    StreamFile's reopens), and a unit's member read failing so: a RemoteError naming the tar and the byte, never
+    a bare exception (a traceback from the CLI)."""
+    from dsc.compiler.sources.base import Record
+    from dsc.compiler.sources.webdataset import Keep, _member, index_tar
+    from dsc.errors import RemoteError
+    from dsc.store.object import StreamFile
+
+    open_store("s3://dsc-src/cut").put("0.tar", _big_tar())
+    real = StreamFile.readinto
+
+    def broken(self, b):  # (small reads, then a connection that keeps breaking, inside the first image)
+        if self.pos > 100_000:
+            raise error("the connection broke")
+        return real(self, memoryview(b)[:1024])
+    monkeypatch.setattr(StreamFile, "readinto", broken)
+    with pytest.raises(RemoteError, match=r"cut/0.tar: reading it failed at byte [\d,]+ of"):
+        index_tar("s3://dsc-src/cut/0.tar", ("jpg",), "cls", None, None, Keep(1 << 30))
+    f = open_store("s3://dsc-src/cut").reader("0.tar", 1_204_000, sequential=True)
+    r = Record("s0", "s3://dsc-src/cut/0.tar")
+    with pytest.raises(RemoteError, match=r"cut/0.tar: reading its member at byte 512"):
+        _member(f, r, 512, 300_000)
+
+
 def test_etags_are_one_spelling_whoever_gave_them(s3):
     """A GET and a listing of one object may quote its ETag differently (fake-gcs does); the identity that says
     whether an input changed holds it without quotes or weak mark, the first time it is asked (by a HEAD, whose

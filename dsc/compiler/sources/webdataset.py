@@ -241,6 +241,12 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
     f, size = open_scanned(tar)
     kept = keep is not None and is_remote(tar) and keep.take(size)  # (the tar's size bounds its images' bytes)
     images = set(image_ext) if kept else ()
+
+    def failed(at: int, e: BaseException) -> RemoteError:  # (a tar in a bucket whose read failed past the retries)
+        if kept:
+            keep.give(size)
+        return RemoteError(f"{tar}: reading it failed at byte {at:,} of {size:,} ({type(e).__name__}: {e}); run the "
+                           f"compile again (its finished units are kept with --resume)")
     with f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
@@ -254,10 +260,14 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                 ti = tf.next()
             except DscError:  # (the network failed past its retries: not a truncated tar, the scan stops)
                 raise
-            except (tarfile.ReadError, EOFError, OSError) as e:
-                if is_remote(tar) and not isinstance(e, (tarfile.ReadError, EOFError)):
-                    raise RemoteError(f"{tar}: reading it failed at byte {tf.offset:,} of {size:,} ({e}); run the "
-                                      f"compile again (its finished units are kept with --resume)") from None
+            except (tarfile.ReadError, EOFError) as e:
+                cut = f"the tar is truncated or damaged at byte {tf.offset:,} of {size:,} ({e})"
+                break
+            except Exception as e:  # noqa: BLE001 - an object's stream failed (obstore's errors are no OSError)
+                if is_remote(tar):
+                    raise failed(tf.offset, e) from None
+                if not isinstance(e, OSError):
+                    raise
                 cut = f"the tar is truncated or damaged at byte {tf.offset:,} of {size:,} ({e})"
                 break
             if ti is None:
@@ -285,8 +295,15 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                 groups[-1][2] = ext
             groups[-1][1][ext] = (ti.name, ti.offset_data, ti.size)
             if ti.size <= limits.get(ext, -1) or ext in images:  # a label or field member (or a kept image):
-                f.seek(ti.offset_data)                              # read now, the stream is there
-                groups[-1][3][ext] = f.read(ti.size)
+                try:                                                # read now, the stream is there
+                    f.seek(ti.offset_data)
+                    groups[-1][3][ext] = f.read(ti.size)
+                except DscError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - as the header's read above
+                    if not is_remote(tar):
+                        raise
+                    raise failed(ti.offset_data, e) from None
         if cut is not None and groups:  # the sample the tar stops in may have lost members: not compiled
             cut += f"; its samples from {groups[-1][0]!r} on are missing"
             groups.pop()
@@ -558,11 +575,18 @@ class WebDatasetSource(Source):
 
 
 def _member(f, r: Record, offset: int, n: int) -> bytes:
-    f.seek(offset)
     try:
+        f.seek(offset)
         data = f.read(n)
     except FileNotFoundError:  # (an object's stream is opened on its read-ahead thread: missing shows here)
         raise SampleError(where(r), "the tar is gone since the scan") from None
+    except DscError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tar in a bucket whose stream failed past its reopens (obstore's
+        if not is_remote(r.path):  # errors are no OSError): the tar and where, not a traceback
+            raise
+        raise RemoteError(f"{r.path}: reading its member at byte {offset:,} ({n:,} bytes) failed ({type(e).__name__}: "
+                          f"{e}); run the compile again (its finished units are kept with --resume)") from None
     if len(data) != n:
         raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
     return data
