@@ -1162,3 +1162,50 @@ def test_a_table_source_keeps_only_its_footers_and_a_cluster_task_carries_none(s
     assert not getattr(run.keywords["source"], "footers", None)
     assert len(pickle.dumps(run)) < 4096  # (a footer is KiBs: none rides with every task)
 
+
+
+def test_a_cluster_compile_of_tars_sends_no_pixel_from_the_client(data, cluster, tmp_path, monkeypatch):
+    """On a cluster the workers index the tars: no task the client sends carries an image's bytes (the client
+    never sees the pixels), and the scan there keeps none."""
+    client, _ = cluster
+    sent = _sent_to_cluster(monkeypatch)
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", tmp_path / "out", executor=client, **OPTS)
+    assert r.manifest.num_samples == 30
+    (_, tasks), = sent
+    records = [rec for t in tasks for rec in t.records]
+    assert len(records) == 30 and not any(rec.member[3] for rec in records)
+
+
+def test_a_dry_run_scan_keeps_no_image(data, tmp_path, monkeypatch):
+    """``--update --dry-run`` (of a dataset, or of nothing yet) decodes nothing: its scan keeps no image bytes
+    (up to KEEP_BYTES held for nothing before); a real update's scan still keeps them for its units."""
+    from dsc.compiler.sources import webdataset
+
+    src = "s3://dsc-src/wds/{00000..00002}.tar"
+    kept, real = [], webdataset.index_tar
+    monkeypatch.setattr(webdataset, "index_tar", lambda *a: (kept.append(a[5] is not None), real(*a))[1])
+    r = dsc.compile_webdataset(src, tmp_path / "none-yet", update=True, dry_run=True, workers=1, **OPTS)
+    assert r.dry_run and kept == [False] * 3
+    dsc.compile_webdataset(src, tmp_path / "out", workers=1, **OPTS)
+    del kept[:]
+    r = dsc.compile_webdataset(src, tmp_path / "out", update=True, dry_run=True, workers=1, **OPTS)
+    assert r.dry_run and kept == [False] * 3
+    del kept[:]
+    dsc.compile_webdataset(src, tmp_path / "out", update=True, workers=1, **OPTS)
+    assert kept == [True] * 3
+
+
+def test_the_keep_budget_honours_a_cgroup_memory_limit(tmp_path, monkeypatch):
+    """A container's memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes) bounds the scan's kept images
+    to an eighth of it, not of the host's memory; "max" (no limit) leaves the machine's."""
+    from dsc.compiler.sources import webdataset
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(webdataset, "CGROUP_LIMITS", (str(v2), str(v1)))
+    host = webdataset.keep_budget()
+    v2.write_text("max\n")
+    assert webdataset.keep_budget() == host
+    v1.write_text(f"{256 << 20}\n")
+    assert webdataset.keep_budget() == 32 << 20
+    v2.write_text(f"{128 << 20}\n")
+    assert webdataset.keep_budget() == 16 << 20

@@ -51,13 +51,26 @@ MAX_LABEL_BYTES = 1 << 20
 KEEP_BYTES = 512 << 20
 
 
+# where Linux says the memory limit of the process's cgroup (v2, v1): a container's, below the machine's memory
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def keep_budget() -> int:
-    """The image bytes a scan may keep: ``KEEP_BYTES``, at most an eighth of the machine's memory."""
+    """The image bytes a scan may keep: ``KEEP_BYTES``, at most an eighth of the memory the process may use (the
+    machine's, or its cgroup's limit where one is set: ``CGROUP_LIMITS``)."""
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # (no sysconf: not Linux or macOS)
-        return KEEP_BYTES
-    return min(KEEP_BYTES, memory // 8)
+        memory = None
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())  # ("max": no limit, a ValueError)
+        except (OSError, ValueError):
+            continue
+        memory = limit if memory is None else min(memory, limit)
+        break
+    return KEEP_BYTES if memory is None else min(KEEP_BYTES, memory // 8)
 
 # The members a sample has besides its image and label that become fields by default (when the first sample
 # has them): extension -> how it decodes ("text": UTF-8, "json", "array": a .npy, "bytes": as is).
@@ -392,6 +405,7 @@ class WebDatasetSource(Source):
 
     # (set by the compile for its scan: a map(fn, items) on the cluster's workers; threads by default)
     index_map = None
+    keep_images = True  # (False for a scan whose records no unit decodes: a dry run; see compiler._scan)
 
     @classmethod
     def from_cli(cls, no_label: bool = False, **kwargs) -> "WebDatasetSource":
@@ -451,7 +465,7 @@ class WebDatasetSource(Source):
         # (the image bytes the scan streams past are kept for the units, up to KEEP_BYTES; not on a cluster, whose
         # workers index the tars: the client never sees the pixels)
         index = _Index(self.image_ext, label_ext, self.label_key, read,
-                       Keep(keep_budget()) if self.index_map is None else None)
+                       Keep(keep_budget()) if self.index_map is None and self.keep_images else None)
         mapper = self.index_map or _threads
         listed = {k[0]: k for k in known(tars)}  # (a tar with the identity its listing gave: a cluster's worker
         found = mapper(index, [listed.get(t, t) for t in tars])  # reads that object, not one it saw before)
