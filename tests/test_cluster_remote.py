@@ -424,7 +424,7 @@ def test_a_failure_reading_a_kept_image_or_a_member_names_the_tar(s3, monkeypatc
             raise error("the connection broke")
         return real(self, memoryview(b)[:1024])
     monkeypatch.setattr(StreamFile, "readinto", broken)
-    with pytest.raises(RemoteError, match=r"cut/0.tar: reading it failed at byte [\d,]+ of"):
+    with pytest.raises(RemoteError, match=r"cut/0.tar: reading it failed at byte 100,\d{3} of"):  # (where it stopped)
         index_tar("s3://dsc-src/cut/0.tar", ("jpg",), "cls", None, None, Keep(1 << 30))
     f = open_store("s3://dsc-src/cut").reader("0.tar", 1_204_000, sequential=True)
     r = Record("s0", "s3://dsc-src/cut/0.tar")

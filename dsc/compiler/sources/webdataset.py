@@ -258,6 +258,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
     def failed(at: int, e: BaseException) -> RemoteError:  # (a tar in a bucket whose read failed past the retries)
         if kept:
             keep.give(size)
+        at = max(at, int(getattr(getattr(f, "raw", None), "pos", 0) or 0))  # (where the stream stopped, when later)
         return RemoteError(f"{tar}: reading it failed at byte {at:,} of {size:,} ({type(e).__name__}: {e}); run the "
                            f"compile again (its finished units are kept with --resume)")
     with f:
