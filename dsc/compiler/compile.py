@@ -156,7 +156,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
-    # dataset is never pickled), a Dask cluster gets it pickled once per task batch.
+    # dataset is never pickled); a Dask cluster pickles it with every task (``Source.per_task``: lighter there).
     run = partial(compile_unit, source=source)
     unit_size = lambda s: min(K, len(records) - (s - s0) * K)  # noqa: E731 - inputs of slot s's unit
     then = _then if source.shares_reads else None  # (units that share reads: each told its worker's next)
