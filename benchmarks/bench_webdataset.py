@@ -18,7 +18,8 @@ with the compile for the cores (and it serves a range of an object by reading th
 group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
 commit; its workers: decoding), against the local compile's in the same round, the workers' page faults (a worker
 forked fresh to read a bucket starts with an empty heap: units.keep_heap), and the server's CPU seconds and
-requests. dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
+requests (by method, the connections they came on, and the MB the server served and stored: what a compile costs
+the bucket, counted, where wall ratios on a shared machine are not). dsc's own cost against the local compile's is the CPU ratio; the wall ratio stays the measured one, and
 the summary adds beside it an estimate of the wall ratio were the server's CPU seconds on other cores (the wall
 time less the server's CPU shared by the cores).
 
@@ -164,10 +165,36 @@ def _ms(run: tuple) -> float:
     return (run[1] + run[2]) / 1000 * 1000
 
 
-def _requests(log: Path, start: int) -> tuple[int, int]:
-    """(requests the server logged since line ``start``, lines now)."""
+def _requests(log: Path, start: int) -> tuple[dict, int]:
+    """(what the server logged since line ``start``: {"n": requests, "GET"/"PUT"/...: requests of that method
+    ("LIST": a GET of a bucket's listing), "in"/"out": MB sent to it and by it, "conns": the connections they
+    came on (moto_keepalive.py logs them; 0 with moto's own server)}, lines now)."""
     lines = log.read_text(errors="replace").splitlines()
-    return sum(1 for line in lines[start:] if "HTTP/1.1" in line), len(lines)
+    seen = {"n": 0, "in": 0.0, "out": 0.0}
+    conns = set()
+    for line in lines[start:]:
+        if "HTTP/1.1" not in line or '"' not in line:
+            continue
+        seen["n"] += 1
+        method, _, target = line.split('"')[1].partition(" ")
+        if method == "GET" and ("list-type" in target or target.split(" ")[0].rstrip("/").count("/") <= 1):
+            method = "LIST"
+        seen[method] = seen.get(method, 0) + 1
+        for part in line.split()[-3:]:
+            k, _, v = part.partition("=")
+            if k in ("in", "out") and v.isdigit():
+                seen[k] += int(v) / 1e6
+            elif k == "conn":
+                conns.add(v)
+    seen["conns"] = len(conns)
+    return seen, len(lines)
+
+
+def _said(seen: dict) -> str:
+    """A run's requests as a line: their number, by method, and the MB each way."""
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(seen.items()) if k not in ("n", "in", "out", "conns"))
+    return (f"{seen['n']} requests ({methods}) on {seen.get('conns', 0)} connections, {seen['out']:.1f} MB served, "
+            f"{seen['in']:.1f} MB stored")
 
 
 def main() -> None:
@@ -243,7 +270,7 @@ def main() -> None:
                       f"dsc {_ms(a):5.2f} ms CPU/img "
                       f"(client {a[1]:4.2f} s, workers {a[2]:4.2f} s, {a[6]:,} page faults; {_ms(base) / _ms(a):4.2f}x "
                       f"local's), server "
-                      f"{a[3]:4.2f} CPU s, {a[4]} requests, load {a[5]:.1f}")
+                      f"{a[3]:4.2f} CPU s, {_said(a[4])}, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
         reader, what = _reader_rate(tars)
@@ -266,7 +293,7 @@ def main() -> None:
                          f"{np.median(cpu):.2f}x of local's (rounds {cpu[0]:.2f}-{cpu[-1]:.2f}; "
                          f"{np.median([_ms(a) for a in seen[name]]):.2f} ms/img; client "
                          f"{np.median([a[1] - b[1] for a, b in zip(seen[name], base)]):+.2f} s over local's); server "
-                         f"{np.median([a[3] for a in seen[name]]):.2f} CPU s, {seen[name][-1][4]} requests; without "
+                         f"{np.median([a[3] for a in seen[name]]):.2f} CPU s, {_said(seen[name][-1][4])}; without "
                          f"the server's CPU on these cores ~{freed[mid]:.2f}x (estimate); wall "
                          f"{np.median([1000 / a[0] for a in seen[name]]):.2f} s")
             extra += f"; workers' page faults {np.median([a[6] for a in seen[name]]):,.0f}"

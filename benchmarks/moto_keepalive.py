@@ -21,9 +21,14 @@ APP = DomainDispatcherApplication(create_backend_app)
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format, *args):  # (one line a request on stderr: the bench counts them)
-        sys.stderr.write(f"{self.address_string()} - - \"{self.requestline}\" {args[1] if len(args) > 1 else ''} "
-                         f"HTTP/1.1\n")
+    def log_message(self, format, *args):  # (send_response's line: _any writes one with the bytes instead)
+        pass
+
+    def _log(self, code: int, n_in: int, n_out: int) -> None:  # (one line a request on stderr: the bench counts
+        # them, and the bytes each request sent the server and the server sent back)
+        sys.stderr.write(f"{self.address_string()} - - \"{self.requestline}\" {code} HTTP/1.1 "
+                         f"conn={self.client_address[1]} in={n_in} out={n_out}\n")  # (conn: the client's port, one a
+        #                                                                                 connection: their count)
 
     def _any(self):
         n = int(self.headers.get("Content-Length") or 0)
@@ -61,6 +66,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+        self._log(int(code), n, 0 if head else len(data))
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 

@@ -208,20 +208,26 @@ def test_a_parquet_table_in_s3_is_read_by_row_group(s3, tmp_path, monkeypatch):
     assert samples(dsc.open(r.path)) == samples(dsc.open(tmp_path / "local"))
 
 
-def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
-    """What a compile asks the bucket: the scan one streamed GET per tar (its label and text members read as the
-    walk passes them, never a second pass); a unit one GET per tar it reads, for its span only, and no HEAD (the
-    scan's identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing);
-    a new shard one create-only PUT, no HEAD before it."""
+@pytest.mark.parametrize("keep", [True, False], ids=["scan-keeps-images", "units-read-ranges"])
+def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch, keep):
+    """What a compile asks the bucket: the scan one streamed GET per tar and no HEAD (the GET's response says its
+    size; its label and text members read as the walk passes them, never a second pass). The scan keeps the
+    images it streamed past (up to KEEP_BYTES), so the units read no tar: each byte crosses the network once.
+    Past that budget (here 0), a unit makes one GET per tar it reads, for its span only, and no HEAD (the scan's
+    identities travel with the task: a unit here runs as in a fresh worker process, which knows nothing). A new
+    shard: one create-only PUT, no HEAD before it."""
     import importlib
 
-    from dsc.compiler.sources import inputs
+    from dsc.compiler.sources import inputs, webdataset
     from dsc.store.object import ObjectStore
+
+    if not keep:
+        monkeypatch.setattr(webdataset, "KEEP_BYTES", 0)
 
     C = importlib.import_module("dsc.compiler.compile")  # (dsc.compiler.compile is also the function)
     _, tars, ref = data
     calls = []
-    for name in ("stat", "identity", "open_stream", "put", "get", "read_range", "etag"):
+    for name in ("stat", "identity", "open_stream", "open_whole", "put", "get", "read_range", "etag"):
         def wrap(self, rel, *a, _real=getattr(ObjectStore, name), _name=name, **k):
             calls.append((_name, rel, a, k))
             return _real(self, rel, *a, **k)
@@ -239,16 +245,20 @@ def test_the_requests_of_a_compile_from_s3_to_s3(data, tmp_path, monkeypatch):
     ahead, RA = [], O.ReadAhead
     monkeypatch.setattr(O, "ReadAhead", type("Counted", (RA,), {
         "__init__": lambda self, it, limit: (ahead.append(limit), RA.__init__(self, it, limit))[1]}))
-    url = "s3://dsc-out/counted"
+    url = f"s3://dsc-out/counted-{keep}"
     r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", url, workers=1,
                                cache_dir=str(tmp_path / "cache"), **OPTS)
     assert r.manifest.num_samples == 30 and bucket_shards(url) == shard_files(ref)
     sizes = {t.name: t.stat().st_size for t in tars.glob("*.tar")}
     scan, units = calls[:scan_done[0]], calls[scan_done[0]:]
-    tar_reads = [c for c in scan if c[0] == "open_stream"]
+    tar_reads = [c for c in scan if c[1].endswith(".tar")]
     assert sorted(c[1].rsplit("/", 1)[-1] for c in tar_reads) == sorted(sizes)  # one stream per tar
+    assert {c[0] for c in tar_reads} == {"open_whole"}  # (from its start: no HEAD, no range)
     streams = [c for c in units if c[0] == "open_stream" and c[1].endswith(".tar")]
     assert not [c for c in units if c[0] in ("stat", "identity") and c[1].endswith(".tar")]  # no HEAD of a tar
+    if keep:
+        assert streams == [] and ahead == []  # the units read nothing: their images came with their records
+        return
     assert len(streams) <= 5 + 2  # 5 units of 7 samples over 3 tars of 10: at most two tars each, 7 spans in all
     asked = sum(c[2][1] - c[2][0] for c in streams)  # (start, end): each unit asks for its span only
     assert len(ahead) == len(streams)  # and reads it ahead of the decode, on a thread
@@ -276,8 +286,9 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
                 tf.addfile(info, io.BytesIO(data))
     open_store("s3://dsc-src/big").put("0.tar", buf.getvalue())
     streams = []
-    real = ObjectStore.open_stream
+    real, whole = ObjectStore.open_stream, ObjectStore.open_whole
     monkeypatch.setattr(ObjectStore, "open_stream", lambda self, rel, *a: (streams.append(a), real(self, rel, *a))[1])
+    monkeypatch.setattr(ObjectStore, "open_whole", lambda self, rel: (streams.append((0,)), whole(self, rel))[1])
     samples_, cut = index_tar("s3://dsc-src/big/0.tar", ("jpg",), "cls", None, {"txt": "text"})
     assert cut is None and [(s.key, s.label, s.values) for s in samples_] == [
         (f"s{k}", k, {"txt": "a caption"}) for k in range(4)]
@@ -287,15 +298,156 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
 def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
     """Its unit's request is made on the read-ahead thread; the missing object still reaches the sample as
     "the tar is gone since the scan", not as an error of the stream."""
+    from dsc.compiler.sources import webdataset
     from dsc.compiler.sources.webdataset import WebDatasetSource
 
     _, tars, _ = data
     open_store("s3://dsc-src/gone").put("00000.tar", (tars / "00000.tar").read_bytes())
     src = WebDatasetSource(src="s3://dsc-src/gone/00000.tar")
-    records = src.scan().records
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(webdataset, "KEEP_BYTES", 0)  # (the scan keeps no image: the unit reads the tar)
+        records = src.scan().records
     open_store("s3://dsc-src/gone").delete("00000.tar")
     with pytest.raises(SampleError, match="gone since the scan"):
         src.fetcher(records[:3])(records[0])
+
+
+def test_a_tar_replaced_under_its_name_is_read_anew_by_the_next_scan_of_this_process(data, tmp_path):
+    """A process that compiled the tars once (and so knows their identities) and compiles again after one was
+    replaced by another of that name: the scan takes each tar's identity from its own GET, so the update sees the
+    new tar (its samples, at their offsets) and matches a fresh compile; an identity remembered from before is
+    never trusted (it read the new bytes with the old size, and judged the tar unchanged)."""
+    folder, tars, _ = data
+    store = open_store("s3://dsc-src/replaced")
+    for t in sorted(tars.glob("*.tar")):
+        store.put(t.name, t.read_bytes())
+    src = "s3://dsc-src/replaced/{00000..00002}.tar"
+    out = tmp_path / "out"
+    dsc.compile_webdataset(src, out, workers=1, **OPTS)
+    other = tmp_path / "other"
+    write_imagefolder(other, num_classes=3, per_class=4, size_range=(30, 70), seed=5)
+    new = pack_webdataset(other, tmp_path / "other-tars", per_tar=12)[0]
+    store.put("00001.tar", new.read_bytes())
+    r = dsc.compile_webdataset(src, out, update=True, workers=1, **OPTS)
+    assert r.committed and r.plan["decoded"] == 12, r.plan  # (the new tar's samples, decoded)
+    fresh = dsc.compile_webdataset(src, tmp_path / "fresh", workers=1, **OPTS)
+    assert samples(dsc.open(out)) == samples(dsc.open(fresh.path)) and fresh.manifest.num_samples == 32
+
+
+def test_the_scan_keeps_images_up_to_its_budget_and_the_rest_are_read_by_the_units(data, tmp_path, monkeypatch):
+    """KEEP_BYTES bounds the image bytes the scan holds: with room for one tar of three, one tar's samples come
+    with their bytes and the units read the other two; the shards are the local compile's either way."""
+    from dsc.compiler.sources import webdataset
+
+    _, tars, ref = data
+    monkeypatch.setattr(webdataset, "KEEP_BYTES", max(t.stat().st_size for t in tars.glob("*.tar")) + 1)
+    src = webdataset.WebDatasetSource(src="s3://dsc-src/wds/{00000..00002}.tar")
+    records = src.scan().records
+    kept = [r for r in records if r.member[3]]
+    assert len(kept) == 10 and len({r.path for r in kept}) == 1  # one tar, whole
+    assert all(len(r.member[3]) == r.member[2] for r in kept)
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", tmp_path / "w", workers=2, **OPTS)
+    assert shard_files(tmp_path / "w") == shard_files(ref)
+
+
+def test_a_killed_compile_of_tars_in_a_bucket_resumes_with_the_images_the_scan_kept(data, tmp_path):
+    """The scan's kept images travel inside the records, never into the journal's fingerprint: a compile killed
+    after two units resumes (its scan keeps them again), keeps those units and ends with the local shards."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from conftest import journal_units, stopped_at_unit
+    from dsc.cli import main
+
+    _, _, ref = data
+    out = tmp_path / "out"
+    argv = ["compile", "webdataset", "s3://dsc-src/wds/{00000..00002}.tar", str(out), "--size", "24,32",
+            "--shard-size", "7", "--workers", "2", "-q"]
+    r = stopped_at_unit(argv, 2, signal.SIGKILL)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert len(journal_units(tmp_path / ".out.dsc-tmp")) >= 2 and not out.exists()
+    res = CliRunner().invoke(main, argv + ["--resume"])
+    assert res.exit_code == 0 and "resumed:" in res.output, res.output
+    assert shard_files(out) == shard_files(ref)
+
+
+def test_a_network_failure_in_the_scan_is_no_truncated_tar(data, s3, monkeypatch):
+    """A stream that keeps failing past its retries is the network's fault, not the tar's: the scan stops with
+    an error naming the tar, where it read a cut ("the tar is truncated or damaged") and skipped its samples."""
+    from dsc.compiler.sources.webdataset import index_tar
+    from dsc.errors import RemoteError
+    from dsc.store.object import StreamFile
+
+    real = StreamFile.readinto
+
+    def broken(self, b):  # (a few small reads, then a connection that keeps breaking)
+        if self.pos > 3000:
+            raise ConnectionResetError("the connection broke")
+        return real(self, memoryview(b)[:1024])
+    monkeypatch.setattr(StreamFile, "readinto", broken)
+    with pytest.raises(RemoteError, match="00000.tar: reading it failed"):
+        index_tar("s3://dsc-src/wds/00000.tar", ("jpg",), "cls", None)
+
+
+def _big_tar() -> bytes:
+    """A tar of 4 samples whose images are 300 KB each (a read can fail inside one)."""
+    import io
+    import random
+    import tarfile
+
+    buf, rng = io.BytesIO(), random.Random(3)
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for k in range(4):
+            for ext, blob in (("jpg", rng.randbytes(300_000)), ("cls", b"1")):
+                ti = tarfile.TarInfo(f"s{k}.{ext}")
+                ti.size = len(blob)
+                tf.addfile(ti, io.BytesIO(blob))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError, RuntimeError])  # (RuntimeError: as obstore's GenericError,
+def test_a_failure_reading_a_kept_image_or_a_member_names_the_tar(s3, monkeypatch, error):  # no OSError)
+    """A stream that fails inside an image the scan keeps, or with an error that is no OSError (obstore's, past
+    StreamFile's reopens), and a unit's member read failing so: a RemoteError naming the tar and the byte, never
+    a bare exception (a traceback from the CLI)."""
+    from dsc.compiler.sources.base import Record
+    from dsc.compiler.sources.webdataset import Keep, _member, index_tar
+    from dsc.errors import RemoteError
+    from dsc.store.object import StreamFile
+
+    open_store("s3://dsc-src/cut").put("0.tar", _big_tar())
+    real = StreamFile.readinto
+
+    def broken(self, b):  # (small reads, then a connection that keeps breaking, inside the first image)
+        if self.pos > 100_000:
+            raise error("the connection broke")
+        return real(self, memoryview(b)[:1024])
+    monkeypatch.setattr(StreamFile, "readinto", broken)
+    with pytest.raises(RemoteError, match=r"cut/0.tar: reading it failed at byte 100,\d{3} of"):  # (where it stopped)
+        index_tar("s3://dsc-src/cut/0.tar", ("jpg",), "cls", None, None, Keep(1 << 30))
+    f = open_store("s3://dsc-src/cut").reader("0.tar", 1_204_000, sequential=True)
+    r = Record("s0", "s3://dsc-src/cut/0.tar")
+    with pytest.raises(RemoteError, match=r"cut/0.tar: reading its member at byte 512"):
+        _member(f, r, 512, 300_000)
+
+
+def test_etags_are_one_spelling_whoever_gave_them(s3):
+    """A GET and a listing of one object may quote its ETag differently (fake-gcs does); the identity that says
+    whether an input changed holds it without quotes or weak mark, the first time it is asked (by a HEAD, whose
+    ETag moto quotes) as every time after."""
+    from dsc.compiler.sources import inputs
+
+    assert inputs.etag_of('W/"abc"') == inputs.etag_of('"abc"') == inputs.etag_of("abc") == "abc"
+    inputs.remember("s3://b/x.tar", 10, 1.0, '"abc"')
+    quoted = inputs.identity("s3://b/x.tar")
+    inputs.remember("s3://b/x.tar", 10, 1.0, "abc")
+    assert inputs.identity("s3://b/x.tar") == quoted
+    open_store("s3://dsc-src/etag").put("x.bin", b"some bytes")
+    url = "s3://dsc-src/etag/x.bin"
+    inputs._IDENTITY.pop(url, None)
+    first = inputs.identity(url)  # (a HEAD)
+    assert inputs.identity(url) == first  # (remembered)
 
 
 def test_read_ahead_runs_ahead_within_its_limit_and_hands_failures_on():
@@ -349,6 +501,7 @@ def test_units_sharing_a_parquet_row_group_read_it_once(s3, tmp_path, monkeypatc
     open_store("s3://dsc-src/groups").put("t.parquet", (tmp_path / "t.parquet").read_bytes())
     src = TableSource(path="s3://dsc-src/groups/t.parquet")
     records = src.scan().records
+    src.footers = {}  # (a source that brought no footer from the scan: read by the worker, once)
     monkeypatch.setattr(table, "_FOOTERS", {})  # (a worker process: nothing read yet)
     monkeypatch.setattr(table, "_GROUPS", {})
     monkeypatch.setattr(inputs, "_IDENTITY", dict(inputs._IDENTITY))
@@ -476,6 +629,8 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
     assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)  # (in order: about 2 x 6)
     assert sorted(a for a in asked if a in label_chunks) == sorted(label_chunks)  # the scan: each once,
     assert {name.split("_")[0] for a, name in threads if a in label_chunks} == {"dsc-range"}  # read ahead together
+    footer = [a for a in asked if a not in image_chunks | label_chunks]
+    assert len(footer) == 1, footer  # the footer: read by the scan, handed to the workers with the source
 
 
 def test_a_pool_in_runs_gives_each_worker_contiguous_tasks_and_says_the_next():
@@ -918,3 +1073,139 @@ def test_a_worker_killed_in_its_run_of_parquet_units_is_retried_elsewhere(s3, cl
     ref = dsc.compile_table(path, tmp_path / "ref", workers=1, **{**OPTS, "shard_size": 4})
     assert os.path.exists(marker) and r.manifest.num_samples == 48
     assert bucket_shards(url) == shard_files(ref.path)
+
+
+def _quoted_like_main(monkeypatch):
+    """This process spells ETags in their quotes, as a dsc before the one spelling did (its stat cache and journal
+    hold the checksum of ``"<etag>"``); undone (and what it remembered forgotten) by the returned function."""
+    from dsc.compiler.sources import inputs
+
+    real = inputs.etag_of
+    monkeypatch.setattr(inputs, "etag_of", lambda etag: f'"{real(etag)}"' if real(etag) else "")
+    inputs._IDENTITY.clear()
+
+    def undo():
+        monkeypatch.setattr(inputs, "etag_of", real)
+        inputs._IDENTITY.clear()
+    return undo
+
+
+def test_an_update_of_a_dataset_whose_stat_cache_holds_quoted_etags_reads_no_input(data, tmp_path, monkeypatch):
+    """A dataset compiled from a bucket by a dsc that kept ETags quoted: ``--update`` with nothing changed reads no
+    input's bytes (its stat cache's quoted checksums are this dsc's ETags), not every input on every run."""
+    from dsc.compiler import update
+
+    src = "s3://dsc-src/wds/{00000..00002}.tar"
+    undo = _quoted_like_main(monkeypatch)
+    dsc.compile_webdataset(src, tmp_path / "out", workers=1, **OPTS)
+    undo()
+    read, real = [], update._content
+    monkeypatch.setattr(update, "_content", lambda source, records, masks: read.extend(records) or
+                        real(source, records, masks))
+    r = dsc.compile_webdataset(src, tmp_path / "out", update=True, workers=1, **OPTS)
+    assert not r.committed and read == [], len(read)  # (before: the 30 inputs' bytes read, on each update)
+
+
+def test_a_journal_written_with_quoted_etags_is_read_with_them(data, monkeypatch):
+    """A unit journaled by a dsc that kept ETags quoted: its input fingerprint is this dsc's ``quoted`` one, which
+    the resume takes (``journal._files``), so its units are kept, not compiled again."""
+    from dsc.compiler.journal import _files, inputs_of
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+
+    records = WebDatasetSource(src="s3://dsc-src/wds/{00000..00002}.tar").scan().records[:10]
+    undo = _quoted_like_main(monkeypatch)
+    old = inputs_of(records)
+    undo()
+
+    class Inputs(dict):
+        def quoted(self, s):
+            return inputs_of(records, quoted=True)
+    now = Inputs({0: inputs_of(records)})
+    assert now[0] != old and now.quoted(0) == old
+    assert _files({"files": old}, now, 0) == old and _files({"files": "edited"}, now, 0) == now[0]
+
+
+def _sent_to_cluster(monkeypatch) -> list:
+    """(the function, the tasks) of each ``cluster.results`` call: what the client pickles for the workers."""
+    from dsc.compiler import cluster as dask_cluster
+
+    sent, real = [], dask_cluster.results
+
+    def results(executor, todo, run, *a, **k):
+        sent.append((run, list(todo)))
+        return real(executor, todo, run, *a, **k)
+    monkeypatch.setattr(dask_cluster, "results", results)
+    return sent
+
+
+def test_a_table_source_keeps_only_its_footers_and_a_cluster_task_carries_none(s3, cluster, tmp_path, monkeypatch):
+    """The scan keeps the footers of its own Parquet files only (another table this process read is not sent to
+    the workers), and a cluster's tasks, each of which pickles the source, carry none: its workers read them."""
+    import pickle
+
+    from dsc.compiler.sources.table import TableSource
+
+    client, _ = cluster
+    (tmp_path / "other").mkdir()
+    _parquet_in_s3(tmp_path / "other", "s3://dsc-src/other-table", seed=1)
+    _parquet_in_s3(tmp_path, "s3://dsc-src/this-table", seed=2)
+    TableSource(path="s3://dsc-src/other-table/t.parquet").scan()  # (this process read another table's footer)
+    src = TableSource(path="s3://dsc-src/this-table/t.parquet")
+    src.scan()
+    assert {k[0] for k in src.footers} == {"s3://dsc-src/this-table/t.parquet"}
+    assert src.per_task().footers == {} and src.footers  # (a pool's workers still get them, once)
+    sent = _sent_to_cluster(monkeypatch)
+    r = dsc.compile_table("s3://dsc-src/this-table/t.parquet", tmp_path / "out", executor=client,
+                          **{**OPTS, "shard_size": 16})
+    assert r.manifest.num_samples == 96
+    (run, tasks), = sent
+    assert not getattr(run.keywords["source"], "footers", None)
+    assert len(pickle.dumps(run)) < 4096  # (a footer is KiBs: none rides with every task)
+
+
+
+def test_a_cluster_compile_of_tars_sends_no_pixel_from_the_client(data, cluster, tmp_path, monkeypatch):
+    """On a cluster the workers index the tars: no task the client sends carries an image's bytes (the client
+    never sees the pixels), and the scan there keeps none."""
+    client, _ = cluster
+    sent = _sent_to_cluster(monkeypatch)
+    r = dsc.compile_webdataset("s3://dsc-src/wds/{00000..00002}.tar", tmp_path / "out", executor=client, **OPTS)
+    assert r.manifest.num_samples == 30
+    (_, tasks), = sent
+    records = [rec for t in tasks for rec in t.records]
+    assert len(records) == 30 and not any(rec.member[3] for rec in records)
+
+
+def test_a_dry_run_scan_keeps_no_image(data, tmp_path, monkeypatch):
+    """``--update --dry-run`` (of a dataset, or of nothing yet) decodes nothing: its scan keeps no image bytes
+    (up to KEEP_BYTES held for nothing before); a real update's scan still keeps them for its units."""
+    from dsc.compiler.sources import webdataset
+
+    src = "s3://dsc-src/wds/{00000..00002}.tar"
+    kept, real = [], webdataset.index_tar
+    monkeypatch.setattr(webdataset, "index_tar", lambda *a: (kept.append(a[5] is not None), real(*a))[1])
+    r = dsc.compile_webdataset(src, tmp_path / "none-yet", update=True, dry_run=True, workers=1, **OPTS)
+    assert r.dry_run and kept == [False] * 3
+    dsc.compile_webdataset(src, tmp_path / "out", workers=1, **OPTS)
+    del kept[:]
+    r = dsc.compile_webdataset(src, tmp_path / "out", update=True, dry_run=True, workers=1, **OPTS)
+    assert r.dry_run and kept == [False] * 3
+    del kept[:]
+    dsc.compile_webdataset(src, tmp_path / "out", update=True, workers=1, **OPTS)
+    assert kept == [True] * 3
+
+
+def test_the_keep_budget_honours_a_cgroup_memory_limit(tmp_path, monkeypatch):
+    """A container's memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes) bounds the scan's kept images
+    to an eighth of it, not of the host's memory; "max" (no limit) leaves the machine's."""
+    from dsc.compiler.sources import webdataset
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(webdataset, "CGROUP_LIMITS", (str(v2), str(v1)))
+    host = webdataset.keep_budget()
+    v2.write_text("max\n")
+    assert webdataset.keep_budget() == host
+    v1.write_text(f"{256 << 20}\n")
+    assert webdataset.keep_budget() == 32 << 20
+    v2.write_text(f"{128 << 20}\n")
+    assert webdataset.keep_budget() == 16 << 20

@@ -50,6 +50,25 @@ def test_a_stream_reopened_after_the_object_was_replaced_is_refused(object_store
         f.read(10)
 
 
+def test_a_scan_stream_cut_and_reopened_after_the_object_was_replaced_is_refused(object_store_url):
+    """ObjectStore.open_whole (a tar's scan: one GET that gives the size and ETag): the connection breaks midway, the
+    tar is replaced while it is down, and the reopening where it stopped is refused (If-Match with the first
+    GET's ETag), never the new tar's bytes after the old one's under the old ETag (a kept image of two versions)."""
+    store = _store(object_store_url)
+    store.put("w.tar", OLD * 192)
+    f, (size, _, etag) = store.open_whole("w.tar")
+    assert size == len(OLD) * 192 and etag
+    raw, inner = f.raw, f.raw._it
+
+    def cut():
+        yield next(inner)
+        store.put("w.tar", NEW * 192)  # (replaced while the connection is down)
+        raise ConnectionResetError("cut")
+    raw._it = cut()
+    with pytest.raises(ObjectChangedError, match="w.tar was replaced"):
+        f.read()
+
+
 def test_an_input_is_read_as_the_listing_saw_it(object_store_url):
     """A source's input opened after its listing (a tar's unit read after the scan) reads the object the listing
     named: replaced since, it is refused at its first request, never read at the scan's offsets."""
@@ -146,6 +165,8 @@ def test_a_compile_stops_when_a_tar_is_replaced_between_its_scan_and_its_units(p
             store.put(f"wds/{first.name}", first.read_bytes())
         return real(self, records)
     monkeypatch.setattr(WebDatasetSource, "fetcher", fetcher)
+    # (no image kept by the scan: the units read the tars again; a kept image is the scanned tar's, no re-read)
+    monkeypatch.setattr("dsc.compiler.sources.webdataset.KEEP_BYTES", 0)
     with pytest.raises(ObjectChangedError, match=f"wds/{first.name} was replaced"):
         dsc.compile_webdataset(f"{url}/wds", tmp_path / "out", size=8, shard_size=6, progress=False, workers=1)
     assert replaced

@@ -302,3 +302,35 @@ def test_a_bad_npy_or_json_member_is_a_named_skip(tmp_path):
     assert "its .json member is not JSON" in reasons["00000.tar/class_00_img_00001"]
     assert "its .npy member is not a .npy array" in reasons["00000.tar/class_00_img_00002"]
     assert "allow_pickle" in reasons["00000.tar/class_00_img_00002"]
+
+
+def test_a_compile_takes_each_records_digest_once(tmp_path, monkeypatch):
+    """A record's digest (its value fields' hash) feeds the journal's fingerprint and the dataset's fingerprint
+    column: taken once a record, not once for each (it cost 0.13-0.15 s per 1,000 captioned images)."""
+    import importlib
+
+    from dsc.compiler import journal
+    from dsc.compiler.sources import base
+
+    C = importlib.import_module("dsc.compiler.compile")
+    folder = tmp_path / "folder"
+    write_imagefolder(folder, num_classes=2, per_class=5, size_range=(30, 50), seed=3)
+    _fielded_tars(folder, tmp_path / "tars")
+    calls = []
+    real = base.record_digest
+
+    def counted(r):
+        calls.append(r.key)
+        return real(r)
+    for module in (base, journal, C):
+        monkeypatch.setattr(module, "record_digest", counted)
+    r = dsc.compile_webdataset(str(tmp_path / "tars"), tmp_path / "out", **{**OPTS, "workers": 1})
+    assert r.manifest.num_samples == 10 and sorted(calls) == sorted(dsc.open(r.path).keys)  # each once
+    from dsc.formats import layout as L
+    from dsc.formats.zarr_v3 import read_plain_array
+
+    ds = dsc.open(r.path)
+    fp = read_plain_array(r.path, L.FINGERPRINT)
+    assert fp[:, 4].tolist() == [real(rec) for rec in sorted(  # (the column holds each record's own digest)
+        dsc.compiler.sources.webdataset.WebDatasetSource(src=str(tmp_path / "tars")).scan().records,
+        key=lambda rec: ds.keys.index(rec.key))]

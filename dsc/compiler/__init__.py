@@ -42,12 +42,13 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
             def update_local(stage, name, first_slot, direct=None):  # (messages name the URL, not the staging)
                 say = (lambda m: warn(name(m))) if warn is not None else None
                 tell = (lambda m: info(name(m))) if info is not None else None
-                return update_dataset(_scan(source, say, executor=options.executor), stage, options, source,
+                return update_dataset(_scan(source, say, executor=options.executor, keep=not options.dry_run), stage,
+                                      options, source,
                                       warn=say, info=tell, first_slot=first_slot, view_too=False, direct=direct)
 
             return update_url(update_local, out, options)
         if options.dry_run:
-            return _dry_first_compile(out, _scan(source, warn), info)
+            return _dry_first_compile(out, _scan(source, warn, keep=False), info)
 
         def compile_local(stage, opts, on_unit, direct=None, uploaded=None):
             return compile_dataset(_scan(source, warn, executor=options.executor), stage,
@@ -64,7 +65,7 @@ def compile_source(source: Source, out, options: CompileOptions, warn=None, info
             message = (f"--overwrite replaces {out}, and with it every version and tag it holds ({lost}): the new "
                        f"compile is version 0, with no tags")
             warn(message) if warn is not None else warnings.warn(message, stacklevel=2)
-    scanned = _scan(source, warn, out, options.executor)
+    scanned = _scan(source, warn, out, options.executor, keep=not options.dry_run)
     if options.dry_run and not update:
         return _dry_first_compile(out, scanned, info)
     if update:
@@ -83,19 +84,23 @@ def _dry_first_compile(out, scanned: ScannedSource, info) -> CompileReport:
                          committed=False, dry_run=True)
 
 
-def _scan(source: Source, warn, out=None, executor=None) -> ScannedSource:
+def _scan(source: Source, warn, out=None, executor=None, keep: bool = True) -> ScannedSource:
     """The source's records, with its non-path parameters recorded (--update checks them); its warnings
     (and one for a local ``out`` inside the source's folder) go to ``warn``. A source that reads its inputs
     to index them (``index_map``: webdataset's tar headers) does it on the cluster's workers with an
-    ``executor``."""
+    ``executor``. ``keep`` False (a dry run: no unit will decode): a source that can keep the bytes its scan
+    streams past for the units (``keep_images``: webdataset's) keeps none."""
     inputs.forget()  # (what the bucket holds now, not what an earlier compile of this process saw)
     if executor is not None and hasattr(type(source), "index_map"):
         source.index_map = cluster.dask_map(executor)
+    if not keep and hasattr(type(source), "keep_images"):
+        source.keep_images = False
     try:
         scanned = source.prepare()
     finally:
-        if "index_map" in vars(source):  # (the source travels to the workers: not with a client in it)
-            del source.index_map
+        for name in ("index_map", "keep_images"):  # (the source travels to the workers: not with a client in it)
+            if name in vars(source):
+                delattr(source, name)
     inside = _out_inside_source(out, scanned) if out is not None else None
     if inside:
         scanned = replace(scanned, warnings=(*scanned.warnings, inside))

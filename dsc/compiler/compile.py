@@ -38,7 +38,7 @@ from ..formats.zarr_v3 import node_dir, write_group, write_plain_array, write_st
 from .journal import Journal, Resumed, fingerprint, inputs_of, settings, shard_check, shard_intact
 from .options import CompileOptions, CompileReport, default_shard_size
 from .pool import CAN_FORK, WorkerPool
-from .sources.base import ScannedSource, Source, record_digest, where, where_to_read
+from .sources.base import ScannedSource, Source, record_digest, record_digests, where, where_to_read
 from .sources.inputs import is_remote, known
 from . import cluster
 from .upload import Uploader
@@ -111,6 +111,12 @@ class UnitInputs(Mapping):
             raise KeyError(s)
         return bytes(self._sha[u]).hex()
 
+    def quoted(self, s: int) -> str:
+        """Unit ``s``'s fingerprint as a dsc that kept ETags quoted took it (``inputs_of(quoted=True)``): asked only
+        of a journal entry that differs from ``self[s]``."""
+        K, u = self.tasks.K, s - self.tasks.s0
+        return inputs_of(self.tasks.records[u * K:(u + 1) * K], quoted=True)
+
 
 class _Todo(Sequence):
     """The units still to run (positions in ``tasks``), each made when taken."""
@@ -150,7 +156,7 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
     written = 0
     t0 = time.perf_counter()
     # The source travels with the function, not with each task: forked workers inherit it (a Python
-    # dataset is never pickled), a Dask cluster gets it pickled once per task batch.
+    # dataset is never pickled); a Dask cluster pickles it with every task (``Source.per_task``: lighter there).
     run = partial(compile_unit, source=source)
     unit_size = lambda s: min(K, len(records) - (s - s0) * K)  # noqa: E731 - inputs of slot s's unit
     then = _then if source.shares_reads else None  # (units that share reads: each told its worker's next)
@@ -187,7 +193,9 @@ def _run_units(tasks, workers: int, progress: bool, total: int, fail_fast: bool,
             if executor is not None and len(todo):
                 direct = todo[0].upload is not None
                 local = [r.path for r in (records[0], records[-1]) if r.path and not is_remote(r.path)]
-                with closing(cluster.results(executor, todo, run, local, None if direct else todo[0].root,
+                # (a cluster pickles the function with every task: the source as each task may carry it)
+                on_cluster = partial(compile_unit, source=source.per_task())
+                with closing(cluster.results(executor, todo, on_cluster, local, None if direct else todo[0].root,
                                              runs=source.shares_reads, then=then)) as it:
                     consume(it, bar)
             elif pool is not None:
@@ -395,7 +403,8 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
         tmp = staging.tmp
         recorded = settings(scanned, options, K, source)
         bucket = (uploaded.url, uploaded.writer) if uploaded else direct  # (url, writer) of a compile to a URL
-        journal = Journal(tmp, fingerprint(scanned.records, recorded), fields, settings=recorded,
+        digests = record_digests(records)  # (once: the journal's fingerprint and the dataset's column take them)
+        journal = Journal(tmp, fingerprint(records, recorded, digests), fields, settings=recorded,
                           shard_ok=shard_check(tmp, bucket, staged_too=bool(uploaded)))  # (uploaded: staged or in
         # the bucket; direct: in the bucket)
         staging.keep_on_failure = journal.has_units
@@ -427,7 +436,7 @@ def compile_dataset(scanned: ScannedSource, out: str | os.PathLike, options: Com
                     # staged in this run (uploaded: not a worker's) or this resume re-hashed there is not hashed again
                     fetch_compacted(tmp, results, fields, u0, bucket[0], done, staged_here=bool(uploaded))
                 _compact(tmp, results, fields, K, u0)
-            manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped)
+            manifest = _finalize(tmp, scanned, options, results, kept, fields, K, skipped, digests)
             if uploaded:  # (the shards are up and out of the staging: the flush writes none of them)
                 uploaded.settle()
             staging.publish(before_rename=journal.remove)
@@ -484,16 +493,17 @@ class Rows:
                                                                    "stat", "live")))
 
     @classmethod
-    def compiled(cls, records, kept: np.ndarray, results) -> "Rows":
+    def compiled(cls, records, kept: np.ndarray, results, digests: np.ndarray | None = None) -> "Rows":
         """The rows of freshly compiled samples (``kept``: their records' indices; ``results`` a
-        :class:`UnitResults` of them all, or their units' results in order)."""
+        :class:`UnitResults` of them all, or their units' results in order; ``digests``: every record's
+        ``record_digests``, when the caller took them, else taken here for the kept ones)."""
         if isinstance(results, UnitResults):
             cat = lambda name: getattr(results, name)[kept]  # noqa: E731
         else:
             cat = lambda name: np.concatenate([getattr(r, name) for r in results]) if results else None  # noqa: E731
         inputs = cat("inputs")
-        digests = np.asarray([record_digest(records[i]) for i in kept],
-                             np.int64).reshape(-1, 1)
+        digests = (np.asarray([record_digest(records[i]) for i in kept], np.int64) if digests is None else
+                   np.asarray(digests, np.int64)[np.asarray(kept, np.int64)]).reshape(-1, 1)
         return cls([records[i].key for i in kept], cat("orig"), cat("affine"), cat("orientation"),
                    np.hstack([inputs[:, CONTENT], digests]), inputs[:, STAT], np.ones(len(kept), bool))
 
@@ -554,9 +564,11 @@ def _pad(parts: dict, rows: Rows, n: int) -> None:
 
 
 def _finalize(tmp: Path, scanned: ScannedSource, options: CompileOptions, results: UnitResults,
-              kept: np.ndarray, fields: tuple[Field, ...], K: int, skipped: tuple[dict, ...]) -> Manifest:
-    """A fresh compile's version 0: every row a sample, in input order."""
-    rows = Rows.compiled(scanned.records, kept, results)
+              kept: np.ndarray, fields: tuple[Field, ...], K: int, skipped: tuple[dict, ...],
+              digests: np.ndarray | None = None) -> Manifest:
+    """A fresh compile's version 0: every row a sample, in input order (``digests``: the records'
+    ``record_digests``, when taken)."""
+    rows = Rows.compiled(scanned.records, kept, results, digests)
     parts = results.parts  # (each field's parts as the units left them: flat arrays where the kind keeps them so)
     version = {"number": 0, "parent": None, "operation": "compile"}
     m = write_version(tmp, tmp, scanned, options, fields, parts, rows, K, skipped, version,

@@ -30,7 +30,7 @@ from ..formats.verify import sha256_file
 from ..formats.zarr_v3 import node_dir, read_json, write_json
 from .options import CompileOptions
 from .sources.base import ScannedSource, Source, record_digest
-from .sources.inputs import identity
+from .sources.inputs import identity, quoted_inode
 from .units import UnitResult
 from .upload import is_ours
 
@@ -50,27 +50,31 @@ def settings(scanned: ScannedSource, options: CompileOptions, shard_size: int, s
         sort_keys=True, default=str))
 
 
-def fingerprint(records, settings: dict) -> str:
+def fingerprint(records, settings: dict, digests=None) -> str:
     """Hash of everything that decides the shards' bytes: the records (keys, paths, labels, targets, masks)
-    and the ``settings`` (see :func:`settings`)."""
+    and the ``settings`` (see :func:`settings`). ``digests``: each record's ``record_digest``, when the caller
+    has them (``record_digests``: a compile takes them once, for this and for the dataset's fingerprint column)."""
     h = hashlib.sha256()
     h.update(json.dumps(settings, sort_keys=True).encode())
-    for r in records:
-        hash_record(h, r)
+    for i, r in enumerate(records):
+        hash_record(h, r, None if digests is None else int(digests[i]))
     return h.hexdigest()
 
 
-def hash_record(h, r) -> None:
-    """Feed what record ``r`` is compiled from into the hash ``h`` (a journal's and an update's fingerprint)."""
+def hash_record(h, r, digest: int | None = None) -> None:
+    """Feed what record ``r`` is compiled from into the hash ``h`` (a journal's and an update's fingerprint);
+    ``digest``: its ``record_digest`` when known."""
     h.update(f"{r.key}\0{r.path}\0{r.label}\0{r.row}\0{r.mask}\0".encode("utf-8", "surrogateescape"))
     if r.target is not None or r.fields:  # (value fields known at scan: a table's columns, COCO captions)
-        h.update(record_digest(r).to_bytes(8, "little", signed=True))
+        h.update((record_digest(r) if digest is None else digest).to_bytes(8, "little", signed=True))
 
 
-def inputs_of(records) -> str:
+def inputs_of(records, quoted: bool = False) -> str:
     """Fingerprint of a unit's input files as they are now: each file's size, modification and change times
     (ns) and inode (an image and its mask; a table's file once). The change time cannot be set back (an
-    edit that restores the mtime with ``touch -d`` still shows). Records without files add nothing."""
+    edit that restores the mtime with ``touch -d`` still shows). Records without files add nothing. ``quoted``:
+    an object's inode as a dsc that kept ETags in their quotes took it (``quoted_inode``: its journal's units are
+    kept on a resume)."""
     h = hashlib.sha256()
     seen: set = set()
     for r in records:
@@ -81,10 +85,23 @@ def inputs_of(records) -> str:
             found = identity(path)  # (an object in a bucket: its size, time and ETag)
             if found is not None:
                 size, mtime, ctime, ino = found
+                if quoted:
+                    ino = quoted_inode(path) or ino
                 h.update(f"{path}\0{size}\0{mtime}\0{ctime}\0{ino}\0".encode("utf-8", "surrogateescape"))
             else:  # missing, or a NUL in the name
                 h.update(f"{path}\0missing\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def _files(d: dict | None, inputs, s: int) -> str:
+    """Unit ``s``'s input fingerprint now as its journal entry ``d`` spelled it: ``inputs[s]``, else (an entry
+    written by a dsc that kept ETags quoted) the quoted one when that is what ``d`` holds."""
+    files = inputs[s]
+    if d is not None and d.get("files") != files and hasattr(inputs, "quoted"):
+        quoted = inputs.quoted(s)
+        if d.get("files") == quoted:
+            return quoted
+    return files
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -240,9 +257,9 @@ class Journal:
             if lo <= s <= hi and last[s - lo] < 0:
                 last[s - lo] = off
                 legacy.pop(s, None)
-                done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
+                done[s - lo], staged[s - lo] = self._checked(d, s, _files(d, inputs, s))
         for s, d in list(legacy.items()):
-            done[s - lo], staged[s - lo] = self._checked(d, s, inputs[s])
+            done[s - lo], staged[s - lo] = self._checked(d, s, _files(d, inputs, s))
             if not done[s - lo]:
                 del legacy[s]
         return Resumed(path, lo, np.flatnonzero(done) + lo, last[done], legacy, self.fields, staged[done])

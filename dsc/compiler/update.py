@@ -38,7 +38,7 @@ from ..formats.fields import VALUE_KINDS, fields_of
 from ..formats.manifest import FORMAT_VERSION, Manifest
 from ..formats.zarr_v3 import read_string_array
 from .decode import read_input_file
-from .sources.inputs import identity
+from .sources.inputs import identity, quoted_inode
 from .journal import Journal, Resumed, hash_record, shard_check
 from .options import CompileOptions, CompileReport
 from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
@@ -142,6 +142,18 @@ def _probe(path: str | None, table: bool) -> tuple[int, int, int, int] | None:
     return (-1 if table else found[0]), *found[1:]
 
 
+def _same_stat(cached: tuple, probe: tuple, path: str) -> bool:
+    """Whether a stat cache's (mtime, ctime, inode) is the input's ``probe`` now (an object's inode: its ETag's
+    checksum, with the quotes too, as a dataset compiled by an older dsc recorded it: ``quoted_inode``)."""
+    now = tuple(_as_int64(v) for v in probe[1:])
+    if cached == now:
+        return True
+    if cached[:2] != now[:2]:
+        return False
+    old = quoted_inode(path)
+    return old is not None and cached[2] == _as_int64(old)
+
+
 def _as_int64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -213,7 +225,7 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
         plan.stat[r] = probes
         cached = base.stat[r] if base.stat is not None else None
         same_stat = cached is not None and probes[0] is not None and \
-            tuple(cached[:3]) == tuple(_as_int64(v) for v in probes[0][1:]) and \
+            _same_stat(tuple(cached[:3]), probes[0], rec.path) and \
             (probes[0][0] < 0 or probes[0][0] == fp[r, 0]) and (
                 not masks or not rec.mask or (probes[1] is not None and tuple(cached[3:]) == tuple(
                     _as_int64(v) for v in probes[1][1:]) and probes[1][0] == fp[r, 2]))

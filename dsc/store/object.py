@@ -365,6 +365,23 @@ class ObjectStore(Store):
             return Stream(iter(r.stream(min_chunk_size=1 << 20)), _tag_of(r, etag))
         return self._call("reading", rel, attempt)
 
+    def open_whole(self, rel: str, buffer: int = 1 << 20):
+        """(the object as a sequential seekable file read by one streamed GET from its start, its identity (size,
+        last modified, ETag) as that GET's response gives it): a reader that needs the object's size first (a
+        tar's scan) asks no HEAD, and the identity is the one of the bytes read. A stream that fails midway is
+        opened again where it stopped (as :class:`StreamFile`), of the object this GET read (its ETag as If-Match: a
+        tar replaced while the connection was down is an ObjectChangedError, never an image of two versions)."""
+
+        def attempt():
+            r = self._get(rel, {}, None)
+            m = r.meta
+            return ((int(m["size"]), m["last_modified"].timestamp(), str(m.get("e_tag") or "")),
+                    iter(r.stream(min_chunk_size=1 << 20)))
+        ident, it = self._call("reading", rel, attempt)
+        raw = StreamFile(self, rel, ident[0], etag=ident[2] or None)
+        raw._it, raw._at = it, 0
+        return io.BufferedReader(raw, buffer), ident
+
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
         import obstore

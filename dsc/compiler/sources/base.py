@@ -163,13 +163,14 @@ class Record:
     row: int = -1  # table sources: the row in ``path``; dataset sources: the index in the dataset
     mask: str = ""
     fields: tuple = ()  # ((name, value), ...): the record's value fields known at scan (a table's columns)
-    member: tuple = ()  # an archive's sample (webdataset): (member name, its data's offset in ``path``, size)
+    member: tuple = ()  # an archive's sample (webdataset): (member name, its data's offset in ``path``, size, its
+    #                     bytes when the scan kept them, else ())
 
 
 def where_to_read(r: Record) -> Record:
     """What ``Source.prefetch`` is told of a record: where its bytes are (path, row, mask, member), not its key,
     label, target or value fields, which a task would pickle a second time beside its own records."""
-    return Record("", r.path, row=r.row, mask=r.mask, member=r.member)
+    return Record("", r.path, row=r.row, mask=r.mask, member=r.member[:3] + ((),) if r.member else ())
 
 
 def record_digest(r: Record) -> int:
@@ -192,6 +193,13 @@ def record_digest(r: Record) -> int:
         else:
             h.update(json.dumps(v, sort_keys=True, default=repr).encode("utf-8", "backslashreplace"))
     return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+
+def record_digests(records) -> np.ndarray:
+    """``record_digest`` of each record, as int64 (0 without a target or value fields, the common case, costs no
+    hash): taken once by a compile for its journal's fingerprint and the dataset's fingerprint column."""
+    return np.fromiter((record_digest(r) if r.target is not None or r.fields else 0 for r in records), np.int64,
+                       len(records))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -494,6 +502,11 @@ class Source:
         """Runs in a worker as a unit starts: ``records`` are those of the unit it will probably run next (see
         ``shares_reads``), told only where their bytes are (:func:`where_to_read`: path, row, mask, member); a
         source may start reading them in the background. Default: nothing."""
+
+    def per_task(self) -> "Source":
+        """The source as it travels with each of a cluster's tasks (pickled with every one, where a pool's worker
+        gets it once): ``self``, less what is worth sending once only (a table's scanned footers). Default: self."""
+        return self
 
     def unchanged_since(self, summary: dict) -> set[str] | None:
         """For ``--update``: the input files (``Record.path``) this source knows to be unchanged since the

@@ -72,11 +72,20 @@ def name_of(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
 
 
+def etag_of(etag) -> str:
+    """An ETag as one spelling, whoever gave it: without its quotes and weak mark (``W/"x"`` -> ``x``; a GET and
+    a listing of one object may quote it differently: fake-gcs does)."""
+    etag = str(etag or "").strip()
+    if etag[:2] in ("W/", "w/"):
+        etag = etag[2:]
+    return etag.strip('"')
+
+
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
-    """Keep an object's identity (a newer one replaces what was kept, even when the cache is full: reads are
-    pinned to the ETag kept here, and a stale one would refuse the object as it is now)."""
+    """Keep what a listing, a HEAD or a GET said of ``url`` (replacing what was known, even when the cache is
+    full: reads are pinned to the ETag kept here, and a stale one would refuse the object as it is now)."""
     if url in _IDENTITY or len(_IDENTITY) < IDENTITY_LIMIT:
-        _IDENTITY[url] = (int(size), float(mtime), etag)
+        _IDENTITY[url] = (int(size), float(mtime), etag_of(etag))
 
 
 def forget() -> None:
@@ -139,6 +148,15 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
         except (OSError, ValueError):
             return None
         return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+    known = _object_identity(path)
+    if known is None:
+        return None
+    size, mtime, etag = known
+    return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())
+
+
+def _object_identity(path: str) -> tuple[int, float, str] | None:
+    """(size, last modified, ETag without quotes) of an object: remembered, else asked (None: not there)."""
     known = _IDENTITY.get(path)
     if known is None:
         store, rel = split(path)
@@ -148,9 +166,22 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
             known = None
         if known is None:
             return None
+        known = (int(known[0]), float(known[1]), etag_of(known[2]))  # (as remembered: one spelling of the ETag)
         remember(path, *known)
-    size, mtime, etag = known
-    return size, int(mtime * 1e9), 0, zlib.crc32(etag.encode())
+    return known
+
+
+def quoted_inode(path: str) -> int | None:
+    """An object's 'inode' (``identity``) as a dsc that kept S3's ETags in their quotes wrote it: the checksum of
+    ``"<etag>"``. A stat cache or a journal written by it is read with this too, so its inputs are not taken for
+    changed (every input's bytes read again on each ``--update``, a resume's units compiled again). None for a file
+    or an object without an ETag."""
+    if not is_remote(path):
+        return None
+    known = _object_identity(path)
+    if known is None or not known[2]:
+        return None
+    return zlib.crc32(f'"{known[2]}"'.encode())
 
 
 def size_of(path: str) -> int:
@@ -159,6 +190,27 @@ def size_of(path: str) -> int:
     if found is None:
         raise SourceError(f"{path}: no such file" + ("" if not is_remote(path) else " (no such object)"))
     return found[0]
+
+
+def open_scanned(path: str):
+    """(a sequential binary file of the input, its size) for a scan that reads it from its start (a tar's index):
+    a local file and its stat; an object by one GET whose response gives its size, time and ETag, remembered as
+    its identity (``identity``, ``inputs_of``), so that the journal and ``--update`` judge it by the bytes this
+    scan read: no HEAD first, and nothing a listing or an earlier scan of this process said of an older object of
+    that name is trusted. SourceError when it is not there."""
+    if not is_remote(path):
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise SourceError(f"{path}: no such file") from None
+        return f, os.fstat(f.fileno()).st_size
+    store, rel = split(path)
+    try:
+        f, (size, mtime, etag) = store.open_whole(rel)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file (no such object)") from None
+    remember(path, size, mtime, etag)
+    return f, size
 
 
 def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False,

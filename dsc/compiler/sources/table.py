@@ -7,6 +7,7 @@ in the schema metadata, else are the label values as text. Keys are the ``key_co
 """
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -361,11 +362,39 @@ class TableSource(Source):
         return cls(**{**kwargs, "label_column": None if no_label else kwargs.get("label_column")})
 
     def scan(self) -> ScannedSource:
-        return scan_table(self.path, self.image_column, self.label_column, self.key_column, self.classes,
-                          self.columns or ())
+        return self.kept_footers(scan_table(self.path, self.image_column, self.label_column, self.key_column,
+                                            self.classes, self.columns or ()))
+
+    def kept_footers(self, scanned: ScannedSource) -> ScannedSource:
+        """``scanned``, the footers the scan read of its own Parquet files in a bucket kept on the source
+        (``footers``; not those of other tables this process read): the source travels to each of a pool's workers
+        once (pickled when the pool starts), so a worker reads a file's footer from them, not by a GET of its own.
+        A cluster's tasks carry the source without them (``per_task``): each worker reads a footer once."""
+        paths = {r.path for r in scanned.records if is_remote(r.path)}
+        with _KEEP_LOCK:
+            self.footers = {k: m for k, m in _FOOTERS.items() if k[0] in paths}
+        return scanned
+
+    def per_task(self) -> "TableSource":
+        """Without the scan's footers: a cluster pickles the source with every task (each task would carry every
+        footer of the table); its workers read each footer once and keep it (``_FOOTERS``)."""
+        if not getattr(self, "footers", None):
+            return self
+        light = copy.copy(self)
+        light.footers = {}
+        return light
+
+    def _seed_footers(self) -> None:
+        footers = getattr(self, "footers", None)
+        if footers:
+            with _KEEP_LOCK:
+                for k, m in footers.items():
+                    if len(_FOOTERS) < KEEP_FOOTERS:
+                        _FOOTERS.setdefault(k, m)
 
     def fetcher(self, records: list[Record]):
         """Reads the unit's rows, only the row groups / record batches that hold them, in one go."""
+        self._seed_footers()
         by_file: dict[str, list[int]] = {}
         for r in records:
             by_file.setdefault(r.path, []).append(r.row)
@@ -388,6 +417,7 @@ class TableSource(Source):
 
     def prefetch(self, records: list[Record]) -> None:
         """Start reading the row groups of ``records`` (the unit this worker will probably run next)."""
+        self._seed_footers()
         by_file: dict[str, list[int]] = {}
         for r in records:
             by_file.setdefault(r.path, []).append(r.row)

@@ -32,12 +32,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ...errors import ConfigError, SampleError, SourceError
+from ...errors import ConfigError, DscError, RemoteError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
 from ...formats.manifest import batch_name_problem
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
-from .inputs import (check_input, is_prefix, is_remote, known, list_objects, name_of, open_input, read_bytes,
-                     remember_all, size_of)
+from .inputs import (check_input, is_prefix, is_remote, known, list_objects, name_of, open_input, open_scanned,
+                     read_bytes, remember_all)
 
 TAR_EXTENSIONS = (".tar",)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -45,6 +45,32 @@ INDEX_THREADS = 8  # tars indexed at once by the scan (each a stream of header r
 READ_AHEAD = 8 << 20  # bytes of a tar in object storage read ahead of a unit's decode (per tar the unit reads)
 EAGER_TARS = 4  # a unit spanning at most this many tars requests them all when it starts
 MAX_LABEL_BYTES = 1 << 20
+# the image bytes a scan of tars in object storage keeps, of those it streams past, for the units (the first
+# compile then downloads each of those tars once, not once to index it and again to decode it); past it, a unit
+# reads its range of the tar (and never more than an eighth of the machine's memory: ``keep_budget``)
+KEEP_BYTES = 512 << 20
+
+
+# where Linux says the memory limit of the process's cgroup (v2, v1): a container's, below the machine's memory
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def keep_budget() -> int:
+    """The image bytes a scan may keep: ``KEEP_BYTES``, at most an eighth of the memory the process may use (the
+    machine's, or its cgroup's limit where one is set: ``CGROUP_LIMITS``)."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # (no sysconf: not Linux or macOS)
+        memory = None
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())  # ("max": no limit, a ValueError)
+        except (OSError, ValueError):
+            continue
+        memory = limit if memory is None else min(memory, limit)
+        break
+    return KEEP_BYTES if memory is None else min(KEEP_BYTES, memory // 8)
 
 # The members a sample has besides its image and label that become fields by default (when the first sample
 # has them): extension -> how it decodes ("text": UTF-8, "json", "array": a .npy, "bytes": as is).
@@ -140,7 +166,8 @@ def _remote_text(url: str) -> str:
 @dataclass(frozen=True)
 class Sample:
     """One sample of a tar, as the scan found it: its key, the image member (name, data offset, size), its
-    label (-1: none), every member (extension -> (offset, size)) and what is wrong with it (None: nothing)."""
+    label (-1: none), every member (extension -> (offset, size)) and what is wrong with it (None: nothing);
+    ``data``: the image member's bytes, when the scan kept them (``Keep``)."""
 
     key: str
     image: tuple | None
@@ -148,6 +175,26 @@ class Sample:
     members: dict
     problem: str | None = None
     values: dict | None = None  # extension -> decoded value of the members read for fields
+    data: bytes | None = None
+
+
+class Keep:
+    """How many image bytes a scan may still keep (``KEEP_BYTES``), shared by its threads: a tar's images are
+    kept whole or not at all (``take`` its image bytes before the walk, ``give`` back what it did not keep)."""
+
+    def __init__(self, limit: int):
+        self.left, self._lock = int(limit), threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self.left:
+                return False
+            self.left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.left += n
 
 
 def _label_of(data: bytes, ext: str, key_name: str | None) -> int:
@@ -192,27 +239,49 @@ def decode_member(data: bytes, ext: str, how: str):
 
 
 def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str | None,
-              read: dict | None = None) -> tuple[list[Sample], str | None]:
+              read: dict | None = None, keep: Keep | None = None) -> tuple[list[Sample], str | None]:
     """The samples of one tar in member order, and what cut it short (a truncated tar: None when whole). Reads
     the headers, each label member and the members of ``read`` (extension -> how it decodes: ``decode_member``);
-    never the images. Runs on a thread of the scan or on a Dask worker. One pass: a member it reads is read as
-    its header is (in tar order), so a tar in object storage is one streamed GET, never read twice."""
-    size = size_of(tar)
+    the images only with ``keep`` (a tar in object storage whose bytes fit what is left of it: ``Sample.data``).
+    Runs on a thread of the scan or on a Dask worker. One pass: a member it reads is read as its header is (in tar
+    order), so a tar in object storage is one streamed GET (no HEAD: its response says the size), never read
+    twice."""
     samples: list[Sample] = []
     cut = None
     label_member = "json" if label_key is not None else label_ext
     limits = {label_member: MAX_LABEL_BYTES} if label_member is not None else {}
     limits.update({e: MAX_MEMBER_BYTES for e in (read or {})})  # what is read as the walk passes it
-    with open_input(tar, size, sequential=True) as f:
+    f, size = open_scanned(tar)
+    kept = keep is not None and is_remote(tar) and keep.take(size)  # (the tar's size bounds its images' bytes)
+    images = set(image_ext) if kept else ()
+
+    def failed(at: int, e: BaseException) -> RemoteError:  # (a tar in a bucket whose read failed past the retries)
+        if kept:
+            keep.give(size)
+        at = max(at, int(getattr(getattr(f, "raw", None), "pos", 0) or 0))  # (where the stream stopped, when later)
+        return RemoteError(f"{tar}: reading it failed at byte {at:,} of {size:,} ({type(e).__name__}: {e}); run the "
+                           f"compile again (its finished units are kept with --resume)")
+    with f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
         except tarfile.ReadError as e:
+            if kept:
+                keep.give(size)
             return [], f"not a readable tar file ({e})"
         groups: list[list] = []  # [key, {ext: (name, offset, size)}, duplicated ext or None, {ext: bytes}]
         while True:
             try:
                 ti = tf.next()
-            except (tarfile.ReadError, EOFError, OSError) as e:
+            except DscError:  # (the network failed past its retries: not a truncated tar, the scan stops)
+                raise
+            except (tarfile.ReadError, EOFError) as e:
+                cut = f"the tar is truncated or damaged at byte {tf.offset:,} of {size:,} ({e})"
+                break
+            except Exception as e:  # noqa: BLE001 - an object's stream failed (obstore's errors are no OSError)
+                if is_remote(tar):
+                    raise failed(tf.offset, e) from None
+                if not isinstance(e, OSError):
+                    raise
                 cut = f"the tar is truncated or damaged at byte {tf.offset:,} of {size:,} ({e})"
                 break
             if ti is None:
@@ -239,9 +308,16 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
             if ext in groups[-1][1]:
                 groups[-1][2] = ext
             groups[-1][1][ext] = (ti.name, ti.offset_data, ti.size)
-            if ti.size <= limits.get(ext, -1):  # a label or field member: read now, the stream is there
-                f.seek(ti.offset_data)
-                groups[-1][3][ext] = f.read(ti.size)
+            if ti.size <= limits.get(ext, -1) or ext in images:  # a label or field member (or a kept image):
+                try:                                                # read now, the stream is there
+                    f.seek(ti.offset_data)
+                    groups[-1][3][ext] = f.read(ti.size)
+                except DscError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - as the header's read above
+                    if not is_remote(tar):
+                        raise
+                    raise failed(ti.offset_data, e) from None
         if cut is not None and groups:  # the sample the tar stops in may have lost members: not compiled
             cut += f"; its samples from {groups[-1][0]!r} on are missing"
             groups.pop()
@@ -286,8 +362,11 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
                     values[ext] = decode_member(blobs[ext], ext, how)
                 except ValueError as e:
                     problem = str(e)
+            data = read_now.get(image_ext_found) if images and problem is None else None
             samples.append(Sample(key, image, label, {e: (o, n) for e, (_, o, n) in members.items()}, problem,
-                                  values))
+                                  values, data))
+    if kept:  # (what the tar held besides the images it kept: headers, labels, skipped samples' images)
+        keep.give(size - sum(len(s.data) for s in samples if s.data is not None))
     return samples, cut
 
 
@@ -327,6 +406,7 @@ class WebDatasetSource(Source):
 
     # (set by the compile for its scan: a map(fn, items) on the cluster's workers; threads by default)
     index_map = None
+    keep_images = True  # (False for a scan whose records no unit decodes: a dry run; see compiler._scan)
 
     @classmethod
     def from_cli(cls, no_label: bool = False, **kwargs) -> "WebDatasetSource":
@@ -383,7 +463,10 @@ class WebDatasetSource(Source):
             read = {e: how for e, how in MEMBER_FIELDS.items() if e not in taken}
         else:
             read = {e: (spec["how"] if "how" in spec else _how(spec)) for e, _, spec in decls}
-        index = _Index(self.image_ext, label_ext, self.label_key, read)
+        # (the image bytes the scan streams past are kept for the units, up to KEEP_BYTES; not on a cluster, whose
+        # workers index the tars: the client never sees the pixels)
+        index = _Index(self.image_ext, label_ext, self.label_key, read,
+                       Keep(keep_budget()) if self.index_map is None and self.keep_images else None)
         mapper = self.index_map or _threads
         listed = {k[0]: k for k in known(tars)}  # (a tar with the identity its listing gave: a cluster's worker
         found = mapper(index, [listed.get(t, t) for t in tars])  # reads that object, not one it saw before)
@@ -441,7 +524,7 @@ class WebDatasetSource(Source):
                     continue
                 name, off, n = s.image
                 records.append(Record(key=key, path=tar, label=s.label if self.labelled else -1, row=j,
-                                      member=(name, off, n, ()),
+                                      member=(name, off, n, s.data if s.data is not None else ()),
                                       fields=tuple((fname, s.values[e]) for e, fname, _ in decls)))
             if cut is not None:
                 invalid.append((f"{tname}/*", f"{tar}: {cut}"))
@@ -467,10 +550,12 @@ class WebDatasetSource(Source):
         bytes from its first image to the end of its last; no request for the tar's size). In object storage
         the requests of every tar of the unit are made at once, and a thread per tar reads ahead of the decode
         (``READ_AHEAD`` bytes), so the next image, and the next tar's first ones, are there when they are
-        needed."""
+        needed. An image the scan kept (``KEEP_BYTES``) came with its record: nothing is read for it."""
         spans: dict[str, list[int]] = {}  # tar -> [first byte, end] of the unit's image members
         for r in records:
-            _, off, n, _ = r.member
+            _, off, n, data = r.member
+            if data:
+                continue
             span = spans.setdefault(r.path, [off, off + n])
             span[0], span[1] = min(span[0], off), max(span[1], off + n)
         opened: dict[str, object] = {}
@@ -487,13 +572,15 @@ class WebDatasetSource(Source):
                 open_tar(path)
 
         def fetch(r: Record) -> Item:
-            if r.path not in opened:
-                open_tar(r.path)
-            f = opened[r.path]
-            if f is None:
-                raise SampleError(where(r), "the tar is gone since the scan")
-            name, off, n, _ = r.member
-            buf = io.BytesIO(_member(f, r, off, n))  # (the fields' members were read by the scan: Record.fields)
+            name, off, n, data = r.member
+            if not data:
+                if r.path not in opened:
+                    open_tar(r.path)
+                f = opened[r.path]
+                if f is None:
+                    raise SampleError(where(r), "the tar is gone since the scan")
+                data = _member(f, r, off, n)
+            buf = io.BytesIO(data)  # (the fields' members were read by the scan: Record.fields)
             buf.name = where(r)
             return Item(buf, r.label, None)
         return fetch
@@ -503,11 +590,18 @@ class WebDatasetSource(Source):
 
 
 def _member(f, r: Record, offset: int, n: int) -> bytes:
-    f.seek(offset)
     try:
+        f.seek(offset)
         data = f.read(n)
     except FileNotFoundError:  # (an object's stream is opened on its read-ahead thread: missing shows here)
         raise SampleError(where(r), "the tar is gone since the scan") from None
+    except DscError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tar in a bucket whose stream failed past its reopens (obstore's
+        if not is_remote(r.path):  # errors are no OSError): the tar and where, not a traceback
+            raise
+        raise RemoteError(f"{r.path}: reading its member at byte {offset:,} ({n:,} bytes) failed ({type(e).__name__}: "
+                          f"{e}); run the compile again (its finished units are kept with --resume)") from None
     if len(data) != n:
         raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
     return data
@@ -528,13 +622,14 @@ def _how(spec: dict) -> str:
 class _Index:
     """``index_tar`` with the source's settings, as one picklable callable (it travels to Dask workers)."""
 
-    def __init__(self, image_ext, label_ext, label_key, read=None):
+    def __init__(self, image_ext, label_ext, label_key, read=None, keep: Keep | None = None):
         self.image_ext, self.label_ext, self.label_key = tuple(image_ext), label_ext, label_key
         self.read = dict(read or {})
+        self.keep = keep  # (None where it travels: a cluster's scan keeps no image)
 
     def __call__(self, tar):
         """``tar``: its URL, or (URL, size, mtime, ETag) as the scan's listing found it (``inputs.known``)."""
         if isinstance(tar, tuple):
             remember_all([tar])
             tar = tar[0]
-        return index_tar(tar, self.image_ext, self.label_ext, self.label_key, self.read)
+        return index_tar(tar, self.image_ext, self.label_ext, self.label_key, self.read, self.keep)
