@@ -156,3 +156,22 @@ def test_the_hsv_kernel_takes_mod_180_without_torch_s_remainder():
     assert not [n for n in ops.names if "remainder" in n or "fmod" in n], ops.names
     f = torch.arange(0, 720, dtype=torch.float32) * 0.5
     assert torch.equal(C._mod180(f.floor()), f.remainder(180.0).floor())
+
+
+def test_random_affine_at_a_vanishing_scale_gives_the_fill_and_a_nan_map_a_clear_error():
+    """A map that scales by 1e-20 sends the source grid past int64 (the scripted warp's int()): the samples are
+    all fill, as before the loop was scripted; a map with no inverse is a ConfigError naming the scale."""
+    import pytest
+    import torch
+
+    import dsc
+    from dsc import transforms as T
+
+    x = torch.randint(0, 256, (2, 20, 20, 3), dtype=torch.uint8)
+    for s in (1e-19, 1e-21):
+        out = T.Compose([T.RandomAffine(degrees=0, interpolation="bilinear", fill=114, size=(16, 16),
+                                        scale=(s, s))])({"image": x.clone()}, seed=0)["image"]
+        assert bool((out == 114).all())
+    with pytest.raises(dsc.ConfigError, match="scale"):
+        T.Compose([T.RandomAffine(degrees=0, interpolation="bilinear", fill=114, size=(16, 16),
+                                  scale=(1e-300, 1e-300))])({"image": x.clone()}, seed=0)

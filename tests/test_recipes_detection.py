@@ -241,10 +241,10 @@ def test_random_affine_resamples_as_torchvision(mode):
     plan = plan_chain([op], torch.tensor([[37, 53]]).repeat(6, 1), T.batch_generator(4, 0, 0))
     ref = _tv_affine(img, plan.matrices, (10, 200, 30), mode, (37, 53))
     d = (out.int() - ref.int()).abs()
-    if mode == "nearest":  # (exact but for source points on a pixel edge, where rounding picks either side)
-        assert (d > 0).any(-1).double().mean() < 0.002
-    else:
-        assert d.max() <= 1
+    # (exact but for source points on a pixel edge, where rounding picks either side; bilinear: float rounding
+    # at a tie of the uint8 cast's rounding)
+    assert (d > 0).any(-1).double().mean() < 0.002
+    assert d.max() <= 1 or mode == "nearest"
     assert not torch.equal(out, img)
 
 

@@ -134,7 +134,12 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     # the source points are an affine map of the output grid: their extremes lie at its four corners
     corners = (torch.tensor([0, 0, out_h - 1, out_h - 1]), torch.tensor([0, out_w - 1, 0, out_w - 1]))
     ext = torch.stack([gx[:, corners[0], corners[1]], gy[:, corners[0], corners[1]]], 1).to(torch.float64)
-    ext = torch.stack([ext.amin(2), ext.amax(2)], 2).tolist()  # (B, x|y, min|max), output pixel centres
+    if bool(ext.isnan().any()):
+        raise ConfigError("RandomAffine: a sample's map has no inverse (its scale is 0 or too small to invert): "
+                          "give scale a range of positive numbers, e.g. scale=(0.5, 1.5)")
+    # (B, x|y, min|max), output pixel centres; bounded (a map that scales by 1e-20 sends the grid beyond int64,
+    # which the scripted loop's int() refuses: at 2^40 a sample is as far outside, all fill)
+    ext = torch.stack([ext.amin(2), ext.amax(2)], 2).clamp_(-2.0 ** 40, 2.0 ** 40).tolist()
     # (sample by sample, scripted on the CPU: warp_gather; elsewhere the same ops as plain Python, so no
     # TorchScript fuser reorders a device's arithmetic)
     (affine_bilinear if dev.type == "cpu" else affine_bilinear.eager)(img, xi, yi, hw, ext, f, out)
