@@ -10,16 +10,8 @@ from dsc import transforms as T
 from dsc.transforms import color as C
 from dsc.transforms import resample as R
 from dsc.transforms import warp_gather as G
+from torch_calls import TorchCalls as _Count  # noqa: E402
 
-
-class _Count(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _calls(fn) -> int:

@@ -2,20 +2,11 @@
 run_program's bytes, uint8 and through the float pass, and makes no torch call a sample from Python."""
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
 from dsc.transforms import fused
 from dsc.transforms.photometric import PixelPost
+from torch_calls import TorchCalls  # noqa: E402
 
-
-class _Count(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += getattr(func, "__name__", "") != "__get__"  # (ops and methods; not attribute reads)
-        return func(*args, **(kwargs or {}))
 
 
 def _programs(rng, views, out_hw):
@@ -66,7 +57,7 @@ def test_the_scripted_path_makes_no_torch_call_a_sample():
         progs = [[("crop", 2, 3, 30, 31), ("resize", 16, 16), ("flip", 0, True)] for _ in range(n)]
         out = torch.empty(n, 16, 16, 3, dtype=torch.uint8)
         fused.run_batch(views, progs, out, False, 0.0)  # (compiled on a first call)
-        with _Count() as c:
+        with TorchCalls(attributes=False) as c:
             fused.run_batch(views, progs, out, False, 0.0)
         return c.n
     assert calls(9) == calls(3)
@@ -95,7 +86,7 @@ def test_the_scripted_shear_gives_the_plain_bytes_and_makes_no_torch_call_a_samp
     def calls(N):
         x, M = case(N, 1, 7.0)
         G.shear_u8(x, M, 7.0, 1)
-        with _Count() as c:
+        with TorchCalls(attributes=False) as c:
             G.shear_u8(x, M, 7.0, 1)
         return c.n
     assert calls(9) == calls(3)

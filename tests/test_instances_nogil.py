@@ -5,36 +5,17 @@ other one a few times a batch, not a few hundred. Each kernel gives the bytes of
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import dsc
 from dsc import transforms as T
 from dsc.formats.fields.object_masks import encode
 from dsc.runtime import batches as B
-from dsc.synthetic import write_coco_instances
 from dsc.transforms import objects as O
+from torch_calls import TorchCalls  # noqa: E402
 
 pytest.importorskip("pycocotools")
 
-
-class _Calls(TorchFunctionMode):
-    """Torch calls made from Python (each an op that releases and retakes the GIL), attribute reads left out."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += getattr(func, "__name__", "") != "__get__"
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture(scope="module")
-def ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("instnogil")
-    ann, images = write_coco_instances(root / "src", n=6, seed=5)
-    dsc.compile_coco(ann, images, root / "out", masks="instance", progress=False, workers=1)
-    return dsc.open(root / "out")
+from test_torchvision_form_batched import ds  # noqa: E402,F401 (its six COCO scenes with instance masks)
 
 
 def _same(a, b):
@@ -156,12 +137,12 @@ def test_a_flip_batch_in_the_torchvision_form_makes_few_torch_calls_from_python(
     real = D.move_objects
 
     def counted(*a, **k):
-        with _Calls() as c:
+        with TorchCalls(attributes=False) as c:
             real(*a, **k)
         moves.append(c.n)
     for b in (1, 6):
         batch = next(iter(dsc.Loader(ds, batch_size=b, num_threads=0, transforms=[T.RandomHorizontalFlip(1.0)])))
-        with _Calls() as c:
+        with TorchCalls(attributes=False) as c:
             B.torchvision_form(dict(batch), ds.schema)
         form[b] = c.n
         D.move_objects = counted

@@ -7,20 +7,11 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import dsc
 from dsc import nogil as N
+from torch_calls import TorchCalls as _Count  # noqa: E402
 
-
-class _Count(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 @N.nogil

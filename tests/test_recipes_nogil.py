@@ -4,7 +4,6 @@ calls a batch makes do not grow with its samples; and each scripted loop gives t
 bytes (``DSC_NOGIL=0``), the float formulas' (tests/test_recipes_uint8.py checks those)."""
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from dsc import nogil as N
 from dsc import transforms as T
@@ -13,16 +12,8 @@ from dsc.transforms import color as C
 from dsc.transforms.photometric import fuse_photometric
 
 from test_recipes_uint8 import batch
+from torch_calls import TorchCalls as _Count  # noqa: E402
 
-
-class _Count(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _calls(fn) -> int:

@@ -10,6 +10,7 @@ import dsc
 from dsc import transforms as T
 from dsc.runtime.batches import CAST_KEY, _chw_float, object_masks, sample_pixels
 from dsc.synthetic import write_coco_instances
+from torch_calls import TorchCalls as _TorchCalls  # noqa: E402
 
 pytest.importorskip("pycocotools")
 
@@ -144,18 +145,6 @@ def test_a_float_image_a_users_op_made_is_not_taken_for_the_gathers_cast(ds, tmp
     _, targets = next(iter(dsc.Loader(ds, batch_size=2, num_threads=0, format="torchvision")))
     assert all(CAST_KEY not in t for t in targets)
 
-
-class _TorchCalls(torch.overrides.TorchFunctionMode):
-    """Counts the torch functions and tensor methods called (each releases the GIL, handing it to the Loader's
-    other thread when that one waits for it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_torchvision_form_makes_its_views_per_sample_and_unpacks_masks_per_sample(ds, monkeypatch):
