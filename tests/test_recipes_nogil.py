@@ -119,6 +119,12 @@ def test_scripted_stage_and_batch_ops_give_the_plain_python_bytes():
                 return op(b, torch.Generator().manual_seed(5))["image"]
             got, want = _both(run)
             assert all(torch.equal(g, want) for g in got), (op, chw)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):  # (half: TorchScript's mul_ by a float rounds it)
+        def run():
+            b = {"image": batch(9, 27, 31).permute(0, 3, 1, 2).to(dtype), "label": torch.arange(9) % 3}
+            return T.MixUp(0.4, num_classes=3)(b, torch.Generator().manual_seed(5))["image"]
+        got, want = _both(run)
+        assert all(torch.equal(g, want) for g in got), dtype
 
 
 def test_affine_maps_scripted_are_the_plain_python_maps():

@@ -757,6 +757,8 @@ def _enhance_u8(name, x, mag, interpolation, fill, rows):
         return x
     if Cn == 1:
         return x
+    if Cn not in (3, 4):
+        raise ConfigError(f"Color (saturation) takes grey, RGB or RGBA images, not {Cn} channels")
     bufs = (scratch("float", (H, W, Cn), torch.float32, x.device), scratch("saturation:grey", (H, W), torch.float32,
                                                                            x.device))
     _saturation_rows(x, list(rows), factors, others, *bufs, C._gray_weights(), list(C.GRAY))

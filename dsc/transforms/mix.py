@@ -87,8 +87,10 @@ class MixUp(_Mix):
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
         if img.is_floating_point():  # in place, as CutMix: no second batch-sized tensor (the same arithmetic)
-            # (scripted on the CPU; on a device the same ops as plain Python: TorchScript's GPU fuser may merge them)
-            batch["image"] = (_mix_rolled_ if img.device.type == "cpu" else _mix_rolled_.eager)(img, lam)
+            # (scripted on the CPU in float32/64; on a device the same ops as plain Python; in half precision too:
+            # TorchScript's mul_ by a float scalar rounds the scalar to half first, the eager one does not)
+            scripted = img.device.type == "cpu" and img.dtype in (torch.float32, torch.float64)
+            batch["image"] = (_mix_rolled_ if scripted else _mix_rolled_.eager)(img, lam)
             return batch
         x = img.to(torch.float32)
         out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
