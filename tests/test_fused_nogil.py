@@ -90,3 +90,26 @@ def test_the_scripted_shear_gives_the_plain_bytes_and_makes_no_torch_call_a_samp
             G.shear_u8(x, M, 7.0, 1)
         return c.n
     assert calls(9) == calls(3)
+
+
+def test_a_one_pixel_wide_crop_of_a_transposed_view_is_resized_from_its_own_pixels():
+    """torch calls a (11, 1, 1) view with strides (1, 20, 1) contiguous; the uint8 antialiased kernel read it by
+    the stride of 20 (other pixels, or past the buffer). Both paths copy such a view first (review)."""
+    big = np.random.default_rng(0).integers(0, 256, (3, 20, 1), dtype=np.uint8)
+    v = torch.from_numpy(big).transpose(0, 1)  # (20, 3, 1)
+    program = [("crop", 2, 0, 11, 1), ("resize", 1, 18)]
+    want = torch.empty(1, 18, 1, dtype=torch.uint8)
+    fused.run_program(v[2:13, 0:1].contiguous().clone(), [("resize", 1, 18)], want, False, 0.0)
+    for per_sample in (True, False):
+        out = torch.zeros(1, 1, 18, 1, dtype=torch.uint8)
+        if per_sample:
+            fused.run_program(v, program, out[0], False, 0.0)
+        else:
+            fused.run_batch([v], [program], out, False, 0.0)
+        assert torch.equal(out[0], want), per_sample
+
+
+def test_run_batch_with_no_programs_runs_each_sample_as_it_is():
+    out = torch.zeros(1, 4, 4, 3, dtype=torch.uint8)
+    fused.run_batch([torch.full((4, 4, 3), 7, dtype=torch.uint8)], [], out, False, 0.0)
+    assert bool((out == 7).all())

@@ -181,8 +181,20 @@ def _flip(x: torch.Tensor, fh: bool, fw: bool) -> torch.Tensor:
     return x.flip(dims)
 
 
+def dense_hwc(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (H, W, C) with the strides of a fresh tensor (W C, C, 1). torch calls a view with a size-1 axis
+    contiguous whatever that axis' stride (a one-pixel-wide crop of a transposed view: (1, 20, 1)), and
+    ``.contiguous()`` keeps it; the uint8 antialiased kernel then reads by that stride (other pixels, or past
+    the buffer): such a view is copied."""
+    s = x.stride()
+    if s[0] != x.shape[1] * x.shape[2] or s[1] != x.shape[2] or s[2] != 1:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+    return x
+
+
 def _resize_image(x: torch.Tensor, h: int, w: int, out: torch.Tensor | None) -> torch.Tensor:
     """Antialiased bilinear resize of a contiguous (H, W, C) uint8 tensor, into ``out`` (h, w, C) if given."""
+    x = dense_hwc(x)
     src = x.permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory: channels-last, the fast uint8 path
     if out is None:
         out = torch.empty((h, w, x.shape[2]), dtype=x.dtype)
@@ -373,7 +385,7 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
     call for all of them (the same ops as :func:`run_program`'s; no GIL); the rest sample by sample."""
     views = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in views]
     fast, steps, rest = [], [], []
-    simple = programs is not None and not nearest and _aa is not None and out.device.type == "cpu" and \
+    simple = bool(programs) and not nearest and _aa is not None and out.device.type == "cpu" and \
         (post is not None or out.dtype == torch.uint8)
     for b, v in enumerate(views):
         step = _crop_resize_steps(programs[b], v) if simple else None
@@ -434,7 +446,8 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
         if h == oh and w == ow:
             target.copy_(x)
         else:
-            torch.ops.aten._upsample_bilinear2d_aa(x.contiguous().permute(2, 0, 1).unsqueeze(0), [oh, ow], False,
-                                                   None, None, out=target.permute(2, 0, 1).unsqueeze(0))
+            src = dense_hwc(x.contiguous()).permute(2, 0, 1).unsqueeze(0)
+            torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
+                                                   out=target.permute(2, 0, 1).unsqueeze(0))
         if tmp is not None and scale is not None and shift is not None:
             post_row(tmp, out[rows[i]], scale, shift, channels_last, float32)
