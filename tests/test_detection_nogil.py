@@ -11,6 +11,7 @@ from dsc.transforms import color as C
 from dsc.transforms import resample as R
 from dsc.transforms import warp_gather as G
 from torch_calls import TorchCalls as _Count  # noqa: E402
+from torch_calls import scripted_only  # noqa: E402
 
 
 
@@ -25,6 +26,7 @@ def _images(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8))
 
 
+@scripted_only
 def test_random_hsv_on_a_uint8_batch_makes_no_torch_call_per_sample_or_piece(monkeypatch):
     monkeypatch.setattr(C, "PIECE_PIXELS", 1 << 9)  # (several pieces a sample)
     op = T.RandomHSV(0.2, 0.7, 0.4)
@@ -62,6 +64,7 @@ def _warp_args(B: int, seed: int, degrees: float):
     return img, plan.matrices
 
 
+@scripted_only
 def test_random_affine_bilinear_makes_no_torch_call_per_sample():
     for degrees in (0, 20):
         counts = []
@@ -88,6 +91,7 @@ def test_scripted_affine_bilinear_gives_the_bytes_of_its_python_form():
         assert one.shape == (4, 32, 48, 1)
 
 
+@scripted_only
 def test_mosaic_places_and_pastes_without_a_torch_call_per_sample():
     """Mosaic's placements are drawn as tensors once and read as Python numbers, and its pastes run in the
     scripted ``_paste``: of the torch calls Mosaic itself makes (not counting the resizes) only the resize's

@@ -6,6 +6,7 @@ import torch
 from dsc.transforms import fused
 from dsc.transforms.photometric import PixelPost
 from torch_calls import TorchCalls  # noqa: E402
+from torch_calls import scripted_only  # noqa: E402
 
 
 
@@ -49,6 +50,7 @@ def test_the_scripted_crop_resize_flip_path_gives_run_programs_bytes():
             assert torch.equal(a, b), (c, post)
 
 
+@scripted_only
 def test_the_scripted_path_makes_no_torch_call_a_sample():
     rng = np.random.default_rng(1)
 

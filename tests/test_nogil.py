@@ -11,6 +11,7 @@ import torch
 import dsc
 from dsc import nogil as N
 from torch_calls import TorchCalls as _Count  # noqa: E402
+from torch_calls import scripted_only  # noqa: E402
 
 
 
@@ -21,6 +22,7 @@ def _loop(x: torch.Tensor, gain: float) -> torch.Tensor:
     return x
 
 
+@scripted_only
 def test_scripted_loop_keeps_its_ops_out_of_python():
     x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     want = _loop.eager(x.clone(), 2.0)
@@ -43,6 +45,7 @@ def test_disabled_runs_plain_python(monkeypatch):
     assert c.n > 0
 
 
+@scripted_only
 def test_a_function_that_cannot_be_scripted_falls_back_with_a_warning():
     @N.nogil
     def odd(x: torch.Tensor):

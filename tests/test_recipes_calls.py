@@ -9,6 +9,7 @@ from dsc import transforms as T
 from dsc.transforms import augment as A
 
 from test_recipes_uint8 import batch, float_stage
+from torch_calls import scripted_only  # noqa: E402
 
 
 def test_augmix_runs_each_drawn_op_once_per_slot_for_all_its_chains(monkeypatch):
@@ -47,6 +48,7 @@ def test_lookup_tables_skip_image_points_python_loop(monkeypatch):
         assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)), name
 
 
+@scripted_only
 def test_bilinear_rotate_runs_sample_by_sample(monkeypatch):
     """One grid_sample call per sample, each on one sample (its planes and grid stay in cache) and into one
     output buffer, the same pixels as the float formula."""

@@ -10,6 +10,7 @@ import dsc
 from dsc import transforms as T
 from dsc.runtime.batches import object_masks
 from dsc.synthetic import write_coco_instances
+from torch_calls import scripted_only  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -535,6 +536,7 @@ def test_one_lookup_table_per_sample_maps_bytes_through_pil_point(monkeypatch):
     assert (a == np.arange(24).reshape(2, 4, 3)).all()
 
 
+@scripted_only
 def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch):
     """RandomPhotometricDistort's saturation + hue and RandomHSV on a CPU uint8 sample larger than a piece
     (color.PIECE_PIXELS, shrunk here) run on pieces of rows, in place: no float copy bigger than a piece

@@ -10,6 +10,7 @@ from dsc.transforms import augment as A
 from dsc.transforms import color as C
 
 from test_recipes_uint8 import batch, float_stage
+from torch_calls import scripted_only  # noqa: E402
 
 
 def _float_formula(name, img, m, interpolation="nearest"):
@@ -130,6 +131,7 @@ def test_sample_by_sample_ops_work_on_the_rows_that_drew_them_in_place(monkeypat
     assert torch.equal(got, float_stage([op], img, 7))
 
 
+@scripted_only
 def test_per_sample_kernels_reuse_their_buffers_no_fresh_temporaries(monkeypatch):
     """A shear's zero-bordered lines are zeroed once a call (main: a fresh zeroed buffer a sample), sharpness and
     colour take their float copy in the thread's scratch (main: a fresh ``x.to(float32)`` a sample), the

@@ -13,6 +13,7 @@ from dsc.transforms.photometric import fuse_photometric
 
 from test_recipes_uint8 import batch
 from torch_calls import TorchCalls as _Count  # noqa: E402
+from torch_calls import scripted_only  # noqa: E402
 
 
 
@@ -39,10 +40,12 @@ def _op(name, m, interpolation="bilinear", fill=None, channels=3):
 @pytest.mark.parametrize("name, m, fill", [("Rotate", 20.0, None), ("Rotate", -35.0, (10, 20, 30)),
                                            ("Sharpness", 0.6, None), ("Color", -0.5, None),
                                            ("Contrast", 0.4, None), ("TranslateX", 7.0, 3)])
+@scripted_only
 def test_auto_augment_kernels_make_no_torch_call_per_sample(name, m, fill):
     assert _per_sample(_op(name, m, fill=fill)) == 0
 
 
+@scripted_only
 def test_the_float_pass_augmix_mix_cutmix_mixup_and_erasing_make_no_torch_call_per_sample():
     post, _ = fuse_photometric([T.ToFloat(), T.Normalize((0.5, 0.4, 0.3), (0.2, 0.3, 0.4))])
 

@@ -18,3 +18,12 @@ class TorchCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.n += self.attributes or getattr(func, "__name__", "") != "__get__"
         return func(*args, **(kwargs or {}))
+
+
+# tests of what the scripted loops save (torch calls from Python, temporaries): they watch the scripted path, so
+# they skip where DSC_NOGIL=0 runs the plain Python (every pixel test runs either way)
+import pytest  # noqa: E402
+
+from dsc import nogil as _nogil  # noqa: E402
+
+scripted_only = pytest.mark.skipif(not _nogil.ENABLED, reason="DSC_NOGIL=0: the loops run as plain Python")
