@@ -429,14 +429,9 @@ class Resumed:
     def __contains__(self, s) -> bool:
         return self._at(s) is not None
 
-    def staged(self, s) -> bool:
-        """Whether kept unit ``s``'s shards were re-hashed in the staging by this resume (intact there)."""
-        k = self._at(s)
-        return k is not None and bool(self._staged[k])
-
     def intact_in_staging(self, s, staged_here: bool) -> bool:
         """Whether unit ``s``'s staged shards are known intact in this run, with no hash: this resume re-hashed them
-        there (``staged``), or it compiled the unit (not kept) and, with ``staged_here``, this process wrote them."""
+        there, or it compiled the unit (not kept) and, with ``staged_here``, this process wrote them."""
         k = self._at(s)
         return bool(self._staged[k]) if k is not None else staged_here
 

@@ -18,6 +18,7 @@ import zlib
 from ...errors import ConfigError, SourceError
 from ...store import is_url, open_store, url_typo
 from ...store.base import RangeFile
+from ...store.object import etag_key
 
 _IDENTITY: dict[str, tuple[int, float, str]] = {}  # url -> (size, mtime, etag), from listings (this process)
 IDENTITY_LIMIT = 4_000_000  # entries kept from listings (a few hundred MB at most)
@@ -73,12 +74,9 @@ def name_of(path: str) -> str:
 
 
 def etag_of(etag) -> str:
-    """An ETag as one spelling, whoever gave it: without its quotes and weak mark (``W/"x"`` -> ``x``; a GET and
-    a listing of one object may quote it differently: fake-gcs does)."""
-    etag = str(etag or "").strip()
-    if etag[:2] in ("W/", "w/"):
-        etag = etag[2:]
-    return etag.strip('"')
+    """An ETag as one spelling, whoever gave it (None: ""): the store's comparison form, ``etag_key`` (a GET and a
+    listing of one object may quote it differently: fake-gcs does)."""
+    return etag_key(str(etag or ""))
 
 
 def remember(url: str, size: int, mtime: float, etag: str = "") -> None:
