@@ -52,7 +52,7 @@ def nogil(fn: Callable) -> Callable:
         if not ENABLED or state.get("failed"):
             return fn(*args, **kwargs)
         try:
-            run = state["fn"] if "fn" in state else scripted()
+            run = scripted()
         except Exception as e:  # no source to read (a frozen app), a construct TorchScript lacks
             state["failed"] = True
             warnings.warn(f"dsc: {fn.__module__}.{fn.__qualname__} runs as plain Python (it holds the GIL): "

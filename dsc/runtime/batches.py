@@ -418,8 +418,6 @@ def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], f
     masks are zeroed just before its crops go in (a few MB, still in cache for them); its bits are unpacked
     by one lookup of the bytes from its first object's to its last's in ``table`` (rows left out between them,
     crowds, are unpacked and not used)."""
-    if bits and table.device != src.device:  # (the bits path is the CPU's: no copy, no sync, on a device)
-        table = table.to(src.device)
     cpu = buf.device.type == "cpu"
     if not cpu:  # on a device the whole buffer by one kernel, not a launch a sample
         buf.zero_()

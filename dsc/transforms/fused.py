@@ -446,7 +446,7 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
         if h == oh and w == ow:
             target.copy_(x)
         else:
-            src = dense_hwc(x.contiguous()).permute(2, 0, 1).unsqueeze(0)
+            src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)  # (a fresh dense copy of any other view)
             torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
                                                    out=target.permute(2, 0, 1).unsqueeze(0))
         if tmp is not None and scale is not None and shift is not None:

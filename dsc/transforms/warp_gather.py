@@ -232,6 +232,7 @@ def affine_bilinear(img: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, hw: L
     plane by plane, through int16, before the planes are interleaved: the same values, one strided copy of
     bytes, not of floats)."""
     B, oh, ow = out.shape[0], out.shape[1], out.shape[2]
+    grid = torch.empty((1, oh, ow, 2), dtype=torch.float32, device=img.device)  # (one for the batch)
     for b in range(B):  # (a zoom reads little of its image)
         Hb, Wb = hw[b][0], hw[b][1]
         xa, xb = int(math.floor(ext[b][0][0])), int(math.floor(ext[b][0][1]))
@@ -242,9 +243,8 @@ def affine_bilinear(img: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, hw: L
             out[b] = fill.round().clamp(0, 255) if out.dtype == torch.uint8 else fill.round()
             continue
         src = img[b:b + 1, y0c:y1c, x0c:x1c].permute(0, 3, 1, 2).float()  # channels-last memory
-        grid = torch.empty((1, oh, ow, 2), dtype=torch.float32, device=img.device)  # (each plane written once
-        grid[0, :, :, 0] = (xi[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0  # from its row or column when the map is
-        grid[0, :, :, 1] = (yi[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0  # axis-aligned: no stack of two planes)
+        grid[0, :, :, 0] = (xi[b] - x0c) * (2.0 / (x1c - x0c)) - 1.0  # (each plane written whole, from its row or
+        grid[0, :, :, 1] = (yi[b] - y0c) * (2.0 / (y1c - y0c)) - 1.0  # column when axis-aligned: no stack)
         planes = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
         y = planes.permute(1, 2, 0)
         if not (ext[b][0][0] - 0.5 >= 0 and ext[b][0][1] - 0.5 <= Wb - 1 and ext[b][1][0] - 0.5 >= 0
