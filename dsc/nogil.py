@@ -32,10 +32,15 @@ REGISTERED: list = []  # every decorated function (the tests script and compare 
 _LOCK = threading.Lock()
 
 
-def nogil(fn: Callable) -> Callable:
+def nogil(fn: Callable | None = None, *, cpu_only: bool = False, dtypes: tuple | None = None) -> Callable:
     """Decorate a function of tensors (TorchScript's subset of Python: type annotations on every argument that
     is not a tensor) so it runs as TorchScript, compiled on its first call. ``f.eager`` is the plain function;
-    ``f.scripted()`` compiles it (or raises why it cannot be)."""
+    ``f.scripted()`` compiles it (or raises why it cannot be). ``cpu_only`` / ``dtypes``: a call whose first
+    argument (a tensor) lies on a device / has another dtype runs the plain function (``@nogil(cpu_only=True)``:
+    where the plain ops are the ones to keep, e.g. TorchScript's ``mul_`` by a float rounds the float to the
+    tensor's half precision first, the eager one does not)."""
+    if fn is None:
+        return functools.partial(nogil, cpu_only=cpu_only, dtypes=dtypes)
     state: dict = {}
 
     def scripted():
@@ -49,7 +54,8 @@ def nogil(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if not ENABLED or state.get("failed"):
+        if not ENABLED or state.get("failed") or (cpu_only and args[0].device.type != "cpu") or \
+                (dtypes is not None and args[0].dtype not in dtypes):
             return fn(*args, **kwargs)
         try:
             run = scripted()

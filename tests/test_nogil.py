@@ -88,3 +88,22 @@ def test_a_scripted_function_runs_its_graph_unfused_whatever_the_fuser_would_do(
     assert "TensorExprGroup" not in graph and "FusionGroup" not in graph, graph
     assert torch.equal(got, _affine.eager(x, y, 1.5, -0.25, 3.0))
     assert torch._C._get_graph_executor_optimize()
+
+
+@N.nogil(dtypes=(torch.float32,))
+def _scaled_(x: torch.Tensor, a: float) -> torch.Tensor:
+    return x.mul_(a)
+
+
+@scripted_only
+def test_a_call_outside_the_declared_dtypes_runs_the_plain_function():
+    """``@nogil(dtypes=...)`` (and ``cpu_only``, the same test of the first argument's device): a float16 call
+    runs the plain ops (TorchScript's mul_ by a float rounds the float to half first), a float32 one scripted."""
+    x32, x16 = torch.ones(4), torch.ones(4, dtype=torch.float16)
+    _scaled_(x32.clone(), 1.1)
+    with _Count(attributes=False) as c32:  # (the dtype test reads an attribute)
+        _scaled_(x32, 1.1)
+    with _Count(attributes=False) as c16:
+        _scaled_(x16, 1.1)
+    assert c32.n == 0 and c16.n > 0
+    assert torch.equal(x16, torch.ones(4, dtype=torch.float16).mul_(1.1))

@@ -452,7 +452,7 @@ class Mosaic(BatchOp):
                         resized.append(torch.empty((h, w, *tail), dtype=dtype, device=dev))
                         run_program(views[j], [("resize", h, w)], resized[-1], nearest, fill)
                     pastes.append([b, slot[j], *a, *bb])
-            (_paste if dev.type == "cpu" else _paste.eager)(canvas, resized, pastes)  # (scripted on the CPU)
+            _paste(canvas, resized, pastes)
             drop_companions(batch, key)
             batch[key] = canvas
         if "boxes" in batch:
@@ -484,7 +484,7 @@ class Mosaic(BatchOp):
         batch.update(sub)
 
 
-@nogil
+@nogil(cpu_only=True)
 def _paste(canvas: torch.Tensor, sources: List[torch.Tensor], pastes: List[List[int]]) -> None:
     """Mosaic's placements into the canvases: each row (sample b, source k, x1a, y1a, x2a, y2a, x1b, y1b, x2b,
     y2b) copies ``sources[k]``'s region (x1b, y1b)-(x2b, y2b) to ``canvas[b]``'s (x1a, y1a)-(x2a, y2a) (scripted:

@@ -87,10 +87,7 @@ class MixUp(_Mix):
         lam = float(C.beta(gen, self.alpha, self.alpha)[0])
         self._mix_labels(batch, lam)
         if img.is_floating_point():  # in place, as CutMix: no second batch-sized tensor (the same arithmetic)
-            # (scripted on the CPU in float32/64; on a device the same ops as plain Python; in half precision too:
-            # TorchScript's mul_ by a float scalar rounds the scalar to half first, the eager one does not)
-            scripted = img.device.type == "cpu" and img.dtype in (torch.float32, torch.float64)
-            batch["image"] = (_mix_rolled_ if scripted else _mix_rolled_.eager)(img, lam)
+            batch["image"] = _mix_rolled_(img, lam)
             return batch
         x = img.to(torch.float32)
         out = torch.mul(x, lam)  # lam x + (1 - lam) x.roll(1, 0), without making the rolled copy
@@ -101,7 +98,7 @@ class MixUp(_Mix):
         return batch
 
 
-@nogil
+@nogil(cpu_only=True, dtypes=(torch.float32, torch.float64))  # (half precision: the plain ops, see nogil)
 def _mix_rolled_(x: torch.Tensor, lam: float, chunk: int = 4) -> torch.Tensor:
     """x[b] = lam x[b] + (1 - lam) x[b - 1] (x[0] with the last) in place: from the end, ``chunk`` samples at a
     time, each reading a copy of the chunk before it (still unmixed), so only a chunk is ever copied.

@@ -140,9 +140,8 @@ def _warp(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, out_h:
     # (B, x|y, min|max), output pixel centres; bounded (a map that scales by 1e-20 sends the grid beyond int64,
     # which the scripted loop's int() refuses: at 2^40 a sample is as far outside, all fill)
     ext = torch.stack([ext.amin(2), ext.amax(2)], 2).clamp_(-2.0 ** 40, 2.0 ** 40).tolist()
-    # (sample by sample, scripted on the CPU: warp_gather; elsewhere the same ops as plain Python, so no
-    # TorchScript fuser reorders a device's arithmetic)
-    (affine_bilinear if dev.type == "cpu" else affine_bilinear.eager)(img, xi, yi, hw, ext, f, out)
+    # (sample by sample, scripted on the CPU: warp_gather; on a device the plain ops, as before)
+    affine_bilinear(img, xi, yi, hw, ext, f, out)
     return out[..., 0] if squeeze else out
 
 

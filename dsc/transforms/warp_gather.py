@@ -218,7 +218,7 @@ def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool
     return y.round_() if integer else y
 
 
-@nogil
+@nogil(cpu_only=True)
 def affine_bilinear(img: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, hw: List[List[int]],
                     ext: List[List[List[float]]], fill: torch.Tensor, out: torch.Tensor) -> None:
     """``resample._warp``'s bilinear loop: each sample ``b`` of the integer canvas ``img`` (B, Hm, Wm, C) (its
