@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..nogil import nogil
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste
+from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste, rects_key
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -124,7 +124,7 @@ def object_masks(batch: dict, key: str, k: int, h: int | None = None, w: int | N
     mo = batch[f"{key}_offsets"]
     if h is None:
         h, w = image_size(batch, k)
-    offsets, rects = mo[a:b + 1] - mo[a], batch[f"{key}_rects"][a:b]
+    offsets, rects = mo[a:b + 1] - mo[a], batch[rects_key(key)][a:b]
     return paste(batch[key][int(mo[a]):int(mo[b])], offsets, rects, h, w)
 
 
@@ -470,7 +470,7 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     scripted call for the batch, on the CPU from the gather's packed bits when it left them so: each crop
     written once)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
-    rects, flat = batch[f"{key}_rects"].tolist(), batch[key]
+    rects, flat = batch[rects_key(key)].tolist(), batch[key]
     how = batch[bits_key(key)].tolist() if bits_key(key) in batch else None
     kept = keep.tolist() if keep is not None else None
     rows = []

@@ -25,6 +25,7 @@ from .objects import move_objects, void_record
 from ..errors import ConfigError
 from ..formats.fields import Schema
 from ..formats.fields.base import drop_companions
+from ..formats.fields.object_masks import rects_key
 from ..nogil import nogil
 
 
@@ -579,7 +580,7 @@ def take_objects(batch: dict, schema: Schema, samples: torch.Tensor) -> dict:
         pix = torch.repeat_interleave(mo[:-1][rows] - starts, lengths) + torch.arange(int(lengths.sum()))
         dev = batch[k].device
         out[k] = batch[k][pix.to(dev)]
-        out[f"{k}_rects"] = batch[f"{k}_rects"][rows.to(dev)]
+        out[rects_key(k)] = batch[rects_key(k)][rows.to(dev)]
         new = torch.zeros(len(rows) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=new[1:])
         out[f"{k}_offsets"] = new.to(dev)

@@ -34,7 +34,7 @@ import torch
 
 from ..errors import DscError
 from ..formats.fields import Schema
-from ..formats.fields.object_masks import crops_of_bits
+from ..formats.fields.object_masks import crops_of_bits, rects_key
 from ..nogil import nogil
 from .fused import ChainPlan, run_program
 from .geometric import RandomHorizontalFlip
@@ -135,7 +135,7 @@ def _move_mask(crop: np.ndarray, rect, ys: np.ndarray, xs: np.ndarray) -> tuple[
 def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.ndarray) -> None:
     """Every kept object's mask of ``batch[key]`` (packed crops) through its sample's nearest maps (``sample``:
     each object row's sample; ``keep``: the rows whose boxes survived); the others are dropped."""
-    flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
+    flat, rects, offs = batch[key], batch[rects_key(key)], batch[f"{key}_offsets"]
     dev = flat.device
     if all(isinstance(m, Flips) for m in maps):
         _flip_object_masks(batch, key, maps, sample, keep)
@@ -163,7 +163,7 @@ def move_object_masks(batch: dict, key: str, maps, sample: np.ndarray, keep: np.
     offsets = np.zeros(len(sizes) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     batch[key] = torch.from_numpy(np.concatenate(new_flat) if new_flat else np.zeros(0, np.uint8)).to(dev)
-    batch[f"{key}_rects"] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
+    batch[rects_key(key)] = torch.tensor(new_rects, dtype=torch.int64).view(-1, 4).to(dev)
     batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
 
 
@@ -172,7 +172,7 @@ def _flip_object_masks(batch: dict, key: str, maps: list, sample: np.ndarray, ke
     crops keep their sizes, so the output is allocated once; a run of kept crops of samples that are not
     flipped is one block copy, a flipped crop one reversed slice assignment into its place (no per-object
     arrays, no concatenation), and the rectangles are mirrored batch-wide."""
-    flat, rects, offs = batch[key], batch[f"{key}_rects"], batch[f"{key}_offsets"]
+    flat, rects, offs = batch[key], batch[rects_key(key)], batch[f"{key}_offsets"]
     dev = flat.device
     src, o = flat.cpu().numpy(), offs.cpu().numpy()
     rows = np.flatnonzero(keep)
@@ -202,7 +202,7 @@ def _flip_object_masks(batch: dict, key: str, maps: list, sample: np.ndarray, ke
     r[fh, 0] = flips[fh, 2] - r[fh, 0] - r[fh, 2]
     r[fw, 1] = flips[fw, 3] - r[fw, 1] - r[fw, 3]
     batch[key] = torch.from_numpy(out).to(dev)
-    batch[f"{key}_rects"] = torch.from_numpy(r).to(dev)
+    batch[rects_key(key)] = torch.from_numpy(r).to(dev)
     batch[f"{key}_offsets"] = torch.from_numpy(offsets).to(dev)
 
 
