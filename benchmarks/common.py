@@ -1,11 +1,13 @@
 """Shared pieces of the benchmarks: data generation (cached under build/bench) and timing."""
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 
-BENCH_DIR = Path("build/bench")
+# DSC_BENCH_DIR: another folder for the cached data (e.g. one several checkouts share)
+BENCH_DIR = Path(os.environ.get("DSC_BENCH_DIR", "build/bench"))
 
 
 def cached(name: str, build) -> Path:
