@@ -350,7 +350,7 @@ def dataset_fields(scanned: ScannedSource, options: CompileOptions) -> tuple[Fie
                                          ignore_index=options.mask_ignore, classes=m.classes, height=h, width=w)))
     # (every field's batch keys: a value field named masks_rects would share the object masks' rects; "mask":
     # ds.mask_classes reads that name)
-    taken = {k for f in fields for k in f.batch_keys()} | set(scanned.attributes) | {"mask"}
+    taken = {k for f in fields for k in f.batch_keys_of(f.name)} | set(scanned.attributes) | {"mask"}
     for name, spec in scanned.fields.items():  # value fields (numbers, arrays, ragged, text, json, bytes)
         problem = batch_name_problem(name, taken)
         if problem:

@@ -385,15 +385,11 @@ class Field:
     def roles(self) -> dict[str, Role]:
         return {}
 
-    def batch_keys(self) -> tuple[str, ...]:
-        """The batch keys the field fills besides the ragged companions every key may have (``BATCH_SUFFIXES``):
-        no other field may be named one of them (a compile refuses it: ``manifest.batch_name_problem``'s
-        ``taken``; an open refuses a manifest where one is: :meth:`batch_keys_of`)."""
-        return type(self).batch_keys_of(self.name)
-
     @classmethod
     def batch_keys_of(cls, name: str) -> tuple[str, ...]:
-        """:meth:`batch_keys` of a field of this kind named ``name`` (what a manifest's check asks)."""
+        """The batch keys a field of this kind named ``name`` fills besides the ragged companions every key may
+        have (``BATCH_SUFFIXES``): no other field may be named one of them (a compile refuses it:
+        ``manifest.batch_name_problem``'s ``taken``; an open refuses a manifest where one is)."""
         return (name,)
 
     def describe(self) -> str:

@@ -68,7 +68,7 @@ def bits_key(name: str) -> str:
 
 def rects_key(name: str) -> str:
     """The batch key of masks ``name``'s crop rectangles (``masks_rects``): a field of that name would share it, so
-    a compile with object masks refuses one (:meth:`ObjectMasksField.batch_keys`)."""
+    a compile with object masks refuses one (:meth:`ObjectMasksField.batch_keys_of`)."""
     return f"{name}_rects"
 
 
