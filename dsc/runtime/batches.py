@@ -269,16 +269,21 @@ def _each(x, fn):
     return [fn(v) for v in x] if isinstance(x, list) else fn(x)
 
 
+def divisor_255(device=None) -> torch.Tensor:
+    """255 as a 0-dim float32 tensor on ``device``: what every cast of uint8 pixels to [0, 1] divides by
+    (torchvision's ``float(x) / 255``). CUDA turns a division by a Python number into a multiplication by its
+    reciprocal (off by one ulp for about half the values), the CPU divides exactly; dividing by a 0-dim tensor
+    divides exactly on both, so a device batch equals the CPU loader's."""
+    return torch.full((), 255.0, device=device)
+
+
 def _chw_float(image: torch.Tensor) -> torch.Tensor:
     """uint8 (..., H, W, C) as stored -> float32 (..., C, H, W) in [0, 1], contiguous (torchvision's
     ``ToTensor``); a float image (dsc.transforms' ToFloat made it (..., C, H, W)) as it is."""
     if image.is_floating_point():
         return image
     out = image.movedim(-1, -3).to(torch.float32, memory_format=torch.contiguous_format)
-    # the divisor as a tensor on the image's device: CUDA turns a division by a Python number into a
-    # multiplication by its reciprocal (off by one ulp for about half the values), the CPU divides exactly;
-    # dividing by a 0-dim tensor divides exactly on both, so a device batch equals the CPU loader's
-    return out.div_(torch.full((), 255.0, device=out.device))
+    return out.div_(divisor_255(out.device))
 
 
 @nogil
@@ -322,7 +327,7 @@ def _chw_floats(images, alloc=None):
     alloc = alloc or _on_device(items[0].device)
     sizes = [x.numel() for x in items]
     buf = alloc("torchvision_image", (sum(sizes),), torch.float32)
-    divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
+    divisor = divisor_255(buf.device)
     if not one:  # each image cast where it lies, channels last, and divided while it is still in cache
         out, o = [], 0
         for x, n in zip(items, sizes):
@@ -377,7 +382,7 @@ def _packed_chw_floats(batch: dict, alloc=None):
     if not cast:
         alloc = alloc or _on_device(flat.device)
         buf = alloc("torchvision_image", (flat.numel(),), torch.float32)
-        divisor = torch.full((), 255.0, device=buf.device)  # a 0-dim tensor, as _chw_float divides
+        divisor = divisor_255(buf.device)
         step = flat.numel() if flat.device.type != "cpu" else _CAST_CHUNK
         for a in range(0, flat.numel(), step):  # on the CPU a chunk's floats are still in cache for the division
             buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)

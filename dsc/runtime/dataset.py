@@ -26,7 +26,7 @@ from ..store import open_store
 from ..formats.fields import ImageField, fields_of, schema_of
 from ..formats.zarr_v3 import read_string_array
 from .batches import (BOX_FORMS, CAST_KEY, IMAGE_FORMS, Batch, Sample, SampleBatch, as_tensors, box_form, cast_image,
-                      collate, new_tensor, torch_dtype, numpy_alloc)
+                      collate, divisor_255, new_tensor, torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
 from ..transforms.fused import _pending_flips, run_batch, run_program
@@ -641,7 +641,7 @@ def _program_writer(plan, role, cast: bool = False):
     ``cast``: ``dest`` is float32, the uint8 sample is converted on its way in and divided by 255 there, while
     it is still in cache (the values torchvision_form's own cast gives: ``float(x) / 255``, exactly)."""
     nearest = role.resample == "nearest"
-    divisor = torch.full((), 255.0) if cast else None  # a 0-dim tensor, as batches._chw_float divides
+    divisor = divisor_255() if cast else None
 
     def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
         out = torch.from_numpy(dest)
