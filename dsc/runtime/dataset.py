@@ -29,7 +29,7 @@ from .batches import (BOX_FORMS, CAST_KEY, IMAGE_FORMS, Batch, Sample, SampleBat
                       collate, divisor_255, new_tensor, torch_dtype, numpy_alloc)
 from .storage import Storage
 from ..errors import DscError
-from ..transforms.fused import _pending_flips, run_batch, run_program
+from ..transforms.fused import run_batch, run_program
 from ..transforms.objects import flip_only, move_objects
 from ..transforms.resample import apply_plan
 from .remote import open_remote
@@ -585,8 +585,7 @@ class Dataset(torch.utils.data.Dataset):
             if name in pixels:
                 fields[name] = self._gather_transformed(r, rows, pixels[name], alloc, geometry, post, reads)
             elif cast and name == "image":  # (torchvision_form takes a packed float32 image as cast already)
-                write = _program_writer(geometry, self.schema[name], cast=True)
-                fields.update(r.px.pack(rows, np_alloc, reads, write=write, dtype=np.float32))
+                fields.update(r.px.pack(rows, np_alloc, reads, write=_cast_writer(flips), dtype=np.float32))
             elif in_place and name in self.schema.pixels():
                 fields.update(r.px.pack(rows, np_alloc, reads, write=_program_writer(geometry, self.schema[name])))
             else:
@@ -635,23 +634,28 @@ class Dataset(torch.utils.data.Dataset):
         return SampleBatch(samples, fields)
 
 
-def _program_writer(plan, role, cast: bool = False):
+def _program_writer(plan, role):
     """``write(k, view, dest)`` for a packed gather (``PixelsReader.pack``): sample ``k``'s stored view through
-    its program of ``plan`` (None: none) into ``dest`` (its place in the packed batch, at its own size).
-    ``cast``: ``dest`` is float32, the uint8 sample is converted on its way in and divided by 255 there, while
-    it is still in cache (the values torchvision_form's own cast gives: ``float(x) / 255``, exactly)."""
+    its program of ``plan`` into ``dest`` (its place in the packed batch, at its own size)."""
     nearest = role.resample == "nearest"
-    divisor = divisor_255() if cast else None
 
     def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
-        out = torch.from_numpy(dest)
-        program = plan.programs[k] if plan is not None else []
-        if cast and all(step[0] == "flip" for step in program):  # (one scripted call: flip, cast, divide)
-            cast_image(torch.from_numpy(view), out, *_pending_flips(program, False, False), divisor)
-            return
-        run_program(torch.from_numpy(view), program, out, nearest, role.fill)
-        if cast:
-            out.div_(divisor)
+        run_program(torch.from_numpy(view), plan.programs[k], torch.from_numpy(dest), nearest, role.fill)
+    return write
+
+
+def _cast_writer(flips: np.ndarray | None):
+    """``write(k, view, dest)`` for a packed gather that casts (``Dataset._get_batch``'s ``to_torchvision``):
+    sample ``k``'s uint8 view, mirrored as ``flips`` says (:func:`~dsc.transforms.objects.flip_only`'s rows:
+    flip rows, flip columns; None: no chain), into ``dest`` (float32) divided by 255 there, while it is still
+    in cache (the values torchvision_form's own cast gives: ``float(x) / 255``, exactly): one scripted call a
+    sample (``batches.cast_image``)."""
+    divisor = divisor_255()
+    mirrors = flips[:, :2].astype(bool).tolist() if flips is not None else None
+
+    def write(k: int, view: np.ndarray, dest: np.ndarray) -> None:
+        fh, fw = mirrors[k] if mirrors is not None else (False, False)
+        cast_image(torch.from_numpy(view), torch.from_numpy(dest), fh, fw, divisor)
     return write
 
 
