@@ -929,3 +929,34 @@ def test_opening_the_latest_retries_when_it_is_vacuumed_meanwhile(tmp_path, monk
     monkeypatch.setattr(V, "resolve", stale_first)
     dsc.vacuum(out, keep=1, older_than=0)
     assert dsc.open(out).version == 1 and len(calls) == 2
+
+
+def test_an_update_takes_each_annotation_digest_once(tmp_path, monkeypatch):
+    """An update of a COCO set with a relabelled annotation, a changed image and a new one takes each record's
+    annotation digest once (the plan's comparison, the journal's fingerprint, the new rows and the relabelled
+    row's column share it), counted at the digest itself."""
+    from collections import Counter
+
+    from dsc.compiler.sources.base import Target
+    from dsc.synthetic import _write_scene_image, detection_scenes, write_coco
+
+    scenes = detection_scenes(10, seed=3)
+    ann, images = write_coco(tmp_path / "coco", scenes[:9])
+    out = tmp_path / "out"
+    dsc.compile_coco(ann, images, out, max_side=64, workers=1, progress=False)
+    ann, images = write_coco(tmp_path / "coco", scenes)  # a new image
+    data = json.loads(ann.read_text())
+    first = data["annotations"][0]
+    first["bbox"] = [first["bbox"][0] + 1, first["bbox"][1], first["bbox"][2] - 1, first["bbox"][3]]  # relabelled
+    ann.write_text(json.dumps(data))
+    changed = dict(scenes[1], colors=[(7, 9, 11)] * len(scenes[1]["boxes"]))
+    _write_scene_image(changed, images / scenes[1]["file"])  # changed pixels
+    calls, real = Counter(), Target.digest
+
+    def counting(self):
+        calls[self.image_id] += 1
+        return real(self)
+    monkeypatch.setattr(Target, "digest", counting)
+    r = dsc.compile_coco(ann, images, out, max_side=64, update=True, workers=1, progress=False)
+    assert (r.plan["relabelled"], r.plan["changed"], r.plan["added"]) == (1, 1, 1)
+    assert sorted(calls) == list(range(100, 110)) and set(calls.values()) == {1}, calls

@@ -41,7 +41,7 @@ from .decode import read_input_file
 from .sources.inputs import identity, quoted_inode
 from .journal import Journal, Resumed, hash_record, shard_check
 from .options import CompileOptions, CompileReport
-from .sources.base import ScannedSource, Source, duplicate_keys, record_digest, where
+from .sources.base import ScannedSource, Source, duplicate_keys, record_digests, where
 from .staging import OutLock, sync_filesystem
 from .units import place_objects
 from .compile import Rows
@@ -110,6 +110,7 @@ class Plan:
     changed: int = 0  # of ``decode``: inputs whose key had a row
     removed: list = field(default_factory=list)  # rows whose input is gone (or changed)
     stat: dict = field(default_factory=dict)  # row -> its input files' stat now (refreshes the cache)
+    digests: np.ndarray | None = None  # each record's ``record_digest``, taken once (by ``plan_update``)
 
     @property
     def added(self) -> int:
@@ -195,8 +196,11 @@ def _content(source: Source, records: list, masks: bool) -> list[tuple[int, int,
 def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
     """Sort every input of ``scanned`` against the base version (see the module docstring)."""
     m = base.manifest
-    plan = Plan(base=m.version["number"])
     records = scanned.records
+    # each annotation's digest taken once: the comparison here, the journal's fingerprint, the new rows' and the
+    # re-annotated rows' fingerprint column all read these
+    plan = Plan(base=m.version["number"], digests=record_digests(records))
+    digests = plan.digests
     masks = m.fields.get("mask") is not None
     table = source.rows_in_files
     known = source.unchanged_since(m.source) or set()  # inputs the source itself vouches for
@@ -208,10 +212,10 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
     if any(f.placed_at_decode for f in base.fields):
         segments_mask = True  # per-object masks and joints are placed while decoding: a new annotation decodes again
 
-    def annotation_changed(rec, r: int) -> bool:
-        if labels is not None and int(labels[r]) != int(rec.label):
+    def annotation_changed(i: int, r: int) -> bool:
+        if labels is not None and int(labels[r]) != int(records[i].label):
             return True
-        return record_digest(rec) != int(fp[r, 4])  # boxes, and value fields (a changed caption or score)
+        return int(digests[i]) != int(fp[r, 4])  # boxes, and value fields (a changed caption or score)
 
     claimed: set[int] = set()
     need_content, pending = [], []  # records whose bytes decide, and (record, row or None) in input order
@@ -251,7 +255,7 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
                 plan.decode.append(i)
                 plan.changed += 1
                 plan.removed.append(r)
-            elif annotation_changed(rec, r):
+            elif annotation_changed(i, r):
                 if segments_mask:  # the mask is drawn from the annotation: decode it again
                     plan.decode.append(i)
                     plan.changed += 1
@@ -262,7 +266,7 @@ def plan_update(base: Base, scanned: ScannedSource, source: Source) -> Plan:
                 plan.unchanged.append((r, i))
             continue
         match = gone_by_bytes.get(tuple(contents[i])) if i in contents else None
-        if match and not (segments_mask and annotation_changed(rec, match[0])):
+        if match and not (segments_mask and annotation_changed(i, match[0])):
             r = match.pop(0)
             plan.moved.append((r, i))
             plan.stat[r] = (_probe(rec.path, table), _probe(rec.mask or None, False))
@@ -430,7 +434,7 @@ def _txn_fingerprint(base: Base, plan: Plan, scanned: ScannedSource, options: Co
     h.update(json.dumps({"base": plan.base, "next_slot": next_slot, "options": options.recorded(
         masks=scanned.masks is not None), "K": base.manifest.shard_size}, sort_keys=True, default=str).encode())
     for i in plan.decode:
-        hash_record(h, scanned.records[i])
+        hash_record(h, scanned.records[i], int(plan.digests[i]))
     return h.hexdigest()
 
 
@@ -444,6 +448,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
     next_slot = max(base.record["next_slot"], first_slot)
     records = scanned.records
     decode = [records[i] for i in plan.decode]
+    decoded_digests = plan.digests[plan.decode]
     txn = out / versions.TXN / str(n_new)
     unit_options = replace(options, executor=None)
     tasks = UnitTasks(decode, K, str(out), unit_options, tuple(fields), direct, s0=next_slot)  # (made when taken)
@@ -505,7 +510,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                 rec = records[i]
                 rows.keys[j] = rec.key
                 try:
-                    _reannotate(base, slot_parts, rows, j, start + j, rec, m)
+                    _reannotate(base, slot_parts, rows, j, start + j, rec, int(plan.digests[i]), m)
                 except SampleError as e:
                     errors.append((rec.key, where(rec), e.reason))
                     rows.live[j] = False
@@ -515,8 +520,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
                     rows.stat[j] = _stat_row(probes)
             yield slot_parts, rows
         for task, res in zip(tasks, results):
-            yield ({f.name: res.parts[f.name] for f in fields},
-                   Rows.compiled(task.records, res.kept - task.start, [res]))
+            yield ({f.name: res.parts[f.name] for f in fields}, Rows.compiled(decode, res.kept, [res], decoded_digests))
 
     parts, rows = fold_slots(tuple(fields), K, next_slot + len(tasks), slots())
     bad += errors
@@ -573,8 +577,9 @@ def _stat_row(probes) -> np.ndarray:
     return np.asarray([_as_int64(v) for v in vals], np.int64)
 
 
-def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest) -> None:
-    """Row ``r`` (slot position ``j``) keeps its pixels and takes ``rec``'s label or boxes."""
+def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, digest: int, m: Manifest) -> None:
+    """Row ``r`` (slot position ``j``) keeps its pixels and takes ``rec``'s label or boxes (``digest``: its
+    ``record_digest``)."""
     if "label" in parts:
         parts["label"].labels[j] = int(rec.label)
     if "objects" in parts:
@@ -588,7 +593,7 @@ def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, m: Manifest)
     for name, value in rec.fields:  # value fields (a table's columns) take the record's values
         if name in parts:
             parts[name].set_row(j, base.readers[name].field.encode(value, where(rec)))
-    rows.fingerprint[j, 4] = record_digest(rec)
+    rows.fingerprint[j, 4] = digest
 
 
 def _discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:
