@@ -172,3 +172,23 @@ def test_samples_per_shard_come_from_bytes_alone_without_a_count_cap(tmp_path):
     assert k > 1024 and k * (32 * 32 * 3 + 16) <= SHARD_TARGET_BYTES < 2 * k * (32 * 32 * 3 + 16)
     assert default_shard_size(10_000_000, CompileOptions(size=(224, 224))) == 256  # (large samples: as before)
     assert default_shard_size(4_000, opts) == 125  # (a small dataset: ~32 shards, as before)
+
+
+@pytest.mark.parametrize("resizer", ["pil", "torch"])
+def test_apply_plan_takes_the_array_of_an_images_pixels_as_the_image(resizer):
+    """``geometry.apply_plan`` gives the same pixels for an image and for the (H, W, C) array of its pixels (a
+    Python dataset's), on every path: a resize (PIL's or torch's), the crop of a resize that dwarfs it (PIL's
+    exact box), a letterbox, no resize."""
+    from PIL import Image
+
+    from dsc.compiler.geometry import apply_plan, oversized, plan_fixed, plan_ragged
+
+    rng = np.random.default_rng(0)
+    cases = [((40, 60), plan_fixed(40, 60, (16, 16), "center-crop")),
+             ((1, 20000), plan_fixed(1, 20000, (16, 16), "center-crop")),
+             ((40, 60), plan_fixed(40, 60, (32, 32), "pad")), ((40, 60), plan_ragged(40, 60, None))]
+    assert oversized(cases[1][1]) and not oversized(cases[0][1])
+    for (h, w), plan in cases:
+        arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        want = apply_plan(Image.fromarray(arr), plan, 7, "bilinear", resizer=resizer)
+        assert np.array_equal(apply_plan(arr, plan, 7, "bilinear", resizer=resizer), want)

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from .decode import SWAPS_AXES, orient_array
-from .resample import FILTERS, as_hwc, resize
+from .resample import FILTERS, as_hwc, as_pil, resize
 from ..formats.coords import dwarfs  # noqa: F401 - (shared with the transforms: formats/coords.py)
 
 
@@ -81,18 +81,15 @@ def apply_plan(im: Image.Image | np.ndarray, plan: Plan, fill: int = 0, resample
     standing for the full image's ``draft_scale * x`` (its last row and column may be partly padding). A
     draft comes in the file's orientation: ``file_orientation`` (EXIF) is applied after resampling, which
     keeps that padding at the far edges where the scale is exact."""
-    if isinstance(im, np.ndarray):  # a Python dataset's array in the stored mode (units.compile_sample)
-        h, w = full_size or im.shape[:2]
-        if oversized(plan) or (resizer == "pil" and tuple(plan.resized) != (h, w)):  # resampled by PIL, as before
-            im = Image.fromarray(im)
-    else:
-        h, w = full_size or (im.height, im.width)
+    # (an array: a Python dataset's pixels in the stored mode (units.compile_sample); PIL's resampling takes it
+    # as an image, the torch resizer and a crop as it is)
+    h, w = full_size or (im.shape[:2] if isinstance(im, np.ndarray) else (im.height, im.width))
     nh, nw = plan.resized
     oh, ow = plan.out
     if oversized(plan) and draft_scale == 1:  # only the crop is resampled (PIL, exact box): bounded memory
         top, left = plan.crop
         box = (left * w / nw, top * h / nh, (left + ow) * w / nw, (top + oh) * h / nh)
-        return np.ascontiguousarray(as_hwc(im.resize((ow, oh), FILTERS[resample], box=box)))
+        return np.ascontiguousarray(as_hwc(as_pil(im).resize((ow, oh), FILTERS[resample], box=box)))
     if draft_scale != 1:
         s = draft_scale
         swapped = file_orientation in SWAPS_AXES

@@ -48,6 +48,11 @@ def as_hwc(im: Image.Image | np.ndarray) -> np.ndarray:
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
+def as_pil(im: Image.Image | np.ndarray) -> Image.Image:
+    """``im`` as a PIL image, for PIL's resampling (a Python dataset's array of the stored pixels is one)."""
+    return Image.fromarray(im) if isinstance(im, np.ndarray) else im
+
+
 _quiet = threading.Lock()
 _warned = False
 
@@ -68,13 +73,14 @@ def _from_readonly(arr: np.ndarray):
     return t
 
 
-def resize(im: Image.Image, size: tuple[int, int], filter: str, resizer: str,
+def resize(im: Image.Image | np.ndarray, size: tuple[int, int], filter: str, resizer: str,
            scale: tuple[float, float] | None = None) -> np.ndarray:
-    """``im`` resampled to ``size``: an (H, W, C) uint8 array (a view, maybe not contiguous)."""
+    """``im`` (an image, or an (H, W[, C]) uint8 array of its pixels) resampled to ``size``: an (H, W, C) uint8
+    array (a view, maybe not contiguous)."""
     h, w = size
     if resizer == "pil":
         box = None if scale is None else (0.0, 0.0, w / scale[1], h / scale[0])
-        return as_hwc(im.resize((w, h), FILTERS[filter], box=box))
+        return as_hwc(as_pil(im).resize((w, h), FILTERS[filter], box=box))
     import math
 
     import torch
