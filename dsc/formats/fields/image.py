@@ -219,7 +219,29 @@ class PixelsReaderField(Reader):
         return {name: batch[name][k]}
 
 
-class ImageField(Field):
+class PixelsField(Field):
+    """A field whose samples are pixels (``self.pixels``: the image, a mask): its parts are its shards' writers,
+    collected and carried over from a base version as every image-like field's."""
+
+    pixels: Pixels
+
+    def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
+        return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
+
+    def load_part(self, d: dict) -> PixelsPart:
+        return PixelsPart.from_json(self.pixels, d)
+
+    def collect(self, S: int, N: int, K: int, s0: int = 0) -> PixelsParts:
+        return PixelsParts(self.pixels, S, N, K, s0)
+
+    def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
+        return pixels_rows_part(self.pixels, reader, start, count, shard)
+
+    def empty_part(self) -> PixelsPart:
+        return PixelsPart(self.pixels)
+
+
+class ImageField(PixelsField):
     kind = "image"
     name = "image"
 
@@ -232,23 +254,8 @@ class ImageField(Field):
     def from_manifest(cls, m) -> list["ImageField"]:
         return [cls(m.image, m.resize, m.shards)]
 
-    def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
-        return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
-
-    def load_part(self, d: dict) -> PixelsPart:
-        return PixelsPart.from_json(self.pixels, d)
-
-    def collect(self, S: int, N: int, K: int, s0: int = 0) -> PixelsParts:
-        return PixelsParts(self.pixels, S, N, K, s0)
-
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         return {"image": self.spec, "resize": self.resize, "shards": finish_pixels(self.pixels, root, parts, n, K)}
-
-    def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
-        return pixels_rows_part(self.pixels, reader, start, count, shard)
-
-    def empty_part(self) -> PixelsPart:
-        return PixelsPart(self.pixels)
 
     def reader(self, store, m) -> PixelsReaderField:
         return PixelsReaderField(self.pixels, store, self.shards, m.num_rows, m.shard_size)

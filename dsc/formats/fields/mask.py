@@ -16,8 +16,8 @@ import numpy as np
 from ...errors import CorruptDatasetError
 from ..specs import LAYOUTS, ShardSpec, check_spec_keys
 from ..zarr_v3 import check_node_path
-from .base import Field, Role
-from .image import PixelsPart, PixelsParts, PixelsReaderField, finish_pixels, pixels_rows_part
+from .base import Role
+from .image import PixelsField, PixelsReaderField, finish_pixels
 from .pixels import Pixels
 from ..problems import Problem
 from ..shardtable import ShardColumn
@@ -82,7 +82,7 @@ def _column(m, name: str):
     return table.column(name) if table is not None else None
 
 
-class MaskField(Field):
+class MaskField(PixelsField):
     kind = "mask"
     in_fields = True
 
@@ -120,21 +120,6 @@ class MaskField(Field):
                     spec.layout == "fixed" and ms.nbytes != field.pixels.fixed_shard_nbytes(ms.count, m.shard_size)):
                 raise CorruptDatasetError(f"manifest: mask shard {s} ({ms.path}, {ms.count} samples, {ms.nbytes} "
                                           f"bytes) does not fit the dataset's shard {s}")
-
-    def part(self, root: Path, s: int, capacity: int) -> PixelsPart:
-        return PixelsPart(self.pixels, self.pixels.writer(root, s, capacity))
-
-    def load_part(self, d: dict) -> PixelsPart:
-        return PixelsPart.from_json(self.pixels, d)
-
-    def collect(self, S: int, N: int, K: int, s0: int = 0) -> PixelsParts:
-        return PixelsParts(self.pixels, S, N, K, s0)
-
-    def rows_part(self, reader, start: int, count: int, shard) -> PixelsPart:
-        return pixels_rows_part(self.pixels, reader, start, count, shard)
-
-    def empty_part(self) -> PixelsPart:
-        return PixelsPart(self.pixels)
 
     def finish(self, root: Path, parts, n: int, K: int) -> dict:
         from dataclasses import replace
