@@ -34,9 +34,10 @@ _LAZY = {
     "vacuum": ("dsc.versions", "vacuum"),
 }
 
-from .errors import (CompileLockedError, ConfigError, CorruptDatasetError, DatasetNotFoundError, DscError,  # noqa: E402
-                     FormatVersionError, ImageDecodeError, ObjectChangedError, OutputExistsError, RemoteError,
-                     SampleError, SourceError, UnsafePathError, VersionConflictError, VersionNotFoundError)
+from .errors import (CacheFullError, CompileLockedError, ConfigError, CorruptDatasetError,  # noqa: E402
+                     CredentialsError, DatasetNotFoundError, DscError, FormatVersionError, ImageDecodeError,
+                     ObjectChangedError, OutputExistsError, RemoteError, ResumeError, SampleError, SourceError,
+                     TooManyOpenFilesError, UnsafePathError, VersionConflictError, VersionNotFoundError, WriteError)
 
 
 def __getattr__(name):
@@ -60,4 +61,5 @@ def __dir__():
 
 __all__ = ["__version__", *_LAZY, "DscError", "ConfigError", "SourceError", "ImageDecodeError", "OutputExistsError",
            "SampleError", "CompileLockedError", "DatasetNotFoundError", "FormatVersionError", "CorruptDatasetError",
-           "UnsafePathError", "VersionConflictError", "VersionNotFoundError", "RemoteError", "ObjectChangedError"]
+           "UnsafePathError", "VersionConflictError", "VersionNotFoundError", "RemoteError", "ObjectChangedError",
+           "CredentialsError", "CacheFullError", "ResumeError", "WriteError", "TooManyOpenFilesError"]
