@@ -32,7 +32,7 @@ from .compile import Rows, fold_slots, write_version
 from .options import CompileOptions, CompileReport
 from .sources.base import MaskInfo, ScannedSource
 from .staging import OutLock, sync_filesystem
-from .update import Base, _discard_slots, _recover, check_options
+from .update import _discard_slots, check_options, open_base
 
 
 def in_storage_order(live: np.ndarray, K: int) -> bool:
@@ -104,12 +104,8 @@ def compact_dataset(out, info=None, warn=None) -> CompileReport:
         return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=(), seconds=0.0,
                              bytes_written=0, committed=False)  # (no updates, so no holes: in storage order)
     with OutLock(out, "dsc compact"):
-        versions.check_private(out, ["image"])
-        _recover(out, say)
-        base = Base.open(out)
+        base = open_base(out, say)
         m = base.manifest
-        versions.check_private(out, L.shard_nodes(m))
-        view.check(out, m)
         K, n_new = m.shard_size, m.version["number"] + 1
         if in_storage_order(base.live, K):
             return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=(),

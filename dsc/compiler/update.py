@@ -355,12 +355,8 @@ def update_dataset(scanned: ScannedSource, out: Path, options: CompileOptions, s
                           f"{', '.join(first[:3])}); make keys unique (a table's --key-column, one entry per "
                           f"image in a split list) or compile again without --update")
     with OutLock(out, "dsc update"):
-        versions.check_private(out, ["image"])
-        _recover(out, say, view_too)
-        base = Base.open(out)
+        base = open_base(out, say, view_too)
         m = base.manifest
-        versions.check_private(out, L.shard_nodes(m))
-        view.check(out, m)
         options = check_options(m, options)
         _check_same_source(m, scanned, source, out, say)
         fields = dataset_fields(scanned, options)
@@ -410,6 +406,18 @@ def _check_same_fields(base: Base, fields, scanned: ScannedSource, out: Path) ->
         if isinstance(spec, dict) and spec.get("kind") in VALUE_KINDS and spec != have[name].spec:
             raise ConfigError(f"{out}: the field {name!r} was {have[name].describe()}, the source now gives "
                               f"{f.describe()}: that is a new compile")
+
+
+def open_base(out: Path, say, view_too: bool = True) -> Base:
+    """The latest version of ``out``, to make the next one from (an update's, a compaction's; the caller holds
+    ``out``'s lock): what a killed update or compaction left tidied first (:func:`_recover`), every folder it
+    reads checked as dsc's own, and its plain-Zarr view checked."""
+    versions.check_private(out, ["image"])
+    _recover(out, say, view_too)
+    base = Base.open(out)
+    versions.check_private(out, L.shard_nodes(base.manifest))
+    view.check(out, base.manifest)
+    return base
 
 
 def _recover(out: Path, say, view_too: bool = True) -> None:
