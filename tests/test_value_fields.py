@@ -456,11 +456,15 @@ def test_verify_checks_the_fields(out):
     text = bytearray(read_node(out, "caption/values/c/0"))
     text[0] = 0xFF  # not UTF-8 any more
     write_node(out, "caption/values/c/0", bytes(text), record=True)
+    meta = bytearray(read_node(out, "meta/values/c/0"))
+    meta[0] = ord("#")  # UTF-8, not JSON
+    write_node(out, "meta/values/c/0", bytes(meta), record=True)
     score = np.frombuffer(read_node(out, "score/c/0"), np.float64).copy()
     score[2] = np.nan
     write_node(out, "score/c/0", score.tobytes(), record=True)
     problems = {p.file: p for p in verify(out).problems}
     assert problems["caption/values"].samples == [0] and "UTF-8" in problems["caption/values"].what
+    assert problems["meta/values"].samples == [0] and "not JSON" in problems["meta/values"].what
     assert problems["score"].samples == [2]
 
 

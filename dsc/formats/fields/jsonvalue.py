@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-from ..problems import Problem
 from .text import TextField
 
 
@@ -34,16 +33,10 @@ class JsonField(TextField):
     def decode(self, row):
         return json.loads(bytes(row).decode("utf-8"))
 
-    def verify_values(self, got, m, problems: list, context: dict) -> None:
-        values, offsets = got
-        data, bad = values.tobytes(), []
-        for i in range(len(offsets) - 1):
-            try:
-                json.loads(data[offsets[i]:offsets[i + 1]].decode("utf-8") or "null")
-            except (UnicodeDecodeError, ValueError):
-                bad.append(i)
-        if bad:
-            problems.append(Problem(self.column.values_node, "samples that are not JSON", bad))
+    invalid = "samples that are not JSON"
+
+    def check_row(self, raw: bytes) -> None:
+        json.loads(raw.decode("utf-8") or "null")
 
 
 def _non_str_key(value, where: str = "the value"):

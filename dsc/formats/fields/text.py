@@ -48,13 +48,19 @@ class TextField(BytesLikeField):
     def decode(self, row) -> str:
         return bytes(row).decode("utf-8")
 
+    invalid = "samples that are not valid UTF-8"  # verify's problem with rows :meth:`check_row` refuses
+
+    def check_row(self, raw: bytes) -> None:
+        """Raise ValueError where a stored row is not a value of this kind."""
+        raw.decode("utf-8")
+
     def verify_values(self, got, m, problems: list, context: dict) -> None:
         values, offsets = got
         data, bad = values.tobytes(), []
         for i in range(len(offsets) - 1):
             try:
-                data[offsets[i]:offsets[i + 1]].decode("utf-8")
-            except UnicodeDecodeError:
+                self.check_row(data[offsets[i]:offsets[i + 1]])
+            except ValueError:  # (UnicodeDecodeError and JSON's errors are ValueErrors)
                 bad.append(i)
         if bad:
-            problems.append(Problem(self.column.values_node, "samples that are not valid UTF-8", bad))
+            problems.append(Problem(self.column.values_node, self.invalid, bad))
