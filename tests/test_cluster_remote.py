@@ -295,6 +295,19 @@ def test_the_scan_streams_a_big_tar_once(s3, tmp_path, monkeypatch):
     assert len(streams) == 1 and streams[0][0] == 0
 
 
+def test_the_scan_sends_its_index_workers_each_tar_by_its_url_only(data):
+    """A prefix's listing says each tar's identity, but the tar's scan is one GET whose answer says it again (and
+    is the one remembered): the scan hands its index workers (threads, or a cluster's) the URLs alone, not the
+    listing's identities to remember first (dead work, pickled with every task on a cluster)."""
+    from dsc.compiler.sources.webdataset import WebDatasetSource
+
+    src = WebDatasetSource(src="s3://dsc-src/wds/")
+    sent = []
+    src.index_map = lambda fn, items: [fn(x) for x in sent.extend(items) or items]
+    scanned = src.scan()
+    assert sent == [f"s3://dsc-src/wds/{k:05d}.tar" for k in range(3)] and len(scanned.records) == 30
+
+
 def test_a_tar_gone_since_the_scan_is_a_named_bad_input(data, s3):
     """Its unit's request is made on the read-ahead thread; the missing object still reaches the sample as
     "the tar is gone since the scan", not as an error of the stream."""
@@ -1138,6 +1151,25 @@ def _sent_to_cluster(monkeypatch) -> list:
     return sent
 
 
+def test_a_table_source_seeds_its_footers_once_a_process(monkeypatch):
+    """A pool's worker gets the source (with the scan's footers) once and runs many units and prefetches with it:
+    the footers go into the process's cache at the first, not again at every unit and prefetch."""
+    from dsc.compiler.sources import table
+
+    class Counted(dict):
+        def setdefault(self, k, v):
+            seeded.append(k)
+            return super().setdefault(k, v)
+    seeded = []
+    monkeypatch.setattr(table, "_FOOTERS", Counted())
+    src = table.TableSource(path="s3://b/t.parquet")
+    src.footers = {("s3://b/t.parquet", (1, 0.0, "e")): "footer"}
+    src.prefetch([])
+    src.fetcher([])
+    src.fetcher([])
+    assert seeded == [("s3://b/t.parquet", (1, 0.0, "e"))] and dict(table._FOOTERS) == src.footers
+
+
 def test_a_table_source_keeps_only_its_footers_and_a_cluster_task_carries_none(s3, cluster, tmp_path, monkeypatch):
     """The scan keeps the footers of its own Parquet files only (another table this process read is not sent to
     the workers), and a cluster's tasks, each of which pickles the source, carry none: its workers read them."""
@@ -1195,17 +1227,22 @@ def test_a_dry_run_scan_keeps_no_image(data, tmp_path, monkeypatch):
     assert kept == [True] * 3
 
 
-def test_the_keep_budget_honours_a_cgroup_memory_limit(tmp_path, monkeypatch):
-    """A container's memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes) bounds the scan's kept images
-    to an eighth of it, not of the host's memory; "max" (no limit) leaves the machine's."""
+def test_the_keep_budget_honours_a_cgroup_memory_limit(tmp_path):
+    """A container's memory limit bounds the scan's kept images to an eighth of it, not of the host's memory: the
+    process's own cgroup found as the runtime finds it (env.cgroup_limit: /proc/self/cgroup under its mount), the
+    lowest cgroup v2 memory.max along its path (a parent's limit binds a child whose own is "max"), or cgroup v1's
+    memory.limit_in_bytes; "max" everywhere (no limit) leaves the machine's."""
     from dsc.compiler.sources import webdataset
 
-    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    monkeypatch.setattr(webdataset, "CGROUP_LIMITS", (str(v2), str(v1)))
-    host = webdataset.keep_budget()
-    v2.write_text("max\n")
-    assert webdataset.keep_budget() == host
-    v1.write_text(f"{256 << 20}\n")
-    assert webdataset.keep_budget() == 32 << 20
-    v2.write_text(f"{128 << 20}\n")
-    assert webdataset.keep_budget() == 16 << 20
+    host = webdataset.keep_budget("", {})  # (no cgroup: the machine's memory)
+    step = tmp_path / "v2" / "job" / "step"
+    step.mkdir(parents=True)
+    v2 = ("0::/job/step\n", {"v2": ("/", tmp_path / "v2")})
+    (step / "memory.max").write_text("max\n")
+    assert webdataset.keep_budget(*v2) == host
+    (step.parent / "memory.max").write_text(f"{128 << 20}\n")  # (the parent's limit, not at a fixed path)
+    assert webdataset.keep_budget(*v2) == 16 << 20
+    v1 = tmp_path / "v1" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{256 << 20}\n")
+    assert webdataset.keep_budget("4:memory:/job\n", {"v1": ("/", tmp_path / "v1")}) == 32 << 20

@@ -413,9 +413,47 @@ def test_an_interrupted_upload_resumes_reusing_uploaded_shards(s3, src, tmp_path
     kept = len([p for p in shard_puts + [p for p in puts_before if p.startswith(V.OBJECTS)]])
     assert f"uploaded 0 files (0.0 kB); {kept} files were in the bucket already (same SHA-256)" in r.output, r.output
     assert V.record_path(0) in puts
+    from dsc.compiler.upload import unstaged
+
+    unstaged()  # (the staging is removed on a thread once the dataset is published: waited for here)
     assert not (tmp_path / "uploads").exists() or not any((tmp_path / "uploads").iterdir())
     ds = dsc.open(url, cache_dir=tmp_path / "c")
     assert len(ds) == 300
+
+
+def test_a_compile_to_a_url_returns_while_its_staging_is_removed(s3, src, tmp_path, monkeypatch):
+    """Once the dataset is published, its local staging is renamed aside and removed on a thread: the compile
+    returns without waiting for the unlinks (each of a flushed file waits for the filesystem's journal: a second
+    for a compile's ~100 files under load, which a local compile, renaming its staging into place, never pays).
+    A folder set aside by a process killed before removing it is removed by the next compile staging there."""
+    import shutil
+    import threading
+
+    from dsc.compiler import upload
+
+    release, removing = threading.Event(), []
+    real = shutil.rmtree
+
+    def slow_rmtree(path, *a, **k):
+        if upload.GONE in str(path):
+            removing.append(path)
+            release.wait(10)
+        return real(path, *a, **k)
+    monkeypatch.setattr(upload.shutil, "rmtree", slow_rmtree)
+    url = "s3://dsc-test/unstaged-behind"
+    r = dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, **OPTS)
+    assert r.path == url and len(removing) == 1 and not release.is_set()  # returned while it is removed
+    (root,) = (tmp_path / "uploads").iterdir()
+    assert [p.name for p in root.iterdir() if p.name == "dataset"] == []  # (its name free at once)
+    release.set()
+    upload.unstaged()
+    assert not any((tmp_path / "uploads").iterdir())
+    left = tmp_path / "uploads" / root.name / f"{upload.GONE}dataset-dead"  # (a killed process's)
+    (left / "image").mkdir(parents=True)
+    monkeypatch.setattr(upload.shutil, "rmtree", real)
+    with pytest.raises(OutputExistsError):  # (a run that stages under that folder: refused here, after staging)
+        dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, **OPTS)
+    assert not left.exists()
 
 
 def test_compile_to_an_existing_url_is_refused(published, src, tmp_path):

@@ -53,3 +53,16 @@ def test_a_remote_handle_fetches_a_small_file_deleted_from_its_mirror_and_checks
     monkeypatch.undo()
     assert ds.keys == want.keys
     assert obj.is_file()
+
+
+def test_a_remote_open_makes_its_mirror_folder_once(s3, tmp_path, monkeypatch):
+    """An open of a dataset in a bucket finds (and makes) its node mirror once: the handle's mirror is the folder
+    the open fetched the version into (_Mirror computed it again: two mkdirs and a stat at every remote open)."""
+    from dsc.runtime import remote
+
+    url, want, _ = _pushed(tmp_path)
+    calls = []
+    real = remote.mirror_dir
+    monkeypatch.setattr(remote, "mirror_dir", lambda cache, u: calls.append(u) or real(cache, u))
+    ds = dsc.open(url, cache_dir=tmp_path / "c")
+    assert calls == [url] and ds.keys == want.keys and ds.storage.dir.path == real(ds.storage.cache, url)

@@ -440,6 +440,7 @@ def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
     import tempfile
 
     root = (Path(cache_dir) if cache_dir else default_cache_dir()) / "uploads" / url_id(store.url)
+    _sweep(root)
     for attempt in range(3):
         root.mkdir(parents=True, exist_ok=True)
         try:
@@ -450,16 +451,64 @@ def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
                 raise
 
 
-def _unstage(root: Path, stage: Path) -> None:
-    """Remove this run's staging ``stage``, then ``root`` if no other run's staging is left in it."""
-    shutil.rmtree(stage, ignore_errors=True)
+GONE = ".gone-"  # a staging folder set aside to be removed (``_unstage(background=True)``)
+_UNSTAGING: dict[Path, threading.Thread] = {}  # this process's removals of staging folders set aside, by folder
+
+
+def _sweep(root: Path) -> None:
+    """Remove the staging folders under ``root`` that a process set aside and did not remove (killed first): not
+    this process's own, which its threads are removing."""
+    try:
+        entries = [e.name for e in os.scandir(root) if e.name.startswith(GONE)]
+    except OSError:
+        return
+    for name in entries:
+        thread = _UNSTAGING.get(root / name)
+        if thread is None or not thread.is_alive():
+            shutil.rmtree(root / name, ignore_errors=True)
+
+
+def _unstage(root: Path, stage: Path, background: bool = False) -> None:
+    """Remove this run's staging ``stage``, then ``root`` if no other run's staging is left in it. ``background``:
+    the folder is renamed aside at once (its name is free for the next run) and removed by a thread of this process
+    (the interpreter waits for it at exit; ``unstaged()`` waits for it now), so the compile returns without waiting
+    for it: the staging was flushed to disk when it was published, and on this ext4 each unlink of a flushed file
+    waited for the journal (a second or more for the ~100 files and folders of a compile's staging, where the local
+    compile has renamed its staging into place). A folder set aside by a process that was killed first is removed
+    by the next run that stages under ``root``."""
     (root / f"writer-{stage.name}").unlink(missing_ok=True)  # (its writer token: see _token)
+    if background:
+        import secrets
+
+        gone = root / f"{GONE}{stage.name}-{secrets.token_hex(4)}"
+        try:
+            os.rename(stage, gone)
+        except OSError:  # (already gone, or cannot be renamed: removed here)
+            pass
+        else:
+            thread = threading.Thread(target=_remove, args=(root, gone), name="dsc-unstage")
+            for done in [p for p, t in _UNSTAGING.items() if not t.is_alive()]:
+                del _UNSTAGING[done]
+            _UNSTAGING[gone] = thread
+            thread.start()
+            return
+    _remove(root, stage)
+
+
+def _remove(root: Path, folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
     try:
         if [e.name for e in os.scandir(root)] == ["url"]:
             (root / "url").unlink()
             os.rmdir(root)
     except OSError:  # (another run staged meanwhile: its folder stays, and _stage rewrote the url file)
         pass
+
+
+def unstaged() -> None:
+    """Wait until the staging folders this process set aside (``_unstage``) are removed."""
+    for thread in list(_UNSTAGING.values()):
+        thread.join()
 
 
 @contextmanager
@@ -541,5 +590,5 @@ def compile_to_url(compile_local, url: str, options):
         manifest = versions.read_record(Root(stage), versions.versions(Root(stage))[-1])["manifest"]
         report = CompileReport(path=stage, manifest=manifest, skipped=manifest.skipped, warnings=(), seconds=0.0,
                                bytes_written=0, resumed_units=0)
-    _unstage(stage_root, stage)
+    _unstage(stage_root, stage, background=True)  # (published: the staging is removed while the caller goes on)
     return replace(report, path=store.url, uploaded=sent)

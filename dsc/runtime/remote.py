@@ -66,8 +66,8 @@ class _Mirror(Root):
     open fetches it, and is read from the new copy: what the handle had not read yet (keys, sizes...) still
     reads. Only a missing file costs a check; a read that finds its file costs none."""
 
-    def __init__(self, store: Store, cache: ShardCache, manifest, version: int | None):
-        super().__init__(mirror_dir(cache, store.url))
+    def __init__(self, store: Store, cache: ShardCache, manifest, version: int | None, path: Path):
+        super().__init__(path)  # (``mirror_dir``, made by the open that fetched the version into it)
         self.store, self.cache, self.version, self._manifest = store, cache, version, manifest
         self._lock, self._gone = threading.Lock(), []  # (descriptors of removed mirrors: other threads may use them)
         versions.use(self, manifest)
@@ -131,8 +131,8 @@ def _opened(where, version, tag, cache_dir, cache_limit, retry_seconds, offline_
                                            read=lambda n: fetch_version(store, mirror, n),
                                            hold=offline_version is None)
     manifest = rec["manifest"]
-    return rec, _Mirror(store, cache, manifest, manifest.version["number"] if manifest.version else None), store, \
-        cache, lease
+    return rec, _Mirror(store, cache, manifest, manifest.version["number"] if manifest.version else None, mirror), \
+        store, cache, lease
 
 
 def open_remote(where, version: int | None, tag: str | None, cache_dir=None, cache_limit=None,

@@ -373,6 +373,7 @@ class TableSource(Source):
         paths = {r.path for r in scanned.records if is_remote(r.path)}
         with _KEEP_LOCK:
             self.footers = {k: m for k, m in _FOOTERS.items() if k[0] in paths}
+        self._seeded_in = None  # (new footers: seeded again where they are used)
         return scanned
 
     def per_task(self) -> "TableSource":
@@ -385,12 +386,16 @@ class TableSource(Source):
         return light
 
     def _seed_footers(self) -> None:
+        """The scan's footers (``footers``) into this process's ``_FOOTERS``, once a process: a pool's worker gets
+        the source once and runs many units (and prefetches) with it; a copy unpickled in another process seeds
+        there again."""
         footers = getattr(self, "footers", None)
-        if footers:
+        if footers and getattr(self, "_seeded_in", None) != os.getpid():
             with _KEEP_LOCK:
                 for k, m in footers.items():
                     if len(_FOOTERS) < KEEP_FOOTERS:
                         _FOOTERS.setdefault(k, m)
+            self._seeded_in = os.getpid()
 
     def fetcher(self, records: list[Record]):
         """Reads the unit's rows, only the row groups / record batches that hold them, in one go."""

@@ -32,12 +32,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ...env import cgroup_limit
 from ...errors import ConfigError, DscError, RemoteError, SampleError, SourceError
 from ...formats.fields import declared_spec, infer_spec
 from ...formats.manifest import batch_name_problem
 from .base import Item, Param, Record, ScannedSource, Source, read_input, where
-from .inputs import (check_input, is_prefix, is_remote, known, list_objects, name_of, open_input, open_scanned,
-                     read_bytes, remember_all)
+from .inputs import check_input, is_prefix, is_remote, list_objects, name_of, open_input, open_scanned, read_bytes
 
 TAR_EXTENSIONS = (".tar",)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -51,25 +51,17 @@ MAX_LABEL_BYTES = 1 << 20
 KEEP_BYTES = 512 << 20
 
 
-# where Linux says the memory limit of the process's cgroup (v2, v1): a container's, below the machine's memory
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def keep_budget() -> int:
+def keep_budget(cgroups: str | None = None, mounts: dict | None = None) -> int:
     """The image bytes a scan may keep: ``KEEP_BYTES``, at most an eighth of the memory the process may use (the
-    machine's, or its cgroup's limit where one is set: ``CGROUP_LIMITS``)."""
+    machine's, or its cgroup's limit where one is set: ``env.cgroup_limit``, which finds the process's own cgroup,
+    v2 or v1, as the runtime does; ``cgroups`` / ``mounts``: as it takes them)."""
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # (no sysconf: not Linux or macOS)
         memory = None
-    for path in CGROUP_LIMITS:
-        try:
-            with open(path) as f:
-                limit = int(f.read().strip())  # ("max": no limit, a ValueError)
-        except (OSError, ValueError):
-            continue
-        memory = limit if memory is None else min(memory, limit)
-        break
+    cg = cgroup_limit(cgroups, mounts)
+    if cg is not None:
+        memory = cg[0] if memory is None else min(memory, cg[0])
     return KEEP_BYTES if memory is None else min(KEEP_BYTES, memory // 8)
 
 # The members a sample has besides its image and label that become fields by default (when the first sample
@@ -259,8 +251,7 @@ def index_tar(tar: str, image_ext: tuple, label_ext: str | None, label_key: str 
         if kept:
             keep.give(size)
         at = max(at, int(getattr(getattr(f, "raw", None), "pos", 0) or 0))  # (where the stream stopped, when later)
-        return RemoteError(f"{tar}: reading it failed at byte {at:,} of {size:,} ({type(e).__name__}: {e}); run the "
-                           f"compile again (its finished units are kept with --resume)")
+        return read_failed(tar, f"reading it failed at byte {at:,} of {size:,}", e)
     with f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
@@ -467,9 +458,9 @@ class WebDatasetSource(Source):
         # workers index the tars: the client never sees the pixels)
         index = _Index(self.image_ext, label_ext, self.label_key, read,
                        Keep(keep_budget()) if self.index_map is None and self.keep_images else None)
-        mapper = self.index_map or _threads
-        listed = {k[0]: k for k in known(tars)}  # (a tar with the identity its listing gave: a cluster's worker
-        found = mapper(index, [listed.get(t, t) for t in tars])  # reads that object, not one it saw before)
+        # (each tar's identity is the one its scan's GET answered with, remembered where it ran: what a listing
+        # said of it is not sent along, as that GET replaces it before any read)
+        found = (self.index_map or _threads)(index, tars)
         records, invalid = [], []
         names = tuple(self.classes) if self.classes else ()
         first = next((s for samples, _ in found for s in samples if s.problem is None), None)
@@ -597,14 +588,20 @@ def _member(f, r: Record, offset: int, n: int) -> bytes:
         raise SampleError(where(r), "the tar is gone since the scan") from None
     except DscError:
         raise
-    except Exception as e:  # noqa: BLE001 - a tar in a bucket whose stream failed past its reopens (obstore's
-        if not is_remote(r.path):  # errors are no OSError): the tar and where, not a traceback
+    except Exception as e:  # noqa: BLE001 - a tar in a bucket whose stream failed past its reopens
+        if not is_remote(r.path):
             raise
-        raise RemoteError(f"{r.path}: reading its member at byte {offset:,} ({n:,} bytes) failed ({type(e).__name__}: "
-                          f"{e}); run the compile again (its finished units are kept with --resume)") from None
+        raise read_failed(r.path, f"reading its member at byte {offset:,} ({n:,} bytes) failed", e) from None
     if len(data) != n:
         raise SampleError(where(r), f"the tar was cut short since the scan ({len(data):,} of {n:,} bytes of a member)")
     return data
+
+
+def read_failed(tar: str, what: str, e: BaseException) -> RemoteError:
+    """The error of a read of a tar in a bucket whose stream failed past the store's retries and reopens (obstore's
+    errors are no OSError): the tar, ``what`` was being read where, and the cause in one line, not a traceback."""
+    return RemoteError(f"{tar}: {what} ({type(e).__name__}: {e}); run the compile again (its finished units are kept "
+                       f"with --resume)")
 
 
 def member_field_name(ext: str) -> str:
@@ -627,9 +624,5 @@ class _Index:
         self.read = dict(read or {})
         self.keep = keep  # (None where it travels: a cluster's scan keeps no image)
 
-    def __call__(self, tar):
-        """``tar``: its URL, or (URL, size, mtime, ETag) as the scan's listing found it (``inputs.known``)."""
-        if isinstance(tar, tuple):
-            remember_all([tar])
-            tar = tar[0]
+    def __call__(self, tar: str):
         return index_tar(tar, self.image_ext, self.label_ext, self.label_key, self.read, self.keep)
