@@ -48,8 +48,8 @@ def test_scripted_hsv_loop_gives_the_bytes_of_its_python_form():
         torch.tensor([0.3, 0.7, 0.4], dtype=torch.float64)
     for rows in (1, 7, 37):
         a, b = x.clone(), x.clone()
-        C._hsv_jitter_cpu(a, gains.float(), a, rows)
-        C._hsv_jitter_cpu.eager(b, gains.float(), b, rows)
+        C._hsv_jitter_pieces(a, gains.float(), a, rows)
+        C._hsv_jitter_pieces.eager(b, gains.float(), b, rows)
         assert torch.equal(a, b), rows
     f = x.float()
     assert torch.equal(C.hsv_jitter_integer(f, gains), C._by_pieces(C._hsv_jitter_piece, f, gains))

@@ -695,3 +695,63 @@ def test_ring_held_ssd_batches_are_the_same_for_any_thread_count_and_after_a_res
     resumed.load_state_dict(state)
     rest = [images(b) for b in resumed]
     assert len(rest) == 5 and all(torch.equal(x, y) for a, b in zip(rest, want[1:]) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", ["ssd", "multiscale"])
+def test_the_last_geometric_stage_casts_the_torchvision_form_as_it_moves_the_images(people, name):
+    """format="torchvision" after a chain that leaves samples at several sizes (SSD's zoom-out and IoU crop,
+    multiscale's resize): the stage writes each image as float32 / 255 as it moves it (the zoom-out's fill as
+    float, never as bytes cast by a second pass over the batch): the form's images are views of that stage's
+    float ring buffer, and equal, value for value, the stage's uint8 output cast by the form."""
+    from dsc.runtime.batches import torchvision_form
+
+    ops = T.presets.detection(name)
+    loader = dsc.Loader(people, batch_size=3, transforms=ops, format="torchvision", seed=4, num_threads=1)
+    for j, (images, targets) in enumerate(loader):
+        floats = {buf.untyped_storage().data_ptr() for slot in loader._ring.slots for key, buf in slot.items()
+                  if key.startswith("geometric") and key.endswith(":float")}
+        assert all(im.untyped_storage().data_ptr() in floats for im in images)
+        b = people.get_batch([t["index"] for t in targets])
+        want, want_targets = torchvision_form(T.Compose(ops)(b, seed=4, epoch=loader.epoch, batch_index=j),
+                                              people.schema)
+        assert len(images) == len(want) == 3
+        for got, ref in zip(images, want):
+            assert got.dtype == torch.float32 and got.shape == ref.shape and torch.equal(got, ref)
+        for got, ref in zip(targets, want_targets):
+            assert torch.equal(got["boxes"], ref["boxes"])
+
+
+@pytest.mark.parametrize("fill", [117, (123, 117, 104)])
+def test_a_program_run_into_floats_equals_its_uint8_result_divided(fill):
+    """fused.run_program with ``divisor``: every program (crops partly or wholly outside the image, a crop inside
+    the crop before it, flips, resizes) gives float(uint8 result) / 255 exactly, the fill included."""
+    from dsc.transforms.fused import run_program
+
+    x = torch.randint(0, 256, (30, 40, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    d = torch.full((), 255.0)
+    f = float(fill) if isinstance(fill, int) else fill
+    programs = [
+        [("crop", -7, -9, 60, 70, f), ("crop", 3, 5, 40, 50), ("flip", 0, True)],  # zoom-out, IoU crop, flip
+        [("crop", -7, -9, 60, 70, f), ("crop", 20, 30, 40, 40), ("flip", 0, False)],  # the crop holds no pixel
+        [("crop", -7, -9, 60, 70, f), ("flip", 0, True), ("flip", 1, True)],
+        [("crop", 0, 0, 30, 40, f), ("crop", 2, 3, 20, 25), ("flip", 0, True)],  # inside the image
+        [("crop", 5, 5, 10, 10, f), ("crop", 2, 3, 20, 25)],  # not inside the crop before it: the general path
+        [("resize", 45, 33), ("flip", 0, True)],
+        [("flip", 0, True), ("crop", -2, -3, 35, 45, f)],  # a flip before the crop: the general path
+    ]
+    for program in programs:
+        want = torch.empty(_out_shape(program, x), dtype=torch.uint8)
+        run_program(x, program, want, False, None)
+        got = torch.full(want.shape, -1.0)
+        run_program(x, program, got, False, None, divisor=d)
+        assert torch.equal(got, want.float().div_(d)), program
+
+
+def _out_shape(program, x):
+    h, w = x.shape[:2]
+    for step in program:
+        if step[0] == "crop":
+            h, w = step[3], step[4]
+        elif step[0] == "resize":
+            h, w = step[1], step[2]
+    return (h, w, x.shape[2])

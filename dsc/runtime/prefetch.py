@@ -28,7 +28,7 @@ import torch
 from .. import scratch
 from ..errors import DscError
 from ..store.local import madvise
-from .batches import Batch, box_form
+from .batches import CAST_KEY, Batch, box_form
 from ..transforms import batch_generator
 from ..transforms.fused import plan_chain
 
@@ -177,6 +177,12 @@ class _EpochState:
         # the gather straight into format="torchvision" on the CPU, with no transform or box form between
         self.to_torchvision = self.output_alloc and loader.device.type == "cpu" and self.after_boxes is None and \
             (loader.transforms is None if self.compose is None else self.start >= len(self.compose.stages))
+        # ... or from the transforms' last stage, a geometric one, straight into that form: its packed ragged uint8
+        # images are written as the form's float32 values as they are moved (the zoom-out's fill as float, never
+        # as bytes cast in a second pass over the batch)
+        self.cast_rest = self.output_alloc and loader.device.type == "cpu" and self.after_boxes is None and \
+            self.compose is not None and self.start < len(self.compose.stages) and \
+            self.compose.stages[-1][0] == "geometric"
         self.seed, self.epoch, self.rank = loader.seed, loader.epoch, loader.rank
         self.batch_offset = loader._batch_offset()  # (an elastic resume numbers its batches after the earlier runs')
         self.rank_kw = loader._transforms_take_rank  # a plain callable that takes rank= gets it
@@ -233,7 +239,12 @@ def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
         batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
                                  **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
-        batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc, owned=True)  # (its ring slot / copy)
+        divisor = torch.full((), 255.0) if state.cast_rest else None  # (a 0-dim tensor, as the form divides)
+        batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc, owned=True,  # (its ring slot / copy)
+                              divisor=divisor)
+        if divisor is not None and "image_offsets" in batch and "index" in batch and \
+                batch["image"].dtype == torch.float32:  # (cast by the last stage: the form takes them as they are)
+            batch[CAST_KEY] = batch["index"]
     if state.after_boxes is not None:  # the box form asked for, from the packed boxes the transforms moved
         batch = box_form(batch, state.dataset.schema, state.after_boxes)
     if state.output is None:

@@ -116,7 +116,7 @@ class Compose:
 
     def __call__(self, batch: dict, seed: int = 0, epoch: int = 0, batch_index: int = 0, schema=None,
                  gen: torch.Generator | None = None, start: int = 0, rank: int = 0, alloc=None,
-                 owned: bool = False) -> dict:
+                 owned: bool = False, divisor: torch.Tensor | None = None) -> dict:
         """The random draws come from (seed, epoch, rank, batch_index) alone: the same four give the same
         crops and flips (that is what makes a resumed Loader replay its batches), so a loop of your own passes
         its epoch and batch number (and, distributed, its rank: ranks then draw different augmentations).
@@ -127,7 +127,9 @@ class Compose:
         image); ``owned``: the caller hands the batch over as the pipeline's own (the Loader passes
         ``owned=True`` for its ring slot), so its pixels may be written into. Without ``owned=True`` the
         caller's pixels are never written into, whatever ``start`` and ``alloc`` are (a later stage's own
-        output may be)."""
+        output may be). ``divisor`` (a 0-dim tensor): the caller converts the images to float divided by it next
+        (format="torchvision"): a last geometric stage that leaves packed ragged uint8 images on the CPU hands
+        them over as float32 already (:func:`~dsc.transforms.resample.apply_geometric`'s ``divisor``)."""
         if not isinstance(batch, dict):
             raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
                               f"list of samples; got a {type(batch).__name__}")
@@ -143,7 +145,8 @@ class Compose:
                 continue
             if kind == "geometric":
                 batch = apply_geometric(op, batch, gen, schema=schema, alloc=alloc if owned else None,
-                                        name=f"geometric{start + k}")  # (a buffer per stage: the next reads it)
+                                        name=f"geometric{start + k}",  # (a buffer per stage: the next reads it)
+                                        divisor=divisor if k == len(stages) - 1 else None)
             elif kind == "pixels":
                 batch = op(batch)
             elif kind == "photo":  # followed by ToFloat/Normalize: handed over in float, one pass fewer each way

@@ -157,25 +157,28 @@ def hsv_jitter_integer(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor |
     :func:`hue_integer`), rounded. Float arithmetic on planes, without the float HSV round trip's selects,
     remainders and truncations: within a grey level of OpenCV's formula in exact arithmetic (the float round
     trip is several levels off where a rounding ties). ``out``: as :func:`_by_pieces`' (``out=x``: in place).
-    On the CPU the loop over samples and pieces is :func:`_hsv_jitter_cpu`, scripted: its ~60 ops a piece
+    The loop over samples and pieces is :func:`_hsv_jitter_pieces`, scripted on the CPU: its ~60 ops a piece
     never reach Python, so a Loader's filler thread runs it without the GIL."""
     gains = torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3)
-    if x.device.type != "cpu":
-        return _by_pieces(_hsv_jitter_piece, x, gains, out=out)
     N, _, H, W = x.shape
     if out is None:
-        out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32)
-    _hsv_jitter_cpu(x, gains.to(torch.float32), out, max(1, PIECE_PIXELS // max(W, 1)))
+        out = torch.empty((N, 3, H, W), dtype=x.dtype if x.is_floating_point() else torch.float32, device=x.device)
+    _hsv_jitter_pieces(x, gains.to(torch.float32), out, max(1, PIECE_PIXELS // max(W, 1)))
     return out
 
 
-@nogil
-def _hsv_jitter_cpu(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor, rows: int) -> None:
-    """:func:`_by_pieces`' CPU loop of :func:`_hsv_jitter_piece` (sample by sample, ``rows`` rows at a time: a
-    piece's planes stay in cache), ``gains`` (N, 3) float32; the same ops, so the same bytes."""
+@nogil(cpu_only=True)
+def _hsv_jitter_pieces(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor, rows: int) -> None:
+    """:func:`_by_pieces`' loop of :func:`_hsv_jitter_piece`, ``gains`` (N, 3) float32: on the CPU sample by
+    sample, ``rows`` rows at a time (a piece's planes stay in cache; each piece as :func:`_piece` makes it), on a
+    device the batch in one call; the same ops, so the same bytes. Scripted on the CPU only (``nogil``'s
+    ``cpu_only``: a device runs the one call as plain Python)."""
+    if x.device.type != "cpu":
+        _hsv_jitter_piece(x, gains, out)
+        return
     for n in range(x.shape[0]):
         for r0 in range(0, x.shape[2], rows):
-            _hsv_jitter_piece(x[n:n + 1, :, r0:r0 + rows], gains[n:n + 1], out[n:n + 1, :, r0:r0 + rows])
+            _hsv_jitter_piece(_piece(x[n, :, r0:r0 + rows]), gains[n:n + 1], _piece(out[n, :, r0:r0 + rows]))
 
 
 def _hsv_jitter_piece(x: torch.Tensor, gains: torch.Tensor, out: torch.Tensor) -> None:
@@ -251,7 +254,7 @@ def _piece(v: torch.Tensor) -> torch.Tensor:
     """(1, *v.shape): ``v`` (a slice of rows of one sample) with a dense stride of its own in front (a slice
     ``x[n:n + 1]`` keeps the whole sample's stride there, which a float copy keeps too: torch.matmul (the grey)
     then takes a path about 4x slower)."""
-    return v.as_strided((1, *v.shape), (v.numel(), *v.stride()), v.storage_offset())
+    return v.as_strided([1] + list(v.size()), [v.numel()] + list(v.stride()), v.storage_offset())
 
 
 def _by_pieces(kernel, x: torch.Tensor, per_sample: torch.Tensor, out: torch.Tensor | None = None,
@@ -328,24 +331,19 @@ def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor
     yf.copy_(x[0].permute(1, 2, 0))
     grey = scratch_tensor("saturation:grey", (h, w), torch.float32)
     r = torch.as_tensor(factor, dtype=torch.float32).reshape(-1)[:1]
-    saturation_hwc_(yf, grey, float(r), float(1.0 - r)).floor_()
+    saturation_hwc_of(yf, grey, float(r), float(1.0 - r), _gray_weights(), list(GRAY)).floor_()
     return _piece(yf.permute(2, 0, 1))  # (a dense stride of its own in front, as every piece)
-
-
-def saturation_hwc_(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: float) -> torch.Tensor:
-    """:func:`saturation`'s blend on a float32 (H, W, C) copy of whole values, in place, its very float32
-    operations: the grey (grayscale's product for channels-last float pixels; of channels 0-2 where C is not 3,
-    as grayscale's elementwise product) into ``grey`` (H, W), floored, times ``other`` = 1 - factor; the pixels
-    times ``factor`` (float32 scalars: blend's r * a and (1 - r) * grey, each rounded); the grey added channel by
-    channel (a broadcast over the innermost axis is a slow inner loop); clamped to [0, 255]. Returns ``xf``.
-    (:func:`saturation_hwc_of`: the same, callable from a scripted loop.)"""
-    return saturation_hwc_of(xf, grey, factor, other, _gray_weights(), list(GRAY))
 
 
 def saturation_hwc_of(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: float, weights: torch.Tensor,
                       gray: List[float]) -> torch.Tensor:
-    """:func:`saturation_hwc_` given :func:`_gray_weights` and :data:`GRAY` (TorchScript's subset: a scripted
-    loop calls it for each sample)."""
+    """:func:`saturation`'s blend on a float32 (H, W, C) copy of whole values, in place, its very float32
+    operations: the grey (grayscale's product for channels-last float pixels, ``weights`` = :func:`_gray_weights`;
+    of channels 0-2 where C is not 3, as grayscale's elementwise product with ``gray`` = :data:`GRAY`) into
+    ``grey`` (H, W), floored, times ``other`` = 1 - factor; the pixels times ``factor`` (float32 scalars:
+    blend's r * a and (1 - r) * grey, each rounded); the grey added channel by channel (a broadcast over the
+    innermost axis is a slow inner loop); clamped to [0, 255]. Returns ``xf``. (TorchScript's subset: a scripted
+    loop calls it for each sample.)"""
     if xf.shape[2] == 3:
         torch.matmul(xf, weights, out=grey)
     else:  # (the matmul takes 3 channels)

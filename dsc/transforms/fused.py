@@ -274,7 +274,10 @@ def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> No
     a0, a1, b0, b1 = part
     if a1 <= a0 or b1 <= b0:
         a0 = a1 = b0 = b1 = 0
-    line = full((1, w, *out.shape[2:]), fill, out.dtype, out.device)[0] if isinstance(fill, (tuple, list)) else None
+    if isinstance(fill, torch.Tensor):  # (one value per channel, float already: run_program's float out)
+        line = fill.to(out.dtype).repeat(w).view(w, -1)
+    else:
+        line = full((1, w, *out.shape[2:]), fill, out.dtype, out.device)[0] if isinstance(fill, (tuple, list)) else None
     for r0, r1, c0, c1 in ((0, a0, 0, w), (a1, h, 0, w), (a0, a1, 0, b0), (a0, a1, b1, w)):
         if r1 > r0 and c1 > c0:
             band = out[r0:r1, c0:c1]
@@ -284,11 +287,25 @@ def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> No
                 band.copy_(line[c0:c1].unsqueeze(0).expand_as(band))
 
 
+def _float_fill(fill, divisor: torch.Tensor, dtype: torch.dtype):
+    """A crop's fill as a float ``out`` of :func:`run_program` with ``divisor`` holds it: float(fill) / divisor
+    (one number, or a tensor of one per channel), the same division the cast of the uint8 fill makes."""
+    f = torch.tensor(fill if isinstance(fill, (tuple, list)) else [fill], dtype=torch.float64).round().to(dtype)
+    f = f.div_(divisor.to(dtype))
+    return f if isinstance(fill, (tuple, list)) else float(f[0])
+
+
 def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
-                post=None) -> None:
+                post=None, divisor: torch.Tensor | None = None) -> None:
     """One sample: ``src`` (H, W[, C]) through ``program`` into ``out`` (h, w[, C]); with ``post`` (a
     :class:`~dsc.transforms.photometric.PixelPost`) the uint8 result goes through it into ``out`` (C, h, w).
-    ``fill``: what a crop outside the image shows (a mask's ignore index); None: each crop's own fill."""
+    ``fill``: what a crop outside the image shows (a mask's ignore index); None: each crop's own fill.
+    ``divisor`` (a 0-dim tensor, e.g. 255): ``out`` is float, the uint8 result cast and divided by it as it is
+    written (the last copy does the cast: a zoom-out's fill is written as float(fill) / divisor, never as bytes
+    cast later; exactly the values of the uint8 result's ``float(x) / divisor``)."""
+    if divisor is not None and post is None and out.is_floating_point() and not src.is_floating_point():
+        _run_program_float(src, program, out, nearest, fill, divisor)
+        return
     target = out
     if post is not None:
         if not program and src.dim() == 3:
@@ -375,6 +392,42 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         target.copy_(_flip(x, fh, fw))
     if post is not None:
         post.apply_sample(target, out)
+
+
+def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill,
+                       divisor: torch.Tensor) -> None:
+    """:func:`run_program` into a float ``out``, divided by ``divisor``. A program of one crop, or two that
+    merge (zoom-out's canvas, the IoU crop inside it), then flips only: the fill written as float around the
+    part of the image the crop holds, that part cast, mirrored and divided in place (in cache), as
+    :func:`run_program` places it. Any other program: into a uint8 buffer of the sample's size, then one cast
+    and division into ``out``."""
+    n = 0
+    while n < len(program) and program[n][0] == "crop":
+        n += 1
+    if 1 <= n <= 2 and all(st[0] == "flip" for st in program[n:]) and len(out.shape) >= 2:
+        top, left, h, w = program[0][1:5]
+        cfill = fill if fill is not None else (program[0][5] if len(program[0]) > 5 else 0.0)
+        merged = True
+        if n == 2:  # (run_program merges a crop inside the crop before it; one that is not: the general path)
+            t2, l2, h2, w2 = program[1][1:5]
+            merged = 0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w
+            top, left, h, w = top + t2, left + l2, h2, w2
+        if merged and tuple(out.shape[:2]) == (h, w):
+            fh, fw = _pending_flips(program[n:], False, False)
+            H, W = src.shape[:2]
+            t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
+            a0, a1, b0, b1 = t0 - top, t1 - top, l0 - left, l1 - left  # the part, in the output
+            if fh:
+                a0, a1 = h - a1, h - a0
+            if fw:
+                b0, b1 = w - b1, w - b0
+            _fill_around(out, (a0, a1, b0, b1), _float_fill(cfill, divisor, out.dtype))
+            if t1 > t0 and l1 > l0:
+                out[a0:a1, b0:b1].copy_(_flip(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
+            return
+    tmp = torch.empty(out.shape, dtype=src.dtype, device=src.device)
+    run_program(src, program, tmp, nearest, fill)
+    out.copy_(tmp).div_(divisor)
 
 
 def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,

@@ -188,12 +188,15 @@ def _resample(canvas: torch.Tensor, src_sizes: torch.Tensor, M: torch.Tensor, ou
 
 
 def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, schema: Schema | None = None,
-                    alloc=None, name: str = "geometric") -> dict:
+                    alloc=None, name: str = "geometric", divisor: torch.Tensor | None = None) -> dict:
     """The chain ``ops`` on every image-like key the schema names (the image bilinear, masks nearest with
     their ignore fill) and on the boxes, from one draw of the parameters per batch. ``alloc(name, shape,
     dtype)``: where a chain that leaves samples at several sizes writes its packed pixels (the Loader's ring:
     buffers reused batch after batch, no fresh pages to fault in; default new tensors), under ``name`` + the
-    key (a name of its own per stage: a later stage reads this one's output)."""
+    key (a name of its own per stage: a later stage reads this one's output). ``divisor`` (a 0-dim tensor): a chain
+    that leaves uint8 images at several sizes (zoom-out, IoU crop, scale jitter) on the CPU writes its packed
+    ``image`` as float32 divided by it instead (each sample cast as it is written: :func:`fused.run_program`'s
+    ``divisor``); elsewhere the image stays as it is (the caller checks its dtype)."""
     _check_batch(batch)
     schema = schema if schema is not None else getattr(batch, "schema", None)
     if schema is None:
@@ -206,12 +209,14 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     if "image" not in pixels:
         raise ConfigError("geometric transforms take a batch (ds.get_batch(...) or a Loader's), with its 'image'")
     boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
-    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes), batch, schema, alloc, name)
+    return apply_plan(plan_chain(ops, _views(batch, "image")[1], gen, boxes=boxes), batch, schema, alloc, name,
+                      divisor)
 
 
-def apply_plan(plan, batch: dict, schema: Schema, alloc=None, name: str = "geometric") -> dict:
+def apply_plan(plan, batch: dict, schema: Schema, alloc=None, name: str = "geometric",
+               divisor: torch.Tensor | None = None) -> dict:
     """A drawn chain (``fused.ChainPlan``) on every image-like key of a packed batch and on its objects
-    (``alloc``, ``name``: as :func:`apply_geometric`'s)."""
+    (``alloc``, ``name``, ``divisor``: as :func:`apply_geometric`'s)."""
     pixels = {k: r for k, r in schema.pixels().items() if k in batch}
     if plan.out is None and torch.equal(plan.out_sizes.long(), plan.sizes.long()):
         # a size-keeping chain on mixed sizes (flips): each sample at its own size, in the batch's own form
@@ -220,7 +225,7 @@ def apply_plan(plan, batch: dict, schema: Schema, alloc=None, name: str = "geome
         move_objects(batch, plan, schema)
         return batch
     if plan.out is None:  # samples of several sizes (scale jitter, zoom-out): a packed ragged batch out
-        return _apply_ragged(plan, batch, pixels, schema, alloc, name)
+        return _apply_ragged(plan, batch, pixels, schema, alloc, name, divisor)
     out_h, out_w = plan.out
     for key, role in pixels.items():
         nearest = role.resample == "nearest"
@@ -278,10 +283,12 @@ def pack(batch: dict, key: str, samples: list[torch.Tensor]) -> None:
     batch[f"{key}_shapes"] = torch.tensor([list(s.shape) for s in samples], dtype=torch.int64, device=dev).view(-1, ndim)
 
 
-def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str = "geometric") -> dict:
+def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str = "geometric",
+                  divisor: torch.Tensor | None = None) -> dict:
     """A chain that leaves samples at several sizes (flips on mixed sizes, scale jitter, zoom-out): every
     pixel role moved sample by sample (:func:`move_sample`), the batch handed back packed ragged (the
-    programs' output into ``alloc``'s buffer ``{name}_{key}`` when given)."""
+    programs' output into ``alloc``'s buffer ``{name}_{key}`` when given; with ``divisor``, a CPU uint8
+    ``image`` as float32 divided by it, into ``{name}_{key}:float``)."""
     out_sizes = plan.out_sizes.tolist()
     for key, role in pixels.items():
         views = _views(batch, key)[0]
@@ -295,13 +302,16 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str
         offsets = torch.zeros(len(shapes) + 1, dtype=torch.int64)
         torch.cumsum(sizes, 0, out=offsets[1:])
         dev = batch[key].device
+        cast = divisor if key == "image" and dev.type == "cpu" and batch[key].dtype == torch.uint8 else None
+        dtype, buf = (torch.float32, f"{name}_{key}:float") if cast is not None else (batch[key].dtype, f"{name}_{key}")
         if alloc is not None and dev.type == "cpu":  # (the ring's buffers are host memory)
-            flat = alloc(f"{name}_{key}", (int(offsets[-1]),), batch[key].dtype)
+            flat = alloc(buf, (int(offsets[-1]),), dtype)
         else:
-            flat = torch.empty(int(offsets[-1]), dtype=batch[key].dtype, device=dev)
+            flat = torch.empty(int(offsets[-1]), dtype=dtype, device=dev)
         o = offsets.tolist()
         for b, v in enumerate(views):
-            run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill)
+            run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill,
+                        divisor=cast)
         drop_companions(batch, key)
         batch[key] = flat
         batch[f"{key}_offsets"] = offsets.to(flat.device)
