@@ -1111,9 +1111,6 @@ def _pixel_views(batch: dict):
     return None, img
 
 
-CHUNK_BYTES = 1 << 21  # the float pixels of the samples a CPU pass works on at once (about L2)
-
-
 def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None, inplace: bool = False,
                     alloc=None) -> dict:
     """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
