@@ -135,6 +135,6 @@ def test_augmix_mixes_chunk_by_chunk_as_the_float_stage():
     """A batch larger than a mixing chunk (the reused buffers' last chunk short) mixes as the float stage."""
     op = T.AugMix(interpolation="bilinear")
     img = batch(23, 128, 128)
-    assert len(img) > A.CHUNK_BYTES // (128 * 128 * 3 * 4) * 2  # (three chunks, the last one short)
+    assert len(img) > A.MIX_BYTES // (128 * 128 * 3 * 4) * 2  # (three chunks or more, the last one short)
     got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(4))["image"]
     assert torch.equal(got, float_stage([op], img, 4))

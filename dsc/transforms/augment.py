@@ -544,7 +544,7 @@ def _warp_rows(x: torch.Tensor, rows: List[int], ax: torch.Tensor, ay: torch.Ten
             else:
                 v = (v - fill_t).mul_(mask).add_(fill_t)
             y = v.round_().clamp_(0, 255)
-        x[b].copy_(y.permute(1, 2, 0))
+        G.write_u8(x[b], y.permute(1, 2, 0))  # (whole values in 0..255: the copy's truncation keeps them)
 
 
 def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
@@ -793,7 +793,7 @@ def _sharpness_sample(x: torch.Tensor, other: float, xf: torch.Tensor, p: torch.
     view = xf[1:-1, 1:-1]
     deg = box.add_(view, alpha=4.0).div_(13.0).round_()
     view.add_(deg.sub_(view).mul_(other))
-    x[1:-1, 1:-1] = view.clamp_(0, 255)
+    G.write_u8(x[1:-1, 1:-1], view.clamp_(0, 255))
 
 
 @nogil
@@ -805,7 +805,7 @@ def _saturation_rows(x: torch.Tensor, rows: List[int], factors: List[float], oth
     for i in range(len(rows)):
         b = rows[i]
         xf.copy_(x[b])
-        x[b].copy_(C.saturation_hwc_of(xf, grey, factors[i], others[i], weights, gray))
+        G.write_u8(x[b], C.saturation_hwc_of(xf, grey, factors[i], others[i], weights, gray))
 
 
 _PIL_MODES = {1: "L", 3: "RGB"}
@@ -1039,13 +1039,13 @@ class AugMix(_AutoBase):
         """:data:`AUGMIX_SAMPLES` samples at a time (no batch-sized copies): the ``mixture_width`` chains of
         those samples as one uint8 batch of chain copies (chain i of sample j at row i n + j), run slot by
         slot, each drawn op once on every chain copy that drew it (one call per op and slot for all the
-        chains, not one per chain); then their mix (the same float arithmetic as ``apply``), a few samples
-        at a time (in cache), truncated to uint8 into ``x``."""
+        chains, not one per chain); then their mix (the same float arithmetic as ``apply``), a sample or a
+        few at a time (:data:`MIX_BYTES`), truncated to uint8 into ``x``."""
         W = self.mixture_width
         K = p["ops"].shape[1] // W
         m0 = p["m0"].to(x.device, torch.float32).view(-1, 1, 1, 1)
         w = p["w"].to(x.device, torch.float32)
-        step = max(1, CHUNK_BYTES // max(1, x[0].numel() * 4))
+        step = max(1, MIX_BYTES // max(1, x[0].numel() * 4))
         # the chain copies and the (n, H, W, C) float buffers are this thread's scratch, reused group after
         # group and batch after batch (no fresh pages: a fresh 14 MB of chain copies a group was about 100 page
         # faults an image, each freed one a TLB shootdown on the other filler thread's core); each product is
@@ -1082,10 +1082,12 @@ def _augmix_mix(xg: torch.Tensor, augs: torch.Tensor, m0: torch.Tensor, w: torch
         a.copy_(xg[c0:c0 + k]).mul_(m0[c0:c0 + k])
         for i in range(w.shape[1]):
             a.add_(t.copy_(augs[i * n + c0:i * n + c0 + k]).mul_(w[c0:c0 + k, i].view(-1, 1, 1, 1)))
-        xg[c0:c0 + k].copy_(a.clamp_(0, 255))
+        G.write_u8(xg[c0:c0 + k], a.clamp_(0, 255))  # (truncated, as the cast to uint8)
 
 
 AUGMIX_SAMPLES = 32  # AugMix's chains run on copies of this many samples at a time
+MIX_BYTES = 1 << 19  # AugMix's mix: the float pixels of the samples summed at once (one 224 px sample: measured
+# 0.49 ms an image, against 0.64 for three at a time, whose two 1.8 MB buffers left the 512 KB L2)
 
 def scratch(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A CPU work buffer of ``shape``: this thread's buffer ``name`` of dsc's one per-thread pool
@@ -1107,9 +1109,6 @@ def _pixel_views(batch: dict):
     if "image_sizes" in batch:
         return [img[b, :h, :w] for b, (h, w) in enumerate(batch["image_sizes"].tolist())], None
     return None, img
-
-
-CHUNK_BYTES = 1 << 21  # the float pixels of the samples a CPU pass works on at once (about L2)
 
 
 def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None, inplace: bool = False,
