@@ -115,3 +115,15 @@ def test_augmix_mixes_a_224_px_sample_at_a_time(monkeypatch):
         out = op.apply_u8(img.clone(), p, sizes)
         assert torch.equal(out, float_stage([op], img, 1))
     assert steps == [1, A.MIX_BYTES // (32 * 32 * 3 * 4)]
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 5, 3), (1, 5, 0, 3), (2, 0, 0, 1)])
+def test_shears_of_an_empty_image_return_it(shape):
+    """A shear with no line to move gives the empty image back (an unfold view of an empty buffer would raise)."""
+    x = torch.zeros(shape, dtype=torch.uint8)
+    M = torch.eye(3, dtype=torch.float64).expand(shape[0], 3, 3).clone()
+    M[:, 0, 1] = 0.3
+    for axis in (0, 1):
+        assert G.shear_u8(x.clone(), M, None, axis).shape == shape
+        xf = x.permute(0, 3, 1, 2).float()
+        assert G.shear_float(xf, M, None, axis, True).shape == xf.shape

@@ -191,6 +191,8 @@ def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int, rows=None) -> to
     """CPU uint8 (N, H, W, C) through shear maps ``M`` (N, 3, 3) (``axis`` from :func:`shear_axis`), bilinear,
     rounded, in place; ``rows``: only these samples of ``x`` (``M`` one per row)."""
     N, H, W, C = x.shape
+    if x.numel() == 0:  # (no line to move; unfold cannot view an empty buffer's windows)
+        return x
     R, L = (H, W) if axis == 1 else (W, H)
     pad, ones = _pads(R, L, C, x.dtype, fill)  # (each sample's zero-bordered lines in one buffer, zeroed once)
     _shear_rows(x, M, list(range(N)) if rows is None else [int(b) for b in rows], axis, _fill_tensor(fill), pad,
@@ -219,6 +221,8 @@ def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool
     """:func:`shear_u8`'s operations on CPU float (N, C, H, W), plane by plane (``integer``: rounded)."""
     N, C, H, W = x.shape
     y = torch.empty_like(x, dtype=torch.float32)
+    if x.numel() == 0:
+        return y
     fills = [None] * C if fill is None else [_fill_tensor(v) for v in
                                              torch.as_tensor(fill, dtype=torch.float32).reshape(-1).expand(C).tolist()]
     R, L = (H, W) if axis == 1 else (W, H)
