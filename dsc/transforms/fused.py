@@ -394,40 +394,57 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         post.apply_sample(target, out)
 
 
-def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill,
-                       divisor: torch.Tensor) -> None:
-    """:func:`run_program` into a float ``out``, divided by ``divisor``. A program of one crop, or two that
-    merge (zoom-out's canvas, the IoU crop inside it), then flips only: the fill written as float around the
-    part of the image the crop holds, that part cast, mirrored and divided in place (in cache), as
-    :func:`run_program` places it. Any other program: into a uint8 buffer of the sample's size, then one cast
-    and division into ``out``."""
+def casts_directly(program: list[tuple], out_hw: tuple[int, int]) -> bool:
+    """Whether :func:`run_program` with ``divisor`` writes a sample of ``program`` (its output ``out_hw``)
+    straight as float: one crop, or two that merge (zoom-out's canvas, the IoU crop inside it), then flips
+    only. Others (a resize: its kernel writes bytes) would go through a uint8 copy of the sample and a
+    cast of it out of cache, slower than the torchvision form's own cast in cache-sized pieces: a caller
+    leaves those to it."""
+    return _direct_crop(program, out_hw) is not None
+
+
+def _direct_crop(program: list[tuple], out_hw: tuple[int, int]):
+    """(top, left, h, w, its fill, the number of crops) of :func:`casts_directly`'s programs, else None."""
     n = 0
     while n < len(program) and program[n][0] == "crop":
         n += 1
-    if 1 <= n <= 2 and all(st[0] == "flip" for st in program[n:]) and len(out.shape) >= 2:
-        top, left, h, w = program[0][1:5]
-        cfill = fill if fill is not None else (program[0][5] if len(program[0]) > 5 else 0.0)
-        merged = True
-        if n == 2:  # (run_program merges a crop inside the crop before it; one that is not: the general path)
-            t2, l2, h2, w2 = program[1][1:5]
-            merged = 0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w
-            top, left, h, w = top + t2, left + l2, h2, w2
-        if merged and tuple(out.shape[:2]) == (h, w):
-            fh, fw = _pending_flips(program[n:], False, False)
-            H, W = src.shape[:2]
-            t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
-            a0, a1, b0, b1 = t0 - top, t1 - top, l0 - left, l1 - left  # the part, in the output
-            if fh:
-                a0, a1 = h - a1, h - a0
-            if fw:
-                b0, b1 = w - b1, w - b0
-            _fill_around(out, (a0, a1, b0, b1), _float_fill(cfill, divisor, out.dtype))
-            if t1 > t0 and l1 > l0:
-                out[a0:a1, b0:b1].copy_(_flip(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
-            return
-    tmp = torch.empty(out.shape, dtype=src.dtype, device=src.device)
-    run_program(src, program, tmp, nearest, fill)
-    out.copy_(tmp).div_(divisor)
+    if not 1 <= n <= 2 or any(st[0] != "flip" for st in program[n:]):
+        return None
+    top, left, h, w = program[0][1:5]
+    if n == 2:  # (run_program merges a crop inside the crop before it)
+        t2, l2, h2, w2 = program[1][1:5]
+        if not (0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w):
+            return None
+        top, left, h, w = top + t2, left + l2, h2, w2
+    if tuple(out_hw) != (h, w):
+        return None
+    return top, left, h, w, (program[0][5] if len(program[0]) > 5 else 0.0), n
+
+
+def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill,
+                       divisor: torch.Tensor) -> None:
+    """:func:`run_program` into a float ``out``, divided by ``divisor``. A program :func:`casts_directly`: the
+    fill written as float around the part of the image the crop holds, that part cast, mirrored and divided in
+    place (in cache), as :func:`run_program` places it. Any other: into a uint8 copy of the sample, then one
+    cast and division into ``out``."""
+    crop = _direct_crop(program, tuple(out.shape[:2])) if out.dim() >= 2 else None
+    if crop is None:
+        tmp = torch.empty(out.shape, dtype=src.dtype, device=src.device)
+        run_program(src, program, tmp, nearest, fill)
+        out.copy_(tmp).div_(divisor)
+        return
+    top, left, h, w, own, n = crop
+    fh, fw = _pending_flips(program[n:], False, False)
+    H, W = src.shape[:2]
+    t0, t1, l0, l1 = max(top, 0), min(top + h, H), max(left, 0), min(left + w, W)
+    a0, a1, b0, b1 = t0 - top, t1 - top, l0 - left, l1 - left  # the part, in the output
+    if fh:
+        a0, a1 = h - a1, h - a0
+    if fw:
+        b0, b1 = w - b1, w - b0
+    _fill_around(out, (a0, a1, b0, b1), _float_fill(fill if fill is not None else own, divisor, out.dtype))
+    if t1 > t0 and l1 > l0:
+        out[a0:a1, b0:b1].copy_(_flip(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
 
 
 def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,

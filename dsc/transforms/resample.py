@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..formats.fields import Schema
 from ..formats.fields.base import drop_companions
-from .fused import full, plan_chain, run_batch, run_program
+from .fused import casts_directly, full, plan_chain, run_batch, run_program
 from .geometric import Geometric
 from .warp_gather import affine_bilinear
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
@@ -194,7 +194,8 @@ def apply_geometric(ops: list[Geometric], batch: dict, gen: torch.Generator, sch
     dtype)``: where a chain that leaves samples at several sizes writes its packed pixels (the Loader's ring:
     buffers reused batch after batch, no fresh pages to fault in; default new tensors), under ``name`` + the
     key (a name of its own per stage: a later stage reads this one's output). ``divisor`` (a 0-dim tensor): a chain
-    that leaves uint8 images at several sizes (zoom-out, IoU crop, scale jitter) on the CPU writes its packed
+    that leaves uint8 images at several sizes by crops and flips only (zoom-out, IoU crop: where
+    :func:`fused.casts_directly`; a resize's are left to the caller's cast) on the CPU writes its packed
     ``image`` as float32 divided by it instead (each sample cast as it is written: :func:`fused.run_program`'s
     ``divisor``); elsewhere the image stays as it is (the caller checks its dtype)."""
     _check_batch(batch)
@@ -302,7 +303,8 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str
         offsets = torch.zeros(len(shapes) + 1, dtype=torch.int64)
         torch.cumsum(sizes, 0, out=offsets[1:])
         dev = batch[key].device
-        cast = divisor if key == "image" and dev.type == "cpu" and batch[key].dtype == torch.uint8 else None
+        cast = divisor if key == "image" and dev.type == "cpu" and batch[key].dtype == torch.uint8 and \
+            all(casts_directly(p, hw) for p, hw in zip(plan.programs, out_sizes)) else None
         dtype, buf = (torch.float32, f"{name}_{key}:float") if cast is not None else (batch[key].dtype, f"{name}_{key}")
         if alloc is not None and dev.type == "cpu":  # (the ring's buffers are host memory)
             flat = alloc(buf, (int(offsets[-1]),), dtype)
