@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import dsc
+from dsc import nogil as N
 from dsc import transforms as T
 from dsc.runtime.batches import object_masks
 from dsc.synthetic import write_coco_instances
@@ -466,10 +467,12 @@ def test_photometric_distort_runs_saturation_and_hue_on_one_float_copy(monkeypat
     from dsc.transforms import color as C
 
     copies = []
-    real, real_sat = A.contrast_mean_u8, C._saturation_piece_cpu
-    # (the contrast's mean: each sample's float copy in scratch; saturation + hue: the piece's, in scratch)
+    real, real_sat = A.contrast_mean_u8, C.saturation_hwc_of
+    # (the contrast's mean: each sample's float copy in scratch; saturation + hue: the piece's, in scratch; the
+    # loop over pieces runs as plain Python here, where each call is seen)
+    monkeypatch.setattr(N, "ENABLED", False)
     monkeypatch.setattr(A, "contrast_mean_u8", lambda x, rows: copies.append(len(rows)) or real(x, rows))
-    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda x, *a: copies.append(len(x)) or real_sat(x, *a))
+    monkeypatch.setattr(C, "saturation_hwc_of", lambda x, *a: copies.append(1) or real_sat(x, *a))
     for seed in range(3):
         copies.clear()
         got = A.apply_pixel_ops([op], {"image": img.clone()}, torch.Generator().manual_seed(seed))["image"]
@@ -551,9 +554,10 @@ def test_saturation_hue_and_hsv_on_uint8_run_in_place_piece_by_piece(monkeypatch
     sizes = torch.tensor([[45, 61]]).expand(2, 2)
     op = A.RandomPhotometricDistort(p=1.0)
     log, pieces = ([], []), []
-    real, real_hue, real_hsv = C._saturation_piece_cpu, C._hue_piece, C._hsv_jitter_piece
-    monkeypatch.setattr(C, "_saturation_piece_cpu", lambda v, *a: log[0].append(v[0, 0].numel()) or real(v, *a))
-    monkeypatch.setattr(C, "_hue_piece", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
+    real, real_hue, real_hsv = C.saturation_hwc_of, C._hue_shift, C._hsv_jitter_piece
+    monkeypatch.setattr(N, "ENABLED", False)  # (the loops over pieces as plain Python: each call is seen)
+    monkeypatch.setattr(C, "saturation_hwc_of", lambda v, *a: log[0].append(v[..., 0].numel()) or real(v, *a))
+    monkeypatch.setattr(C, "_hue_shift", lambda v, *a: log[1].append(v.dtype) or pieces.append(v) or real_hue(v, *a))
     monkeypatch.setattr(C, "_hsv_jitter_piece", lambda v, *a: pieces.append(v) or real_hsv(v, *a))
     for sat, hue in ((True, False), (False, True), (True, True)):
         p = op.params(sizes, torch.Generator().manual_seed(7))

@@ -6,7 +6,9 @@ import sys
 import torch
 
 from dsc.transforms import augment as A
+from dsc import nogil as N
 from dsc.transforms import color as C
+from torch_calls import TorchCalls, scripted_only
 
 from test_recipes_uint8 import batch
 
@@ -164,3 +166,22 @@ def test_the_dispatcher_asks_a_kernel_s_predicate_once(monkeypatch):
     got = A.apply_named_u8("Equalize", img.clone(), mag[:2], rows=torch.tensor([0, 3]))
     assert torch.equal(got[[0, 3]], ref[[0, 3]]) and torch.equal(got[[1, 2]], img[[1, 2]])
     assert asked == [1, 1]
+
+
+@scripted_only
+def test_saturation_and_hue_on_the_cpu_reach_python_a_few_times_a_batch(monkeypatch):
+    """RandomPhotometricDistort's saturation + hue on CPU uint8 run their loop over samples and pieces scripted
+    (color._saturation_hue_pieces, dsc.nogil): a batch's ~70 ops a piece never come back to Python (each took the
+    GIL, the Loader's other filler thread waiting); the bytes are the plain loop's."""
+    monkeypatch.setattr(C, "PIECE_PIXELS", 1 << 10)
+    img = batch(6, 45, 61)  # 3 pieces a sample
+    on = torch.tensor([True, False, True, True, False, True])
+    hue_on = torch.tensor([True, True, False, True, False, True])
+    f = torch.tensor([0.5, 1.4, 1.2, 0.7, 1.0, 1.5], dtype=torch.float64)
+    h = torch.tensor([0.05, 0.0, -0.03, 0.1, 0.02, -0.5], dtype=torch.float64)
+    C.saturation_hue_u8(img.clone(), on, f, hue_on, h)  # (the first call compiles)
+    with TorchCalls(attributes=False) as calls:
+        got = C.saturation_hue_u8(img.clone(), on, f, hue_on, h)
+    assert calls.n < 60, calls.n  # (the same outside the loop, any batch; the plain loop: 1,958 here)
+    monkeypatch.setattr(N, "ENABLED", False)
+    assert torch.equal(got, C.saturation_hue_u8(img.clone(), on, f, hue_on, h))

@@ -226,10 +226,12 @@ def hue_integer(x: torch.Tensor, factor) -> torch.Tensor:
 
 
 def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
-    d = torch.as_tensor(factor, dtype=torch.float64).reshape(-1).remainder(1.0) * 96.0  # 6 sectors x 16
-    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1).expand(len(x))
-    dh = (D >> 7).to(torch.int16).view(-1, 1, 1).to(x.device)
-    dl = (D & 127).to(torch.int16).view(-1, 1, 1).to(x.device)
+    dh, dl = _hue_steps(torch.as_tensor(factor, dtype=torch.float64).reshape(-1).expand(len(x)), x.device)
+    _hue_shift(x, dh, dl, out)
+
+
+def _hue_shift(x: torch.Tensor, dh: torch.Tensor, dl: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`_hue_piece` at the shift ``dh``, ``dl`` (int16 (N, 1, 1), on ``x``'s device; scriptable)."""
     mx, mn, c, h = hexagon(x)
     c16 = c * 16
     c96 = c16 * 6
@@ -238,7 +240,7 @@ def _hue_piece(x: torch.Tensor, factor, out: torch.Tensor) -> None:
     h.mul_(16).sub_(c96)  # 16 X + t - c96, in (-c96, c96): no int16 overflow
     h.add_(c96.add_(t).bitwise_and_(h >> 15))  # X' = that, or that + c96 where negative
     mn.mul_(16)
-    for k, (centre, rising) in enumerate(((3, False), (2, True), (4, True))):
+    for k, (centre, rising) in enumerate([(3, False), (2, True), (4, True)]):
         v = (h - c16 * centre).abs_()
         v = (c16 * 2).sub_(v) if rising else v.sub_(c16)
         torch.minimum(v.clamp_(min=0), c16, out=v)  # clamp(v, 0, c) (two vector ops, no mask)
@@ -290,10 +292,7 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
     reads the pixels into int16 before it writes any (a hue alone never goes through float)."""
     sat, hue_on = p[:, 0] > 0, p[:, 2] > 0
     y = x
-    if len(x) == 1 and x.device.type == "cpu":  # (the CPU's pieces: one sample's rows)
-        if bool(sat[0]):
-            y = _saturation_piece_cpu(x, p[:, 1])
-    elif bool(sat.any()):
+    if bool(sat.any()):
         y = x.to(torch.float32)
         rows = sat.nonzero().view(-1)
         every = len(rows) == len(x)
@@ -317,22 +316,6 @@ def _saturation_hue_piece(x: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -
         return
     if y is not out:
         out.copy_(y)
-
-
-def _saturation_piece_cpu(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """:func:`saturation` of one CPU piece (1, 3, h, w) of whole values, its very float32 operations (the grey's
-    product, its floor, the two products of the blend and their sum, clamped and floored), in this thread's
-    scratch: returns a (1, 3, h, w) view of a float (h, w, 3) buffer, valid until the next piece. The float
-    formula on such a copy made two fresh tensors a piece (its a r and grey (1 - r)) and added the grey to the
-    channels by a broadcast over the innermost axis of 3 (a slow inner loop); here the products are in place
-    and the grey is added channel by channel."""
-    _, _, h, w = x.shape
-    yf = scratch_tensor("saturation:float", (h, w, 3), torch.float32)
-    yf.copy_(x[0].permute(1, 2, 0))
-    grey = scratch_tensor("saturation:grey", (h, w), torch.float32)
-    r = torch.as_tensor(factor, dtype=torch.float32).reshape(-1)[:1]
-    saturation_hwc_of(yf, grey, float(r), float(1.0 - r), _gray_weights(), list(GRAY)).floor_()
-    return _piece(yf.permute(2, 0, 1))  # (a dense stride of its own in front, as every piece)
 
 
 def saturation_hwc_of(xf: torch.Tensor, grey: torch.Tensor, factor: float, other: float, weights: torch.Tensor,
@@ -369,12 +352,57 @@ def saturation_hue_u8(x: torch.Tensor, sat_on, sat, hue_on, hue) -> torch.Tensor
     :data:`PIECE_PIXELS` pixels of one sample: a piece's float copy, the grey, the blend and the hue's int16
     planes all stay in cache, and the hue writes its bytes straight back into the piece), on a GPU as one
     batch. Both ops are per pixel, so the pieces give the whole sample's numbers: the float stage's."""
+    planes = x.permute(0, 3, 1, 2)  # (N, 3, H, W) view of the bytes
+    samples = (sat_on | hue_on).nonzero().view(-1).tolist()
+    if x.device.type == "cpu":  # the loop over samples and pieces scripted: its ~70 ops a piece never reach Python
+        if samples:
+            r = torch.as_tensor(sat, dtype=torch.float32).reshape(-1).expand(len(x))
+            dh, dl = _hue_steps(torch.as_tensor(hue, dtype=torch.float64).reshape(-1).expand(len(x)), x.device)
+            H, W = planes.shape[2], planes.shape[3]
+            rows = max(1, PIECE_PIXELS // max(W, 1))
+            _saturation_hue_pieces(planes, samples, sat_on.tolist(), r.tolist(), (1.0 - r).tolist(), hue_on.tolist(),
+                                   dh, dl, rows,
+                                   scratch_tensor("saturation:float", (min(rows, H) * W * 3,), torch.float32),
+                                   scratch_tensor("saturation:grey", (min(rows, H) * W,), torch.float32),
+                                   _gray_weights(), list(GRAY))
+        return x
     p = torch.stack([sat_on.double(), torch.as_tensor(sat, dtype=torch.float64), hue_on.double(),
                      torch.as_tensor(hue, dtype=torch.float64)], 1)
-    planes = x.permute(0, 3, 1, 2)  # (N, 3, H, W) view of the bytes
-    _by_pieces(_saturation_hue_piece, planes, p, out=planes,
-               samples=(sat_on | hue_on).nonzero().view(-1).tolist())
+    _by_pieces(_saturation_hue_piece, planes, p, out=planes, samples=samples)
     return x
+
+
+def _hue_steps(factor: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_hue_piece`'s shift per sample (``factor`` float64 (N,)): 16 x 6 sectors x (factor mod 1), to
+    1/128, as its two 7-bit halves, int16 (N, 1, 1) each on ``device`` (6 c x each half stays in int16)."""
+    d = factor.remainder(1.0) * 96.0  # 6 sectors x 16
+    D = torch.round(d * 128).to(torch.int64).clamp_(0, 96 * 128 - 1)
+    return (D >> 7).to(torch.int16).view(-1, 1, 1).to(device), (D & 127).to(torch.int16).view(-1, 1, 1).to(device)
+
+
+@nogil(cpu_only=True)
+def _saturation_hue_pieces(planes: torch.Tensor, samples: List[int], sat_on: List[bool], factors: List[float],
+                           others: List[float], hue_on: List[bool], dh: torch.Tensor, dl: torch.Tensor, rows: int,
+                           yf: torch.Tensor, grey: torch.Tensor, weights: torch.Tensor, gray: List[float]) -> None:
+    """:func:`saturation_hue_u8`'s loop on the CPU, in place on uint8 ``planes`` (N, 3, H, W): for each sample
+    drawn, piece by piece (``rows`` rows; ``yf``, ``grey``: scratch for a piece's float pixels and grey), the
+    saturation (:func:`_saturation_piece_cpu`'s operations, factor and 1 - factor as float32 numbers) and the
+    hue (:func:`_hue_piece`'s, shift ``dh``/``dl`` from :func:`_hue_steps`): the same ops, the same bytes."""
+    H, W = planes.shape[2], planes.shape[3]
+    for n in samples:
+        for r0 in range(0, H, rows):
+            h = min(rows, H - r0)
+            x = _piece(planes[n, :, r0:r0 + h])
+            y = x
+            if sat_on[n]:
+                f = yf[:h * W * 3].view(h, W, 3)
+                f.copy_(x[0].permute(1, 2, 0))
+                saturation_hwc_of(f, grey[:h * W].view(h, W), factors[n], others[n], weights, gray).floor_()
+                y = _piece(f.permute(2, 0, 1))
+            if hue_on[n]:
+                _hue_shift(y, dh[n:n + 1], dl[n:n + 1], x)
+            elif sat_on[n]:
+                x.copy_(y)
 
 
 def sharpness(x, factor, bound, integer):
