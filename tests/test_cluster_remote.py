@@ -715,8 +715,8 @@ def _watch_stage(monkeypatch) -> list:
     from dsc.compiler import upload
 
     seen, real = [], upload._unstage
-    monkeypatch.setattr(upload, "_unstage", lambda root, stage: (seen.extend(
-        p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()), real(root, stage))[1])
+    monkeypatch.setattr(upload, "_unstage", lambda root, stage, **k: (seen.extend(
+        p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()), real(root, stage, **k))[1])
     return seen
 
 
