@@ -753,6 +753,34 @@ def test_a_program_run_into_floats_equals_its_uint8_result_divided(fill):
         assert torch.equal(got, want.float().div_(d)), program
 
 
+
+def test_a_program_run_into_floats_takes_its_fill_as_the_uint8_path_does():
+    """A fill that is not a whole number is the uint8 canvas's (torch.full truncates it), a fill out of 0..255
+    is refused as there, and a fill of 3 values on a 1- or 4-channel image is the same ConfigError."""
+    from dsc.errors import ConfigError
+    from dsc.transforms.fused import run_program
+
+    d = torch.full((), 255.0)
+    for fill in (1.5, 2.7):
+        for C in (1, 3):
+            x = torch.randint(0, 256, (6, 8, C), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+            program = [("crop", -2, -3, 10, 12, fill), ("flip", 0, True)]
+            want = torch.empty((10, 12, C), dtype=torch.uint8)
+            run_program(x, program, want, False, None)
+            got = torch.empty((10, 12, C))
+            run_program(x, program, got, False, None, divisor=d)
+            assert torch.equal(got, want.float().div_(d)), (fill, C)
+    for fill in (-1.0, 300.0):
+        x = torch.zeros((6, 8, 3), dtype=torch.uint8)
+        with pytest.raises(RuntimeError):
+            run_program(x, [("crop", -2, -3, 10, 12, fill)], torch.empty((10, 12, 3)), False, None, divisor=d)
+    for C in (1, 4):
+        x = torch.zeros((6, 8, C), dtype=torch.uint8)
+        for out in (torch.empty((10, 12, C), dtype=torch.uint8), torch.empty((10, 12, C))):
+            with pytest.raises(ConfigError, match="a fill of 3 values"):
+                run_program(x, [("crop", -2, -3, 10, 12, (123, 117, 104))], out, False, None,
+                            divisor=None if out.dtype == torch.uint8 else d)
+
 def _out_shape(program, x):
     h, w = x.shape[:2]
     for step in program:

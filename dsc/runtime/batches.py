@@ -270,8 +270,8 @@ def _each(x, fn):
 
 
 def divisor_255(device=None) -> torch.Tensor:
-    """255 as a 0-dim float32 tensor on ``device``: what every cast of uint8 pixels to [0, 1] divides by
-    (torchvision's ``float(x) / 255``). CUDA turns a division by a Python number into a multiplication by its
+    """255 as a 0-dim float32 tensor on ``device``: what the torchvision form's casts of uint8 pixels to [0, 1]
+    divide by (torchvision's ``float(x) / 255``; ``T.ToFloat`` multiplies by 1/255 instead). CUDA turns a division by a Python number into a multiplication by its
     reciprocal (off by one ulp for about half the values), the CPU divides exactly; dividing by a 0-dim tensor
     divides exactly on both, so a device batch equals the CPU loader's."""
     return torch.full((), 255.0, device=device)
@@ -357,9 +357,10 @@ def _image_sizes(batch: dict, B: int) -> list[tuple[int, int]]:
 _CAST_CHUNK = 1 << 20
 
 
-# The batch key by which Dataset.get_batch(to_torchvision=True) says its packed ``image`` is float32 already,
-# cast as it was gathered (the form's own values, channels last): with a ``:``, which no field name has, so no
-# field takes it, and a float image made any other way is never mistaken for it.
+# The batch key by which Dataset.get_batch(to_torchvision=True) (cast as it was gathered) or the Loader's
+# transforms (a last geometric stage that cropped and flipped, prefetch._transform_rest) say the packed
+# ``image`` is float32 already, the form's own values, channels last: with a ``:``, which no field name has, so
+# no field takes it. (The Loader marks a float32 image after its stages: no geometric stage takes float input.)
 CAST_KEY = "image:cast"
 
 

@@ -28,7 +28,7 @@ import torch
 from .. import scratch
 from ..errors import DscError
 from ..store.local import madvise
-from .batches import CAST_KEY, Batch, box_form
+from .batches import CAST_KEY, Batch, box_form, divisor_255
 from ..transforms import batch_generator
 from ..transforms.fused import plan_chain
 
@@ -239,7 +239,7 @@ def _transform_rest(state: _EpochState, batch, j: int, gen, alloc=None):
         batch = state.transforms(batch, seed=state.seed, epoch=state.epoch, batch_index=state.batch_offset + j,
                                  **extra)
     elif state.compose is not None and state.start < len(state.compose.stages):
-        divisor = torch.full((), 255.0) if state.cast_rest else None  # (a 0-dim tensor, as the form divides)
+        divisor = divisor_255() if state.cast_rest else None  # (a 0-dim tensor, as the form divides)
         batch = state.compose(batch, gen=gen, start=state.start, alloc=alloc, owned=True,  # (its ring slot / copy)
                               divisor=divisor)
         if divisor is not None and "image_offsets" in batch and "index" in batch and \

@@ -128,8 +128,10 @@ class Compose:
         ``owned=True`` for its ring slot), so its pixels may be written into. Without ``owned=True`` the
         caller's pixels are never written into, whatever ``start`` and ``alloc`` are (a later stage's own
         output may be). ``divisor`` (a 0-dim tensor): the caller converts the images to float divided by it next
-        (format="torchvision"): a last geometric stage that leaves packed ragged uint8 images on the CPU hands
-        them over as float32 already (:func:`~dsc.transforms.resample.apply_geometric`'s ``divisor``)."""
+        (format="torchvision"): a last geometric stage that leaves packed ragged uint8 images on the CPU, each
+        sample's program crops and flips only (:func:`~dsc.transforms.fused.casts_directly`), hands them over
+        as float32 already (:func:`~dsc.transforms.resample.apply_geometric`'s ``divisor``); a resize's stay
+        uint8."""
         if not isinstance(batch, dict):
             raise ConfigError(f"transforms take a batch dict (ds.get_batch(...) or a Loader's), not a sample or a "
                               f"list of samples; got a {type(batch).__name__}")

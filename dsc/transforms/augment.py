@@ -800,7 +800,7 @@ def _sharpness_sample(x: torch.Tensor, other: float, xf: torch.Tensor, p: torch.
 def _saturation_rows(x: torch.Tensor, rows: List[int], factors: List[float], others: List[float], xf: torch.Tensor,
                      grey: torch.Tensor, weights: torch.Tensor, gray: List[float]) -> None:
     """:func:`color.saturation` on uint8 (H, W, C) samples ``rows`` of ``x``, in place, scripted: each sample
-    copied into the float (H, W, C) buffer ``xf`` and blended there by :func:`color.saturation_hwc_`'s very
+    copied into the float (H, W, C) buffer ``xf`` and blended there by :func:`color.saturation_hwc_of`'s very
     float32 operations (at ``factors[i]``, ``others[i]`` = 1 - factor), then written back."""
     for i in range(len(rows)):
         b = rows[i]

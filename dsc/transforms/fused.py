@@ -287,12 +287,15 @@ def _fill_around(out: torch.Tensor, part: tuple[int, int, int, int], fill) -> No
                 band.copy_(line[c0:c1].unsqueeze(0).expand_as(band))
 
 
-def _float_fill(fill, divisor: torch.Tensor, dtype: torch.dtype):
-    """A crop's fill as a float ``out`` of :func:`run_program` with ``divisor`` holds it: float(fill) / divisor
-    (one number, or a tensor of one per channel), the same division the cast of the uint8 fill makes."""
-    f = torch.tensor(fill if isinstance(fill, (tuple, list)) else [fill], dtype=torch.float64).round().to(dtype)
-    f = f.div_(divisor.to(dtype))
-    return f if isinstance(fill, (tuple, list)) else float(f[0])
+def _float_fill(fill, divisor: torch.Tensor, out: torch.Tensor):
+    """A crop's fill as a float ``out`` of :func:`run_program` with ``divisor`` holds it: the uint8 fill
+    :func:`full` makes (a number as torch.full makes it, one per channel rounded; the same checks), as float,
+    divided: the cast of the uint8 path's canvas (one number, or a tensor of one per channel)."""
+    if isinstance(fill, (tuple, list)):
+        f = full((1, 1, out.shape[-1]) if out.dim() >= 3 else (1, 1), fill, torch.uint8, "cpu").view(-1)
+        return f.to(out.dtype).div_(divisor.to(out.dtype))
+    f = torch.full((1,), fill, dtype=torch.uint8).to(out.dtype).div_(divisor.to(out.dtype))
+    return float(f[0])
 
 
 def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
@@ -442,7 +445,7 @@ def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tenso
         a0, a1 = h - a1, h - a0
     if fw:
         b0, b1 = w - b1, w - b0
-    _fill_around(out, (a0, a1, b0, b1), _float_fill(fill if fill is not None else own, divisor, out.dtype))
+    _fill_around(out, (a0, a1, b0, b1), _float_fill(fill if fill is not None else own, divisor, out))
     if t1 > t0 and l1 > l0:
         out[a0:a1, b0:b1].copy_(_flip(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
 
