@@ -11,6 +11,7 @@ from dsc import transforms as T
 from dsc.formats.fields.object_masks import encode
 from dsc.runtime import batches as B
 from dsc.transforms import objects as O
+from torch.overrides import TorchFunctionMode
 from torch_calls import TorchCalls  # noqa: E402
 
 pytest.importorskip("pycocotools")
@@ -69,8 +70,8 @@ def test_paste_masks_scripted_equals_eager_and_the_numpy_paste():
         n = sum(len(x) for x in rows) * H * W
         words = torch.empty(max(offsets[x[-1] + 1] - offsets[x[0]] for x in rows if x), dtype=torch.int64)
         buf = torch.full((n,), 7, dtype=torch.uint8)  # (stale bytes: each sample's masks are zeroed)
-        got = _both(B.paste_masks, src, offsets, r.tolist(), flips, rows, sizes_hw, buf, True, B._UNPACKED, words,
-                    words.view(torch.uint8), shared=(9, 10))
+        got, _ = _both(B.paste_masks, src, offsets, r.tolist(), flips, rows, sizes_hw, buf, True, B._UNPACKED,
+                       B._UNPACKED_REVERSED, words, words.view(torch.uint8), B._descending(H), [], 0, shared=(10, 11))
         for x, m in zip(rows, got):
             want = [np.flip(full[i], [d for d, f in ((0, fh), (1, fw)) if f]) for i in x]
             assert np.array_equal(m.numpy(), np.asarray(want, np.uint8).reshape(len(x), H, W))
@@ -78,9 +79,10 @@ def test_paste_masks_scripted_equals_eager_and_the_numpy_paste():
     crops = [full[i][t:t + h, l:l + w] for i, (t, l, h, w) in enumerate(rects.tolist())]
     flat = torch.from_numpy(np.concatenate([c.reshape(-1) for c in crops]).astype(np.uint8))
     coff = np.concatenate([[0], np.cumsum([c.size for c in crops])]).tolist()
-    got = _both(B.paste_masks, flat, coff, rects.astype(np.int64).tolist(), [], rows, sizes_hw,
-                torch.full((sum(len(x) for x in rows) * H * W,), 7, dtype=torch.uint8), False, B._UNPACKED,
-                torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8))
+    got, _ = _both(B.paste_masks, flat, coff, rects.astype(np.int64).tolist(), [], rows, sizes_hw,
+                   torch.full((sum(len(x) for x in rows) * H * W,), 7, dtype=torch.uint8), False, B._UNPACKED,
+                   B._UNPACKED_REVERSED, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8),
+                   B._descending(H), [], 0)
     for x, m in zip(rows, got):
         assert np.array_equal(m.numpy(), np.asarray([full[i] for i in x], np.uint8).reshape(len(x), H, W))
 
@@ -153,3 +155,117 @@ def test_a_flip_batch_in_the_torchvision_form_makes_few_torch_calls_from_python(
             D.move_objects = real
     assert form[6] <= form[1] + 2 and form[6] <= 35, form
     assert max(moves) <= 80, moves
+
+
+class _Ops(TorchFunctionMode):
+    """The torch functions called from Python in its block, each with its first argument's shape: ``ops``."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name != "__get__":
+            self.ops.append((name, tuple(args[0].shape) if args and isinstance(args[0], torch.Tensor) else None))
+        return func(*args, **(kwargs or {}))
+
+
+def _ring():
+    """An allocator that hands each name's buffer again, batch after batch (the Loader's ring once a batch is
+    dropped), made with stale bytes (7s) in it."""
+    bufs = {}
+
+    def alloc(name, shape, dtype):
+        n = int(np.prod(shape))
+        if name not in bufs or bufs[name].numel() < n or bufs[name].dtype != dtype:
+            bufs[name] = torch.full((2 * n + 64,), 7, dtype=dtype)
+        return bufs[name][:n].view(shape)
+    return alloc, bufs
+
+
+def _bits_batch(ds, idx, fw):
+    """Samples ``idx``' masks as the gather leaves them for format="torchvision" (packed bits, flips to make:
+    ``fw`` a left-right flip a sample), with their box offsets and sizes; and the same as crops."""
+    from test_torchvision_form_batched import _bits_and_crops
+
+    sizes = ds.sample_sizes(idx).numpy()
+    bits, crops = _bits_and_crops(ds, idx, [(0, f, h, w) for f, (h, w) in zip(fw, sizes.tolist())])
+    counts = np.diff(ds.readers["masks"].box_offsets.astype(np.int64))[idx]
+    o = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]))
+    return [{**{k: torch.as_tensor(v) for k, v in form.items()}, "box_offsets": o,
+             "image_sizes": torch.from_numpy(sizes)} for form in (bits, crops)]
+
+
+SERIES = [([0, 1, 2], [1, 0, 1]), ([3, 4, 5], [0, 0, 1]), ([5, 0, 3], [1, 1, 1]), ([1, 2, 4], [0, 1, 0]),
+          ([2, 5], [1, 1])]
+
+
+def test_a_reused_mask_buffer_is_cleared_where_its_last_batch_wrote(ds, monkeypatch):
+    """format="torchvision"'s (k, H, W) masks from a buffer the ring hands again: only the rectangles its last
+    batch pasted are zeroed (main zeroed the whole buffer every batch: 8x the crops' bytes on the bench set, the
+    form's costliest mask pass), the masks still exact, batch after batch, with flips of every kind. Counted in
+    the plain form of the kernel: the elements each batch zeroes."""
+    monkeypatch.setattr(B, "paste_masks", B.paste_masks.eager)  # (its ops reach Python: counted)
+    alloc, bufs = _ring()
+
+    def run(idx, fw):
+        bits, crops = _bits_batch(ds, idx, fw)
+        with _Ops() as c:
+            got = B._target_masks(bits, "masks", None, alloc)
+        ref = B._target_masks(crops, "masks", None)  # (a new buffer, zeroed whole)
+        assert len(got) == len(ref) and all(torch.equal(a, b) for a, b in zip(got, ref))
+        zeroed = sum(int(np.prod(shape)) for name, shape in c.ops if name == "zero_")
+        area = int((crops["masks_rects"][:, 2] * crops["masks_rects"][:, 3]).sum())
+        return zeroed, area, sum(m.numel() for m in got)
+    zeroed, last, total = run(list(range(len(ds))), [0] * len(ds))  # the largest batch first: no growth later
+    assert zeroed == total  # (a buffer's first batch: zeroed whole, its stale bytes with it)
+    for idx, fw in SERIES:
+        zeroed, area, total = run(idx, fw)
+        assert zeroed == last < total / 2, (zeroed, last, total)  # main: zeroed == total
+        last = area
+
+
+def test_a_torch_write_into_a_dropped_mask_is_cleared_in_the_next_batch(ds):
+    """A user who writes into a target's masks with torch (any in-place op, on any view) and drops them: the
+    buffer's next batch sees the write (its version counter moved) and zeroes the whole buffer again."""
+    alloc, bufs = _ring()
+    bits, _ = _bits_batch(ds, *SERIES[0])
+    got = B._target_masks(bits, "masks", None, alloc)
+    got[1][0].fill_(1)  # (one object's whole mask: pixels no rectangle covers)
+    got[2][:, -1].add_(3)
+    del got
+    for idx, fw in SERIES[1:3]:
+        bits, crops = _bits_batch(ds, idx, fw)
+        got = B._target_masks(bits, "masks", None, alloc)
+        ref = B._target_masks(crops, "masks", None)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+        del got
+
+
+def test_left_right_flips_unpack_the_bits_back_to_front_not_flip_each_crop(ds, monkeypatch):
+    """A sample flipped left to right has its packed bits unpacked back to front (each crop comes out mirrored
+    both ways) and each crop's rows put back in order by one index_select: no ``flip`` of a crop (main flipped
+    each, flip's kernel at twice the time); the flip of the sample's bytes (1-D) is the only one."""
+    monkeypatch.setattr(B, "paste_masks", B.paste_masks.eager)
+    bits, crops = _bits_batch(ds, [0, 1, 2, 3], [1, 1, 0, 1])
+    with _Ops() as c:
+        got = B._target_masks(bits, "masks", None)
+    assert all(torch.equal(a, b) for a, b in zip(got, B._target_masks(crops, "masks", None)))
+    flips = [shape for name, shape in c.ops if name == "flip"]
+    assert flips and all(len(shape) == 1 for shape in flips), flips
+    assert sum(name == "index_select" for name, _ in c.ops) > len(flips)
+
+
+def test_one_mirror_helper_serves_images_and_masks_scripted_and_plain():
+    from dsc.transforms.fused import mirrored
+
+    scripted = torch.jit.script(mirrored)
+    for dtype in (torch.uint8, torch.uint16, torch.float32):
+        x = torch.arange(5 * 7 * 3).view(5, 7, 3).to(dtype)
+        for rows in (False, True):
+            for columns in (False, True):
+                want = np.flip(x.to(torch.int64).numpy(), [d for d, f in ((0, rows), (1, columns)) if f])
+                for f in (mirrored, scripted):
+                    y = f(x, rows, columns)
+                    assert y.dtype == dtype and np.array_equal(y.to(torch.int64).numpy(), want)

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..nogil import nogil
 from ..formats.fields import Schema
 from ..formats.fields.object_masks import bits_key, crops_of_bits, image_size, paste, rects_key
+from ..transforms.fused import mirrored
 from ..formats.fields.base import Batch  # noqa: F401 - (a batch and its schema: formats/fields/base.py)
 
 BOX_FORMS = ("packed", "padded", "list")
@@ -95,14 +96,24 @@ def padded_to_packed(padded: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dic
     return box_offsets, {k: v[mask] for k, v in padded.items() if k not in ("box_mask", "box_counts")}
 
 
+def split_rows(cols: List[torch.Tensor], offsets: List[int]) -> List[List[torch.Tensor]]:
+    """Packed columns split by box ``offsets`` (B+1): sample ``b``'s list holds each column's rows
+    ``offsets[b]:offsets[b + 1]`` as views (one ``torch.split`` a column). Scriptable: the scripted
+    :func:`target_rows` runs it as it is, :func:`packed_to_list` in Python."""
+    out: List[List[torch.Tensor]] = []
+    if len(offsets) < 2:
+        return out
+    counts = [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
+    per = [torch.split(c[offsets[0]:offsets[-1]], counts) for c in cols]
+    for b in range(len(counts)):
+        out.append([views[b] for views in per])
+    return out
+
+
 def packed_to_list(box_offsets: torch.Tensor, columns: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     """Per-image target dicts whose tensors are views of the packed columns (torchvision's form)."""
-    o = box_offsets.tolist()
-    if len(o) < 2:
-        return []
-    counts = [b - a for a, b in zip(o[:-1], o[1:])]
-    per = {name: torch.split(col[o[0]:o[-1]], counts) for name, col in columns.items()}  # (one call a column)
-    return [{name: views[b] for name, views in per.items()} for b in range(len(counts))]
+    names = list(columns)
+    return [dict(zip(names, views)) for views in split_rows(list(columns.values()), box_offsets.tolist())]
 
 
 def ragged_list(batch: dict, name: str) -> list:
@@ -293,15 +304,7 @@ def cast_image(src: torch.Tensor, out: torch.Tensor, flip_rows: bool, flip_colum
     255, as :func:`_chw_float` divides): the gather's cast of a flip-only chain for the torchvision form, one
     scripted call a sample (dsc.nogil), where the flip, the cast's copy and the division each released and
     retook the GIL from Python (a handover to the Loader's other thread each)."""
-    x = src
-    dims: List[int] = []
-    if flip_rows:
-        dims.append(0)
-    if flip_columns:
-        dims.append(1)
-    if len(dims) > 0:
-        x = x.flip(dims)
-    out.copy_(x).div_(divisor)
+    out.copy_(mirrored(src, flip_rows, flip_columns)).div_(divisor)
 
 
 def _on_device(device):
@@ -404,30 +407,55 @@ def image_views(buf: torch.Tensor, shapes: List[List[int]], offsets: List[int], 
 
 
 # each byte's 8 bits, most significant first, as 0/1 bytes (numpy.unpackbits of 0..255), a row an int64: one
-# index_select of a run of packed bytes unpacks it (a shift and mask of each bit took 6x as long)
+# index_select of a run of packed bytes unpacks it (a shift and mask of each bit took 6x as long); and least
+# significant first (a run unpacked back to front: paste_masks' left-right flips)
 _UNPACKED = torch.from_numpy(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)).view(torch.int64).view(-1)
+_UNPACKED_REVERSED = torch.from_numpy(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
+                                                    bitorder="little")).view(torch.int64).view(-1)
+_DESCENDING = [torch.zeros(0, dtype=torch.int64)]  # n - 1, ..., 1, 0 for the tallest mask yet: rows in reverse
+
+
+def _descending(n: int) -> torch.Tensor:
+    """n - 1, ..., 0 ending a tensor of at least ``n`` elements (its last ``m``: ``m - 1, ..., 0``), made once."""
+    if len(_DESCENDING[0]) < n:
+        _DESCENDING[0] = torch.arange(max(n, 2048) - 1, -1, -1)
+    return _DESCENDING[0]
 
 
 @nogil
 def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], flips: List[List[int]],
                 rows: List[List[int]], sizes: List[List[int]], buf: torch.Tensor, bits: bool,
-                table: torch.Tensor, words: torch.Tensor, unpacked: torch.Tensor) -> List[torch.Tensor]:
+                table: torch.Tensor, reversed_table: torch.Tensor, words: torch.Tensor, unpacked: torch.Tensor,
+                descending: torch.Tensor, clear: List[int], zero_from: int) -> Tuple[List[torch.Tensor], List[int]]:
     """Each sample's per-object masks (len(rows[b]), H, W) uint8 as views of ``buf``, one after the other,
     zeroed, each object ``i`` of ``rows[b]`` (ascending) pasted at ``rects[i]`` (top, left, height, width in the
     output): from ``src`` crops (uint8 0/1, crop ``i`` at ``offsets[i]:offsets[i + 1]``), or with ``bits``
     from the gather's packed bits (byte ``offsets``, each crop's bits starting a byte, most significant bit
-    first: ``numpy.packbits``; ``table``: :data:`_UNPACKED`; ``words`` int64 of the most bytes a sample's
-    objects span, ``unpacked`` its uint8 view: TorchScript has no view as another dtype), mirrored by
-    ``flips[i]`` (rows, columns; empty: none). Scripted (dsc.nogil):
-    the loop over samples and objects runs without the GIL, one call a batch (as numpy views and slice
-    copies it took the GIL back for each crop, a handover to the Loader's other thread each). A sample's
-    masks are zeroed just before its crops go in (a few MB, still in cache for them); its bits are unpacked
-    by one lookup of the bytes from its first object's to its last's in ``table`` (rows left out between them,
-    crowds, are unpacked and not used)."""
+    first: ``numpy.packbits``; ``table``: :data:`_UNPACKED`, ``reversed_table`` its bits least significant first;
+    ``words`` int64 of the most bytes a sample's objects span, ``unpacked`` its uint8 view: TorchScript has no
+    view as another dtype), mirrored by ``flips[i]`` (rows, columns; empty: none; ``descending``: ends with
+    ``h - 1, ..., 0`` for the tallest mask, :func:`_descending`). Returns the masks and the rectangles written
+    (storage offset, height, width, row stride: four ints a rectangle, flat), for the buffer's next batch.
+
+    What is zeroed on the CPU: ``buf`` from element ``zero_from`` on, and the rectangles ``clear`` (those this
+    buffer's last batch wrote; :func:`_target_masks` knows the rest of it is still zero): a reused buffer has
+    its crops' bytes cleared and written, not its whole (k, H, W) masks zeroed (8x the crops' bytes on the
+    bench's COCO-like set, a memory-bound pass: the fill was 9% of the torchvision form's CPU, 3% now). A
+    sample's part from ``zero_from`` is zeroed just before its crops go in (a few MB, still in cache for them).
+    A sample's bits are unpacked by one lookup of the bytes from its first object's to its last's (rows left
+    out between them, crowds, are unpacked and not used); where every object of the sample is mirrored left to
+    right (a horizontal flip), back to front (its bytes reversed, through ``reversed_table``): each crop comes
+    out mirrored both ways, so a left-right flip is a copy with its rows in reverse order (one index_select,
+    about 60% of ``flip``'s time on a crop) and a flip both ways a plain copy. Scripted (dsc.nogil): the loop
+    over samples and objects runs without the GIL, one call a batch."""
     cpu = buf.device.type == "cpu"
     if not cpu:  # on a device the whole buffer by one kernel, not a launch a sample
         buf.zero_()
+    else:
+        for j in range(0, len(clear), 4):
+            buf.as_strided([clear[j + 1], clear[j + 2]], [clear[j + 3], 1], clear[j]).zero_()
     out: List[torch.Tensor] = []
+    pasted: List[int] = []
     at = 0
     for b in range(len(rows)):
         r = rows[b]
@@ -435,38 +463,70 @@ def paste_masks(src: torch.Tensor, offsets: List[int], rects: List[List[int]], f
         n = len(r) * h * w
         m = buf[at:at + n].view(len(r), h, w)
         base = buf.storage_offset() + at
+        if cpu and at + n > zero_from:
+            buf[max(at, zero_from):at + n].zero_()
         at += n
-        if cpu:
-            m.zero_()
         out.append(m)
         if len(r) == 0:
             continue
         start = offsets[r[0]]
         run, first = src, src.storage_offset()
+        back = bits and len(flips) > 0  # every object mirrored left to right: unpacked back to front
+        for i in r:
+            back = back and flips[i][1] != 0
+        end = offsets[r[-1] + 1]
         if bits:
-            if offsets[r[-1] + 1] == start:
+            if end == start:
                 continue
-            n = offsets[r[-1] + 1] - start
-            torch.index_select(table, 0, src[start:start + n].int(), out=words[:n])
+            n = end - start
+            if back:
+                torch.index_select(reversed_table, 0, src[start:end].flip([0]).int(), out=words[:n])
+            else:
+                torch.index_select(table, 0, src[start:end].int(), out=words[:n])
             run, first = unpacked, unpacked.storage_offset() - 8 * start
         for k in range(len(r)):
             i = r[k]
             t, l, mh, mw = rects[i][0], rects[i][1], rects[i][2], rects[i][3]
             if mh > 0 and mw > 0:  # (views by as_strided: one op each, where a slice, view and index took three)
-                crop = run.as_strided([mh, mw], [mw, 1], first + (8 * offsets[i] if bits else offsets[i]))
-                place = buf.as_strided([mh, mw], [w, 1], base + k * h * w + t * w + l)
-                dims: List[int] = []
-                if len(flips) > 0 and flips[i][0] != 0:
-                    dims.append(0)
-                if len(flips) > 0 and flips[i][1] != 0:
-                    dims.append(1)
-                if len(dims) > 0 and torch.jit.is_scripting():
-                    torch.flip(crop, dims, out=place)  # (flip's out= form: TorchScript has it, Python not)
-                elif len(dims) > 0:
-                    place.copy_(crop.flip(dims))
+                at_place = base + k * h * w + t * w + l
+                place = buf.as_strided([mh, mw], [w, 1], at_place)
+                pasted.extend([at_place, mh, mw, w])
+                fh = len(flips) > 0 and flips[i][0] != 0
+                if back:  # (mirrored both ways: its bits end 8 * (offsets[i] - start) bits before the run's end)
+                    crop = run.as_strided([mh, mw], [mw, 1],
+                                          unpacked.storage_offset() + 8 * (end - offsets[i]) - mh * mw)
+                    fh = not fh
+                else:
+                    crop = run.as_strided([mh, mw], [mw, 1], first + (8 * offsets[i] if bits else offsets[i]))
+                if not back and len(flips) > 0 and flips[i][1] != 0:  # (a sample of mixed flips)
+                    place.copy_(mirrored(crop, fh, True))
+                elif fh:  # rows in reverse order
+                    torch.index_select(crop, 0, descending[descending.shape[0] - mh:], out=place)
                 else:
                     place.copy_(crop)
-    return out
+    return out, pasted
+
+
+# where a CPU mask buffer (the ring's, reused batch after batch) says what its last batch left in it: a tuple
+# (its version counter then, its data pointer, how many leading elements are zero but for the rectangles, the
+# rectangles written), as an attribute of the buffer's base tensor (the ring's own, which lives as long as it)
+_WRITTEN = "_dsc_masks_written"
+
+
+def _mask_buffer_state(buf: torch.Tensor) -> tuple[torch.Tensor | None, list, int]:
+    """(the base tensor to record ``buf``'s state on, or None where it cannot be; the rectangles to clear; from
+    which element ``buf`` must be zeroed): a buffer whose last batch's record still holds (same memory, and not
+    written since: the version counter that every in-place torch op on it or any view of it counts up) is zero
+    but for that batch's rectangles up to the recorded length; any other is zeroed whole. A write that torch does
+    not count (through ``.numpy()`` or ``.data``) into a mask a user dropped is not seen (README)."""
+    base = buf._base if buf._base is not None else buf
+    if buf.device.type != "cpu" or buf.is_inference() or buf.storage_offset() != base.storage_offset() \
+            or buf.dim() != 1:
+        return None, [], 0
+    seen = base.__dict__.get(_WRITTEN)
+    if seen is None or seen[0] != buf._version or seen[1] != base.data_ptr():
+        return base, [], 0
+    return base, seen[3], seen[2]
 
 
 def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) -> list[torch.Tensor]:
@@ -474,7 +534,8 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
     batch, only those; None: all), as :func:`object_masks` makes them, but as views of one buffer from
     ``alloc`` for the whole batch, each crop pasted straight into its place by :func:`paste_masks` (one
     scripted call for the batch, on the CPU from the gather's packed bits when it left them so: each crop
-    written once)."""
+    written once). A buffer that ``alloc`` hands again (the Loader's ring) is cleared where its last batch
+    wrote, not zeroed whole (:func:`_mask_buffer_state`)."""
     o, mo = batch["box_offsets"].tolist(), batch[f"{key}_offsets"].tolist()
     rects, flat = batch[rects_key(key)].tolist(), batch[key]
     how = batch[bits_key(key)].tolist() if bits_key(key) in batch else None
@@ -491,8 +552,13 @@ def _target_masks(batch: dict, key: str, keep: torch.Tensor | None, alloc=None) 
         return _target_masks(batch, key, keep, alloc)
     words = alloc(f"torchvision_{key}:unpacked", (max([mo[r[-1] + 1] - mo[r[0]] for r in rows if r] or [0])
                                                   if how is not None else 0,), torch.int64)
-    return paste_masks(flat, mo, rects, how or [], rows, [list(s) for s in sizes], buf, how is not None, _UNPACKED,
-                       words, words.view(torch.uint8))
+    base, clear, zero_from = _mask_buffer_state(buf)
+    masks, written = paste_masks(flat, mo, rects, how or [], rows, [list(s) for s in sizes], buf, how is not None,
+                                 _UNPACKED, _UNPACKED_REVERSED, words, words.view(torch.uint8),
+                                 _descending(max([h for h, _ in sizes] or [0])), clear, zero_from)
+    if base is not None:  # (the version after the paste's own writes: the next batch's check)
+        base.__dict__[_WRITTEN] = (buf._version, base.data_ptr(), max(zero_from, buf.numel()), written)
+    return masks
 
 
 def mask_values_of_labels(classes, mask_classes, ids: bool = False) -> tuple[torch.Tensor | None, str]:
@@ -533,7 +599,7 @@ def instance_masks(mask: torch.Tensor, boxes: torch.Tensor, values: torch.Tensor
 def target_rows(names: List[str], cols: List[torch.Tensor], offsets: torch.Tensor, drop_crowds: bool
                 ) -> Tuple[List[List[torch.Tensor]], Optional[torch.Tensor]]:
     """The torchvision form's per-box columns (``names``, ``cols``: packed, ``offsets`` the box offsets), per
-    sample as views (:func:`packed_to_list`'s), ``boxes`` float32 and ``labels`` int64 1-based; with
+    sample as views (:func:`split_rows`), ``boxes`` float32 and ``labels`` int64 1-based; with
     ``drop_crowds`` the rows whose ``iscrowd`` is set left out, batch-wide (and which rows were kept, None when
     all were). Scripted (dsc.nogil): one call a batch, where the conversions, the crowds' filter and a split
     a column each took the GIL back from Python."""
@@ -548,14 +614,7 @@ def target_rows(names: List[str], cols: List[torch.Tensor], offsets: torch.Tenso
         offsets = kept[offsets]
         keep = k
     o: List[int] = offsets.tolist()
-    out: List[List[torch.Tensor]] = []
-    if len(o) < 2:
-        return out, keep
-    counts = [o[b + 1] - o[b] for b in range(len(o) - 1)]
-    per = [torch.split(c[o[0]:o[-1]], counts) for c in cols]
-    for b in range(len(counts)):
-        out.append([views[b] for views in per])
-    return out, keep
+    return split_rows(cols, o), keep
 
 
 def torchvision_form(batch: dict, schema: Schema, mask_values: torch.Tensor | None = None,

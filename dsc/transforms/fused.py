@@ -170,11 +170,19 @@ def mirrors_x(m: torch.Tensor) -> torch.Tensor:
     return (det < 0) & (m[:, 0, 0] < 0)
 
 
-def _flip(x: torch.Tensor, fh: bool, fw: bool) -> torch.Tensor:
-    dims = [d for d, f in ((0, fh), (1, fw)) if f]
-    if not dims:
+def mirrored(x: torch.Tensor, rows: bool, columns: bool) -> torch.Tensor:
+    """``x`` mirrored top to bottom (``rows``: its dim 0) and / or left to right (``columns``: dim 1); ``x`` itself
+    when neither. Scriptable: the one flip of an image or mask sample, in the scripted kernels
+    (``_crop_resize_rows``, ``batches.cast_image``, ``batches.paste_masks``) as in Python. uint16 (no flip kernel)
+    by index_select."""
+    dims: List[int] = []
+    if rows:
+        dims.append(0)
+    if columns:
+        dims.append(1)
+    if len(dims) == 0:
         return x
-    if x.dtype == torch.uint16:  # no flip kernel for uint16: index instead
+    if x.dtype == torch.uint16:
         for d in dims:
             x = x.index_select(d, torch.arange(x.shape[d] - 1, -1, -1, device=x.device))
         return x
@@ -353,7 +361,7 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
                         b0, b1 = w - b1, w - b0
                     _fill_around(target, (a0, a1, b0, b1), cfill)  # (no part inside: the fill everywhere)
                     if t1 > t0 and l1 > l0:
-                        target[a0:a1, b0:b1] = _flip(x[t0:t1, l0:l1], fh, fw)
+                        target[a0:a1, b0:b1] = mirrored(x[t0:t1, l0:l1], fh, fw)
                     done = True
                     break
                 canvas = full((h, w, *x.shape[2:]), cfill, x.dtype, x.device)
@@ -385,14 +393,14 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
             last = all(step[0] == "flip" for step in rest) and not (nearest and any(step[2] for step in rest))
             if last:
                 fh, fw = _pending_flips(rest, fh, fw)
-            x = _flip(x, fh, fw).contiguous()
+            x = mirrored(x, fh, fw).contiguous()
             fh = fw = False
             x = (_resize_nearest if nearest else _resize_image)(x, h, w, target if last else None)
             if last:
                 done = True
                 break
     if not done:
-        target.copy_(_flip(x, fh, fw))
+        target.copy_(mirrored(x, fh, fw))
     if post is not None:
         post.apply_sample(target, out)
 
@@ -507,14 +515,7 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
     for i in range(len(views)):
         s = steps[i]
         top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
-        x = views[i][top:top + h, left:left + w]
-        dims: List[int] = []
-        if s[6] != 0:
-            dims.append(0)
-        if s[7] != 0:
-            dims.append(1)
-        if len(dims) > 0:
-            x = x.flip(dims)
+        x = mirrored(views[i][top:top + h, left:left + w], s[6] != 0, s[7] != 0)
         target = out[rows[i]] if tmp is None else tmp
         if h == oh and w == ow:
             target.copy_(x)
