@@ -455,7 +455,7 @@ def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tenso
         b0, b1 = w - b1, w - b0
     _fill_around(out, (a0, a1, b0, b1), _float_fill(fill if fill is not None else own, divisor, out))
     if t1 > t0 and l1 > l0:
-        out[a0:a1, b0:b1].copy_(_flip(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
+        out[a0:a1, b0:b1].copy_(mirrored(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
 
 
 def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,
