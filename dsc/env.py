@@ -3,7 +3,6 @@ the process's cgroup (a container's), which both the runtime (``runtime.reads.av
 WebDataset scan's ``keep_budget``) stay below. Imports nothing of dsc but its version."""
 from __future__ import annotations
 
-import importlib.metadata as md
 import platform
 from pathlib import Path
 
@@ -11,6 +10,8 @@ from ._version import __version__
 
 
 def _dist_version(name: str) -> str | None:
+    import importlib.metadata as md  # (here: importing it costs ~25 ms, which a compile's workers need not pay)
+
     try:
         return md.version(name)
     except md.PackageNotFoundError:

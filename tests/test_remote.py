@@ -435,10 +435,11 @@ def test_a_compile_to_a_url_returns_while_its_staging_is_removed(s3, src, tmp_pa
     real = shutil.rmtree
 
     def slow_rmtree(path, *a, **k):
-        if upload.GONE in str(path):
+        if upload.GONE in str(path) and str(tmp_path) in str(path):  # (this test's: no other test's thread)
             removing.append(path)
             release.wait(10)
         return real(path, *a, **k)
+    upload.unstaged()  # (an earlier test's removals done)
     monkeypatch.setattr(upload.shutil, "rmtree", slow_rmtree)
     url = "s3://dsc-test/unstaged-behind"
     r = dsc.compile_imagefolder(src, url, cache_dir=str(tmp_path), workers=1, **OPTS)
@@ -938,3 +939,38 @@ def test_a_remote_handle_keeps_its_labels_when_the_cache_is_cleared(published, t
     cache_clear(tmp_path / "c")
     assert ds.labels.tolist() == dsc.open(local).labels.tolist()
     assert ds[5]["label"] == int(dsc.open(local).labels[5])
+
+
+def test_staging_removals_set_aside_by_threads_at_once_all_go(tmp_path, monkeypatch):
+    """Compiles to URLs ending in several threads of a process at once: each staging folder set aside is
+    removed, none raises (the removals' table is shared by the threads: under a lock)."""
+    import sys
+    import threading
+
+    from dsc.compiler import upload
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (frequent thread switches: the race without the lock shows in every run)
+    errors = []
+
+    def one(k):
+        root = tmp_path / f"u{k % 8}"
+        stage = root / f"run-{k}"
+        stage.mkdir(parents=True, exist_ok=True)
+        (stage / "f").write_bytes(b"x")
+        try:
+            upload._unstage(root, stage, background=True)
+        except Exception as e:  # noqa: BLE001 (any error is the failure)
+            errors.append(repr(e))
+    try:
+        for rnd in range(10):
+            threads = [threading.Thread(target=one, args=(rnd * 20 + i,)) for i in range(20)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(old)
+    upload.unstaged()
+    assert errors == []
+    assert [p for p in tmp_path.rglob("*") if upload.GONE in p.name] == []

@@ -76,7 +76,8 @@ def test_the_batch_wide_cast_in_pieces_equals_the_per_image_one(ds, monkeypatch)
     assert n == len(ds)
 
 
-@pytest.mark.parametrize("transforms", [None, [T.RandomHorizontalFlip(0.5)], [T.RandomVerticalFlip(0.5)]])
+@pytest.mark.parametrize("transforms", [None, [T.RandomHorizontalFlip(0.5)], [T.RandomVerticalFlip(0.5)],
+                                        [T.RandomHorizontalFlip(0.5), T.RandomVerticalFlip(0.5)]])
 def test_the_gather_casts_the_images_the_torchvision_form_takes_straight(ds, transforms):
     """A batch that goes from the gather straight to format="torchvision" on the CPU has its images cast to
     float32 as they are gathered (flipped on the way where drawn): no uint8 batch and no second float buffer

@@ -103,6 +103,7 @@ class Plan:
     """What an update does, input by input."""
 
     base: int
+    digests: np.ndarray  # each record's ``record_digest``, taken once (by ``plan_update``)
     unchanged: list = field(default_factory=list)  # (row, record index)
     relabel: list = field(default_factory=list)  # (row, record index): same pixels, other label / boxes
     moved: list = field(default_factory=list)  # (row, record index): same bytes under a new key
@@ -110,7 +111,6 @@ class Plan:
     changed: int = 0  # of ``decode``: inputs whose key had a row
     removed: list = field(default_factory=list)  # rows whose input is gone (or changed)
     stat: dict = field(default_factory=dict)  # row -> its input files' stat now (refreshes the cache)
-    digests: np.ndarray | None = None  # each record's ``record_digest``, taken once (by ``plan_update``)
 
     @property
     def added(self) -> int:

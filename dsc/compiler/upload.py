@@ -453,6 +453,7 @@ def _stage(store: Store, cache_dir, name: str | None) -> tuple[Path, Path]:
 
 GONE = ".gone-"  # a staging folder set aside to be removed (``_unstage(background=True)``)
 _UNSTAGING: dict[Path, threading.Thread] = {}  # this process's removals of staging folders set aside, by folder
+_UNSTAGING_LOCK = threading.Lock()  # (compiles to URLs may end in several threads of a process at once)
 
 
 def _sweep(root: Path) -> None:
@@ -463,7 +464,8 @@ def _sweep(root: Path) -> None:
     except OSError:
         return
     for name in entries:
-        thread = _UNSTAGING.get(root / name)
+        with _UNSTAGING_LOCK:
+            thread = _UNSTAGING.get(root / name)
         if thread is None or not thread.is_alive():
             shutil.rmtree(root / name, ignore_errors=True)
 
@@ -487,10 +489,11 @@ def _unstage(root: Path, stage: Path, background: bool = False) -> None:
             pass
         else:
             thread = threading.Thread(target=_remove, args=(root, gone), name="dsc-unstage")
-            for done in [p for p, t in _UNSTAGING.items() if not t.is_alive()]:
-                del _UNSTAGING[done]
-            _UNSTAGING[gone] = thread
-            thread.start()
+            with _UNSTAGING_LOCK:
+                for done in [p for p, t in _UNSTAGING.items() if not t.is_alive()]:
+                    del _UNSTAGING[done]
+                _UNSTAGING[gone] = thread
+                thread.start()
             return
     _remove(root, stage)
 
@@ -507,7 +510,9 @@ def _remove(root: Path, folder: Path) -> None:
 
 def unstaged() -> None:
     """Wait until the staging folders this process set aside (``_unstage``) are removed."""
-    for thread in list(_UNSTAGING.values()):
+    with _UNSTAGING_LOCK:
+        threads = list(_UNSTAGING.values())
+    for thread in threads:
         thread.join()
 
 
