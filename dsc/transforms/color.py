@@ -386,8 +386,8 @@ def _saturation_hue_pieces(planes: torch.Tensor, samples: List[int], sat_on: Lis
                            yf: torch.Tensor, grey: torch.Tensor, weights: torch.Tensor, gray: List[float]) -> None:
     """:func:`saturation_hue_u8`'s loop on the CPU, in place on uint8 ``planes`` (N, 3, H, W): for each sample
     drawn, piece by piece (``rows`` rows; ``yf``, ``grey``: scratch for a piece's float pixels and grey), the
-    saturation (:func:`_saturation_piece_cpu`'s operations, factor and 1 - factor as float32 numbers) and the
-    hue (:func:`_hue_piece`'s, shift ``dh``/``dl`` from :func:`_hue_steps`): the same ops, the same bytes."""
+    saturation (a float copy of the piece blended by :func:`saturation_hwc_of`, floored; factor and 1 - factor
+    as float32 numbers) and the hue (:func:`_hue_piece`'s, shift ``dh``/``dl`` from :func:`_hue_steps`): the same ops, the same bytes."""
     H, W = planes.shape[2], planes.shape[3]
     for n in samples:
         for r0 in range(0, H, rows):
