@@ -269,3 +269,29 @@ def test_one_mirror_helper_serves_images_and_masks_scripted_and_plain():
                 for f in (mirrored, scripted):
                     y = f(x, rows, columns)
                     assert y.dtype == dtype and np.array_equal(y.to(torch.int64).numpy(), want)
+
+
+def test_an_untracked_write_is_cleared_with_the_opt_out(ds, monkeypatch):
+    """``DSC_MASKS_ZERO_WHOLE=1``: every buffer zeroed whole, so a write torch's version counter does not see (a
+    numpy write into dropped masks) never reaches a later batch."""
+    monkeypatch.setenv("DSC_MASKS_ZERO_WHOLE", "1")
+    alloc, bufs = _ring()
+    bits, _ = _bits_batch(ds, *SERIES[0])
+    got = B._target_masks(bits, "masks", None, alloc)
+    got[1][0].numpy()[...] = 1  # (unseen by torch)
+    del got
+    bits, crops = _bits_batch(ds, *SERIES[1])
+    got = B._target_masks(bits, "masks", None, alloc)
+    ref = B._target_masks(crops, "masks", None)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+def test_the_descending_rows_are_long_enough_whatever_another_thread_made(monkeypatch):
+    """_descending hands the tensor it checked or made (another thread replacing the shared one with a shorter
+    one of its own in between cannot shorten it)."""
+    class Racing(list):
+        def __setitem__(self, i, v):  # (another thread's shorter table lands right after this one's)
+            super().__setitem__(i, v)
+            super().__setitem__(i, torch.arange(2047, -1, -1))
+    monkeypatch.setattr(B, "_DESCENDING", Racing([torch.zeros(0, dtype=torch.int64)]))
+    assert len(B._descending(4000)) >= 4000

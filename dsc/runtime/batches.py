@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -417,9 +418,11 @@ _DESCENDING = [torch.zeros(0, dtype=torch.int64)]  # n - 1, ..., 1, 0 for the ta
 
 def _descending(n: int) -> torch.Tensor:
     """n - 1, ..., 0 ending a tensor of at least ``n`` elements (its last ``m``: ``m - 1, ..., 0``), made once."""
-    if len(_DESCENDING[0]) < n:
-        _DESCENDING[0] = torch.arange(max(n, 2048) - 1, -1, -1)
-    return _DESCENDING[0]
+    d = _DESCENDING[0]  # (read once: another thread may replace it meanwhile with a shorter one of its own)
+    if len(d) < n:
+        d = torch.arange(max(n, 2048) - 1, -1, -1)
+        _DESCENDING[0] = d
+    return d
 
 
 @nogil
@@ -517,11 +520,12 @@ def _mask_buffer_state(buf: torch.Tensor) -> tuple[torch.Tensor | None, list, in
     """(the base tensor to record ``buf``'s state on, or None where it cannot be; the rectangles to clear; from
     which element ``buf`` must be zeroed): a buffer whose last batch's record still holds (same memory, and not
     written since: the version counter that every in-place torch op on it or any view of it counts up) is zero
-    but for that batch's rectangles up to the recorded length; any other is zeroed whole. A write that torch does
-    not count (through ``.numpy()`` or ``.data``) into a mask a user dropped is not seen (README)."""
+    but for that batch's rectangles up to the recorded length; any other is zeroed whole. A write that torch's
+    version counter does not see (numpy, ``.data``, DLPack, storage or raw-pointer writes, another process) into
+    a mask a user dropped is not seen (README); ``DSC_MASKS_ZERO_WHOLE=1`` zeroes every buffer whole."""
     base = buf._base if buf._base is not None else buf
     if buf.device.type != "cpu" or buf.is_inference() or buf.storage_offset() != base.storage_offset() \
-            or buf.dim() != 1:
+            or buf.dim() != 1 or os.environ.get("DSC_MASKS_ZERO_WHOLE", "0") not in ("", "0"):
         return None, [], 0
     seen = base.__dict__.get(_WRITTEN)
     if seen is None or seen[0] != buf._version or seen[1] != base.data_ptr():

@@ -250,7 +250,9 @@ class Loader:
     of a dsc dataset, and ``indices=`` picks samples too: the Loader draws from those only. ``keys=("image",
     "label")``: batches are tuples of those keys, in that order; ``format="torchvision"``: ``(images, targets)``
     as torchvision's models take them (:func:`~dsc.runtime.batches.torchvision_form`; crowd boxes, ``iscrowd``
-    1, are left out of its targets unless ``keep_crowd=True``). ``num_threads=0``:
+    1, are left out of its targets unless ``keep_crowd=True``; its images and masks are views of reused
+    buffers: ``clone()`` masks before writing into them other than by torch ops, or set
+    ``DSC_MASKS_ZERO_WHOLE=1``, README "Instance masks and keypoints"). ``num_threads=0``:
     batches are made in the calling thread.
 
     Attributes: ``read_strategy`` and ``read_reason`` (which strategy runs and why: the dataset's size against
