@@ -13,6 +13,7 @@ import torch
 import dsc
 from dsc.bench import disk_read_bytes, drop_page_cache
 from dsc.errors import ConfigError, DscError
+from dsc import env as E
 from dsc.runtime import reads as R
 from dsc.runtime.schedule import ShardSchedule, live_bytes
 
@@ -109,13 +110,13 @@ def test_the_cgroup_is_found_where_its_file_system_is_mounted():
     root is /docker/<id>); /proc/self/cgroup still names /docker/<id>."""
     v1 = ("31 25 0:28 /docker/abc /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
           "35 25 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
-    mounts = R._mounts(v1)
+    mounts = E._mounts(v1)
     assert mounts == {"v1": ("/docker/abc", Path("/sys/fs/cgroup/memory")), "v2": ("/", Path("/sys/fs/cgroup/unified"))}
-    assert R._cgroup_dir("v1", "/docker/abc", mounts) == Path("/sys/fs/cgroup/memory")
-    assert R._cgroup_dir("v1", "/docker/abc/sub", mounts) == Path("/sys/fs/cgroup/memory/sub")
-    assert R._cgroup_dir("v2", "/user.slice/x", mounts) == Path("/sys/fs/cgroup/unified/user.slice/x")
-    assert R._cgroup_dir("v1", "/elsewhere", mounts) == Path("/sys/fs/cgroup/memory")  # outside the mount: its top
-    assert R._mounts("garbage\n\n1 2 3 - \n") == {}
+    assert E._cgroup_dir("v1", "/docker/abc", mounts) == Path("/sys/fs/cgroup/memory")
+    assert E._cgroup_dir("v1", "/docker/abc/sub", mounts) == Path("/sys/fs/cgroup/memory/sub")
+    assert E._cgroup_dir("v2", "/user.slice/x", mounts) == Path("/sys/fs/cgroup/unified/user.slice/x")
+    assert E._cgroup_dir("v1", "/elsewhere", mounts) == Path("/sys/fs/cgroup/memory")  # outside the mount: its top
+    assert E._mounts("garbage\n\n1 2 3 - \n") == {}
 
 
 def test_the_cgroup_figures_are_its_limit_and_what_it_holds_besides_page_cache(tmp_path):
@@ -126,7 +127,7 @@ def test_the_cgroup_figures_are_its_limit_and_what_it_holds_besides_page_cache(t
     (v1 / "memory.stat").write_text("cache 100\nrss 5\nhierarchical_memory_limit 4000\ntotal_cache 700\n")
     (v1 / "memory.limit_in_bytes").write_text("9000\n")
     (v1 / "memory.usage_in_bytes").write_text("1000\n")
-    assert R._cgroup_limit("4:memory:/job\n", {"v1": ("/", tmp_path / "v1")}) == (
+    assert E.cgroup_limit("4:memory:/job\n", {"v1": ("/", tmp_path / "v1")}) == (
         4000, 300, "cgroup memory.limit_in_bytes")
     v2 = tmp_path / "v2" / "a" / "b"
     v2.mkdir(parents=True)
@@ -134,7 +135,7 @@ def test_the_cgroup_figures_are_its_limit_and_what_it_holds_besides_page_cache(t
     (v2 / "memory.max").write_text("max\n")
     (v2 / "memory.current").write_text("2000\n")
     (v2 / "memory.stat").write_text("anon 10\nfile 1500\n")
-    assert R._cgroup_limit("0::/a/b\n", {"v2": ("/", tmp_path / "v2")}) == (5000, 500, "cgroup memory.max")
+    assert E.cgroup_limit("0::/a/b\n", {"v2": ("/", tmp_path / "v2")}) == (5000, 500, "cgroup memory.max")
 
 
 def test_dsc_info_says_how_each_order_is_read(datasets, monkeypatch):

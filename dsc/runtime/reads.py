@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..env import _cgroup_dir, _mounts, _stats  # noqa: F401 - (the cgroup helpers live in dsc/env.py)
+from ..env import _stats  # (the cgroup helpers live in dsc/env.py)
 from ..env import cgroup_limit as _cgroup_limit
 from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from ..scratch import scratch_bytes
