@@ -1,5 +1,6 @@
 """The docs name what the code has: every ``dsc.X`` and ``T.X`` (dsc.transforms) that README.md and docs/*.md
-write is there (a name or a module), and every error of the tree (``dsc/errors.py``) is one a user can catch as ``dsc.X``."""
+write is there (each name of the dotted chain: an attribute or a module), and every error of the tree (``dsc/errors.py``) is one a user can catch as ``dsc.X``."""
+import importlib
 import importlib.util
 import re
 from pathlib import Path
@@ -13,11 +14,25 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _named(prefix: str):
-    """(file, line, name) of every ``prefix.Name`` in the docs (the first name after the dot)."""
+    """(file, line, names) of every ``prefix.Name.Sub...`` in the docs (the whole dotted chain)."""
     for path in DOCS:
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            for m in re.finditer(rf"(?<![\w.]){re.escape(prefix)}\.([A-Za-z_]\w*)", line):
-                yield path.name, n, m.group(1)
+            for m in re.finditer(rf"(?<![\w.]){re.escape(prefix)}((?:\.[A-Za-z_]\w*)+)", line):
+                yield path.name, n, m.group(1)[1:].split(".")
+
+
+def _missing(module, names):
+    """The first of ``names`` that ``module`` does not have, following the chain through attributes and
+    submodules (``T.presets.classification``, ``dsc.Loader.state_dict``); None when every one is there."""
+    obj = module
+    for name in names:
+        if hasattr(obj, name):
+            obj = getattr(obj, name)
+        elif hasattr(obj, "__path__") and importlib.util.find_spec(f"{obj.__name__}.{name}") is not None:
+            obj = importlib.import_module(f"{obj.__name__}.{name}")
+        else:
+            return name
+    return None
 
 
 def test_every_dsc_and_transforms_name_the_docs_write_exists():
@@ -25,12 +40,13 @@ def test_every_dsc_and_transforms_name_the_docs_write_exists():
 
     missing = []
     for prefix, module in (("dsc", dsc), ("T", T)):
-        for where, n, name in _named(prefix):
+        for where, n, names in _named(prefix):
+            name = names[0]
             if prefix == "dsc" and name.startswith("compile_"):  # one a source: ``dsc.compile_<name>``
                 if name == "compile_" or name[8:] in all_sources() or name == "compile_textlist":  # (PLUGINS.md's)
                     continue
-            if not hasattr(module, name) and importlib.util.find_spec(f"{module.__name__}.{name}") is None:
-                missing.append(f"{where}:{n}: {prefix}.{name}")
+            if _missing(module, names) is not None:
+                missing.append(f"{where}:{n}: {prefix}.{'.'.join(names)} (no {_missing(module, names)})")
     assert not missing, missing
 
 
