@@ -64,7 +64,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _stats(path: Path) -> dict[str, int]:
+def key_values(path: Path) -> dict[str, int]:
     """A ``key value`` file (memory.stat, /proc/meminfo) as a dict; empty when it cannot be read."""
     out = {}
     try:
@@ -136,11 +136,11 @@ def cgroup_limit(cgroups: str | None = None, mounts: dict | None = None) -> tupl
                 d = d.parent
             if best is not None:
                 cur = _read_int(top / "memory.current") or 0
-                file = _stats(top / "memory.stat").get("file", 0)
+                file = key_values(top / "memory.stat").get("file", 0)
                 return best, max(0, cur - file), "cgroup memory.max"
         elif "memory" in controllers.split(","):  # cgroup v1
             d = _cgroup_dir("v1", path, mounts)
-            stats = _stats(d / "memory.stat")
+            stats = key_values(d / "memory.stat")
             lim = stats.get("hierarchical_memory_limit") or _read_int(d / "memory.limit_in_bytes")
             if lim is not None and lim < (1 << 60):
                 use = _read_int(d / "memory.usage_in_bytes") or 0  # (hierarchical: so is total_cache)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..env import _stats  # (the cgroup helpers live in dsc/env.py)
+from ..env import key_values  # (the cgroup helpers live in dsc/env.py)
 from ..env import cgroup_limit as _cgroup_limit
 from ..errors import ConfigError, CorruptDatasetError, TooManyOpenFilesError
 from ..scratch import scratch_bytes
@@ -61,7 +61,7 @@ def available_memory() -> tuple[int, str]:
     forced = os.environ.get("DSC_MEMORY")
     if forced:
         return parse_size(forced, "$DSC_MEMORY"), "$DSC_MEMORY"
-    avail = _stats(Path("/proc/meminfo")).get("MemAvailable:")
+    avail = key_values(Path("/proc/meminfo")).get("MemAvailable:")
     best = (avail * 1024, "MemAvailable") if avail is not None else (os.sysconf("SC_PAGE_SIZE") *
                                                                     os.sysconf("SC_AVPHYS_PAGES"), "free pages")
     cg = _cgroup_limit()
