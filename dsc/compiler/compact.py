@@ -32,7 +32,7 @@ from .compile import Rows, fold_slots, write_version
 from .options import CompileOptions, CompileReport
 from .sources.base import MaskInfo, ScannedSource
 from .staging import OutLock, sync_filesystem
-from .update import _discard_slots, check_options, open_base
+from .update import check_options, discard_slots, open_base
 
 
 def in_storage_order(live: np.ndarray, K: int) -> bool:
@@ -117,7 +117,7 @@ def compact_dataset(out, info=None, warn=None) -> CompileReport:
         tell(f"compact version {m.version['number']} of {out}: {len(live):,} samples from "
              f"{sum(s is not None for s in m.shards):,} shards into {len(units):,}")
         nodes = L.shard_nodes(m)
-        _discard_slots(out, nodes, next_slot)  # an interrupted compaction's (or update's) new slots
+        discard_slots(out, nodes, next_slot)  # an interrupted compaction's (or update's) new slots
         txn = out / versions.TXN / str(n_new)
         shutil.rmtree(txn, ignore_errors=True)
         try:
@@ -148,7 +148,7 @@ def compact_dataset(out, info=None, warn=None) -> CompileReport:
                                                       next_slot + len(units), new_m))
         except BaseException:
             if n_new not in versions.versions(Root(out)):  # (an interrupt may land just after the commit)
-                _discard_slots(out, nodes, next_slot)
+                discard_slots(out, nodes, next_slot)
             shutil.rmtree(txn, ignore_errors=True)
             raise
         shutil.rmtree(txn, ignore_errors=True)

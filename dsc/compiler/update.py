@@ -477,7 +477,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             say(f"discarding the unfinished shards of an earlier update that did not commit (other inputs, or another "
                 f"base version; {txn})")
             shutil.rmtree(txn, ignore_errors=True)
-    _discard_slots(out, L.shard_nodes(m), next_slot, keep=done)
+    discard_slots(out, L.shard_nodes(m), next_slot, keep=done)
     results, bad = decode_units(tasks, decode, scanned, options, journal, done, source, inputs,
                                 options.workers or os.cpu_count() or 1, tmp=out)  # (units that upload their
     # shards hand back the small files they wrote besides them: those go into ``out``)
@@ -487,7 +487,7 @@ def _apply(base: Base, plan: Plan, scanned: ScannedSource, out: Path, options: C
             {k for k, _, _ in bad} == {s["key"] for s in m.skipped} and _scanned_classes(scanned, m) == m.classes:
         say(f"the {len(failed)} input{'s' if len(failed) != 1 else ''} skipped before still fail and nothing else "
             f"changed: no new version")
-        _discard_slots(out, L.shard_nodes(m), next_slot)
+        discard_slots(out, L.shard_nodes(m), next_slot)
         shutil.rmtree(txn, ignore_errors=True)
         return CompileReport(path=out, manifest=m, skipped=tuple(m.skipped), warnings=scanned.warnings,
                              seconds=time.perf_counter() - t0, bytes_written=0, plan=plan.summary(),
@@ -604,7 +604,7 @@ def _reannotate(base: Base, parts: dict, rows, j: int, r: int, rec, digest: int,
     rows.fingerprint[j, 4] = digest
 
 
-def _discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:
+def discard_slots(out: Path, nodes: list[str], first: int, keep=frozenset()) -> None:
     """Remove shard slots of ``nodes`` from ``first`` on that an interrupted attempt left (no committed version
     uses them: slots are handed out past every version's), but the finished units being resumed (``keep``)."""
     for folder in L.slot_folders(nodes):
