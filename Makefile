@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.dsc-installed
 BENCH_STAMP := $(VENV)/.dsc-bench-installed
+# Test processes (pytest-xdist); TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 # Azure Blob on loopback for the tests (tests/object_servers.py): Azurite, from npm, under build/node.
 AZURITE_SPEC ?= azurite@3
 AZURITE := build/node/node_modules/.bin/azurite-blob
@@ -33,7 +35,7 @@ demo: $(STAMP)
 	$(PY) -m dsc.demo --out build/demo
 
 test: $(STAMP) azurite
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 # Without npm (or with the install failing) the Azure tests skip, saying why; the rest of the suite runs.
 azurite:
