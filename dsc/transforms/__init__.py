@@ -28,8 +28,8 @@ from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomI
 from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
-from .resample import apply_geometric
-from .fused import fixes_size, keeps_sizes
+from .resample import _check_batch, _views, apply_geometric, apply_plan
+from .fused import fixes_size, keeps_sizes, plan_chain
 from . import presets
 
 
@@ -70,6 +70,65 @@ def batch_generator(seed: int, epoch: int, batch_index: int, rank: int = 0) -> t
     key = [int(seed), int(epoch), int(batch_index)] + ([int(rank)] if rank else [])
     state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(state >> np.uint64(1)))
+
+
+def read_window(program: list, H: int, W: int) -> tuple[int, int, int, int]:
+    """(t0, t1, l0, l1): the rows t0:t1 and columns l0:l1 of an (H, W) source that a per-sample program
+    (``fused.run_program``'s crops and flips) reads; empty (t1 <= t0) when it reads none. A resize reads
+    all of its input, so the window is where the steps before it cropped (any later step reads less)."""
+    ay, sy, ax, sx, h, w = 0, 1, 0, 1, H, W  # the current image's pixel (y, x) is the source's (ay + sy y, ax + sx x)
+    for step in program:
+        if step[0] == "flip":
+            if step[2]:
+                if step[1] == 0:
+                    ax, sx = ax + sx * (w - 1), -sx
+                else:
+                    ay, sy = ay + sy * (h - 1), -sy
+        elif step[0] == "crop":
+            top, left, h, w = (int(v) for v in step[1:5])
+            ay, ax = ay + sy * top, ax + sx * left
+        else:
+            break
+    y0, y1 = sorted((ay, ay + sy * (h - 1)))
+    x0, x1 = sorted((ax, ax + sx * (w - 1)))
+    t0, t1, l0, l1 = max(y0, 0), min(y1 + 1, H), max(x0, 0), min(x1 + 1, W)
+    return (0, 0, 0, 0) if h <= 0 or w <= 0 or t1 <= t0 or l1 <= l0 else (t0, t1, l0, l1)
+
+
+def photometric_whole() -> bool:
+    """``DSC_PHOTOMETRIC_WHOLE=1``: photometric ops process every pixel even where a later crop drops it
+    (the look-ahead off: the same bytes, more work)."""
+    import os
+
+    return os.environ.get("DSC_PHOTOMETRIC_WHOLE", "0") not in ("", "0")
+
+
+class _LookAhead:
+    """A photometric stage's look-ahead at the geometric stage after it: ``__call__`` (apply_pixel_ops, after
+    its own draws) draws that stage's plan from the same generator, in the same order as the stage would, and
+    gives each sample's source window; the stage then runs that plan (``plan``)."""
+
+    def __init__(self, ops, batch, gen, boxes, schema):
+        self.ops, self.batch, self.gen, self.boxes, self.schema, self.plan = ops, batch, gen, boxes, schema, None
+
+    def __call__(self, sizes):
+        self.plan = plan_chain(self.ops, _views(self.batch, "image")[1], self.gen, boxes=self.boxes)
+        if self.plan.programs is None:  # (the batched resampling: all of each image)
+            return None
+        return [read_window(prog, h, w) for prog, (h, w) in zip(self.plan.programs, self.plan.sizes.tolist())]
+
+
+def _look_ahead(photo: list, geometric: list, batch, schema, gen) -> _LookAhead | None:
+    """The look-ahead when it can help: photometric ops that work on windows, on a CPU uint8 batch of several
+    sizes (processed sample by sample), the batch valid for the geometric stage (else None: it says why)."""
+    img = batch.get("image")
+    if photometric_whole() or not all(op.windowed for op in photo) or schema is None or \
+            not isinstance(img, torch.Tensor) or img.dtype != torch.uint8 or img.device.type != "cpu" or \
+            not ("image_offsets" in batch or "image_sizes" in batch) or "image" not in schema.pixels():
+        return None
+    _check_batch(batch)
+    boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
+    return _LookAhead(geometric, batch, gen, boxes, schema)
 
 
 class Compose:
@@ -141,22 +200,30 @@ class Compose:
         batch = Batch(batch, schema=schema)
         stages = self.stages[start:]
         skip = False
+        ahead = None  # a photometric stage's look-ahead: the plan of the geometric stage after it, drawn
         for k, (kind, op) in enumerate(stages):
             if skip:
                 skip = False
                 continue
             if kind == "geometric":
-                batch = apply_geometric(op, batch, gen, schema=schema, alloc=alloc if owned else None,
-                                        name=f"geometric{start + k}",  # (a buffer per stage: the next reads it)
-                                        divisor=divisor if k == len(stages) - 1 else None)
+                args = dict(alloc=alloc if owned else None, name=f"geometric{start + k}",  # (a buffer per stage:
+                            divisor=divisor if k == len(stages) - 1 else None)  # the next reads it)
+                if ahead is not None and ahead.plan is not None:
+                    batch = apply_plan(ahead.plan, batch, ahead.schema, **args)
+                else:
+                    batch = apply_geometric(op, batch, gen, schema=schema, **args)
+                ahead = None
             elif kind == "pixels":
                 batch = op(batch)
             elif kind == "photo":  # followed by ToFloat/Normalize: handed over in float, one pass fewer each way
                 post = stages[k + 1][1] if k + 1 < len(stages) and stages[k + 1][0] == "pixels" else None
                 fixed = batch["image"].dtype == torch.uint8 and "image_offsets" not in batch \
                     and "image_sizes" not in batch
+                if k + 1 < len(stages) and stages[k + 1][0] == "geometric":
+                    ahead = _look_ahead(op, stages[k + 1][1], batch, schema if schema is not None else
+                                        getattr(batch, "schema", None), gen)
                 batch = apply_pixel_ops(op, batch, gen, post=post if fixed else None,
-                                        inplace=batch["image"] is not given, alloc=alloc)
+                                        inplace=batch["image"] is not given, alloc=alloc, lookahead=ahead)
                 skip = post is not None and fixed
             else:
                 batch = op(batch, gen)
@@ -177,7 +244,7 @@ class Compose:
         return f"Compose([{', '.join(name(op) for op in self.ops)}])"
 
 
-__all__ = ["batch_generator", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Geometric", "Letterbox",
+__all__ = ["batch_generator", "read_window", "CenterCrop", "ChannelsFirst", "ChannelsLast", "Compose", "Geometric", "Letterbox",
            "Normalize", "PixelPost",
            "RandomHorizontalFlip", "RandomResizedCrop", "RandomVerticalFlip", "Resize", "ToDtype", "ToFloat",
            "BatchOp", "PixelOp", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomPhotometricDistort",

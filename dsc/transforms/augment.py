@@ -61,6 +61,18 @@ class PixelOp(BatchOp):
     ``apply(x, params, sizes, bound, integer)`` runs them on float (N, C, H, W) pixels in 0..bound."""
 
     moves_pixels = False  # the auto-augment family shears/rotates the image: refused beside boxes and masks
+    # Look-ahead (Compose, a geometric stage next: apply_pixel_ops' ``windows``): an op whose output pixel is
+    # its input pixel's alone, but for statistics of the whole image that ``whole_prefix`` computes, runs on
+    # just the rectangle of each sample the later crops read. ``whole_stats``: it reads such statistics (then
+    # it must be the stage's first op: an op after it would see the rest of the image unprocessed).
+    windowed = False
+    whole_stats = False
+
+    def whole_prefix(self, x: torch.Tensor, p: dict) -> dict | None:
+        """For the look-ahead, on one whole CPU uint8 sample ``x`` (1, H, W, C) and its params: run in place
+        what the whole-image statistics read, and return the params of what is left (per pixel: run on any
+        window by ``apply_u8``), or None, having written nothing: run the whole sample."""
+        return p
 
     def params(self, sizes: torch.Tensor, gen: torch.Generator) -> dict:
         return {}
@@ -183,6 +195,8 @@ class RandomGrayscale(PixelOp):
     """torchvision ``RandomGrayscale(p=0.1)``: with probability p the sample becomes its grey image
     (0.2989 R + 0.587 G + 0.114 B) in every channel."""
 
+    windowed = True  # (per pixel)
+
     def __init__(self, p: float = 0.1):
         self.p = _prob(p, "RandomGrayscale")
 
@@ -217,7 +231,12 @@ class GaussianBlur(PixelOp):
 class RandomPhotometricDistort(PixelOp):
     """torchvision ``RandomPhotometricDistort`` (the SSD recipe): brightness, contrast, saturation and hue each
     applied with probability p at a factor ~ U(range); contrast before or after saturation+hue (1/2 each);
-    with probability p the channels permuted at random."""
+    with probability p the channels permuted at random. Per pixel but for contrast's mean, over the whole
+    image at its point of the chain: before a crop (the SSD recipe) only the pixels the crop keeps are
+    processed (:meth:`whole_prefix`)."""
+
+    windowed = True
+    whole_stats = True
 
     def __init__(self, brightness=(0.875, 1.125), contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue=(-0.05, 0.05),
                  p: float = 0.5):
@@ -255,11 +274,27 @@ class RandomPhotometricDistort(PixelOp):
                 1, p["perm"][r].to(v.device).view(-1, 3, 1, 1).expand_as(v)))
         return x
 
+    def whole_prefix(self, x, p):
+        """Contrast's mean is the whole image's at its point: with contrast drawn, the brightness runs on the
+        whole sample (a lookup) and the mean is taken there (``p["mean"]``, which :meth:`apply_u8` then uses);
+        contrast after a saturation or hue: None (those on the whole sample too)."""
+        if not bool(p["on1"][0]):
+            return p
+        if not bool(p["contrast_before"][0]) and (bool(p["on2"][0]) or bool(p["on3"][0])):
+            return None
+        p = dict(p)
+        if bool(p["on0"][0]):
+            C.apply_lut(x, C.brightness(C.value_image(1), p["f0"], 255.0, True), [0])
+            p["on0"] = torch.zeros_like(p["on0"])
+        p["mean"] = contrast_mean_u8(x, [0]).view(-1)
+        return p
+
     def apply_u8(self, x, p, sizes):
         """On uint8 (N, H, W, C), each op on just the samples that drew it (in place when all did): brightness
         and contrast as per-sample lookup tables (the float formula on the 256 values), saturation on a float
         copy of those samples, hue by the integer kernel, the channel permutation as a gather of bytes: the
-        float stage's numbers (tests/test_recipes_uint8.py)."""
+        float stage's numbers (tests/test_recipes_uint8.py). ``p["mean"]`` (N,), when given: contrast's means
+        (:meth:`whole_prefix`'s, of the whole images when ``x`` is a window of them)."""
         def op(k, only=None):
             on = p[f"on{k}"] if only is None else p[f"on{k}"] & only
             rows = on.nonzero().view(-1)
@@ -271,7 +306,8 @@ class RandomPhotometricDistort(PixelOp):
                 return
             if k == 1:  # (the mean sample by sample in cache, then the lookups in place)
                 r = rows.tolist()
-                C.apply_lut(x, C.blend(C.value_image(len(rows)), contrast_mean_u8(x, r), f, 255.0, True), r)
+                mean = p["mean"][rows].view(-1, 1, 1, 1) if "mean" in p else contrast_mean_u8(x, r)
+                C.apply_lut(x, C.blend(C.value_image(len(rows)), mean, f, 255.0, True), r)
                 return
             every = len(rows) == len(x)
             sub = x if every else _take_rows(x, rows)
@@ -302,6 +338,8 @@ class RandomHSV(PixelOp):
     """Ultralytics' HSV jitter (``RandomHSV(hgain=0.015, sgain=0.7, vgain=0.4)``, the YOLO default): gains
     r = 1 + U(-1, 1) * gain per channel and sample; in OpenCV's 8-bit HSV (H 0-179, S and V 0-255) the
     lookup tables H' = (H r_h) mod 180, S' = clip(S r_s), V' = clip(V r_v) (truncated), then back to RGB."""
+
+    windowed = True  # (per pixel)
 
     def __init__(self, hgain: float = 0.015, sgain: float = 0.7, vgain: float = 0.4):
         for n, g in (("hgain", hgain), ("sgain", sgain), ("vgain", vgain)):
@@ -1111,14 +1149,44 @@ def _pixel_views(batch: dict):
     return None, img
 
 
+def _window_ok(ops: list[PixelOp]) -> bool:
+    """Whether a run of ops can work on just a window of each sample (:meth:`PixelOp.whole_prefix`)."""
+    return all(op.windowed for op in ops) and not any(op.whole_stats for op in ops[1:])
+
+
+def _run_window(ops: list[PixelOp], params: list[dict], v: torch.Tensor, window) -> bool:
+    """The ops on just rows t0:t1, columns l0:l1 (``window``) of CPU uint8 sample ``v`` (H, W, C), in place;
+    False (nothing written): run the whole sample."""
+    t0, t1, l0, l1 = window
+    H, W = v.shape[:2]
+    if (t0, t1, l0, l1) == (0, H, 0, W):
+        return False
+    if t1 <= t0 or l1 <= l0:  # (nothing of it is read)
+        return True
+    first = ops[0].whole_prefix(v.unsqueeze(0), params[0])
+    if first is None:
+        return False
+    part = v[t0:t1, l0:l1]
+    x = part if part.is_contiguous() else scratch("photometric:window", part.shape, v.dtype, v.device).copy_(part)
+    x, size = x.unsqueeze(0), torch.tensor([[t1 - t0, l1 - l0]])
+    for op, p in zip(ops, [first] + params[1:]):
+        x = op.apply_u8(x, p, size)
+    if x.data_ptr() != part.data_ptr() or not x.is_contiguous():
+        part.copy_(x[0])
+    return True
+
+
 def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=None, inplace: bool = False,
-                    alloc=None) -> dict:
+                    alloc=None, lookahead=None) -> dict:
     """A run of photometric ops over the batch: every op's per-sample draws first (in op order), then the
     ops on float pixels, converted once; uint8 written back (ragged: sample by sample, in place). ``post``:
     the ToFloat/Normalize pass that follows (a fixed-size uint8 batch goes straight into it, in float: its
     values are whole numbers already, so the result is the same as through uint8). ``inplace``: the image
     is this pipeline's own (a ring slot, an earlier stage's output) and may be written into; ``alloc``: the
-    Loader's ring-slot allocator, for the float output (memory reused batch after batch)."""
+    Loader's ring-slot allocator, for the float output (memory reused batch after batch). ``lookahead(sizes)``
+    (Compose's, a geometric stage next): called once the params are drawn, it draws the next stage's and
+    gives each sample's source window (t0, t1, l0, l1) that stage reads, or None (all of it): samples of
+    several sizes on the CPU are then processed only there, when the ops allow it (:func:`_window_ok`)."""
     views, img = _pixel_views(batch)
     if views is not None and not inplace:  # ragged / padded: written sample by sample, so on a copy of the caller's
         batch["image"] = batch["image"].clone()
@@ -1143,6 +1211,8 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
             raise ConfigError("photometric ops take dsc's uint8 (B, H, W, C) image (a batch, not a sample)")
         sizes = torch.tensor([list(img.shape[1:3])], dtype=torch.long).expand(img.shape[0], 2)
     params = [op.params(sizes, gen) for op in ops]
+    windows = lookahead(sizes) if lookahead is not None else None
+    windows = windows if windows is not None and _window_ok(ops) else None
 
     def run(x, rows, integer, bound):
         for op, p in zip(ops, params):
@@ -1156,8 +1226,11 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
                 raise ConfigError("photometric ops on images of several sizes take them as stored (uint8)")
             if v.device.type == "cpu" and v.is_contiguous():  # uint8 between ops, as the fixed-size CPU stage
                 x, row = v.unsqueeze(0), torch.tensor([b])
-                for op, p in zip(ops, params):
-                    x = op.apply_u8(x, _take(p, row), sizes[row])
+                taken = [_take(p, row) for p in params]
+                if windows is not None and windows[b] is not None and _run_window(ops, taken, v, windows[b]):
+                    continue
+                for op, p in zip(ops, taken):
+                    x = op.apply_u8(x, p, sizes[row])
                 if x.data_ptr() != v.data_ptr() or not x.is_contiguous():
                     v.copy_(x[0])
                 continue
