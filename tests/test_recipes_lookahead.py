@@ -37,8 +37,18 @@ def _feed(h, v):
         h.update(repr(v).encode())
 
 
-def _digest(ds, ops, fmt, monkeypatch, whole: bool, threads: int = 2) -> str:
+def _digest(ds, ops, fmt, monkeypatch, whole: bool, threads: int = 2, windowed: list | None = None) -> str:
+    """The Loader's batches digested; ``windowed`` collects whether each sample ran on its window."""
     monkeypatch.setenv("DSC_PHOTOMETRIC_WHOLE", "1" if whole else "0")
+    if windowed is not None:
+        from dsc.transforms import augment
+
+        real = augment._run_window
+
+        def counted(*a, **k):
+            windowed.append(real(*a, **k))
+            return windowed[-1]
+        monkeypatch.setattr(augment, "_run_window", counted)
     loader = dsc.Loader(ds, batch_size=8, order="random", seed=3, transforms=ops, format=fmt, num_threads=threads)
     h = hashlib.sha256()
     for epoch in (0, 1):
@@ -50,8 +60,8 @@ def _digest(ds, ops, fmt, monkeypatch, whole: bool, threads: int = 2) -> str:
 
 CHAINS = {
     "ssd": lambda: T.presets.detection("ssd"),
-    "ssdlite": lambda: T.presets.detection("ssdlite"),
-    "yolo": lambda: T.presets.yolo(64),
+    # the YOLO recipe's HSV jitter before a crop (its preset puts it last: no window there)
+    "hsv-crop": lambda: [T.RandomHSV(), T.RandomIoUCrop(), T.RandomHorizontalFlip()],
     # every photometric op drawn: contrast before and after saturation/hue, permutations
     "distort-all": lambda: [T.RandomPhotometricDistort(p=1.0), T.RandomZoomOut(fill=MEAN_255, p=1.0),
                             T.RandomIoUCrop(), T.RandomHorizontalFlip()],
@@ -66,15 +76,18 @@ CHAINS = {
 }
 
 
-@pytest.mark.parametrize("name,fmt", [("ssd", "torchvision"), ("ssd", "dict"), ("ssdlite", "torchvision"),
-                                      ("yolo", "dict"), ("distort-all", "torchvision"), ("distort-all", "dict"),
+@pytest.mark.parametrize("name,fmt", [("ssd", "torchvision"), ("ssd", "dict"), ("hsv-crop", "torchvision"), ("distort-all", "torchvision"), ("distort-all", "dict"),
                                       ("flip-then-crop", "dict"), ("crop-resize-crop", "dict"),
                                       ("stats-second", "dict")])
 def test_the_look_ahead_gives_the_bytes_of_processing_every_pixel(scenes, monkeypatch, name, fmt):
     """Two epochs of 3 batches of 8, digested (every key, shape and byte): look-ahead on = every pixel
-    processed, for the presets, their forms and chains that reach each case of the window."""
+    processed, for the ssd preset, its forms and chains that reach each case of the window (each one windowing
+    some samples, which the test sees)."""
     whole = _digest(scenes, CHAINS[name](), fmt, monkeypatch, whole=True)
-    assert _digest(scenes, CHAINS[name](), fmt, monkeypatch, whole=False) == whole
+    windowed = []
+    assert _digest(scenes, CHAINS[name](), fmt, monkeypatch, whole=False, windowed=windowed) == whole
+    # the look-ahead ran (some samples on their window), except where an op with whole-image statistics follows
+    assert any(windowed) == (name != "stats-second"), windowed
     if name == "distort-all":  # (and for any thread count)
         assert _digest(scenes, CHAINS[name](), fmt, monkeypatch, whole=False, threads=0) == whole
 
