@@ -11,9 +11,9 @@ does on uint8 tensors (so a single op is within a grey level of torchvision on t
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
 posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
-whole-pixel shift (translate), a shear as each line's 2-tap blend and any nearest warp as a gather
-(warp_gather.py: no grid_sample), or a float copy of those samples (sharpness and colour sample by sample in
-the batch's own (N, H, W, C) layout, rotate through grid_sample on planes; blur, hue...), each giving the
+whole-pixel shift (translate), a shear as each line's 2-tap blend (ShearY's taps gathered as the sample lies),
+a nearest warp as a gather (warp_gather.py: no grid_sample), or a float copy of those samples (sharpness, colour
+sample by sample in the batch's own layout, bilinear rotate on each one's channels-last copy...), each giving the
 float formula's very numbers (tests/test_recipes_uint8.py); an op at a magnitude that leaves the image as it
 is is skipped; the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
@@ -973,7 +973,7 @@ class _AutoBase(PixelOp):
         made once per space, bins and size (a batch's draws then read it with two torch calls, where the
         loop over the op names made ~120 a batch, each a GIL handover)."""
         key = (id(space), tuple(self.names), num_bins, H, W)
-        got = _MAGNITUDE_TABLES.get(key)
+        got = _MAGNITUDE_TABLES.get(key) if len(_MAGNITUDE_TABLES) < 256 else _MAGNITUDE_TABLES.clear()  # (bounded)
         if got is None:
             h, w = torch.tensor([H], dtype=torch.float64), torch.tensor([W], dtype=torch.float64)
             table = torch.zeros((len(self.names), num_bins), dtype=torch.float64)
