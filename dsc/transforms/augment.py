@@ -710,7 +710,7 @@ def _shear_columns_u8(x: torch.Tensor, M: torch.Tensor, rows: List[int]) -> torc
         return x
     m = M.to(torch.float64)
     order, fresh = _by_map(m)
-    bordered = torch.zeros((3 * H + 2, W, Cn), dtype=x.dtype)
+    bordered = torch.zeros((3 * H + 2, W * Cn), dtype=x.dtype)  # (zeroed once a call; its middle rewritten)
     index = torch.empty((H + 1, W * Cn), dtype=torch.int64)
     taps = torch.empty((H + 1, W * Cn), dtype=x.dtype)
     _shear_columns(x, m.index_select(0, order), [rows[i] for i in order.tolist()], fresh, bordered, index, taps)
@@ -738,7 +738,7 @@ def _shear_columns(x: torch.Tensor, M: torch.Tensor, rows: List[int], fresh: Lis
             e.copy_((1.0 - wx).view(W, 1).expand(W, Cn).reshape(1, W * Cn))
             start = k.to(torch.int64).clamp_(-H - 1, H).add_(H + 1).mul_(W * Cn)  # (y + k_x's row, as a flat offset)
             torch.add(lines, within + start.view(W, 1).expand(W, Cn).reshape(1, W * Cn), out=index)
-        bordered[H + 1:2 * H + 1].copy_(x[b])
+        bordered[H + 1:2 * H + 1].view(H, W, Cn).copy_(x[b])
         torch.index_select(flat, 0, index.view(-1), out=taps.view(-1))
         v = taps.to(torch.float32)
         y = torch.mul(v[:H], e).add_(torch.mul(v[1:], w))
