@@ -82,3 +82,40 @@ def test_autocontrast_tables_run_as_one_pil_lookup_per_sample(monkeypatch):
     got = A.apply_named_u8("AutoContrast", img.clone(), m)
     ref = A.apply_named("AutoContrast", img.permute(0, 3, 1, 2).float(), m, 255.0, True)
     assert torch.equal(got, ref.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+
+
+def test_auto_augment_draws_read_one_magnitude_table():
+    """A fixed-size batch's magnitudes come from one table per space, bins and size (made once): a couple of
+    torch calls a batch where the loop over the op names made ~180 (each a GIL handover); the same numbers
+    as the loop, which images of several sizes still take (TranslateX/Y's bins scale with each one's size)."""
+    from torch_calls import TorchCalls
+
+    B = 64
+    for op in (T.RandAugment(), T.TrivialAugmentWide(), T.AutoAugment(), T.AugMix()):
+        sizes = torch.tensor([[40, 52]]).expand(B, 2)
+        op.params(sizes, torch.Generator().manual_seed(0))  # (the table made)
+        with TorchCalls(attributes=False) as calls:
+            fixed = op.params(sizes, torch.Generator().manual_seed(1))["mag"]
+        ragged = sizes.clone()
+        ragged[0] = torch.tensor([41, 53])  # (another size: the loop)
+        loop = op.params(ragged, torch.Generator().manual_seed(1))["mag"]
+        assert torch.equal(fixed[1:], loop[1:]) and torch.equal(fixed[1:].signbit(), loop[1:].signbit())
+        assert bool((fixed != 0).any())
+        if not isinstance(op, T.AugMix):  # (AugMix's Dirichlet draws make their own)
+            assert calls.n <= 30, (type(op).__name__, calls.n)
+
+
+def test_shears_take_their_axis_from_their_name():
+    """ShearX moves rows, ShearY columns, for every magnitude but 0 (the identity, whose pixels either
+    path keeps): what warp_gather.shear_axis finds in their maps, without its eight torch calls an op."""
+    from dsc.transforms import warp_gather as G
+
+    mags = torch.cat([torch.linspace(-0.99, 0.99, 61, dtype=torch.float64), torch.tensor([0.09, -0.09, 1e-9])])
+    for name in ("ShearX", "ShearY"):
+        for H, W in ((224, 224), (23, 31), (331, 500)):
+            M = A._geometric_matrix(name, mags, H, W)
+            assert all(G.shear_axis(M[i:i + 1]) == A._SHEAR_AXES[name] for i in range(len(mags)))
+    img = batch(3, 23, 31)
+    zero = torch.zeros(3, dtype=torch.float64)
+    for name in ("ShearX", "ShearY"):
+        assert torch.equal(A.apply_named_u8(name, img.clone(), zero, "bilinear", rows=torch.arange(3)), img)

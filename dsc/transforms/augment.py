@@ -11,9 +11,9 @@ does on uint8 tensors (so a single op is within a grey level of torchvision on t
 CPU a fixed-size uint8 batch stays uint8 between ops (``apply_u8``): an op runs on just the samples that drew
 it, as a per-sample lookup table made by its float formula on the 256 values (brightness, contrast,
 posterize, solarize, invert, autocontrast, equalize: its histograms and lookups by PIL's C loops), a
-whole-pixel shift (translate), a shear as each line's 2-tap blend and any nearest warp as a gather
-(warp_gather.py: no grid_sample), or a float copy of those samples (sharpness and colour sample by sample in
-the batch's own (N, H, W, C) layout, rotate through grid_sample on planes; blur, hue...), each giving the
+whole-pixel shift (translate), a shear as each line's 2-tap blend (ShearY's taps gathered as the sample lies),
+a nearest warp as a gather (warp_gather.py: no grid_sample), or a float copy of those samples (sharpness, colour
+sample by sample in the batch's own layout, bilinear rotate on each one's channels-last copy...), each giving the
 float formula's very numbers (tests/test_recipes_uint8.py); an op at a magnitude that leaves the image as it
 is is skipped; the ToFloat/Normalize pass after it writes the float
 batch into the Loader's ring slot. On CUDA (after the uint8 copy) the batch becomes float (B, C, H, W) once
@@ -535,44 +535,69 @@ def _geometric_matrix(name: str, mag: torch.Tensor, H: int, W: int) -> torch.Ten
 
 def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> torch.Tensor:
     """:func:`color.warp` on uint8 (N, H, W, C), in place, the same numbers, sample by sample (one sample's
-    grid, float planes and output stay in cache: about 3x faster than the batch's at once): its grid
-    (written into one buffer, not stacked), ``grid_sample`` on a planar float copy (its fast layout; a fill
-    through the mask channel), rounded, clamped and written back into ``x``. ``rows``: the samples of ``x``
-    (``M`` one per row; None: all)."""
+    grid, float pixels and output stay in cache: about 3x faster than the batch's at once): its grid
+    (written into one buffer, not stacked; made once for the samples that share a map: RandAugment's
+    rotations of a batch are two, +-magnitude), ``grid_sample`` on a float copy in the sample's own
+    channels-last layout (a copy without a transpose; a fill through a mask channel beside the pixels'),
+    its output channels-last too, rounded, clamped and written back into ``x`` as the bytes lie (a cast of
+    planes into interleaved pixels was a strided copy). ``rows``: the samples of ``x`` (``M`` one per row;
+    None: all)."""
     _, H, W, Cn = x.shape
+    rows = list(range(len(x))) if rows is None else [int(b) for b in rows]
     m = M.to(torch.float64)
+    order, fresh = _by_map(m)
+    m = m.index_select(0, order)
     ax = (m[:, 0] * (2.0 / W)).to(torch.float32)
     ay = (m[:, 1] * (2.0 / H)).to(torch.float32)
     xs = (torch.arange(W, dtype=torch.float32) + 0.5).view(1, W)
     ys = (torch.arange(H, dtype=torch.float32) + 0.5).view(H, 1)
     grid = torch.empty((1, H, W, 2), dtype=torch.float32)
-    planes = torch.empty((1, Cn + (fill is not None), H, W), dtype=torch.float32)
-    out = torch.empty_like(planes)  # (grid_sample's output, reused sample after sample)
+    k = Cn + (fill is not None)
+    pixels = torch.empty((1, H, W, k), dtype=torch.float32)  # (grid_sample reads it as (1, k, H, W) planes)
+    out = torch.empty_like(pixels)  # (grid_sample's output, reused sample after sample)
     fill_t = None
     if fill is not None:
-        planes[0, Cn] = 1.0
+        pixels[..., Cn] = 1.0
         fill_t = torch.as_tensor(fill, dtype=torch.float32).view(-1, 1, 1)
-    _warp_rows(x, list(range(len(x))) if rows is None else list(rows), ax, ay, xs, ys, grid, planes, out, fill_t,
+    _warp_rows(x, [rows[i] for i in order.tolist()], fresh, ax, ay, xs, ys, grid, pixels, out, fill_t,
                mode == "nearest")
     return x
 
 
+def _by_map(m: torch.Tensor) -> tuple[torch.Tensor, List[bool]]:
+    """The samples of maps ``m`` (N, 3, 3) ordered so that equal maps are neighbours (the order of the first
+    of each), and for each in that order whether its map differs from the one before (a grid to make)."""
+    N = len(m)
+    if N == 0:
+        return torch.zeros(0, dtype=torch.long), []
+    _, inverse = torch.unique(m.reshape(N, -1), dim=0, return_inverse=True)
+    key, order = torch.sort(inverse, stable=True)
+    key = key.tolist()
+    return order, [i == 0 or key[i] != key[i - 1] for i in range(N)]
+
+
 @nogil
-def _warp_rows(x: torch.Tensor, rows: List[int], ax: torch.Tensor, ay: torch.Tensor, xs: torch.Tensor,
-               ys: torch.Tensor, grid: torch.Tensor, planes: torch.Tensor, out: torch.Tensor,
+def _warp_rows(x: torch.Tensor, rows: List[int], fresh: List[bool], ax: torch.Tensor, ay: torch.Tensor,
+               xs: torch.Tensor, ys: torch.Tensor, grid: torch.Tensor, pixels: torch.Tensor, out: torch.Tensor,
                fill_t: Optional[torch.Tensor], nearest: bool) -> None:
-    """:func:`_warp_u8`'s loop (sample ``rows[i]`` through the maps ``ax[i]``, ``ay[i]``), scripted: its dozen
-    torch calls a sample never reach Python (each took the GIL)."""
+    """:func:`_warp_u8`'s loop (sample ``rows[i]`` through the maps ``ax[i]``, ``ay[i]``; a new grid where
+    ``fresh[i]``), scripted: its dozen torch calls a sample never reach Python (each took the GIL)."""
     Cn = x.shape[3]
+    planes = pixels.permute(0, 3, 1, 2)
+    into = out.permute(0, 3, 1, 2)
     for i in range(len(rows)):
         b = rows[i]
-        torch.add(ax[i, 0] * xs, ax[i, 1] * ys + (ax[i, 2] - 1.0), out=grid[0, :, :, 0])
-        torch.add(ay[i, 0] * xs, ay[i, 1] * ys + (ay[i, 2] - 1.0), out=grid[0, :, :, 1])
-        planes[0, :Cn].copy_(x[b].permute(2, 0, 1))
-        if torch.jit.is_scripting():
-            y = torch.grid_sampler_2d(planes, grid, 1 if nearest else 0, 0, False, out=out)[0]
+        if fresh[i]:
+            torch.add(ax[i, 0] * xs, ax[i, 1] * ys + (ax[i, 2] - 1.0), out=grid[0, :, :, 0])
+            torch.add(ay[i, 0] * xs, ay[i, 1] * ys + (ay[i, 2] - 1.0), out=grid[0, :, :, 1])
+        if pixels.shape[3] == Cn:
+            pixels[0].copy_(x[b])
         else:
-            y = _grid_sample(planes, grid, "nearest" if nearest else "bilinear", out)[0]
+            pixels[0, :, :, :Cn].copy_(x[b])
+        if torch.jit.is_scripting():
+            y = torch.grid_sampler_2d(planes, grid, 1 if nearest else 0, 0, False, out=into)[0]
+        else:
+            y = _grid_sample(planes, grid, "nearest" if nearest else "bilinear", into)[0]
         if fill_t is None:  # torchvision: no mask channel, zeros outside (a blend of 0..255 and 0: no clamp)
             y.round_()
         else:
@@ -698,8 +723,64 @@ def _geometric_u8(name, x, mag, interpolation, fill, rows):
     M = _geometric_matrix(name, mag, x.shape[1], x.shape[2])
     if rows is None:  # (nearest: the gather, on the samples that drew it)
         return G.nearest_u8(x, M, fill)
-    axis = G.shear_axis(M)
+    axis = _SHEAR_AXES.get(name)
+    if axis is None:  # (a rotation: a shear only where it is the identity)
+        axis = G.shear_axis(M)
+    if axis == 0 and fill is None:
+        return _shear_columns_u8(x, M, rows)
     return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
+
+
+_SHEAR_AXES = {"ShearX": 1, "ShearY": 0}  # (what shear_axis finds for every map _geometric_matrix makes of them)
+
+
+def _shear_columns_u8(x: torch.Tensor, M: torch.Tensor, rows: List[int]) -> torch.Tensor:
+    """:func:`warp_gather.shear_u8` for maps that move columns (ShearY), no fill, on samples ``rows`` of CPU
+    uint8 (N, H, W, C), in place, its very numbers without its two transposing copies (lines = columns: a
+    strided copy of 3-byte pixels each way, about a third of its time). Column x reads rows y + k_x and
+    y + k_x + 1 (k_x = floor(t_x)) of the sample bordered by H + 1 zero rows above and below: both taps of
+    every pixel come from one gather of bytes (``index_select`` through an index made once for the
+    samples that share a map: RandAugment's shears of a batch are two, +-magnitude), tap 1 being tap 0 a
+    row down, as the sample lies; then blended as ``_blend_lines`` blends, (1 - w_x) v0 + w_x v1 in float32
+    (the weights along the contiguous rows: vectorised), rounded, clamped, written back as the bytes lie."""
+    N, H, W, Cn = x.shape
+    if x.numel() == 0 or not len(rows):
+        return x
+    m = M.to(torch.float64)
+    order, fresh = _by_map(m)
+    bordered = torch.zeros((3 * H + 2, W * Cn), dtype=x.dtype)  # (zeroed once a call; its middle rewritten)
+    index = torch.empty((H + 1, W * Cn), dtype=torch.int64)
+    taps = torch.empty((H + 1, W * Cn), dtype=x.dtype)
+    _shear_columns(x, m.index_select(0, order), [rows[i] for i in order.tolist()], fresh, bordered, index, taps)
+    return x
+
+
+@nogil
+def _shear_columns(x: torch.Tensor, M: torch.Tensor, rows: List[int], fresh: List[bool], bordered: torch.Tensor,
+                   index: torch.Tensor, taps: torch.Tensor) -> None:
+    """:func:`_shear_columns_u8`'s loop over samples (a new index and weights where ``fresh[i]``), scripted
+    (its torch calls never reach Python)."""
+    H, W, Cn = x.shape[1], x.shape[2], x.shape[3]
+    lines = torch.arange(H + 1, dtype=torch.int64).mul_(W * Cn).view(-1, 1)
+    within = torch.arange(W * Cn, dtype=torch.int64).view(1, -1)
+    w = torch.empty((1, W * Cn), dtype=torch.float32)
+    e = torch.empty((1, W * Cn), dtype=torch.float32)
+    flat = bordered.view(-1)
+    for i in range(len(rows)):
+        b = rows[i]
+        if fresh[i]:
+            t = G._shifts(M[i], 0, W)
+            k = torch.floor(t)
+            wx = (t - k).to(torch.float32)
+            w.copy_(wx.view(W, 1).expand(W, Cn).reshape(1, W * Cn))
+            e.copy_((1.0 - wx).view(W, 1).expand(W, Cn).reshape(1, W * Cn))
+            start = k.to(torch.int64).clamp_(-H - 1, H).add_(H + 1).mul_(W * Cn)  # (y + k_x's row, as a flat offset)
+            torch.add(lines, within + start.view(W, 1).expand(W, Cn).reshape(1, W * Cn), out=index)
+        bordered[H + 1:2 * H + 1].view(H, W, Cn).copy_(x[b])
+        torch.index_select(flat, 0, index.view(-1), out=taps.view(-1))
+        v = taps.to(torch.float32)
+        y = torch.mul(v[:H], e).add_(torch.mul(v[1:], w))
+        G.write_u8(x[b], y.round_().clamp_(0, 255).view(H, W, Cn))
 
 
 @_u8_kernel(*_LUT_OPS, in_rows=_always)
@@ -884,6 +965,9 @@ _STILL_BELOW = {"TranslateX": 1.0, "TranslateY": 1.0,  # |magnitude| under which
                 **{n: 1e-300 for n in ("ShearX", "ShearY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness")}}
 
 
+_MAGNITUDE_TABLES: dict = {}  # (space, op names, bins, H, W) -> the auto-augment family's magnitude tables
+
+
 class _AutoBase(PixelOp):
     """Per sample, slots of (op, on, magnitude); ``apply`` runs slot by slot, each op on the samples that
     drew it, together."""
@@ -901,9 +985,13 @@ class _AutoBase(PixelOp):
         """(B, K) magnitudes: bin ``bins`` of each drawn op's magnitudes (0 for ops without), negated with
         probability 1/2 for signed ops."""
         B, K = ops.shape
+        sign = torch.rand((B, K), generator=gen, dtype=torch.float64) <= 0.5
+        if B and bool((sizes == sizes[0]).all()):  # (one size: every op's bins from one table, made once)
+            table, signed = self._magnitude_table(space, num_bins, int(sizes[0, 0]), int(sizes[0, 1]))
+            m = table[ops, bins.clamp(max=num_bins - 1)]
+            return torch.where(sign & signed[ops], -m, m)
         mags = torch.zeros((B, K), dtype=torch.float64)
         h, w = sizes[:, 0].double(), sizes[:, 1].double()
-        sign = torch.rand((B, K), generator=gen, dtype=torch.float64) <= 0.5
         for i, name in enumerate(self.names):
             fn, signed = space[name]
             sel = ops == i
@@ -916,6 +1004,24 @@ class _AutoBase(PixelOp):
                 m = torch.where(sign, -m, m)
             mags = torch.where(sel, m, mags)
         return mags
+
+    def _magnitude_table(self, space, num_bins: int, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(len(names), num_bins) float64: each op's magnitudes on (H, W) images (0 for ops without; the very
+        numbers :meth:`_magnitudes`' loop takes from ``space``), and (len(names),) whether each is signed;
+        made once per space, bins and size (a batch's draws then read it with two torch calls, where the
+        loop over the op names made ~120 a batch, each a GIL handover)."""
+        key = (id(space), tuple(self.names), num_bins, H, W)
+        got = _MAGNITUDE_TABLES.get(key) if len(_MAGNITUDE_TABLES) < 256 else _MAGNITUDE_TABLES.clear()  # (bounded)
+        if got is None:
+            h, w = torch.tensor([H], dtype=torch.float64), torch.tensor([W], dtype=torch.float64)
+            table = torch.zeros((len(self.names), num_bins), dtype=torch.float64)
+            for i, name in enumerate(self.names):
+                fn = space[name][0]
+                if fn is not None:
+                    table[i] = fn(num_bins, h, w).reshape(-1)
+            signed = torch.tensor([space[name][1] for name in self.names], dtype=torch.bool)
+            got = _MAGNITUDE_TABLES[key] = (table, signed)
+        return got
 
     def apply(self, x, p, sizes, bound, integer):
         if "ops" not in p:
