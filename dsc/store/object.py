@@ -382,6 +382,16 @@ class ObjectStore(Store):
         raw._it, raw._at = it, 0
         return io.BufferedReader(raw, buffer), ident
 
+    def read_tail(self, rel: str, n: int):
+        """(the object's last ``n`` bytes, all of it when smaller, as obstore's buffer; its identity (size, last
+        modified, ETag) as that GET's response gives it) in one request: a reader that starts at the end (a Parquet
+        footer) needs no HEAD first for the size. FileNotFoundError when there is no such object."""
+        def attempt():
+            r = self._get(rel, {"range": {"suffix": int(n)}}, None)
+            m = r.meta
+            return r.bytes(), (int(m["size"]), m["last_modified"].timestamp(), str(m.get("e_tag") or ""))
+        return self._call("reading", rel, attempt)
+
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
         import obstore
