@@ -385,12 +385,24 @@ class ObjectStore(Store):
     def read_tail(self, rel: str, n: int):
         """(the object's last ``n`` bytes, all of it when smaller, as obstore's buffer; its identity (size, last
         modified, ETag) as that GET's response gives it) in one request: a reader that starts at the end (a Parquet
-        footer) needs no HEAD first for the size. FileNotFoundError when there is no such object."""
+        footer) needs no HEAD first for the size. Azure Blob takes no suffix range: there, a HEAD for the size, then
+        the range of the object it named. FileNotFoundError when there is no such object."""
+        import obstore.exceptions as E
+
         def attempt():
-            r = self._get(rel, {"range": {"suffix": int(n)}}, None)
+            try:
+                r = self._get(rel, {"range": {"suffix": int(n)}}, None)
+            except E.NotSupportedError:
+                return None
             m = r.meta
             return r.bytes(), (int(m["size"]), m["last_modified"].timestamp(), str(m.get("e_tag") or ""))
-        return self._call("reading", rel, attempt)
+        got = self._call("reading", rel, attempt)
+        if got is None:
+            ident = self.identity(rel)
+            if ident is None:
+                raise MissingFile(f"{self.where(rel)} is missing")
+            got = self.read_range_pinned(rel, max(0, ident[0] - int(n)), ident[0], ident[2] or None)[0], ident
+        return got
 
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""
