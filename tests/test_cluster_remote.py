@@ -651,6 +651,18 @@ def test_the_requests_of_a_parquet_file_compiled_from_s3(s3, tmp_path, monkeypat
     #                                                          keys: one GET (the last group's: in the footer's read)
 
 
+def test_an_empty_or_missing_parquet_object_says_what_it_is(s3, tmp_path):
+    """An empty .parquet object (S3 answers the footer's suffix range with 416): not a readable Parquet file, as a
+    local empty file is, not a failed request; a missing one: no such object, its URL named."""
+    open_store("s3://dsc-src/empty").put("t.parquet", b"")
+    with pytest.raises(SourceError, match=r"empty/t\.parquet: not a readable Parquet or Arrow file \(Parquet file size "
+                                          r"is 0 bytes\)"):
+        dsc.compile_table("s3://dsc-src/empty/t.parquet", tmp_path / "out", workers=1, **OPTS)
+    with pytest.raises(SourceError, match=r"s3://dsc-src/empty/none\.parquet: no such object \(and no objects under "
+                                          r"it as a prefix\)"):
+        dsc.compile_table("s3://dsc-src/empty/none.parquet", tmp_path / "out2", workers=1, **OPTS)
+
+
 def samples_png(k: int) -> bytes:
     import io
 

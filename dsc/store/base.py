@@ -90,6 +90,20 @@ class Store:
         return None
 
     # ------------------------------------------------------------------ built on it
+    def read_tail(self, rel: str, n: int):
+        """(the object's last ``n`` bytes, all of it when smaller; its identity (size, last modified, tag)): what a
+        reader that starts at the end (a Parquet footer) reads first. Here: :meth:`identity` (else :meth:`stat`) for
+        the size, then the range of the object it named (:meth:`read_range_pinned`); a store that can read a suffix
+        in one request overrides this (object storage). MissingFile when there is no such object."""
+        ident = self.identity(rel)
+        if ident is None:
+            found = self.stat(rel)
+            if found is None:
+                raise MissingFile(f"{self.where(rel)} is missing")
+            ident = (found[0], 0.0, "")
+        size = int(ident[0])
+        return self.read_range_pinned(rel, max(0, size - int(n)), size, ident[2] or None)[0], ident
+
     def put_if_absent(self, rel: str, data, attributes: dict | None = None) -> None:
         self.put(rel, data, create_only=True, attributes=attributes)
 

@@ -29,6 +29,7 @@ def table_files(path: str | Path) -> list[Path]:
     under a prefix) gives URLs, read by range (see inputs.py)."""
     if is_remote(check_input(path)):
         url = check_input(path)
+        tail = None
         if url.endswith(".parquet"):  # (its footer by one GET, which says the object is there: no HEAD first)
             tail = read_tail(url, FOOTER_BYTES)
             if tail is not None:
@@ -36,8 +37,11 @@ def table_files(path: str | Path) -> list[Path]:
                 return [url]
         elif url.endswith(TABLE_SUFFIXES) and not is_prefix(url):
             return [url]
-        files = [u for u, _ in list_objects(url) if u.endswith(TABLE_SUFFIXES)]
+        listed = list_objects(url)
+        files = [u for u, _ in listed if u.endswith(TABLE_SUFFIXES)]
         if not files:
+            if url.endswith(".parquet") and not listed:  # (read_tail found no such object)
+                raise SourceError(f"{url}: no such object (and no objects under it as a prefix)")
             raise SourceError(f"{url}: no .parquet or .arrow objects under this prefix (or no such object)")
         return files
     p = Path(path)
