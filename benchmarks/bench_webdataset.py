@@ -13,9 +13,11 @@
 
 Every side uses 2 processes (the machine's cores) and stores or returns 224x224 RGB by a plain stretch. The runs
 are interleaved, 3 rounds (``BENCH_ROUNDS=5``: more), each printing its wall seconds; each ratio is taken against
-the local compile of its own round. moto is a Python server in its own process: on a 2-core machine it competes
-with the compile for the cores (and it serves a range of an object by reading the whole object: a Parquet row
-group costs it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
+the local compile of its own round (before them, one small compile of each kind: no first round pays alone what a
+process does once; after each run, its output in the bucket is deleted: every round's server holds the inputs
+only). moto is a Python server in its own process: on a 2-core machine it competes with the compile for the cores
+(moto_keepalive.py serves a range of an object without reading the whole object, as moto does: a Parquet row group
+cost it the file), so each run also says what dsc's CPU per image was (this process: scan, uploads,
 commit; its workers: decoding), against the local compile's in the same round, the workers' page faults (a worker
 forked fresh to read a bucket starts with an empty heap: units.keep_heap), and the server's CPU seconds and
 requests (by method, the connections they came on, and the MB the server served and stored: what a compile costs
@@ -199,6 +201,39 @@ def _said(seen: dict) -> str:
             f"{seen['in']:.1f} MB stored")
 
 
+def _drop(url: str) -> None:
+    """Delete every object under ``url`` (a round's output in the bucket): moto keeps every object in its process's
+    memory, so without this each round's server holds one more compiled set (150 MB) than the last one's did."""
+    from dsc.store import open_store
+
+    store = open_store(url)
+    for rel, *_ in store.list_detailed(""):
+        store.delete(rel)
+
+
+def _warm(work: Path, parquet: Path, use) -> None:
+    """One small compile of each kind the rounds run, before them, so that no first round pays alone what a process
+    does once (the fork server a compile from a bucket forks its workers from, pyarrow's import, the upload
+    threads, the first TLS connections): one tar from the bucket to local disk and to the bucket over http and
+    https, and the first 100 rows of the Parquet file from the bucket. ``use(via)``: the server's variables set."""
+    import dsc
+    import pyarrow.parquet as pq
+    from dsc.store import open_store
+
+    use("http")
+    small = work / "warm.parquet"
+    pq.write_table(pq.read_table(parquet).slice(0, 100), small)
+    open_store("s3://bench").put("table/warm.parquet", small)
+    opts = dict(size=SIZE, resize="stretch", workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
+    dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), **opts)
+    dsc.compile_table("s3://bench/table/warm.parquet", str(work / "warm-table"), **opts)
+    for via, src in (("http", "s3://bench/wds/00000.tar"), ("https", "s3://bench/wdss/00000.tar")):
+        use(via)
+        dsc.compile_webdataset(src, f"s3://bench/warm-{via}", **opts)
+        upload.unstaged()
+        _drop(f"s3://bench/warm-{via}")
+
+
 def main() -> None:
     import dsc
     from dsc.store import open_store
@@ -248,9 +283,7 @@ def main() -> None:
         local = {"webdataset": "tars, local disk", "table": "Parquet, local disk"}  # each run's baseline
         seen: dict[str, list] = {name: [] for name, *_ in runs}  # (img/s, client CPU s, workers' CPU s, server CPU s,
         #                                                          requests, load average, workers' page faults)
-        # (warm: the fork server a compile from a bucket forks its workers from starts once per process)
-        dsc.compile_webdataset("s3://bench/wds/00000.tar", str(work / "warm"), size=SIZE, resize="stretch",
-                               workers=WORKERS, progress=False, cache_dir=str(work / "cache"))
+        _warm(work, parquet, use)  # (what a process does once, done before the rounds)
         for k in range(ROUNDS):  # interleaved rounds: every run of a round sees about the same machine
             print(f"  round {k + 1}: uptime {' '.join(os.popen('uptime').read().split()[-5:])}")
             for name, kind, src, to, via in runs:
@@ -276,6 +309,8 @@ def main() -> None:
                       f"{a[3]:4.2f} CPU s, {_said(a[4])}, load {a[5]:.1f}")
                 if not to:
                     shutil.rmtree(out, ignore_errors=True)
+                else:  # (out of the timing: each round's server holds the inputs only, as the first round's did)
+                    _drop(out)
         reader, what = _reader_rate(tars)
         print(f"  best of {ROUNDS} (each ratio: the median of the rounds' ratios to the local compile of their "
               f"round; CPU: "

@@ -607,6 +607,73 @@ def _parquet_in_s3(tmp_path, url: str, seed: int) -> tuple[set, set]:
     return starts(0), starts(1)
 
 
+def test_the_requests_of_a_parquet_file_compiled_from_s3(s3, tmp_path, monkeypatch):
+    """Every request a compile of a Parquet file in the bucket makes of it, as the server sees them: no HEAD (the
+    footer is read by one GET of the file's last 64 KiB, whose response says its size and ETag), the label and key
+    chunks of each row group (side by side in the file) by one GET, and each row group's image chunk once (units of
+    one row group, 2 workers; a unit taken over at the end reads its group again): 1 + 3 + 4 (or 5) requests, where
+    there were 2 HEADs, a footer, 8 chunks and 4 (or 5) groups."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    images = [bytes(samples_png(k)) for k in range(64)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image": images, "label": [k % 4 for k in range(64)],
+                             "key": [f"k{k:03d}" for k in range(64)]}), path, row_group_size=16)
+    open_store("s3://dsc-src/counted").put("t.parquet", path.read_bytes())
+    asked, lock = [], threading.Lock()  # (the server runs in this process: it sees the workers' requests too)
+    real = S3Response._key_response
+
+    def counted(self, request, full_url):
+        if request.path.endswith("/counted/t.parquet"):
+            with lock:
+                asked.append((request.method, request.headers.get("range")))
+        return real(self, request, full_url)
+    monkeypatch.setattr(S3Response, "_key_response", counted)
+    r = dsc.compile_table("s3://dsc-src/counted/t.parquet", tmp_path / "out", key_column="key", workers=2,
+                          **{**OPTS, "shard_size": 16})
+    ref = dsc.compile_table(path, tmp_path / "ref", key_column="key", workers=1, **{**OPTS, "shard_size": 16})
+    assert samples(dsc.open(r.path)) == samples(dsc.open(ref.path))
+    meta = pq.ParquetFile(path).metadata
+    chunk = [[(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset, c.total_compressed_size)
+              for c in map(meta.row_group(g).column, range(3))] for g in range(4)]
+    size = path.stat().st_size
+    assert [m for m, _ in asked] == ["GET"] * len(asked)  # no HEAD
+    assert asked[0] == ("GET", "bytes=-65536")  # the footer first, by a suffix range
+    images_read = [r for _, r in asked[1:] if r in {f"bytes={a}-{a + n - 1}" for (a, n), _, _ in chunk}]
+    assert len(set(images_read)) == 4 and len(images_read) <= 5, asked  # each group's images once (a unit taken
+    #                                                                      over at the end: its group read twice)
+    labels = {f"bytes={lab[0]}-{key[0] + key[1] - 1}" for _, lab, key in chunk if key[0] + key[1] < size - 65536}
+    assert sorted(r for _, r in asked[1:] if r not in images_read) == sorted(labels), asked  # a group's labels and
+    #                                                          keys: one GET (the last group's: in the footer's read)
+
+
+def test_an_empty_or_missing_parquet_object_says_what_it_is(s3, tmp_path):
+    """An empty .parquet object (S3 answers the footer's suffix range with 416): not a readable Parquet file, as a
+    local empty file is, not a failed request; a missing one: no such object, its URL named."""
+    open_store("s3://dsc-src/empty").put("t.parquet", b"")
+    with pytest.raises(SourceError, match=r"empty/t\.parquet: not a readable Parquet or Arrow file \(Parquet file size "
+                                          r"is 0 bytes\)"):
+        dsc.compile_table("s3://dsc-src/empty/t.parquet", tmp_path / "out", workers=1, **OPTS)
+    with pytest.raises(SourceError, match=r"s3://dsc-src/empty/none\.parquet: no such object \(and no objects under "
+                                          r"it as a prefix\)"):
+        dsc.compile_table("s3://dsc-src/empty/none.parquet", tmp_path / "out2", workers=1, **OPTS)
+
+
+def samples_png(k: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    b = io.BytesIO()
+    Image.fromarray(np.random.default_rng(k).integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(b, "PNG")
+    return b.getvalue()
+
+
 def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkeypatch):
     """With 2 workers, units of one row group go to one worker (each runs a contiguous run of units, reading the
     group its next unit needs ahead of time): the server is asked for each row group's image chunk about once (a
@@ -625,7 +692,7 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
     def counted(self, request, headers, content):
         if request.path.endswith("/runs/t.parquet"):
             with lock:
-                asked.append(int(request.headers["range"].split("=")[1].split("-")[0]))
+                asked.append(int(request.headers["range"].split("=")[1].split("-")[0] or -1))  # (-1: a suffix)
         return real(self, request, headers, content)
     monkeypatch.setattr(S3Response, "_handle_range_header", counted)
     from dsc.store.object import ObjectStore
@@ -640,7 +707,8 @@ def test_two_workers_read_each_parquet_row_group_about_once(s3, tmp_path, monkey
     group_reads = [a for a in asked if a in image_chunks]
     assert set(group_reads) == image_chunks
     assert len(group_reads) <= len(image_chunks) + 3, sorted(group_reads)  # (in order: about 2 x 6)
-    assert sorted(a for a in asked if a in label_chunks) == sorted(label_chunks)  # the scan: each once,
+    tail = path.stat().st_size - (64 << 10)  # (the footer's read: the label chunks in it are not asked again)
+    assert sorted(a for a in asked if a in label_chunks) == sorted(a for a in label_chunks if a < tail)  # each once,
     assert {name.split("_")[0] for a, name in threads if a in label_chunks} == {"dsc-range"}  # read ahead together
     footer = [a for a in asked if a not in image_chunks | label_chunks]
     assert len(footer) == 1, footer  # the footer: read by the scan, handed to the workers with the source
@@ -971,7 +1039,7 @@ def test_a_cluster_reads_each_parquet_row_group_about_once_and_ahead(s3, cluster
     def counted(self, request, headers, content):
         if request.path.endswith("/daskruns/t.parquet"):
             with lock:
-                asked.append(int(request.headers["range"].split("=")[1].split("-")[0]))
+                asked.append(int(request.headers["range"].split("=")[1].split("-")[0] or -1))  # (-1: a suffix)
         return real(self, request, headers, content)
     monkeypatch.setattr(S3Response, "_handle_range_header", counted)
     scope: dict = {}

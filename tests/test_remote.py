@@ -855,6 +855,53 @@ def test_a_registered_store_serves_compile_open_and_cache(src, tmp_path):
     assert [d["url"] for d in cache_list(tmp_path / "c")["datasets"]] == [url]
 
 
+class RangedFolderStore(FolderStore):
+    """FolderStore with the optional identity and read_range: what a plugin over a bucket would add."""
+
+    def __init__(self, url, retry):
+        from dsc.store import Store
+
+        self.__class__ = type("RangedFolderStore", (RangedFolderStore, Store), {})
+        self.url = url.rstrip("/")
+        self.base = Path(url.split("://", 1)[1])
+
+    def identity(self, rel):
+        p = self.base / rel
+        return (p.stat().st_size, p.stat().st_mtime, str(p.stat().st_mtime_ns)) if p.is_file() else None
+
+    def read_range(self, rel, start, end):
+        with open(self.base / rel, "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+
+    def list_detailed(self, prefix):
+        return [(rel, size, 0.0) for rel, size in self.list(prefix)]
+
+
+@pytest.mark.parametrize("scheme, cls", [("folder", FolderStore), ("rfolder", RangedFolderStore)])
+def test_a_registered_store_serves_a_parquet_url(tmp_path, monkeypatch, scheme, cls):
+    """A Parquet URL on a registered store: its footer's first read (``read_tail``) is the Store's own (identity,
+    else stat, for the size; then the range), not only object storage's; a missing one names the URL."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from dsc.errors import SourceError
+    from dsc.store import register_store
+    from test_cluster_remote import samples_png
+
+    register_store(scheme, cls)
+    monkeypatch.chdir(tmp_path)  # (the bucket b: the folder b here)
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"image": [samples_png(k) for k in range(6)], "label": [k % 2 for k in range(6)]}),
+                   tmp_path / "b" / "t.parquet")
+    r = dsc.compile_table(f"{scheme}://b/t.parquet", tmp_path / "out", workers=1, **OPTS)
+    ref = dsc.compile_table(tmp_path / "b" / "t.parquet", tmp_path / "ref", workers=1, **OPTS)
+    assert samples(dsc.open(r.path)) == samples(dsc.open(ref.path))
+    if scheme == "folder":  # (this one lists no objects: the protocol's list_detailed left out)
+        return
+    with pytest.raises(SourceError, match=r"b/none\.parquet: no such object \(and no objects under it as a prefix\)"):
+        dsc.compile_table(f"{scheme}://b/none.parquet", tmp_path / "out2", workers=1, **OPTS)
+
+
 @pytest.mark.parametrize("order", ["random", "quasi_random", "sequential"])
 def test_ranged_reads_serve_the_bytes_of_every_other_strategy(published, tmp_path, order):
     """No shard cache (cache_limit=0): each sample by a byte range, the same batches as a local dataset's

@@ -471,3 +471,21 @@ def test_s3_puts_are_not_hashed_again_to_sign_them(monkeypatch):
     monkeypatch.setenv("AWS_CHECKSUM_ALGORITHM", "sha256")
     config = open_store("s3://b/ds")._store.config
     assert "unsigned_payload" not in config and "checksum_algorithm" not in config
+
+
+def test_an_objects_last_bytes_and_identity_in_every_object_store(object_store_url):
+    """``read_tail`` (a Parquet footer's first read): the object's last bytes and its size and ETag, by one suffix GET
+    where the store takes one, by a HEAD and a range on Azure Blob (which takes no suffix range); all of a small
+    object; nothing of an empty one (no suffix range to answer: the HEAD's way); FileNotFoundError for none."""
+    store = open_store(object_store_url)
+    data = bytes(range(256)) * 1000
+    store.put("t.bin", data)
+    tail, (size, mtime, etag) = store.read_tail("t.bin", 1000)
+    assert bytes(tail) == data[-1000:] and size == len(data) and etag and mtime > 0
+    assert store.identity("t.bin")[2] == etag
+    assert bytes(store.read_tail("t.bin", 10 ** 6)[0]) == data
+    store.put("empty.bin", b"")  # (no last bytes: S3 answers a suffix range of it 416, GCS and Azure the whole 0)
+    tail, (size, mtime, etag) = store.read_tail("empty.bin", 1000)
+    assert bytes(tail) == b"" and size == 0 and etag == store.identity("empty.bin")[2]
+    with pytest.raises(FileNotFoundError):
+        store.read_tail("none.bin", 1000)

@@ -90,6 +90,20 @@ class Store:
         return None
 
     # ------------------------------------------------------------------ built on it
+    def read_tail(self, rel: str, n: int):
+        """(the object's last ``n`` bytes, all of it when smaller; its identity (size, last modified, tag)): what a
+        reader that starts at the end (a Parquet footer) reads first. Here: :meth:`identity` (else :meth:`stat`) for
+        the size, then the range of the object it named (:meth:`read_range_pinned`); a store that can read a suffix
+        in one request overrides this (object storage). MissingFile when there is no such object."""
+        ident = self.identity(rel)
+        if ident is None:
+            found = self.stat(rel)
+            if found is None:
+                raise MissingFile(f"{self.where(rel)} is missing")
+            ident = (found[0], 0.0, "")
+        size = int(ident[0])
+        return self.read_range_pinned(rel, max(0, size - int(n)), size, ident[2] or None)[0], ident
+
     def put_if_absent(self, rel: str, data, attributes: dict | None = None) -> None:
         self.put(rel, data, create_only=True, attributes=attributes)
 
@@ -166,6 +180,12 @@ class SeekableFile(io.RawIOBase):
         return self.pos
 
 
+# RangeFile.prefetch: ranges this close are read by one request (the bytes between them read and dropped), up to this
+# much a request (pyarrow's own pre-buffering joins ranges by the same two rules: 8 KiB, 32 MiB)
+COALESCE_GAP = 8 << 10
+COALESCE_LIMIT = 32 << 20
+
+
 class RangeFile(SeekableFile):
     """A store's object as a raw seekable file: each ``readinto`` is one ranged read (retried by the store); wrap
     it in ``io.BufferedReader`` (``Store.reader``) for read-ahead. Every range is of one object: the one ``etag``
@@ -183,12 +203,27 @@ class RangeFile(SeekableFile):
             self.etag = tag
         return data
 
+    def keep(self, start: int, data) -> None:
+        """Serve reads inside ``[start, start + len(data))`` from ``data`` (bytes of this object already read)."""
+        self._have[int(start)] = data
+
     def prefetch(self, ranges, in_flight: int = 8) -> None:
         """Read the byte ranges ``[(start, end)]`` now, ``in_flight`` requests at once (the column chunks a reader
-        is about to ask for one after another); a later read inside one of them is served from it."""
+        is about to ask for one after another); a later read inside one of them is served from it. Ranges already
+        held are not asked again, and neighbours (a row group's chunks of the columns read: side by side in the
+        file) are one request: those at most ``COALESCE_GAP`` bytes apart, up to ``COALESCE_LIMIT`` a request."""
         from concurrent.futures import ThreadPoolExecutor
 
-        ranges = sorted({(int(a), min(int(b), self.size)) for a, b in ranges if a < b and a < self.size})
+        merged: list[list[int]] = []
+        for a, b in sorted({(int(a), min(int(b), self.size)) for a, b in ranges if a < b and a < self.size}):
+            if any(s <= a and b <= s + len(d) for s, d in self._have.items()):
+                continue
+            last = merged[-1] if merged else None
+            if last and a - last[1] <= COALESCE_GAP and max(b, last[1]) - last[0] <= COALESCE_LIMIT:
+                last[1] = max(b, last[1])
+            else:
+                merged.append([a, b])
+        ranges = [tuple(r) for r in merged]
         if not ranges:
             return
         if self.etag is None:  # (the first range pins the object the others must be)

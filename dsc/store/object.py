@@ -135,6 +135,8 @@ _TRANSIENT = re.compile(r"(?i)(connect|connection|timed? ?out|timeout|reset|brok
 
 
 _USED_BY: int | None = None  # the process that made the first request: obstore cannot make requests after a fork
+# a ranged GET answered without its range (obstore's words): the whole object (an empty one), or no Content-Range
+_NO_RANGE = re.compile(r"non-partial response|content[-_]range", re.IGNORECASE)
 _STATUS = re.compile(r"(?:status code|status)[: ]+(\d{3})\b", re.IGNORECASE)
 
 
@@ -381,6 +383,31 @@ class ObjectStore(Store):
         raw = StreamFile(self, rel, ident[0], etag=ident[2] or None)
         raw._it, raw._at = it, 0
         return io.BufferedReader(raw, buffer), ident
+
+    def read_tail(self, rel: str, n: int):
+        """(the object's last ``n`` bytes, all of it when smaller, as obstore's buffer; its identity (size, last
+        modified, ETag) as that GET's response gives it) in one request: a reader that starts at the end (a Parquet
+        footer) needs no HEAD first for the size. Where the store takes no suffix range (Azure Blob), or answers one
+        with no partial content (an empty object: 416, or the whole 0 bytes), the Store's way: a HEAD for the size,
+        then the range of the object it named. FileNotFoundError when there is no such object."""
+        import obstore.exceptions as E
+
+        def attempt():
+            try:
+                r = self._get(rel, {"range": {"suffix": int(n)}}, None)
+            except E.NotSupportedError:
+                return None
+            except (E.NotFoundError, FileNotFoundError, DscError):
+                raise
+            except Exception as e:  # noqa: BLE001 - no range in the answer (an empty object has no last bytes)
+                status = _STATUS.search(str(e))
+                if (status and int(status.group(1)) == 416) or _NO_RANGE.search(str(e)):
+                    return None
+                raise
+            m = r.meta
+            return r.bytes(), (int(m["size"]), m["last_modified"].timestamp(), str(m.get("e_tag") or ""))
+        got = self._call("reading", rel, attempt)
+        return got if got is not None else super().read_tail(rel, n)
 
     def identity(self, rel: str) -> tuple[int, float, str] | None:
         """(size, last modified as a Unix time, ETag) of the object, or None: what says it changed."""

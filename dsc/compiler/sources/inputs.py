@@ -137,6 +137,11 @@ def is_prefix(url: str) -> bool:
         return False
 
 
+def remembered(url: str) -> bool:
+    """Whether this process knows the object's identity (a listing, a HEAD or a GET said it): asking costs nothing."""
+    return url in _IDENTITY
+
+
 def identity(path: str) -> tuple[int, int, int, int] | None:
     """(size, mtime_ns, ctime_ns, inode) of an input, as a file's stat gives them, or None when it is not there.
     An object's 'inode' is a checksum of its ETag and its ctime 0 (an object is replaced, never edited)."""
@@ -211,14 +216,29 @@ def open_scanned(path: str):
     return f, size
 
 
+def read_tail(url: str, n: int) -> bytes | None:
+    """An object's last ``n`` bytes (all of it when smaller), or None when it is not there, by one GET whose response
+    also says its size, time and ETag, remembered as its identity (``identity``): a reader that starts at the end
+    (a Parquet footer) asks no HEAD first, and its later ranges (``open_input``) are pinned to the object this GET
+    read."""
+    store, rel = split(url)
+    try:
+        data, (size, mtime, etag) = store.read_tail(rel, n)
+    except FileNotFoundError:
+        return None
+    remember(url, size, mtime, etag)
+    return bytes(data)
+
+
 def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequential: bool = False,
-               start: int | None = None, ahead: int = 0):
+               start: int | None = None, ahead: int = 0, tail: bytes | None = None):
     """A seekable binary file of the input: a local file, or an object read as it is consumed (never downloaded
     whole): by ranges of ``buffer`` bytes, or with ``sequential`` by one streamed request from where reading
     starts (a tar, member after member). ``size``: the object's, when a listing said it (saves a request), or
     where reading ends (no byte past it is asked for). ``start`` and ``ahead`` (sequential): the request is made
     now, at ``start``, and a thread reads up to ``ahead`` bytes ahead of the caller. ``buffer`` 0 (not
-    sequential): unbuffered, each read one range request for exactly its bytes."""
+    sequential): unbuffered, each read one range request for exactly its bytes, but for those inside ``tail``
+    (the object's last bytes, as ``read_tail`` gave them: served from it)."""
     if not is_remote(path):
         return open(path, "rb")
     store, rel = split(path)
@@ -229,7 +249,10 @@ def open_input(path: str, size: int | None = None, buffer: int = 4 << 20, sequen
     if sequential:
         return store.reader(rel, size, buffer, sequential=True, start=start, ahead=ahead, **pin)
     if buffer <= 0:  # unbuffered: each read one request for exactly its bytes (a reader whose reads are few, large)
-        return RangeFile(store, rel, size, **pin)
+        f = RangeFile(store, rel, size, **pin)
+        if tail:
+            f.keep(size - len(tail), tail)
+        return f
     return store.reader(rel, size, buffer, **pin)
 
 

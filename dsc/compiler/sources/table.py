@@ -17,7 +17,8 @@ from pathlib import Path
 from ...errors import SampleError, SourceError
 from .base import Item, Param, Record, ScannedSource, Source, where
 from .columns import column_specs, column_values
-from .inputs import check_input, identity, is_prefix, is_remote, list_objects, name_of, open_input
+from .inputs import (check_input, identity, is_prefix, is_remote, list_objects, name_of, open_input, read_tail,
+                     remembered)
 
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
@@ -28,10 +29,19 @@ def table_files(path: str | Path) -> list[Path]:
     under a prefix) gives URLs, read by range (see inputs.py)."""
     if is_remote(check_input(path)):
         url = check_input(path)
-        if url.endswith(TABLE_SUFFIXES) and not is_prefix(url):
+        tail = None
+        if url.endswith(".parquet"):  # (its footer by one GET, which says the object is there: no HEAD first)
+            tail = read_tail(url, FOOTER_BYTES)
+            if tail is not None:
+                _TAILS[url] = (identity(url), tail)
+                return [url]
+        elif url.endswith(TABLE_SUFFIXES) and not is_prefix(url):
             return [url]
-        files = [u for u, _ in list_objects(url) if u.endswith(TABLE_SUFFIXES)]
+        listed = list_objects(url)
+        files = [u for u, _ in listed if u.endswith(TABLE_SUFFIXES)]
         if not files:
+            if url.endswith(".parquet") and not listed:  # (read_tail found no such object)
+                raise SourceError(f"{url}: no such object (and no objects under it as a prefix)")
             raise SourceError(f"{url}: no .parquet or .arrow objects under this prefix (or no such object)")
         return files
     p = Path(path)
@@ -66,10 +76,18 @@ def _hf_class_names(schema, label_column: str):
     return tuple(names) if names else None
 
 
-def _opened(path):
+def _opened(path, tail: bytes | None = None):
     """What pyarrow reads: the local path, or the object as a seekable file read by ranges: each read of
-    pyarrow's one range request for exactly its bytes (they are few and large: the footer, column chunks)."""
-    return open_input(path, buffer=0) if is_remote(path) else path
+    pyarrow's one range request for exactly its bytes (they are few and large: the footer, column chunks), but
+    for those inside ``tail`` (its last bytes, already read)."""
+    return open_input(path, buffer=0, tail=tail) if is_remote(path) else path
+
+
+# A Parquet file's last bytes read to find its footer: pyarrow's own first read of a footer (64 KiB), so that one
+# request holds the footer of most files. ``_TAILS``: those a scan's check that a URL names a file read (url ->
+# (its identity, the bytes)), taken by the footer's read: the first requests of a Parquet URL, one GET, no HEAD.
+FOOTER_BYTES = 64 << 10
+_TAILS: dict = {}
 
 
 # What a process (a compile worker) keeps of the Parquet files it reads, by (path, identity): each file's footer,
@@ -84,10 +102,19 @@ KEEP_FOOTERS = 256
 def _footer(path: str):
     """(the Parquet file's metadata, the file's identity): read once per process and version of the file."""
     pq = _pyarrow()
+    tail = None
+    if is_remote(path):
+        ident, tail = _TAILS.pop(path, (None, None))
+        if tail is not None and ident != identity(path):
+            tail = None
+        if tail is None and not remembered(path):  # (size and ETag unknown: from the footer's GET, not a HEAD)
+            tail = read_tail(path, FOOTER_BYTES)
+            if tail is None:
+                raise SourceError(f"{path}: no such file (no such object)")
     key = (path, identity(path))
     meta = _FOOTERS.get(key)
     if meta is None:
-        meta = pq.ParquetFile(_opened(path)).metadata
+        meta = pq.ParquetFile(_opened(path, tail)).metadata
         with _KEEP_LOCK:
             if len(_FOOTERS) >= KEEP_FOOTERS:
                 _FOOTERS.pop(next(iter(_FOOTERS)), None)
@@ -122,9 +149,10 @@ def _chunks(meta, columns) -> list[tuple[int, int]]:
 def _read_meta_columns(path, columns: list[str]):
     if str(path).endswith(".parquet"):
         pq = _pyarrow()
-        if is_remote(path):  # the footer, then every wanted column chunk by a range request, 8 in flight at once
-            meta = _footer(path)[0]  # (the chunks would be read one after another, each waiting for the last)
-            src = _opened(path)
+        if is_remote(path):  # the footer, then the wanted column chunks by range requests, 8 in flight at once
+            ident, tail = _TAILS.get(path, (None, None))  # (the chunks would be read one after another, each waiting
+            meta = _footer(path)[0]  # for the last; a row group's chunks are side by side: one request, and those in
+            src = _opened(path, tail if ident == identity(path) else None)  # the footer's read are not asked again)
             src.prefetch(_chunks(meta, [c for c in columns if c in meta.schema.to_arrow_schema().names]))
             pf = pq.ParquetFile(src, metadata=meta)
         else:
