@@ -311,9 +311,10 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str
         else:
             flat = torch.empty(int(offsets[-1]), dtype=dtype, device=dev)
         o = offsets.tolist()
+        fills: dict = {}  # (each fill's float form made once for the batch: fused._float_fill_of)
         for b, v in enumerate(views):
             run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill,
-                        divisor=cast)
+                        divisor=cast, fills=fills)
         drop_companions(batch, key)
         batch[key] = flat
         batch[f"{key}_offsets"] = offsets.to(flat.device)
