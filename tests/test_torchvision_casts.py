@@ -72,3 +72,28 @@ def test_the_batch_wide_cast_makes_no_torch_call_from_python_per_piece(monkeypat
             want = batch["image"][o[k]:o[k + 1]].view(shp).permute(2, 0, 1).float() / 255
             assert torch.equal(img, want)
     assert len(set(calls.values())) == 1, calls
+
+
+@scripted_only
+def test_resizes_of_several_sizes_run_in_one_scripted_call_with_run_programs_bytes():
+    """A chain that resizes samples to several sizes and flips them (multiscale, scale jitter): every sample goes
+    from its view into its place in the packed batch by one scripted call (fused.resize_ragged), not by
+    run_program's ~10 torch calls from Python a sample (each a GIL handover); the same bytes as run_program."""
+    from dsc.transforms.fused import plan_chain
+
+    ops = [T.RandomShortestSize([24, 31, 40], 60), T.RandomHorizontalFlip(), T.RandomVerticalFlip()]
+    calls = {}
+    for B in (4, 12):
+        shapes = [(20 + 3 * b, 33 - b, 3) for b in range(B)]
+        apply_geometric(ops, _packed(shapes), torch.Generator().manual_seed(B))  # (compiles on a first call)
+        with TorchCalls(attributes=False) as c:
+            got = apply_geometric(ops, _packed(shapes), torch.Generator().manual_seed(B))
+        calls[B] = c.n
+        batch = _packed(shapes)
+        plan = plan_chain(ops, batch["image_shapes"][:, :2], torch.Generator().manual_seed(B))
+        o, out_o = batch["image_offsets"].tolist(), got["image_offsets"].tolist()
+        for b, shp in enumerate(got["image_shapes"].tolist()):
+            want = torch.empty(shp, dtype=torch.uint8)
+            fused.run_program(batch["image"][o[b]:o[b + 1]].view(shapes[b]), plan.programs[b], want, False, None)
+            assert torch.equal(got["image"][out_o[b]:out_o[b + 1]].view(shp), want), b
+    assert (calls[12] - calls[4]) / 8 <= 10, calls  # (7 a sample: its views, its plan, its steps; with run_program 16)

@@ -504,15 +504,20 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
 
 def _crop_resize_steps(program: list[tuple], x: torch.Tensor) -> list[int] | None:
     """[top, left, h, w, out h, out w, flip rows, flip columns] where ``program`` is a crop inside ``x`` (a CPU
-    uint8 (H, W, C) view), a resize and flips only: what :func:`run_program` does with it (the flips folded into
-    the crop's contiguous copy, the resize into the output); None otherwise."""
+    uint8 (H, W, C) view), a resize and flips only, or a resize and flips: what :func:`run_program` does with it
+    (the flips folded into the crop's contiguous copy, the resize into the output); None otherwise."""
+    if x.dtype != torch.uint8 or x.ndim != 3 or x.device.type != "cpu":
+        return None
+    H, W = x.shape[0], x.shape[1]
+    if program and program[0][0] == "resize" and all(step[0] == "flip" for step in program[1:]):
+        # a resize and flips (RandomShortestSize, ScaleJitter): the crop is the whole image (run_program folds
+        # the flips into the copy the resize reads, or into the copy of a sample already at its size)
+        fh, fw = _pending_flips(program[1:], False, False)
+        return [0, 0, H, W, program[0][1], program[0][2], int(fh), int(fw)]
     if len(program) < 2 or program[0][0] != "crop" or program[1][0] != "resize" or \
             any(step[0] != "flip" for step in program[2:]):
         return None
-    if x.dtype != torch.uint8 or x.ndim != 3 or x.device.type != "cpu":
-        return None
     top, left, h, w = program[0][1:5]
-    H, W = x.shape[0], x.shape[1]
     if not (0 <= top and top + h <= H and 0 <= left and left + w <= W):
         return None
     fh, fw = _pending_flips(program[2:], False, False)
@@ -540,3 +545,45 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
                                                    out=target.permute(2, 0, 1).unsqueeze(0))
         if tmp is not None and scale is not None and shift is not None:
             post_row(tmp, out[rows[i]], scale, shift, channels_last, float32)
+
+
+def resize_ragged(views: list[torch.Tensor], programs: list[list[tuple]], flat: torch.Tensor, offsets: list[int],
+                  shapes: list[tuple]) -> list[int]:
+    """The samples ``views[b]`` whose program :func:`_crop_resize_steps` takes (a resize or a crop and a resize,
+    then flips: multiscale, scale jitter) run into their places ``flat[offsets[b]:offsets[b + 1]]`` (of
+    ``shapes[b]``) of a packed ragged uint8 batch by one scripted call (:func:`_crop_resize_packed`: the same ops
+    as :func:`run_program`'s, ~10 torch calls a sample that never reach Python); returns the others' indices,
+    for :func:`run_program`."""
+    fast, steps, rest = [], [], []
+    ok = _aa is not None and flat.device.type == "cpu" and flat.dtype == torch.uint8
+    for b, v in enumerate(views):
+        step = _crop_resize_steps(programs[b], v) if ok else None
+        if step is None:
+            rest.append(b)
+        else:
+            fast.append(b)
+            steps.append(step)
+    if fast:
+        _crop_resize_packed([views[b] for b in fast], steps, flat, [offsets[b] for b in fast],
+                            [list(shapes[b]) for b in fast])
+    return rest
+
+
+@nogil
+def _crop_resize_packed(views: List[torch.Tensor], steps: List[List[int]], flat: torch.Tensor, starts: List[int],
+                        shapes: List[List[int]]) -> None:
+    """Sample ``views[i]`` cropped, flipped and resized as ``steps[i]`` (:func:`_crop_resize_steps`) into
+    ``flat[starts[i]:]`` viewed as ``shapes[i]`` (h, w, C): :func:`_crop_resize_rows`'s ops for a packed ragged
+    batch."""
+    for i in range(len(views)):
+        s = steps[i]
+        top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
+        shp = shapes[i]
+        target = flat[starts[i]:starts[i] + shp[0] * shp[1] * shp[2]].view(shp)
+        x = mirrored(views[i][top:top + h, left:left + w], s[6] != 0, s[7] != 0)
+        if h == oh and w == ow:
+            target.copy_(x)
+        else:
+            src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)
+            torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
+                                                   out=target.permute(2, 0, 1).unsqueeze(0))
