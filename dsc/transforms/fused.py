@@ -480,16 +480,9 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
     classification recipes' geometry) on CPU uint8 (H, W, C) go through :func:`_crop_resize_rows`, one scripted
     call for all of them (the same ops as :func:`run_program`'s; no GIL); the rest sample by sample."""
     views = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in views]
-    fast, steps, rest = [], [], []
     simple = bool(programs) and not nearest and _aa is not None and out.device.type == "cpu" and \
         (post is not None or out.dtype == torch.uint8)
-    for b, v in enumerate(views):
-        step = _crop_resize_steps(programs[b], v) if simple else None
-        if step is None:
-            rest.append(b)
-        else:
-            fast.append(b)
-            steps.append(step)
+    fast, steps, rest = _split_steps(views, programs, simple)
     if fast:
         tmp, scale, shift, last, f32 = None, None, None, False, False
         if post is not None:  # (one (h, w, C) sample in cache between its resize and its float pass)
@@ -500,6 +493,20 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
     for b in rest:
         run_program(views[b], programs[b] if programs else [], out[b], nearest, fill, post)
     return out
+
+
+def _split_steps(views, programs, ok: bool) -> tuple[list[int], list[list[int]], list[int]]:
+    """(the samples whose program :func:`_crop_resize_steps` takes, their steps, the other samples); with ``ok``
+    False every sample is another."""
+    fast, steps, rest = [], [], []
+    for b, v in enumerate(views):
+        step = _crop_resize_steps(programs[b], v) if ok else None
+        if step is None:
+            rest.append(b)
+        else:
+            fast.append(b)
+            steps.append(step)
+    return fast, steps, rest
 
 
 def _crop_resize_steps(program: list[tuple], x: torch.Tensor) -> list[int] | None:
@@ -533,16 +540,7 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
     pass (``scale``, ``shift``: :class:`~dsc.transforms.photometric.PixelPost`'s) into the (C, h, w) slot.
     Scripted (dsc.nogil): :func:`run_program`'s ~10 torch calls a sample never reach Python."""
     for i in range(len(views)):
-        s = steps[i]
-        top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
-        x = mirrored(views[i][top:top + h, left:left + w], s[6] != 0, s[7] != 0)
-        target = out[rows[i]] if tmp is None else tmp
-        if h == oh and w == ow:
-            target.copy_(x)
-        else:
-            src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)  # (a fresh dense copy of any other view)
-            torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
-                                                   out=target.permute(2, 0, 1).unsqueeze(0))
+        _crop_resize_into(views[i], steps[i], out[rows[i]] if tmp is None else tmp)
         if tmp is not None and scale is not None and shift is not None:
             post_row(tmp, out[rows[i]], scale, shift, channels_last, float32)
 
@@ -554,15 +552,8 @@ def resize_ragged(views: list[torch.Tensor], programs: list[list[tuple]], flat: 
     ``shapes[b]``) of a packed ragged uint8 batch by one scripted call (:func:`_crop_resize_packed`: the same ops
     as :func:`run_program`'s, ~10 torch calls a sample that never reach Python); returns the others' indices,
     for :func:`run_program`."""
-    fast, steps, rest = [], [], []
-    ok = _aa is not None and flat.device.type == "cpu" and flat.dtype == torch.uint8
-    for b, v in enumerate(views):
-        step = _crop_resize_steps(programs[b], v) if ok else None
-        if step is None:
-            rest.append(b)
-        else:
-            fast.append(b)
-            steps.append(step)
+    fast, steps, rest = _split_steps(views, programs, _aa is not None and flat.device.type == "cpu" and
+                                     flat.dtype == torch.uint8)
     if fast:
         _crop_resize_packed([views[b] for b in fast], steps, flat, [offsets[b] for b in fast],
                             [list(shapes[b]) for b in fast])
@@ -576,14 +567,18 @@ def _crop_resize_packed(views: List[torch.Tensor], steps: List[List[int]], flat:
     ``flat[starts[i]:]`` viewed as ``shapes[i]`` (h, w, C): :func:`_crop_resize_rows`'s ops for a packed ragged
     batch."""
     for i in range(len(views)):
-        s = steps[i]
-        top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
         shp = shapes[i]
-        target = flat[starts[i]:starts[i] + shp[0] * shp[1] * shp[2]].view(shp)
-        x = mirrored(views[i][top:top + h, left:left + w], s[6] != 0, s[7] != 0)
-        if h == oh and w == ow:
-            target.copy_(x)
-        else:
-            src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)
-            torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
-                                                   out=target.permute(2, 0, 1).unsqueeze(0))
+        _crop_resize_into(views[i], steps[i], flat[starts[i]:starts[i] + shp[0] * shp[1] * shp[2]].view(shp))
+
+
+def _crop_resize_into(view: torch.Tensor, s: List[int], target: torch.Tensor) -> None:
+    """One sample of :func:`_crop_resize_rows` / :func:`_crop_resize_packed`: ``view`` cropped and flipped as
+    ``s`` (:func:`_crop_resize_steps`) and resized into ``target`` (h, w, C) (scriptable)."""
+    top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
+    x = mirrored(view[top:top + h, left:left + w], s[6] != 0, s[7] != 0)
+    if h == oh and w == ow:
+        target.copy_(x)
+    else:
+        src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)  # (a fresh dense copy of any other view)
+        torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
+                                               out=target.permute(2, 0, 1).unsqueeze(0))
