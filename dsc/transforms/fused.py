@@ -306,16 +306,29 @@ def _float_fill(fill, divisor: torch.Tensor, out: torch.Tensor):
     return float(f[0])
 
 
+def _float_fill_of(fill, divisor: torch.Tensor, out: torch.Tensor, fills: dict | None):
+    """:func:`_float_fill`, made once per fill, channel count and dtype in ``fills`` (None: made here)."""
+    if fills is None:
+        return _float_fill(fill, divisor, out)
+    key = (tuple(fill) if isinstance(fill, list) else fill, out.shape[-1] if out.dim() >= 3 else 0, out.dtype)
+    made = fills.get(key)
+    if made is None:
+        made = fills[key] = _float_fill(fill, divisor, out)  # (a fill that fails to make raises, never kept)
+    return made
+
+
 def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill: float | None,
-                post=None, divisor: torch.Tensor | None = None) -> None:
+                post=None, divisor: torch.Tensor | None = None, fills: dict | None = None) -> None:
     """One sample: ``src`` (H, W[, C]) through ``program`` into ``out`` (h, w[, C]); with ``post`` (a
     :class:`~dsc.transforms.photometric.PixelPost`) the uint8 result goes through it into ``out`` (C, h, w).
     ``fill``: what a crop outside the image shows (a mask's ignore index); None: each crop's own fill.
     ``divisor`` (a 0-dim tensor, e.g. 255): ``out`` is float, the uint8 result cast and divided by it as it is
     written (the last copy does the cast: a zoom-out's fill is written as float(fill) / divisor, never as bytes
-    cast later; exactly the values of the uint8 result's ``float(x) / divisor``)."""
+    cast later; exactly the values of the uint8 result's ``float(x) / divisor``). ``fills``: a dict the caller
+    keeps for a batch's samples (one ``divisor``), where each fill's float form is made once, not per sample
+    (:func:`_float_fill`: a dozen torch calls from Python for a fill per channel)."""
     if divisor is not None and post is None and out.is_floating_point() and not src.is_floating_point():
-        _run_program_float(src, program, out, nearest, fill, divisor)
+        _run_program_float(src, program, out, nearest, fill, divisor, fills)
         return
     target = out
     if post is not None:
@@ -333,15 +346,10 @@ def run_program(src: torch.Tensor, program: list[tuple], out: torch.Tensor, near
         if kind == "flip":
             fh, fw = _pending_flips([program[k]], fh, fw)
         elif kind == "crop":
-            top, left, h, w = a[:4]
             cfill = fill if fill is not None else (a[4] if len(a) > 4 else 0.0)
-            while k + 1 < len(program) and program[k + 1][0] == "crop":  # a crop inside the crop before it
-                t2, l2, h2, w2 = program[k + 1][1:5]  # (zoom-out, then IoU crop): one crop, the first's fill
-                if not (0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w):
-                    break
-                top, left, h, w = top + t2, left + l2, h2, w2
-                k += 1
-                skip = k
+            (top, left, h, w), last = _merged_crop(program, k)  # (zoom-out, then IoU crop): one crop, the first's fill
+            if last > k:
+                k = skip = last
             H, W = x.shape[:2]
             top = H - top - h if fh else top
             left = W - left - w if fw else left
@@ -416,24 +424,31 @@ def casts_directly(program: list[tuple], out_hw: tuple[int, int]) -> bool:
 
 def _direct_crop(program: list[tuple], out_hw: tuple[int, int]):
     """(top, left, h, w, its fill, the number of crops) of :func:`casts_directly`'s programs, else None."""
-    n = 0
-    while n < len(program) and program[n][0] == "crop":
-        n += 1
-    if not 1 <= n <= 2 or any(st[0] != "flip" for st in program[n:]):
+    if not program or program[0][0] != "crop":
         return None
-    top, left, h, w = program[0][1:5]
-    if n == 2:  # (run_program merges a crop inside the crop before it)
-        t2, l2, h2, w2 = program[1][1:5]
-        if not (0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w):
-            return None
-        top, left, h, w = top + t2, left + l2, h2, w2
-    if tuple(out_hw) != (h, w):
+    (top, left, h, w), last = _merged_crop(program, 0)  # (as run_program merges a crop inside the crop before it)
+    n = last + 1
+    if n > 2 or any(st[0] != "flip" for st in program[n:]) or tuple(out_hw) != (h, w):
         return None
     return top, left, h, w, (program[0][5] if len(program[0]) > 5 else 0.0), n
 
 
+def _merged_crop(program: list[tuple], k: int) -> tuple[tuple[int, int, int, int], int]:
+    """The crop ``program[k]`` with every crop right after it that lies inside the crop before it (zoom-out's
+    canvas, then the IoU crop inside it) merged into it: ((top, left, h, w) in the input, the index of the last
+    step merged). The one rule :func:`run_program` and :func:`casts_directly` both follow."""
+    top, left, h, w = program[k][1:5]
+    while k + 1 < len(program) and program[k + 1][0] == "crop":
+        t2, l2, h2, w2 = program[k + 1][1:5]
+        if not (0 <= t2 and t2 + h2 <= h and 0 <= l2 and l2 + w2 <= w):
+            break
+        top, left, h, w = top + t2, left + l2, h2, w2
+        k += 1
+    return (top, left, h, w), k
+
+
 def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tensor, nearest: bool, fill,
-                       divisor: torch.Tensor) -> None:
+                       divisor: torch.Tensor, fills: dict | None = None) -> None:
     """:func:`run_program` into a float ``out``, divided by ``divisor``. A program :func:`casts_directly`: the
     fill written as float around the part of the image the crop holds, that part cast, mirrored and divided in
     place (in cache), as :func:`run_program` places it. Any other: into a uint8 copy of the sample, then one
@@ -453,7 +468,7 @@ def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tenso
         a0, a1 = h - a1, h - a0
     if fw:
         b0, b1 = w - b1, w - b0
-    _fill_around(out, (a0, a1, b0, b1), _float_fill(fill if fill is not None else own, divisor, out))
+    _fill_around(out, (a0, a1, b0, b1), _float_fill_of(fill if fill is not None else own, divisor, out, fills))
     if t1 > t0 and l1 > l0:
         out[a0:a1, b0:b1].copy_(mirrored(src[t0:t1, l0:l1], fh, fw)).div_(divisor)
 
@@ -465,16 +480,9 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
     classification recipes' geometry) on CPU uint8 (H, W, C) go through :func:`_crop_resize_rows`, one scripted
     call for all of them (the same ops as :func:`run_program`'s; no GIL); the rest sample by sample."""
     views = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in views]
-    fast, steps, rest = [], [], []
     simple = bool(programs) and not nearest and _aa is not None and out.device.type == "cpu" and \
         (post is not None or out.dtype == torch.uint8)
-    for b, v in enumerate(views):
-        step = _crop_resize_steps(programs[b], v) if simple else None
-        if step is None:
-            rest.append(b)
-        else:
-            fast.append(b)
-            steps.append(step)
+    fast, steps, rest = _split_steps(views, programs, simple)
     if fast:
         tmp, scale, shift, last, f32 = None, None, None, False, False
         if post is not None:  # (one (h, w, C) sample in cache between its resize and its float pass)
@@ -487,17 +495,36 @@ def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, near
     return out
 
 
+def _split_steps(views, programs, ok: bool) -> tuple[list[int], list[list[int]], list[int]]:
+    """(the samples whose program :func:`_crop_resize_steps` takes, their steps, the other samples); with ``ok``
+    False every sample is another."""
+    fast, steps, rest = [], [], []
+    for b, v in enumerate(views):
+        step = _crop_resize_steps(programs[b], v) if ok else None
+        if step is None:
+            rest.append(b)
+        else:
+            fast.append(b)
+            steps.append(step)
+    return fast, steps, rest
+
+
 def _crop_resize_steps(program: list[tuple], x: torch.Tensor) -> list[int] | None:
     """[top, left, h, w, out h, out w, flip rows, flip columns] where ``program`` is a crop inside ``x`` (a CPU
-    uint8 (H, W, C) view), a resize and flips only: what :func:`run_program` does with it (the flips folded into
-    the crop's contiguous copy, the resize into the output); None otherwise."""
+    uint8 (H, W, C) view), a resize and flips only, or a resize and flips: what :func:`run_program` does with it
+    (the flips folded into the crop's contiguous copy, the resize into the output); None otherwise."""
+    if x.dtype != torch.uint8 or x.ndim != 3 or x.device.type != "cpu":
+        return None
+    H, W = x.shape[0], x.shape[1]
+    if program and program[0][0] == "resize" and all(step[0] == "flip" for step in program[1:]):
+        # a resize and flips (RandomShortestSize, ScaleJitter): the crop is the whole image (run_program folds
+        # the flips into the copy the resize reads, or into the copy of a sample already at its size)
+        fh, fw = _pending_flips(program[1:], False, False)
+        return [0, 0, H, W, program[0][1], program[0][2], int(fh), int(fw)]
     if len(program) < 2 or program[0][0] != "crop" or program[1][0] != "resize" or \
             any(step[0] != "flip" for step in program[2:]):
         return None
-    if x.dtype != torch.uint8 or x.ndim != 3 or x.device.type != "cpu":
-        return None
     top, left, h, w = program[0][1:5]
-    H, W = x.shape[0], x.shape[1]
     if not (0 <= top and top + h <= H and 0 <= left and left + w <= W):
         return None
     fh, fw = _pending_flips(program[2:], False, False)
@@ -513,15 +540,45 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
     pass (``scale``, ``shift``: :class:`~dsc.transforms.photometric.PixelPost`'s) into the (C, h, w) slot.
     Scripted (dsc.nogil): :func:`run_program`'s ~10 torch calls a sample never reach Python."""
     for i in range(len(views)):
-        s = steps[i]
-        top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
-        x = mirrored(views[i][top:top + h, left:left + w], s[6] != 0, s[7] != 0)
-        target = out[rows[i]] if tmp is None else tmp
-        if h == oh and w == ow:
-            target.copy_(x)
-        else:
-            src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)  # (a fresh dense copy of any other view)
-            torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
-                                                   out=target.permute(2, 0, 1).unsqueeze(0))
+        _crop_resize_into(views[i], steps[i], out[rows[i]] if tmp is None else tmp)
         if tmp is not None and scale is not None and shift is not None:
             post_row(tmp, out[rows[i]], scale, shift, channels_last, float32)
+
+
+def resize_ragged(views: list[torch.Tensor], programs: list[list[tuple]], flat: torch.Tensor, offsets: list[int],
+                  shapes: list[tuple]) -> list[int]:
+    """The samples ``views[b]`` whose program :func:`_crop_resize_steps` takes (a resize or a crop and a resize,
+    then flips: multiscale, scale jitter) run into their places ``flat[offsets[b]:offsets[b + 1]]`` (of
+    ``shapes[b]``) of a packed ragged uint8 batch by one scripted call (:func:`_crop_resize_packed`: the same ops
+    as :func:`run_program`'s, ~10 torch calls a sample that never reach Python); returns the others' indices,
+    for :func:`run_program`."""
+    fast, steps, rest = _split_steps(views, programs, _aa is not None and flat.device.type == "cpu" and
+                                     flat.dtype == torch.uint8)
+    if fast:
+        _crop_resize_packed([views[b] for b in fast], steps, flat, [offsets[b] for b in fast],
+                            [list(shapes[b]) for b in fast])
+    return rest
+
+
+@nogil
+def _crop_resize_packed(views: List[torch.Tensor], steps: List[List[int]], flat: torch.Tensor, starts: List[int],
+                        shapes: List[List[int]]) -> None:
+    """Sample ``views[i]`` cropped, flipped and resized as ``steps[i]`` (:func:`_crop_resize_steps`) into
+    ``flat[starts[i]:]`` viewed as ``shapes[i]`` (h, w, C): :func:`_crop_resize_rows`'s ops for a packed ragged
+    batch."""
+    for i in range(len(views)):
+        shp = shapes[i]
+        _crop_resize_into(views[i], steps[i], flat[starts[i]:starts[i] + shp[0] * shp[1] * shp[2]].view(shp))
+
+
+def _crop_resize_into(view: torch.Tensor, s: List[int], target: torch.Tensor) -> None:
+    """One sample of :func:`_crop_resize_rows` / :func:`_crop_resize_packed`: ``view`` cropped and flipped as
+    ``s`` (:func:`_crop_resize_steps`) and resized into ``target`` (h, w, C) (scriptable)."""
+    top, left, h, w, oh, ow = s[0], s[1], s[2], s[3], s[4], s[5]
+    x = mirrored(view[top:top + h, left:left + w], s[6] != 0, s[7] != 0)
+    if h == oh and w == ow:
+        target.copy_(x)
+    else:
+        src = dense_hwc(x).permute(2, 0, 1).unsqueeze(0)  # (a fresh dense copy of any other view)
+        torch.ops.aten._upsample_bilinear2d_aa(src, [oh, ow], False, None, None,
+                                               out=target.permute(2, 0, 1).unsqueeze(0))

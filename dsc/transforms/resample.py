@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..formats.fields import Schema
 from ..formats.fields.base import drop_companions
-from .fused import casts_directly, full, plan_chain, run_batch, run_program
+from .fused import casts_directly, full, plan_chain, resize_ragged, run_batch, run_program
 from .geometric import Geometric
 from .warp_gather import affine_bilinear
 from .objects import move_objects, transform_boxes  # noqa: F401 - (per-object data moves in objects.py)
@@ -311,9 +311,13 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str
         else:
             flat = torch.empty(int(offsets[-1]), dtype=dtype, device=dev)
         o = offsets.tolist()
-        for b, v in enumerate(views):
-            run_program(v, plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), role.resample == "nearest", role.fill,
-                        divisor=cast)
+        fills: dict = {}  # (each fill's float form made once for the batch: fused._float_fill_of)
+        nearest = role.resample == "nearest"
+        # resizes and flips (multiscale, scale jitter) by one scripted call for the batch; the rest sample by sample
+        rest = range(len(views)) if nearest or cast is not None else resize_ragged(views, plan.programs, flat, o, shapes)
+        for b in rest:
+            run_program(views[b], plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), nearest, role.fill,
+                        divisor=cast, fills=fills)
         drop_companions(batch, key)
         batch[key] = flat
         batch[f"{key}_offsets"] = offsets.to(flat.device)
