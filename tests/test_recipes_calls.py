@@ -105,6 +105,19 @@ def test_auto_augment_draws_read_one_magnitude_table():
             assert calls.n <= 30, (type(op).__name__, calls.n)
 
 
+def test_a_magnitude_table_is_kept_for_its_own_space_only():
+    """The tables are keyed by the space's id: a table left by another space under the same id (a freed dict's
+    id, taken again) is made anew, never read."""
+    from dsc.transforms import augment as A
+
+    op = T.RandAugment()
+    right = op._magnitude_table(A._AA_SPACE, 31, 40, 52)[0].clone()
+    key = (id(A._AA_SPACE), tuple(op.names), 31, 40, 52)
+    stale = A._TA_SPACE
+    A._MAGNITUDE_TABLES[key] = (torch.full_like(right, 7.0), A._MAGNITUDE_TABLES[key][1], stale)
+    assert torch.equal(op._magnitude_table(A._AA_SPACE, 31, 40, 52)[0], right)
+
+
 def test_shears_take_their_axis_from_their_name():
     """ShearX moves rows, ShearY columns, for every magnitude but 0 (the identity, whose pixels either
     path keeps): what warp_gather.shear_axis finds in their maps, without its eight torch calls an op."""

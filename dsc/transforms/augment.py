@@ -1012,16 +1012,17 @@ class _AutoBase(PixelOp):
         loop over the op names made ~120 a batch, each a GIL handover)."""
         key = (id(space), tuple(self.names), num_bins, H, W)
         got = _MAGNITUDE_TABLES.get(key) if len(_MAGNITUDE_TABLES) < 256 else _MAGNITUDE_TABLES.clear()  # (bounded)
-        if got is None:
-            h, w = torch.tensor([H], dtype=torch.float64), torch.tensor([W], dtype=torch.float64)
-            table = torch.zeros((len(self.names), num_bins), dtype=torch.float64)
-            for i, name in enumerate(self.names):
-                fn = space[name][0]
-                if fn is not None:
-                    table[i] = fn(num_bins, h, w).reshape(-1)
-            signed = torch.tensor([space[name][1] for name in self.names], dtype=torch.bool)
-            got = _MAGNITUDE_TABLES[key] = (table, signed)
-        return got
+        if got is not None and got[2] is space:  # (the very space: an id a freed dict's may take again)
+            return got[0], got[1]
+        h, w = torch.tensor([H], dtype=torch.float64), torch.tensor([W], dtype=torch.float64)
+        table = torch.zeros((len(self.names), num_bins), dtype=torch.float64)
+        for i, name in enumerate(self.names):
+            fn = space[name][0]
+            if fn is not None:
+                table[i] = fn(num_bins, h, w).reshape(-1)
+        signed = torch.tensor([space[name][1] for name in self.names], dtype=torch.bool)
+        _MAGNITUDE_TABLES[key] = (table, signed, space)  # (read only: callers index it, which copies)
+        return table, signed
 
     def apply(self, x, p, sizes, bound, integer):
         if "ops" not in p:
