@@ -97,3 +97,27 @@ def test_resizes_of_several_sizes_run_in_one_scripted_call_with_run_programs_byt
             fused.run_program(batch["image"][o[b]:o[b + 1]].view(shapes[b]), plan.programs[b], want, False, None)
             assert torch.equal(got["image"][out_o[b]:out_o[b + 1]].view(shp), want), b
     assert (calls[12] - calls[4]) / 8 <= 10, calls  # (7 a sample: its views, its plan, its steps; with run_program 16)
+
+
+def test_resize_ragged_leaves_nearest_roles_and_cast_pieces_any_step_to_the_exact_paths():
+    """``fused.resize_ragged`` runs a nearest role (masks) through run_program, never its bilinear kernel, and
+    ``batches.cast_pieces`` casts every element whatever the step (a step of 0 once left the buffer unwritten)."""
+    import dsc.runtime.batches as B
+    from dsc.transforms.fused import plan_chain
+
+    shapes = [(20, 30, 1), (25, 18, 1)]
+    batch = _packed(shapes)
+    plan = plan_chain([T.RandomShortestSize([12], 40)], batch["image_shapes"][:, :2], torch.Generator())
+    o = batch["image_offsets"].tolist()
+    views = [batch["image"][o[b]:o[b + 1]].view(shp) for b, shp in enumerate(shapes)]
+    out = [(h, w, 1) for h, w in plan.out_sizes.tolist()]
+    starts = [0, out[0][0] * out[0][1], sum(h * w for h, w, _ in out)]
+    flat = torch.zeros(starts[-1], dtype=torch.uint8)
+    assert fused.resize_ragged(views, plan.programs, flat, starts, out, nearest=True) == [0, 1]
+    assert not flat.any()
+    assert fused.resize_ragged(views, plan.programs, flat, starts, out) == []  # (a bilinear role: the fast path)
+    src = torch.arange(10, dtype=torch.uint8)
+    for step in (0, 1, 3, 10, 100):
+        buf = torch.full((10,), -7.0)
+        B.cast_pieces(src, buf, torch.tensor(255.0), step)
+        assert torch.equal(buf, src.float() / 255), step

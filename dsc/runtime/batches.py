@@ -401,7 +401,8 @@ def cast_pieces(flat: torch.Tensor, buf: torch.Tensor, divisor: torch.Tensor, st
     batch, where each piece's slices, cast and division were four torch calls from Python (a GIL handover
     each: ~90 a batch of multiscale-sized images)."""
     n = flat.numel()
-    for a in range(0, n, max(1, step)):
+    step = max(1, step)
+    for a in range(0, n, step):
         buf[a:a + step].copy_(flat[a:a + step]).div_(divisor)
 
 

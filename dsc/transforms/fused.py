@@ -476,8 +476,8 @@ def _run_program_float(src: torch.Tensor, program: list[tuple], out: torch.Tenso
 def run_batch(views, programs: list[list[tuple]] | None, out: torch.Tensor, nearest: bool, fill: float,
               post=None) -> torch.Tensor:
     """``views[b]`` (a tensor or array per sample) through ``programs[b]`` (None: none) into ``out[b]``. The
-    samples whose program is a crop inside the image, a resize and flips (RandomResizedCrop and flips, the
-    classification recipes' geometry) on CPU uint8 (H, W, C) go through :func:`_crop_resize_rows`, one scripted
+    samples whose program is a crop inside the image (or none), a resize and flips (RandomResizedCrop and flips,
+    the classification recipes' geometry; Resize and flips) on CPU uint8 (H, W, C) go through :func:`_crop_resize_rows`, one scripted
     call for all of them (the same ops as :func:`run_program`'s; no GIL); the rest sample by sample."""
     views = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in views]
     simple = bool(programs) and not nearest and _aa is not None and out.device.type == "cpu" and \
@@ -546,14 +546,14 @@ def _crop_resize_rows(views: List[torch.Tensor], steps: List[List[int]], out: to
 
 
 def resize_ragged(views: list[torch.Tensor], programs: list[list[tuple]], flat: torch.Tensor, offsets: list[int],
-                  shapes: list[tuple]) -> list[int]:
+                  shapes: list[tuple], nearest: bool = False) -> list[int]:
     """The samples ``views[b]`` whose program :func:`_crop_resize_steps` takes (a resize or a crop and a resize,
     then flips: multiscale, scale jitter) run into their places ``flat[offsets[b]:offsets[b + 1]]`` (of
     ``shapes[b]``) of a packed ragged uint8 batch by one scripted call (:func:`_crop_resize_packed`: the same ops
     as :func:`run_program`'s, ~10 torch calls a sample that never reach Python); returns the others' indices,
-    for :func:`run_program`."""
-    fast, steps, rest = _split_steps(views, programs, _aa is not None and flat.device.type == "cpu" and
-                                     flat.dtype == torch.uint8)
+    for :func:`run_program` (all of them for a ``nearest`` role: the scripted resize is bilinear)."""
+    fast, steps, rest = _split_steps(views, programs, not nearest and _aa is not None and flat.device.type == "cpu"
+                                     and flat.dtype == torch.uint8)
     if fast:
         _crop_resize_packed([views[b] for b in fast], steps, flat, [offsets[b] for b in fast],
                             [list(shapes[b]) for b in fast])

@@ -314,7 +314,7 @@ def _apply_ragged(plan, batch: dict, pixels: dict, schema, alloc=None, name: str
         fills: dict = {}  # (each fill's float form made once for the batch: fused._float_fill_of)
         nearest = role.resample == "nearest"
         # resizes and flips (multiscale, scale jitter) by one scripted call for the batch; the rest sample by sample
-        rest = range(len(views)) if nearest or cast is not None else resize_ragged(views, plan.programs, flat, o, shapes)
+        rest = range(len(views)) if cast is not None else resize_ragged(views, plan.programs, flat, o, shapes, nearest)
         for b in rest:
             run_program(views[b], plan.programs[b], flat[o[b]:o[b + 1]].view(shapes[b]), nearest, role.fill,
                         divisor=cast, fills=fills)
