@@ -464,6 +464,8 @@ def test_dsc_bench_runs_every_recipe_by_name(fixed, detmask):
     r = CliRunner().invoke(main, ["bench", str(detmask[0].path), "--batch-size", "2", "--epochs", "1", "--recipe",
                                   "det-ssd"])
     assert r.exit_code == 0 and "RandomIoUCrop" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", str(fixed.path), "--batch-size", "8", "--epochs", "1", "--recipe", "det-ssd"])
+    assert r.exit_code == 1 and "the batch has none (a detection dataset has them" in r.output, r.output
     from dsc.bench import recipe_header  # (the segmentation preset's hundreds of min sizes, summarised)
     seg = recipe_header("segmentation")
     assert len(seg) < 400 and "RandomShortestSize(min_size=[260, 261, ..., " in seg and " values)" in seg, seg

@@ -92,7 +92,9 @@ def plan_chain(ops: list[Geometric], sizes: torch.Tensor, gen: torch.Generator, 
     for op in ops:
         if getattr(op, "needs_boxes", False):
             if boxes is None:
-                raise ConfigError(f"{type(op).__name__} draws its crops from the boxes: the batch has none")
+                raise ConfigError(f"{type(op).__name__} draws its crops from the boxes: the batch has none (a "
+                                  f"detection dataset has them: dsc compile coco / yolo / voc; the SSD recipes "
+                                  f"and `dsc bench --recipe det-ssd / det-ssdlite` need one)")
             p = op.params(sizes, gen, boxes=_current_boxes(boxes, M))
             k = p.get("keep") if isinstance(p, dict) else None
             if k is not None:
