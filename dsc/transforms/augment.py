@@ -545,7 +545,7 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
     _, H, W, Cn = x.shape
     rows = list(range(len(x))) if rows is None else [int(b) for b in rows]
     m = M.to(torch.float64)
-    order, fresh = _by_map(m)
+    order, fresh = G.by_map(m)
     m = m.index_select(0, order)
     ax = (m[:, 0] * (2.0 / W)).to(torch.float32)
     ay = (m[:, 1] * (2.0 / H)).to(torch.float32)
@@ -562,18 +562,6 @@ def _warp_u8(x: torch.Tensor, M: torch.Tensor, fill, mode: str, rows=None) -> to
     _warp_rows(x, [rows[i] for i in order.tolist()], fresh, ax, ay, xs, ys, grid, pixels, out, fill_t,
                mode == "nearest")
     return x
-
-
-def _by_map(m: torch.Tensor) -> tuple[torch.Tensor, List[bool]]:
-    """The samples of maps ``m`` (N, 3, 3) ordered so that equal maps are neighbours (the order of the first
-    of each), and for each in that order whether its map differs from the one before (a grid to make)."""
-    N = len(m)
-    if N == 0:
-        return torch.zeros(0, dtype=torch.long), []
-    _, inverse = torch.unique(m.reshape(N, -1), dim=0, return_inverse=True)
-    key, order = torch.sort(inverse, stable=True)
-    key = key.tolist()
-    return order, [i == 0 or key[i] != key[i - 1] for i in range(N)]
 
 
 @nogil
@@ -726,61 +714,10 @@ def _geometric_u8(name, x, mag, interpolation, fill, rows):
     axis = _SHEAR_AXES.get(name)
     if axis is None:  # (a rotation: a shear only where it is the identity)
         axis = G.shear_axis(M)
-    if axis == 0 and fill is None:
-        return _shear_columns_u8(x, M, rows)
     return G.shear_u8(x, M, fill, axis, rows) if axis is not None else _warp_u8(x, M, fill, interpolation, rows)
 
 
 _SHEAR_AXES = {"ShearX": 1, "ShearY": 0}  # (what shear_axis finds for every map _geometric_matrix makes of them)
-
-
-def _shear_columns_u8(x: torch.Tensor, M: torch.Tensor, rows: List[int]) -> torch.Tensor:
-    """:func:`warp_gather.shear_u8` for maps that move columns (ShearY), no fill, on samples ``rows`` of CPU
-    uint8 (N, H, W, C), in place, its very numbers without its two transposing copies (lines = columns: a
-    strided copy of 3-byte pixels each way, about a third of its time). Column x reads rows y + k_x and
-    y + k_x + 1 (k_x = floor(t_x)) of the sample bordered by H + 1 zero rows above and below: both taps of
-    every pixel come from one gather of bytes (``index_select`` through an index made once for the
-    samples that share a map: RandAugment's shears of a batch are two, +-magnitude), tap 1 being tap 0 a
-    row down, as the sample lies; then blended as ``_blend_lines`` blends, (1 - w_x) v0 + w_x v1 in float32
-    (the weights along the contiguous rows: vectorised), rounded, clamped, written back as the bytes lie."""
-    N, H, W, Cn = x.shape
-    if x.numel() == 0 or not len(rows):
-        return x
-    m = M.to(torch.float64)
-    order, fresh = _by_map(m)
-    bordered = torch.zeros((3 * H + 2, W * Cn), dtype=x.dtype)  # (zeroed once a call; its middle rewritten)
-    index = torch.empty((H + 1, W * Cn), dtype=torch.int64)
-    taps = torch.empty((H + 1, W * Cn), dtype=x.dtype)
-    _shear_columns(x, m.index_select(0, order), [rows[i] for i in order.tolist()], fresh, bordered, index, taps)
-    return x
-
-
-@nogil
-def _shear_columns(x: torch.Tensor, M: torch.Tensor, rows: List[int], fresh: List[bool], bordered: torch.Tensor,
-                   index: torch.Tensor, taps: torch.Tensor) -> None:
-    """:func:`_shear_columns_u8`'s loop over samples (a new index and weights where ``fresh[i]``), scripted
-    (its torch calls never reach Python)."""
-    H, W, Cn = x.shape[1], x.shape[2], x.shape[3]
-    lines = torch.arange(H + 1, dtype=torch.int64).mul_(W * Cn).view(-1, 1)
-    within = torch.arange(W * Cn, dtype=torch.int64).view(1, -1)
-    w = torch.empty((1, W * Cn), dtype=torch.float32)
-    e = torch.empty((1, W * Cn), dtype=torch.float32)
-    flat = bordered.view(-1)
-    for i in range(len(rows)):
-        b = rows[i]
-        if fresh[i]:
-            t = G._shifts(M[i], 0, W)
-            k = torch.floor(t)
-            wx = (t - k).to(torch.float32)
-            w.copy_(wx.view(W, 1).expand(W, Cn).reshape(1, W * Cn))
-            e.copy_((1.0 - wx).view(W, 1).expand(W, Cn).reshape(1, W * Cn))
-            start = k.to(torch.int64).clamp_(-H - 1, H).add_(H + 1).mul_(W * Cn)  # (y + k_x's row, as a flat offset)
-            torch.add(lines, within + start.view(W, 1).expand(W, Cn).reshape(1, W * Cn), out=index)
-        bordered[H + 1:2 * H + 1].view(H, W, Cn).copy_(x[b])
-        torch.index_select(flat, 0, index.view(-1), out=taps.view(-1))
-        v = taps.to(torch.float32)
-        y = torch.mul(v[:H], e).add_(torch.mul(v[1:], w))
-        G.write_u8(x[b], y.round_().clamp_(0, 255).view(H, W, Cn))
 
 
 @_u8_kernel(*_LUT_OPS, in_rows=_always)

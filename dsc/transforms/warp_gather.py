@@ -193,6 +193,8 @@ def shear_u8(x: torch.Tensor, M: torch.Tensor, fill, axis: int, rows=None) -> to
     N, H, W, C = x.shape
     if x.numel() == 0:  # (no line to move; unfold cannot view an empty buffer's windows)
         return x
+    if axis == 0 and fill is None:  # (columns, no fill: both taps by one gather, as the bytes lie)
+        return _shear_columns_u8(x, M, list(range(N)) if rows is None else [int(b) for b in rows])
     R, L = (H, W) if axis == 1 else (W, H)
     pad, ones = _pads(R, L, C, x.dtype, fill)  # (each sample's zero-bordered lines in one buffer, zeroed once)
     _shear_rows(x, M, list(range(N)) if rows is None else [int(b) for b in rows], axis, _fill_tensor(fill), pad,
@@ -215,6 +217,67 @@ def _shear_rows(x: torch.Tensor, M: torch.Tensor, rows: List[int], axis: int, fi
         else:
             y = _blend_lines(x[b].transpose(0, 1), _shifts(m, 0, W), fill, pad, ones)
             write_u8(x[b], y.round_().clamp_(0, 255).view(W, H, C).transpose(0, 1))
+
+
+def by_map(m: torch.Tensor) -> tuple[torch.Tensor, List[bool]]:
+    """The samples of maps ``m`` (N, 3, 3) ordered so that equal maps are neighbours (the order of the first
+    of each), and for each in that order whether its map differs from the one before (a grid to make)."""
+    N = len(m)
+    if N == 0:
+        return torch.zeros(0, dtype=torch.long), []
+    _, inverse = torch.unique(m.reshape(N, -1), dim=0, return_inverse=True)
+    key, order = torch.sort(inverse, stable=True)
+    key = key.tolist()
+    return order, [i == 0 or key[i] != key[i - 1] for i in range(N)]
+
+
+def _shear_columns_u8(x: torch.Tensor, M: torch.Tensor, rows: List[int]) -> torch.Tensor:
+    """What :func:`shear_u8` does for maps that move columns (ShearY), no fill, on samples ``rows`` of CPU
+    uint8 (N, H, W, C), in place, its very numbers without its two transposing copies (lines = columns: a
+    strided copy of 3-byte pixels each way, about a third of its time). Column x reads rows y + k_x and
+    y + k_x + 1 (k_x = floor(t_x)) of the sample bordered by H + 1 zero rows above and below: both taps of
+    every pixel come from one gather of bytes (``index_select`` through an index made once for the
+    samples that share a map: RandAugment's shears of a batch are two, +-magnitude), tap 1 being tap 0 a
+    row down, as the sample lies; then blended as ``_blend_lines`` blends, (1 - w_x) v0 + w_x v1 in float32
+    (the weights along the contiguous rows: vectorised), rounded, clamped, written back as the bytes lie."""
+    N, H, W, Cn = x.shape
+    if x.numel() == 0 or not len(rows):
+        return x
+    m = M.to(torch.float64)
+    order, fresh = by_map(m)
+    bordered = torch.zeros((3 * H + 2, W * Cn), dtype=x.dtype)  # (zeroed once a call; its middle rewritten)
+    index = torch.empty((H + 1, W * Cn), dtype=torch.int64)
+    taps = torch.empty((H + 1, W * Cn), dtype=x.dtype)
+    _shear_columns(x, m.index_select(0, order), [rows[i] for i in order.tolist()], fresh, bordered, index, taps)
+    return x
+
+
+@nogil
+def _shear_columns(x: torch.Tensor, M: torch.Tensor, rows: List[int], fresh: List[bool], bordered: torch.Tensor,
+                   index: torch.Tensor, taps: torch.Tensor) -> None:
+    """:func:`_shear_columns_u8`'s loop over samples (a new index and weights where ``fresh[i]``), scripted
+    (its torch calls never reach Python)."""
+    H, W, Cn = x.shape[1], x.shape[2], x.shape[3]
+    lines = torch.arange(H + 1, dtype=torch.int64).mul_(W * Cn).view(-1, 1)
+    within = torch.arange(W * Cn, dtype=torch.int64).view(1, -1)
+    w = torch.empty((1, W * Cn), dtype=torch.float32)
+    e = torch.empty((1, W * Cn), dtype=torch.float32)
+    flat = bordered.view(-1)
+    for i in range(len(rows)):
+        b = rows[i]
+        if fresh[i]:
+            t = _shifts(M[i], 0, W)
+            k = torch.floor(t)
+            wx = (t - k).to(torch.float32)
+            w.copy_(wx.view(W, 1).expand(W, Cn).reshape(1, W * Cn))
+            e.copy_((1.0 - wx).view(W, 1).expand(W, Cn).reshape(1, W * Cn))
+            start = k.to(torch.int64).clamp_(-H - 1, H).add_(H + 1).mul_(W * Cn)  # (y + k_x's row, as a flat offset)
+            torch.add(lines, within + start.view(W, 1).expand(W, Cn).reshape(1, W * Cn), out=index)
+        bordered[H + 1:2 * H + 1].view(H, W, Cn).copy_(x[b])
+        torch.index_select(flat, 0, index.view(-1), out=taps.view(-1))
+        v = taps.to(torch.float32)
+        y = torch.mul(v[:H], e).add_(torch.mul(v[1:], w))
+        write_u8(x[b], y.round_().clamp_(0, 255).view(H, W, Cn))
 
 
 def shear_float(x: torch.Tensor, M: torch.Tensor, fill, axis: int, integer: bool) -> torch.Tensor:
