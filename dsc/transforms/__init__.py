@@ -28,7 +28,7 @@ from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomI
 from .mix import CutMix, MixUp, RandomChoice
 from ..errors import ConfigError
 from ..formats.fields.base import Batch
-from .resample import _check_batch, _views, apply_geometric, apply_plan
+from .resample import _check_batch, apply_geometric, apply_plan
 from .fused import fixes_size, keeps_sizes, plan_chain
 from . import presets
 
@@ -108,11 +108,11 @@ class _LookAhead:
     its own draws) draws that stage's plan from the same generator, in the same order as the stage would, and
     gives each sample's source window; the stage then runs that plan (``plan``)."""
 
-    def __init__(self, ops, batch, gen, boxes, schema):
-        self.ops, self.batch, self.gen, self.boxes, self.schema, self.plan = ops, batch, gen, boxes, schema, None
+    def __init__(self, ops, gen, boxes, schema):
+        self.ops, self.gen, self.boxes, self.schema, self.plan = ops, gen, boxes, schema, None
 
     def __call__(self, sizes):
-        self.plan = plan_chain(self.ops, _views(self.batch, "image")[1], self.gen, boxes=self.boxes)
+        self.plan = plan_chain(self.ops, sizes, self.gen, boxes=self.boxes)  # (the (B, 2) sizes apply_pixel_ops took)
         if self.plan.programs is None:  # (the batched resampling: all of each image)
             return None
         return [read_window(prog, h, w) for prog, (h, w) in zip(self.plan.programs, self.plan.sizes.tolist())]
@@ -128,7 +128,7 @@ def _look_ahead(photo: list, geometric: list, batch, schema, gen) -> _LookAhead 
         return None
     _check_batch(batch)
     boxes = (batch["boxes"], batch["box_offsets"]) if "boxes" in batch and "box_offsets" in batch else None
-    return _LookAhead(geometric, batch, gen, boxes, schema)
+    return _LookAhead(geometric, gen, boxes, schema)
 
 
 class Compose:
