@@ -22,7 +22,7 @@ from .photometric import (PIXEL_OPS, ChannelsFirst, ChannelsLast, Normalize, Pix
                           fuse_photometric)
 from .augment import (AugMix, AutoAugment, BatchOp, ColorJitter, GaussianBlur, PixelOp, RandAugment,
                       RandomErasing, RandomGrayscale, RandomHSV, RandomPhotometricDistort, TrivialAugmentWide,
-                      apply_pixel_ops)
+                      _window_ok, apply_pixel_ops)
 from .detection import (FixedSizeCrop, Mosaic, RandomAffine, RandomCrop, RandomIoUCrop, RandomShortestSize, RandomZoomOut,
                         ScaleJitter, YoloMixUp)
 from .mix import CutMix, MixUp, RandomChoice
@@ -122,7 +122,7 @@ def _look_ahead(photo: list, geometric: list, batch, schema, gen) -> _LookAhead 
     """The look-ahead when it can help: photometric ops that work on windows, on a CPU uint8 batch of several
     sizes (processed sample by sample), the batch valid for the geometric stage (else None: it says why)."""
     img = batch.get("image")
-    if photometric_whole() or not all(op.windowed for op in photo) or schema is None or \
+    if photometric_whole() or not _window_ok(photo) or schema is None or \
             not isinstance(img, torch.Tensor) or img.dtype != torch.uint8 or img.device.type != "cpu" or \
             not ("image_offsets" in batch or "image_sizes" in batch) or "image" not in schema.pixels():
         return None

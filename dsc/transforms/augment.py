@@ -578,10 +578,7 @@ def _warp_rows(x: torch.Tensor, rows: List[int], fresh: List[bool], ax: torch.Te
         if fresh[i]:
             torch.add(ax[i, 0] * xs, ax[i, 1] * ys + (ax[i, 2] - 1.0), out=grid[0, :, :, 0])
             torch.add(ay[i, 0] * xs, ay[i, 1] * ys + (ay[i, 2] - 1.0), out=grid[0, :, :, 1])
-        if pixels.shape[3] == Cn:
-            pixels[0].copy_(x[b])
-        else:
-            pixels[0, :, :, :Cn].copy_(x[b])
+        pixels[0, :, :, :Cn].copy_(x[b])
         if torch.jit.is_scripting():
             y = torch.grid_sampler_2d(planes, grid, 1 if nearest else 0, 0, False, out=into)[0]
         else:
@@ -1255,8 +1252,7 @@ def apply_pixel_ops(ops: list[PixelOp], batch: dict, gen: torch.Generator, post=
             raise ConfigError("photometric ops take dsc's uint8 (B, H, W, C) image (a batch, not a sample)")
         sizes = torch.tensor([list(img.shape[1:3])], dtype=torch.long).expand(img.shape[0], 2)
     params = [op.params(sizes, gen) for op in ops]
-    windows = lookahead(sizes) if lookahead is not None else None
-    windows = windows if windows is not None and _window_ok(ops) else None
+    windows = lookahead(sizes) if lookahead is not None else None  # (made only for ops _window_ok takes)
 
     def run(x, rows, integer, bound):
         for op, p in zip(ops, params):

@@ -220,8 +220,9 @@ def _shear_rows(x: torch.Tensor, M: torch.Tensor, rows: List[int], axis: int, fi
 
 
 def by_map(m: torch.Tensor) -> tuple[torch.Tensor, List[bool]]:
-    """The samples of maps ``m`` (N, 3, 3) ordered so that equal maps are neighbours (the order of the first
-    of each), and for each in that order whether its map differs from the one before (a grid to make)."""
+    """The samples of maps ``m`` (N, 3, 3) ordered so that equal maps are neighbours (the groups in
+    the order torch.unique sorts the maps), and for each in that order whether its map differs from the one
+    before (a grid to make)."""
     N = len(m)
     if N == 0:
         return torch.zeros(0, dtype=torch.long), []
